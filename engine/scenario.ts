@@ -1,0 +1,189 @@
+// Scenario files: YAML validated against one schema, from which the JSON Schema for editors is
+// generated too (`npm run schema`). Every key has a default or is required; an unknown key is an
+// error naming its path, never a silent no-op.
+import { readFileSync } from 'node:fs';
+import { basename, extname } from 'node:path';
+import { parseDocument } from 'yaml';
+import { z } from 'zod';
+import { formatIssues } from '../mesh/issues.ts';
+import { deviceCount, parseMesh, singleDeviceMesh, MeshError, type Cluster } from '../mesh/cluster.ts';
+import { BACKENDS } from './backend.ts';
+import { TASKS } from './task.ts';
+
+const pos = z.number().int().positive();
+const nat = z.number().int().nonnegative();
+const unit = z.number().min(0).max(1);
+
+/** The six model function calls of a PPO iteration (ReaLHF's "MFCs"). */
+export const CALLS = [
+  'actor.generate',
+  'reference.inference',
+  'reward.inference',
+  'critic.inference',
+  'actor.train',
+  'critic.train',
+] as const;
+export type CallName = (typeof CALLS)[number];
+
+const Placement = z.strictObject({
+  mesh: z.string().describe('devices, e.g. "0:0" (node 0, device 0), "0:0-3", or "0-1:*" (whole nodes)'),
+  dp: pos.default(1),
+  tp: pos.default(1),
+  pp: pos.default(1),
+});
+
+export const Scenario = z.strictObject({
+  name: z.string().regex(/^[A-Za-z0-9_-]+$/, 'letters, digits, - and _').optional()
+    .describe('run name; defaults to the file name'),
+  seed: nat.default(1).describe('seeds prompts, sampling, initialisation and shuffling'),
+  backend: z.enum(BACKENDS).default('auto').describe('TensorFlow.js backend; auto tries node-gpu, node, wasm, cpu'),
+  task: z.strictObject({
+    name: z.enum(TASKS).default('sort'),
+    digits: pos.default(4).describe('digits per prompt, and tokens per response'),
+    base: z.number().int().min(2).max(64).default(10),
+  }).prefault({}),
+  model: z.strictObject({
+    layers: pos.default(2),
+    width: pos.default(64),
+    heads: pos.default(4),
+  }).prefault({}).describe('shape of the actor, critic and reference (vocabulary and context come from the task)'),
+  cluster: z.strictObject({
+    nodes: pos.default(1),
+    devices_per_node: pos.default(4),
+  }).prefault({}).describe('locally, a device is one worker process'),
+  plan: z.partialRecord(z.enum(CALLS), Placement).default({})
+    .describe('mesh and dp/tp/pp per call; calls left out go to one device per model (actor, critic, reference, reward)'),
+  warmup: z.strictObject({
+    steps: nat.default(15).describe('supervised steps on demonstrations before PPO (0 to skip)'),
+    demos: pos.default(1024),
+    batch: pos.default(32),
+    lr: z.number().positive().default(3e-3),
+  }).prefault({}),
+  ppo: z.strictObject({
+    iterations: pos.default(40),
+    batch: pos.default(64).describe('prompts per iteration'),
+    epochs: pos.default(2),
+    minibatches: pos.default(2),
+    clip: z.number().positive().default(0.2),
+    value_clip: z.number().positive().default(0.2),
+    kl_coef: z.number().nonnegative().default(0.02),
+    gamma: unit.default(1),
+    lambda: unit.default(0.95),
+    temperature: z.number().positive().default(1),
+    actor_lr: z.number().positive().default(1e-3),
+    critic_lr: z.number().positive().default(1e-3),
+    clip_norm: z.number().nonnegative().default(1).describe('global gradient-norm clip; 0 turns it off'),
+  }).prefault({}),
+  reward: z.strictObject({
+    rule: z.enum(TASKS).optional().describe('built-in rule reward; defaults to the task'),
+  }).prefault({}),
+  timeouts: z.strictObject({
+    join_seconds: z.number().positive().default(60).describe('how long to wait for every device to have a worker'),
+    call_seconds: z.number().positive().default(300).describe('how long one model function call may take'),
+  }).prefault({}),
+});
+export type Scenario = z.output<typeof Scenario>;
+export type ScenarioInput = z.input<typeof Scenario>;
+
+export class ScenarioError extends Error {
+  override name = 'ScenarioError';
+}
+
+/** Where each model lives: its mesh's devices and its strategy. */
+export interface Placed {
+  call: CallName;
+  mesh: string;
+  devices: number[];
+  dp: number;
+  tp: number;
+  pp: number;
+}
+
+export type Plan = Record<CallName, Placed>;
+
+export const MODELS = ['actor', 'critic', 'reference', 'reward'] as const;
+export type ModelName = (typeof MODELS)[number];
+
+export function modelOf(call: CallName): ModelName {
+  return call.split('.')[0] as ModelName;
+}
+
+/** Fills in the default placement and checks the plan against the cluster and the model. */
+export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
+  const cluster: Cluster = { nodes: s.cluster.nodes, devicesPerNode: s.cluster.devices_per_node };
+  const total = deviceCount(cluster);
+  const errors: string[] = [];
+  const plan = {} as Plan;
+  for (const call of CALLS) {
+    const model = modelOf(call);
+    const given = s.plan[call];
+    const placement = given ?? { mesh: singleDeviceMesh(MODELS.indexOf(model) % total, cluster), dp: 1, tp: 1, pp: 1 };
+    try {
+      const mesh = parseMesh(placement.mesh, cluster);
+      const product = placement.dp * placement.tp * placement.pp;
+      if (product !== mesh.devices.length) {
+        errors.push(`plan.${call}: dp×tp×pp = ${placement.dp}×${placement.tp}×${placement.pp} = ${product}, but mesh "${mesh.name}" has ${mesh.devices.length} device(s)`);
+      }
+      if (model !== 'reward' && s.model.width % (s.model.heads * placement.tp) !== 0) {
+        errors.push(`plan.${call}: tp=${placement.tp} must divide the ${s.model.heads} attention heads of width ${s.model.width}`);
+      }
+      plan[call] = { call, mesh: mesh.name, devices: mesh.devices, dp: placement.dp, tp: placement.tp, pp: placement.pp };
+    } catch (e) {
+      if (e instanceof MeshError) errors.push(`plan.${call}: ${e.message}`);
+      else throw e;
+    }
+  }
+  if (errors.length === 0) {
+    // This version runs every model on a one-device mesh, and keeps a model's calls on one layout.
+    for (const model of MODELS) {
+      const calls = CALLS.filter((c) => modelOf(c) === model);
+      const first = plan[calls[0]!];
+      for (const c of calls) {
+        const p = plan[c];
+        if (p.devices.length !== 1) {
+          errors.push(`plan.${c}: mesh "${p.mesh}" has ${p.devices.length} devices; this version of ferry runs each model on a one-device mesh`);
+        } else if (p.mesh !== first.mesh) {
+          errors.push(`plan.${c}: mesh "${p.mesh}" differs from ${first.call}'s "${first.mesh}"; this version of ferry keeps each model's calls on one layout`);
+        }
+      }
+    }
+  }
+  if (s.model.width % s.model.heads !== 0) errors.push(`model.width: ${s.model.width} is not divisible by model.heads = ${s.model.heads}`);
+  if (errors.length) throw new ScenarioError(`${where}: the plan does not fit:\n  ${errors.join('\n  ')}`);
+  return plan;
+}
+
+/** Parses and validates scenario text. `where` names the source in every error. */
+export function parseScenario(text: string, where: string): Scenario {
+  const doc = parseDocument(text, { prettyErrors: true });
+  if (doc.errors.length) {
+    throw new ScenarioError(`${where}: not valid YAML:\n  ${doc.errors.map((e) => e.message.split('\n')[0]).join('\n  ')}`);
+  }
+  const raw: unknown = doc.toJS() ?? {};
+  const parsed = Scenario.safeParse(raw);
+  if (!parsed.success) {
+    throw new ScenarioError(`${where}: ${parsed.error.issues.length} problem(s):\n  ${formatIssues(parsed.error.issues, raw).join('\n  ')}`);
+  }
+  const scenario = parsed.data;
+  resolvePlan(scenario, where);
+  return scenario;
+}
+
+export function loadScenario(file: string): Scenario {
+  let text: string;
+  try {
+    text = readFileSync(file, 'utf8');
+  } catch (e) {
+    throw new ScenarioError(`cannot read scenario file ${file}: ${(e as Error).message}`);
+  }
+  const s = parseScenario(text, file);
+  return { ...s, name: s.name ?? basename(file, extname(file)) };
+}
+
+/** The JSON Schema of scenario files, for editors (yaml-language-server, VS Code). */
+export function scenarioJsonSchema(): object {
+  return {
+    ...z.toJSONSchema(Scenario, { io: 'input', unrepresentable: 'any' }),
+    title: 'ferry scenario',
+  };
+}

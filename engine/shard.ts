@@ -1,0 +1,222 @@
+// One model's shard on one device: its weights as TensorFlow.js variables, and (on the training
+// layout only) its optimizer. Every method is deterministic given its inputs and seeds.
+import * as tf from '@tensorflow/tfjs';
+import type { NamedTensor } from '../mesh/transfer.ts';
+import type { Optim, PpoHyper } from '../mesh/protocol.ts';
+import { forward, initialWeights, parameterShapes, responseLogprobs, responseValues, type GptSpec, type Weights } from './model.ts';
+import { policyLoss, valueLoss } from './ppo.ts';
+import { Rng, Stream, seedOf, sampleToken } from './rng.ts';
+
+export class ShardError extends Error {
+  override name = 'ShardError';
+}
+
+export interface TrainStats {
+  loss: number;
+  /** Fraction of tokens whose ratio (actor) or value change (critic) was clipped, last epoch. */
+  clipfrac: number;
+  gradNorm: number;
+}
+
+/** tfjs registers variables by a process-wide name, so every shard gets its own prefix. */
+let shardCount = 0;
+
+export class GptShard {
+  private readonly vars: Map<string, tf.Variable>;
+  private optimizer: tf.AdamOptimizer | undefined;
+  private optim: Optim | undefined;
+
+  constructor(
+    readonly spec: GptSpec,
+    seed: number,
+    optim?: Optim,
+  ) {
+    const prefix = `shard${shardCount++}`;
+    this.vars = new Map(
+      initialWeights(spec, seed).map((t) => [t.name, tf.variable(tf.tensor(t.data, t.shape), true, `${prefix}/${t.name}`)]),
+    );
+    this.setOptimizer(optim);
+  }
+
+  private setOptimizer(optim: Optim | undefined) {
+    this.optimizer?.dispose();
+    this.optim = optim;
+    this.optimizer = optim ? tf.train.adam(optim.lr, optim.beta1, optim.beta2, optim.eps) : undefined;
+  }
+
+  get trainable(): boolean {
+    return this.optimizer !== undefined;
+  }
+
+  private weights(): Weights {
+    return Object.fromEntries(this.vars);
+  }
+
+  /** The weights as plain arrays, in canonical order. */
+  exportTensors(): NamedTensor[] {
+    return parameterShapes(this.spec).map(([name, shape]) => ({
+      name,
+      shape,
+      data: this.vars.get(name)!.dataSync() as Float32Array,
+    }));
+  }
+
+  /**
+   * Overwrites the named weights (all of them, or a subset such as the shared body). Shapes are
+   * checked first, so a bad set changes nothing. A fresh optimizer state goes with new weights.
+   */
+  importTensors(tensors: readonly NamedTensor[]): void {
+    for (const t of tensors) {
+      const v = this.vars.get(t.name);
+      if (!v) throw new ShardError(`no parameter '${t.name}' in a ${this.spec.kind} model`);
+      if (v.shape.join('x') !== t.shape.join('x')) {
+        throw new ShardError(`parameter '${t.name}': expected shape [${v.shape}], got [${t.shape}]`);
+      }
+    }
+    for (const t of tensors) this.vars.get(t.name)!.assign(tf.tensor(t.data, t.shape));
+    this.setOptimizer(this.optim);
+  }
+
+  dispose(): void {
+    for (const v of this.vars.values()) v.dispose();
+    this.optimizer?.dispose();
+  }
+
+  /** Samples `responseLen` tokens after each prompt; one seeded stream per prompt. */
+  generate(prompts: Int32Array, batch: number, promptLen: number, responseLen: number, seeds: Uint32Array, temperature: number) {
+    this.expect('policy', 'generate');
+    const width = promptLen + responseLen;
+    const tokens = new Int32Array(batch * width);
+    for (let b = 0; b < batch; b++) tokens.set(prompts.subarray(b * promptLen, (b + 1) * promptLen), b * width);
+    const rngs = Array.from(seeds, (s) => new Rng(s));
+    const w = this.weights();
+    for (let t = 0; t < responseLen; t++) {
+      const len = promptLen + t;
+      const prefix = new Int32Array(batch * len);
+      for (let b = 0; b < batch; b++) prefix.set(tokens.subarray(b * width, b * width + len), b * len);
+      const last = tf.tidy(() => {
+        const out = forward(this.spec, w, tf.tensor2d(prefix, [batch, len], 'int32')); // [B, len, V]
+        return tf.slice(out, [0, len - 1, 0], [batch, 1, this.spec.vocab]);
+      });
+      const logits = last.dataSync() as Float32Array;
+      last.dispose();
+      for (let b = 0; b < batch; b++) {
+        const row = logits.subarray(b * this.spec.vocab, (b + 1) * this.spec.vocab);
+        tokens[b * width + len] = sampleToken(row, temperature, rngs[b]!.uniform());
+      }
+    }
+    return { tokens, logprobs: this.logprobs(tokens, batch, promptLen) };
+  }
+
+  /** Log-probabilities of the response tokens, row-major [batch, responseLen]. */
+  logprobs(tokens: Int32Array, batch: number, promptLen: number): Float32Array {
+    this.expect('policy', 'log-probabilities');
+    const t = tf.tidy(() => responseLogprobs(this.spec, this.weights(), this.input(tokens, batch), promptLen));
+    const out = t.dataSync() as Float32Array;
+    t.dispose();
+    return out;
+  }
+
+  /** Values before each response token, row-major [batch, responseLen]. */
+  values(tokens: Int32Array, batch: number, promptLen: number): Float32Array {
+    this.expect('value', 'values');
+    const t = tf.tidy(() => responseValues(this.spec, this.weights(), this.input(tokens, batch), promptLen));
+    const out = t.dataSync() as Float32Array;
+    t.dispose();
+    return out;
+  }
+
+  /** Supervised fine-tuning on whole demonstrations: cross-entropy of the response tokens. */
+  sft(tokens: Int32Array, batch: number, promptLen: number, steps: number, minibatch: number, lr: number, seed: number) {
+    this.expect('policy', 'sft');
+    if (!this.optim) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
+    const width = tokens.length / batch;
+    const losses: number[] = [];
+    // Warm-up has its own optimizer, so the PPO optimizer starts fresh afterwards.
+    const optimizer = tf.train.adam(lr, this.optim.beta1, this.optim.beta2, this.optim.eps);
+    for (let step = 0; step < steps; step++) {
+      const rows = new Rng(seedOf(seed, Stream.shuffle, step)).permutation(batch).slice(0, Math.min(minibatch, batch));
+      const mb = this.rows(tokens, width, rows);
+      const input = tf.tensor2d(mb, [rows.length, width], 'int32');
+      const { loss } = this.step(
+        () => tf.neg(tf.mean(responseLogprobs(this.spec, this.weights(), input, promptLen))) as tf.Scalar,
+        optimizer,
+      );
+      input.dispose();
+      losses.push(loss);
+    }
+    optimizer.dispose();
+    return { loss: losses.at(-1) ?? 0, first_loss: losses[0] ?? 0 };
+  }
+
+  /**
+   * PPO epochs over shuffled mini-batches. For a policy, `old` are the behaviour log-probs and
+   * `target` the advantages; for a value model, `old` are the old values and `target` the returns.
+   */
+  train(tokens: Int32Array, batch: number, promptLen: number, responseLen: number, old: Float32Array, target: Float32Array, hyper: PpoHyper, seed: number): TrainStats {
+    const width = promptLen + responseLen;
+    const size = Math.ceil(batch / hyper.minibatches);
+    let stats: TrainStats = { loss: 0, clipfrac: 0, gradNorm: 0 };
+    for (let epoch = 0; epoch < hyper.epochs; epoch++) {
+      const order = new Rng(seedOf(seed, Stream.shuffle, epoch)).permutation(batch);
+      let lossSum = 0;
+      let clipped = 0;
+      let norm = 0;
+      for (let m = 0; m < hyper.minibatches; m++) {
+        const rows = order.slice(m * size, (m + 1) * size);
+        if (rows.length === 0) continue;
+        const mbTokens = tf.tensor2d(this.rows(tokens, width, rows), [rows.length, width], 'int32');
+        const mbOld = tf.tensor2d(this.rows(old, responseLen, rows), [rows.length, responseLen]);
+        const mbTarget = tf.tensor2d(this.rows(target, responseLen, rows), [rows.length, responseLen]);
+        let clipCount = 0;
+        const { loss, gradNorm } = this.step(() => {
+          if (this.spec.kind === 'policy') {
+            const logp = responseLogprobs(this.spec, this.weights(), mbTokens, promptLen);
+            clipCount = tf.tidy(() => tf.sum(tf.cast(tf.greater(tf.abs(tf.sub(tf.exp(tf.sub(logp, mbOld)), 1)), hyper.clip), 'float32')).arraySync() as number);
+            return policyLoss(logp, mbOld, mbTarget, hyper.clip);
+          }
+          const v = responseValues(this.spec, this.weights(), mbTokens, promptLen);
+          clipCount = tf.tidy(() => tf.sum(tf.cast(tf.greater(tf.abs(tf.sub(v, mbOld)), hyper.valueClip), 'float32')).arraySync() as number);
+          return valueLoss(v, mbOld, mbTarget, hyper.valueClip);
+        });
+        tf.dispose([mbTokens, mbOld, mbTarget]);
+        lossSum += loss * rows.length;
+        clipped += clipCount;
+        norm = gradNorm;
+      }
+      stats = { loss: lossSum / batch, clipfrac: clipped / (batch * responseLen), gradNorm: norm };
+    }
+    return stats;
+  }
+
+  /** One optimizer step with the gradient clipped to the configured global norm. */
+  private step(lossFn: () => tf.Scalar, optimizer = this.optimizer): { loss: number; gradNorm: number } {
+    if (!optimizer || !this.optim) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
+    const varList = [...this.vars.values()];
+    const { value, grads } = tf.variableGrads(lossFn, varList);
+    const names = varList.map((v) => v.name);
+    // Global norm with a fixed summation order (parameter order), so it is reproducible.
+    const normT = tf.tidy(() => tf.sqrt(tf.addN(names.map((n) => tf.sum(tf.square(grads[n]!))))));
+    const gradNorm = normT.dataSync()[0]!;
+    const scale = this.optim.clipNorm > 0 && gradNorm > this.optim.clipNorm ? this.optim.clipNorm / (gradNorm + 1e-6) : 1;
+    const scaled = scale === 1 ? grads : Object.fromEntries(names.map((n) => [n, tf.mul(grads[n]!, scale)]));
+    optimizer.applyGradients(scaled as Parameters<tf.Optimizer["applyGradients"]>[0]);
+    const loss = value.dataSync()[0]!;
+    tf.dispose([value, normT, ...Object.values(grads), ...(scale === 1 ? [] : Object.values(scaled))]);
+    return { loss, gradNorm };
+  }
+
+  private expect(kind: GptSpec['kind'], what: string) {
+    if (this.spec.kind !== kind) throw new ShardError(`${what} needs a ${kind} model; this shard is a ${this.spec.kind} model`);
+  }
+
+  private input(tokens: Int32Array, batch: number): tf.Tensor2D {
+    return tf.tensor2d(tokens, [batch, tokens.length / batch], 'int32');
+  }
+
+  private rows<T extends Int32Array | Float32Array>(data: T, width: number, rows: readonly number[]): T {
+    const out = new (data.constructor as { new (n: number): T })(rows.length * width);
+    rows.forEach((r, i) => out.set(data.subarray(r * width, (r + 1) * width), i * width));
+    return out;
+  }
+}

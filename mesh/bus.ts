@@ -1,0 +1,76 @@
+// The NATS connection and the two ways ferry talks over it: typed request/reply and typed
+// subscriptions. Errors say which subject and what went wrong.
+import { connect, type NatsConnection, type Msg } from '@nats-io/transport-node';
+import type { z } from 'zod';
+import { decode, encode, ProtocolError } from './codec.ts';
+
+export type { NatsConnection, Msg };
+
+export class BusError extends Error {
+  override name = 'BusError';
+}
+
+export async function connectBus(url: string, name: string): Promise<NatsConnection> {
+  try {
+    return await connect({
+      servers: url,
+      name,
+      // Ride out a server restart: keep trying for as long as a run could last.
+      maxReconnectAttempts: -1,
+      reconnectTimeWait: 250,
+    });
+  } catch (cause) {
+    throw new BusError(`cannot connect to NATS at ${url}: ${(cause as Error).message}`, { cause });
+  }
+}
+
+/** Sends `message` and decodes the reply with `schema`; a timeout or no responder is a BusError. */
+export async function request<S extends z.ZodType>(
+  nc: NatsConnection,
+  subject: string,
+  message: { type: string; v: number; [key: string]: unknown },
+  schema: S,
+  timeoutMs: number,
+): Promise<z.infer<S>> {
+  let reply: Msg;
+  try {
+    reply = await nc.request(subject, encode(message), { timeout: timeoutMs });
+  } catch (cause) {
+    const why = (cause as Error).name === 'NoRespondersError' || /no responders/i.test(String(cause))
+      ? 'no one is subscribed'
+      : /timeout/i.test(String(cause))
+        ? `no reply within ${timeoutMs} ms`
+        : (cause as Error).message;
+    throw new BusError(`request '${message.type}' on ${subject} failed: ${why}`, { cause });
+  }
+  return decode(subject, reply.data, schema);
+}
+
+/**
+ * Subscribes and hands each decoded message to `onMessage`; bytes that do not decode go to
+ * `onMalformed` with the subject and the problem, and the subscription keeps going.
+ */
+export function subscribe<S extends z.ZodType>(
+  nc: NatsConnection,
+  subject: string,
+  schema: S,
+  onMessage: (message: z.infer<S>, msg: Msg) => void,
+  onMalformed: (error: ProtocolError, msg: Msg) => void,
+  options: { queue?: string } = {},
+): () => void {
+  const sub = nc.subscribe(subject, {
+    queue: options.queue,
+    callback: (err, msg) => {
+      if (err) return;
+      let decoded: z.infer<S>;
+      try {
+        decoded = decode(msg.subject, msg.data, schema);
+      } catch (e) {
+        onMalformed(e instanceof ProtocolError ? e : new ProtocolError(msg.subject, String(e)), msg);
+        return;
+      }
+      onMessage(decoded, msg);
+    },
+  });
+  return () => sub.unsubscribe();
+}

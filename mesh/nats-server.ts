@@ -1,0 +1,146 @@
+// A private nats-server for one run or one test: loopback only, a free port, JetStream with its
+// store in a temporary directory, stopped (and its store removed) when the run ends.
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { delimiter, join } from 'node:path';
+
+export class NatsServerError extends Error {
+  override name = 'NatsServerError';
+}
+
+const INSTALL_HINT =
+  "install Debian's package (apt-get install nats-server), set FERRY_NATS_SERVER to a nats-server " +
+  'binary, or set NATS_URL to a server that is already running';
+
+/** The nats-server binary: $FERRY_NATS_SERVER, then PATH, then Debian's /usr/sbin. */
+export function findNatsServer(): string | undefined {
+  const fromEnv = process.env.FERRY_NATS_SERVER;
+  if (fromEnv) return existsSync(fromEnv) ? fromEnv : undefined;
+  const dirs = [...(process.env.PATH ?? '').split(delimiter), '/usr/sbin', '/usr/bin', '/usr/local/bin'];
+  for (const dir of dirs) {
+    if (!dir) continue;
+    const candidate = join(dir, 'nats-server');
+    if (existsSync(candidate)) return candidate;
+  }
+  return undefined;
+}
+
+/**
+ * Finds nats-server, installing Debian's package when this is a Debian-like machine and we may
+ * (root, or password-less sudo). Never downloads anything but from the system's package sources.
+ */
+export function ensureNatsServer(log: (line: string) => void = () => {}): string {
+  const found = findNatsServer();
+  if (found) return found;
+  if (process.env.FERRY_NATS_SERVER) {
+    throw new NatsServerError(`FERRY_NATS_SERVER=${process.env.FERRY_NATS_SERVER} does not exist; ${INSTALL_HINT}`);
+  }
+  const canApt = existsSync('/usr/bin/apt-get') && process.env.FERRY_NO_INSTALL === undefined;
+  const asRoot = process.getuid?.() === 0;
+  const sudo = !asRoot && spawnSync('sudo', ['-n', 'true']).status === 0;
+  if (canApt && (asRoot || sudo)) {
+    const prefix = asRoot ? [] : ['sudo', '-n'];
+    const run = (args: string[]) => {
+      const [cmd, ...rest] = [...prefix, ...args];
+      return spawnSync(cmd!, rest, { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, DEBIAN_FRONTEND: 'noninteractive' } });
+    };
+    log("nats-server not found: installing Debian's nats-server package");
+    if (run(['apt-get', 'install', '-y', '-qq', 'nats-server']).status !== 0) {
+      run(['apt-get', 'update', '-qq']);
+      run(['apt-get', 'install', '-y', '-qq', 'nats-server']);
+    }
+    const installed = findNatsServer();
+    if (installed) return installed;
+  }
+  throw new NatsServerError(`no nats-server binary found on PATH or in /usr/sbin; ${INSTALL_HINT}`);
+}
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.unref();
+    srv.on('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const addr = srv.address();
+      srv.close(() => (typeof addr === 'object' && addr ? resolve(addr.port) : reject(new Error('no port'))));
+    });
+  });
+}
+
+export interface NatsServerOptions {
+  /** Extra command-line arguments (e.g. `--max_payload`, a config file). */
+  args?: string[];
+  /** Milliseconds to wait for "Server is ready". */
+  readyTimeoutMs?: number;
+  log?: (line: string) => void;
+}
+
+export interface PrivateNatsServer {
+  url: string;
+  port: number;
+  storeDir: string;
+  process: ChildProcess;
+  stop(): Promise<void>;
+}
+
+export async function startNatsServer(options: NatsServerOptions = {}): Promise<PrivateNatsServer> {
+  const bin = ensureNatsServer(options.log);
+  // A port can be taken between freePort() and the server's bind; try a few.
+  let lastError: unknown;
+  for (let attempt = 0; attempt < 5; attempt++) {
+    try {
+      return await startOnce(bin, await freePort(), options);
+    } catch (err) {
+      lastError = err;
+    }
+  }
+  throw lastError;
+}
+
+async function startOnce(bin: string, port: number, options: NatsServerOptions): Promise<PrivateNatsServer> {
+  const storeDir = mkdtempSync(join(tmpdir(), 'ferry-nats-'));
+  const args = ['-a', '127.0.0.1', '-p', String(port), '-js', '-sd', storeDir, ...(options.args ?? [])];
+  const child = spawn(bin, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  let stderr = '';
+  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => {
+      child.kill('SIGKILL');
+      reject(new NatsServerError(`nats-server did not get ready in ${options.readyTimeoutMs ?? 10000} ms:\n${stderr}`));
+    }, options.readyTimeoutMs ?? 10000);
+    child.stderr!.on('data', (b: Buffer) => {
+      stderr += b.toString();
+      if (stderr.includes('Server is ready')) {
+        clearTimeout(timer);
+        resolve();
+      }
+    });
+    child.once('exit', (code) => {
+      clearTimeout(timer);
+      rmSync(storeDir, { recursive: true, force: true });
+      reject(new NatsServerError(`nats-server exited with code ${code} before it was ready:\n${stderr.trim()}`));
+    });
+  });
+  child.stderr!.resume();
+  let stopping: Promise<void> | undefined;
+  return {
+    url: `nats://127.0.0.1:${port}`,
+    port,
+    storeDir,
+    process: child,
+    stop() {
+      stopping ??= (async () => {
+        if (child.exitCode === null && child.signalCode === null) {
+          child.kill('SIGTERM');
+          const killer = setTimeout(() => child.kill('SIGKILL'), 5000);
+          await exited;
+          clearTimeout(killer);
+        }
+        rmSync(storeDir, { recursive: true, force: true });
+      })();
+      return stopping;
+    },
+  };
+}

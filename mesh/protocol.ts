@@ -1,0 +1,259 @@
+// The messages of ferry's bus, as schemas. Each message is a msgpack map with a `type` and the
+// protocol version `v`; decoding (mesh/codec.ts) is the one place where bytes become these types.
+import { z } from 'zod';
+
+export const PROTOCOL_VERSION = 1;
+const v = z.literal(PROTOCOL_VERSION);
+
+const typed = <T>(ctor: new (...a: never[]) => T, name: string) =>
+  z.custom<T>((x) => x instanceof ctor, { message: `expected a ${name}` });
+const f32 = typed<Float32Array>(Float32Array, 'Float32Array');
+const i32 = typed<Int32Array>(Int32Array, 'Int32Array');
+const u32 = typed<Uint32Array>(Uint32Array, 'Uint32Array');
+const nat = z.number().int().nonnegative();
+const pos = z.number().int().positive();
+
+export const ROLES = ['actor', 'critic', 'reference', 'reward'] as const;
+export const Role = z.enum(ROLES);
+export type Role = z.infer<typeof Role>;
+
+/** A model's shape. `policy` has a token head, `value` a scalar head, `rule` has no parameters. */
+export const ModelSpec = z.discriminatedUnion('kind', [
+  z.strictObject({
+    kind: z.enum(['policy', 'value']),
+    vocab: pos,
+    context: pos,
+    layers: pos,
+    width: pos,
+    heads: pos,
+  }),
+  z.strictObject({ kind: z.literal('rule'), rule: z.string(), digits: pos, base: pos }),
+]);
+export type ModelSpec = z.infer<typeof ModelSpec>;
+
+/**
+ * Where one model function call runs: a mesh of devices and a dp × tp × pp strategy over it.
+ * Ranks are laid out tp fastest, then pp, then dp, so tensor groups sit on neighbouring devices.
+ */
+export const Layout = z.strictObject({
+  devices: z.array(nat).min(1),
+  dp: pos,
+  tp: pos,
+  pp: pos,
+});
+export type Layout = z.infer<typeof Layout>;
+
+export const Optim = z.strictObject({
+  lr: z.number().positive(),
+  beta1: z.number().min(0).max(1),
+  beta2: z.number().min(0).max(1),
+  eps: z.number().positive(),
+  clipNorm: z.number().nonnegative(),
+});
+export type Optim = z.infer<typeof Optim>;
+
+/** A batch of sequences: `tokens` holds `batch` rows of `promptLen + responseLen` tokens. */
+const Batch = {
+  tokens: i32,
+  batch: pos,
+  promptLen: pos,
+  responseLen: pos,
+};
+
+export const PpoHyper = z.strictObject({
+  epochs: pos,
+  minibatches: pos,
+  clip: z.number().positive(),
+  valueClip: z.number().positive(),
+});
+export type PpoHyper = z.infer<typeof PpoHyper>;
+
+const TensorManifest = z.strictObject({ name: z.string(), shape: z.array(nat), sha256: z.string() });
+export type TensorManifest = z.infer<typeof TensorManifest>;
+
+/** What a caller may ask of a device. Every call names the model whose shard it concerns. */
+export const CallBody = z.discriminatedUnion('fn', [
+  z.strictObject({
+    fn: z.literal('load'),
+    role: Role,
+    spec: ModelSpec,
+    layout: Layout,
+    rank: nat,
+    seed: nat,
+    /** Only the training layout owns an optimizer; generation or inference views do not. */
+    optim: Optim.optional(),
+  }),
+  z.strictObject({ fn: z.literal('sft'), ...Batch, steps: pos, minibatch: pos, lr: z.number().positive(), seed: nat }),
+  z.strictObject({
+    fn: z.literal('generate'),
+    prompts: i32,
+    batch: pos,
+    promptLen: pos,
+    responseLen: pos,
+    /** One sampling seed per prompt, derived from (run seed, iteration, prompt index). */
+    seeds: u32,
+    temperature: z.number().positive(),
+  }),
+  z.strictObject({ fn: z.literal('inference'), ...Batch }),
+  z.strictObject({
+    fn: z.literal('train'),
+    ...Batch,
+    seed: nat,
+    hyper: PpoHyper,
+    /** actor: old log-probs and advantages; critic: old values and returns. One per response token. */
+    old: f32,
+    target: f32,
+  }),
+  z.strictObject({
+    fn: z.literal('send_params'),
+    transfer: z.string(),
+    chunkBytes: pos,
+    /** The parameters to send, by name; all of them when absent. */
+    names: z.array(z.string()).optional(),
+  }),
+  z.strictObject({
+    fn: z.literal('recv_params'),
+    transfer: z.string(),
+    manifest: z.array(TensorManifest),
+  }),
+  z.strictObject({ fn: z.literal('manifest') }),
+  z.strictObject({ fn: z.literal('release') }),
+  z.strictObject({ fn: z.literal('shutdown') }),
+]);
+export type CallBody = z.infer<typeof CallBody>;
+export type CallFn = CallBody['fn'];
+
+export const Call = z.strictObject({
+  type: z.literal('call'),
+  v,
+  /** Unique per attempt-independent call: handling the same id twice is harmless. */
+  id: z.string().min(1),
+  model: z.string().min(1),
+  iteration: z.number().int(),
+  body: CallBody,
+});
+export type Call = z.infer<typeof Call>;
+
+export const ERROR_CODES = [
+  'malformed',
+  'busy',
+  'not_loaded',
+  'unsupported',
+  'invalid_state',
+  'digest_mismatch',
+  'timeout',
+  'failed',
+] as const;
+export type ErrorCode = (typeof ERROR_CODES)[number];
+
+export const Result = z.strictObject({
+  type: z.literal('result'),
+  v,
+  id: z.string(),
+  body: z.record(z.string(), z.unknown()),
+});
+export type Result = z.infer<typeof Result>;
+
+export const ErrorReply = z.strictObject({
+  type: z.literal('error'),
+  v,
+  id: z.string().optional(),
+  code: z.enum(ERROR_CODES),
+  message: z.string(),
+  /** The subject the offending message came on, when there was one. */
+  subject: z.string().optional(),
+});
+export type ErrorReply = z.infer<typeof ErrorReply>;
+
+export const Reply = z.discriminatedUnion('type', [Result, ErrorReply]);
+export type Reply = z.infer<typeof Reply>;
+
+export const Chunk = z.strictObject({
+  type: z.literal('chunk'),
+  v,
+  transfer: z.string(),
+  tensor: z.string(),
+  /** Offset and total length in elements of the tensor this chunk belongs to. */
+  offset: nat,
+  total: nat,
+  data: f32,
+  /** SHA-256 (hex) of this chunk's bytes. */
+  sha256: z.string(),
+});
+export type Chunk = z.infer<typeof Chunk>;
+
+export const Ready = z.strictObject({ type: z.literal('ready'), v, transfer: z.string(), device: nat });
+export type Ready = z.infer<typeof Ready>;
+
+export const Hello = z.strictObject({
+  type: z.literal('hello'),
+  v,
+  worker: z.string(),
+  /** The device slot this worker asks for; any free one when absent. */
+  device: nat.optional(),
+  pid: nat,
+  host: z.string(),
+  backend: z.string(),
+});
+export type Hello = z.infer<typeof Hello>;
+
+export const Welcome = z.strictObject({ type: z.literal('welcome'), v, device: nat, run: z.string() });
+export type Welcome = z.infer<typeof Welcome>;
+export const JoinReply = z.discriminatedUnion('type', [Welcome, ErrorReply]);
+
+export const Heartbeat = z.strictObject({
+  type: z.literal('heartbeat'),
+  v,
+  device: nat,
+  worker: z.string(),
+  state: z.string(),
+  at: z.number(),
+});
+export type Heartbeat = z.infer<typeof Heartbeat>;
+
+export const Metrics = z.strictObject({
+  iteration: nat,
+  reward_mean: z.number(),
+  kl: z.number(),
+  actor_loss: z.number(),
+  critic_loss: z.number(),
+  seconds: z.number(),
+  tokens: nat,
+  tokens_per_second: z.number(),
+});
+export type Metrics = z.infer<typeof Metrics>;
+
+/** What the supervisor tells observers (the launcher's progress bar, a report, a user's tool). */
+export const RunEvent = z.discriminatedUnion('type', [
+  z.strictObject({ type: z.literal('phase'), v, phase: z.string(), detail: z.string() }),
+  z.strictObject({ type: z.literal('progress'), v, iterations: pos, metrics: Metrics }),
+  z.strictObject({
+    type: z.literal('log'),
+    v,
+    level: z.enum(['info', 'warn', 'error']),
+    source: z.string(),
+    message: z.string(),
+  }),
+  z.strictObject({ type: z.literal('done'), v, status: z.enum(['succeeded', 'failed']), message: z.string() }),
+]);
+export type RunEvent = z.infer<typeof RunEvent>;
+
+/** What each call returns, checked by the caller when the reply arrives. */
+export const ResultBodies = {
+  load: z.strictObject({ parameters: nat, digest: z.string() }),
+  sft: z.strictObject({ loss: z.number(), first_loss: z.number() }),
+  generate: z.strictObject({ tokens: i32, logprobs: f32 }),
+  inference: z.union([
+    z.strictObject({ logprobs: f32 }),
+    z.strictObject({ values: f32 }),
+    z.strictObject({ scores: f32 }),
+  ]),
+  train: z.strictObject({ loss: z.number(), clipfrac: z.number(), grad_norm: z.number() }),
+  send_params: z.strictObject({ bytes: nat, chunks: nat }),
+  recv_params: z.strictObject({ bytes: nat, chunks: nat, digest: z.string() }),
+  manifest: z.strictObject({ manifest: z.array(TensorManifest), digest: z.string() }),
+  release: z.strictObject({}),
+  shutdown: z.strictObject({}),
+} satisfies Record<CallFn, z.ZodType>;
+export type ResultOf<F extends CallFn> = z.infer<(typeof ResultBodies)[F]>;
+export type CallOf<F extends CallFn> = Extract<CallBody, { fn: F }>;

@@ -1,0 +1,48 @@
+// Every NATS subject ferry uses is built here, from typed parts. Nothing else concatenates
+// subject strings, so a rename or a permission rule (issue 6) has one place to look.
+
+/** A subject token: letters, digits, `-` and `_` only (no `.`, `*`, `>` or white space). */
+const TOKEN = /^[A-Za-z0-9_-]+$/;
+
+export class SubjectError extends Error {
+  override name = 'SubjectError';
+}
+
+export function token(kind: string, value: string | number): string {
+  const s = String(value);
+  if (!TOKEN.test(s)) {
+    throw new SubjectError(
+      `${kind} must be letters, digits, '-' or '_' to fit in a NATS subject; got ${JSON.stringify(s)}`,
+    );
+  }
+  return s;
+}
+
+/** The subjects of one run. `run` isolates concurrent runs that share a server. */
+export function subjects(run: string) {
+  const root = `ferry.${token('run id', run)}`;
+  return {
+    root,
+    /** Workers announce themselves here (request/reply); the supervisor answers with a device. */
+    join: `${root}.join`,
+    /** Calls to one device (request/reply). */
+    call: (device: number) => `${root}.dev.${token('device', device)}.call`,
+    /** Liveness beacons of one device; `heartbeats` matches them all. */
+    heartbeat: (device: number) => `${root}.hb.${token('device', device)}`,
+    heartbeats: `${root}.hb.*`,
+    /** Parameter chunks of one transfer, and the destinations' "subscribed" notices. */
+    chunks: (transfer: string) => `${root}.xfer.${token('transfer id', transfer)}.chunk`,
+    ready: (transfer: string) => `${root}.xfer.${token('transfer id', transfer)}.ready`,
+    /** Run events (progress, warnings, errors) for launchers and observers. */
+    events: `${root}.events`,
+  } as const;
+}
+
+export type Subjects = ReturnType<typeof subjects>;
+
+/** A run id from a scenario name and a time, safe as a subject token. */
+export function runId(name: string, at: Date = new Date()): string {
+  const stamp = at.toISOString().replace(/[-:]/g, '').replace(/\..*$/, '').replace('T', '-');
+  const base = name.replace(/[^A-Za-z0-9_-]+/g, '-').replace(/^-+|-+$/g, '') || 'run';
+  return `${base}-${stamp}`;
+}
