@@ -1,7 +1,6 @@
 // Picks the TensorFlow.js backend. `node-gpu` and `node` are optional peer dependencies (their
 // install downloads libtensorflow, which fails without internet), so they are loaded only if a
 // user has installed them; `wasm` is the default that always works; `cpu` is the pure-JS fallback.
-import * as tf from '@tensorflow/tfjs';
 
 export const BACKENDS = ['auto', 'wasm', 'cpu', 'node', 'node-gpu'] as const;
 export type BackendChoice = (typeof BACKENDS)[number];
@@ -12,7 +11,9 @@ export class BackendError extends Error {
 
 const NODE_PACKAGES = { 'node-gpu': '@tensorflow/tfjs-node-gpu', node: '@tensorflow/tfjs-node' } as const;
 
-async function tryBackend(name: Exclude<BackendChoice, 'auto'>, threads: number): Promise<string | undefined> {
+type Tf = typeof import('@tensorflow/tfjs');
+
+async function tryBackend(tf: Tf, name: Exclude<BackendChoice, 'auto'>, threads: number): Promise<string | undefined> {
   if (name === 'node' || name === 'node-gpu') {
     try {
       // The package registers the 'tensorflow' backend with the tfjs engine as a side effect.
@@ -33,9 +34,11 @@ async function tryBackend(name: Exclude<BackendChoice, 'auto'>, threads: number)
 
 /** Sets the backend and returns the one actually in use. */
 export async function initBackend(choice: BackendChoice, threads = 1): Promise<string> {
+  // Imported here, not at the top, so that processes that only read scenarios never load TensorFlow.js.
+  const tf = await import('@tensorflow/tfjs');
   const order: Array<Exclude<BackendChoice, 'auto'>> = choice === 'auto' ? ['node-gpu', 'node', 'wasm', 'cpu'] : [choice];
   for (const name of order) {
-    const used = await tryBackend(name, threads);
+    const used = await tryBackend(tf, name, threads);
     if (used) {
       await tf.ready();
       return used;

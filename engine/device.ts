@@ -78,12 +78,15 @@ export class Device {
     const isRule = h.shard instanceof RuleShard;
     const kind = isRule ? 'rule' : (h.shard as GptShard).spec.kind;
     const allowed: Record<string, readonly CallFn[]> = {
-      policy: ['sft', 'generate', 'inference', 'train', 'send_params', 'recv_params', 'manifest', 'release'],
-      value: ['inference', 'train', 'send_params', 'recv_params', 'manifest', 'release'],
+      policy: ['sft', 'generate', 'inference', 'train', 'send_params', 'recv_params', 'copy_params', 'manifest', 'release'],
+      value: ['inference', 'train', 'send_params', 'recv_params', 'copy_params', 'manifest', 'release'],
       rule: ['inference', 'manifest', 'release'],
     };
     if (!allowed[kind]!.includes(body.fn)) {
       return new CallRejected('unsupported', `'${body.fn}' is not a call of a ${kind} model ('${model}' on device ${this.index})`);
+    }
+    if (body.fn === 'copy_params' && !(this.hosted.get(body.source)?.shard instanceof GptShard)) {
+      return new CallRejected('not_loaded', `device ${this.index} holds no parameters of '${body.source}' to copy into '${model}'`);
     }
     if ((body.fn === 'train' || body.fn === 'sft') && !(h.shard as GptShard).trainable) {
       return new CallRejected('invalid_state', `'${model}' on device ${this.index} is not on its training layout (no optimizer); '${body.fn}' is refused`);
@@ -168,6 +171,13 @@ export class Device {
         // Only now, with every tensor verified, does the shard change.
         s.importTensors(got.tensors);
         return { bytes: got.bytes, chunks: got.chunks, digest: modelDigest(s.exportTensors()) };
+      }
+      case 'copy_params': {
+        const source = this.hosted.get(body.source)!.shard as GptShard;
+        const wanted = new Set(body.names);
+        const tensors = source.exportTensors().filter((t) => wanted.has(t.name));
+        s.importTensors(tensors);
+        return { bytes: tensors.reduce((n, t) => n + t.data.byteLength, 0), chunks: 0, digest: modelDigest(s.exportTensors()) };
       }
       default:
         throw new CallRejected('unsupported', `'${body.fn}' cannot run on a shard`);

@@ -5,51 +5,11 @@
 import * as tf from '@tensorflow/tfjs';
 import { Rng, Stream, seedOf } from './rng.ts';
 import type { NamedTensor } from '../mesh/transfer.ts';
+import { parameterShapes, type GptSpec } from './params.ts';
 
-export interface GptSpec {
-  kind: 'policy' | 'value';
-  vocab: number;
-  context: number;
-  layers: number;
-  width: number;
-  heads: number;
-}
+export { parameterShapes, parameterCount, isHead, type GptSpec } from './params.ts';
 
 export type Weights = Record<string, tf.Tensor>;
-
-/** Every parameter's name and shape, in the canonical order. */
-export function parameterShapes(spec: GptSpec): Array<[string, number[]]> {
-  const { vocab: V, context: C, width: D, layers: L } = spec;
-  const out: Array<[string, number[]]> = [
-    ['wte', [V, D]],
-    ['wpe', [C, D]],
-  ];
-  for (let l = 0; l < L; l++) {
-    const h = `h${l}`;
-    out.push(
-      [`${h}.ln1.g`, [D]], [`${h}.ln1.b`, [D]],
-      [`${h}.attn.wq`, [D, D]], [`${h}.attn.bq`, [D]],
-      [`${h}.attn.wk`, [D, D]], [`${h}.attn.bk`, [D]],
-      [`${h}.attn.wv`, [D, D]], [`${h}.attn.bv`, [D]],
-      [`${h}.attn.wo`, [D, D]], [`${h}.attn.bo`, [D]],
-      [`${h}.ln2.g`, [D]], [`${h}.ln2.b`, [D]],
-      [`${h}.mlp.w1`, [D, 4 * D]], [`${h}.mlp.b1`, [4 * D]],
-      [`${h}.mlp.w2`, [4 * D, D]], [`${h}.mlp.b2`, [D]],
-    );
-  }
-  const out_ = spec.kind === 'policy' ? V : 1;
-  out.push(['lnf.g', [D]], ['lnf.b', [D]], ['head.w', [D, out_]], ['head.b', [out_]]);
-  return out;
-}
-
-export function parameterCount(spec: GptSpec): number {
-  return parameterShapes(spec).reduce((n, [, s]) => n + s.reduce((a, b) => a * b, 1), 0);
-}
-
-/** The head is what differs between a policy and a value model; the body is shared. */
-export function isHead(name: string): boolean {
-  return name.startsWith('head.');
-}
 
 /**
  * GPT-2 initialisation (N(0, 0.02), residual projections scaled by 1/√(2L), norms at 1, biases

@@ -1,7 +1,6 @@
-// PPO's arithmetic. The advantage side is plain JavaScript in float64 over row-major
-// `[batch, responseLen]` arrays, summed in index order so every process gets the same bits; the
-// losses are TensorFlow.js because they are differentiated.
-import * as tf from '@tensorflow/tfjs';
+// PPO's advantage arithmetic: plain JavaScript in float64 over row-major `[batch, responseLen]`
+// arrays, summed in index order so every process gets the same bits. The losses, which are
+// differentiated, are TensorFlow.js (losses.ts).
 
 export interface AdvantageConfig {
   gamma: number;
@@ -79,24 +78,4 @@ export function mean(x: ArrayLike<number>): number {
   let s = 0;
   for (let i = 0; i < x.length; i++) s += x[i]!;
   return x.length ? s / x.length : 0;
-}
-
-/** Clipped surrogate: mean over tokens of −min(r·A, clip(r, 1−ε, 1+ε)·A), r = exp(logp − old). */
-export function policyLoss(logprobs: tf.Tensor, old: tf.Tensor, advantages: tf.Tensor, clip: number): tf.Scalar {
-  return tf.tidy(() => {
-    const ratio = tf.exp(tf.sub(logprobs, old));
-    const unclipped = tf.mul(ratio, advantages);
-    const clipped = tf.mul(tf.clipByValue(ratio, 1 - clip, 1 + clip), advantages);
-    return tf.neg(tf.mean(tf.minimum(unclipped, clipped))) as tf.Scalar;
-  });
-}
-
-/** Clipped value loss: ½·mean(max((V − R)², (V_old + clip(V − V_old, ±ε) − R)²)). */
-export function valueLoss(values: tf.Tensor, old: tf.Tensor, returns: tf.Tensor, clip: number): tf.Scalar {
-  return tf.tidy(() => {
-    const clippedValues = tf.add(old, tf.clipByValue(tf.sub(values, old), -clip, clip));
-    const a = tf.square(tf.sub(values, returns));
-    const b = tf.square(tf.sub(clippedValues, returns));
-    return tf.mul(0.5, tf.mean(tf.maximum(a, b))) as tf.Scalar;
-  });
 }

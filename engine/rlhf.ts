@@ -2,7 +2,7 @@
 // NATS or in one process. The supervisor machine (actors/supervisor.machine.ts) sequences them.
 import type { ModelSpec, Optim } from '../mesh/protocol.ts';
 import type { Dispatcher } from './dispatch.ts';
-import { isHead, type GptSpec } from './model.ts';
+import { isHead, type GptSpec } from './params.ts';
 import { gae, mean, tokenRewards, whiten } from './ppo.ts';
 import { Stream, seedOf } from './rng.ts';
 import { resolvePlan, MODELS, type CallName, type ModelName, type Plan, type Scenario } from './scenario.ts';

@@ -4,7 +4,7 @@ import * as tf from '@tensorflow/tfjs';
 import type { NamedTensor } from '../mesh/transfer.ts';
 import type { Optim, PpoHyper } from '../mesh/protocol.ts';
 import { forward, initialWeights, parameterShapes, responseLogprobs, responseValues, type GptSpec, type Weights } from './model.ts';
-import { policyLoss, valueLoss } from './ppo.ts';
+import { policyLoss, valueLoss } from './losses.ts';
 import { Rng, Stream, seedOf, sampleToken } from './rng.ts';
 
 export class ShardError extends Error {
@@ -200,7 +200,7 @@ export class GptShard {
     const gradNorm = normT.dataSync()[0]!;
     const scale = this.optim.clipNorm > 0 && gradNorm > this.optim.clipNorm ? this.optim.clipNorm / (gradNorm + 1e-6) : 1;
     const scaled = scale === 1 ? grads : Object.fromEntries(names.map((n) => [n, tf.mul(grads[n]!, scale)]));
-    optimizer.applyGradients(scaled as Parameters<tf.Optimizer["applyGradients"]>[0]);
+    optimizer.applyGradients(names.map((name) => ({ name, tensor: scaled[name]! })));
     const loss = value.dataSync()[0]!;
     tf.dispose([value, normT, ...Object.values(grads), ...(scale === 1 ? [] : Object.values(scaled))]);
     return { loss, gradNorm };

@@ -116,6 +116,8 @@ export const CallBody = z.discriminatedUnion('fn', [
     transfer: z.string(),
     manifest: z.array(TensorManifest),
   }),
+  /** A transfer between two models on the same device: a copy, no bytes on the bus. */
+  z.strictObject({ fn: z.literal('copy_params'), source: z.string(), names: z.array(z.string()) }),
   z.strictObject({ fn: z.literal('manifest') }),
   z.strictObject({ fn: z.literal('release') }),
   z.strictObject({ fn: z.literal('shutdown') }),
@@ -251,6 +253,7 @@ export const ResultBodies = {
   train: z.strictObject({ loss: z.number(), clipfrac: z.number(), grad_norm: z.number() }),
   send_params: z.strictObject({ bytes: nat, chunks: nat }),
   recv_params: z.strictObject({ bytes: nat, chunks: nat, digest: z.string() }),
+  copy_params: z.strictObject({ bytes: nat, chunks: nat, digest: z.string() }),
   manifest: z.strictObject({ manifest: z.array(TensorManifest), digest: z.string() }),
   release: z.strictObject({}),
   shutdown: z.strictObject({}),

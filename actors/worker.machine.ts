@@ -1,0 +1,180 @@
+// A worker: the process that is one device. It joins a run, then serves calls on its device's
+// subject one at a time. A call its state does not allow gets a typed error and changes nothing;
+// a call it has already answered (same id) gets the same answer again, so a retry is harmless;
+// bytes that do not decode are reported with their subject, and the worker keeps serving.
+import { assign, fromCallback, fromPromise, setup } from 'xstate';
+import { PROTOCOL_VERSION, type Call, type ErrorCode, type Reply } from '../mesh/protocol.ts';
+import type { ProtocolError } from '../mesh/codec.ts';
+import { CallRejected, type Device } from '../engine/device.ts';
+
+export type Respond = (reply: Reply) => void;
+
+export type WorkerEvent =
+  | { type: 'call'; call: Call; respond: Respond }
+  | { type: 'malformed'; error: ProtocolError; respond?: Respond }
+  | { type: 'stop' };
+
+export interface WorkerInput {
+  worker: string;
+  /** Builds the device once the run has assigned an index. */
+  makeDevice: (index: number) => Device;
+  log: (line: string) => void;
+}
+
+interface Context extends WorkerInput {
+  index: number;
+  device?: Device;
+  current?: { call: Call; respond: Respond };
+  /** Replies to recent calls by id, to answer a repeated call without running it again. */
+  answered: Map<string, Reply>;
+  error?: string;
+}
+
+const REMEMBERED = 64;
+
+const errorReply = (id: string | undefined, code: ErrorCode, message: string, subject?: string): Reply => ({
+  type: 'error',
+  v: PROTOCOL_VERSION,
+  ...(id === undefined ? {} : { id }),
+  code,
+  message,
+  ...(subject === undefined ? {} : { subject }),
+});
+
+export const workerMachine = setup({
+  types: {
+    context: {} as Context,
+    events: {} as WorkerEvent,
+    input: {} as WorkerInput,
+    output: {} as { error?: string },
+  },
+  actors: {
+    /** Asks the run for a device; resolves with its index. Provided by the process host. */
+    join: fromPromise<number, { worker: string }>(async () => {
+      throw new Error('join is provided by the host');
+    }),
+    /** The device's call subscription; provided by the host. */
+    callListener: fromCallback<WorkerEvent, { index: number }>(() => () => {}),
+    /** Liveness beacons; provided by the host. */
+    heartbeat: fromCallback<WorkerEvent, { index: number; worker: string }>(() => () => {}),
+    runCall: fromPromise(({ input }: { input: { device: Device; call: Call } }) => input.device.run(input.call)),
+  },
+  guards: {
+    refused: ({ context, event }) => event.type === 'call' && context.device!.check(event.call) !== undefined,
+    answeredBefore: ({ context, event }) => event.type === 'call' && context.answered.has(event.call.id),
+    isCurrent: ({ context, event }) => event.type === 'call' && context.current?.call.id === event.call.id,
+    wasShutdown: ({ context }) => context.current?.call.body.fn === 'shutdown',
+  },
+  actions: {
+    replyAgain: ({ context, event }) => {
+      if (event.type === 'call') event.respond(context.answered.get(event.call.id)!);
+    },
+    refuse: ({ context, event }) => {
+      if (event.type !== 'call') return;
+      const r = context.device!.check(event.call)!;
+      context.log(`refused call ${event.call.id} (${event.call.body.fn} of ${event.call.model}): ${r.message}`);
+      event.respond(errorReply(event.call.id, r.code, r.message));
+    },
+    refuseBusy: ({ context, event }) => {
+      if (event.type !== 'call') return;
+      const busy = context.current!.call;
+      event.respond(errorReply(event.call.id, 'busy', `device ${context.index} is running call ${busy.id} (${busy.body.fn} of ${busy.model})`));
+    },
+    reportMalformed: ({ context, event }) => {
+      if (event.type !== 'malformed') return;
+      context.log(`rejected: ${event.error.message}`);
+      event.respond?.(errorReply(undefined, 'malformed', event.error.problem, event.error.subject));
+    },
+    finishCall: assign(({ context }, params: { reply: Reply }) => {
+      context.current!.respond(params.reply);
+      const answered = new Map(context.answered);
+      answered.set(context.current!.call.id, params.reply);
+      if (answered.size > REMEMBERED) answered.delete(answered.keys().next().value!);
+      return { answered, current: undefined };
+    }),
+  },
+}).createMachine({
+  id: 'worker',
+  context: ({ input }) => ({ ...input, index: -1, answered: new Map() }),
+  initial: 'joining',
+  states: {
+    joining: {
+      invoke: {
+        src: 'join',
+        input: ({ context }) => ({ worker: context.worker }),
+        onDone: {
+          target: 'serving',
+          actions: assign(({ context, event }) => ({ index: event.output, device: context.makeDevice(event.output) })),
+        },
+        onError: {
+          target: 'failed',
+          actions: assign({ error: ({ event }) => `could not join: ${(event.error as Error).message}` }),
+        },
+      },
+    },
+    serving: {
+      invoke: [
+        { src: 'callListener', input: ({ context }) => ({ index: context.index }) },
+        { src: 'heartbeat', input: ({ context }) => ({ index: context.index, worker: context.worker }) },
+      ],
+      on: {
+        malformed: { actions: 'reportMalformed' },
+        stop: { target: 'stopped' },
+      },
+      initial: 'idle',
+      states: {
+        idle: {
+          on: {
+            call: [
+              { guard: 'answeredBefore', actions: 'replyAgain' },
+              { guard: 'refused', actions: 'refuse' },
+              { target: 'busy', actions: assign({ current: ({ event }) => ({ call: event.call, respond: event.respond }) }) },
+            ],
+          },
+        },
+        busy: {
+          on: {
+            call: [
+              { guard: 'answeredBefore', actions: 'replyAgain' },
+              // The same call again while it runs (a retry): its one reply will answer it.
+              { guard: 'isCurrent' },
+              { actions: 'refuseBusy' },
+            ],
+          },
+          invoke: {
+            src: 'runCall',
+            input: ({ context }) => ({ device: context.device!, call: context.current!.call }),
+            onDone: [
+              {
+                guard: 'wasShutdown',
+                target: '#worker.stopped',
+                actions: { type: 'finishCall', params: ({ context, event }) => ({ reply: { type: 'result', v: PROTOCOL_VERSION, id: context.current!.call.id, body: event.output } }) },
+              },
+              {
+                target: 'idle',
+                actions: { type: 'finishCall', params: ({ context, event }) => ({ reply: { type: 'result', v: PROTOCOL_VERSION, id: context.current!.call.id, body: event.output } }) },
+              },
+            ],
+            onError: {
+              target: 'idle',
+              actions: [
+                ({ context, event }) => context.log(`call ${context.current!.call.id} failed: ${(event.error as Error).stack ?? event.error}`),
+                {
+                  type: 'finishCall',
+                  params: ({ context, event }) => {
+                    const e = event.error;
+                    const code: ErrorCode = e instanceof CallRejected ? e.code : 'failed';
+                    return { reply: errorReply(context.current!.call.id, code, e instanceof Error ? `${e.name}: ${e.message}` : String(e)) };
+                  },
+                },
+              ],
+            },
+          },
+        },
+      },
+    },
+    stopped: { type: 'final' },
+    failed: { type: 'final' },
+  },
+  output: ({ context }) => ({ error: context.error }),
+});

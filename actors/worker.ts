@@ -1,0 +1,110 @@
+// A worker process: one device of a run. Start it by hand to join a run from another machine:
+//   npm run worker -- --nats nats://HOST:4222 --run RUN_ID [--device N] [--backend wasm]
+import { hostname } from 'node:os';
+import { randomUUID } from 'node:crypto';
+import { createActor, fromCallback, fromPromise, toPromise } from 'xstate';
+import { connectBus, request, subscribe } from '../mesh/bus.ts';
+import { encode } from '../mesh/codec.ts';
+import { Call, JoinReply, PROTOCOL_VERSION, type Reply } from '../mesh/protocol.ts';
+import { subjects } from '../mesh/subjects.ts';
+import { receiveTensors, sendTensors } from '../mesh/transfer.ts';
+import { BACKENDS, initBackend, type BackendChoice } from '../engine/backend.ts';
+import { Device } from '../engine/device.ts';
+import { DEFAULT_NATS, UsageError, args, logger, runMain } from './host.ts';
+import { workerMachine, type WorkerEvent } from './worker.machine.ts';
+
+const USAGE = 'usage: npm run worker -- --run RUN_ID [--nats URL] [--device N] [--backend auto|wasm|cpu|node|node-gpu] [--join-seconds S]';
+
+runMain(async () => {
+  const { values } = args(USAGE, {
+    nats: { type: 'string' },
+    run: { type: 'string' },
+    device: { type: 'string' },
+    backend: { type: 'string', default: 'auto' },
+    'join-seconds': { type: 'string', default: '120' },
+    'transfer-seconds': { type: 'string', default: '300' },
+  });
+  if (values.help) {
+    console.log(USAGE);
+    return 0;
+  }
+  if (!values.run) throw new UsageError(`--run is required (the launcher prints the run id)\n${USAGE}`);
+  if (!(BACKENDS as readonly string[]).includes(values.backend!)) {
+    throw new UsageError(`--backend: expected one of ${BACKENDS.join(', ')}, got ${values.backend}`);
+  }
+  const preferred = values.device === undefined ? undefined : Number(values.device);
+  if (preferred !== undefined && !(Number.isInteger(preferred) && preferred >= 0)) {
+    throw new UsageError(`--device: expected a device index (0, 1, …), got ${values.device}`);
+  }
+  const url = values.nats ?? process.env.NATS_URL ?? DEFAULT_NATS;
+  const worker = `${hostname()}-${process.pid}-${randomUUID().slice(0, 8)}`;
+  const log = logger(`worker ${worker}`);
+  const backend = await initBackend(values.backend as BackendChoice);
+  log(`backend ${backend}`);
+  const nc = await connectBus(url, `ferry-worker-${worker}`);
+  const subj = subjects(values.run);
+  const joinDeadline = Date.now() + Number(values['join-seconds']) * 1000;
+  const transferMs = Number(values['transfer-seconds']) * 1000;
+
+  const machine = workerMachine.provide({
+    actors: {
+      join: fromPromise(async () => {
+        const hello = { type: 'hello', v: PROTOCOL_VERSION, worker, pid: process.pid, host: hostname(), backend, ...(preferred === undefined ? {} : { device: preferred }) };
+        let waited = false;
+        for (;;) {
+          try {
+            const reply = await request(nc, subj.join, hello, JoinReply, 2000);
+            if (reply.type === 'error') throw new UsageError(`run ${values.run} refused this worker: ${reply.message}`);
+            log(`joined run ${reply.run} as device ${reply.device}`);
+            return reply.device;
+          } catch (e) {
+            if (e instanceof UsageError || Date.now() > joinDeadline) throw e;
+            if (!waited) log(`waiting for the supervisor of run ${values.run} on ${url}`);
+            waited = true;
+            await new Promise((r) => setTimeout(r, 500));
+          }
+        }
+      }),
+      callListener: fromCallback<WorkerEvent, { index: number }>(({ sendBack, input }) =>
+        subscribe(
+          nc,
+          subj.call(input.index),
+          Call,
+          (call, msg) => sendBack({ type: 'call', call, respond: (reply: Reply) => msg.respond(encode(reply)) }),
+          (error, msg) => sendBack({ type: 'malformed', error, respond: msg.reply ? (reply: Reply) => msg.respond(encode(reply)) : undefined }),
+        ),
+      ),
+      heartbeat: fromCallback<WorkerEvent, { index: number; worker: string }>(({ input }) => {
+        const beat = () =>
+          nc.publish(subj.heartbeat(input.index), encode({ type: 'heartbeat', v: PROTOCOL_VERSION, device: input.index, worker: input.worker, state: 'serving', at: Date.now() }));
+        beat();
+        const timer = setInterval(beat, 1000);
+        return () => clearInterval(timer);
+      }),
+    },
+  });
+
+  const actor = createActor(machine, {
+    input: {
+      worker,
+      log,
+      makeDevice: (index) =>
+        new Device(index, {
+          send: (transfer, tensors, chunkBytes) => sendTensors(nc, subj, transfer, tensors, chunkBytes),
+          receive: (transfer, manifest) => receiveTensors(nc, subj, transfer, manifest, index, transferMs),
+        }),
+    },
+  });
+  const stop = () => actor.send({ type: 'stop' });
+  process.once('SIGTERM', stop);
+  process.once('SIGINT', stop);
+  actor.start();
+  const out = await toPromise(actor);
+  await nc.drain().catch(() => {});
+  if (out.error) {
+    log(out.error);
+    return 1;
+  }
+  log('stopped');
+  return 0;
+});

@@ -1,0 +1,66 @@
+// What a run leaves behind: metrics.jsonl (one object per iteration) and summary.json, in the
+// run directory. A summary is written on failure too, with the error.
+import { appendFileSync, mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import type { Metrics } from '../mesh/protocol.ts';
+
+export interface Summary {
+  status: 'succeeded' | 'failed';
+  scenario: string;
+  run: string;
+  iterations: number;
+  seed: number;
+  backend: string;
+  plan: Record<string, { mesh: string; dp: number; tp: number; pp: number }>;
+  reward_first5: number | null;
+  reward_last5: number | null;
+  digests: Record<string, string>;
+  wall_seconds: number;
+  tokens_per_second: number | null;
+  parameters: Record<string, number>;
+  error?: string;
+}
+
+/** Observers of a run: the run directory, the bus's event subject, a progress bar. */
+export interface Recorder {
+  phase(phase: string, detail: string): void;
+  iteration(metrics: Metrics, iterations: number): void;
+  finished(summary: Summary): void;
+}
+
+export class RunDirectory implements Recorder {
+  constructor(readonly dir: string) {
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(join(dir, 'metrics.jsonl'), '');
+  }
+  phase(): void {}
+  iteration(metrics: Metrics): void {
+    appendFileSync(join(this.dir, 'metrics.jsonl'), `${JSON.stringify(metrics)}\n`);
+  }
+  finished(summary: Summary): void {
+    writeFileSync(join(this.dir, 'summary.json'), `${JSON.stringify(summary, null, 2)}\n`);
+  }
+}
+
+export function fanOut(...recorders: Recorder[]): Recorder {
+  return {
+    phase: (p, d) => recorders.forEach((r) => r.phase(p, d)),
+    iteration: (m, n) => recorders.forEach((r) => r.iteration(m, n)),
+    finished: (s) => recorders.forEach((r) => r.finished(s)),
+  };
+}
+
+function avg(xs: number[]): number | null {
+  return xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : null;
+}
+
+export function rewardWindows(history: readonly Metrics[]): { first5: number | null; last5: number | null } {
+  return { first5: avg(history.slice(0, 5).map((m) => m.reward_mean)), last5: avg(history.slice(-5).map((m) => m.reward_mean)) };
+}
+
+export function median(xs: readonly number[]): number | null {
+  if (xs.length === 0) return null;
+  const s = [...xs].sort((a, b) => a - b);
+  const mid = Math.floor(s.length / 2);
+  return s.length % 2 ? s[mid]! : (s[mid - 1]! + s[mid]!) / 2;
+}
