@@ -4,7 +4,7 @@
 import { createActor, fromCallback, toPromise } from 'xstate';
 import { connectBus, subscribe } from '../mesh/bus.ts';
 import { encode } from '../mesh/codec.ts';
-import { Hello, PROTOCOL_VERSION, type Metrics } from '../mesh/protocol.ts';
+import { Heartbeat, Hello, PROTOCOL_VERSION, type Metrics } from '../mesh/protocol.ts';
 import { subjects } from '../mesh/subjects.ts';
 import { fanOut, RunDirectory, type Recorder, type Summary } from '../engine/record.ts';
 import { runSpec } from '../engine/rlhf.ts';
@@ -43,7 +43,22 @@ runMain(async () => {
     actors: {
       gatherWorkers: fromCallback<SupervisorEvent, { need: number[] }>(({ sendBack, input }) => {
         const taken = new Map<number, string>();
-        return subscribe(
+        const backends = new Map<number, string>();
+        const announced = new Set<number>();
+        // A welcomed worker counts once its first heartbeat arrives: it sends that after subscribing
+        // to its call subject, and the server keeps one connection's messages in order.
+        const stopBeats = subscribe(
+          nc,
+          subj.heartbeats,
+          Heartbeat,
+          (beat) => {
+            if (announced.has(beat.device) || taken.get(beat.device) !== beat.worker) return;
+            announced.add(beat.device);
+            sendBack({ type: 'worker.joined', device: beat.device, worker: beat.worker, backend: backends.get(beat.device) ?? 'unknown' });
+          },
+          (error) => log(`rejected: ${error.message}`),
+        );
+        const stopJoin = subscribe(
           nc,
           subj.join,
           Hello,
@@ -64,15 +79,19 @@ runMain(async () => {
             }
             const device = hello.device ?? free[0]!;
             taken.set(device, hello.worker);
+            backends.set(device, hello.backend);
             log(`worker ${hello.worker} (pid ${hello.pid} on ${hello.host}, ${hello.backend}) is device ${device}`);
             msg.respond(encode({ type: 'welcome', v: PROTOCOL_VERSION, device, run: values.run! }));
-            sendBack({ type: 'worker.joined', device, worker: hello.worker, backend: hello.backend });
           },
           (error, msg) => {
             log(`rejected: ${error.message}`);
             if (msg.reply) msg.respond(encode({ type: 'error', v: PROTOCOL_VERSION, code: 'malformed', message: error.problem, subject: error.subject }));
           },
         );
+        return () => {
+          stopBeats();
+          stopJoin();
+        };
       }),
     },
   });

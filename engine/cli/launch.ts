@@ -1,0 +1,160 @@
+// Starts what a run needs on this machine: a NATS server unless one is given, the supervisor
+// process, and worker processes; everything it starts, it stops, on success, failure and Ctrl-C.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { createWriteStream, mkdirSync, readFileSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { connectBus, subscribe } from '../../mesh/bus.ts';
+import { startNatsServer, type PrivateNatsServer } from '../../mesh/nats-server.ts';
+import { RunEvent } from '../../mesh/protocol.ts';
+import { subjects } from '../../mesh/subjects.ts';
+import type { Summary } from '../record.ts';
+import { planDevices, runSpec } from '../rlhf.ts';
+import type { Scenario } from '../scenario.ts';
+import { progress as makeProgress, type Progress } from './progress.ts';
+
+const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
+
+export interface LaunchOptions {
+  scenarioFile: string;
+  scenario: Scenario;
+  run: string;
+  out: string;
+  /** An existing server; when absent a private one is started. */
+  natsUrl?: string;
+  /** Worker processes to start; the rest are expected to join by hand. Default: one per device. */
+  workers?: number;
+  backend?: string;
+  progress?: Progress;
+  /** Extra environment for the child processes. */
+  env?: NodeJS.ProcessEnv;
+  say?: (line: string) => void;
+}
+
+export interface LaunchResult {
+  code: number;
+  summary?: Summary;
+  natsUrl: string;
+}
+
+function startProcess(script: string, argv: string[], logFile: string, env: NodeJS.ProcessEnv): ChildProcess {
+  const log = createWriteStream(logFile);
+  const child = spawn(process.execPath, ['--import', 'tsx', join(ROOT, script), ...argv], {
+    cwd: ROOT,
+    env: { ...process.env, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  child.stdout!.pipe(log);
+  child.stderr!.pipe(log);
+  return child;
+}
+
+const exited = (c: ChildProcess) =>
+  c.exitCode !== null || c.signalCode !== null
+    ? Promise.resolve()
+    : new Promise<void>((r) => c.once('exit', () => r()));
+
+function tail(file: string, lines = 15): string {
+  try {
+    return readFileSync(file, 'utf8').trimEnd().split('\n').slice(-lines).join('\n');
+  } catch {
+    return '';
+  }
+}
+
+export async function launch(o: LaunchOptions): Promise<LaunchResult> {
+  const say = o.say ?? ((line: string) => process.stdout.write(`${line}\n`));
+  const spec = runSpec(o.scenario);
+  const devices = planDevices(spec);
+  const logs = join(o.out, 'logs');
+  mkdirSync(logs, { recursive: true });
+  let server: PrivateNatsServer | undefined;
+  const children: ChildProcess[] = [];
+  let interrupted = false;
+
+  const cleanup = async () => {
+    for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGTERM');
+    const timer = setTimeout(() => children.forEach((c) => c.exitCode === null && c.kill('SIGKILL')), 5000);
+    await Promise.all(children.map(exited));
+    clearTimeout(timer);
+    await server?.stop();
+  };
+  const onSignal = () => {
+    interrupted = true;
+    say('interrupted: stopping the run');
+    void cleanup().then(() => process.exit(130));
+  };
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
+
+  try {
+    let url = o.natsUrl;
+    if (!url) {
+      server = await startNatsServer({ log: say });
+      url = server.url;
+      say(`nats-server on ${url} (private to this run, store in ${server.storeDir})`);
+    } else {
+      say(`using NATS at ${url}`);
+    }
+    const nc = await connectBus(url, `ferry-launcher-${o.run}`);
+    const subj = subjects(o.run);
+    const bar = o.progress ?? makeProgress();
+    const stopEvents = subscribe(
+      nc,
+      subj.events,
+      RunEvent,
+      (e) => {
+        if (e.type === 'phase') bar.phase(e.phase, e.detail);
+        else if (e.type === 'progress') bar.iteration(e.metrics, e.iterations);
+        else if (e.type === 'log') say(`${e.source}: ${e.message}`);
+      },
+      (err) => say(`ignored event: ${err.message}`),
+    );
+    await nc.flush();
+
+    const env = { ...o.env, NATS_URL: url };
+    const supervisor = startProcess(
+      'actors/supervisor.ts',
+      ['--scenario', o.scenarioFile, '--run', o.run, '--out', o.out, '--nats', url],
+      join(logs, 'supervisor.log'),
+      env,
+    );
+    children.push(supervisor);
+    const count = Math.min(o.workers ?? devices.length, devices.length);
+    for (const device of devices.slice(0, count)) {
+      children.push(
+        startProcess(
+          'actors/worker.ts',
+          ['--run', o.run, '--nats', url, '--device', String(device), '--backend', o.backend ?? o.scenario.backend],
+          join(logs, `worker-${device}.log`),
+          env,
+        ),
+      );
+    }
+    if (count < devices.length) {
+      say(`waiting for ${devices.length - count} worker(s) to join by hand: npm run worker -- --nats ${url} --run ${o.run}`);
+    }
+    await exited(supervisor);
+    bar.stop();
+    stopEvents();
+    await nc.drain().catch(() => {});
+    const code = supervisor.exitCode ?? 1;
+    let summary: Summary | undefined;
+    try {
+      summary = JSON.parse(readFileSync(join(o.out, 'summary.json'), 'utf8')) as Summary;
+    } catch {
+      summary = undefined;
+    }
+    if (code !== 0 && !interrupted) {
+      say(`the supervisor exited with code ${code}; its log (${join(logs, 'supervisor.log')}) ends:\n${tail(join(logs, 'supervisor.log'))}`);
+    }
+    // Workers stop on the supervisor's shutdown call; give them a moment, then stop the rest.
+    const workers = children.slice(1);
+    await Promise.race([Promise.all(workers.map(exited)), new Promise((r) => setTimeout(r, 3000))]);
+    return { code, summary, natsUrl: url };
+  } finally {
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
+    if (!interrupted) await cleanup();
+  }
+}

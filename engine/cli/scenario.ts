@@ -1,0 +1,65 @@
+// npm run scenario [-- FILE] [--out DIR] [--nats URL] [--workers N] [--backend NAME]
+// Runs a scenario: a private NATS server (unless NATS_URL or --nats names one), the supervisor
+// and one worker process per device. Exit code 0 only when the run succeeded.
+import { join } from 'node:path';
+import { runId } from '../../mesh/subjects.ts';
+import { BACKENDS } from '../backend.ts';
+import { loadScenario } from '../scenario.ts';
+import { UsageError, args, runMain } from '../../actors/host.ts';
+import { launch } from './launch.ts';
+
+const USAGE = `usage: npm run scenario [-- FILE] [--out DIR] [--nats URL] [--workers N] [--backend ${BACKENDS.join('|')}]
+  FILE       scenario file (default scenarios/quickstart.yaml)
+  --out      run directory (default runs/<scenario>-<timestamp>)
+  --nats     NATS server to use (default: $NATS_URL, else a private nats-server)
+  --workers  worker processes to start here (default: one per device; others join with npm run worker)
+  --backend  TensorFlow.js backend for the workers started here (default: the scenario's)`;
+
+runMain(async () => {
+  const { values, positionals } = args(USAGE, {
+    out: { type: 'string' },
+    nats: { type: 'string' },
+    workers: { type: 'string' },
+    backend: { type: 'string' },
+  });
+  if (values.help) {
+    console.log(USAGE);
+    return 0;
+  }
+  if (positionals.length > 1) throw new UsageError(`expected one scenario file, got ${positionals.length}: ${positionals.join(' ')}\n${USAGE}`);
+  const file = positionals[0] ?? 'scenarios/quickstart.yaml';
+  if (values.backend !== undefined && !(BACKENDS as readonly string[]).includes(values.backend)) {
+    throw new UsageError(`--backend: expected one of ${BACKENDS.join(', ')}, got ${values.backend}`);
+  }
+  const workers = values.workers === undefined ? undefined : Number(values.workers);
+  if (workers !== undefined && !(Number.isInteger(workers) && workers >= 0)) {
+    throw new UsageError(`--workers: expected a whole number >= 0, got ${values.workers}`);
+  }
+  const scenario = loadScenario(file);
+  const run = runId(scenario.name ?? 'run');
+  const out = values.out ?? join('runs', run);
+  console.log(`ferry: scenario ${file}, run ${run}, output in ${out}`);
+  const t0 = Date.now();
+  const result = await launch({
+    scenarioFile: file,
+    scenario,
+    run,
+    out,
+    natsUrl: values.nats ?? process.env.NATS_URL,
+    workers,
+    backend: values.backend,
+  });
+  const s = result.summary;
+  const secs = ((Date.now() - t0) / 1000).toFixed(1);
+  if (s) {
+    const r = (x: number | null) => (x === null ? 'n/a' : x.toFixed(3));
+    console.log(
+      `${s.status}: ${s.iterations} iterations in ${secs} s on ${s.backend}; reward ${r(s.reward_first5)} (first 5) -> ${r(s.reward_last5)} (last 5)` +
+        (s.error ? `\nerror: ${s.error}` : ''),
+    );
+  } else {
+    console.log(`failed after ${secs} s: no summary was written (see ${join(out, 'logs')})`);
+  }
+  console.log(`run directory: ${out}`);
+  return result.code === 0 && s?.status === 'succeeded' ? 0 : 1;
+});
