@@ -1,7 +1,7 @@
 // A private nats-server for one run or one test: loopback only, a free port, JetStream with its
 // store in a temporary directory, stopped (and its store removed) when the run ends.
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
@@ -70,8 +70,10 @@ export async function freePort(): Promise<number> {
 }
 
 export interface NatsServerOptions {
-  /** Extra command-line arguments (e.g. `--max_payload`, a config file). */
+  /** Extra command-line arguments. */
   args?: string[];
+  /** nats-server configuration text (e.g. `max_payload: 65536`), written to a file it reads. */
+  config?: string;
   /** Milliseconds to wait for "Server is ready". */
   readyTimeoutMs?: number;
   log?: (line: string) => void;
@@ -100,8 +102,11 @@ export async function startNatsServer(options: NatsServerOptions = {}): Promise<
 }
 
 async function startOnce(bin: string, port: number, options: NatsServerOptions): Promise<PrivateNatsServer> {
-  const storeDir = mkdtempSync(join(tmpdir(), 'ferry-nats-'));
-  const args = ['-a', '127.0.0.1', '-p', String(port), '-js', '-sd', storeDir, ...(options.args ?? [])];
+  const dir = mkdtempSync(join(tmpdir(), 'ferry-nats-'));
+  const storeDir = join(dir, 'store');
+  const config = options.config === undefined ? [] : ['-c', join(dir, 'nats.conf')];
+  if (options.config !== undefined) writeFileSync(join(dir, 'nats.conf'), `${options.config}\n`);
+  const args = [...config, '-a', '127.0.0.1', '-p', String(port), '-js', '-sd', storeDir, ...(options.args ?? [])];
   const child = spawn(bin, args, { stdio: ['ignore', 'ignore', 'pipe'] });
   let stderr = '';
   const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
@@ -119,7 +124,7 @@ async function startOnce(bin: string, port: number, options: NatsServerOptions):
     });
     child.once('exit', (code) => {
       clearTimeout(timer);
-      rmSync(storeDir, { recursive: true, force: true });
+      rmSync(dir, { recursive: true, force: true });
       reject(new NatsServerError(`nats-server exited with code ${code} before it was ready:\n${stderr.trim()}`));
     });
   });
@@ -138,7 +143,7 @@ async function startOnce(bin: string, port: number, options: NatsServerOptions):
           await exited;
           clearTimeout(killer);
         }
-        rmSync(storeDir, { recursive: true, force: true });
+        rmSync(dir, { recursive: true, force: true });
       })();
       return stopping;
     },

@@ -1,0 +1,87 @@
+// Shared pieces of the integration tests: real nats-servers, real processes, small scenarios.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { connect as netConnect } from 'node:net';
+import { tmpdir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
+
+export function tempDir(prefix = 'ferry-test-'): string {
+  return mkdtempSync(join(tmpdir(), prefix));
+}
+
+/** A small scenario that runs in seconds: few iterations, a short warm-up. */
+export function smallScenario(dir: string, extra = '', name = 'small'): string {
+  const file = join(dir, `${name}.yaml`);
+  writeFileSync(
+    file,
+    `name: ${name}
+seed: 3
+backend: wasm
+warmup: { steps: 3, demos: 64, batch: 16 }
+ppo: { iterations: 3, batch: 16 }
+${extra}
+`,
+  );
+  return file;
+}
+
+export interface Spawned {
+  child: ChildProcess;
+  output: () => string;
+  exited: Promise<number | null>;
+  waitFor: (pattern: RegExp, timeoutMs?: number) => Promise<RegExpMatchArray>;
+}
+
+/** Runs a TypeScript entry point of ferry as a real process (node --import tsx). */
+export function spawnTs(script: string, args: string[], env: NodeJS.ProcessEnv = {}): Spawned {
+  const child = spawn(process.execPath, ['--import', 'tsx', join(ROOT, script), ...args], {
+    cwd: ROOT,
+    env: { ...process.env, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let out = '';
+  const listeners = new Set<() => void>();
+  const onData = (b: Buffer) => {
+    out += b.toString();
+    listeners.forEach((l) => l());
+  };
+  child.stdout!.on('data', onData);
+  child.stderr!.on('data', onData);
+  const exited = new Promise<number | null>((r) => child.once('exit', (code) => r(code)));
+  return {
+    child,
+    output: () => out,
+    exited,
+    waitFor: (pattern, timeoutMs = 60_000) =>
+      new Promise((resolveMatch, reject) => {
+        const check = () => {
+          const m = out.match(pattern);
+          if (m) {
+            listeners.delete(check);
+            clearTimeout(timer);
+            resolveMatch(m);
+          }
+        };
+        const timer = setTimeout(() => {
+          listeners.delete(check);
+          reject(new Error(`timed out waiting for ${pattern}; output so far:\n${out}`));
+        }, timeoutMs);
+        listeners.add(check);
+        check();
+      }),
+  };
+}
+
+/** Whether something accepts TCP connections on a loopback port. */
+export function portOpen(port: number): Promise<boolean> {
+  return new Promise((r) => {
+    const s = netConnect({ host: '127.0.0.1', port }, () => {
+      s.destroy();
+      r(true);
+    });
+    s.on('error', () => r(false));
+  });
+}
