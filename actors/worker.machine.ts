@@ -24,7 +24,8 @@ export interface WorkerInput {
 interface Context extends WorkerInput {
   index: number;
   device?: Device;
-  current?: { call: Call; respond: Respond };
+  /** The call running now, and everyone waiting for its reply (a retry joins the first asker). */
+  current?: { call: Call; respond: Respond[] };
   /** Replies to recent calls by id, to answer a repeated call without running it again. */
   answered: Map<string, Reply>;
   error?: string;
@@ -85,8 +86,11 @@ export const workerMachine = setup({
       context.log(`rejected: ${event.error.message}`);
       event.respond?.(errorReply(undefined, 'malformed', event.error.problem, event.error.subject));
     },
+    joinCurrent: ({ context, event }) => {
+      if (event.type === 'call') context.current!.respond.push(event.respond);
+    },
     finishCall: assign(({ context }, params: { reply: Reply }) => {
-      context.current!.respond(params.reply);
+      for (const respond of context.current!.respond) respond(params.reply);
       const answered = new Map(context.answered);
       answered.set(context.current!.call.id, params.reply);
       if (answered.size > REMEMBERED) answered.delete(answered.keys().next().value!);
@@ -128,7 +132,7 @@ export const workerMachine = setup({
             call: [
               { guard: 'answeredBefore', actions: 'replyAgain' },
               { guard: 'refused', actions: 'refuse' },
-              { target: 'busy', actions: assign({ current: ({ event }) => ({ call: event.call, respond: event.respond }) }) },
+              { target: 'busy', actions: assign({ current: ({ event }) => ({ call: event.call, respond: [event.respond] }) }) },
             ],
           },
         },
@@ -136,8 +140,8 @@ export const workerMachine = setup({
           on: {
             call: [
               { guard: 'answeredBefore', actions: 'replyAgain' },
-              // The same call again while it runs (a retry): its one reply will answer it.
-              { guard: 'isCurrent' },
+              // The same call again while it runs (a retry): it gets the one reply too.
+              { guard: 'isCurrent', actions: 'joinCurrent' },
               { actions: 'refuseBusy' },
             ],
           },

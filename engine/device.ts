@@ -150,7 +150,7 @@ export class Device {
           ? { logprobs: s.logprobs(body.tokens, body.batch, body.promptLen) }
           : { values: s.values(body.tokens, body.batch, body.promptLen) };
       case 'train': {
-        const st = s.train(body.tokens, body.batch, body.promptLen, body.responseLen, body.old, body.target, body.hyper, body.seed);
+        const st = await s.train(body.tokens, body.batch, body.promptLen, body.responseLen, body.old, body.target, body.hyper, body.seed);
         return { loss: st.loss, clipfrac: st.clipfrac, grad_norm: st.gradNorm };
       }
       case 'manifest': {

@@ -10,7 +10,8 @@ export interface AdvantageConfig {
 
 /**
  * Per-token rewards: −β·(log π − log π_ref) at every token, plus the sequence's score on its last
- * token (the usual RLHF shaping). Returns the rewards and the mean per-token KL estimate.
+ * token (the usual RLHF shaping). Returns the rewards and the KL estimate per sequence: the
+ * log-ratio summed over a response's tokens, averaged over the batch.
  */
 export function tokenRewards(
   scores: ArrayLike<number>,

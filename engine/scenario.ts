@@ -124,8 +124,9 @@ export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
       if (product !== mesh.devices.length) {
         errors.push(`plan.${call}: dp×tp×pp = ${placement.dp}×${placement.tp}×${placement.pp} = ${product}, but mesh "${mesh.name}" has ${mesh.devices.length} device(s)`);
       }
-      if (model !== 'reward' && s.model.width % (s.model.heads * placement.tp) !== 0) {
-        errors.push(`plan.${call}: tp=${placement.tp} must divide the ${s.model.heads} attention heads of width ${s.model.width}`);
+      // Megatron splits attention by heads: each tensor-parallel rank takes whole heads.
+      if (model !== 'reward' && s.model.heads % placement.tp !== 0) {
+        errors.push(`plan.${call}: tp=${placement.tp} must divide the model's ${s.model.heads} attention heads`);
       }
       plan[call] = { call, mesh: mesh.name, devices: mesh.devices, dp: placement.dp, tp: placement.tp, pp: placement.pp };
     } catch (e) {
@@ -153,6 +154,24 @@ export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
   return plan;
 }
 
+/** The keys a scenario allows at `path` (through defaults and optionals), for typo hints. */
+function keysAt(path: readonly PropertyKey[]): string[] | undefined {
+  let schema: z.core.$ZodType = Scenario;
+  for (const key of [...path, undefined]) {
+    for (;;) {
+      const def = schema._zod.def as { type: string; innerType?: z.core.$ZodType };
+      if (!def.innerType || def.type === 'object') break;
+      schema = def.innerType;
+    }
+    const shape = (schema._zod.def as { shape?: Record<string, z.core.$ZodType> }).shape;
+    if (!shape) return undefined;
+    if (key === undefined) return Object.keys(shape);
+    schema = shape[String(key)]!;
+    if (!schema) return undefined;
+  }
+  return undefined;
+}
+
 /** Parses and validates scenario text. `where` names the source in every error. */
 export function parseScenario(text: string, where: string): Scenario {
   const doc = parseDocument(text, { prettyErrors: true });
@@ -162,7 +181,7 @@ export function parseScenario(text: string, where: string): Scenario {
   const raw: unknown = doc.toJS() ?? {};
   const parsed = Scenario.safeParse(raw);
   if (!parsed.success) {
-    throw new ScenarioError(`${where}: ${parsed.error.issues.length} problem(s):\n  ${formatIssues(parsed.error.issues, raw).join('\n  ')}`);
+    throw new ScenarioError(`${where}: ${parsed.error.issues.length} problem(s):\n  ${formatIssues(parsed.error.issues, raw, keysAt).join('\n  ')}`);
   }
   const scenario = parsed.data;
   resolvePlan(scenario, where);

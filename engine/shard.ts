@@ -18,6 +18,12 @@ export interface TrainStats {
   gradNorm: number;
 }
 
+/**
+ * Lets the event loop run between steps: a long call must not silence the device's heartbeats
+ * or keep it from answering "busy" to other callers.
+ */
+const yieldToLoop = () => new Promise<void>((resolve) => setImmediate(resolve));
+
 /** tfjs registers variables by a process-wide name, so every shard gets its own prefix. */
 let shardCount = 0;
 
@@ -57,7 +63,8 @@ export class GptShard {
     return parameterShapes(this.spec).map(([name, shape]) => ({
       name,
       shape,
-      data: this.vars.get(name)!.dataSync() as Float32Array,
+      // A copy: on some backends dataSync() hands out the variable's own storage.
+      data: (this.vars.get(name)!.dataSync() as Float32Array).slice(),
     }));
   }
 
@@ -72,6 +79,9 @@ export class GptShard {
       if (v.shape.join('x') !== t.shape.join('x')) {
         throw new ShardError(`parameter '${t.name}': expected shape [${v.shape}], got [${t.shape}]`);
       }
+      if (t.data.length !== v.size) {
+        throw new ShardError(`parameter '${t.name}': shape [${t.shape}] needs ${v.size} values, got ${t.data.length}`);
+      }
     }
     for (const t of tensors) this.vars.get(t.name)!.assign(tf.tensor(t.data, t.shape));
     this.setOptimizer(this.optim);
@@ -83,7 +93,7 @@ export class GptShard {
   }
 
   /** Samples `responseLen` tokens after each prompt; one seeded stream per prompt. */
-  generate(prompts: Int32Array, batch: number, promptLen: number, responseLen: number, seeds: Uint32Array, temperature: number) {
+  async generate(prompts: Int32Array, batch: number, promptLen: number, responseLen: number, seeds: Uint32Array, temperature: number) {
     this.expect('policy', 'generate');
     const width = promptLen + responseLen;
     const tokens = new Int32Array(batch * width);
@@ -91,6 +101,7 @@ export class GptShard {
     const rngs = Array.from(seeds, (s) => new Rng(s));
     const w = this.weights();
     for (let t = 0; t < responseLen; t++) {
+      await yieldToLoop();
       const len = promptLen + t;
       const prefix = new Int32Array(batch * len);
       for (let b = 0; b < batch; b++) prefix.set(tokens.subarray(b * width, b * width + len), b * len);
@@ -127,7 +138,7 @@ export class GptShard {
   }
 
   /** Supervised fine-tuning on whole demonstrations: cross-entropy of the response tokens. */
-  sft(tokens: Int32Array, batch: number, promptLen: number, steps: number, minibatch: number, lr: number, seed: number) {
+  async sft(tokens: Int32Array, batch: number, promptLen: number, steps: number, minibatch: number, lr: number, seed: number) {
     this.expect('policy', 'sft');
     if (!this.optim) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
     const width = tokens.length / batch;
@@ -135,6 +146,7 @@ export class GptShard {
     // Warm-up has its own optimizer, so the PPO optimizer starts fresh afterwards.
     const optimizer = tf.train.adam(lr, this.optim.beta1, this.optim.beta2, this.optim.eps);
     for (let step = 0; step < steps; step++) {
+      await yieldToLoop();
       const rows = new Rng(seedOf(seed, Stream.shuffle, step)).permutation(batch).slice(0, Math.min(minibatch, batch));
       const mb = this.rows(tokens, width, rows);
       const input = tf.tensor2d(mb, [rows.length, width], 'int32');
@@ -153,7 +165,7 @@ export class GptShard {
    * PPO epochs over shuffled mini-batches. For a policy, `old` are the behaviour log-probs and
    * `target` the advantages; for a value model, `old` are the old values and `target` the returns.
    */
-  train(tokens: Int32Array, batch: number, promptLen: number, responseLen: number, old: Float32Array, target: Float32Array, hyper: PpoHyper, seed: number): TrainStats {
+  async train(tokens: Int32Array, batch: number, promptLen: number, responseLen: number, old: Float32Array, target: Float32Array, hyper: PpoHyper, seed: number): Promise<TrainStats> {
     const width = promptLen + responseLen;
     const size = Math.ceil(batch / hyper.minibatches);
     let stats: TrainStats = { loss: 0, clipfrac: 0, gradNorm: 0 };
@@ -165,6 +177,7 @@ export class GptShard {
       for (let m = 0; m < hyper.minibatches; m++) {
         const rows = order.slice(m * size, (m + 1) * size);
         if (rows.length === 0) continue;
+        await yieldToLoop();
         const mbTokens = tf.tensor2d(this.rows(tokens, width, rows), [rows.length, width], 'int32');
         const mbOld = tf.tensor2d(this.rows(old, responseLen, rows), [rows.length, responseLen]);
         const mbTarget = tf.tensor2d(this.rows(target, responseLen, rows), [rows.length, responseLen]);

@@ -21,8 +21,9 @@ export class MeshError extends Error {
 const isPow2 = (n: number) => n > 0 && (n & (n - 1)) === 0;
 
 /** Parses "N:D", "N:D-E" or "N-M:*" against a cluster; the error says what was expected. */
-export function parseMesh(text: string, cluster: Cluster): Mesh {
-  const m = /^(\d+)(?:-(\d+))?:(\*|\d+(?:-\d+)?)$/.exec(text.trim());
+export function parseMesh(written: string, cluster: Cluster): Mesh {
+  const text = written.trim();
+  const m = /^(\d+)(?:-(\d+))?:(\*|\d+(?:-\d+)?)$/.exec(text);
   if (!m) throw new MeshError(`mesh ${JSON.stringify(text)}: expected "NODE:DEVICE", "NODE:FIRST-LAST" or "FIRSTNODE-LASTNODE:*"`);
   const n0 = Number(m[1]);
   const n1 = m[2] === undefined ? n0 : Number(m[2]);

@@ -27,12 +27,21 @@ export function pathString(path: readonly PropertyKey[]): string {
     .join('');
 }
 
-/** One line per issue, e.g. `ppo.epochs: expected an integer >= 1, got string "two"`. */
-export function formatIssues(issues: readonly z.core.$ZodIssue[], input: unknown): string[] {
+/**
+ * One line per issue, e.g. `ppo.epochs: expected number, received string (got "two")`.
+ * `expectedKeys` names the keys allowed at a path, to hint at a typo behind an unknown key.
+ */
+export function formatIssues(
+  issues: readonly z.core.$ZodIssue[],
+  input: unknown,
+  expectedKeys?: (path: readonly PropertyKey[]) => string[] | undefined,
+): string[] {
   return issues.map((issue) => {
     if (issue.code === 'unrecognized_keys') {
-      const where = issue.path.length ? `${pathString(issue.path)}: ` : '';
-      return `${where}unknown key${issue.keys.length > 1 ? 's' : ''} ${issue.keys.map((k) => `'${k}'`).join(', ')}`;
+      const known = expectedKeys?.(issue.path);
+      return issue.keys
+        .map((k) => `${pathString([...issue.path, k])}: unknown key${known?.length ? ` (expected one of: ${known.join(', ')})` : ''}`)
+        .join('; ');
     }
     const got = describeValue(valueAt(input, issue.path));
     return `${pathString(issue.path)}: ${issue.message.replace(/^Invalid input: /, '')} (got ${got})`;

@@ -67,7 +67,7 @@ export function* chunksOf(transfer: string, tensors: readonly NamedTensor[], chu
 
 /** Collects the chunks of one transfer and checks them against the manifest. */
 export class Assembler {
-  private readonly buffers = new Map<string, { spec: TensorManifest; data: Float32Array; filled: number }>();
+  private readonly buffers = new Map<string, { spec: TensorManifest; data: Float32Array; filled: number; seen: Set<number> }>();
   private remaining: number;
   bytes = 0;
   chunks = 0;
@@ -78,7 +78,7 @@ export class Assembler {
   ) {
     for (const spec of manifest) {
       const size = spec.shape.reduce((a, b) => a * b, 1);
-      this.buffers.set(spec.name, { spec, data: new Float32Array(size), filled: 0 });
+      this.buffers.set(spec.name, { spec, data: new Float32Array(size), filled: 0, seen: new Set() });
     }
     this.remaining = [...this.buffers.values()].reduce((n, b) => n + b.data.length, 0);
   }
@@ -97,6 +97,10 @@ export class Assembler {
     }
     const digest = sha256(chunk.data);
     if (digest !== chunk.sha256) throw new TransferError(`${where}: chunk digest ${digest} does not match ${chunk.sha256}`);
+    // A chunk delivered again (a redelivery, a restarted sender) is harmless: its bytes are
+    // verified and identical, so it is simply not counted twice.
+    if (buf.seen.has(chunk.offset)) return;
+    buf.seen.add(chunk.offset);
     buf.data.set(chunk.data, chunk.offset);
     buf.filled += chunk.data.length;
     this.remaining -= chunk.data.length;

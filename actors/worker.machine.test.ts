@@ -1,0 +1,291 @@
+import { describe, it, expect, vi, beforeAll } from 'vitest';
+import { createActor, fromCallback, fromPromise, waitFor } from 'xstate';
+import { initBackend } from '../engine/backend.ts';
+import { Device, type ParamLink } from '../engine/device.ts';
+import { ProtocolError } from '../mesh/codec.ts';
+import { PROTOCOL_VERSION, type Call, type CallBody, type Reply } from '../mesh/protocol.ts';
+import { workerMachine, type Respond } from './worker.machine.ts';
+
+const noLink: ParamLink = {
+  send: () => {
+    throw new Error('ParamLink.send must not be used');
+  },
+  receive: () => {
+    throw new Error('ParamLink.receive must not be used');
+  },
+};
+
+/** A real device whose calls can be held open, and that counts what it ran. */
+class TestDevice extends Device {
+  readonly runs: Call[] = [];
+  hold = false;
+  held: { call: Call; release: () => void; fail: (e: unknown) => void } | undefined;
+  override async run(call: Call): Promise<Record<string, unknown>> {
+    this.runs.push(call);
+    if (this.hold) {
+      await new Promise<void>((release, fail) => {
+        this.held = { call, release, fail };
+      });
+    }
+    return super.run(call);
+  }
+}
+
+const machine = workerMachine.provide({
+  actors: {
+    join: fromPromise(async () => 0),
+    callListener: fromCallback(() => () => {}),
+    heartbeat: fromCallback(() => () => {}),
+  },
+});
+
+async function startWorker() {
+  let device: TestDevice | undefined;
+  const log = vi.fn<(line: string) => void>();
+  const actor = createActor(machine, {
+    input: {
+      worker: 'w-test',
+      log,
+      makeDevice: (index) => (device = new TestDevice(index, noLink)),
+    },
+  });
+  actor.start();
+  await waitFor(actor, (s) => s.matches({ serving: 'idle' }), { timeout: 5000 });
+  return { actor, device: device!, log };
+}
+
+let seq = 0;
+const call = (model: string, body: CallBody, id = `call-${seq++}`): Call => ({ type: 'call', v: PROTOCOL_VERSION, id, model, iteration: 0, body });
+const loadBody: CallBody = {
+  fn: 'load',
+  role: 'actor',
+  spec: { kind: 'policy', vocab: 5, context: 6, layers: 1, width: 8, heads: 2 },
+  layout: { devices: [0], dp: 1, tp: 1, pp: 1 },
+  rank: 0,
+  seed: 1,
+};
+const respondSpy = () => vi.fn<Respond>();
+const idle = (a: ReturnType<typeof createActor<typeof machine>>) => waitFor(a, (s) => s.matches({ serving: 'idle' }), { timeout: 5000 });
+
+beforeAll(async () => {
+  await initBackend('cpu');
+});
+
+describe('worker machine', () => {
+  it('joins, builds its device with the index it was given, and serves', async () => {
+    const { actor, device } = await startWorker();
+    expect(device).toBeInstanceOf(Device);
+    expect(device.index).toBe(0);
+    expect(actor.getSnapshot().context.index).toBe(0);
+    actor.stop();
+  });
+
+  it('a call on a model not loaded gets not_loaded, runs nothing, and the worker stays idle', async () => {
+    const { actor, device, log } = await startWorker();
+    const respond = respondSpy();
+    actor.send({ type: 'call', call: call('actor', { fn: 'manifest' }, 'm-1'), respond });
+    expect(respond).toHaveBeenCalledTimes(1);
+    const reply = respond.mock.calls[0]![0];
+    expect(reply).toMatchObject({ type: 'error', v: PROTOCOL_VERSION, id: 'm-1', code: 'not_loaded' });
+    expect(reply.type === 'error' && reply.message).toContain("holds no shard of 'actor'");
+    expect(actor.getSnapshot().matches({ serving: 'idle' })).toBe(true);
+    expect(device.runs).toHaveLength(0);
+    expect(log).toHaveBeenCalledWith(expect.stringContaining('refused call m-1 (manifest of actor)'));
+    actor.stop();
+  });
+
+  it('a load call gets a result with the parameter count and digest', async () => {
+    const { actor } = await startWorker();
+    const respond = respondSpy();
+    actor.send({ type: 'call', call: call('actor', loadBody, 'load-1'), respond });
+    expect(actor.getSnapshot().matches({ serving: 'busy' })).toBe(true);
+    await idle(actor);
+    expect(respond).toHaveBeenCalledTimes(1);
+    const reply = respond.mock.calls[0]![0];
+    expect(reply).toMatchObject({ type: 'result', v: PROTOCOL_VERSION, id: 'load-1', body: { parameters: 1021 } });
+    expect(reply.type === 'result' && reply.body.digest).toMatch(/^[0-9a-f]{64}$/);
+    actor.stop();
+  });
+
+  it('while a call runs, a call with another id gets busy; the running call still gets its result', async () => {
+    const { actor, device } = await startWorker();
+    device.hold = true;
+    const first = respondSpy();
+    actor.send({ type: 'call', call: call('actor', loadBody, 'slow'), respond: first });
+    await vi.waitFor(() => expect(device.held).toBeDefined());
+    expect(actor.getSnapshot().matches({ serving: 'busy' })).toBe(true);
+
+    const second = respondSpy();
+    actor.send({ type: 'call', call: call('actor', { fn: 'manifest' }, 'other'), respond: second });
+    expect(second).toHaveBeenCalledTimes(1);
+    expect(second.mock.calls[0]![0]).toEqual({
+      type: 'error',
+      v: PROTOCOL_VERSION,
+      id: 'other',
+      code: 'busy',
+      message: 'device 0 is running call slow (load of actor)',
+    });
+    expect(first).not.toHaveBeenCalled();
+    expect(actor.getSnapshot().matches({ serving: 'busy' })).toBe(true);
+
+    device.held!.release();
+    await idle(actor);
+    expect(first).toHaveBeenCalledTimes(1);
+    expect(first.mock.calls[0]![0]).toMatchObject({ type: 'result', id: 'slow' });
+    expect(device.runs.map((c) => c.id)).toEqual(['slow']);
+    actor.stop();
+  });
+
+  it('the same id again after completion gets the same reply object without running again', async () => {
+    const { actor, device } = await startWorker();
+    const first = respondSpy();
+    const c = call('actor', loadBody, 'once');
+    actor.send({ type: 'call', call: c, respond: first });
+    await idle(actor);
+    const reply: Reply = first.mock.calls[0]![0];
+
+    const again = respondSpy();
+    actor.send({ type: 'call', call: { ...c }, respond: again });
+    expect(again).toHaveBeenCalledTimes(1);
+    expect(again.mock.calls[0]![0]).toBe(reply);
+    expect(actor.getSnapshot().matches({ serving: 'idle' })).toBe(true);
+    expect(device.runs).toHaveLength(1);
+    actor.stop();
+  });
+
+  it('an answered id is answered again even while another call runs', async () => {
+    const { actor, device } = await startWorker();
+    const c = call('actor', loadBody, 'done-1');
+    const first = respondSpy();
+    actor.send({ type: 'call', call: c, respond: first });
+    await idle(actor);
+    device.hold = true;
+    actor.send({ type: 'call', call: call('actor', { fn: 'manifest' }, 'running'), respond: respondSpy() });
+    await vi.waitFor(() => expect(device.held).toBeDefined());
+    const again = respondSpy();
+    actor.send({ type: 'call', call: c, respond: again });
+    expect(again.mock.calls[0]![0]).toBe(first.mock.calls[0]![0]);
+    device.held!.release();
+    await idle(actor);
+    actor.stop();
+  });
+
+  it('remembers the last 64 replies: the oldest id is forgotten and would run again', async () => {
+    const { actor, device } = await startWorker();
+    actor.send({ type: 'call', call: call('actor', loadBody, 'r-load'), respond: respondSpy() });
+    await idle(actor);
+    // 'r-load' plus 64 manifest calls: 65 answers, so 'r-load' (the oldest) is dropped
+    for (let i = 0; i < 64; i++) {
+      actor.send({ type: 'call', call: call('actor', { fn: 'manifest' }, `r-${i}`), respond: respondSpy() });
+      await idle(actor);
+    }
+    expect(actor.getSnapshot().context.answered.size).toBe(64);
+    expect(actor.getSnapshot().context.answered.has('r-load')).toBe(false);
+    const runs = device.runs.length;
+    actor.send({ type: 'call', call: call('actor', { fn: 'manifest' }, 'r-0'), respond: respondSpy() });
+    expect(device.runs.length).toBe(runs); // still remembered
+    actor.stop();
+  });
+
+  it('a call that fails while running gets a typed error and the worker serves on', async () => {
+    const { actor } = await startWorker();
+    const respond = respondSpy();
+    // check() lets load through; the device refuses a 2-device layout when it runs it
+    const twoDevices = { ...loadBody, layout: { devices: [0, 1], dp: 2, tp: 1, pp: 1 } } as CallBody;
+    actor.send({ type: 'call', call: call('actor', twoDevices, 'bad-load'), respond });
+    await idle(actor);
+    expect(respond.mock.calls[0]![0]).toMatchObject({ type: 'error', id: 'bad-load', code: 'unsupported' });
+    const reply = respond.mock.calls[0]![0];
+    expect(reply.type === 'error' && reply.message).toMatch(/^CallRejected: this worker runs each model on a one-device mesh/);
+
+    // an error that is not a refusal is 'failed'
+    const device = actor.getSnapshot().context.device as TestDevice;
+    device.hold = true;
+    const failing = respondSpy();
+    actor.send({ type: 'call', call: call('actor', loadBody, 'boom'), respond: failing });
+    await vi.waitFor(() => expect(device.held).toBeDefined());
+    device.held!.fail(new Error('out of memory'));
+    await idle(actor);
+    expect(failing.mock.calls[0]![0]).toEqual({ type: 'error', v: PROTOCOL_VERSION, id: 'boom', code: 'failed', message: 'Error: out of memory' });
+    actor.stop();
+  });
+
+  it('a malformed message is reported via respond with code malformed, and the worker keeps serving', async () => {
+    const { actor, log } = await startWorker();
+    const respond = respondSpy();
+    const error = new ProtocolError('ferry.r.dev.0.call', 'not msgpack (3 bytes): boom');
+    actor.send({ type: 'malformed', error, respond });
+    expect(respond).toHaveBeenCalledTimes(1);
+    expect(respond.mock.calls[0]![0]).toEqual({
+      type: 'error',
+      v: PROTOCOL_VERSION,
+      code: 'malformed',
+      message: 'not msgpack (3 bytes): boom',
+      subject: 'ferry.r.dev.0.call',
+    });
+    expect(log).toHaveBeenCalledWith(`rejected: ${error.message}`);
+    expect(actor.getSnapshot().matches({ serving: 'idle' })).toBe(true);
+    // without a reply subject there is no one to answer; it is only logged
+    actor.send({ type: 'malformed', error });
+    expect(actor.getSnapshot().matches({ serving: 'idle' })).toBe(true);
+    // and calls still work
+    const ok = respondSpy();
+    actor.send({ type: 'call', call: call('actor', loadBody), respond: ok });
+    await idle(actor);
+    expect(ok.mock.calls[0]![0].type).toBe('result');
+    actor.stop();
+  });
+
+  it('a malformed message while busy is reported and the running call goes on', async () => {
+    const { actor, device } = await startWorker();
+    device.hold = true;
+    const first = respondSpy();
+    actor.send({ type: 'call', call: call('actor', loadBody, 'long'), respond: first });
+    await vi.waitFor(() => expect(device.held).toBeDefined());
+    const respond = respondSpy();
+    actor.send({ type: 'malformed', error: new ProtocolError('s', 'p'), respond });
+    expect(respond.mock.calls[0]![0]).toMatchObject({ code: 'malformed' });
+    expect(actor.getSnapshot().matches({ serving: 'busy' })).toBe(true);
+    device.held!.release();
+    await idle(actor);
+    expect(first.mock.calls[0]![0]).toMatchObject({ type: 'result', id: 'long' });
+    actor.stop();
+  });
+
+  it('a shutdown call is answered and ends in the final stopped state', async () => {
+    const { actor } = await startWorker();
+    const respond = respondSpy();
+    actor.send({ type: 'call', call: call('any', { fn: 'shutdown' }, 'bye'), respond });
+    await waitFor(actor, (s) => s.status === 'done', { timeout: 5000 });
+    const snap = actor.getSnapshot();
+    expect(snap.value).toBe('stopped');
+    expect(snap.output).toEqual({ error: undefined });
+    expect(respond).toHaveBeenCalledWith({ type: 'result', v: PROTOCOL_VERSION, id: 'bye', body: {} });
+  });
+
+  it('a stop event ends in stopped too', async () => {
+    const { actor } = await startWorker();
+    actor.send({ type: 'stop' });
+    expect(actor.getSnapshot().value).toBe('stopped');
+    expect(actor.getSnapshot().status).toBe('done');
+  });
+
+  it('a failed join ends in failed, with the reason as output', async () => {
+    const failing = workerMachine.provide({
+      actors: {
+        join: fromPromise<number, { worker: string }>(async () => {
+          throw new Error('no supervisor');
+        }),
+        callListener: fromCallback(() => () => {}),
+        heartbeat: fromCallback(() => () => {}),
+      },
+    });
+    const makeDevice = vi.fn((index: number) => new Device(index, noLink));
+    const actor = createActor(failing, { input: { worker: 'w', log: () => {}, makeDevice } });
+    actor.start();
+    await waitFor(actor, (s) => s.status === 'done', { timeout: 5000 });
+    expect(actor.getSnapshot().value).toBe('failed');
+    expect(actor.getSnapshot().output).toEqual({ error: 'could not join: no supervisor' });
+    expect(makeDevice).not.toHaveBeenCalled();
+  });
+});

@@ -1,0 +1,215 @@
+import { describe, it, expect, beforeAll } from 'vitest';
+import { initBackend } from './backend.ts';
+import { CallRejected, Device, type ParamLink } from './device.ts';
+import { initialWeights, parameterShapes, type GptSpec } from './model.ts';
+import { makeTask } from './task.ts';
+import { manifestOf, modelDigest } from '../mesh/transfer.ts';
+import { PROTOCOL_VERSION, type Call, type CallBody, type CallOf, type ErrorCode, type Optim } from '../mesh/protocol.ts';
+
+const policy: GptSpec = { kind: 'policy', vocab: 5, context: 6, layers: 1, width: 8, heads: 2 };
+const value: GptSpec = { ...policy, kind: 'value' };
+const optim: Optim = { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 };
+const one = { devices: [0], dp: 1, tp: 1, pp: 1 };
+
+/** Parameter bytes never travel in these tests: a link that is used is a test failure. */
+const noLink: ParamLink = {
+  send: () => {
+    throw new Error('ParamLink.send must not be used');
+  },
+  receive: () => {
+    throw new Error('ParamLink.receive must not be used');
+  },
+};
+
+let seq = 0;
+const call = (model: string, body: CallBody): Call => ({ type: 'call', v: PROTOCOL_VERSION, id: `c${seq++}`, model, iteration: 0, body });
+const load = (spec: CallOf<'load'>['spec'], extra: Partial<CallOf<'load'>> = {}): CallOf<'load'> => ({
+  fn: 'load',
+  role: 'actor',
+  spec,
+  layout: one,
+  rank: 0,
+  seed: 1,
+  ...extra,
+});
+const batch = { tokens: new Int32Array([0, 1, 4, 0, 1, 2, 3, 4, 2, 3]), batch: 2, promptLen: 3, responseLen: 2 };
+
+async function rejected(p: Promise<unknown>): Promise<CallRejected> {
+  try {
+    await p;
+  } catch (e) {
+    expect(e).toBeInstanceOf(CallRejected);
+    return e as CallRejected;
+  }
+  throw new Error('expected the call to be rejected');
+}
+
+function expectRefusal(device: Device, c: Call, code: ErrorCode, message: RegExp | string): void {
+  const r = device.check(c);
+  expect(r).toBeInstanceOf(CallRejected);
+  expect(r!.code).toBe(code);
+  expect(r!.name).toBe('CallRejected');
+  if (typeof message === 'string') expect(r!.message).toBe(message);
+  else expect(r!.message).toMatch(message);
+}
+
+beforeAll(async () => {
+  await initBackend('cpu');
+});
+
+describe('Device.check refusals', () => {
+  it('not_loaded for a model the device does not hold', async () => {
+    const d = new Device(3, noLink);
+    expectRefusal(d, call('actor', { fn: 'manifest' }), 'not_loaded', "device 3 holds no shard of 'actor' (it holds none); 'manifest' needs one");
+    await d.run(call('critic', load(value, { layout: { ...one, devices: [3] } })));
+    expectRefusal(d, call('actor', { fn: 'inference', ...batch }), 'not_loaded', "device 3 holds no shard of 'actor' (it holds critic); 'inference' needs one");
+    // and run refuses the same way, before doing anything
+    expect((await rejected(d.run(call('actor', { fn: 'manifest' })))).code).toBe('not_loaded');
+  });
+
+  it('load and shutdown are never refused by check', () => {
+    const d = new Device(0, noLink);
+    expect(d.check(call('x', load(policy)))).toBeUndefined();
+    expect(d.check(call('x', { fn: 'shutdown' }))).toBeUndefined();
+  });
+
+  it('unsupported for generate on a value model', async () => {
+    const d = new Device(0, noLink);
+    await d.run(call('critic', load(value, { role: 'critic' })));
+    const gen = call('critic', { fn: 'generate', prompts: new Int32Array(3), batch: 1, promptLen: 3, responseLen: 1, seeds: new Uint32Array(1), temperature: 1 });
+    expectRefusal(d, gen, 'unsupported', "'generate' is not a call of a value model ('critic' on device 0)");
+    expectRefusal(d, call('critic', { fn: 'sft', ...batch, steps: 1, minibatch: 1, lr: 1e-3, seed: 0 }), 'unsupported', /'sft' is not a call of a value model/);
+  });
+
+  it('unsupported for train or generate on a rule model', async () => {
+    const d = new Device(0, noLink);
+    await d.run(call('reward', load({ kind: 'rule', rule: 'copy', digits: 2, base: 4 }, { role: 'reward' })));
+    const hyper = { epochs: 1, minibatches: 1, clip: 0.2, valueClip: 0.2 };
+    expectRefusal(d, call('reward', { fn: 'train', ...batch, seed: 0, hyper, old: new Float32Array(4), target: new Float32Array(4) }), 'unsupported', /'train' is not a call of a rule model/);
+  });
+
+  it('invalid_state for train and sft on a model loaded without optim', async () => {
+    const d = new Device(0, noLink);
+    await d.run(call('actor', load(policy)));
+    const hyper = { epochs: 1, minibatches: 1, clip: 0.2, valueClip: 0.2 };
+    const train = call('actor', { fn: 'train', ...batch, seed: 0, hyper, old: new Float32Array(4), target: new Float32Array(4) });
+    expectRefusal(d, train, 'invalid_state', "'actor' on device 0 is not on its training layout (no optimizer); 'train' is refused");
+    expectRefusal(d, call('actor', { fn: 'sft', ...batch, steps: 1, minibatch: 1, lr: 1e-3, seed: 0 }), 'invalid_state', /'sft' is refused/);
+    // with an optimizer, the same call is allowed
+    await d.run(call('actor', load(policy, { optim })));
+    expect(d.check(train)).toBeUndefined();
+  });
+
+  it('not_loaded for copy_params from a model the device does not hold', async () => {
+    const d = new Device(0, noLink);
+    await d.run(call('reference', load(policy, { role: 'reference' })));
+    expectRefusal(d, call('reference', { fn: 'copy_params', source: 'actor', names: ['wte'] }), 'not_loaded', "device 0 holds no parameters of 'actor' to copy into 'reference'");
+  });
+});
+
+describe('Device.run load refusals', () => {
+  it('unsupported for a 2-device layout (check lets it through; load refuses it whole)', async () => {
+    const d = new Device(0, noLink);
+    const c = call('actor', load(policy, { layout: { devices: [0, 1], dp: 2, tp: 1, pp: 1 } }));
+    expect(d.check(c)).toBeUndefined();
+    const e = await rejected(d.run(c));
+    expect(e.code).toBe('unsupported');
+    expect(e.message).toBe('this worker runs each model on a one-device mesh (dp=tp=pp=1); got dp=2 tp=1 pp=1 over 2 devices');
+    expect(d.models()).toEqual([]);
+  });
+
+  it('invalid_state when dp×tp×pp does not match the devices', async () => {
+    const e = await rejected(new Device(0, noLink).run(call('actor', load(policy, { layout: { devices: [0], dp: 1, tp: 2, pp: 1 } }))));
+    expect(e.code).toBe('invalid_state');
+    expect(e.message).toBe('layout dp×tp×pp = 2 does not match its 1 device(s)');
+  });
+
+  it('invalid_state when the rank is another device', async () => {
+    const e = await rejected(new Device(1, noLink).run(call('actor', load(policy))));
+    expect(e.code).toBe('invalid_state');
+    expect(e.message).toBe('rank 0 of layout [0] is device 0, not this device 1');
+  });
+
+  it('unsupported for an unknown reward rule', async () => {
+    const e = await rejected(new Device(0, noLink).run(call('reward', load({ kind: 'rule', rule: 'shuffle', digits: 2, base: 4 }))));
+    expect(e.code).toBe('unsupported');
+    expect(e.message).toMatch(/unknown reward rule 'shuffle'; expected one of sort, reverse, copy/);
+  });
+});
+
+describe('Device.run', () => {
+  it('load then manifest: the same digest, the canonical tensors, the initial weights', async () => {
+    const d = new Device(0, noLink);
+    const loaded = await d.run(call('actor', load(policy, { seed: 5 })));
+    const expected = initialWeights(policy, 5);
+    expect(loaded).toEqual({ parameters: 1021, digest: modelDigest(expected) });
+    const m = (await d.run(call('actor', { fn: 'manifest' }))) as { manifest: ReturnType<typeof manifestOf>; digest: string };
+    expect(m.digest).toBe(loaded.digest);
+    expect(m.manifest).toEqual(manifestOf(expected));
+    expect(m.manifest.map((t) => [t.name, t.shape])).toEqual(parameterShapes(policy));
+    expect(d.models()).toEqual(['actor']);
+  });
+
+  it('a second load of the same model replaces it', async () => {
+    const d = new Device(0, noLink);
+    await d.run(call('actor', load(policy, { seed: 1 })));
+    const again = await d.run(call('actor', load(policy, { seed: 2 })));
+    expect(again.digest).toBe(modelDigest(initialWeights(policy, 2)));
+    expect(((await d.run(call('actor', { fn: 'manifest' }))) as { digest: string }).digest).toBe(again.digest);
+    expect(d.models()).toEqual(['actor']);
+  });
+
+  it('inference answers log-probs for a policy, values for a value model, scores for a rule', async () => {
+    const d = new Device(0, noLink);
+    await d.run(call('actor', load(policy)));
+    await d.run(call('critic', load(value, { role: 'critic' })));
+    await d.run(call('reward', load({ kind: 'rule', rule: 'copy', digits: 2, base: 4 }, { role: 'reward' })));
+    const lp = (await d.run(call('actor', { fn: 'inference', ...batch }))) as { logprobs: Float32Array };
+    expect(lp.logprobs).toBeInstanceOf(Float32Array);
+    expect(lp.logprobs.length).toBe(4);
+    const v = (await d.run(call('critic', { fn: 'inference', ...batch }))) as { values: Float32Array };
+    expect(v.values.length).toBe(4);
+    // rows [0, 1, 4 | 0, 1] and [2, 3, 4 | 2, 3]: copy wants the prompt digits back → both score 1
+    const s = (await d.run(call('reward', { fn: 'inference', ...batch }))) as { scores: Float32Array };
+    expect(Array.from(s.scores)).toEqual([1, 1]);
+    const half = { ...batch, tokens: new Int32Array([0, 1, 4, 0, 0, 2, 3, 4, 1, 1]) };
+    expect(Array.from(((await d.run(call('reward', { fn: 'inference', ...half }))) as { scores: Float32Array }).scores)).toEqual([0.5, 0]);
+    expect(makeTask('copy', 2, 4).score([0, 1, 4], [0, 0])).toBe(0.5);
+  });
+
+  it('a rule model has an empty manifest', async () => {
+    const d = new Device(0, noLink);
+    const loaded = await d.run(call('reward', load({ kind: 'rule', rule: 'sort', digits: 2, base: 4 })));
+    expect(loaded).toEqual({ parameters: 0, digest: modelDigest([]) });
+    expect(await d.run(call('reward', { fn: 'manifest' }))).toEqual({ manifest: [], digest: modelDigest([]) });
+  });
+
+  it('copy_params copies named tensors between models on this device, without the link', async () => {
+    const d = new Device(0, noLink);
+    const actor = await d.run(call('actor', load(policy, { seed: 1 })));
+    await d.run(call('reference', load(policy, { seed: 2, role: 'reference' })));
+    const names = parameterShapes(policy).map(([n]) => n);
+    const out = await d.run(call('reference', { fn: 'copy_params', source: 'actor', names }));
+    expect(out).toEqual({ bytes: 1021 * 4, chunks: 0, digest: actor.digest });
+  });
+
+  it('send_params of a parameter that does not exist is invalid_state (before the link is used)', async () => {
+    const d = new Device(0, noLink);
+    await d.run(call('actor', load(policy)));
+    const e = await rejected(d.run(call('actor', { fn: 'send_params', transfer: 't', chunkBytes: 1 << 20, names: ['wte', 'nope'] })));
+    expect(e.code).toBe('invalid_state');
+    expect(e.message).toBe('no parameter(s) nope to send');
+  });
+
+  it('release drops the model; later calls on it are not_loaded', async () => {
+    const d = new Device(0, noLink);
+    await d.run(call('actor', load(policy)));
+    expect(await d.run(call('actor', { fn: 'release' }))).toEqual({});
+    expect(d.models()).toEqual([]);
+    expectRefusal(d, call('actor', { fn: 'manifest' }), 'not_loaded', /holds no shard of 'actor'/);
+  });
+
+  it('shutdown answers an empty body', async () => {
+    expect(await new Device(0, noLink).run(call('any', { fn: 'shutdown' }))).toEqual({});
+  });
+});

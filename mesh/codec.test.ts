@@ -1,0 +1,200 @@
+import { describe, it, expect } from 'vitest';
+import { Packr } from 'msgpackr';
+import { ProtocolError, decode, encode } from './codec.ts';
+import { Call, Chunk, PROTOCOL_VERSION, Reply, type Call as CallT } from './protocol.ts';
+
+const SUBJECT = 'ferry.r1.dev.0.call';
+// A plain msgpack encoder, to produce bytes that ferry's own `encode` would never write.
+const raw = new Packr({ useRecords: false, moreTypes: true, mapsAsObjects: true });
+
+const bits = (a: ArrayBufferView) => Buffer.from(a.buffer, a.byteOffset, a.byteLength).toString('hex');
+
+/** Decodes and returns the ProtocolError it throws; fails if it does not throw one. */
+function decodeError(bytes: Uint8Array, schema: Parameters<typeof decode>[2] = Call): ProtocolError {
+  try {
+    decode(SUBJECT, bytes, schema);
+  } catch (e) {
+    expect(e).toBeInstanceOf(ProtocolError);
+    return e as ProtocolError;
+  }
+  throw new Error('decode did not throw');
+}
+
+const generateCall = (): CallT => ({
+  type: 'call',
+  v: PROTOCOL_VERSION,
+  id: 'r1.0.actor.generate.0',
+  model: 'actor',
+  iteration: 0,
+  body: {
+    fn: 'generate',
+    prompts: new Int32Array([3, 1, 2, 10, -7, 2147483647, -2147483648, 10]),
+    batch: 2,
+    promptLen: 4,
+    responseLen: 3,
+    seeds: new Uint32Array([0, 1, 0xffffffff, 0x80000000]),
+    temperature: 0.7,
+  },
+});
+
+const trainCall = (): CallT => ({
+  type: 'call',
+  v: PROTOCOL_VERSION,
+  id: 'r1.3.critic.train.9',
+  model: 'critic',
+  iteration: 3,
+  body: {
+    fn: 'train',
+    tokens: new Int32Array([1, 2, 3, 4]),
+    batch: 1,
+    promptLen: 2,
+    responseLen: 2,
+    seed: 5,
+    hyper: { epochs: 2, minibatches: 1, clip: 0.2, valueClip: 0.2 },
+    // Values chosen for their bit patterns: -0, a subnormal, NaN, ±Infinity, and 0.1 (inexact).
+    old: new Float32Array([-0, 1e-45, 0.1]),
+    target: new Float32Array([NaN, Infinity, -Infinity]),
+  },
+});
+
+describe('encode/decode round trip', () => {
+  it('a generate call: Int32Array and Uint32Array come back as the same classes, bit-exact', () => {
+    const call = generateCall();
+    const back = decode(SUBJECT, encode(call), Call);
+    expect(back.body.fn).toBe('generate');
+    if (back.body.fn !== 'generate' || call.body.fn !== 'generate') throw new Error('unreachable');
+    expect(back.body.prompts).toBeInstanceOf(Int32Array);
+    expect(back.body.seeds).toBeInstanceOf(Uint32Array);
+    expect(bits(back.body.prompts)).toBe(bits(call.body.prompts));
+    expect(bits(back.body.seeds)).toBe(bits(call.body.seeds));
+    expect(back).toEqual(call);
+  });
+
+  it('a train call: Float32Array comes back as Float32Array, bit-exact (incl. -0, NaN, subnormal)', () => {
+    const call = trainCall();
+    const back = decode(SUBJECT, encode(call), Call);
+    if (back.body.fn !== 'train' || call.body.fn !== 'train') throw new Error('expected a train call');
+    expect(back.body.tokens).toBeInstanceOf(Int32Array);
+    expect(back.body.old).toBeInstanceOf(Float32Array);
+    expect(back.body.target).toBeInstanceOf(Float32Array);
+    expect(bits(back.body.old)).toBe(bits(call.body.old));
+    expect(bits(back.body.target)).toBe(bits(call.body.target));
+    expect(Object.is(back.body.old[0], -0)).toBe(true);
+    expect(back.body.hyper).toEqual(call.body.hyper);
+  });
+
+  it('a subarray view travels as its own elements only', () => {
+    const whole = new Float32Array([9, 8, 7, 6, 5]);
+    const chunk = {
+      type: 'chunk',
+      v: PROTOCOL_VERSION,
+      transfer: 't',
+      tensor: 'wte',
+      offset: 1,
+      total: 5,
+      data: whole.subarray(1, 4),
+      sha256: 'x',
+    } as const;
+    const back = decode('s', encode(chunk), Chunk);
+    expect(back.data).toBeInstanceOf(Float32Array);
+    expect(Array.from(back.data)).toEqual([8, 7, 6]);
+  });
+
+  it('typed arrays are not spelled out as numbers: payload size tracks the byte length', () => {
+    const data = new Float32Array(1000);
+    const bytes = encode({ type: 'chunk', v: PROTOCOL_VERSION, transfer: 't', tensor: 'x', offset: 0, total: 1000, data, sha256: '' });
+    // 4000 bytes of floats plus a few dozen bytes of framing; a list of 1000 float32 numbers
+    // would be 5000 bytes (1 tag byte + 4 per number).
+    expect(bytes.length).toBeGreaterThanOrEqual(4000);
+    expect(bytes.length).toBeLessThan(4100);
+  });
+
+  it('replies decode with the Reply union', () => {
+    const ok = decode('s', encode({ type: 'result', v: PROTOCOL_VERSION, id: 'a', body: { x: new Float32Array([1.5]) } }), Reply);
+    expect(ok.type).toBe('result');
+    const err = decode('s', encode({ type: 'error', v: PROTOCOL_VERSION, id: 'a', code: 'busy', message: 'm' }), Reply);
+    expect(err).toEqual({ type: 'error', v: PROTOCOL_VERSION, id: 'a', code: 'busy', message: 'm' });
+  });
+});
+
+describe('decode errors name the subject and the problem', () => {
+  it('garbage bytes (not msgpack)', () => {
+    const e = decodeError(new TextEncoder().encode('hello world'));
+    expect(e.subject).toBe(SUBJECT);
+    expect(e.message).toContain(`bad message on ${SUBJECT}:`);
+    expect(e.problem).toMatch(/^not msgpack \(11 bytes\): /);
+    expect(e.cause).toBeInstanceOf(Error);
+  });
+
+  it('truncated msgpack', () => {
+    const whole = encode(generateCall());
+    const e = decodeError(whole.subarray(0, whole.length - 5));
+    expect(e.problem).toMatch(new RegExp(`^not msgpack \\(${whole.length - 5} bytes\\)`));
+  });
+
+  it('a msgpack number instead of a map', () => {
+    const e = decodeError(raw.pack(42));
+    expect(e.subject).toBe(SUBJECT);
+    expect(e.problem).toBe("expected a msgpack map with 'type' and 'v', got number");
+  });
+
+  it('a msgpack array instead of a map', () => {
+    const e = decodeError(raw.pack([1, 2]));
+    expect(e.problem).toMatch(/^expected a msgpack map with 'type' and 'v'/);
+  });
+
+  it('a wrong protocol version', () => {
+    const e = decodeError(raw.pack({ ...generateCall(), v: 2 }));
+    expect(e.problem).toBe(`expected protocol version v=${PROTOCOL_VERSION}, got 2`);
+  });
+
+  it('no protocol version', () => {
+    const { v: _v, ...rest } = generateCall();
+    const e = decodeError(raw.pack(rest));
+    expect(e.problem).toBe(`expected protocol version v=${PROTOCOL_VERSION}, got none`);
+  });
+
+  it('a missing type', () => {
+    const { type: _type, ...rest } = generateCall();
+    const e = decodeError(raw.pack(rest));
+    expect(e.subject).toBe(SUBJECT);
+    // Issue lines start with the field path; the missing value is reported as "nothing".
+    expect(e.problem).toMatch(/^message type undefined: type: .*\(got nothing\)$/);
+  });
+
+  it('a wrong field type names the field path', () => {
+    const call = generateCall();
+    const e = decodeError(raw.pack({ ...call, body: { ...call.body, batch: 'two' } }));
+    expect(e.problem).toMatch(/^message type "call": body\.batch: expected number.*\(got "two"\)$/);
+  });
+
+  it('a plain array where a typed array is required names the path and what came', () => {
+    const call = generateCall();
+    const e = decodeError(raw.pack({ ...call, body: { ...call.body, prompts: [1, 2, 3] } }));
+    expect(e.problem).toBe('message type "call": body.prompts: expected a Int32Array (got an array of 3)');
+  });
+
+  it('the wrong typed array class is refused (Float32Array where Int32Array is required)', () => {
+    const call = generateCall();
+    const e = decodeError(encode({ ...call, body: { ...call.body, prompts: new Float32Array([1, 2]) } }));
+    expect(e.problem).toBe('message type "call": body.prompts: expected a Int32Array (got Float32Array(2))');
+  });
+
+  it('an unknown key at the top level (strict objects)', () => {
+    const e = decodeError(raw.pack({ ...generateCall(), extra: 1 }));
+    expect(e.problem).toBe(`message type "call": extra: unknown key`);
+  });
+
+  it('an unknown key in a nested object names where', () => {
+    const call = trainCall();
+    if (call.body.fn !== 'train') throw new Error('unreachable');
+    const e = decodeError(raw.pack({ ...call, body: { ...call.body, hyper: { ...call.body.hyper, epochz: 1 } } }));
+    expect(e.problem).toBe(`message type "call": body.hyper.epochz: unknown key`);
+  });
+
+  it('an error reply with an unknown code', () => {
+    const e = decodeError(raw.pack({ type: 'error', v: PROTOCOL_VERSION, code: 'oops', message: 'm' }), Reply);
+    expect(e.problem).toMatch(/^message type "error": code: /);
+    expect(e.problem).toContain('(got "oops")');
+  });
+});

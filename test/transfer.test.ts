@@ -1,0 +1,96 @@
+// Parameter bytes across a real nats-server whose max_payload is small, so that tensors must be
+// cut into chunks: they arrive bit-exact, and a chunk with a wrong digest or bad bytes is rejected
+// before anything is handed over.
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { connectBus, type NatsConnection } from '../mesh/bus.ts';
+import { encode } from '../mesh/codec.ts';
+import { startNatsServer, type PrivateNatsServer } from '../mesh/nats-server.ts';
+import { subjects } from '../mesh/subjects.ts';
+import { chunkElements, chunksOf, manifestOf, receiveTensors, sendTensors, type NamedTensor } from '../mesh/transfer.ts';
+
+const MAX = 64 * 1024;
+let server: PrivateNatsServer;
+let a: NatsConnection;
+let b: NatsConnection;
+const subj = subjects('xfer');
+
+function tensors(): NamedTensor[] {
+  const big = new Float32Array(300_000).map((_, i) => Math.sin(i) * 1e3);
+  const small = new Float32Array([1, -0, Number.MIN_VALUE, 3.4e38]);
+  return [
+    { name: 'big', shape: [600, 500], data: big },
+    { name: 'small', shape: [4], data: small },
+  ];
+}
+
+/** Resolves when the receiver of `transfer` has subscribed and said so. */
+async function readyFor(transfer: string): Promise<{ done: Promise<void> }> {
+  const sub = a.subscribe(subj.ready(transfer), { max: 1 });
+  await a.flush();
+  // Wrapped, so that awaiting readyFor() does not also wait for the notice itself.
+  return { done: (async () => { for await (const _ of sub) return; })() };
+}
+
+beforeAll(async () => {
+  server = await startNatsServer({ config: `max_payload: ${MAX}` });
+  a = await connectBus(server.url, 'sender');
+  b = await connectBus(server.url, 'receiver');
+});
+
+afterAll(async () => {
+  await a?.close();
+  await b?.close();
+  await server?.stop();
+});
+
+describe('chunked transfers over NATS', () => {
+  it('cuts tensors to the server max payload and delivers them bit-exact', async () => {
+    expect(a.info!.max_payload).toBe(MAX);
+    const ts = tensors();
+    const ready = await readyFor('t1');
+    const recv = receiveTensors(b, subj, 't1', manifestOf(ts), 1, 20_000);
+    await ready.done;
+    const sent = await sendTensors(a, subj, 't1', ts, 1 << 20);
+    const got = await recv;
+    const per = chunkElements(MAX);
+    expect(sent.chunks).toBe(Math.ceil(300_000 / per) + 1);
+    expect(got.chunks).toBe(sent.chunks);
+    expect(got.bytes).toBe((300_000 + 4) * 4);
+    for (const [i, t] of got.tensors.entries()) {
+      expect(t.name).toBe(ts[i]!.name);
+      expect(Buffer.from(t.data.buffer).equals(Buffer.from(ts[i]!.data.buffer))).toBe(true);
+    }
+  });
+
+  it('rejects a chunk whose bytes do not match its digest', async () => {
+    const ts = tensors();
+    const ready = await readyFor('t2');
+    const recv = receiveTensors(b, subj, 't2', manifestOf(ts), 1, 20_000);
+    await ready.done;
+    const first = chunksOf('t2', ts, MAX).next().value!;
+    const tampered = { ...first, data: first.data.slice() };
+    tampered.data[7] = tampered.data[7]! + 1;
+    a.publish(subj.chunks('t2'), encode(tampered));
+    await expect(recv).rejects.toThrow(/tensor 'big' at offset 0: chunk digest [0-9a-f]+ does not match/);
+  });
+
+  it('rejects bytes that are not a chunk, naming the subject', async () => {
+    const ts = tensors();
+    const ready = await readyFor('t3');
+    const recv = receiveTensors(b, subj, 't3', manifestOf(ts), 1, 20_000);
+    await ready.done;
+    a.publish(subj.chunks('t3'), new Uint8Array([1, 2, 3]));
+    await expect(recv).rejects.toThrow(new RegExp(`bad message on ${subj.chunks('t3').replace(/\./g, '\\.')}`));
+  });
+
+  it('rejects a tensor that arrives complete but differs from the manifest', async () => {
+    const ts = tensors();
+    const manifest = manifestOf(ts);
+    manifest[1] = { ...manifest[1]!, sha256: '0'.repeat(64) };
+    const ready = await readyFor('t4');
+    const recv = receiveTensors(b, subj, 't4', manifest, 1, 20_000);
+    await ready.done;
+    await sendTensors(a, subj, 't4', ts, MAX);
+    await expect(recv).rejects.toThrow(/tensor 'small' digest [0-9a-f]+ does not match the manifest/);
+  });
+});
