@@ -79,10 +79,12 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     clearTimeout(timer);
     await server?.stop();
   };
+  // Ctrl-C stops the children; the run's own flow then sees the supervisor exit, stops the
+  // server in `finally`, and reports 130. A second Ctrl-C kills the launcher outright.
   const onSignal = () => {
     interrupted = true;
     say('interrupted: stopping the run');
-    void cleanup().then(() => process.exit(130));
+    for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGTERM');
   };
   process.once('SIGINT', onSignal);
   process.once('SIGTERM', onSignal);
@@ -93,6 +95,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
       server = await startNatsServer({ log: say });
       url = server.url;
       say(`nats-server on ${url} (private to this run, store in ${server.storeDir})`);
+      if (interrupted) return { code: 130, natsUrl: url };
     } else {
       say(`using NATS at ${url}`);
     }
@@ -120,15 +123,12 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
       env,
     );
     children.push(supervisor);
+    // Workers take whichever device is free when they join, so that workers started here and
+    // by hand never compete for the same slot; each log says which device its worker became.
     const count = Math.min(o.workers ?? devices.length, devices.length);
-    for (const device of devices.slice(0, count)) {
+    for (let i = 0; i < count; i++) {
       children.push(
-        startProcess(
-          'actors/worker.ts',
-          ['--run', o.run, '--nats', url, '--device', String(device), '--backend', o.backend ?? o.scenario.backend],
-          join(logs, `worker-${device}.log`),
-          env,
-        ),
+        startProcess('actors/worker.ts', ['--run', o.run, '--nats', url, '--backend', o.backend ?? o.scenario.backend], join(logs, `worker-${i}.log`), env),
       );
     }
     if (count < devices.length) {
@@ -138,7 +138,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     bar.stop();
     stopEvents();
     await nc.drain().catch(() => {});
-    const code = supervisor.exitCode ?? 1;
+    const code = interrupted ? 130 : (supervisor.exitCode ?? 1);
     let summary: Summary | undefined;
     try {
       summary = JSON.parse(readFileSync(join(o.out, 'summary.json'), 'utf8')) as Summary;
@@ -153,8 +153,8 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     await Promise.race([Promise.all(workers.map(exited)), new Promise((r) => setTimeout(r, 3000))]);
     return { code, summary, natsUrl: url };
   } finally {
+    await cleanup();
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
-    if (!interrupted) await cleanup();
   }
 }

@@ -61,5 +61,6 @@ runMain(async () => {
     console.log(`failed after ${secs} s: no summary was written (see ${join(out, 'logs')})`);
   }
   console.log(`run directory: ${out}`);
+  if (result.code === 130) return 130;
   return result.code === 0 && s?.status === 'succeeded' ? 0 : 1;
 });

@@ -1,0 +1,95 @@
+// The launcher as users meet it: `npm run scenario` is engine/cli/scenario.ts. It must stop
+// everything it started — on success, on failure and on Ctrl-C — let workers join by hand, use a
+// server it is given, and refuse bad scenario files with the path of the bad key.
+import { execFileSync } from 'node:child_process';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { launch } from '../engine/cli/launch.ts';
+import { loadScenario } from '../engine/scenario.ts';
+import { startNatsServer, type PrivateNatsServer } from '../mesh/nats-server.ts';
+import type { Summary } from '../engine/record.ts';
+import { portOpen, smallScenario, spawnTs, tempDir } from './helpers.ts';
+
+const quiet = { phase() {}, iteration() {}, stop() {} };
+const dir = tempDir();
+
+function processesMentioning(text: string): string[] {
+  return execFileSync('ps', ['-eo', 'pid,args'], { encoding: 'utf8' })
+    .split('\n')
+    .filter((l) => l.includes(text) && !l.includes('ps -eo'));
+}
+
+describe('npm run scenario', () => {
+  it('fails with a clear error when no worker joins in time, and stops its nats-server', async () => {
+    const file = smallScenario(dir, 'timeouts: { join_seconds: 2 }', 'lonely');
+    const child = spawnTs('engine/cli/scenario.ts', [file, '--workers', '0', '--out', join(dir, 'lonely')]);
+    const code = await child.exited;
+    expect(code).toBe(1);
+    const port = Number(child.output().match(/nats-server on nats:\/\/127\.0\.0\.1:(\d+)/)![1]);
+    expect(await portOpen(port)).toBe(false);
+    expect(child.output()).toMatch(/no worker joined for device\(s\) 0, 1, 2, 3 within 2 s/);
+    const summary = JSON.parse(readFileSync(join(dir, 'lonely', 'summary.json'), 'utf8')) as Summary;
+    expect(summary.status).toBe('failed');
+    expect(summary.error).toMatch(/no worker joined/);
+  }, 60_000);
+
+  it('stops the server and every process it started on Ctrl-C', async () => {
+    const file = smallScenario(dir, '', 'long');
+    writeFileSync(file, readFileSync(file, 'utf8').replace('iterations: 3', 'iterations: 500'));
+    const child = spawnTs('engine/cli/scenario.ts', [file, '--out', join(dir, 'long')]);
+    const [, run] = await child.waitFor(/run (long-[0-9-]+)/);
+    const [, port] = await child.waitFor(/nats-server on nats:\/\/127\.0\.0\.1:(\d+)/);
+    await child.waitFor(/iteration 2\/500/, 90_000);
+    expect(processesMentioning(run!).length).toBeGreaterThanOrEqual(5);
+    child.child.kill('SIGINT');
+    expect(await child.exited).toBe(130);
+    expect(await portOpen(Number(port))).toBe(false);
+    expect(processesMentioning(run!)).toEqual([]);
+  }, 120_000);
+
+  it('refuses a scenario with a misspelt key, naming the path, before starting anything', async () => {
+    const file = join(dir, 'typo.yaml');
+    writeFileSync(file, 'ppo:\n  iterations: 2\n  kl_coeff: 0.1\n');
+    const child = spawnTs('engine/cli/scenario.ts', [file]);
+    expect(await child.exited).not.toBe(0);
+    expect(child.output()).toMatch(/typo\.yaml: 1 problem\(s\):\n\s+ppo\.kl_coeff: unknown key \(expected one of: .*kl_coef/);
+    expect(child.output()).not.toMatch(/nats-server on/);
+  }, 30_000);
+});
+
+describe('a run on a server it is given, with a worker started by hand', () => {
+  let server: PrivateNatsServer;
+  beforeAll(async () => {
+    server = await startNatsServer();
+  });
+  afterAll(async () => {
+    await server?.stop();
+  });
+
+  it('uses that server, waits for the hand-started worker, and succeeds', async () => {
+    const file = smallScenario(dir, '', 'byhand');
+    const run = `byhand${Date.now()}`;
+    const lines: string[] = [];
+    const running = launch({ scenarioFile: file, scenario: loadScenario(file), run, out: join(dir, 'byhand'), natsUrl: server.url, workers: 3, progress: quiet, say: (l) => lines.push(l) });
+    const worker = spawnTs('actors/worker.ts', ['--nats', server.url, '--run', run, '--backend', 'wasm']);
+    const result = await running;
+    expect(result.code).toBe(0);
+    expect(result.natsUrl).toBe(server.url);
+    expect(lines.join('\n')).toMatch(/waiting for 1 worker\(s\) to join by hand: npm run worker -- --nats nats:\/\/127\.0\.0\.1:\d+ --run byhand/);
+    expect(await worker.exited).toBe(0);
+    expect(worker.output()).toMatch(/joined run byhand\d+ as device \d/);
+    // The server the run was given keeps running.
+    expect(await portOpen(server.port)).toBe(true);
+  }, 120_000);
+
+  it('refuses a worker that asks for a device the plan does not use', async () => {
+    const file = smallScenario(dir, 'timeouts: { join_seconds: 20 }', 'strict');
+    const run = `strict${Date.now()}`;
+    const running = launch({ scenarioFile: file, scenario: loadScenario(file), run, out: join(dir, 'strict'), natsUrl: server.url, progress: quiet, say: () => {} });
+    const stray = spawnTs('actors/worker.ts', ['--nats', server.url, '--run', run, '--device', '9', '--backend', 'cpu']);
+    expect(await stray.exited).not.toBe(0);
+    expect(stray.output()).toMatch(/refused this worker: device 9 is not in this run's plan \(devices 0, 1, 2, 3\)/);
+    expect((await running).code).toBe(0);
+  }, 120_000);
+});
