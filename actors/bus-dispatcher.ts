@@ -5,11 +5,12 @@ import type { NatsConnection } from '@nats-io/transport-node';
 import { request, subscribe } from '../mesh/bus.ts';
 import { PROTOCOL_VERSION, Ready, Reply, type CallFn, type CallOf, type ResultOf } from '../mesh/protocol.ts';
 import type { Subjects } from '../mesh/subjects.ts';
-import { CallError, PerDeviceQueue, checkResult, type Dispatcher } from '../engine/dispatch.ts';
+import { CallError, PerDeviceQueue, checkResult, type Dispatcher, type TransportStats } from '../engine/dispatch.ts';
 
 export class BusDispatcher implements Dispatcher {
   private readonly queue = new PerDeviceQueue();
   private seq = 0;
+  private readonly totals: TransportStats = { calls: 0, round_trip_seconds: 0, device_seconds: 0 };
 
   constructor(
     private readonly nc: NatsConnection,
@@ -23,12 +24,16 @@ export class BusDispatcher implements Dispatcher {
     return this.queue.run(device, async () => {
       const where = `device ${device}, '${body.fn}' of ${model}`;
       let reply: Reply;
+      const t0 = performance.now();
       try {
         reply = await request(this.nc, this.subj.call(device), { type: 'call', v: PROTOCOL_VERSION, id, model, iteration, body }, Reply, this.callTimeoutMs);
       } catch (cause) {
         throw new CallError('timeout', `${where}: ${(cause as Error).message}`, { cause });
       }
       if (reply.type === 'error') throw new CallError(reply.code, `${where}: ${reply.message}`);
+      this.totals.calls += 1;
+      this.totals.round_trip_seconds += (performance.now() - t0) / 1000;
+      this.totals.device_seconds += (reply.ms ?? 0) / 1000;
       if (reply.id !== id) throw new CallError('malformed', `${where}: reply is for call ${reply.id}, expected ${id}`);
       return checkResult(body.fn as F, reply.body, where);
     });
@@ -63,6 +68,10 @@ export class BusDispatcher implements Dispatcher {
     } finally {
       stop();
     }
+  }
+
+  stats(): TransportStats {
+    return { ...this.totals };
   }
 
   async close(): Promise<void> {}

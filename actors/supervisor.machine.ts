@@ -108,6 +108,7 @@ export const supervisorMachine = setup({
         wall_seconds: (Date.now() - context.startedAt) / 1000,
         tokens_per_second: median(context.history.map((m) => m.tokens_per_second)),
         parameters: context.parameters,
+        ...(context.dispatcher.stats ? { transport: context.dispatcher.stats() } : {}),
         ...(context.error ? { error: context.error } : {}),
       };
       context.recorder.finished(summary);

@@ -260,7 +260,7 @@ describe('worker machine', () => {
     const snap = actor.getSnapshot();
     expect(snap.value).toBe('stopped');
     expect(snap.output).toEqual({ error: undefined });
-    expect(respond).toHaveBeenCalledWith({ type: 'result', v: PROTOCOL_VERSION, id: 'bye', body: {} });
+    expect(respond).toHaveBeenCalledWith({ type: 'result', v: PROTOCOL_VERSION, id: 'bye', body: {}, ms: expect.any(Number) });
   });
 
   it('a stop event ends in stopped too', async () => {

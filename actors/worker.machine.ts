@@ -58,7 +58,11 @@ export const workerMachine = setup({
     callListener: fromCallback<WorkerEvent, { index: number }>(() => () => {}),
     /** Liveness beacons; provided by the host. */
     heartbeat: fromCallback<WorkerEvent, { index: number; worker: string }>(() => () => {}),
-    runCall: fromPromise(({ input }: { input: { device: Device; call: Call } }) => input.device.run(input.call)),
+    runCall: fromPromise(async ({ input }: { input: { device: Device; call: Call } }) => {
+      const t0 = performance.now();
+      const body = await input.device.run(input.call);
+      return { body, ms: performance.now() - t0 };
+    }),
   },
   guards: {
     refused: ({ context, event }) => event.type === 'call' && context.device!.check(event.call) !== undefined,
@@ -152,11 +156,11 @@ export const workerMachine = setup({
               {
                 guard: 'wasShutdown',
                 target: '#worker.stopped',
-                actions: { type: 'finishCall', params: ({ context, event }) => ({ reply: { type: 'result', v: PROTOCOL_VERSION, id: context.current!.call.id, body: event.output } }) },
+                actions: { type: 'finishCall', params: ({ context, event }) => ({ reply: { type: 'result', v: PROTOCOL_VERSION, id: context.current!.call.id, body: event.output.body, ms: event.output.ms } }) },
               },
               {
                 target: 'idle',
-                actions: { type: 'finishCall', params: ({ context, event }) => ({ reply: { type: 'result', v: PROTOCOL_VERSION, id: context.current!.call.id, body: event.output } }) },
+                actions: { type: 'finishCall', params: ({ context, event }) => ({ reply: { type: 'result', v: PROTOCOL_VERSION, id: context.current!.call.id, body: event.output.body, ms: event.output.ms } }) },
               },
             ],
             onError: {

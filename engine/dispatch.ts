@@ -25,6 +25,16 @@ export interface Dispatcher {
     manifest: TensorManifest[];
   }): Promise<ResultOf<'recv_params'>>;
   close(): Promise<void>;
+  /** Where call time went, for transports that can tell (the bus). */
+  stats?(): TransportStats;
+}
+
+export interface TransportStats {
+  calls: number;
+  /** Seconds from sending calls to having their replies, summed. */
+  round_trip_seconds: number;
+  /** Seconds the devices spent running those calls, summed; the rest is transport and queueing. */
+  device_seconds: number;
 }
 
 /** Checks a reply body against the call's result schema. */

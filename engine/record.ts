@@ -3,6 +3,7 @@
 import { appendFileSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Metrics } from '../mesh/protocol.ts';
+import type { TransportStats } from './dispatch.ts';
 
 export interface Summary {
   status: 'succeeded' | 'failed';
@@ -18,6 +19,8 @@ export interface Summary {
   wall_seconds: number;
   tokens_per_second: number | null;
   parameters: Record<string, number>;
+  /** Call time over the bus: round trips against time spent on the devices (absent in one process). */
+  transport?: TransportStats;
   error?: string;
 }
 

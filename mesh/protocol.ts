@@ -153,6 +153,8 @@ export const Result = z.strictObject({
   v,
   id: z.string(),
   body: z.record(z.string(), z.unknown()),
+  /** Milliseconds the device spent running the call, to tell compute from transport. */
+  ms: z.number().nonnegative().optional(),
 });
 export type Result = z.infer<typeof Result>;
 

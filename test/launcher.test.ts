@@ -71,7 +71,7 @@ describe('a run on a server it is given, with a worker started by hand', () => {
     const file = smallScenario(dir, '', 'byhand');
     const run = `byhand${Date.now()}`;
     const lines: string[] = [];
-    const running = launch({ scenarioFile: file, scenario: loadScenario(file), run, out: join(dir, 'byhand'), natsUrl: server.url, workers: 3, progress: quiet, say: (l) => lines.push(l) });
+    const running = launch({ scenario: loadScenario(file), run, out: join(dir, 'byhand'), natsUrl: server.url, workers: 3, progress: quiet, say: (l) => lines.push(l) });
     const worker = spawnTs('actors/worker.ts', ['--nats', server.url, '--run', run, '--backend', 'wasm']);
     const result = await running;
     expect(result.code).toBe(0);
@@ -86,7 +86,7 @@ describe('a run on a server it is given, with a worker started by hand', () => {
   it('refuses a worker that asks for a device the plan does not use', async () => {
     const file = smallScenario(dir, 'timeouts: { join_seconds: 20 }', 'strict');
     const run = `strict${Date.now()}`;
-    const running = launch({ scenarioFile: file, scenario: loadScenario(file), run, out: join(dir, 'strict'), natsUrl: server.url, progress: quiet, say: () => {} });
+    const running = launch({ scenario: loadScenario(file), run, out: join(dir, 'strict'), natsUrl: server.url, progress: quiet, say: () => {} });
     const stray = spawnTs('actors/worker.ts', ['--nats', server.url, '--run', run, '--device', '9', '--backend', 'cpu']);
     expect(await stray.exited).not.toBe(0);
     expect(stray.output()).toMatch(/refused this worker: device 9 is not in this run's plan \(devices 0, 1, 2, 3\)/);

@@ -15,7 +15,7 @@ import { smallScenario, tempDir } from './helpers.ts';
 const quiet = { phase() {}, iteration() {}, stop() {} };
 
 async function runOverBus(file: string, out: string) {
-  return launch({ scenarioFile: file, scenario: loadScenario(file), run: `t${Date.now()}`, out, progress: quiet, say: () => {} });
+  return launch({ scenario: loadScenario(file), run: `t${Date.now()}`, out, progress: quiet, say: () => {} });
 }
 
 describe('a PPO run over NATS with worker processes', () => {

@@ -1,7 +1,7 @@
 // Starts what a run needs on this machine: a NATS server unless one is given, the supervisor
 // process, and worker processes; everything it starts, it stops, on success, failure and Ctrl-C.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { createWriteStream, mkdirSync, readFileSync } from 'node:fs';
+import { createWriteStream, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { connectBus, subscribe } from '../../mesh/bus.ts';
@@ -16,7 +16,6 @@ import { progress as makeProgress, type Progress } from './progress.ts';
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
 
 export interface LaunchOptions {
-  scenarioFile: string;
   scenario: Scenario;
   run: string;
   out: string;
@@ -116,9 +115,13 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     await nc.flush();
 
     const env = { ...o.env, NATS_URL: url };
+    // The supervisor reads the scenario as resolved here (defaults filled in, overrides applied),
+    // and the run directory keeps it: the exact input of this run.
+    const resolved = join(o.out, 'scenario.json');
+    writeFileSync(resolved, `${JSON.stringify(o.scenario, null, 2)}\n`);
     const supervisor = startProcess(
       'actors/supervisor.ts',
-      ['--scenario', o.scenarioFile, '--run', o.run, '--out', o.out, '--nats', url],
+      ['--scenario', resolved, '--run', o.run, '--out', o.out, '--nats', url],
       join(logs, 'supervisor.log'),
       env,
     );

@@ -41,7 +41,6 @@ runMain(async () => {
   console.log(`ferry: scenario ${file}, run ${run}, output in ${out}`);
   const t0 = Date.now();
   const result = await launch({
-    scenarioFile: file,
     scenario,
     run,
     out,

@@ -1,0 +1,112 @@
+// npm run bench -- NAME [--json] [options]
+// Benchmarks print figures measured in one run, and ratios between them; nothing here asserts
+// a time. Benchmarks:
+//   iteration  the quickstart's tokens per second, over NATS with worker processes, and the ratio
+//              of that run's seconds per iteration to the same computation in one process
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { UsageError, args, runMain } from '../../actors/host.ts';
+import { runInProcess } from '../../actors/local-run.ts';
+import type { Metrics } from '../../mesh/protocol.ts';
+import { runId } from '../../mesh/subjects.ts';
+import { initBackend } from '../backend.ts';
+import { median, type Summary } from '../record.ts';
+import { runSpec } from '../rlhf.ts';
+import { loadScenario, type Scenario } from '../scenario.ts';
+import { launch } from './launch.ts';
+
+const USAGE = `usage: npm run bench -- iteration [--json] [--scenario FILE] [--iterations N]`;
+
+const quiet = { phase() {}, iteration() {}, stop() {} };
+
+function rate(history: readonly Metrics[]) {
+  const seconds = history.reduce((a, m) => a + m.seconds, 0);
+  const tokens = history.reduce((a, m) => a + m.tokens, 0);
+  return { tokens_per_second: tokens / seconds, seconds_per_iteration: median(history.map((m) => m.seconds))! };
+}
+
+async function iterationBench(scenario: Scenario) {
+  const dir = mkdtempSync(join(tmpdir(), 'ferry-bench-'));
+  try {
+    const t0 = performance.now();
+    const bus = await launch({ scenario, run: runId(`bench-${scenario.name}`), out: dir, progress: quiet, say: () => {}, workers: undefined });
+    const busWall = (performance.now() - t0) / 1000;
+    if (bus.code !== 0 || !bus.summary) throw new Error(`the run over NATS failed: ${bus.summary?.error ?? `exit ${bus.code}`} (logs in ${dir})`);
+    const busHistory = readFileSync(join(dir, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Metrics);
+
+    const backend = await initBackend(scenario.backend);
+    const local: Metrics[] = [];
+    let localSummary: Summary | undefined;
+    const t1 = performance.now();
+    await runInProcess(runSpec(scenario), { phase() {}, iteration: (m) => local.push(m), finished: (s) => (localSummary = s) }, backend);
+    const localWall = (performance.now() - t1) / 1000;
+
+    const b = rate(busHistory);
+    const l = rate(local);
+    return {
+      bench: 'iteration',
+      scenario: scenario.name,
+      iterations: busHistory.length,
+      backend: bus.summary.backend,
+      tokens_per_second: b.tokens_per_second,
+      tokens_per_second_in_process: l.tokens_per_second,
+      seconds_per_iteration: b.seconds_per_iteration,
+      seconds_per_iteration_in_process: l.seconds_per_iteration,
+      /** > 1: the bus and processes cost more than they gain from running models side by side. */
+      overhead_ratio: b.seconds_per_iteration / l.seconds_per_iteration,
+      wall_seconds: busWall,
+      wall_seconds_in_process: localWall,
+      /** Per call over NATS: round trip minus the device's own time (encoding, the bus, queueing). */
+      bus_ms_per_call: bus.summary.transport
+        ? ((bus.summary.transport.round_trip_seconds - bus.summary.transport.device_seconds) / bus.summary.transport.calls) * 1000
+        : null,
+      bus_share_of_call_time: bus.summary.transport
+        ? 1 - bus.summary.transport.device_seconds / bus.summary.transport.round_trip_seconds
+        : null,
+      digests_equal: JSON.stringify(bus.summary.digests) === JSON.stringify(localSummary?.digests),
+      reward_first5: bus.summary.reward_first5,
+      reward_last5: bus.summary.reward_last5,
+    };
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+runMain(async () => {
+  const { values, positionals } = args(USAGE, {
+    json: { type: 'boolean', default: false },
+    scenario: { type: 'string', default: 'scenarios/quickstart.yaml' },
+    iterations: { type: 'string' },
+  });
+  if (values.help) {
+    console.log(USAGE);
+    return 0;
+  }
+  const name = positionals[0];
+  if (name !== 'iteration') throw new UsageError(`unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration\n${USAGE}`);
+  let scenario = loadScenario(values.scenario!);
+  if (values.iterations !== undefined) {
+    const n = Number(values.iterations);
+    if (!(Number.isInteger(n) && n > 0)) throw new UsageError(`--iterations: expected a whole number > 0, got ${values.iterations}`);
+    scenario = { ...scenario, ppo: { ...scenario.ppo, iterations: n } };
+  }
+  if (!values.json) console.log(`bench iteration: ${scenario.name}, ${scenario.ppo.iterations} iterations, over NATS and then in one process…`);
+  const r = await iterationBench(scenario);
+  if (values.json) {
+    console.log(JSON.stringify(r));
+  } else {
+    const f = (x: number, d = 2) => x.toFixed(d);
+    console.log(`backend                      ${r.backend}`);
+    console.log(`tokens/s  (NATS, processes)  ${f(r.tokens_per_second, 0)}`);
+    console.log(`tokens/s  (one process)      ${f(r.tokens_per_second_in_process, 0)}`);
+    console.log(`s/iteration, median          ${f(r.seconds_per_iteration, 3)} vs ${f(r.seconds_per_iteration_in_process, 3)}`);
+    console.log(`overhead ratio (NATS / one process, s/iteration)  ${f(r.overhead_ratio, 3)}`);
+    if (r.bus_ms_per_call !== null) {
+      console.log(`bus time per call, mean      ${f(r.bus_ms_per_call, 2)} ms (${f(100 * r.bus_share_of_call_time!, 1)}% of call round trips)`);
+    }
+    console.log(`wall seconds                 ${f(r.wall_seconds, 1)} vs ${f(r.wall_seconds_in_process, 1)}`);
+    console.log(`final digests equal          ${r.digests_equal}`);
+  }
+  return r.digests_equal ? 0 : 1;
+});
