@@ -1,6 +1,8 @@
 // The parameter list of ferry's GPT models: names and shapes in canonical order. Kept apart from
 // model.ts so that processes that plan or route parameters need not load TensorFlow.js.
 
+import type { ModelInfo, ParamInfo } from '../mesh/layout.ts';
+
 export interface GptSpec {
   kind: 'policy' | 'value';
   vocab: number;
@@ -44,3 +46,20 @@ export function isHead(name: string): boolean {
   return name.startsWith('head.');
 }
 
+
+/**
+ * The model as the mesh layer sees it: each parameter's layer and the axis that tensor
+ * parallelism cuts, Megatron-style — QKV and the first MLP matrix by columns (with their biases),
+ * the attention output and the second MLP matrix by rows; norms, the output biases, embeddings
+ * and the head are replicated.
+ */
+export function modelInfo(spec: GptSpec): ModelInfo {
+  const params: ParamInfo[] = parameterShapes(spec).map(([name, shape]) => {
+    const m = /^h(\d+)\.(.*)$/.exec(name);
+    if (!m) return { name, shape, layer: name === 'wte' || name === 'wpe' ? 'embed' : 'head', splitAxis: null };
+    const part = m[2]!;
+    const splitAxis = /^attn\.w[qkv]$|^mlp\.w1$/.test(part) ? 1 : /^attn\.b[qkv]$|^mlp\.b1$|^attn\.wo$|^mlp\.w2$/.test(part) ? 0 : null;
+    return { name, shape, layer: Number(m[1]), splitAxis };
+  });
+  return { layers: spec.layers, params };
+}

@@ -1,0 +1,141 @@
+// Reallocation plans, executed in memory: every pair of layouts over 4 devices, and a sample over
+// 8 devices in 2 nodes, must rebuild every destination slice bit-exact from the source layout,
+// with exactly the minimum bytes received and nothing published twice on one node.
+import { describe, expect, it } from 'vitest';
+import { layoutKey, shardSlices, sliceShape, type Layout, type ModelInfo, type Slice } from './layout.ts';
+import { planRealloc } from './realloc.ts';
+import { cut, paste } from './slices.ts';
+
+// A GPT-shaped model: 4 layers of column/row-split matrices, replicated norms, embeddings, head.
+const D = 8;
+const model: ModelInfo = {
+  layers: 4,
+  params: [
+    { name: 'wte', shape: [5, D], layer: 'embed', splitAxis: null },
+    ...[0, 1, 2, 3].flatMap((l) => [
+      { name: `h${l}.ln.g`, shape: [D], layer: l, splitAxis: null },
+      { name: `h${l}.wq`, shape: [D, D], layer: l, splitAxis: 1 },
+      { name: `h${l}.bq`, shape: [D], layer: l, splitAxis: 0 },
+      { name: `h${l}.wo`, shape: [D, D], layer: l, splitAxis: 0 },
+      { name: `h${l}.w1`, shape: [D, 4 * D], layer: l, splitAxis: 1 },
+    ]),
+    { name: 'head.w', shape: [D, 5], layer: 'head', splitAxis: null },
+  ],
+};
+
+const truth = new Map(
+  model.params.map((p, i) => [p.name, Float32Array.from({ length: p.shape.reduce((a, b) => a * b, 1) }, (_, j) => i * 1000 + j + 0.5)]),
+);
+
+function layouts(devices: number[][]): Layout[] {
+  const out: Layout[] = [];
+  for (const d of devices) {
+    const n = d.length;
+    for (let dp = 1; dp <= n; dp *= 2) for (let tp = 1; dp * tp <= n; tp *= 2) {
+      const pp = n / (dp * tp);
+      if (Number.isInteger(pp) && pp <= model.layers) out.push({ devices: d, dp, tp, pp });
+    }
+  }
+  return out;
+}
+
+/** Runs a plan in memory and returns, per device of `to`, its rebuilt slices. */
+function execute(from: Layout, to: Layout, nodeOf: (d: number) => number) {
+  const plan = planRealloc(model, from, to, nodeOf);
+  const held = new Map<number, Map<string, { slice: Slice; data: Float32Array }>>();
+  from.devices.forEach((dev, rank) => {
+    const m = new Map();
+    for (const s of shardSlices(model, from, rank)) m.set(s.name, { slice: s, data: cut(truth.get(s.name)!, { ...s, axis: null, start: 0, end: s.shape[0]! }, s) });
+    held.set(dev, m);
+  });
+  const built = new Map<number, Map<string, { slice: Slice; data: Float32Array; filled: number }>>();
+  to.devices.forEach((dev, rank) => {
+    const m = new Map();
+    for (const s of shardSlices(model, to, rank)) m.set(s.name, { slice: s, data: new Float32Array(sliceShape(s).reduce((a, b) => a * b, 1)).fill(NaN), filled: 0 });
+    built.set(dev, m);
+  });
+  const put = (dev: number, part: Slice, data: Float32Array) => {
+    const target = built.get(dev)!.get(part.name)!;
+    paste(target.data, target.slice, part, data);
+    target.filled += data.length;
+  };
+  for (const l of plan.locals) {
+    const src = held.get(l.device)!.get(l.name)!;
+    put(l.device, l, cut(src.data, src.slice, l));
+  }
+  for (const g of plan.transfers) {
+    for (const piece of g.pieces) {
+      const src = held.get(g.src)!.get(piece.name)!;
+      const bytes = cut(src.data, src.slice, piece);
+      for (const dst of g.dsts) put(dst, piece, bytes);
+    }
+  }
+  return { plan, built };
+}
+
+function check(from: Layout, to: Layout, nodeOf: (d: number) => number) {
+  const { plan, built } = execute(from, to, nodeOf);
+  for (const [, slices] of built) {
+    for (const { slice, data, filled } of slices.values()) {
+      expect(filled, `${slice.name} filled once`).toBe(data.length);
+      const want = cut(truth.get(slice.name)!, { ...slice, axis: null, start: 0, end: slice.shape[0]! }, slice);
+      expect(Buffer.from(data.buffer).equals(Buffer.from(want.buffer)), `${slice.name} bit-exact`).toBe(true);
+    }
+  }
+  expect(plan.receivedBytes).toBe(plan.minimumBytes);
+  // On one node no bytes of a parameter are published twice: pieces of a parameter never overlap.
+  if (new Set([...from.devices, ...to.devices].map(nodeOf)).size === 1) {
+    const byName = new Map<string, Array<[number, number]>>();
+    for (const p of plan.pieces) {
+      const r: [number, number] = p.axis === null ? [0, Infinity] : [p.start, p.end];
+      for (const q of byName.get(p.name) ?? []) expect(r[1] <= q[0] || q[1] <= r[0], `${p.name} published twice`).toBe(true);
+      byName.set(p.name, [...(byName.get(p.name) ?? []), r]);
+    }
+  }
+  return plan;
+}
+
+describe('reallocation plans', () => {
+  const four = layouts([[0], [1], [2], [3], [0, 1], [2, 3], [0, 1, 2, 3]]);
+
+  it(`round-trips every pair of ${four.length} layouts over 4 devices bit-exact, with minimum bytes`, () => {
+    expect(four.length).toBe(4 + 2 * 3 + 6);
+    for (const a of four) for (const b of four) {
+      const there = check(a, b, () => 0);
+      const back = check(b, a, () => 0);
+      if (layoutKey(a) === layoutKey(b)) expect(there.minimumBytes + back.minimumBytes).toBe(0);
+    }
+  });
+
+  it('round-trips a sample of layouts over 8 devices in 2 nodes, preferring senders on the same node', () => {
+    const nodeOf = (d: number) => Math.floor(d / 4);
+    const eight = layouts([[0, 1], [4, 5], [0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 3, 4, 5, 6, 7]]);
+    let n = 0;
+    for (const [i, a] of eight.entries()) for (const [j, b] of eight.entries()) {
+      if ((i * 7 + j * 3) % 5 !== 0) continue; // a fixed, spread-out sample
+      const plan = check(a, b, nodeOf);
+      for (const p of plan.pieces) {
+        const sameNodeHolder = a.devices.some((d) => nodeOf(d) === nodeOf(p.dsts[0]!));
+        if (sameNodeHolder && a.dp * a.tp === 1 && a.devices.length === 1) expect(nodeOf(p.src)).toBe(nodeOf(p.dsts[0]!));
+      }
+      n += 1;
+    }
+    expect(n).toBeGreaterThan(20);
+  });
+
+  it('moves nothing between identical layouts and everything between disjoint ones', () => {
+    const a: Layout = { devices: [0, 1], dp: 1, tp: 2, pp: 1 };
+    expect(planRealloc(model, a, a, () => 0)).toMatchObject({ pieces: [], receivedBytes: 0, minimumBytes: 0 });
+    const total = [...truth.values()].reduce((s, t) => s + t.byteLength, 0);
+    const far = planRealloc(model, { devices: [0], dp: 1, tp: 1, pp: 1 }, { devices: [1], dp: 1, tp: 1, pp: 1 }, () => 0);
+    expect(far.receivedBytes).toBe(total);
+  });
+
+  it('publishes a slice wanted by several replicas once (NATS fans it out)', () => {
+    const plan = planRealloc(model, { devices: [0], dp: 1, tp: 1, pp: 1 }, { devices: [0, 1, 2, 3], dp: 4, tp: 1, pp: 1 }, () => 0);
+    const total = [...truth.values()].reduce((s, t) => s + t.byteLength, 0);
+    expect(plan.publishedBytes).toBe(total);
+    expect(plan.receivedBytes).toBe(3 * total);
+    expect(plan.locals.filter((l) => l.device === 0)).toHaveLength(model.params.length);
+  });
+});
