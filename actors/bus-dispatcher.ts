@@ -1,11 +1,11 @@
 // The supervisor's side of the bus: calls go to `dev.<n>.call` as requests, one at a time per
-// device; parameter transfers are ordered so that every destination is subscribed before the
-// source publishes a byte.
+// device; reallocations follow runRealloc (engine/dispatch.ts), so that every destination is
+// subscribed before a source publishes a byte.
 import type { NatsConnection } from '@nats-io/transport-node';
-import { request, subscribe } from '../mesh/bus.ts';
-import { PROTOCOL_VERSION, Ready, Reply, type CallFn, type CallOf, type ResultOf } from '../mesh/protocol.ts';
+import { request } from '../mesh/bus.ts';
+import { PROTOCOL_VERSION, Reply, type CallFn, type CallOf, type ResultOf } from '../mesh/protocol.ts';
 import type { Subjects } from '../mesh/subjects.ts';
-import { CallError, PerDeviceQueue, checkResult, type Dispatcher, type TransportStats } from '../engine/dispatch.ts';
+import { CallError, PerDeviceQueue, checkResult, runRealloc, type Dispatcher, type ReallocOutcome, type ReallocRequest, type TransportStats } from '../engine/dispatch.ts';
 
 export class BusDispatcher implements Dispatcher {
   private readonly queue = new PerDeviceQueue();
@@ -39,35 +39,8 @@ export class BusDispatcher implements Dispatcher {
     });
   }
 
-  async transfer(t: Parameters<Dispatcher['transfer']>[0]): Promise<ResultOf<'recv_params'>> {
-    if (t.from.device === t.to.device) {
-      return this.call(t.to.device, t.to.model, t.iteration, { fn: 'copy_params', source: t.from.model, names: t.manifest.map((m) => m.name) });
-    }
-    const id = `${t.id}-${this.seq++}`;
-    let onReady!: () => void;
-    const ready = new Promise<void>((resolve) => (onReady = resolve));
-    const stop = subscribe(
-      this.nc,
-      this.subj.ready(id),
-      Ready,
-      (msg) => msg.device === t.to.device && onReady(),
-      () => {},
-    );
-    try {
-      await this.nc.flush();
-      const recv = this.call(t.to.device, t.to.model, t.iteration, { fn: 'recv_params', transfer: id, manifest: t.manifest });
-      // If the destination refuses, it never gets ready: whichever settles first decides.
-      await Promise.race([ready, recv]);
-      await this.call(t.from.device, t.from.model, t.iteration, {
-        fn: 'send_params',
-        transfer: id,
-        chunkBytes: this.nc.info?.max_payload ?? 1 << 20,
-        names: t.manifest.map((m) => m.name),
-      });
-      return await recv;
-    } finally {
-      stop();
-    }
+  realloc(r: ReallocRequest): Promise<ReallocOutcome> {
+    return runRealloc(this.nc, this.subj, (d, m, i, b) => this.call(d, m, i, b), r, this.nc.info?.max_payload ?? 1 << 20);
   }
 
   stats(): TransportStats {

@@ -1,19 +1,14 @@
 import { describe, it, expect, vi, beforeAll } from 'vitest';
 import { createActor, fromCallback, fromPromise, waitFor } from 'xstate';
 import { initBackend } from '../engine/backend.ts';
-import { Device, type ParamLink } from '../engine/device.ts';
+import { Device } from '../engine/device.ts';
+import { MemoryBus } from '../mesh/memory-bus.ts';
+import { subjects } from '../mesh/subjects.ts';
 import { ProtocolError } from '../mesh/codec.ts';
 import { PROTOCOL_VERSION, type Call, type CallBody, type Reply } from '../mesh/protocol.ts';
 import { workerMachine, type Respond } from './worker.machine.ts';
 
-const noLink: ParamLink = {
-  send: () => {
-    throw new Error('ParamLink.send must not be used');
-  },
-  receive: () => {
-    throw new Error('ParamLink.receive must not be used');
-  },
-};
+const noLink = [new MemoryBus(), subjects('unit')] as const;
 
 /** A real device whose calls can be held open, and that counts what it ran. */
 class TestDevice extends Device {
@@ -46,7 +41,7 @@ async function startWorker() {
     input: {
       worker: 'w-test',
       log,
-      makeDevice: (index) => (device = new TestDevice(index, noLink)),
+      makeDevice: (index) => (device = new TestDevice(index, ...noLink)),
     },
   });
   actor.start();
@@ -280,7 +275,7 @@ describe('worker machine', () => {
         heartbeat: fromCallback(() => () => {}),
       },
     });
-    const makeDevice = vi.fn((index: number) => new Device(index, noLink));
+    const makeDevice = vi.fn((index: number) => new Device(index, ...noLink));
     const actor = createActor(failing, { input: { worker: 'w', log: () => {}, makeDevice } });
     actor.start();
     await waitFor(actor, (s) => s.status === 'done', { timeout: 5000 });

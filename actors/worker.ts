@@ -7,7 +7,6 @@ import { connectBus, request, subscribe } from '../mesh/bus.ts';
 import { encode } from '../mesh/codec.ts';
 import { Call, JoinReply, PROTOCOL_VERSION, type Reply } from '../mesh/protocol.ts';
 import { subjects } from '../mesh/subjects.ts';
-import { receiveTensors, sendTensors } from '../mesh/transfer.ts';
 import { BACKENDS, initBackend, type BackendChoice } from '../engine/backend.ts';
 import { Device } from '../engine/device.ts';
 import { DEFAULT_NATS, UsageError, args, logger, runMain } from './host.ts';
@@ -88,11 +87,7 @@ runMain(async () => {
     input: {
       worker,
       log,
-      makeDevice: (index) =>
-        new Device(index, {
-          send: (transfer, tensors, chunkBytes) => sendTensors(nc, subj, transfer, tensors, chunkBytes),
-          receive: (transfer, manifest) => receiveTensors(nc, subj, transfer, manifest, index, transferMs),
-        }),
+      makeDevice: (index) => new Device(index, nc, subj, { transferTimeoutMs: transferMs }),
     },
   });
   const stop = () => actor.send({ type: 'stop' });

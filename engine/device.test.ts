@@ -1,6 +1,8 @@
 import { describe, it, expect, beforeAll } from 'vitest';
 import { initBackend } from './backend.ts';
-import { CallRejected, Device, type ParamLink } from './device.ts';
+import { CallRejected, Device } from './device.ts';
+import { MemoryBus } from '../mesh/memory-bus.ts';
+import { subjects } from '../mesh/subjects.ts';
 import { initialWeights, parameterShapes, type GptSpec } from './model.ts';
 import { makeTask } from './task.ts';
 import { manifestOf, modelDigest } from '../mesh/transfer.ts';
@@ -11,15 +13,8 @@ const value: GptSpec = { ...policy, kind: 'value' };
 const optim: Optim = { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 };
 const one = { devices: [0], dp: 1, tp: 1, pp: 1 };
 
-/** Parameter bytes never travel in these tests: a link that is used is a test failure. */
-const noLink: ParamLink = {
-  send: () => {
-    throw new Error('ParamLink.send must not be used');
-  },
-  receive: () => {
-    throw new Error('ParamLink.receive must not be used');
-  },
-};
+/** Devices of these tests share an in-memory bus. */
+const noLink = [new MemoryBus(), subjects('unit')] as const;
 
 let seq = 0;
 const call = (model: string, body: CallBody): Call => ({ type: 'call', v: PROTOCOL_VERSION, id: `c${seq++}`, model, iteration: 0, body });
@@ -59,7 +54,7 @@ beforeAll(async () => {
 
 describe('Device.check refusals', () => {
   it('not_loaded for a model the device does not hold', async () => {
-    const d = new Device(3, noLink);
+    const d = new Device(3, ...noLink);
     expectRefusal(d, call('actor', { fn: 'manifest' }), 'not_loaded', "device 3 holds no shard of 'actor' (it holds none); 'manifest' needs one");
     await d.run(call('critic', load(value, { layout: { ...one, devices: [3] } })));
     expectRefusal(d, call('actor', { fn: 'inference', ...batch }), 'not_loaded', "device 3 holds no shard of 'actor' (it holds critic); 'inference' needs one");
@@ -68,13 +63,13 @@ describe('Device.check refusals', () => {
   });
 
   it('load and shutdown are never refused by check', () => {
-    const d = new Device(0, noLink);
+    const d = new Device(0, ...noLink);
     expect(d.check(call('x', load(policy)))).toBeUndefined();
     expect(d.check(call('x', { fn: 'shutdown' }))).toBeUndefined();
   });
 
   it('unsupported for generate on a value model', async () => {
-    const d = new Device(0, noLink);
+    const d = new Device(0, ...noLink);
     await d.run(call('critic', load(value, { role: 'critic' })));
     const gen = call('critic', { fn: 'generate', prompts: new Int32Array(3), batch: 1, promptLen: 3, responseLen: 1, seeds: new Uint32Array(1), temperature: 1 });
     expectRefusal(d, gen, 'unsupported', "'generate' is not a call of a value model ('critic' on device 0)");
@@ -82,14 +77,14 @@ describe('Device.check refusals', () => {
   });
 
   it('unsupported for train or generate on a rule model', async () => {
-    const d = new Device(0, noLink);
+    const d = new Device(0, ...noLink);
     await d.run(call('reward', load({ kind: 'rule', rule: 'copy', digits: 2, base: 4 }, { role: 'reward' })));
     const hyper = { epochs: 1, minibatches: 1, clip: 0.2, valueClip: 0.2 };
     expectRefusal(d, call('reward', { fn: 'train', ...batch, seed: 0, hyper, old: new Float32Array(4), target: new Float32Array(4) }), 'unsupported', /'train' is not a call of a rule model/);
   });
 
   it('invalid_state for train and sft on a model loaded without optim', async () => {
-    const d = new Device(0, noLink);
+    const d = new Device(0, ...noLink);
     await d.run(call('actor', load(policy)));
     const hyper = { epochs: 1, minibatches: 1, clip: 0.2, valueClip: 0.2 };
     const train = call('actor', { fn: 'train', ...batch, seed: 0, hyper, old: new Float32Array(4), target: new Float32Array(4) });
@@ -100,16 +95,22 @@ describe('Device.check refusals', () => {
     expect(d.check(train)).toBeUndefined();
   });
 
-  it('not_loaded for copy_params from a model the device does not hold', async () => {
-    const d = new Device(0, noLink);
+  it('not_loaded for a reallocation from a model the device does not hold', async () => {
+    const d = new Device(0, ...noLink);
     await d.run(call('reference', load(policy, { role: 'reference' })));
-    expectRefusal(d, call('reference', { fn: 'copy_params', source: 'actor', names: ['wte'] }), 'not_loaded', "device 0 holds no parameters of 'actor' to copy into 'reference'");
+    const wte = { name: 'wte', shape: [5, 8], axis: null, start: 0, end: 5 };
+    expectRefusal(
+      d,
+      call('reference', { fn: 'realloc', realloc: 'r', source: 'actor', sends: [], recvs: [], locals: [wte], chunkBytes: 1 << 20 }),
+      'not_loaded',
+      "device 0 holds no shard of 'actor' (it holds reference); 'realloc' needs one",
+    );
   });
 });
 
 describe('Device.run load refusals', () => {
   it('unsupported for a 2-device layout (check lets it through; load refuses it whole)', async () => {
-    const d = new Device(0, noLink);
+    const d = new Device(0, ...noLink);
     const c = call('actor', load(policy, { layout: { devices: [0, 1], dp: 2, tp: 1, pp: 1 } }));
     expect(d.check(c)).toBeUndefined();
     const e = await rejected(d.run(c));
@@ -119,19 +120,19 @@ describe('Device.run load refusals', () => {
   });
 
   it('invalid_state when dp×tp×pp does not match the devices', async () => {
-    const e = await rejected(new Device(0, noLink).run(call('actor', load(policy, { layout: { devices: [0], dp: 1, tp: 2, pp: 1 } }))));
+    const e = await rejected(new Device(0, ...noLink).run(call('actor', load(policy, { layout: { devices: [0], dp: 1, tp: 2, pp: 1 } }))));
     expect(e.code).toBe('invalid_state');
     expect(e.message).toBe('layout dp×tp×pp = 2 does not match its 1 device(s)');
   });
 
   it('invalid_state when the rank is another device', async () => {
-    const e = await rejected(new Device(1, noLink).run(call('actor', load(policy))));
+    const e = await rejected(new Device(1, ...noLink).run(call('actor', load(policy))));
     expect(e.code).toBe('invalid_state');
     expect(e.message).toBe('rank 0 of layout [0] is device 0, not this device 1');
   });
 
   it('unsupported for an unknown reward rule', async () => {
-    const e = await rejected(new Device(0, noLink).run(call('reward', load({ kind: 'rule', rule: 'shuffle', digits: 2, base: 4 }))));
+    const e = await rejected(new Device(0, ...noLink).run(call('reward', load({ kind: 'rule', rule: 'shuffle', digits: 2, base: 4 }))));
     expect(e.code).toBe('unsupported');
     expect(e.message).toMatch(/unknown reward rule 'shuffle'; expected one of sort, reverse, copy/);
   });
@@ -139,7 +140,7 @@ describe('Device.run load refusals', () => {
 
 describe('Device.run', () => {
   it('load then manifest: the same digest, the canonical tensors, the initial weights', async () => {
-    const d = new Device(0, noLink);
+    const d = new Device(0, ...noLink);
     const loaded = await d.run(call('actor', load(policy, { seed: 5 })));
     const expected = initialWeights(policy, 5);
     expect(loaded).toEqual({ parameters: 1021, digest: modelDigest(expected) });
@@ -151,7 +152,7 @@ describe('Device.run', () => {
   });
 
   it('a second load of the same model replaces it', async () => {
-    const d = new Device(0, noLink);
+    const d = new Device(0, ...noLink);
     await d.run(call('actor', load(policy, { seed: 1 })));
     const again = await d.run(call('actor', load(policy, { seed: 2 })));
     expect(again.digest).toBe(modelDigest(initialWeights(policy, 2)));
@@ -160,7 +161,7 @@ describe('Device.run', () => {
   });
 
   it('inference answers log-probs for a policy, values for a value model, scores for a rule', async () => {
-    const d = new Device(0, noLink);
+    const d = new Device(0, ...noLink);
     await d.run(call('actor', load(policy)));
     await d.run(call('critic', load(value, { role: 'critic' })));
     await d.run(call('reward', load({ kind: 'rule', rule: 'copy', digits: 2, base: 4 }, { role: 'reward' })));
@@ -178,31 +179,34 @@ describe('Device.run', () => {
   });
 
   it('a rule model has an empty manifest', async () => {
-    const d = new Device(0, noLink);
+    const d = new Device(0, ...noLink);
     const loaded = await d.run(call('reward', load({ kind: 'rule', rule: 'sort', digits: 2, base: 4 })));
     expect(loaded).toEqual({ parameters: 0, digest: modelDigest([]) });
     expect(await d.run(call('reward', { fn: 'manifest' }))).toEqual({ manifest: [], digest: modelDigest([]) });
   });
 
-  it('copy_params copies named tensors between models on this device, without the link', async () => {
-    const d = new Device(0, noLink);
+  it('a reallocation between two models on this device copies locally, nothing on the bus', async () => {
+    const d = new Device(0, ...noLink);
     const actor = await d.run(call('actor', load(policy, { seed: 1 })));
     await d.run(call('reference', load(policy, { seed: 2, role: 'reference' })));
-    const names = parameterShapes(policy).map(([n]) => n);
-    const out = await d.run(call('reference', { fn: 'copy_params', source: 'actor', names }));
-    expect(out).toEqual({ bytes: 1021 * 4, chunks: 0, digest: actor.digest });
+    const locals = parameterShapes(policy).map(([name, shape]) => ({ name, shape, axis: null, start: 0, end: shape[0]! }));
+    const out = await d.run(call('reference', { fn: 'realloc', realloc: 'r1', source: 'actor', sends: [], recvs: [], locals, chunkBytes: 1 << 20 }));
+    expect(out).toEqual({ sent_bytes: 0, received_bytes: 0, copied_bytes: 1021 * 4, chunks: 0, digest: actor.digest });
   });
 
-  it('send_params of a parameter that does not exist is invalid_state (before the link is used)', async () => {
-    const d = new Device(0, noLink);
-    await d.run(call('actor', load(policy)));
-    const e = await rejected(d.run(call('actor', { fn: 'send_params', transfer: 't', chunkBytes: 1 << 20, names: ['wte', 'nope'] })));
+  it('a reallocation that names a parameter the source does not have fails and changes nothing', async () => {
+    const d = new Device(0, ...noLink);
+    await d.run(call('actor', load(policy, { seed: 1 })));
+    const before = await d.run(call('reference', load(policy, { seed: 2, role: 'reference' })));
+    const locals = [{ name: 'nope', shape: [2], axis: null, start: 0, end: 2 }];
+    const e = await rejected(d.run(call('reference', { fn: 'realloc', realloc: 'r2', source: 'actor', sends: [], recvs: [], locals, chunkBytes: 1 << 20 })));
     expect(e.code).toBe('invalid_state');
-    expect(e.message).toBe('no parameter(s) nope to send');
+    expect(e.message).toBe("'actor' on device 0 holds no 'nope' to copy");
+    expect((await d.run(call('reference', { fn: 'manifest' }))).digest).toBe(before.digest);
   });
 
   it('release drops the model; later calls on it are not_loaded', async () => {
-    const d = new Device(0, noLink);
+    const d = new Device(0, ...noLink);
     await d.run(call('actor', load(policy)));
     expect(await d.run(call('actor', { fn: 'release' }))).toEqual({});
     expect(d.models()).toEqual([]);
@@ -210,6 +214,6 @@ describe('Device.run', () => {
   });
 
   it('shutdown answers an empty body', async () => {
-    expect(await new Device(0, noLink).run(call('any', { fn: 'shutdown' }))).toEqual({});
+    expect(await new Device(0, ...noLink).run(call('any', { fn: 'shutdown' }))).toEqual({});
   });
 });

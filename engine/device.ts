@@ -1,16 +1,17 @@
 // A device: what one worker process hosts. It holds the shards of the models that the plan puts
 // on it and answers calls about them. The worker machine (actors/worker.machine.ts) decides when
 // a call may run; this module decides whether the device's contents allow it and runs it.
-import { manifestOf, modelDigest, type NamedTensor } from '../mesh/transfer.ts';
-import type { Call, CallBody, CallOf, ErrorCode, ModelSpec, Layout, Role, ResultOf, TensorManifest, CallFn } from '../mesh/protocol.ts';
+import type { Bus } from '../mesh/bus.ts';
+import { encode } from '../mesh/codec.ts';
+import { shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../mesh/layout.ts';
+import { Go, PROTOCOL_VERSION, type Call, type CallBody, type CallFn, type CallOf, type ErrorCode, type Layout, type ModelSpec, type ResultOf, type Role } from '../mesh/protocol.ts';
+import { cut, paste } from '../mesh/slices.ts';
+import type { Subjects } from '../mesh/subjects.ts';
+import { subscribe } from '../mesh/bus.ts';
+import { manifestOf, modelDigest, receiveTensors, sendTensors, type NamedTensor } from '../mesh/transfer.ts';
+import { modelInfo } from './params.ts';
 import { GptShard } from './shard.ts';
 import { makeTask, TASKS, type Task, type TaskName } from './task.ts';
-
-/** How parameter bytes leave and reach this device: over NATS in a worker, in memory in a test. */
-export interface ParamLink {
-  send(transfer: string, tensors: readonly NamedTensor[], chunkBytes: number): Promise<{ bytes: number; chunks: number }>;
-  receive(transfer: string, manifest: readonly TensorManifest[]): Promise<{ tensors: NamedTensor[]; bytes: number; chunks: number }>;
-}
 
 export class CallRejected extends Error {
   override name = 'CallRejected';
@@ -51,12 +52,19 @@ interface Hosted {
 
 type Body = Record<string, unknown>;
 
+export interface DeviceOptions {
+  /** How long a reallocation may wait for its go and its chunks. */
+  transferTimeoutMs?: number;
+}
+
 export class Device {
   private readonly hosted = new Map<string, Hosted>();
 
   constructor(
     readonly index: number,
-    private readonly link: ParamLink,
+    private readonly bus: Bus,
+    private readonly subj: Subjects,
+    private readonly options: DeviceOptions = {},
   ) {}
 
   models(): string[] {
@@ -70,26 +78,41 @@ export class Device {
   check(call: Call): CallRejected | undefined {
     const { body, model } = call;
     if (body.fn === 'load' || body.fn === 'shutdown') return undefined;
+    if (body.fn === 'realloc') return this.checkRealloc(model, body);
     const h = this.hosted.get(model);
-    if (!h) {
-      const held = this.models();
-      return new CallRejected('not_loaded', `device ${this.index} holds no shard of '${model}' (it holds ${held.length ? held.join(', ') : 'none'}); '${body.fn}' needs one`);
-    }
-    const isRule = h.shard instanceof RuleShard;
-    const kind = isRule ? 'rule' : (h.shard as GptShard).spec.kind;
+    if (!h) return this.notLoaded(model, body.fn);
+    const kind = this.kindOf(h);
     const allowed: Record<string, readonly CallFn[]> = {
-      policy: ['sft', 'generate', 'inference', 'train', 'send_params', 'recv_params', 'copy_params', 'manifest', 'release'],
-      value: ['inference', 'train', 'send_params', 'recv_params', 'copy_params', 'manifest', 'release'],
+      policy: ['sft', 'generate', 'inference', 'train', 'manifest', 'release'],
+      value: ['inference', 'train', 'manifest', 'release'],
       rule: ['inference', 'manifest', 'release'],
     };
     if (!allowed[kind]!.includes(body.fn)) {
       return new CallRejected('unsupported', `'${body.fn}' is not a call of a ${kind} model ('${model}' on device ${this.index})`);
     }
-    if (body.fn === 'copy_params' && !(this.hosted.get(body.source)?.shard instanceof GptShard)) {
-      return new CallRejected('not_loaded', `device ${this.index} holds no parameters of '${body.source}' to copy into '${model}'`);
-    }
     if ((body.fn === 'train' || body.fn === 'sft') && !(h.shard as GptShard).trainable) {
       return new CallRejected('invalid_state', `'${model}' on device ${this.index} is not on its training layout (no optimizer); '${body.fn}' is refused`);
+    }
+    return undefined;
+  }
+
+  private notLoaded(model: string, fn: string): CallRejected {
+    const held = this.models();
+    return new CallRejected('not_loaded', `device ${this.index} holds no shard of '${model}' (it holds ${held.length ? held.join(', ') : 'none'}); '${fn}' needs one`);
+  }
+
+  private kindOf(h: Hosted): 'policy' | 'value' | 'rule' {
+    return h.shard instanceof RuleShard ? 'rule' : h.shard.spec.kind;
+  }
+
+  private checkRealloc(model: string, body: CallOf<'realloc'>): CallRejected | undefined {
+    const gives = body.sends.length > 0 || body.locals.length > 0;
+    const takes = body.recvs.length > 0 || body.locals.length > 0;
+    for (const [name, needed] of [[body.source, gives], [model, takes]] as const) {
+      if (!needed) continue;
+      const h = this.hosted.get(name);
+      if (!h) return this.notLoaded(name, 'realloc');
+      if (h.shard instanceof RuleShard) return new CallRejected('unsupported', `'${name}' is a rule reward: it has no parameters to move`);
     }
     return undefined;
   }
@@ -103,6 +126,8 @@ export class Device {
         return this.load(call.model, body);
       case 'shutdown':
         return {};
+      case 'realloc':
+        return this.realloc(call.model, body);
       case 'release': {
         const h = this.hosted.get(call.model)!;
         if (h.shard instanceof GptShard) h.shard.dispose();
@@ -134,6 +159,101 @@ export class Device {
     return { parameters: tensors.reduce((n, t) => n + t.data.length, 0), digest: modelDigest(tensors) };
   }
 
+  /** The slices a hosted model holds, with their data, by parameter name. */
+  private heldSlices(h: Hosted): Map<string, { slice: Slice; data: Float32Array }> {
+    const shard = h.shard as GptShard;
+    const slices = shardSlices(modelInfo(shard.spec), h.layout, h.rank);
+    const data = new Map(shard.exportTensors().map((t) => [t.name, t.data]));
+    return new Map(slices.map((s) => [s.name, { slice: s, data: data.get(s.name)! }]));
+  }
+
+  /**
+   * One device's part of a reallocation: subscribe to what it receives and to the go signal, say
+   * ready, send its pieces on go, then build the new tensors from local copies and received
+   * pieces. The target changes only once every piece is in and verified.
+   */
+  private async realloc(model: string, body: CallOf<'realloc'>): Promise<ResultOf<'realloc'>> {
+    const timeout = this.options.transferTimeoutMs ?? 300_000;
+    const source = body.sends.length || body.locals.length ? this.heldSlices(this.hosted.get(body.source)!) : undefined;
+    const incoming = receiveTensors(
+      this.bus,
+      this.subj,
+      body.recvs.map((r) => ({ transfer: r.transfer, expected: r.pieces.map((p) => ({ name: sliceKey(p), shape: sliceShape(p) })) })),
+      timeout,
+    );
+    let stopGo = () => {};
+    try {
+      const go = new Promise<void>((resolve, reject) => {
+        if (body.sends.length === 0) return resolve();
+        const timer = setTimeout(() => reject(new CallRejected('timeout', `reallocation ${body.realloc}: no go within ${timeout} ms`)), timeout);
+        stopGo = subscribe(this.bus, this.subj.go(body.realloc), Go, () => {
+          clearTimeout(timer);
+          resolve();
+        }, () => {});
+      });
+      await this.bus.flush();
+      this.bus.publish(this.subj.ready(body.realloc), encode({ type: 'ready', v: PROTOCOL_VERSION, realloc: body.realloc, device: this.index }));
+      await go;
+      let sent = 0;
+      let chunks = 0;
+      for (const s of body.sends) {
+        const tensors = s.pieces.map((p) => {
+          const h = source!.get(p.name);
+          if (!h) throw new CallRejected('invalid_state', `'${body.source}' on device ${this.index} holds no '${p.name}' to send`);
+          return { name: sliceKey(p), shape: sliceShape(p), data: cut(h.data, h.slice, p) };
+        });
+        const r = await sendTensors(this.bus, this.subj, s.transfer, tensors, body.chunkBytes);
+        sent += r.bytes;
+        chunks += r.chunks;
+      }
+      const received = await incoming.done;
+      if (body.recvs.length === 0 && body.locals.length === 0) {
+        return { sent_bytes: sent, received_bytes: 0, copied_bytes: 0, chunks, digest: '' };
+      }
+      // Build the target's new tensors: only the parameters this reallocation covers change.
+      const target = this.hosted.get(model)!;
+      const spec = (target.shard as GptShard).spec;
+      const slices = new Map(shardSlices(modelInfo(spec), target.layout, target.rank).map((s) => [s.name, s]));
+      const built = new Map<string, { slice: Slice; data: Float32Array; filled: number }>();
+      const put = (part: Slice, data: Float32Array) => {
+        const slice = slices.get(part.name);
+        if (!slice) throw new CallRejected('invalid_state', `'${model}' on device ${this.index} holds no '${part.name}' to fill`);
+        let b = built.get(part.name);
+        if (!b) built.set(part.name, (b = { slice, data: new Float32Array(sliceElements(slice)), filled: 0 }));
+        paste(b.data, b.slice, part, data);
+        b.filled += data.length;
+      };
+      let copied = 0;
+      for (const l of body.locals) {
+        const h = source!.get(l.name);
+        if (!h) throw new CallRejected('invalid_state', `'${body.source}' on device ${this.index} holds no '${l.name}' to copy`);
+        const data = cut(h.data, h.slice, l);
+        put(l, data);
+        copied += data.byteLength;
+      }
+      const byKey = new Map(received.map((t) => [t.name, t.data]));
+      for (const r of body.recvs) for (const p of r.pieces) put(p, byKey.get(sliceKey(p))!);
+      const tensors: NamedTensor[] = [];
+      for (const [name, b] of built) {
+        if (b.filled !== b.data.length) {
+          throw new CallRejected('invalid_state', `reallocation ${body.realloc}: '${name}' of '${model}' got ${b.filled} of ${b.data.length} elements`);
+        }
+        tensors.push({ name, shape: sliceShape(b.slice), data: b.data });
+      }
+      (target.shard as GptShard).importTensors(tensors);
+      return {
+        sent_bytes: sent,
+        received_bytes: incoming.bytes(),
+        copied_bytes: copied,
+        chunks: chunks + incoming.chunks(),
+        digest: modelDigest((target.shard as GptShard).exportTensors()),
+      };
+    } finally {
+      stopGo();
+      incoming.close();
+    }
+  }
+
   private async runOnShard(h: Hosted, body: CallBody): Promise<Body> {
     const s = h.shard;
     if (s instanceof RuleShard) {
@@ -156,28 +276,6 @@ export class Device {
       case 'manifest': {
         const tensors = s.exportTensors();
         return { manifest: manifestOf(tensors), digest: modelDigest(tensors) };
-      }
-      case 'send_params': {
-        const all = s.exportTensors();
-        const wanted = body.names ? new Set(body.names) : undefined;
-        if (wanted) {
-          const missing = [...wanted].filter((n) => !all.some((t) => t.name === n));
-          if (missing.length) throw new CallRejected('invalid_state', `no parameter(s) ${missing.join(', ')} to send`);
-        }
-        return this.link.send(body.transfer, wanted ? all.filter((t) => wanted.has(t.name)) : all, body.chunkBytes);
-      }
-      case 'recv_params': {
-        const got = await this.link.receive(body.transfer, body.manifest);
-        // Only now, with every tensor verified, does the shard change.
-        s.importTensors(got.tensors);
-        return { bytes: got.bytes, chunks: got.chunks, digest: modelDigest(s.exportTensors()) };
-      }
-      case 'copy_params': {
-        const source = this.hosted.get(body.source)!.shard as GptShard;
-        const wanted = new Set(body.names);
-        const tensors = source.exportTensors().filter((t) => wanted.has(t.name));
-        s.importTensors(tensors);
-        return { bytes: tensors.reduce((n, t) => n + t.data.byteLength, 0), chunks: 0, digest: modelDigest(s.exportTensors()) };
       }
       default:
         throw new CallRejected('unsupported', `'${body.fn}' cannot run on a shard`);

@@ -1,7 +1,13 @@
 // How a supervisor reaches devices. The same supervisor machine runs over NATS (actors/
 // bus-dispatcher.ts) or in one process (local-dispatch.ts, for benchmarks and tests): the
 // arithmetic is identical, only the transport differs.
-import { ResultBodies, type CallFn, type CallOf, type ResultOf, type TensorManifest } from '../mesh/protocol.ts';
+import type { Bus } from '../mesh/bus.ts';
+import { subscribe } from '../mesh/bus.ts';
+import { encode } from '../mesh/codec.ts';
+import type { Layout } from '../mesh/layout.ts';
+import { PROTOCOL_VERSION, Ready, ResultBodies, type CallFn, type CallOf, type ResultOf } from '../mesh/protocol.ts';
+import type { ReallocPlan } from '../mesh/realloc.ts';
+import type { Subjects } from '../mesh/subjects.ts';
 
 export class CallError extends Error {
   override name = 'CallError';
@@ -16,14 +22,8 @@ export class CallError extends Error {
 
 export interface Dispatcher {
   call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>): Promise<ResultOf<F>>;
-  /** Copies the named tensors of `from`'s model into `to`'s model (a parameter transfer). */
-  transfer(t: {
-    id: string;
-    iteration: number;
-    from: { device: number; model: string };
-    to: { device: number; model: string };
-    manifest: TensorManifest[];
-  }): Promise<ResultOf<'recv_params'>>;
+  /** Carries out a reallocation plan: every destination ends with its new slices, verified. */
+  realloc(r: ReallocRequest): Promise<ReallocOutcome>;
   close(): Promise<void>;
   /** Where call time went, for transports that can tell (the bus). */
   stats?(): TransportStats;
@@ -52,5 +52,76 @@ export class PerDeviceQueue {
     const next = prev.then(job, job);
     this.tails.set(device, next.catch(() => {}));
     return next;
+  }
+}
+
+export interface ReallocRequest {
+  id: string;
+  iteration: number;
+  from: { model: string; layout: Layout };
+  to: { model: string; layout: Layout };
+  plan: ReallocPlan;
+}
+
+export interface ReallocOutcome {
+  received_bytes: number;
+  sent_bytes: number;
+  copied_bytes: number;
+  minimum_bytes: number;
+  seconds: number;
+  /** Digest of the target model's shard on each destination device. */
+  digests: Record<number, string>;
+}
+
+/**
+ * The supervisor's side of a reallocation, over any bus: one `realloc` call per device involved;
+ * once every device has said it is subscribed, one `go`; then the replies. A device that fails
+ * before it is ready fails the whole reallocation at once rather than leaving the rest waiting.
+ */
+export async function runRealloc(
+  bus: Bus,
+  subj: Subjects,
+  call: Dispatcher['call'],
+  r: ReallocRequest,
+  chunkBytes: number,
+): Promise<ReallocOutcome> {
+  const t0 = performance.now();
+  const { plan } = r;
+  const tid = (index: number) => `${r.id}-${index}`;
+  const waiting = new Set(plan.devices);
+  let allReady!: () => void;
+  const ready = new Promise<void>((resolve) => (allReady = resolve));
+  const stop = subscribe(bus, subj.ready(r.id), Ready, (m) => {
+    waiting.delete(m.device);
+    if (waiting.size === 0) allReady();
+  }, () => {});
+  try {
+    await bus.flush();
+    const replies = plan.devices.map((device) =>
+      call(device, r.to.model, r.iteration, {
+        fn: 'realloc',
+        realloc: r.id,
+        source: r.from.model,
+        sends: plan.transfers.filter((g) => g.src === device).map((g) => ({ transfer: tid(g.index), pieces: g.pieces })),
+        recvs: plan.transfers.filter((g) => g.dsts.includes(device)).map((g) => ({ transfer: tid(g.index), pieces: g.pieces })),
+        locals: plan.locals.filter((l) => l.device === device).map(({ device: _d, ...slice }) => slice),
+        chunkBytes,
+      }),
+    );
+    const all = Promise.all(replies);
+    if (plan.devices.length) await Promise.race([ready, all]);
+    bus.publish(subj.go(r.id), encode({ type: 'go', v: PROTOCOL_VERSION, realloc: r.id }));
+    const results = await all;
+    const outcome: ReallocOutcome = { received_bytes: 0, sent_bytes: 0, copied_bytes: 0, minimum_bytes: plan.minimumBytes, seconds: 0, digests: {} };
+    results.forEach((res, i) => {
+      outcome.received_bytes += res.received_bytes;
+      outcome.sent_bytes += res.sent_bytes;
+      outcome.copied_bytes += res.copied_bytes;
+      if (res.digest) outcome.digests[plan.devices[i]!] = res.digest;
+    });
+    outcome.seconds = (performance.now() - t0) / 1000;
+    return outcome;
+  } finally {
+    stop();
   }
 }

@@ -1,45 +1,20 @@
-// Devices in this process, reached by direct calls: no bus, no processes. Parameter transfers
-// copy arrays in memory.
+// Devices in this process, reached by direct calls; parameter transfers go over an in-memory bus.
 import { PROTOCOL_VERSION, type Call, type CallFn, type CallOf, type ResultOf } from '../mesh/protocol.ts';
-import type { NamedTensor } from '../mesh/transfer.ts';
-import { Device, CallRejected, type ParamLink } from './device.ts';
-import { CallError, PerDeviceQueue, checkResult, type Dispatcher } from './dispatch.ts';
+import { MemoryBus } from '../mesh/memory-bus.ts';
+import { subjects } from '../mesh/subjects.ts';
+import { Device, CallRejected } from './device.ts';
+import { CallError, PerDeviceQueue, checkResult, runRealloc, type Dispatcher, type ReallocOutcome, type ReallocRequest } from './dispatch.ts';
 
-/** In-memory parameter exchange between devices of one process. */
-class MemoryLinks {
-  private readonly waiting = new Map<string, (t: readonly NamedTensor[]) => void>();
-  link(): ParamLink {
-    return {
-      send: async (transfer, tensors) => {
-        const receiver = this.waiting.get(transfer);
-        if (!receiver) throw new CallError('invalid_state', `transfer ${transfer}: no receiver`);
-        this.waiting.delete(transfer);
-        receiver(tensors.map((t) => ({ ...t, data: t.data.slice() })));
-        return { bytes: tensors.reduce((n, t) => n + t.data.byteLength, 0), chunks: tensors.length };
-      },
-      receive: (transfer, manifest) =>
-        new Promise((resolve) => {
-          this.waiting.set(transfer, (tensors) => {
-            const wanted = new Set(manifest.map((m) => m.name));
-            const got = tensors.filter((t) => wanted.has(t.name));
-            resolve({ tensors: got, bytes: got.reduce((n, t) => n + t.data.byteLength, 0), chunks: got.length });
-          });
-        }),
-    };
-  }
-  hasReceiver(transfer: string): boolean {
-    return this.waiting.has(transfer);
-  }
-}
-
+/** Devices in this process over an in-memory bus: the same device code, no NATS, no processes. */
 export class LocalDispatcher implements Dispatcher {
   private readonly devices: Device[];
-  private readonly links = new MemoryLinks();
+  private readonly bus = new MemoryBus();
+  private readonly subj = subjects('local');
   private readonly queue = new PerDeviceQueue();
   private seq = 0;
 
   constructor(count: number) {
-    this.devices = Array.from({ length: count }, (_, i) => new Device(i, this.links.link()));
+    this.devices = Array.from({ length: count }, (_, i) => new Device(i, this.bus, this.subj));
   }
 
   call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>): Promise<ResultOf<F>> {
@@ -54,19 +29,8 @@ export class LocalDispatcher implements Dispatcher {
     });
   }
 
-  async transfer(t: Parameters<Dispatcher['transfer']>[0]): Promise<ResultOf<'recv_params'>> {
-    if (t.from.device === t.to.device) {
-      return this.call(t.to.device, t.to.model, t.iteration, { fn: 'copy_params', source: t.from.model, names: t.manifest.map((m) => m.name) });
-    }
-    const recv = this.call(t.to.device, t.to.model, t.iteration, { fn: 'recv_params', transfer: t.id, manifest: t.manifest });
-    while (!this.links.hasReceiver(t.id)) await new Promise((r) => setImmediate(r));
-    await this.call(t.from.device, t.from.model, t.iteration, {
-      fn: 'send_params',
-      transfer: t.id,
-      chunkBytes: 1 << 20,
-      names: t.manifest.map((m) => m.name),
-    });
-    return recv;
+  realloc(r: ReallocRequest): Promise<ReallocOutcome> {
+    return runRealloc(this.bus, this.subj, (d, m, i, b) => this.call(d, m, i, b), r, this.bus.info.max_payload);
   }
 
   async close(): Promise<void> {}

@@ -1,11 +1,13 @@
 // The stages of an RLHF (PPO) run, written against a Dispatcher so that they run the same over
 // NATS or in one process. The supervisor machine (actors/supervisor.machine.ts) sequences them.
-import type { ModelSpec, Optim } from '../mesh/protocol.ts';
+import type { ModelSpec } from '../mesh/protocol.ts';
 import type { Dispatcher } from './dispatch.ts';
-import { isHead, type GptSpec } from './params.ts';
+import { layoutKey, type Layout } from '../mesh/layout.ts';
+import { planRealloc } from '../mesh/realloc.ts';
+import { isHead, modelInfo, parameterShapes, type GptSpec } from './params.ts';
 import { gae, mean, tokenRewards, whiten } from './ppo.ts';
 import { Stream, seedOf } from './rng.ts';
-import { resolvePlan, MODELS, type CallName, type ModelName, type Plan, type Scenario } from './scenario.ts';
+import { modelOf, resolvePlan, MODELS, type CallName, type ModelName, type Plan, type Scenario } from './scenario.ts';
 import { demonstrations, makeTask, type Task } from './task.ts';
 
 export interface RunSpec {
@@ -41,32 +43,102 @@ export function deviceOf(r: RunSpec, call: CallName): number {
   return r.plan[call].devices[0]!;
 }
 
-const TRAIN_CALL: Record<ModelName, CallName> = {
+export function layoutOf(r: RunSpec, call: CallName): Layout {
+  const p = r.plan[call];
+  return { devices: p.devices, dp: p.dp, tp: p.tp, pp: p.pp };
+}
+
+/** The call whose layout owns a model's weights (and, if trained, its optimizer state). */
+export const OWNER: Record<ModelName, CallName> = {
   actor: 'actor.train',
   critic: 'critic.train',
   reference: 'reference.inference',
   reward: 'reward.inference',
 };
 
+/**
+ * The name under which a call finds its model: the owner itself when the call runs on the
+ * owner's layout, else a view of it that is filled before the call and released after.
+ */
+export function viewOf(r: RunSpec, call: CallName): { name: string; isView: boolean } {
+  const model = modelOf(call);
+  const isView = layoutKey(layoutOf(r, call)) !== layoutKey(layoutOf(r, OWNER[model]));
+  return { name: isView ? `${model}@${call.split('.')[1]}` : model, isView };
+}
+
+function nodeOf(r: RunSpec): (device: number) => number {
+  return (device) => Math.floor(device / r.scenario.cluster.devices_per_node);
+}
+
+export interface Moved {
+  seconds: number;
+  bytes: number;
+}
+
+/** Moves `names` (all when absent) of one model's shard to another model's shard over the plan. */
+export async function reallocate(
+  d: Dispatcher,
+  r: RunSpec,
+  id: string,
+  iteration: number,
+  from: { model: string; layout: Layout },
+  to: { model: string; layout: Layout },
+  spec: GptSpec,
+  names?: string[],
+): Promise<Moved> {
+  const plan = planRealloc(modelInfo(spec), from.layout, to.layout, nodeOf(r), names);
+  const out = await d.realloc({ id, iteration, from, to, plan });
+  if (out.received_bytes !== plan.minimumBytes) {
+    throw new Error(`reallocation ${id}: received ${out.received_bytes} bytes, the plan's minimum is ${plan.minimumBytes}`);
+  }
+  return { seconds: out.seconds, bytes: out.received_bytes };
+}
+
+async function loadModel(d: Dispatcher, r: RunSpec, name: string, role: ModelName, layout: Layout, opts: { seed?: number; lr?: number }) {
+  const s = r.scenario;
+  const results = await Promise.all(
+    layout.devices.map((device, rank) =>
+      d.call(device, name, -1, {
+        fn: 'load',
+        role,
+        spec: modelSpec(r, role),
+        layout,
+        rank,
+        ...(opts.seed === undefined ? {} : { seed: opts.seed }),
+        ...(opts.lr === undefined ? {} : { optim: { lr: opts.lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: s.ppo.clip_norm } }),
+      }),
+    ),
+  );
+  return results.reduce((n, x) => n + x.parameters, 0);
+}
+
+/**
+ * Fills the view a call needs from its owner, runs `body`, and releases the view. Calls on the
+ * owner's layout run directly.
+ */
+async function onLayout<T>(d: Dispatcher, r: RunSpec, call: CallName, iteration: number, body: (name: string) => Promise<T>): Promise<T & { moved?: Moved }> {
+  const { name, isView } = viewOf(r, call);
+  if (!isView) return body(name) as Promise<T & { moved?: Moved }>;
+  const model = modelOf(call);
+  const layout = layoutOf(r, call);
+  const spec = modelSpec(r, model) as GptSpec;
+  await loadModel(d, r, name, model, layout, {});
+  const moved = await reallocate(d, r, `it${iteration}-${name.replace('@', '-')}`, iteration, { model, layout: layoutOf(r, OWNER[model]) }, { model: name, layout }, spec);
+  try {
+    return { ...(await body(name)), moved };
+  } finally {
+    await Promise.all(layout.devices.map((device) => d.call(device, name, iteration, { fn: 'release' })));
+  }
+}
+
 /** Loads the four models, warms the actor up on demonstrations, and copies it into the reference and critic body. */
 export async function setupModels(d: Dispatcher, r: RunSpec): Promise<{ parameters: Record<string, number> }> {
   const { scenario: s } = r;
-  const optim = (lr: number): Optim => ({ lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: s.ppo.clip_norm });
   const parameters: Record<string, number> = {};
   await Promise.all(
     MODELS.map(async (model) => {
-      const p = r.plan[TRAIN_CALL[model]];
-      const trainable = model === 'actor' || model === 'critic';
-      const res = await d.call(p.devices[0]!, model, -1, {
-        fn: 'load',
-        role: model,
-        spec: modelSpec(r, model),
-        layout: { devices: p.devices, dp: p.dp, tp: p.tp, pp: p.pp },
-        rank: 0,
-        seed: s.seed,
-        optim: trainable ? optim(model === 'actor' ? s.ppo.actor_lr : s.ppo.critic_lr) : undefined,
-      });
-      parameters[model] = res.parameters;
+      const lr = model === 'actor' ? s.ppo.actor_lr : model === 'critic' ? s.ppo.critic_lr : undefined;
+      parameters[model] = await loadModel(d, r, model, model, layoutOf(r, OWNER[model]), { seed: s.seed, lr });
     }),
   );
   const actorDevice = deviceOf(r, 'actor.train');
@@ -85,22 +157,20 @@ export async function setupModels(d: Dispatcher, r: RunSpec): Promise<{ paramete
     });
   }
   // The reference is the warmed-up policy, frozen; the critic starts from the same body.
-  const { manifest } = await d.call(actorDevice, 'actor', -1, { fn: 'manifest' });
+  const actorSpec = modelSpec(r, 'actor') as GptSpec;
+  const from = { model: 'actor', layout: layoutOf(r, OWNER.actor) };
   await Promise.all([
-    d.transfer({
-      id: 'init-reference',
-      iteration: -1,
-      from: { device: actorDevice, model: 'actor' },
-      to: { device: deviceOf(r, 'reference.inference'), model: 'reference' },
-      manifest,
-    }),
-    d.transfer({
-      id: 'init-critic',
-      iteration: -1,
-      from: { device: actorDevice, model: 'actor' },
-      to: { device: deviceOf(r, 'critic.train'), model: 'critic' },
-      manifest: manifest.filter((t) => !isHead(t.name)),
-    }),
+    reallocate(d, r, 'init-reference', -1, from, { model: 'reference', layout: layoutOf(r, OWNER.reference) }, actorSpec),
+    reallocate(
+      d,
+      r,
+      'init-critic',
+      -1,
+      from,
+      { model: 'critic', layout: layoutOf(r, OWNER.critic) },
+      actorSpec,
+      parameterShapes(actorSpec).map(([n]) => n).filter((n) => !isHead(n)),
+    ),
   ]);
   return { parameters };
 }
@@ -110,6 +180,8 @@ export interface Rollout {
   batch: number;
   tokens: Int32Array;
   logprobs: Float32Array;
+  /** Reallocations this iteration needed so far. */
+  moved: Moved[];
 }
 
 export async function generateStage(d: Dispatcher, r: RunSpec, iteration: number): Promise<Rollout> {
@@ -117,16 +189,18 @@ export async function generateStage(d: Dispatcher, r: RunSpec, iteration: number
   const batch = s.ppo.batch;
   const prompts = task.prompts(s.seed, iteration, batch);
   const seeds = Uint32Array.from({ length: batch }, (_, i) => seedOf(s.seed, Stream.sample, iteration, i));
-  const out = await d.call(deviceOf(r, 'actor.generate'), 'actor', iteration, {
-    fn: 'generate',
-    prompts,
-    batch,
-    promptLen: task.promptLen,
-    responseLen: task.responseLen,
-    seeds,
-    temperature: s.ppo.temperature,
-  });
-  return { iteration, batch, tokens: out.tokens, logprobs: out.logprobs };
+  const out = await onLayout(d, r, 'actor.generate', iteration, (name) =>
+    d.call(deviceOf(r, 'actor.generate'), name, iteration, {
+      fn: 'generate',
+      prompts,
+      batch,
+      promptLen: task.promptLen,
+      responseLen: task.responseLen,
+      seeds,
+      temperature: s.ppo.temperature,
+    }),
+  );
+  return { iteration, batch, tokens: out.tokens, logprobs: out.logprobs, moved: out.moved ? [out.moved] : [] };
 }
 
 export interface Scored {
@@ -141,8 +215,9 @@ export async function inferStage(d: Dispatcher, r: RunSpec, ro: Rollout): Promis
   const [ref, reward, critic] = await Promise.all([
     d.call(deviceOf(r, 'reference.inference'), 'reference', ro.iteration, { fn: 'inference', ...batch }),
     d.call(deviceOf(r, 'reward.inference'), 'reward', ro.iteration, { fn: 'inference', ...batch }),
-    d.call(deviceOf(r, 'critic.inference'), 'critic', ro.iteration, { fn: 'inference', ...batch }),
+    onLayout(d, r, 'critic.inference', ro.iteration, (name) => d.call(deviceOf(r, 'critic.inference'), name, ro.iteration, { fn: 'inference', ...batch })),
   ]);
+  if (critic.moved) ro.moved.push(critic.moved);
   const pick = <K extends string>(o: object, key: K, model: string): Float32Array => {
     const v = (o as Record<string, unknown>)[key];
     if (!(v instanceof Float32Array)) throw new Error(`${model}.inference replied without '${key}'`);

@@ -32,15 +32,18 @@ export class GptShard {
   private optimizer: tf.AdamOptimizer | undefined;
   private optim: Optim | undefined;
 
+  /** `seed` draws the initial weights; without one they start at zero (a view to be filled). */
   constructor(
     readonly spec: GptSpec,
-    seed: number,
+    seed: number | undefined,
     optim?: Optim,
   ) {
     const prefix = `shard${shardCount++}`;
-    this.vars = new Map(
-      initialWeights(spec, seed).map((t) => [t.name, tf.variable(tf.tensor(t.data, t.shape), true, `${prefix}/${t.name}`)]),
-    );
+    const initial =
+      seed === undefined
+        ? parameterShapes(spec).map(([name, shape]) => ({ name, shape, data: new Float32Array(shape.reduce((a, b) => a * b, 1)) }))
+        : initialWeights(spec, seed);
+    this.vars = new Map(initial.map((t) => [t.name, tf.variable(tf.tensor(t.data, t.shape), true, `${prefix}/${t.name}`)]));
     this.setOptimizer(optim);
   }
 

@@ -1,10 +1,30 @@
 // The NATS connection and the two ways ferry talks over it: typed request/reply and typed
 // subscriptions. Errors say which subject and what went wrong.
-import { connect, type NatsConnection, type Msg } from '@nats-io/transport-node';
+import { connect, type NatsConnection } from '@nats-io/transport-node';
 import type { z } from 'zod';
 import { decode, encode, ProtocolError } from './codec.ts';
 
-export type { NatsConnection, Msg };
+export type { NatsConnection };
+
+/** A received message: what ferry uses of a NATS message. */
+export interface Msg {
+  subject: string;
+  data: Uint8Array;
+  reply?: string;
+  respond(data?: Uint8Array): boolean;
+}
+
+/**
+ * The part of a NATS connection that ferry uses. A NatsConnection is one; so is the in-memory
+ * bus (memory-bus.ts) that runs the same device code inside one process.
+ */
+export interface Bus {
+  publish(subject: string, data?: Uint8Array): void;
+  subscribe(subject: string, opts: { queue?: string; callback: (err: Error | null, msg: Msg) => void }): { unsubscribe(): void };
+  request(subject: string, data: Uint8Array, opts: { timeout: number }): Promise<Msg>;
+  flush(): Promise<void>;
+  readonly info?: { max_payload: number };
+}
 
 export class BusError extends Error {
   override name = 'BusError';
@@ -26,7 +46,7 @@ export async function connectBus(url: string, name: string): Promise<NatsConnect
 
 /** Sends `message` and decodes the reply with `schema`; a timeout or no responder is a BusError. */
 export async function request<S extends z.ZodType>(
-  nc: NatsConnection,
+  nc: Bus,
   subject: string,
   message: { type: string; v: number; [key: string]: unknown },
   schema: S,
@@ -51,7 +71,7 @@ export async function request<S extends z.ZodType>(
  * `onMalformed` with the subject and the problem, and the subscription keeps going.
  */
 export function subscribe<S extends z.ZodType>(
-  nc: NatsConnection,
+  nc: Bus,
   subject: string,
   schema: S,
   onMessage: (message: z.infer<S>, msg: Msg) => void,

@@ -94,6 +94,7 @@ describe('encode/decode round trip', () => {
       total: 5,
       data: whole.subarray(1, 4),
       sha256: 'x',
+      whole: 'y',
     } as const;
     const back = decode('s', encode(chunk), Chunk);
     expect(back.data).toBeInstanceOf(Float32Array);
@@ -102,7 +103,7 @@ describe('encode/decode round trip', () => {
 
   it('typed arrays are not spelled out as numbers: payload size tracks the byte length', () => {
     const data = new Float32Array(1000);
-    const bytes = encode({ type: 'chunk', v: PROTOCOL_VERSION, transfer: 't', tensor: 'x', offset: 0, total: 1000, data, sha256: '' });
+    const bytes = encode({ type: 'chunk', v: PROTOCOL_VERSION, transfer: 't', tensor: 'x', offset: 0, total: 1000, data, sha256: '', whole: '' });
     // 4000 bytes of floats plus a few dozen bytes of framing; a list of 1000 float32 numbers
     // would be 5000 bytes (1 tag byte + 4 per number).
     expect(bytes.length).toBeGreaterThanOrEqual(4000);

@@ -68,6 +68,15 @@ export const PpoHyper = z.strictObject({
 });
 export type PpoHyper = z.infer<typeof PpoHyper>;
 
+/** A range along one axis of a parameter (axis null: the whole parameter). */
+const SliceSpec = z.strictObject({
+  name: z.string(),
+  shape: z.array(nat),
+  axis: nat.nullable(),
+  start: nat,
+  end: nat,
+});
+
 const TensorManifest = z.strictObject({ name: z.string(), shape: z.array(nat), sha256: z.string() });
 export type TensorManifest = z.infer<typeof TensorManifest>;
 
@@ -79,7 +88,8 @@ export const CallBody = z.discriminatedUnion('fn', [
     spec: ModelSpec,
     layout: Layout,
     rank: nat,
-    seed: nat,
+    /** Seeds the initial weights; a view that a reallocation will fill has none and starts at zero. */
+    seed: nat.optional(),
     /** Only the training layout owns an optimizer; generation or inference views do not. */
     optim: Optim.optional(),
   }),
@@ -105,19 +115,19 @@ export const CallBody = z.discriminatedUnion('fn', [
     target: f32,
   }),
   z.strictObject({
-    fn: z.literal('send_params'),
-    transfer: z.string(),
+    fn: z.literal('realloc'),
+    /** The reallocation this is part of: its ready and go subjects, and its transfers' prefix. */
+    realloc: z.string(),
+    /** The model whose parameters this device sends or copies (the call's model receives). */
+    source: z.string(),
+    /** Transfers this device publishes: each a set of slices of the source. */
+    sends: z.array(z.strictObject({ transfer: z.string(), pieces: z.array(SliceSpec) })),
+    /** Transfers this device receives into the call's model. */
+    recvs: z.array(z.strictObject({ transfer: z.string(), pieces: z.array(SliceSpec) })),
+    /** Slices it copies from the source's shard on this same device. */
+    locals: z.array(SliceSpec),
     chunkBytes: pos,
-    /** The parameters to send, by name; all of them when absent. */
-    names: z.array(z.string()).optional(),
   }),
-  z.strictObject({
-    fn: z.literal('recv_params'),
-    transfer: z.string(),
-    manifest: z.array(TensorManifest),
-  }),
-  /** A transfer between two models on the same device: a copy, no bytes on the bus. */
-  z.strictObject({ fn: z.literal('copy_params'), source: z.string(), names: z.array(z.string()) }),
   z.strictObject({ fn: z.literal('manifest') }),
   z.strictObject({ fn: z.literal('release') }),
   z.strictObject({ fn: z.literal('shutdown') }),
@@ -183,11 +193,15 @@ export const Chunk = z.strictObject({
   data: f32,
   /** SHA-256 (hex) of this chunk's bytes. */
   sha256: z.string(),
+  /** SHA-256 of the whole tensor the chunk belongs to, checked once it is complete. */
+  whole: z.string(),
 });
 export type Chunk = z.infer<typeof Chunk>;
 
-export const Ready = z.strictObject({ type: z.literal('ready'), v, transfer: z.string(), device: nat });
+/** A device of a reallocation is subscribed to everything it will receive, and listens for go. */
+export const Ready = z.strictObject({ type: z.literal('ready'), v, realloc: z.string(), device: nat });
 export type Ready = z.infer<typeof Ready>;
+export const Go = z.strictObject({ type: z.literal('go'), v, realloc: z.string() });
 
 export const Hello = z.strictObject({
   type: z.literal('hello'),
@@ -253,9 +267,7 @@ export const ResultBodies = {
     z.strictObject({ scores: f32 }),
   ]),
   train: z.strictObject({ loss: z.number(), clipfrac: z.number(), grad_norm: z.number() }),
-  send_params: z.strictObject({ bytes: nat, chunks: nat }),
-  recv_params: z.strictObject({ bytes: nat, chunks: nat, digest: z.string() }),
-  copy_params: z.strictObject({ bytes: nat, chunks: nat, digest: z.string() }),
+  realloc: z.strictObject({ sent_bytes: nat, received_bytes: nat, copied_bytes: nat, chunks: nat, digest: z.string() }),
   manifest: z.strictObject({ manifest: z.array(TensorManifest), digest: z.string() }),
   release: z.strictObject({}),
   shutdown: z.strictObject({}),

@@ -46,12 +46,14 @@ describe('subjects', () => {
     expect(s.heartbeat(0)).toBe('ferry.run-1.hb.0');
     expect(s.heartbeats).toBe('ferry.run-1.hb.*');
     expect(s.chunks('t-7')).toBe('ferry.run-1.xfer.t-7.chunk');
-    expect(s.ready('t-7')).toBe('ferry.run-1.xfer.t-7.ready');
+    expect(s.ready('r-7')).toBe('ferry.run-1.realloc.r-7.ready');
+    expect(s.go('r-7')).toBe('ferry.run-1.realloc.r-7.go');
+    expect(s.collective(3)).toBe('ferry.run-1.coll.3');
     expect(s.events).toBe('ferry.run-1.events');
   });
 
   it('has exactly the documented keys', () => {
-    expect(Object.keys(s).sort()).toEqual(['call', 'chunks', 'events', 'heartbeat', 'heartbeats', 'join', 'ready', 'root']);
+    expect(Object.keys(s).sort()).toEqual(['call', 'chunks', 'collective', 'events', 'go', 'heartbeat', 'heartbeats', 'join', 'ready', 'root']);
   });
 
   it('rejects a run id that would change the subject hierarchy', () => {
@@ -61,7 +63,7 @@ describe('subjects', () => {
 
   it('rejects bad parts of per-device and per-transfer subjects', () => {
     expect(() => s.chunks('x.y')).toThrow(/transfer id/);
-    expect(() => s.ready('*')).toThrow(/transfer id/);
+    expect(() => s.ready('*')).toThrow(/reallocation id/);
     expect(() => s.call(0.5)).toThrow(/device/);
   });
 

@@ -30,9 +30,13 @@ export function subjects(run: string) {
     /** Liveness beacons of one device; `heartbeats` matches them all. */
     heartbeat: (device: number) => `${root}.hb.${token('device', device)}`,
     heartbeats: `${root}.hb.*`,
-    /** Parameter chunks of one transfer, and the destinations' "subscribed" notices. */
+    /** Parameter chunks of one transfer. */
     chunks: (transfer: string) => `${root}.xfer.${token('transfer id', transfer)}.chunk`,
-    ready: (transfer: string) => `${root}.xfer.${token('transfer id', transfer)}.ready`,
+    /** A reallocation's devices say they are subscribed; then the supervisor says go. */
+    ready: (realloc: string) => `${root}.realloc.${token('reallocation id', realloc)}.ready`,
+    go: (realloc: string) => `${root}.realloc.${token('reallocation id', realloc)}.go`,
+    /** Activations, gradients and partial sums addressed to one device (collectives). */
+    collective: (device: number) => `${root}.coll.${token('device', device)}`,
     /** Run events (progress, warnings, errors) for launchers and observers. */
     events: `${root}.events`,
   } as const;

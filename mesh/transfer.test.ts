@@ -151,7 +151,7 @@ describe('Assembler', () => {
     it('for a tensor not in the manifest', () => {
       const asm = new Assembler('t', manifestOf(tensors));
       const e = rejection(() => asm.accept({ ...good(), tensor: 'nope' }));
-      expect(e.message).toBe("transfer t, tensor 'nope' at offset 0: tensor is not in the manifest");
+      expect(e.message).toBe("transfer t, tensor 'nope' at offset 0: tensor is not one this receiver expects");
     });
 
     it('of another transfer', () => {

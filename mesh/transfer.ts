@@ -2,9 +2,8 @@
 // max payload, each with its offset and a SHA-256; a receiver checks every chunk, then every whole
 // tensor against the manifest, and hands the tensors over only when all of them are complete.
 import { createHash } from 'node:crypto';
-import type { NatsConnection } from '@nats-io/transport-node';
 import { encode } from './codec.ts';
-import { subscribe } from './bus.ts';
+import { subscribe, type Bus } from './bus.ts';
 import { PROTOCOL_VERSION, Chunk, type TensorManifest } from './protocol.ts';
 import type { Subjects } from './subjects.ts';
 
@@ -48,35 +47,35 @@ export function chunkElements(maxPayload: number): number {
 export function* chunksOf(transfer: string, tensors: readonly NamedTensor[], chunkBytes: number): Generator<Chunk> {
   const per = chunkElements(chunkBytes);
   for (const t of tensors) {
-    for (let offset = 0; offset < t.data.length || (offset === 0 && t.data.length === 0); offset += per) {
+    const whole = sha256(t.data);
+    let offset = 0;
+    do {
       const data = t.data.subarray(offset, Math.min(offset + per, t.data.length));
-      yield {
-        type: 'chunk',
-        v: PROTOCOL_VERSION,
-        transfer,
-        tensor: t.name,
-        offset,
-        total: t.data.length,
-        data,
-        sha256: sha256(data),
-      };
-      if (t.data.length === 0) break;
-    }
+      yield { type: 'chunk', v: PROTOCOL_VERSION, transfer, tensor: t.name, offset, total: t.data.length, data, sha256: sha256(data), whole };
+      offset += per;
+    } while (offset < t.data.length);
   }
 }
 
-/** Collects the chunks of one transfer and checks them against the manifest. */
+/** What a receiver expects of one tensor; a digest, when known in advance, is checked too. */
+export interface Expected {
+  name: string;
+  shape: number[];
+  sha256?: string;
+}
+
+/** Collects the chunks of one transfer and checks them. */
 export class Assembler {
-  private readonly buffers = new Map<string, { spec: TensorManifest; data: Float32Array; filled: number; seen: Set<number> }>();
+  private readonly buffers = new Map<string, { spec: Expected; data: Float32Array; filled: number; seen: Set<number>; whole?: string }>();
   private remaining: number;
   bytes = 0;
   chunks = 0;
 
   constructor(
     readonly transfer: string,
-    manifest: readonly TensorManifest[],
+    expected: readonly Expected[],
   ) {
-    for (const spec of manifest) {
+    for (const spec of expected) {
       const size = spec.shape.reduce((a, b) => a * b, 1);
       this.buffers.set(spec.name, { spec, data: new Float32Array(size), filled: 0, seen: new Set() });
     }
@@ -88,7 +87,7 @@ export class Assembler {
     const where = `transfer ${this.transfer}, tensor '${chunk.tensor}' at offset ${chunk.offset}`;
     if (chunk.transfer !== this.transfer) throw new TransferError(`${where}: chunk belongs to transfer ${chunk.transfer}`);
     const buf = this.buffers.get(chunk.tensor);
-    if (!buf) throw new TransferError(`${where}: tensor is not in the manifest`);
+    if (!buf) throw new TransferError(`${where}: tensor is not one this receiver expects`);
     if (chunk.total !== buf.data.length) {
       throw new TransferError(`${where}: expected a tensor of ${buf.data.length} elements, chunk says ${chunk.total}`);
     }
@@ -97,6 +96,10 @@ export class Assembler {
     }
     const digest = sha256(chunk.data);
     if (digest !== chunk.sha256) throw new TransferError(`${where}: chunk digest ${digest} does not match ${chunk.sha256}`);
+    if (buf.whole !== undefined && buf.whole !== chunk.whole) {
+      throw new TransferError(`${where}: chunk says the tensor's digest is ${chunk.whole}, an earlier chunk said ${buf.whole}`);
+    }
+    buf.whole = chunk.whole;
     // A chunk delivered again (a redelivery, a restarted sender) is harmless: its bytes are
     // verified and identical, so it is simply not counted twice.
     if (buf.seen.has(chunk.offset)) return;
@@ -112,14 +115,16 @@ export class Assembler {
     return this.remaining <= 0;
   }
 
-  /** The tensors, in manifest order, once each matches its digest. */
+  /** The tensors, in the order expected, once each matches its digest. */
   finish(): NamedTensor[] {
     const out: NamedTensor[] = [];
-    for (const { spec, data, filled } of this.buffers.values()) {
+    for (const { spec, data, filled, whole } of this.buffers.values()) {
       if (filled !== data.length) throw new TransferError(`transfer ${this.transfer}: tensor '${spec.name}' has ${filled} of ${data.length} elements`);
       const digest = sha256(data);
-      if (digest !== spec.sha256) {
-        throw new TransferError(`transfer ${this.transfer}: tensor '${spec.name}' digest ${digest} does not match the manifest's ${spec.sha256}`);
+      const want = spec.sha256 ?? whole;
+      if (digest !== want) {
+        const whose = spec.sha256 ? "the manifest's" : "its sender's";
+        throw new TransferError(`transfer ${this.transfer}: tensor '${spec.name}' digest ${digest} does not match ${whose} ${want}`);
       }
       out.push({ name: spec.name, shape: spec.shape, data });
     }
@@ -129,7 +134,7 @@ export class Assembler {
 
 /** Publishes every chunk of `tensors` on the transfer's subject; resolves once the server has them. */
 export async function sendTensors(
-  nc: NatsConnection,
+  nc: Bus,
   subj: Subjects,
   transfer: string,
   tensors: readonly NamedTensor[],
@@ -149,54 +154,76 @@ export async function sendTensors(
   return { bytes, chunks };
 }
 
+export interface Incoming {
+  /** Resolves with every expected tensor, verified, or rejects with what went wrong. */
+  done: Promise<NamedTensor[]>;
+  bytes(): number;
+  chunks(): number;
+  close(): void;
+}
+
 /**
- * Subscribes to a transfer, announces readiness, and resolves with the verified tensors.
- * Nothing is handed over until every tensor is complete and matches its digest.
+ * Subscribes to the chunks of several transfers at once. Nothing is handed over until every
+ * tensor of every transfer is complete and matches its digest. Call `close` when done.
  */
-export async function receiveTensors(
-  nc: NatsConnection,
+export function receiveTensors(
+  nc: Bus,
   subj: Subjects,
-  transfer: string,
-  manifest: readonly TensorManifest[],
-  device: number,
+  transfers: ReadonlyArray<{ transfer: string; expected: readonly Expected[] }>,
   timeoutMs: number,
-): Promise<{ tensors: NamedTensor[]; bytes: number; chunks: number }> {
-  const assembler = new Assembler(transfer, manifest);
-  let unsubscribe = () => {};
+): Incoming {
+  const assemblers = transfers.map((t) => new Assembler(t.transfer, t.expected));
+  const stops: Array<() => void> = [];
+  let timer: NodeJS.Timeout | undefined;
   const done = new Promise<NamedTensor[]>((resolve, reject) => {
-    const timer = setTimeout(
-      () => reject(new TransferError(`transfer ${transfer}: incomplete after ${timeoutMs} ms (${assembler.chunks} chunks)`)),
-      timeoutMs,
-    );
-    const settle = (fn: () => void) => {
-      clearTimeout(timer);
-      fn();
-    };
-    unsubscribe = subscribe(
-      nc,
-      subj.chunks(transfer),
-      Chunk,
-      (chunk) => {
+    timer = setTimeout(() => {
+      const got = assemblers.reduce((n, a) => n + a.chunks, 0);
+      reject(new TransferError(`transfers ${transfers.map((t) => t.transfer).join(', ')}: incomplete after ${timeoutMs} ms (${got} chunks)`));
+    }, timeoutMs);
+    const check = () => {
+      if (assemblers.every((a) => a.complete)) {
+        clearTimeout(timer);
         try {
-          assembler.accept(chunk);
-          if (assembler.complete) {
-            const tensors = assembler.finish();
-            settle(() => resolve(tensors));
-          }
+          resolve(assemblers.flatMap((a) => a.finish()));
         } catch (err) {
-          settle(() => reject(err));
+          reject(err);
         }
-      },
-      (err) => settle(() => reject(new TransferError(err.message, { cause: err }))),
-    );
-    if (assembler.complete) settle(() => resolve(assembler.finish()));
+      }
+    };
+    for (const a of assemblers) {
+      stops.push(
+        subscribe(
+          nc,
+          subj.chunks(a.transfer),
+          Chunk,
+          (chunk) => {
+            try {
+              a.accept(chunk);
+            } catch (err) {
+              clearTimeout(timer);
+              reject(err);
+              return;
+            }
+            check();
+          },
+          (err) => {
+            clearTimeout(timer);
+            reject(new TransferError(err.message, { cause: err }));
+          },
+        ),
+      );
+    }
+    check();
   });
-  try {
-    await nc.flush();
-    nc.publish(subj.ready(transfer), encode({ type: 'ready', v: PROTOCOL_VERSION, transfer, device }));
-    const tensors = await done;
-    return { tensors, bytes: assembler.bytes, chunks: assembler.chunks };
-  } finally {
-    unsubscribe();
-  }
+  // Whoever awaits `done` sees a failure; an early one must not count as unhandled meanwhile.
+  done.catch(() => {});
+  return {
+    done,
+    bytes: () => assemblers.reduce((n, a) => n + a.bytes, 0),
+    chunks: () => assemblers.reduce((n, a) => n + a.chunks, 0),
+    close: () => {
+      clearTimeout(timer);
+      stops.forEach((stop) => stop());
+    },
+  };
 }

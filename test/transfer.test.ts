@@ -6,7 +6,7 @@ import { connectBus, type NatsConnection } from '../mesh/bus.ts';
 import { encode } from '../mesh/codec.ts';
 import { startNatsServer, type PrivateNatsServer } from '../mesh/nats-server.ts';
 import { subjects } from '../mesh/subjects.ts';
-import { chunkElements, chunksOf, manifestOf, receiveTensors, sendTensors, type NamedTensor } from '../mesh/transfer.ts';
+import { chunkElements, chunksOf, manifestOf, receiveTensors, sendTensors, type Expected, type NamedTensor } from '../mesh/transfer.ts';
 
 const MAX = 64 * 1024;
 let server: PrivateNatsServer;
@@ -23,12 +23,11 @@ function tensors(): NamedTensor[] {
   ];
 }
 
-/** Resolves when the receiver of `transfer` has subscribed and said so. */
-async function readyFor(transfer: string): Promise<{ done: Promise<void> }> {
-  const sub = a.subscribe(subj.ready(transfer), { max: 1 });
-  await a.flush();
-  // Wrapped, so that awaiting readyFor() does not also wait for the notice itself.
-  return { done: (async () => { for await (const _ of sub) return; })() };
+/** Subscribes `b` to a transfer and waits until the server has the subscription. */
+async function receiving(transfer: string, expected: Expected[]) {
+  const incoming = receiveTensors(b, subj, [{ transfer, expected }], 20_000);
+  await b.flush();
+  return incoming;
 }
 
 beforeAll(async () => {
@@ -47,16 +46,16 @@ describe('chunked transfers over NATS', () => {
   it('cuts tensors to the server max payload and delivers them bit-exact', async () => {
     expect(a.info!.max_payload).toBe(MAX);
     const ts = tensors();
-    const ready = await readyFor('t1');
-    const recv = receiveTensors(b, subj, 't1', manifestOf(ts), 1, 20_000);
-    await ready.done;
+    const incoming = await receiving('t1', manifestOf(ts));
+    const recv = incoming.done;
     const sent = await sendTensors(a, subj, 't1', ts, 1 << 20);
     const got = await recv;
     const per = chunkElements(MAX);
     expect(sent.chunks).toBe(Math.ceil(300_000 / per) + 1);
-    expect(got.chunks).toBe(sent.chunks);
-    expect(got.bytes).toBe((300_000 + 4) * 4);
-    for (const [i, t] of got.tensors.entries()) {
+    expect(incoming.chunks()).toBe(sent.chunks);
+    expect(incoming.bytes()).toBe((300_000 + 4) * 4);
+    incoming.close();
+    for (const [i, t] of got.entries()) {
       expect(t.name).toBe(ts[i]!.name);
       expect(Buffer.from(t.data.buffer).equals(Buffer.from(ts[i]!.data.buffer))).toBe(true);
     }
@@ -64,9 +63,8 @@ describe('chunked transfers over NATS', () => {
 
   it('rejects a chunk whose bytes do not match its digest', async () => {
     const ts = tensors();
-    const ready = await readyFor('t2');
-    const recv = receiveTensors(b, subj, 't2', manifestOf(ts), 1, 20_000);
-    await ready.done;
+    const incoming = await receiving('t2', manifestOf(ts));
+    const recv = incoming.done;
     const refused = expect(recv).rejects.toThrow(/tensor 'big' at offset 0: chunk digest [0-9a-f]+ does not match/);
     const first = chunksOf('t2', ts, MAX).next().value!;
     const tampered = { ...first, data: first.data.slice() };
@@ -77,22 +75,20 @@ describe('chunked transfers over NATS', () => {
 
   it('rejects bytes that are not a chunk, naming the subject', async () => {
     const ts = tensors();
-    const ready = await readyFor('t3');
-    const recv = receiveTensors(b, subj, 't3', manifestOf(ts), 1, 20_000);
-    await ready.done;
+    const incoming = await receiving('t3', manifestOf(ts));
+    const recv = incoming.done;
     const refused = expect(recv).rejects.toThrow(new RegExp(`bad message on ${subj.chunks('t3').replace(/\./g, '\\.')}`));
     a.publish(subj.chunks('t3'), new Uint8Array([1, 2, 3]));
     await refused;
   });
 
-  it('rejects a tensor that arrives complete but differs from the manifest', async () => {
+  it('rejects a tensor that arrives complete but differs from the digest its receiver expects', async () => {
     const ts = tensors();
     const manifest = manifestOf(ts);
     manifest[1] = { ...manifest[1]!, sha256: '0'.repeat(64) };
-    const ready = await readyFor('t4');
-    const recv = receiveTensors(b, subj, 't4', manifest, 1, 20_000);
-    await ready.done;
-    const refused = expect(recv).rejects.toThrow(/tensor 'small' digest [0-9a-f]+ does not match the manifest/);
+    const incoming = await receiving('t4', manifest);
+    const recv = incoming.done;
+    const refused = expect(recv).rejects.toThrow(/tensor 'small' digest [0-9a-f]+ does not match the manifest's 0{64}/);
     await sendTensors(a, subj, 't4', ts, MAX);
     await refused;
   });
