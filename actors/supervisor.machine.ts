@@ -86,7 +86,16 @@ export const supervisorMachine = setup({
     recordIteration: assign(({ context }, trained: Trained) => {
       const seconds = (Date.now() - context.iterationStartedAt) / 1000;
       const tokens = context.rollout!.batch * context.spec.task.responseLen;
-      const metrics: Metrics = { iteration: context.iteration, ...trained, seconds, tokens, tokens_per_second: tokens / seconds };
+      const moved = context.rollout!.moved;
+      const metrics: Metrics = {
+        iteration: context.iteration,
+        ...trained,
+        seconds,
+        tokens,
+        tokens_per_second: tokens / seconds,
+        realloc_seconds: moved.reduce((a, m) => a + m.seconds, 0),
+        realloc_bytes: moved.reduce((a, m) => a + m.bytes, 0),
+      };
       context.recorder.iteration(metrics, context.spec.scenario.ppo.iterations);
       return { history: [...context.history, metrics], rollout: undefined, scored: undefined };
     }),

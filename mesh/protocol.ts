@@ -238,6 +238,9 @@ export const Metrics = z.strictObject({
   seconds: z.number(),
   tokens: nat,
   tokens_per_second: z.number(),
+  /** Parameter reallocations this iteration: seconds spent and bytes received. */
+  realloc_seconds: z.number(),
+  realloc_bytes: nat,
 });
 export type Metrics = z.infer<typeof Metrics>;
 

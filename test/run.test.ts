@@ -66,6 +66,30 @@ describe('a PPO run over NATS with worker processes', () => {
     expect(summaries[0]!.digests).toEqual(first.summary!.digests);
   }, 120_000);
 
+  it('reallocates every iteration when generation and training use different devices, and ends bit-identical', async () => {
+    const moved = smallScenario(
+      dir,
+      `plan:
+  actor.train: { mesh: "0:0" }
+  actor.generate: { mesh: "0:2" }
+  critic.train: { mesh: "0:1" }
+  critic.inference: { mesh: "0:3" }
+  reference.inference: { mesh: "0:2" }
+  reward.inference: { mesh: "0:3" }`,
+      'moved',
+    );
+    const run = await runOverBus(moved, join(dir, 'moved'));
+    expect(run.code).toBe(0);
+    // The same weights, moved: nothing about the arithmetic changes.
+    expect(run.summary!.digests).toEqual(first.summary!.digests);
+    const metrics = readFileSync(join(dir, 'moved', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    const [actor, critic] = [run.summary!.parameters.actor!, run.summary!.parameters.critic!];
+    // Each iteration fills an actor view for generation and a critic view for inference.
+    for (const m of metrics) expect(m.realloc_bytes).toBe((actor + critic) * 4);
+    const still = readFileSync(join(dir, 'run1', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    for (const m of still) expect(m.realloc_bytes).toBe(0);
+  }, 120_000);
+
   it('ends elsewhere with another seed', async () => {
     const other = smallScenario(dir, '', 'other');
     const text = readFileSync(other, 'utf8').replace('seed: 3', 'seed: 4');
