@@ -2,7 +2,8 @@
 // device; reallocations follow runRealloc (engine/dispatch.ts), so that every destination is
 // subscribed before a source publishes a byte.
 import type { NatsConnection } from '@nats-io/transport-node';
-import { request } from '../mesh/bus.ts';
+import { BusError, request } from '../mesh/bus.ts';
+import { ProtocolError } from '../mesh/codec.ts';
 import { PROTOCOL_VERSION, Reply, type CallFn, type CallOf, type ResultOf } from '../mesh/protocol.ts';
 import type { Subjects } from '../mesh/subjects.ts';
 import { CallError, PerDeviceQueue, checkResult, runRealloc, type Dispatcher, type ReallocOutcome, type ReallocRequest, type TransportStats } from '../engine/dispatch.ts';
@@ -28,7 +29,8 @@ export class BusDispatcher implements Dispatcher {
       try {
         reply = await request(this.nc, this.subj.call(device), { type: 'call', v: PROTOCOL_VERSION, id, model, iteration, body }, Reply, this.callTimeoutMs);
       } catch (cause) {
-        throw new CallError('timeout', `${where}: ${(cause as Error).message}`, { cause });
+        const code = cause instanceof BusError ? cause.reason : cause instanceof ProtocolError ? 'malformed' : 'failed';
+        throw new CallError(code, `${where}: ${(cause as Error).message}`, { cause });
       }
       if (reply.type === 'error') throw new CallError(reply.code, `${where}: ${reply.message}`);
       this.totals.calls += 1;

@@ -30,6 +30,7 @@ export interface SupervisorInput {
 }
 
 export type SupervisorEvent =
+  | { type: 'interrupt'; reason: string }
   | { type: 'worker.joined'; device: number; worker: string; backend: string }
   | { type: 'worker.left'; device: number; worker: string; reason: string };
 
@@ -137,6 +138,10 @@ export const supervisorMachine = setup({
     digests: {},
   }),
   initial: 'gathering',
+  // Ctrl-C or a stop request: the run ends as failed, and its summary says why.
+  on: {
+    interrupt: { target: '#supervisor.failed', actions: assign({ error: ({ event }) => `interrupted: ${event.reason}` }) },
+  },
   states: {
     gathering: {
       entry: { type: 'phase', params: { phase: 'gathering', detail: 'waiting for a worker on every device' } },

@@ -100,7 +100,9 @@ runMain(async () => {
   const actor = createActor(machine, {
     input: { spec, run: values.run, dispatcher, recorder: fanOut(new RunDirectory(values.out), busEvents) },
   });
-  process.once('SIGTERM', () => process.exit(143));
+  for (const signal of ['SIGINT', 'SIGTERM'] as const) {
+    process.once(signal, () => actor.send({ type: 'interrupt', reason: `the supervisor received ${signal}` }));
+  }
   actor.start();
   const out = await toPromise(actor);
   await nc.flush().catch(() => {});

@@ -96,7 +96,8 @@ export const workerMachine = setup({
     finishCall: assign(({ context }, params: { reply: Reply }) => {
       for (const respond of context.current!.respond) respond(params.reply);
       const answered = new Map(context.answered);
-      answered.set(context.current!.call.id, params.reply);
+      // Only results are remembered: a retry after a failure (a timeout, a lost peer) runs again.
+      if (params.reply.type === 'result') answered.set(context.current!.call.id, params.reply);
       if (answered.size > REMEMBERED) answered.delete(answered.keys().next().value!);
       return { answered, current: undefined };
     }),
@@ -107,6 +108,7 @@ export const workerMachine = setup({
   initial: 'joining',
   states: {
     joining: {
+      on: { stop: { target: 'stopped' } },
       invoke: {
         src: 'join',
         input: ({ context }) => ({ worker: context.worker }),

@@ -3,9 +3,9 @@
 import { hostname } from 'node:os';
 import { randomUUID } from 'node:crypto';
 import { createActor, fromCallback, fromPromise, toPromise } from 'xstate';
-import { connectBus, request, subscribe } from '../mesh/bus.ts';
+import { connectBus, request, subscribe, type Msg } from '../mesh/bus.ts';
 import { encode } from '../mesh/codec.ts';
-import { Call, JoinReply, PROTOCOL_VERSION, type Reply } from '../mesh/protocol.ts';
+import { Call, JoinReply, PROTOCOL_VERSION, RunEvent, type Reply } from '../mesh/protocol.ts';
 import { subjects } from '../mesh/subjects.ts';
 import { BACKENDS, initBackend, type BackendChoice } from '../engine/backend.ts';
 import { Device } from '../engine/device.ts';
@@ -45,6 +45,17 @@ runMain(async () => {
   const joinDeadline = Date.now() + Number(values['join-seconds']) * 1000;
   const transferMs = Number(values['transfer-seconds']) * 1000;
 
+  /** Replies; one too large for the server becomes a typed error instead of a crash. */
+  const respondSafely = (msg: Msg, reply: Reply) => {
+    try {
+      msg.respond(encode(reply));
+    } catch (e) {
+      const message = `the reply to call ${reply.id ?? '?'} does not fit the server's max payload (${nc.info?.max_payload} bytes): ${(e as Error).message}`;
+      log(message);
+      msg.respond(encode({ type: 'error', v: PROTOCOL_VERSION, id: reply.id, code: 'too_large', message }));
+    }
+  };
+
   const machine = workerMachine.provide({
     actors: {
       join: fromPromise(async () => {
@@ -69,7 +80,7 @@ runMain(async () => {
           nc,
           subj.call(input.index),
           Call,
-          (call, msg) => sendBack({ type: 'call', call, respond: (reply: Reply) => msg.respond(encode(reply)) }),
+          (call, msg) => sendBack({ type: 'call', call, respond: (reply: Reply) => respondSafely(msg, reply) }),
           (error, msg) => sendBack({ type: 'malformed', error, respond: msg.reply ? (reply: Reply) => msg.respond(encode(reply)) : undefined }),
         ),
       ),
@@ -93,8 +104,30 @@ runMain(async () => {
   const stop = () => actor.send({ type: 'stop' });
   process.once('SIGTERM', stop);
   process.once('SIGINT', stop);
+  // A run that ends, well or badly, says so on its events subject: its workers leave with it.
+  const stopEvents = subscribe(nc, subj.events, RunEvent, (e) => {
+    if (e.type !== 'done') return;
+    log(`the run is over (${e.status}): leaving`);
+    stop();
+  }, () => {});
+  // A bus that stays away longer than a join may take means the run is gone.
+  void (async () => {
+    let timer: NodeJS.Timeout | undefined;
+    for await (const s of nc.status()) {
+      if (s.type === 'disconnect') {
+        timer ??= setTimeout(() => {
+          log(`disconnected from ${url} for ${values['join-seconds']} s: leaving`);
+          stop();
+        }, Number(values['join-seconds']) * 1000);
+      } else if (s.type === 'reconnect') {
+        clearTimeout(timer);
+        timer = undefined;
+      }
+    }
+  })();
   actor.start();
   const out = await toPromise(actor);
+  stopEvents();
   await nc.drain().catch(() => {});
   if (out.error) {
     log(out.error);

@@ -2,6 +2,7 @@ import { describe, it, expect, beforeAll } from 'vitest';
 import { initBackend } from './backend.ts';
 import { CallRejected, Device } from './device.ts';
 import { MemoryBus } from '../mesh/memory-bus.ts';
+import { encode } from '../mesh/codec.ts';
 import { subjects } from '../mesh/subjects.ts';
 import { initialWeights, parameterShapes, type GptSpec } from './model.ts';
 import { makeTask } from './task.ts';
@@ -15,6 +16,17 @@ const one = { devices: [0], dp: 1, tp: 1, pp: 1 };
 
 /** Devices of these tests share an in-memory bus. */
 const noLink = [new MemoryBus(), subjects('unit')] as const;
+
+/** Plays the supervisor's part of a reallocation: once the device is ready, say go. */
+function goWhenReady(id: string) {
+  const [bus, subj] = noLink;
+  const sub = bus.subscribe(subj.ready(id), {
+    callback: () => {
+      sub.unsubscribe();
+      bus.publish(subj.go(id), encode({ type: 'go', v: PROTOCOL_VERSION, realloc: id }));
+    },
+  });
+}
 
 let seq = 0;
 const call = (model: string, body: CallBody): Call => ({ type: 'call', v: PROTOCOL_VERSION, id: `c${seq++}`, model, iteration: 0, body });
@@ -190,6 +202,7 @@ describe('Device.run', () => {
     const actor = await d.run(call('actor', load(policy, { seed: 1 })));
     await d.run(call('reference', load(policy, { seed: 2, role: 'reference' })));
     const locals = parameterShapes(policy).map(([name, shape]) => ({ name, shape, axis: null, start: 0, end: shape[0]! }));
+    goWhenReady('r1');
     const out = await d.run(call('reference', { fn: 'realloc', realloc: 'r1', source: 'actor', sends: [], recvs: [], locals, chunkBytes: 1 << 20 }));
     expect(out).toEqual({ sent_bytes: 0, received_bytes: 0, copied_bytes: 1021 * 4, chunks: 0, digest: actor.digest });
   });
@@ -199,6 +212,7 @@ describe('Device.run', () => {
     await d.run(call('actor', load(policy, { seed: 1 })));
     const before = await d.run(call('reference', load(policy, { seed: 2, role: 'reference' })));
     const locals = [{ name: 'nope', shape: [2], axis: null, start: 0, end: 2 }];
+    goWhenReady('r2');
     const e = await rejected(d.run(call('reference', { fn: 'realloc', realloc: 'r2', source: 'actor', sends: [], recvs: [], locals, chunkBytes: 1 << 20 })));
     expect(e.code).toBe('invalid_state');
     expect(e.message).toBe("'actor' on device 0 holds no 'nope' to copy");
@@ -215,5 +229,21 @@ describe('Device.run', () => {
 
   it('shutdown answers an empty body', async () => {
     expect(await new Device(0, ...noLink).run(call('any', { fn: 'shutdown' }))).toEqual({});
+  });
+});
+
+describe('Device.check refuses arrays that do not fit, before anything runs', () => {
+  const tokens = (n: number, v = 1) => new Int32Array(n).fill(v);
+
+  it('tokens of the wrong length, old/target of the wrong length, tokens outside the vocabulary, sequences past the context', async () => {
+    const d = new Device(0, ...noLink);
+    await d.run(call('actor', load(policy, { optim })));
+    const batch = { batch: 2, promptLen: 2, responseLen: 2 };
+    expectRefusal(d, call('actor', { fn: 'inference', tokens: tokens(7), ...batch }), 'malformed', "'inference' of 'actor': tokens has 7 values, expected 8");
+    const hyper = { epochs: 1, minibatches: 1, clip: 0.2, valueClip: 0.2 };
+    expectRefusal(d, call('actor', { fn: 'train', tokens: tokens(8), ...batch, seed: 1, hyper, old: new Float32Array(3), target: new Float32Array(4) }), 'malformed', "'train' of 'actor': old has 3 values, expected 4");
+    expectRefusal(d, call('actor', { fn: 'inference', tokens: tokens(8, 5), ...batch }), 'malformed', "'inference' of 'actor': tokens[0] = 5 is not a token of a vocabulary of 5");
+    expectRefusal(d, call('actor', { fn: 'inference', tokens: tokens(8), batch: 1, promptLen: 4, responseLen: 4 }), 'malformed', "'inference' of 'actor': sequences of 8 tokens exceed the model's context of 6");
+    expectRefusal(d, call('actor', { fn: 'generate', prompts: tokens(4), batch: 2, promptLen: 2, responseLen: 2, seeds: new Uint32Array(1), temperature: 1 }), 'malformed', "'generate' of 'actor': seeds has 1 values, expected 2");
   });
 });

@@ -43,6 +43,41 @@ class RuleShard {
   }
 }
 
+/** What is wrong with a call's arrays, given the model's shape; undefined when nothing is. */
+function shapeProblem(body: CallBody, spec: { vocab: number; context: number } | undefined): string | undefined {
+  const expect = (what: string, got: number, want: number) => (got === want ? undefined : `${what} has ${got} values, expected ${want}`);
+  const tokensIn = (what: string, t: Int32Array) => {
+    if (!spec) return undefined;
+    for (let i = 0; i < t.length; i++) {
+      if (t[i]! < 0 || t[i]! >= spec.vocab) return `${what}[${i}] = ${t[i]} is not a token of a vocabulary of ${spec.vocab}`;
+    }
+    return undefined;
+  };
+  const fits = (len: number) => (spec && len > spec.context ? `sequences of ${len} tokens exceed the model's context of ${spec.context}` : undefined);
+  switch (body.fn) {
+    case 'generate':
+      return (
+        expect('prompts', body.prompts.length, body.batch * body.promptLen) ??
+        expect('seeds', body.seeds.length, body.batch) ??
+        fits(body.promptLen + body.responseLen) ??
+        tokensIn('prompts', body.prompts)
+      );
+    case 'inference':
+    case 'sft':
+    case 'train': {
+      const width = body.promptLen + body.responseLen;
+      return (
+        expect('tokens', body.tokens.length, body.batch * width) ??
+        (body.fn === 'train' ? expect('old', body.old.length, body.batch * body.responseLen) ?? expect('target', body.target.length, body.batch * body.responseLen) : undefined) ??
+        fits(width) ??
+        tokensIn('tokens', body.tokens)
+      );
+    }
+    default:
+      return undefined;
+  }
+}
+
 interface Hosted {
   role: Role;
   layout: Layout;
@@ -93,7 +128,8 @@ export class Device {
     if ((body.fn === 'train' || body.fn === 'sft') && !(h.shard as GptShard).trainable) {
       return new CallRejected('invalid_state', `'${model}' on device ${this.index} is not on its training layout (no optimizer); '${body.fn}' is refused`);
     }
-    return undefined;
+    const bad = shapeProblem(body, h.shard instanceof RuleShard ? undefined : h.shard.spec);
+    return bad ? new CallRejected('malformed', `'${body.fn}' of '${model}': ${bad}`) : undefined;
   }
 
   private notLoaded(model: string, fn: string): CallRejected {
@@ -182,15 +218,24 @@ export class Device {
       timeout,
     );
     let stopGo = () => {};
+    let timer: NodeJS.Timeout | undefined;
     try {
+      // Every device listens for go: an abort must reach receivers too.
+      let aborted!: (e: Error) => void;
+      const abort = new Promise<never>((_, reject) => (aborted = reject));
+      abort.catch(() => {});
       const go = new Promise<void>((resolve, reject) => {
-        if (body.sends.length === 0) return resolve();
-        const timer = setTimeout(() => reject(new CallRejected('timeout', `reallocation ${body.realloc}: no go within ${timeout} ms`)), timeout);
-        stopGo = subscribe(this.bus, this.subj.go(body.realloc), Go, () => {
+        timer = setTimeout(() => reject(new CallRejected('timeout', `reallocation ${body.realloc}: no go within ${timeout} ms`)), timeout);
+        stopGo = subscribe(this.bus, this.subj.go(body.realloc), Go, (m) => {
           clearTimeout(timer);
-          resolve();
+          if (m.abort) {
+            const e = new CallRejected('interrupted', `reallocation ${body.realloc} was aborted: another device failed`);
+            reject(e);
+            aborted(e);
+          } else resolve();
         }, () => {});
       });
+      go.catch(() => {});
       await this.bus.flush();
       this.bus.publish(this.subj.ready(body.realloc), encode({ type: 'ready', v: PROTOCOL_VERSION, realloc: body.realloc, device: this.index }));
       await go;
@@ -206,7 +251,7 @@ export class Device {
         sent += r.bytes;
         chunks += r.chunks;
       }
-      const received = await incoming.done;
+      const received = await Promise.race([incoming.done, abort]);
       if (body.recvs.length === 0 && body.locals.length === 0) {
         return { sent_bytes: sent, received_bytes: 0, copied_bytes: 0, chunks, digest: '' };
       }
@@ -249,6 +294,7 @@ export class Device {
         digest: modelDigest((target.shard as GptShard).exportTensors()),
       };
     } finally {
+      clearTimeout(timer);
       stopGo();
       incoming.close();
     }

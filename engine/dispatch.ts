@@ -109,9 +109,17 @@ export async function runRealloc(
       }),
     );
     const all = Promise.all(replies);
-    if (plan.devices.length) await Promise.race([ready, all]);
-    bus.publish(subj.go(r.id), encode({ type: 'go', v: PROTOCOL_VERSION, realloc: r.id }));
-    const results = await all;
+    let results: ResultOf<'realloc'>[];
+    try {
+      if (plan.devices.length) await Promise.race([ready, all]);
+      bus.publish(subj.go(r.id), encode({ type: 'go', v: PROTOCOL_VERSION, realloc: r.id }));
+      results = await all;
+    } catch (e) {
+      // The others would wait for a go or for chunks that will never come: release them now.
+      bus.publish(subj.go(r.id), encode({ type: 'go', v: PROTOCOL_VERSION, realloc: r.id, abort: true }));
+      await Promise.allSettled(replies);
+      throw e;
+    }
     const outcome: ReallocOutcome = { received_bytes: 0, sent_bytes: 0, copied_bytes: 0, minimum_bytes: plan.minimumBytes, seconds: 0, digests: {} };
     results.forEach((res, i) => {
       outcome.received_bytes += res.received_bytes;

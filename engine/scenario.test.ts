@@ -160,7 +160,7 @@ describe('plan checks', () => {
     // because this version runs models on one device.
     const m = scenarioError('model: {heads: 2, width: 6}\nplan: {actor.generate: {mesh: "0:0-1", tp: 2}, actor.train: {mesh: "0:0-1", tp: 2}}');
     expect(m).not.toContain('must divide');
-    expect(m).toContain('this version of ferry runs each model on a one-device mesh');
+    expect(m).toContain('this version of ferry runs each call on a one-device mesh');
   });
 
   it('tp = 4 over 2 heads is refused', () => {
@@ -174,15 +174,15 @@ describe('plan checks', () => {
 
   it('a multi-device mesh is refused, saying this version runs one-device meshes', () => {
     const m = scenarioError('plan: {actor.generate: {mesh: "0:0-1", dp: 2}, actor.train: {mesh: "0:0-1", dp: 2}}');
-    expect(m).toContain('plan.actor.generate: mesh "0:0-1" has 2 devices; this version of ferry runs each model on a one-device mesh');
+    expect(m).toContain('plan.actor.generate: mesh "0:0-1" has 2 devices; this version of ferry runs each call on a one-device mesh');
     expect(m).toContain('plan.actor.train: mesh "0:0-1" has 2 devices');
   });
 
-  it("a model's calls on different meshes are refused", () => {
+  it("a model's calls may use different meshes (the supervisor reallocates between them)", () => {
     // actor.generate on 0:1, actor.train on its default 0:0
-    expect(scenarioError('plan: {actor.generate: {mesh: "0:1"}}')).toContain(
-      `plan.actor.train: mesh "0:0" differs from actor.generate's "0:1"; this version of ferry keeps each model's calls on one layout`,
-    );
+    const s = parseScenario('plan: {actor.generate: {mesh: "0:1"}}', 'test.yaml');
+    expect(resolvePlan(s)['actor.generate'].devices).toEqual([1]);
+    expect(resolvePlan(s)['actor.train'].devices).toEqual([0]);
   });
 
   it('the default plan puts actor, critic, reference, reward on devices 0, 1, 2, 3 (wrapping on small clusters)', () => {

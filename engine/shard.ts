@@ -24,6 +24,14 @@ export interface TrainStats {
  */
 const yieldToLoop = () => new Promise<void>((resolve) => setImmediate(resolve));
 
+/** A trainable variable holding `t`; the temporary tensor it was made from is freed. */
+function toVariable(t: NamedTensor, name: string): tf.Variable {
+  const value = tf.tensor(t.data, t.shape);
+  const v = tf.variable(value, true, name);
+  value.dispose();
+  return v;
+}
+
 /** tfjs registers variables by a process-wide name, so every shard gets its own prefix. */
 let shardCount = 0;
 
@@ -43,7 +51,7 @@ export class GptShard {
       seed === undefined
         ? parameterShapes(spec).map(([name, shape]) => ({ name, shape, data: new Float32Array(shape.reduce((a, b) => a * b, 1)) }))
         : initialWeights(spec, seed);
-    this.vars = new Map(initial.map((t) => [t.name, tf.variable(tf.tensor(t.data, t.shape), true, `${prefix}/${t.name}`)]));
+    this.vars = new Map(initial.map((t) => [t.name, toVariable(t, `${prefix}/${t.name}`)]));
     this.setOptimizer(optim);
   }
 
@@ -86,7 +94,12 @@ export class GptShard {
         throw new ShardError(`parameter '${t.name}': shape [${t.shape}] needs ${v.size} values, got ${t.data.length}`);
       }
     }
-    for (const t of tensors) this.vars.get(t.name)!.assign(tf.tensor(t.data, t.shape));
+    for (const t of tensors) {
+      // A variable keeps a reference to the data it is given; the temporary tensor is ours to free.
+      const value = tf.tensor(t.data, t.shape);
+      this.vars.get(t.name)!.assign(value);
+      value.dispose();
+    }
     this.setOptimizer(this.optim);
   }
 

@@ -26,8 +26,17 @@ export interface Bus {
   readonly info?: { max_payload: number };
 }
 
+export type BusFailure = 'unreachable' | 'timeout' | 'too_large' | 'failed';
+
 export class BusError extends Error {
   override name = 'BusError';
+  constructor(
+    message: string,
+    readonly reason: BusFailure = 'failed',
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+  }
 }
 
 export async function connectBus(url: string, name: string): Promise<NatsConnection> {
@@ -40,7 +49,7 @@ export async function connectBus(url: string, name: string): Promise<NatsConnect
       reconnectTimeWait: 250,
     });
   } catch (cause) {
-    throw new BusError(`cannot connect to NATS at ${url}: ${(cause as Error).message}`, { cause });
+    throw new BusError(`cannot connect to NATS at ${url}: ${(cause as Error).message}`, 'unreachable', { cause });
   }
 }
 
@@ -53,15 +62,21 @@ export async function request<S extends z.ZodType>(
   timeoutMs: number,
 ): Promise<z.infer<S>> {
   let reply: Msg;
+  const bytes = encode(message);
+  const max = nc.info?.max_payload;
+  if (max !== undefined && bytes.length > max) {
+    throw new BusError(`request '${message.type}' on ${subject} is ${bytes.length} bytes, over the server's max payload of ${max}`, 'too_large');
+  }
   try {
-    reply = await nc.request(subject, encode(message), { timeout: timeoutMs });
+    reply = await nc.request(subject, bytes, { timeout: timeoutMs });
   } catch (cause) {
-    const why = (cause as Error).name === 'NoRespondersError' || /no responders/i.test(String(cause))
-      ? 'no one is subscribed'
-      : /timeout/i.test(String(cause))
-        ? `no reply within ${timeoutMs} ms`
-        : (cause as Error).message;
-    throw new BusError(`request '${message.type}' on ${subject} failed: ${why}`, { cause });
+    const text = `${(cause as Error).name} ${String(cause)}`;
+    const [why, reason]: [string, BusFailure] = /no ?responders/i.test(text)
+      ? ['no one is subscribed', 'unreachable']
+      : /timeout/i.test(text)
+        ? [`no reply within ${timeoutMs} ms`, 'timeout']
+        : [(cause as Error).message, 'failed'];
+    throw new BusError(`request '${message.type}' on ${subject} failed: ${why}`, reason, { cause });
   }
   return decode(subject, reply.data, schema);
 }
@@ -89,7 +104,12 @@ export function subscribe<S extends z.ZodType>(
         onMalformed(e instanceof ProtocolError ? e : new ProtocolError(msg.subject, String(e)), msg);
         return;
       }
-      onMessage(decoded, msg);
+      try {
+        onMessage(decoded, msg);
+      } catch (e) {
+        // A handler's bug must not take the connection down with it.
+        onMalformed(new ProtocolError(msg.subject, `handler failed: ${(e as Error).message}`, { cause: e }), msg);
+      }
     },
   });
   return () => sub.unsubscribe();

@@ -107,7 +107,8 @@ async function startOnce(bin: string, port: number, options: NatsServerOptions):
   const config = options.config === undefined ? [] : ['-c', join(dir, 'nats.conf')];
   if (options.config !== undefined) writeFileSync(join(dir, 'nats.conf'), `${options.config}\n`);
   const args = [...config, '-a', '127.0.0.1', '-p', String(port), '-js', '-sd', storeDir, ...(options.args ?? [])];
-  const child = spawn(bin, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  // Its own process group, so that a terminal's Ctrl-C does not stop it before the run has ended.
+  const child = spawn(bin, args, { stdio: ['ignore', 'ignore', 'pipe'], detached: true });
   let stderr = '';
   const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
   await new Promise<void>((resolve, reject) => {

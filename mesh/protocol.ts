@@ -142,9 +142,28 @@ export const Call = z.strictObject({
   id: z.string().min(1),
   model: z.string().min(1),
   iteration: z.number().int(),
+  /**
+   * Shared by the calls that the ranks of one mesh run together: it names their collective
+   * messages, so that ranks of one call never mix with another's.
+   */
+  group: z.string().optional(),
   body: CallBody,
 });
 export type Call = z.infer<typeof Call>;
+
+/** Activations, gradients and partial sums between the ranks of one call. */
+export const Collective = z.strictObject({
+  type: z.literal('coll'),
+  v,
+  group: z.string(),
+  tag: z.string(),
+  from: nat,
+  /** Large tensors travel in parts no larger than the server's max payload. */
+  part: nat,
+  parts: pos,
+  data: z.union([f32, i32]),
+});
+export type Collective = z.infer<typeof Collective>;
 
 export const ERROR_CODES = [
   'malformed',
@@ -154,6 +173,9 @@ export const ERROR_CODES = [
   'invalid_state',
   'digest_mismatch',
   'timeout',
+  'unreachable',
+  'too_large',
+  'interrupted',
   'failed',
 ] as const;
 export type ErrorCode = (typeof ERROR_CODES)[number];
@@ -201,7 +223,8 @@ export type Chunk = z.infer<typeof Chunk>;
 /** A device of a reallocation is subscribed to everything it will receive, and listens for go. */
 export const Ready = z.strictObject({ type: z.literal('ready'), v, realloc: z.string(), device: nat });
 export type Ready = z.infer<typeof Ready>;
-export const Go = z.strictObject({ type: z.literal('go'), v, realloc: z.string() });
+/** Everyone is ready: send. With `abort`, a device failed: stop waiting and give up. */
+export const Go = z.strictObject({ type: z.literal('go'), v, realloc: z.string(), abort: z.boolean().optional() });
 
 export const Hello = z.strictObject({
   type: z.literal('hello'),

@@ -36,11 +36,13 @@ export interface Spawned {
 }
 
 /** Runs a TypeScript entry point of ferry as a real process (node --import tsx). */
-export function spawnTs(script: string, args: string[], env: NodeJS.ProcessEnv = {}): Spawned {
+export function spawnTs(script: string, args: string[], env: NodeJS.ProcessEnv = {}, options: { group?: boolean } = {}): Spawned {
+  // `group`: its own process group, as a command typed at a terminal has (Ctrl-C signals the group).
   const child = spawn(process.execPath, ['--import', 'tsx', join(ROOT, script), ...args], {
     cwd: ROOT,
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
+    detached: options.group ?? false,
   });
   let out = '';
   const listeners = new Set<() => void>();

@@ -4,7 +4,7 @@
 import { execFileSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { launch } from '../engine/cli/launch.ts';
 import { loadScenario } from '../engine/scenario.ts';
 import { startNatsServer, type PrivateNatsServer } from '../mesh/nats-server.ts';
@@ -34,18 +34,22 @@ describe('npm run scenario', () => {
     expect(summary.error).toMatch(/no worker joined/);
   }, 60_000);
 
-  it('stops the server and every process it started on Ctrl-C', async () => {
+  it('on Ctrl-C, stops the server and every process it started, and the summary says so', async () => {
     const file = smallScenario(dir, '', 'long');
     writeFileSync(file, readFileSync(file, 'utf8').replace('iterations: 3', 'iterations: 500'));
-    const child = spawnTs('engine/cli/scenario.ts', [file, '--out', join(dir, 'long')]);
+    const child = spawnTs('engine/cli/scenario.ts', [file, '--out', join(dir, 'long')], {}, { group: true });
     const [, run] = await child.waitFor(/run (long-[0-9-]+)/);
     const [, port] = await child.waitFor(/nats-server on nats:\/\/127\.0\.0\.1:(\d+)/);
     await child.waitFor(/iteration 2\/500/, 90_000);
     expect(processesMentioning(run!).length).toBeGreaterThanOrEqual(5);
-    child.child.kill('SIGINT');
+    // As a terminal does: the signal goes to the launcher's whole process group.
+    process.kill(-child.child.pid!, 'SIGINT');
     expect(await child.exited).toBe(130);
     expect(await portOpen(Number(port))).toBe(false);
     expect(processesMentioning(run!)).toEqual([]);
+    const summary = JSON.parse(readFileSync(join(dir, 'long', 'summary.json'), 'utf8')) as Summary;
+    expect(summary).toMatchObject({ status: 'failed', error: 'interrupted: the supervisor received SIGTERM' });
+    expect(summary.iterations).toBeGreaterThanOrEqual(2);
   }, 120_000);
 
   it('refuses a scenario with a misspelt key, naming the path, before starting anything', async () => {
@@ -73,6 +77,7 @@ describe('a run on a server it is given, with a worker started by hand', () => {
     const lines: string[] = [];
     const running = launch({ scenario: loadScenario(file), run, out: join(dir, 'byhand'), natsUrl: server.url, workers: 3, progress: quiet, say: (l) => lines.push(l) });
     const worker = spawnTs('actors/worker.ts', ['--nats', server.url, '--run', run, '--backend', 'wasm']);
+    onTestFinished(() => void worker.child.kill('SIGKILL'));
     const result = await running;
     expect(result.code).toBe(0);
     expect(result.natsUrl).toBe(server.url);
@@ -83,11 +88,23 @@ describe('a run on a server it is given, with a worker started by hand', () => {
     expect(await portOpen(server.port)).toBe(true);
   }, 120_000);
 
+  it('a worker leaves by itself when the run it joined fails', async () => {
+    const file = smallScenario(dir, 'timeouts: { join_seconds: 3 }', 'doomed');
+    const run = `doomed${Date.now()}`;
+    const running = launch({ scenario: loadScenario(file), run, out: join(dir, 'doomed'), natsUrl: server.url, workers: 0, progress: quiet, say: () => {} });
+    const worker = spawnTs('actors/worker.ts', ['--nats', server.url, '--run', run, '--backend', 'cpu']);
+    onTestFinished(() => void worker.child.kill('SIGKILL'));
+    expect((await running).code).toBe(1);
+    expect(await worker.exited).toBe(0);
+    expect(worker.output()).toMatch(/the run is over \(failed\): leaving/);
+  }, 60_000);
+
   it('refuses a worker that asks for a device the plan does not use', async () => {
     const file = smallScenario(dir, 'timeouts: { join_seconds: 20 }', 'strict');
     const run = `strict${Date.now()}`;
     const running = launch({ scenario: loadScenario(file), run, out: join(dir, 'strict'), natsUrl: server.url, progress: quiet, say: () => {} });
     const stray = spawnTs('actors/worker.ts', ['--nats', server.url, '--run', run, '--device', '9', '--backend', 'cpu']);
+    onTestFinished(() => void stray.child.kill('SIGKILL'));
     expect(await stray.exited).not.toBe(0);
     expect(stray.output()).toMatch(/refused this worker: device 9 is not in this run's plan \(devices 0, 1, 2, 3\)/);
     expect((await running).code).toBe(0);

@@ -38,10 +38,13 @@ export interface LaunchResult {
 
 function startProcess(script: string, argv: string[], logFile: string, env: NodeJS.ProcessEnv): ChildProcess {
   const log = createWriteStream(logFile);
+  // Its own process group: a terminal's Ctrl-C reaches the launcher alone, which then stops the
+  // children in order (the supervisor first writes its summary).
   const child = spawn(process.execPath, ['--import', 'tsx', join(ROOT, script), ...argv], {
     cwd: ROOT,
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
+    detached: true,
   });
   child.stdout!.pipe(log);
   child.stderr!.pipe(log);

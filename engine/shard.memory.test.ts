@@ -1,0 +1,29 @@
+import { beforeAll, describe, expect, it } from 'vitest';
+import * as tf from '@tensorflow/tfjs';
+import { initBackend } from './backend.ts';
+import { GptShard } from './shard.ts';
+
+describe('GptShard memory', () => {
+  beforeAll(async () => {
+    await initBackend('cpu');
+  });
+
+  it('frees everything it made: load, replace the weights, generate, train, dispose', async () => {
+    const spec = { kind: 'policy' as const, vocab: 5, context: 6, layers: 1, width: 8, heads: 2 };
+    const before = tf.memory().numTensors;
+    const shard = new GptShard(spec, 1, { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 });
+    for (let i = 0; i < 5; i++) shard.importTensors(shard.exportTensors());
+    const prompts = new Int32Array([1, 2, 3, 4]);
+    const g = await shard.generate(prompts, 2, 2, 2, new Uint32Array([1, 2]), 1);
+    const hyper = { epochs: 2, minibatches: 2, clip: 0.2, valueClip: 0.2 };
+    const afterFirst = tf.memory().numTensors;
+    await shard.train(g.tokens, 2, 2, 2, g.logprobs, new Float32Array(4).fill(0.5), hyper, 1);
+    const afterOptimizerState = tf.memory().numTensors;
+    await shard.train(g.tokens, 2, 2, 2, g.logprobs, new Float32Array(4).fill(0.5), hyper, 2);
+    // Adam's moments appear with the first step; later steps add nothing.
+    expect(tf.memory().numTensors).toBe(afterOptimizerState);
+    expect(afterOptimizerState).toBeGreaterThan(afterFirst);
+    shard.dispose();
+    expect(tf.memory().numTensors).toBe(before);
+  });
+});
