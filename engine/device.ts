@@ -3,14 +3,16 @@
 // a call may run; this module decides whether the device's contents allow it and runs it.
 import type { Bus } from '../mesh/bus.ts';
 import { encode } from '../mesh/codec.ts';
-import { shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../mesh/layout.ts';
+import { checkStrategy, shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../mesh/layout.ts';
 import { Go, PROTOCOL_VERSION, type Call, type CallBody, type CallFn, type CallOf, type ErrorCode, type Layout, type ModelSpec, type ResultOf, type Role } from '../mesh/protocol.ts';
 import { cut, paste } from '../mesh/slices.ts';
 import type { Subjects } from '../mesh/subjects.ts';
 import { subscribe } from '../mesh/bus.ts';
 import { manifestOf, modelDigest, receiveTensors, sendTensors, type NamedTensor } from '../mesh/transfer.ts';
 import { modelInfo } from './params.ts';
+import { Comm } from './comm.ts';
 import { GptShard } from './shard.ts';
+import { ShardedGpt } from './sharded.ts';
 import { makeTask, TASKS, type Task, type TaskName } from './task.ts';
 
 export class CallRejected extends Error {
@@ -78,11 +80,13 @@ function shapeProblem(body: CallBody, spec: { vocab: number; context: number } |
   }
 }
 
+type ModelShard = GptShard | ShardedGpt;
+
 interface Hosted {
   role: Role;
   layout: Layout;
   rank: number;
-  shard: GptShard | RuleShard;
+  shard: ModelShard | RuleShard;
 }
 
 type Body = Record<string, unknown>;
@@ -94,13 +98,21 @@ export interface DeviceOptions {
 
 export class Device {
   private readonly hosted = new Map<string, Hosted>();
+  /** Listens for peers' activations and partial sums from the start, so none is missed. */
+  private readonly comm: Comm;
 
   constructor(
     readonly index: number,
     private readonly bus: Bus,
     private readonly subj: Subjects,
     private readonly options: DeviceOptions = {},
-  ) {}
+  ) {
+    this.comm = new Comm(bus, subj, index, options.transferTimeoutMs);
+  }
+
+  close(): void {
+    this.comm.close();
+  }
 
   models(): string[] {
     return [...this.hosted.keys()];
@@ -125,7 +137,7 @@ export class Device {
     if (!allowed[kind]!.includes(body.fn)) {
       return new CallRejected('unsupported', `'${body.fn}' is not a call of a ${kind} model ('${model}' on device ${this.index})`);
     }
-    if ((body.fn === 'train' || body.fn === 'sft') && !(h.shard as GptShard).trainable) {
+    if ((body.fn === 'train' || body.fn === 'sft') && !(h.shard as ModelShard).trainable) {
       return new CallRejected('invalid_state', `'${model}' on device ${this.index} is not on its training layout (no optimizer); '${body.fn}' is refused`);
     }
     const bad = shapeProblem(body, h.shard instanceof RuleShard ? undefined : h.shard.spec);
@@ -156,6 +168,15 @@ export class Device {
   async run(call: Call): Promise<Body> {
     const refused = this.check(call);
     if (refused) throw refused;
+    const group = call.group ?? call.id;
+    try {
+      return await this.dispatch(call, group);
+    } finally {
+      this.comm.forget(group);
+    }
+  }
+
+  private async dispatch(call: Call, group: string): Promise<Body> {
     const body = call.body;
     switch (body.fn) {
       case 'load':
@@ -166,12 +187,12 @@ export class Device {
         return this.realloc(call.model, body);
       case 'release': {
         const h = this.hosted.get(call.model)!;
-        if (h.shard instanceof GptShard) h.shard.dispose();
+        if (!(h.shard instanceof RuleShard)) h.shard.dispose();
         this.hosted.delete(call.model);
         return {};
       }
       default:
-        return this.runOnShard(this.hosted.get(call.model)!, body);
+        return this.runOnShard(this.hosted.get(call.model)!, body, group);
     }
   }
 
@@ -181,23 +202,31 @@ export class Device {
     if (size !== layout.devices.length) {
       throw new CallRejected('invalid_state', `layout dp×tp×pp = ${size} does not match its ${layout.devices.length} device(s)`);
     }
-    if (size !== 1) {
-      throw new CallRejected('unsupported', `this worker runs each model on a one-device mesh (dp=tp=pp=1); got dp=${layout.dp} tp=${layout.tp} pp=${layout.pp} over ${size} devices`);
-    }
     if (layout.devices[rank] !== this.index) {
       throw new CallRejected('invalid_state', `rank ${rank} of layout [${layout.devices}] is device ${layout.devices[rank]}, not this device ${this.index}`);
     }
+    if (spec.kind === 'rule' && size !== 1) throw new CallRejected('unsupported', `a rule reward runs on one device; got a layout of ${size}`);
+    if (spec.kind !== 'rule' && size > 1) {
+      const problems = checkStrategy(modelInfo(spec), layout);
+      if (spec.heads % layout.tp !== 0) problems.unshift(`tp=${layout.tp} does not divide the ${spec.heads} attention heads`);
+      if (problems.length) throw new CallRejected('unsupported', `layout dp=${layout.dp} tp=${layout.tp} pp=${layout.pp} does not fit the model: ${problems.join('; ')}`);
+    }
     const previous = this.hosted.get(model);
-    const shard = spec.kind === 'rule' ? new RuleShard(spec) : new GptShard(spec, body.seed, body.optim);
-    if (previous?.shard instanceof GptShard) previous.shard.dispose();
+    const shard =
+      spec.kind === 'rule'
+        ? new RuleShard(spec)
+        : size === 1
+          ? new GptShard(spec, body.seed, body.optim)
+          : new ShardedGpt(spec, layout, rank, body.seed, body.optim, this.comm);
+    if (previous && !(previous.shard instanceof RuleShard)) previous.shard.dispose();
     this.hosted.set(model, { role: body.role, layout, rank, shard });
-    const tensors = shard instanceof GptShard ? shard.exportTensors() : [];
+    const tensors = shard instanceof RuleShard ? [] : shard.exportTensors();
     return { parameters: tensors.reduce((n, t) => n + t.data.length, 0), digest: modelDigest(tensors) };
   }
 
   /** The slices a hosted model holds, with their data, by parameter name. */
   private heldSlices(h: Hosted): Map<string, { slice: Slice; data: Float32Array }> {
-    const shard = h.shard as GptShard;
+    const shard = h.shard as ModelShard;
     const slices = shardSlices(modelInfo(shard.spec), h.layout, h.rank);
     const data = new Map(shard.exportTensors().map((t) => [t.name, t.data]));
     return new Map(slices.map((s) => [s.name, { slice: s, data: data.get(s.name)! }]));
@@ -257,7 +286,7 @@ export class Device {
       }
       // Build the target's new tensors: only the parameters this reallocation covers change.
       const target = this.hosted.get(model)!;
-      const spec = (target.shard as GptShard).spec;
+      const spec = (target.shard as ModelShard).spec;
       const slices = new Map(shardSlices(modelInfo(spec), target.layout, target.rank).map((s) => [s.name, s]));
       const built = new Map<string, { slice: Slice; data: Float32Array; filled: number }>();
       const put = (part: Slice, data: Float32Array) => {
@@ -285,13 +314,13 @@ export class Device {
         }
         tensors.push({ name, shape: sliceShape(b.slice), data: b.data });
       }
-      (target.shard as GptShard).importTensors(tensors);
+      (target.shard as ModelShard).importTensors(tensors);
       return {
         sent_bytes: sent,
         received_bytes: incoming.bytes(),
         copied_bytes: copied,
         chunks: chunks + incoming.chunks(),
-        digest: modelDigest((target.shard as GptShard).exportTensors()),
+        digest: modelDigest((target.shard as ModelShard).exportTensors()),
       };
     } finally {
       clearTimeout(timer);
@@ -300,12 +329,13 @@ export class Device {
     }
   }
 
-  private async runOnShard(h: Hosted, body: CallBody): Promise<Body> {
+  private async runOnShard(h: Hosted, body: CallBody, group: string): Promise<Body> {
     const s = h.shard;
     if (s instanceof RuleShard) {
       if (body.fn === 'inference') return { scores: s.scores(body.tokens, body.batch, body.promptLen) };
       return { manifest: [], digest: modelDigest([]) };
     }
+    if (s instanceof ShardedGpt) return this.runSharded(s, body, group);
     switch (body.fn) {
       case 'sft':
         return s.sft(body.tokens, body.batch, body.promptLen, body.steps, body.minibatch, body.lr, body.seed);
@@ -317,6 +347,30 @@ export class Device {
           : { values: s.values(body.tokens, body.batch, body.promptLen) };
       case 'train': {
         const st = await s.train(body.tokens, body.batch, body.promptLen, body.responseLen, body.old, body.target, body.hyper, body.seed);
+        return { loss: st.loss, clipfrac: st.clipfrac, grad_norm: st.gradNorm };
+      }
+      case 'manifest': {
+        const tensors = s.exportTensors();
+        return { manifest: manifestOf(tensors), digest: modelDigest(tensors) };
+      }
+      default:
+        throw new CallRejected('unsupported', `'${body.fn}' cannot run on a shard`);
+    }
+  }
+
+  /** The same calls on one rank of a multi-device layout; every rank of the mesh runs them together. */
+  private async runSharded(s: ShardedGpt, body: CallBody, group: string): Promise<Body> {
+    switch (body.fn) {
+      case 'sft':
+        return s.sft(group, body.tokens, body.batch, body.promptLen, body.steps, body.minibatch, body.lr, body.seed);
+      case 'generate':
+        return s.generate(group, body.prompts, body.batch, body.promptLen, body.responseLen, body.seeds, body.temperature);
+      case 'inference': {
+        const out = await s.infer(group, body.tokens, body.batch, body.promptLen);
+        return s.spec.kind === 'policy' ? { logprobs: out } : { values: out };
+      }
+      case 'train': {
+        const st = await s.train(group, body.tokens, body.batch, body.promptLen, body.responseLen, body.old, body.target, body.hyper, body.seed);
         return { loss: st.loss, clipfrac: st.clipfrac, grad_norm: st.gradNorm };
       }
       case 'manifest': {
