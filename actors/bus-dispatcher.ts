@@ -20,14 +20,14 @@ export class BusDispatcher implements Dispatcher {
     private readonly callTimeoutMs: number,
   ) {}
 
-  call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>): Promise<ResultOf<F>> {
+  call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>, group?: string): Promise<ResultOf<F>> {
     const id = `${this.run}.${iteration}.${model}.${body.fn}.${this.seq++}`;
     return this.queue.run(device, async () => {
       const where = `device ${device}, '${body.fn}' of ${model}`;
       let reply: Reply;
       const t0 = performance.now();
       try {
-        reply = await request(this.nc, this.subj.call(device), { type: 'call', v: PROTOCOL_VERSION, id, model, iteration, body }, Reply, this.callTimeoutMs);
+        reply = await request(this.nc, this.subj.call(device), { type: 'call', v: PROTOCOL_VERSION, id, model, iteration, ...(group ? { group } : {}), body }, Reply, this.callTimeoutMs);
       } catch (cause) {
         const code = cause instanceof BusError ? cause.reason : cause instanceof ProtocolError ? 'malformed' : 'failed';
         throw new CallError(code, `${where}: ${(cause as Error).message}`, { cause });

@@ -185,13 +185,13 @@ describe('worker machine', () => {
   it('a call that fails while running gets a typed error and the worker serves on', async () => {
     const { actor } = await startWorker();
     const respond = respondSpy();
-    // check() lets load through; the device refuses a 2-device layout when it runs it
-    const twoDevices = { ...loadBody, layout: { devices: [0, 1], dp: 2, tp: 1, pp: 1 } } as CallBody;
+    // check() lets load through; the device refuses a layout that does not fit when it runs it
+    const twoDevices = { ...loadBody, layout: { devices: [0, 1, 2, 3], dp: 1, tp: 4, pp: 1 } } as CallBody;
     actor.send({ type: 'call', call: call('actor', twoDevices, 'bad-load'), respond });
     await idle(actor);
     expect(respond.mock.calls[0]![0]).toMatchObject({ type: 'error', id: 'bad-load', code: 'unsupported' });
     const reply = respond.mock.calls[0]![0];
-    expect(reply.type === 'error' && reply.message).toMatch(/^CallRejected: this worker runs each model on a one-device mesh/);
+    expect(reply.type === 'error' && reply.message).toMatch(/^CallRejected: layout dp=1 tp=4 pp=1 does not fit the model/);
 
     // an error that is not a refusal is 'failed'
     const device = actor.getSnapshot().context.device as TestDevice;

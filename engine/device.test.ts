@@ -121,13 +121,13 @@ describe('Device.check refusals', () => {
 });
 
 describe('Device.run load refusals', () => {
-  it('unsupported for a 2-device layout (check lets it through; load refuses it whole)', async () => {
+  it('unsupported for a layout that does not fit the model (check lets it through; load refuses it whole)', async () => {
     const d = new Device(0, ...noLink);
-    const c = call('actor', load(policy, { layout: { devices: [0, 1], dp: 2, tp: 1, pp: 1 } }));
+    const c = call('actor', load(policy, { layout: { devices: [0, 1, 2, 3], dp: 1, tp: 4, pp: 1 } }));
     expect(d.check(c)).toBeUndefined();
     const e = await rejected(d.run(c));
     expect(e.code).toBe('unsupported');
-    expect(e.message).toBe('this worker runs each model on a one-device mesh (dp=tp=pp=1); got dp=2 tp=1 pp=1 over 2 devices');
+    expect(e.message).toBe('layout dp=1 tp=4 pp=1 does not fit the model: tp=4 does not divide the 2 attention heads');
     expect(d.models()).toEqual([]);
   });
 

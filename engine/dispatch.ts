@@ -21,7 +21,8 @@ export class CallError extends Error {
 }
 
 export interface Dispatcher {
-  call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>): Promise<ResultOf<F>>;
+  /** `group` names the collective of a call that several ranks of a mesh run together. */
+  call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>, group?: string): Promise<ResultOf<F>>;
   /** Carries out a reallocation plan: every destination ends with its new slices, verified. */
   realloc(r: ReallocRequest): Promise<ReallocOutcome>;
   close(): Promise<void>;

@@ -17,8 +17,8 @@ export class LocalDispatcher implements Dispatcher {
     this.devices = Array.from({ length: count }, (_, i) => new Device(i, this.bus, this.subj));
   }
 
-  call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>): Promise<ResultOf<F>> {
-    const call: Call = { type: 'call', v: PROTOCOL_VERSION, id: `local-${this.seq++}`, model, iteration, body };
+  call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>, group?: string): Promise<ResultOf<F>> {
+    const call: Call = { type: 'call', v: PROTOCOL_VERSION, id: `local-${this.seq++}`, model, iteration, ...(group ? { group } : {}), body };
     return this.queue.run(device, async () => {
       try {
         return checkResult(body.fn as F, await this.devices[device]!.run(call), `device ${device}`);

@@ -1,6 +1,7 @@
 // The stages of an RLHF (PPO) run, written against a Dispatcher so that they run the same over
 // NATS or in one process. The supervisor machine (actors/supervisor.machine.ts) sequences them.
-import type { ModelSpec } from '../mesh/protocol.ts';
+import { createHash } from 'node:crypto';
+import type { CallBody, CallOf, ModelSpec, ResultOf } from '../mesh/protocol.ts';
 import type { Dispatcher } from './dispatch.ts';
 import { layoutKey, type Layout } from '../mesh/layout.ts';
 import { planRealloc } from '../mesh/realloc.ts';
@@ -38,9 +39,50 @@ export function modelSpec(r: RunSpec, model: ModelName): ModelSpec {
   return gpt;
 }
 
-/** The device a call runs on (one-device meshes). */
-export function deviceOf(r: RunSpec, call: CallName): number {
-  return r.plan[call].devices[0]!;
+let groups = 0;
+
+/**
+ * Runs one call on every rank of a layout at once (they exchange activations and sums among
+ * themselves) and gathers the replies: arrays concatenated in rank order (only the ranks that
+ * hold a replica's output return rows), losses summed, gradient norms the largest.
+ */
+export async function callMesh<F extends 'generate' | 'inference' | 'train' | 'sft' | 'manifest'>(
+  d: Dispatcher,
+  layout: Layout,
+  model: string,
+  iteration: number,
+  body: CallOf<F>,
+): Promise<ResultOf<F>> {
+  const fn = (body as CallBody).fn;
+  const group = `g${iteration < 0 ? 'setup' : iteration}-${model.replace('@', '-')}-${fn}-${groups++}`;
+  const outs = (await Promise.all(layout.devices.map((device) => d.call(device, model, iteration, body, group)))) as Array<Record<string, unknown>>;
+  if (outs.length === 1) return outs[0] as ResultOf<F>;
+  if (fn === 'manifest') {
+    return { manifest: outs.flatMap((o) => o.manifest as unknown[]), digest: meshDigest(outs.map((o) => o.digest as string)) } as ResultOf<F>;
+  }
+  const merged: Record<string, unknown> = {};
+  for (const key of Object.keys(outs[0]!)) {
+    const values = outs.map((o) => o[key]);
+    if (values[0] instanceof Float32Array || values[0] instanceof Int32Array) {
+      const arrays = values as Array<Float32Array | Int32Array>;
+      const out = new (arrays[0]!.constructor as { new (n: number): Float32Array | Int32Array })(arrays.reduce((n, a) => n + a.length, 0));
+      let at = 0;
+      for (const a of arrays) {
+        out.set(a, at);
+        at += a.length;
+      }
+      merged[key] = out;
+    } else {
+      const nums = values as number[];
+      merged[key] = key === 'grad_norm' ? Math.max(...nums) : nums.reduce((a, b) => a + b, 0);
+    }
+  }
+  return merged as ResultOf<F>;
+}
+
+/** One digest for a model held by several ranks: the ranks' digests, in rank order, hashed. */
+export function meshDigest(digests: readonly string[]): string {
+  return digests.length === 1 ? digests[0]! : createHash('sha256').update(digests.join(',')).digest('hex');
 }
 
 export function layoutOf(r: RunSpec, call: CallName): Layout {
@@ -141,10 +183,9 @@ export async function setupModels(d: Dispatcher, r: RunSpec): Promise<{ paramete
       parameters[model] = await loadModel(d, r, model, model, layoutOf(r, OWNER[model]), { seed: s.seed, lr });
     }),
   );
-  const actorDevice = deviceOf(r, 'actor.train');
   if (s.warmup.steps > 0) {
     const demos = demonstrations(r.task, s.seed, s.warmup.demos);
-    await d.call(actorDevice, 'actor', -1, {
+    await callMesh(d, layoutOf(r, 'actor.train'), 'actor', -1, {
       fn: 'sft',
       tokens: demos,
       batch: s.warmup.demos,
@@ -190,7 +231,7 @@ export async function generateStage(d: Dispatcher, r: RunSpec, iteration: number
   const prompts = task.prompts(s.seed, iteration, batch);
   const seeds = Uint32Array.from({ length: batch }, (_, i) => seedOf(s.seed, Stream.sample, iteration, i));
   const out = await onLayout(d, r, 'actor.generate', iteration, (name) =>
-    d.call(deviceOf(r, 'actor.generate'), name, iteration, {
+    callMesh(d, layoutOf(r, 'actor.generate'), name, iteration, {
       fn: 'generate',
       prompts,
       batch,
@@ -213,9 +254,9 @@ export interface Scored {
 export async function inferStage(d: Dispatcher, r: RunSpec, ro: Rollout): Promise<Scored> {
   const batch = { tokens: ro.tokens, batch: ro.batch, promptLen: r.task.promptLen, responseLen: r.task.responseLen };
   const [ref, reward, critic] = await Promise.all([
-    d.call(deviceOf(r, 'reference.inference'), 'reference', ro.iteration, { fn: 'inference', ...batch }),
-    d.call(deviceOf(r, 'reward.inference'), 'reward', ro.iteration, { fn: 'inference', ...batch }),
-    onLayout(d, r, 'critic.inference', ro.iteration, (name) => d.call(deviceOf(r, 'critic.inference'), name, ro.iteration, { fn: 'inference', ...batch })),
+    callMesh(d, layoutOf(r, 'reference.inference'), 'reference', ro.iteration, { fn: 'inference', ...batch }),
+    callMesh(d, layoutOf(r, 'reward.inference'), 'reward', ro.iteration, { fn: 'inference', ...batch }),
+    onLayout(d, r, 'critic.inference', ro.iteration, (name) => callMesh(d, layoutOf(r, 'critic.inference'), name, ro.iteration, { fn: 'inference', ...batch })),
   ]);
   if (critic.moved) ro.moved.push(critic.moved);
   const pick = <K extends string>(o: object, key: K, model: string): Float32Array => {
@@ -246,14 +287,14 @@ export async function trainStage(d: Dispatcher, r: RunSpec, ro: Rollout, sc: Sco
   const hyper = { epochs: s.ppo.epochs, minibatches: s.ppo.minibatches, clip: s.ppo.clip, valueClip: s.ppo.value_clip };
   const batch = { tokens: ro.tokens, batch: ro.batch, promptLen: task.promptLen, responseLen: R, hyper };
   const [actor, critic] = await Promise.all([
-    d.call(deviceOf(r, 'actor.train'), 'actor', ro.iteration, {
+    callMesh(d, layoutOf(r, 'actor.train'), 'actor', ro.iteration, {
       fn: 'train',
       ...batch,
       seed: seedOf(s.seed, Stream.shuffle, ro.iteration, 0),
       old: ro.logprobs,
       target: Float32Array.from(whiten(advantages)),
     }),
-    d.call(deviceOf(r, 'critic.train'), 'critic', ro.iteration, {
+    callMesh(d, layoutOf(r, 'critic.train'), 'critic', ro.iteration, {
       fn: 'train',
       ...batch,
       seed: seedOf(s.seed, Stream.shuffle, ro.iteration, 1),
@@ -267,8 +308,8 @@ export async function trainStage(d: Dispatcher, r: RunSpec, ro: Rollout, sc: Sco
 /** SHA-256 of each trained model's parameters, from the devices that own them. */
 export async function finalDigests(d: Dispatcher, r: RunSpec, iteration: number): Promise<Record<string, string>> {
   const [actor, critic] = await Promise.all([
-    d.call(deviceOf(r, 'actor.train'), 'actor', iteration, { fn: 'manifest' }),
-    d.call(deviceOf(r, 'critic.train'), 'critic', iteration, { fn: 'manifest' }),
+    callMesh(d, layoutOf(r, 'actor.train'), 'actor', iteration, { fn: 'manifest' }),
+    callMesh(d, layoutOf(r, 'critic.train'), 'critic', iteration, { fn: 'manifest' }),
   ]);
   return { actor: actor.digest, critic: critic.digest };
 }

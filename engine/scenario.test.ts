@@ -155,27 +155,17 @@ describe('plan checks', () => {
     expect(m).toContain("plan.actor.generate: tp=8 must divide the model's 4 attention heads");
   });
 
-  it('tp that divides the heads is not refused for that (2 heads of width 3 over tp = 2)', () => {
-    // heads 2 % tp 2 = 0: each rank holds one whole head. The plan still fails, but only
-    // because this version runs models on one device.
-    const m = scenarioError('model: {heads: 2, width: 6}\nplan: {actor.generate: {mesh: "0:0-1", tp: 2}, actor.train: {mesh: "0:0-1", tp: 2}}');
-    expect(m).not.toContain('must divide');
-    expect(m).toContain('this version of ferry runs each call on a one-device mesh');
+  it('tp that divides the heads is accepted (2 heads of width 6 over tp = 2)', () => {
+    const s = parseScenario('model: {heads: 2, width: 6}\nplan: {actor.generate: {mesh: "0:0-1", tp: 2}, actor.train: {mesh: "0:0-1", tp: 2}}', 'test.yaml');
+    expect(resolvePlan(s)['actor.train']).toMatchObject({ devices: [0, 1], dp: 1, tp: 2, pp: 1 });
   });
 
-  it('tp = 4 over 2 heads is refused', () => {
-    const m = scenarioError('model: {heads: 2, width: 4}\nplan: {actor.generate: {mesh: "0:0-3", tp: 4}}');
-    expect(m).toContain("plan.actor.generate: tp=4 must divide the model's 2 attention heads");
-  });
-
-  it('width not divisible by heads is reported', () => {
-    expect(scenarioError('model: {width: 10, heads: 4}')).toContain('model.width: 10 is not divisible by model.heads = 4');
-  });
-
-  it('a multi-device mesh is refused, saying this version runs one-device meshes', () => {
-    const m = scenarioError('plan: {actor.generate: {mesh: "0:0-1", dp: 2}, actor.train: {mesh: "0:0-1", dp: 2}}');
-    expect(m).toContain('plan.actor.generate: mesh "0:0-1" has 2 devices; this version of ferry runs each call on a one-device mesh');
-    expect(m).toContain('plan.actor.train: mesh "0:0-1" has 2 devices');
+  it('multi-device meshes are accepted, with the checks that keep them runnable', () => {
+    const s = parseScenario('plan: {actor.generate: {mesh: "0:0-1", dp: 2}, actor.train: {mesh: "0:0-3", dp: 2, pp: 2}}', 'test.yaml');
+    expect(resolvePlan(s)['actor.train']).toMatchObject({ devices: [0, 1, 2, 3], dp: 2, tp: 1, pp: 2 });
+    expect(scenarioError('plan: {reward.inference: {mesh: "0:2-3", dp: 2}}')).toContain('plan.reward.inference: the rule reward runs on one device; mesh "0:2-3" has 2');
+    expect(scenarioError('model: {layers: 2}\nplan: {critic.train: {mesh: "0:0-3", pp: 4}}')).toContain('plan.critic.train: pp=4 needs at least 4 layers; model.layers is 2');
+    expect(scenarioError('ppo: {batch: 4, minibatches: 2}\nwarmup: {batch: 4}\nplan: {critic.train: {mesh: "0:0-3", dp: 4}}')).toContain('plan.critic.train: dp=4 replicas need at least 4 rows per batch; this call gets 2');
   });
 
   it("a model's calls may use different meshes (the supervisor reallocates between them)", () => {

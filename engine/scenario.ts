@@ -135,11 +135,17 @@ export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
     }
   }
   if (errors.length === 0) {
-    // This version runs every call on a one-device mesh (a model's calls may use different ones).
     for (const c of CALLS) {
       const p = plan[c];
-      if (p.devices.length !== 1) {
-        errors.push(`plan.${c}: mesh "${p.mesh}" has ${p.devices.length} devices; this version of ferry runs each call on a one-device mesh`);
+      if (c === 'reward.inference' && p.devices.length !== 1) {
+        errors.push(`plan.${c}: the rule reward runs on one device; mesh "${p.mesh}" has ${p.devices.length}`);
+      }
+      if (p.pp > s.model.layers) errors.push(`plan.${c}: pp=${p.pp} needs at least ${p.pp} layers; model.layers is ${s.model.layers}`);
+      // Every data-parallel replica needs at least one row of each batch it sees.
+      const rows = c.endsWith('.train') ? Math.floor(s.ppo.batch / s.ppo.minibatches) : s.ppo.batch;
+      if (rows < p.dp) errors.push(`plan.${c}: dp=${p.dp} replicas need at least ${p.dp} rows per batch; this call gets ${rows}`);
+      if (c === 'actor.train' && s.warmup.steps > 0 && Math.min(s.warmup.batch, s.warmup.demos) < p.dp) {
+        errors.push(`plan.${c}: dp=${p.dp} replicas need at least ${p.dp} rows per warm-up batch; warmup.batch is ${s.warmup.batch}`);
       }
     }
   }

@@ -79,10 +79,11 @@ describe('a worker process', () => {
     expect(again).toEqual(first);
   });
 
-  it('refuses a multi-device layout whole, and the loaded model is untouched', async () => {
+  it('refuses a layout that does not fit the model whole, and the loaded model is untouched', async () => {
     const before = await call({ fn: 'manifest' });
-    const reply = await call({ fn: 'load', role: 'actor', spec, layout: { devices: [0, 1], dp: 2, tp: 1, pp: 1 }, rank: 0, seed: 2 });
+    const reply = await call({ fn: 'load', role: 'actor', spec, layout: { devices: [0, 1, 2, 3], dp: 1, tp: 4, pp: 1 }, rank: 0, seed: 2 });
     expect(reply).toMatchObject({ type: 'error', code: 'unsupported' });
+    expect(reply.type === 'error' && reply.message).toMatch(/tp=4 does not divide the 2 attention heads/);
     expect(before.type).toBe('result');
     const digest = before.type === 'result' ? before.body.digest : undefined;
     expect(await call({ fn: 'manifest' })).toMatchObject({ type: 'result', body: { digest } });
