@@ -224,27 +224,54 @@ export class Device {
     return { parameters: tensors.reduce((n, t) => n + t.data.length, 0), digest: modelDigest(tensors) };
   }
 
-  /** The slices a hosted model holds, with their data, by parameter name. */
-  private heldSlices(h: Hosted): Map<string, { slice: Slice; data: Float32Array }> {
+  /** The slice of each parameter a hosted model holds, by name. */
+  private slicesOf(h: Hosted): Map<string, Slice> {
     const shard = h.shard as ModelShard;
-    const slices = shardSlices(modelInfo(shard.spec), h.layout, h.rank);
-    const data = new Map(shard.exportTensors().map((t) => [t.name, t.data]));
-    return new Map(slices.map((s) => [s.name, { slice: s, data: data.get(s.name)! }]));
+    return new Map(shardSlices(modelInfo(shard.spec), h.layout, h.rank).map((s) => [s.name, s]));
   }
 
   /**
    * One device's part of a reallocation: subscribe to what it receives and to the go signal, say
-   * ready, send its pieces on go, then build the new tensors from local copies and received
-   * pieces. The target changes only once every piece is in and verified.
+   * ready, send its pieces on go, and place each piece as it arrives. The target's weights change
+   * only once every piece is in and verified. Pieces to send are cut one parameter at a time, so a
+   * device holds its old shard, its new shard and the chunks in flight, not copies of everything.
    */
   private async realloc(model: string, body: CallOf<'realloc'>): Promise<ResultOf<'realloc'>> {
     const timeout = this.options.transferTimeoutMs ?? 300_000;
-    const source = body.sends.length || body.locals.length ? this.heldSlices(this.hosted.get(body.source)!) : undefined;
+    const sourceHost = body.sends.length || body.locals.length ? this.hosted.get(body.source)! : undefined;
+    const sourceSlices = sourceHost ? this.slicesOf(sourceHost) : new Map<string, Slice>();
+    const targetHost = body.recvs.length || body.locals.length ? this.hosted.get(model)! : undefined;
+    const targetSlices = targetHost ? this.slicesOf(targetHost) : new Map<string, Slice>();
+    // Refuse a request that does not fit before anything moves.
+    for (const p of [...body.sends.flatMap((x) => x.pieces), ...body.locals]) {
+      if (!sourceSlices.has(p.name)) throw new CallRejected('invalid_state', `'${body.source}' on device ${this.index} holds no '${p.name}' to ${body.locals.includes(p) ? 'copy' : 'send'}`);
+    }
+    for (const p of [...body.recvs.flatMap((x) => x.pieces), ...body.locals]) {
+      if (!targetSlices.has(p.name)) throw new CallRejected('invalid_state', `'${model}' on device ${this.index} holds no '${p.name}' to fill`);
+    }
+    // One parameter of the source at a time (pieces of one parameter come together).
+    let cached: { name: string; data: Float32Array } | undefined;
+    const sourceData = (name: string) => {
+      if (cached?.name !== name) cached = { name, data: (sourceHost!.shard as ModelShard).exportTensor(name) };
+      return cached.data;
+    };
+    const built = new Map<string, { slice: Slice; data: Float32Array; filled: number }>();
+    const put = (part: Slice, data: Float32Array) => {
+      let b = built.get(part.name);
+      if (!b) {
+        const slice = targetSlices.get(part.name)!;
+        built.set(part.name, (b = { slice, data: new Float32Array(sliceElements(slice)), filled: 0 }));
+      }
+      paste(b.data, b.slice, part, data);
+      b.filled += data.length;
+    };
+    const byKey = new Map(body.recvs.flatMap((r) => r.pieces.map((p) => [sliceKey(p), p] as const)));
     const incoming = receiveTensors(
       this.bus,
       this.subj,
       body.recvs.map((r) => ({ transfer: r.transfer, expected: r.pieces.map((p) => ({ name: sliceKey(p), shape: sliceShape(p) })) })),
       timeout,
+      (t) => put(byKey.get(t.name)!, t.data),
     );
     let stopGo = () => {};
     let timer: NodeJS.Timeout | undefined;
@@ -271,42 +298,22 @@ export class Device {
       let sent = 0;
       let chunks = 0;
       for (const s of body.sends) {
-        const tensors = s.pieces.map((p) => {
-          const h = source!.get(p.name);
-          if (!h) throw new CallRejected('invalid_state', `'${body.source}' on device ${this.index} holds no '${p.name}' to send`);
-          return { name: sliceKey(p), shape: sliceShape(p), data: cut(h.data, h.slice, p) };
-        });
-        const r = await sendTensors(this.bus, this.subj, s.transfer, tensors, body.chunkBytes);
+        const pieces = function* (): Generator<NamedTensor> {
+          for (const p of s.pieces) yield { name: sliceKey(p), shape: sliceShape(p), data: cut(sourceData(p.name), sourceSlices.get(p.name)!, p) };
+        };
+        const r = await sendTensors(this.bus, this.subj, s.transfer, pieces(), body.chunkBytes);
         sent += r.bytes;
         chunks += r.chunks;
       }
-      const received = await Promise.race([incoming.done, abort]);
-      if (body.recvs.length === 0 && body.locals.length === 0) {
-        return { sent_bytes: sent, received_bytes: 0, copied_bytes: 0, chunks, digest: '' };
-      }
-      // Build the target's new tensors: only the parameters this reallocation covers change.
-      const target = this.hosted.get(model)!;
-      const spec = (target.shard as ModelShard).spec;
-      const slices = new Map(shardSlices(modelInfo(spec), target.layout, target.rank).map((s) => [s.name, s]));
-      const built = new Map<string, { slice: Slice; data: Float32Array; filled: number }>();
-      const put = (part: Slice, data: Float32Array) => {
-        const slice = slices.get(part.name);
-        if (!slice) throw new CallRejected('invalid_state', `'${model}' on device ${this.index} holds no '${part.name}' to fill`);
-        let b = built.get(part.name);
-        if (!b) built.set(part.name, (b = { slice, data: new Float32Array(sliceElements(slice)), filled: 0 }));
-        paste(b.data, b.slice, part, data);
-        b.filled += data.length;
-      };
       let copied = 0;
       for (const l of body.locals) {
-        const h = source!.get(l.name);
-        if (!h) throw new CallRejected('invalid_state', `'${body.source}' on device ${this.index} holds no '${l.name}' to copy`);
-        const data = cut(h.data, h.slice, l);
+        const data = cut(sourceData(l.name), sourceSlices.get(l.name)!, l);
         put(l, data);
         copied += data.byteLength;
       }
-      const byKey = new Map(received.map((t) => [t.name, t.data]));
-      for (const r of body.recvs) for (const p of r.pieces) put(p, byKey.get(sliceKey(p))!);
+      cached = undefined;
+      await Promise.race([incoming.done, abort]);
+      if (!targetHost) return { sent_bytes: sent, received_bytes: 0, copied_bytes: 0, chunks, digest: '' };
       const tensors: NamedTensor[] = [];
       for (const [name, b] of built) {
         if (b.filled !== b.data.length) {
@@ -314,13 +321,15 @@ export class Device {
         }
         tensors.push({ name, shape: sliceShape(b.slice), data: b.data });
       }
-      (target.shard as ModelShard).importTensors(tensors);
+      built.clear();
+      const shard = targetHost.shard as ModelShard;
+      shard.importTensors(tensors);
       return {
         sent_bytes: sent,
         received_bytes: incoming.bytes(),
         copied_bytes: copied,
         chunks: chunks + incoming.chunks(),
-        digest: modelDigest((target.shard as ModelShard).exportTensors()),
+        digest: modelDigest(shard.exportTensors()),
       };
     } finally {
       clearTimeout(timer);

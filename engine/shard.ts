@@ -83,6 +83,13 @@ export class GptShard {
    * Overwrites the named weights (all of them, or a subset such as the shared body). Shapes are
    * checked first, so a bad set changes nothing. A fresh optimizer state goes with new weights.
    */
+  /** One parameter (this shard's slice of it), copied out. */
+  exportTensor(name: string): Float32Array {
+    const v = this.vars.get(name);
+    if (!v) throw new ShardError(`no parameter '${name}' in this shard`);
+    return (v.dataSync() as Float32Array).slice();
+  }
+
   importTensors(tensors: readonly NamedTensor[]): void {
     for (const t of tensors) {
       const v = this.vars.get(t.name);

@@ -112,6 +112,13 @@ export class ShardedGpt {
     return this.slices.map((s) => ({ name: s.name, shape: sliceShape(s), data: (this.w(s.name).dataSync() as Float32Array).slice() }));
   }
 
+  /** One parameter (this shard's slice of it), copied out. */
+  exportTensor(name: string): Float32Array {
+    const v = this.vars.get(name);
+    if (!v) throw new ShardError(`no parameter '${name}' in this shard`);
+    return (v.dataSync() as Float32Array).slice();
+  }
+
   importTensors(tensors: readonly NamedTensor[]): void {
     for (const t of tensors) {
       const v = this.vars.get(t.name);

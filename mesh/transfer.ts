@@ -44,7 +44,7 @@ export function chunkElements(maxPayload: number): number {
   return n;
 }
 
-export function* chunksOf(transfer: string, tensors: readonly NamedTensor[], chunkBytes: number): Generator<Chunk> {
+export function* chunksOf(transfer: string, tensors: Iterable<NamedTensor>, chunkBytes: number): Generator<Chunk> {
   const per = chunkElements(chunkBytes);
   for (const t of tensors) {
     const whole = sha256(t.data);
@@ -82,6 +82,25 @@ export class Assembler {
     this.remaining = [...this.buffers.values()].reduce((n, b) => n + b.data.length, 0);
   }
 
+  /** Tensors already handed over by `take`. */
+  private readonly done = new Set<string>();
+
+  /**
+   * Takes one chunk; throws a TransferError saying what is wrong with it. Returns the tensor it
+   * completes, verified against its digest, and forgets it (so a receiver can place it at once
+   * instead of holding every piece until the end); otherwise undefined.
+   */
+  take(chunk: Chunk): NamedTensor | undefined {
+    if (this.done.has(chunk.tensor)) return undefined; // a repeat of a finished tensor
+    this.accept(chunk);
+    const buf = this.buffers.get(chunk.tensor)!;
+    if (buf.filled !== buf.data.length) return undefined;
+    const [t] = this.verify([buf]);
+    this.buffers.delete(chunk.tensor);
+    this.done.add(chunk.tensor);
+    return t;
+  }
+
   /** Takes one chunk; throws a TransferError saying what is wrong with it. */
   accept(chunk: Chunk): void {
     const where = `transfer ${this.transfer}, tensor '${chunk.tensor}' at offset ${chunk.offset}`;
@@ -117,8 +136,12 @@ export class Assembler {
 
   /** The tensors, in the order expected, once each matches its digest. */
   finish(): NamedTensor[] {
+    return this.verify([...this.buffers.values()]);
+  }
+
+  private verify(buffers: Array<{ spec: Expected; data: Float32Array; filled: number; whole?: string }>): NamedTensor[] {
     const out: NamedTensor[] = [];
-    for (const { spec, data, filled, whole } of this.buffers.values()) {
+    for (const { spec, data, filled, whole } of buffers) {
       if (filled !== data.length) throw new TransferError(`transfer ${this.transfer}: tensor '${spec.name}' has ${filled} of ${data.length} elements`);
       const digest = sha256(data);
       const want = spec.sha256 ?? whole;
@@ -137,7 +160,7 @@ export async function sendTensors(
   nc: Bus,
   subj: Subjects,
   transfer: string,
-  tensors: readonly NamedTensor[],
+  tensors: Iterable<NamedTensor>,
   chunkBytes: number,
 ): Promise<{ bytes: number; chunks: number }> {
   const subject = subj.chunks(transfer);
@@ -155,27 +178,29 @@ export async function sendTensors(
 }
 
 export interface Incoming {
-  /** Resolves with every expected tensor, verified, or rejects with what went wrong. */
-  done: Promise<NamedTensor[]>;
+  /** Resolves once every expected tensor has arrived, verified, or rejects with what went wrong. */
+  done: Promise<void>;
   bytes(): number;
   chunks(): number;
   close(): void;
 }
 
 /**
- * Subscribes to the chunks of several transfers at once. Nothing is handed over until every
- * tensor of every transfer is complete and matches its digest. Call `close` when done.
+ * Subscribes to the chunks of several transfers at once and hands each tensor to `onTensor` as
+ * soon as it is complete and matches its digest. `done` settles when all have arrived, or at the
+ * first error. Call `close` when done.
  */
 export function receiveTensors(
   nc: Bus,
   subj: Subjects,
   transfers: ReadonlyArray<{ transfer: string; expected: readonly Expected[] }>,
   timeoutMs: number,
+  onTensor: (t: NamedTensor) => void,
 ): Incoming {
   const assemblers = transfers.map((t) => new Assembler(t.transfer, t.expected));
   const stops: Array<() => void> = [];
   let timer: NodeJS.Timeout | undefined;
-  const done = new Promise<NamedTensor[]>((resolve, reject) => {
+  const done = new Promise<void>((resolve, reject) => {
     timer = setTimeout(() => {
       const got = assemblers.reduce((n, a) => n + a.chunks, 0);
       reject(new TransferError(`transfers ${transfers.map((t) => t.transfer).join(', ')}: incomplete after ${timeoutMs} ms (${got} chunks)`));
@@ -183,11 +208,7 @@ export function receiveTensors(
     const check = () => {
       if (assemblers.every((a) => a.complete)) {
         clearTimeout(timer);
-        try {
-          resolve(assemblers.flatMap((a) => a.finish()));
-        } catch (err) {
-          reject(err);
-        }
+        resolve();
       }
     };
     for (const a of assemblers) {
@@ -198,7 +219,8 @@ export function receiveTensors(
           Chunk,
           (chunk) => {
             try {
-              a.accept(chunk);
+              const t = a.take(chunk);
+              if (t) onTensor(t);
             } catch (err) {
               clearTimeout(timer);
               reject(err);
