@@ -124,7 +124,7 @@ export class Device {
    */
   check(call: Call): CallRejected | undefined {
     const { body, model } = call;
-    if (body.fn === 'load' || body.fn === 'shutdown') return undefined;
+    if (body.fn === 'load' || body.fn === 'shutdown' || body.fn === 'stats' || body.fn === 'probe') return undefined;
     if (body.fn === 'realloc') return this.checkRealloc(model, body);
     const h = this.hosted.get(model);
     if (!h) return this.notLoaded(model, body.fn);
@@ -185,6 +185,12 @@ export class Device {
         return {};
       case 'realloc':
         return this.realloc(call.model, body);
+      case 'probe':
+        return this.probe(body);
+      case 'stats': {
+        const mb = (bytes: number) => bytes / (1 << 20);
+        return { rss_mb: mb(process.memoryUsage().rss), peak_rss_mb: process.resourceUsage().maxRSS / 1024, heap_mb: mb(process.memoryUsage().heapUsed) };
+      }
       case 'release': {
         const h = this.hosted.get(call.model)!;
         if (!(h.shard instanceof RuleShard)) h.shard.dispose();
@@ -273,28 +279,10 @@ export class Device {
       timeout,
       (t) => put(byKey.get(t.name)!, t.data),
     );
-    let stopGo = () => {};
-    let timer: NodeJS.Timeout | undefined;
+    const signal = this.awaitGo(body.realloc, timeout);
     try {
-      // Every device listens for go: an abort must reach receivers too.
-      let aborted!: (e: Error) => void;
-      const abort = new Promise<never>((_, reject) => (aborted = reject));
-      abort.catch(() => {});
-      const go = new Promise<void>((resolve, reject) => {
-        timer = setTimeout(() => reject(new CallRejected('timeout', `reallocation ${body.realloc}: no go within ${timeout} ms`)), timeout);
-        stopGo = subscribe(this.bus, this.subj.go(body.realloc), Go, (m) => {
-          clearTimeout(timer);
-          if (m.abort) {
-            const e = new CallRejected('interrupted', `reallocation ${body.realloc} was aborted: another device failed`);
-            reject(e);
-            aborted(e);
-          } else resolve();
-        }, () => {});
-      });
-      go.catch(() => {});
-      await this.bus.flush();
-      this.bus.publish(this.subj.ready(body.realloc), encode({ type: 'ready', v: PROTOCOL_VERSION, realloc: body.realloc, device: this.index }));
-      await go;
+      await signal.ready();
+      await signal.go;
       let sent = 0;
       let chunks = 0;
       for (const s of body.sends) {
@@ -312,7 +300,7 @@ export class Device {
         copied += data.byteLength;
       }
       cached = undefined;
-      await Promise.race([incoming.done, abort]);
+      await Promise.race([incoming.done, signal.aborted]);
       if (!targetHost) return { sent_bytes: sent, received_bytes: 0, copied_bytes: 0, chunks, digest: '' };
       const tensors: NamedTensor[] = [];
       for (const [name, b] of built) {
@@ -332,9 +320,84 @@ export class Device {
         digest: modelDigest(shard.exportTensors()),
       };
     } finally {
-      clearTimeout(timer);
-      stopGo();
+      signal.close();
       incoming.close();
+    }
+  }
+
+  /**
+   * Listens for an exchange's go (or abort) and says ready. Every device of the exchange listens,
+   * receivers too: an abort must reach them.
+   */
+  private awaitGo(id: string, timeout: number) {
+    let stop = () => {};
+    let timer: NodeJS.Timeout | undefined;
+    let aborted!: (e: Error) => void;
+    const abort = new Promise<never>((_, reject) => (aborted = reject));
+    abort.catch(() => {});
+    const go = new Promise<void>((resolve, reject) => {
+      timer = setTimeout(() => reject(new CallRejected('timeout', `exchange ${id}: no go within ${timeout} ms`)), timeout);
+      stop = subscribe(this.bus, this.subj.go(id), Go, (m) => {
+        clearTimeout(timer);
+        if (m.abort) {
+          const e = new CallRejected('interrupted', `exchange ${id} was aborted: another device failed`);
+          reject(e);
+          aborted(e);
+        } else resolve();
+      }, () => {});
+    });
+    go.catch(() => {});
+    return {
+      go,
+      aborted: abort,
+      ready: async () => {
+        await this.bus.flush();
+        this.bus.publish(this.subj.ready(id), encode({ type: 'ready', v: PROTOCOL_VERSION, realloc: id, device: this.index }));
+      },
+      close: () => {
+        clearTimeout(timer);
+        stop();
+      },
+    };
+  }
+
+  /** Raw bytes on the same subjects a reallocation would use: the bus's own speed, for benchmarks. */
+  private async probe(body: CallOf<'probe'>): Promise<ResultOf<'probe'>> {
+    const timeout = this.options.transferTimeoutMs ?? 300_000;
+    let received = 0;
+    const want = body.recvs.reduce((n, r) => n + r.bytes, 0);
+    let arrived!: () => void;
+    const all = new Promise<void>((resolve) => (arrived = resolve));
+    if (want === 0) arrived();
+    const subs = body.recvs.map((r) =>
+      this.bus.subscribe(this.subj.chunks(r.transfer), {
+        callback: (_e, msg) => {
+          received += msg.data.length;
+          if (received >= want) arrived();
+        },
+      }),
+    );
+    const signal = this.awaitGo(body.realloc, timeout);
+    try {
+      await signal.ready();
+      await signal.go;
+      let sent = 0;
+      const chunk = new Uint8Array(Math.min(body.chunkBytes, this.bus.info?.max_payload ?? body.chunkBytes)).fill(7);
+      for (const s of body.sends) {
+        for (let left = s.bytes, n = 0; left > 0; n++) {
+          const size = Math.min(left, chunk.length);
+          this.bus.publish(this.subj.chunks(s.transfer), chunk.subarray(0, size));
+          left -= size;
+          sent += size;
+          if (n % 16 === 15) await this.bus.flush();
+        }
+        await this.bus.flush();
+      }
+      await Promise.race([all, signal.aborted]);
+      return { sent_bytes: sent, received_bytes: received };
+    } finally {
+      signal.close();
+      subs.forEach((s) => s.unsubscribe());
     }
   }
 

@@ -75,10 +75,48 @@ export interface ReallocOutcome {
 }
 
 /**
- * The supervisor's side of a reallocation, over any bus: one `realloc` call per device involved;
- * once every device has said it is subscribed, one `go`; then the replies. A device that fails
- * before it is ready fails the whole reallocation at once rather than leaving the rest waiting.
+ * The supervisor's side of an exchange between devices (a reallocation, or a raw probe), over any
+ * bus: one call per device involved; once every device has said it is subscribed, one `go`; then
+ * the replies. A device that fails before it is ready fails the whole exchange at once, and the
+ * others are told to stop waiting.
  */
+export async function runExchange<F extends 'realloc' | 'probe'>(
+  bus: Bus,
+  subj: Subjects,
+  call: Dispatcher['call'],
+  id: string,
+  iteration: number,
+  model: string,
+  devices: readonly number[],
+  bodyFor: (device: number) => CallOf<F>,
+): Promise<Array<ResultOf<F>>> {
+  const waiting = new Set(devices);
+  let allReady!: () => void;
+  const ready = new Promise<void>((resolve) => (allReady = resolve));
+  const stop = subscribe(bus, subj.ready(id), Ready, (m) => {
+    waiting.delete(m.device);
+    if (waiting.size === 0) allReady();
+  }, () => {});
+  try {
+    await bus.flush();
+    const replies = devices.map((device) => call(device, model, iteration, bodyFor(device)) as Promise<ResultOf<F>>);
+    const all = Promise.all(replies);
+    try {
+      if (devices.length) await Promise.race([ready, all]);
+      bus.publish(subj.go(id), encode({ type: 'go', v: PROTOCOL_VERSION, realloc: id }));
+      return await all;
+    } catch (e) {
+      // The others would wait for a go or for chunks that will never come: release them now.
+      bus.publish(subj.go(id), encode({ type: 'go', v: PROTOCOL_VERSION, realloc: id, abort: true }));
+      await Promise.allSettled(replies);
+      throw e;
+    }
+  } finally {
+    stop();
+  }
+}
+
+/** Carries out a reallocation plan (see runExchange): each device sends, receives and copies its part. */
 export async function runRealloc(
   bus: Bus,
   subj: Subjects,
@@ -89,48 +127,22 @@ export async function runRealloc(
   const t0 = performance.now();
   const { plan } = r;
   const tid = (index: number) => `${r.id}-${index}`;
-  const waiting = new Set(plan.devices);
-  let allReady!: () => void;
-  const ready = new Promise<void>((resolve) => (allReady = resolve));
-  const stop = subscribe(bus, subj.ready(r.id), Ready, (m) => {
-    waiting.delete(m.device);
-    if (waiting.size === 0) allReady();
-  }, () => {});
-  try {
-    await bus.flush();
-    const replies = plan.devices.map((device) =>
-      call(device, r.to.model, r.iteration, {
-        fn: 'realloc',
-        realloc: r.id,
-        source: r.from.model,
-        sends: plan.transfers.filter((g) => g.src === device).map((g) => ({ transfer: tid(g.index), pieces: g.pieces })),
-        recvs: plan.transfers.filter((g) => g.dsts.includes(device)).map((g) => ({ transfer: tid(g.index), pieces: g.pieces })),
-        locals: plan.locals.filter((l) => l.device === device).map(({ device: _d, ...slice }) => slice),
-        chunkBytes,
-      }),
-    );
-    const all = Promise.all(replies);
-    let results: ResultOf<'realloc'>[];
-    try {
-      if (plan.devices.length) await Promise.race([ready, all]);
-      bus.publish(subj.go(r.id), encode({ type: 'go', v: PROTOCOL_VERSION, realloc: r.id }));
-      results = await all;
-    } catch (e) {
-      // The others would wait for a go or for chunks that will never come: release them now.
-      bus.publish(subj.go(r.id), encode({ type: 'go', v: PROTOCOL_VERSION, realloc: r.id, abort: true }));
-      await Promise.allSettled(replies);
-      throw e;
-    }
-    const outcome: ReallocOutcome = { received_bytes: 0, sent_bytes: 0, copied_bytes: 0, minimum_bytes: plan.minimumBytes, seconds: 0, digests: {} };
-    results.forEach((res, i) => {
-      outcome.received_bytes += res.received_bytes;
-      outcome.sent_bytes += res.sent_bytes;
-      outcome.copied_bytes += res.copied_bytes;
-      if (res.digest) outcome.digests[plan.devices[i]!] = res.digest;
-    });
-    outcome.seconds = (performance.now() - t0) / 1000;
-    return outcome;
-  } finally {
-    stop();
-  }
+  const results = await runExchange<'realloc'>(bus, subj, call, r.id, r.iteration, r.to.model, plan.devices, (device) => ({
+    fn: 'realloc',
+    realloc: r.id,
+    source: r.from.model,
+    sends: plan.transfers.filter((g) => g.src === device).map((g) => ({ transfer: tid(g.index), pieces: g.pieces })),
+    recvs: plan.transfers.filter((g) => g.dsts.includes(device)).map((g) => ({ transfer: tid(g.index), pieces: g.pieces })),
+    locals: plan.locals.filter((l) => l.device === device).map(({ device: _d, ...slice }) => slice),
+    chunkBytes,
+  }));
+  const outcome: ReallocOutcome = { received_bytes: 0, sent_bytes: 0, copied_bytes: 0, minimum_bytes: plan.minimumBytes, seconds: 0, digests: {} };
+  results.forEach((res, i) => {
+    outcome.received_bytes += res.received_bytes;
+    outcome.sent_bytes += res.sent_bytes;
+    outcome.copied_bytes += res.copied_bytes;
+    if (res.digest) outcome.digests[plan.devices[i]!] = res.digest;
+  });
+  outcome.seconds = (performance.now() - t0) / 1000;
+  return outcome;
 }

@@ -128,6 +128,19 @@ export const CallBody = z.discriminatedUnion('fn', [
     locals: z.array(SliceSpec),
     chunkBytes: pos,
   }),
+  /**
+   * A raw exchange for measurement: on go, publish `bytes` of plain payload per send transfer; for
+   * each receive transfer, count bytes until `bytes` have come. The same ready/go as a realloc.
+   */
+  z.strictObject({
+    fn: z.literal('probe'),
+    realloc: z.string(),
+    sends: z.array(z.strictObject({ transfer: z.string(), bytes: nat })),
+    recvs: z.array(z.strictObject({ transfer: z.string(), bytes: nat })),
+    chunkBytes: pos,
+  }),
+  /** The process's memory, for benchmarks and reports. */
+  z.strictObject({ fn: z.literal('stats') }),
   z.strictObject({ fn: z.literal('manifest') }),
   z.strictObject({ fn: z.literal('release') }),
   z.strictObject({ fn: z.literal('shutdown') }),
@@ -294,6 +307,8 @@ export const ResultBodies = {
   ]),
   train: z.strictObject({ loss: z.number(), clipfrac: z.number(), grad_norm: z.number() }),
   realloc: z.strictObject({ sent_bytes: nat, received_bytes: nat, copied_bytes: nat, chunks: nat, digest: z.string() }),
+  probe: z.strictObject({ sent_bytes: nat, received_bytes: nat }),
+  stats: z.strictObject({ rss_mb: z.number(), peak_rss_mb: z.number(), heap_mb: z.number() }),
   manifest: z.strictObject({ manifest: z.array(TensorManifest), digest: z.string() }),
   release: z.strictObject({}),
   shutdown: z.strictObject({}),

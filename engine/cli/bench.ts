@@ -3,6 +3,8 @@
 // a time. Benchmarks:
 //   iteration  the quickstart's tokens per second, over NATS with worker processes, and the ratio
 //              of that run's seconds per iteration to the same computation in one process
+//   realloc    a model of at least 64 MiB moved between two layouts across worker processes,
+//              against raw NATS publishes of the same bytes between the same processes
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -14,9 +16,13 @@ import { initBackend } from '../backend.ts';
 import { median, type Summary } from '../record.ts';
 import { runSpec } from '../rlhf.ts';
 import { loadScenario, type Scenario } from '../scenario.ts';
+import type { Layout } from '../../mesh/layout.ts';
+import { reallocBench } from './bench-realloc.ts';
 import { launch } from './launch.ts';
 
-const USAGE = `usage: npm run bench -- iteration [--json] [--scenario FILE] [--iterations N]`;
+const USAGE = `usage: npm run bench -- NAME [--json] [options]
+  iteration [--scenario FILE] [--iterations N]   tokens/s over NATS, and the ratio to one process
+  realloc [--width W] [--layers L] [--repeats R]  reallocation MB/s against raw NATS, bytes, memory`;
 
 const quiet = { phase() {}, iteration() {}, stop() {} };
 
@@ -78,13 +84,17 @@ runMain(async () => {
     json: { type: 'boolean', default: false },
     scenario: { type: 'string', default: 'scenarios/quickstart.yaml' },
     iterations: { type: 'string' },
+    width: { type: 'string', default: '512' },
+    layers: { type: 'string', default: '6' },
+    repeats: { type: 'string', default: '3' },
   });
   if (values.help) {
     console.log(USAGE);
     return 0;
   }
   const name = positionals[0];
-  if (name !== 'iteration') throw new UsageError(`unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration\n${USAGE}`);
+  if (name === 'realloc') return realloc(values);
+  if (name !== 'iteration') throw new UsageError(`unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc\n${USAGE}`);
   let scenario = loadScenario(values.scenario!);
   if (values.iterations !== undefined) {
     const n = Number(values.iterations);
@@ -110,3 +120,33 @@ runMain(async () => {
   }
   return r.digests_equal ? 0 : 1;
 });
+
+function whole(flag: string, value: string | undefined, min: number): number {
+  const n = Number(value);
+  if (!(Number.isInteger(n) && n >= min)) throw new UsageError(`--${flag}: expected a whole number >= ${min}, got ${value}`);
+  return n;
+}
+
+async function realloc(values: { json?: boolean; width?: string; layers?: string; repeats?: string }): Promise<number> {
+  const width = whole('width', values.width, 8);
+  const layers = whole('layers', values.layers, 2);
+  if (width % 16 !== 0) throw new UsageError(`--width: expected a multiple of 16 (8 heads, split over tp=2), got ${width}`);
+  const log = values.json ? () => {} : (line: string) => console.log(line);
+  const from: Layout = { devices: [0, 1], dp: 1, tp: 2, pp: 1 };
+  const to: Layout = { devices: [2, 3], dp: 1, tp: 1, pp: 2 };
+  log(`bench realloc: tp=2 on devices 0-1 -> pp=2 on devices 2-3`);
+  const r = await reallocBench({ width, layers, repeats: whole('repeats', values.repeats, 1), from, to, log });
+  if (values.json) {
+    console.log(JSON.stringify(r));
+  } else {
+    const f = (x: number, d = 1) => x.toFixed(d);
+    console.log(`reallocation        ${f(r.realloc_mb_s)} MB/s (median of ${r.repeats})`);
+    console.log(`raw NATS pub/sub    ${f(r.raw_mb_s)} MB/s, same bytes, same processes`);
+    console.log(`ratio               ${f(r.ratio, 2)}`);
+    console.log(`bytes / minimum     ${f(r.bytes_ratio, 2)}  (${f(r.minimum_mb)} MB received; ${f(r.published_mb)} MB published)`);
+    for (const w of r.workers) {
+      console.log(`worker ${w.device}: peak ${f(w.peak_mb)} MB RSS, idle ${f(w.baseline_mb)} MB; held ${f(w.held_mb)} MB for an old shard of ${f(w.old_shard_mb)} MB and a new one of ${f(w.new_shard_mb)} MB`);
+    }
+  }
+  return r.bytes_ratio === 1 ? 0 : 1;
+}

@@ -36,7 +36,7 @@ export interface LaunchResult {
   natsUrl: string;
 }
 
-function startProcess(script: string, argv: string[], logFile: string, env: NodeJS.ProcessEnv): ChildProcess {
+export function startProcess(script: string, argv: string[], logFile: string, env: NodeJS.ProcessEnv): ChildProcess {
   const log = createWriteStream(logFile);
   // Its own process group: a terminal's Ctrl-C reaches the launcher alone, which then stops the
   // children in order (the supervisor first writes its summary).
@@ -51,7 +51,7 @@ function startProcess(script: string, argv: string[], logFile: string, env: Node
   return child;
 }
 
-const exited = (c: ChildProcess) =>
+export const exited = (c: ChildProcess) =>
   c.exitCode !== null || c.signalCode !== null
     ? Promise.resolve()
     : new Promise<void>((r) => c.once('exit', () => r()));

@@ -1,0 +1,129 @@
+// The reallocation benchmark: a model of at least 64 MiB of parameters moves between two layouts
+// across worker processes over a private nats-server. In the same run, the same bytes go between
+// the same processes as raw NATS publishes (no slicing, digests or assembly), so the ratio of the
+// two says what ferry's transfer protocol costs over the bus itself.
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { connectBus } from '../../mesh/bus.ts';
+import { shardSlices, sliceElements, type Layout } from '../../mesh/layout.ts';
+import { startNatsServer } from '../../mesh/nats-server.ts';
+import { planRealloc } from '../../mesh/realloc.ts';
+import { runId, subjects } from '../../mesh/subjects.ts';
+import { BusDispatcher } from '../../actors/bus-dispatcher.ts';
+import { serveJoins } from '../../actors/membership.ts';
+import { runExchange } from '../dispatch.ts';
+import { modelInfo, parameterCount, type GptSpec } from '../params.ts';
+import { median } from '../record.ts';
+import { exited, startProcess } from './launch.ts';
+
+export interface ReallocBenchOptions {
+  width: number;
+  layers: number;
+  repeats: number;
+  from: Layout;
+  to: Layout;
+  log: (line: string) => void;
+}
+
+const MB = 1e6;
+
+export async function reallocBench(o: ReallocBenchOptions) {
+  const spec: GptSpec = { kind: 'policy', vocab: 11, context: 9, layers: o.layers, width: o.width, heads: 8 };
+  const devices = [...new Set([...o.from.devices, ...o.to.devices])].sort((a, b) => a - b);
+  const dir = mkdtempSync(join(tmpdir(), 'ferry-bench-realloc-'));
+  const server = await startNatsServer();
+  const run = runId('bench-realloc');
+  const subj = subjects(run);
+  const nc = await connectBus(server.url, 'bench');
+  const workers = devices.map((_, i) => startProcess('actors/worker.ts', ['--run', run, '--nats', server.url, '--backend', 'wasm'], join(dir, `worker-${i}.log`), {}));
+  try {
+    const joined = new Set<number>();
+    await new Promise<void>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`workers did not join within 60 s (logs in ${dir})`)), 60_000);
+      const stop = serveJoins(nc, subj, run, devices, (j) => {
+        joined.add(j.device);
+        if (joined.size === devices.length) {
+          clearTimeout(timer);
+          stop();
+          resolve();
+        }
+      }, () => {});
+    });
+    const d = new BusDispatcher(nc, subj, run, 600_000);
+    const stats = async () => Object.fromEntries(await Promise.all(devices.map(async (dev) => [dev, await d.call(dev, '*', 0, { fn: 'stats' })] as const)));
+    const baseline = await stats();
+    const bytes = parameterCount(spec) * 4;
+    o.log(`model: ${o.layers} layers of width ${o.width}, ${(bytes / (1 << 20)).toFixed(1)} MiB of parameters; ${devices.length} worker processes`);
+    const load = (model: string, layout: Layout, seed?: number) =>
+      Promise.all(layout.devices.map((dev, rank) => d.call(dev, model, 0, { fn: 'load', role: 'actor', spec, layout, rank, ...(seed === undefined ? {} : { seed }) })));
+    await load('src', o.from, 1);
+    await load('dst', o.to);
+    const loaded = await stats();
+    const plan = planRealloc(modelInfo(spec), o.from, o.to, () => 0);
+    const chunkBytes = nc.info?.max_payload ?? 1 << 20;
+    const reallocSeconds: number[] = [];
+    const rawSeconds: number[] = [];
+    let received = 0;
+    for (let i = 0; i < o.repeats; i++) {
+      // Alternate, so that drift on a shared machine touches both alike.
+      const t0 = performance.now();
+      const out = await d.realloc({ id: `r${i}`, iteration: 0, from: { model: 'src', layout: o.from }, to: { model: 'dst', layout: o.to }, plan });
+      reallocSeconds.push((performance.now() - t0) / 1000);
+      received = out.received_bytes;
+      const t1 = performance.now();
+      const tid = (index: number) => `p${i}-${index}`;
+      const groupBytes = (g: (typeof plan.transfers)[number]) => g.pieces.reduce((n, p) => n + (p.axis === null ? p.shape : p.shape.map((x, k) => (k === p.axis ? p.end - p.start : x))).reduce((a, b) => a * b, 1) * 4, 0);
+      await runExchange<'probe'>(nc, subj, (dev, m, it, body) => d.call(dev, m, it, body), `p${i}`, 0, 'dst', plan.devices, (dev) => ({
+        fn: 'probe',
+        realloc: `p${i}`,
+        sends: plan.transfers.filter((g) => g.src === dev).map((g) => ({ transfer: tid(g.index), bytes: groupBytes(g) })),
+        recvs: plan.transfers.filter((g) => g.dsts.includes(dev)).map((g) => ({ transfer: tid(g.index), bytes: groupBytes(g) })),
+        chunkBytes,
+      }));
+      rawSeconds.push((performance.now() - t1) / 1000);
+      o.log(`  round ${i + 1}: realloc ${((plan.minimumBytes / MB) / reallocSeconds.at(-1)!).toFixed(1)} MB/s, raw ${((plan.receivedBytes / MB) / rawSeconds.at(-1)!).toFixed(1)} MB/s`);
+    }
+    const after = await stats();
+    const info = modelInfo(spec);
+    const shardMb = (layout: Layout, dev: number) => {
+      const rank = layout.devices.indexOf(dev);
+      return rank < 0 ? 0 : shardSlices(info, layout, rank).reduce((n, s) => n + sliceElements(s) * 4, 0) / MB;
+    };
+    const perWorker = devices.map((dev) => ({
+      device: dev,
+      baseline_mb: baseline[dev]!.rss_mb,
+      loaded_mb: loaded[dev]!.rss_mb,
+      peak_mb: after[dev]!.peak_rss_mb,
+      old_shard_mb: shardMb(o.from, dev),
+      new_shard_mb: shardMb(o.to, dev),
+      /** Peak over the idle process: what this worker held at most for the model and the move. */
+      held_mb: after[dev]!.peak_rss_mb - baseline[dev]!.rss_mb,
+    }));
+    const reallocMbS = plan.minimumBytes / MB / median(reallocSeconds)!;
+    const rawMbS = plan.receivedBytes / MB / median(rawSeconds)!;
+    await Promise.all(devices.map((dev) => d.call(dev, '*', 0, { fn: 'shutdown' }).catch(() => undefined)));
+    return {
+      bench: 'realloc',
+      model_mb: bytes / MB,
+      from: o.from,
+      to: o.to,
+      repeats: o.repeats,
+      realloc_mb_s: reallocMbS,
+      raw_mb_s: rawMbS,
+      ratio: reallocMbS / rawMbS,
+      bytes_ratio: received / plan.minimumBytes,
+      minimum_mb: plan.minimumBytes / MB,
+      published_mb: plan.publishedBytes / MB,
+      chunk_bytes: chunkBytes,
+      peak_worker_mb: Math.max(...perWorker.map((w) => w.peak_mb)),
+      workers: perWorker,
+    };
+  } finally {
+    for (const w of workers) if (w.exitCode === null) w.kill('SIGTERM');
+    await Promise.all(workers.map(exited));
+    await nc.close().catch(() => {});
+    await server.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
