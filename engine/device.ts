@@ -110,8 +110,15 @@ export class Device {
     this.comm = new Comm(bus, subj, index, options.transferTimeoutMs);
   }
 
+  /** Highest RSS sampled since the last `stats` call: the memory a call needed at most. */
+  private rssPeak = process.memoryUsage.rss();
+  private readonly sampler = setInterval(() => {
+    this.rssPeak = Math.max(this.rssPeak, process.memoryUsage.rss());
+  }, 10).unref();
+
   close(): void {
     this.comm.close();
+    clearInterval(this.sampler);
   }
 
   models(): string[] {
@@ -189,7 +196,10 @@ export class Device {
         return this.probe(body);
       case 'stats': {
         const mb = (bytes: number) => bytes / (1 << 20);
-        return { rss_mb: mb(process.memoryUsage().rss), peak_rss_mb: process.resourceUsage().maxRSS / 1024, heap_mb: mb(process.memoryUsage().heapUsed) };
+        const rss = process.memoryUsage.rss();
+        const windowPeak = Math.max(this.rssPeak, rss);
+        this.rssPeak = rss;
+        return { rss_mb: mb(rss), window_peak_rss_mb: mb(windowPeak), peak_rss_mb: process.resourceUsage().maxRSS / 1024, heap_mb: mb(process.memoryUsage().heapUsed) };
       }
       case 'release': {
         const h = this.hosted.get(call.model)!;
@@ -266,6 +276,11 @@ export class Device {
       let b = built.get(part.name);
       if (!b) {
         const slice = targetSlices.get(part.name)!;
+        // A piece that is the whole target slice is used as it is, without a copy.
+        if (sliceKey(part) === sliceKey(slice)) {
+          built.set(part.name, { slice, data, filled: data.length });
+          return;
+        }
         built.set(part.name, (b = { slice, data: new Float32Array(sliceElements(slice)), filled: 0 }));
       }
       paste(b.data, b.slice, part, data);
@@ -301,7 +316,7 @@ export class Device {
       }
       cached = undefined;
       await Promise.race([incoming.done, signal.aborted]);
-      if (!targetHost) return { sent_bytes: sent, received_bytes: 0, copied_bytes: 0, chunks, digest: '' };
+      if (!targetHost) return { sent_bytes: sent, received_bytes: 0, copied_bytes: 0, chunks };
       const tensors: NamedTensor[] = [];
       for (const [name, b] of built) {
         if (b.filled !== b.data.length) {
@@ -312,13 +327,7 @@ export class Device {
       built.clear();
       const shard = targetHost.shard as ModelShard;
       shard.importTensors(tensors);
-      return {
-        sent_bytes: sent,
-        received_bytes: incoming.bytes(),
-        copied_bytes: copied,
-        chunks: chunks + incoming.chunks(),
-        digest: modelDigest(shard.exportTensors()),
-      };
+      return { sent_bytes: sent, received_bytes: incoming.bytes(), copied_bytes: copied, chunks: chunks + incoming.chunks() };
     } finally {
       signal.close();
       incoming.close();

@@ -70,8 +70,6 @@ export interface ReallocOutcome {
   copied_bytes: number;
   minimum_bytes: number;
   seconds: number;
-  /** Digest of the target model's shard on each destination device. */
-  digests: Record<number, string>;
 }
 
 /**
@@ -136,13 +134,12 @@ export async function runRealloc(
     locals: plan.locals.filter((l) => l.device === device).map(({ device: _d, ...slice }) => slice),
     chunkBytes,
   }));
-  const outcome: ReallocOutcome = { received_bytes: 0, sent_bytes: 0, copied_bytes: 0, minimum_bytes: plan.minimumBytes, seconds: 0, digests: {} };
-  results.forEach((res, i) => {
+  const outcome: ReallocOutcome = { received_bytes: 0, sent_bytes: 0, copied_bytes: 0, minimum_bytes: plan.minimumBytes, seconds: 0 };
+  for (const res of results) {
     outcome.received_bytes += res.received_bytes;
     outcome.sent_bytes += res.sent_bytes;
     outcome.copied_bytes += res.copied_bytes;
-    if (res.digest) outcome.digests[plan.devices[i]!] = res.digest;
-  });
+  }
   outcome.seconds = (performance.now() - t0) / 1000;
   return outcome;
 }

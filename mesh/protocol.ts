@@ -226,9 +226,9 @@ export const Chunk = z.strictObject({
   offset: nat,
   total: nat,
   data: f32,
-  /** SHA-256 (hex) of this chunk's bytes. */
+  /** The chunk's digest: SHA-256 (hex) of the SHA-256s of its 16 KiB blocks (mesh/transfer.ts). */
   sha256: z.string(),
-  /** SHA-256 of the whole tensor the chunk belongs to, checked once it is complete. */
+  /** The whole tensor's digest, by the same scheme over all its blocks; checked once it is complete. */
   whole: z.string(),
 });
 export type Chunk = z.infer<typeof Chunk>;
@@ -306,9 +306,16 @@ export const ResultBodies = {
     z.strictObject({ scores: f32 }),
   ]),
   train: z.strictObject({ loss: z.number(), clipfrac: z.number(), grad_norm: z.number() }),
-  realloc: z.strictObject({ sent_bytes: nat, received_bytes: nat, copied_bytes: nat, chunks: nat, digest: z.string() }),
+  realloc: z.strictObject({ sent_bytes: nat, received_bytes: nat, copied_bytes: nat, chunks: nat }),
   probe: z.strictObject({ sent_bytes: nat, received_bytes: nat }),
-  stats: z.strictObject({ rss_mb: z.number(), peak_rss_mb: z.number(), heap_mb: z.number() }),
+  stats: z.strictObject({
+    rss_mb: z.number(),
+    /** The highest RSS sampled (every 10 ms) since the previous stats call. */
+    window_peak_rss_mb: z.number(),
+    /** The process's highest RSS over its lifetime. */
+    peak_rss_mb: z.number(),
+    heap_mb: z.number(),
+  }),
   manifest: z.strictObject({ manifest: z.array(TensorManifest), digest: z.string() }),
   release: z.strictObject({}),
   shutdown: z.strictObject({}),

@@ -2,7 +2,20 @@ import { describe, it, expect } from 'vitest';
 import { createHash } from 'node:crypto';
 import { decode, encode } from './codec.ts';
 import { Chunk, PROTOCOL_VERSION } from './protocol.ts';
-import { Assembler, TransferError, chunkElements, chunksOf, manifestOf, modelDigest, sha256, type NamedTensor } from './transfer.ts';
+import {
+  Assembler,
+  BLOCK,
+  TransferError,
+  blockDigests,
+  chunkElements,
+  chunksOf,
+  listDigest,
+  manifestOf,
+  modelDigest,
+  sha256,
+  tensorDigest,
+  type NamedTensor,
+} from './transfer.ts';
 
 /** Deterministic, non-trivial float data (no two neighbours equal). */
 function tensor(name: string, shape: number[], salt = 0): NamedTensor {
@@ -31,7 +44,31 @@ function rejection(fn: () => unknown): TransferError {
   throw new Error('expected a TransferError');
 }
 
-const model = (): NamedTensor[] => [tensor('wte', [11, 13]), tensor('h0.attn.wq', [7, 7], 1), tensor('head.b', [5], 2)];
+/** Bytes in one hashed block: 4096 float32 elements × 4 bytes = 16 KiB. */
+const BLOCK_BYTES = 16 * 1024;
+/** Max payloads: 1024 bytes of room for the chunk's other fields, plus whole 16 KiB blocks. */
+const ONE_BLOCK = BLOCK_BYTES + 1024; // 17408: exactly 1 block (4096 elements) per chunk
+const TWO_BLOCKS = 2 * BLOCK_BYTES + 1024; // 33792: 2 blocks (8192 elements) per chunk
+const FOUR_BLOCKS = 64 * 1024 + 1024; // 66560: 4 blocks (16384 elements) per chunk
+
+/** Raw SHA-256 of some bytes, by hand. */
+const H = (bytes: Uint8Array): Buffer => createHash('sha256').update(bytes).digest();
+
+/**
+ * The digest scheme computed independently of the module: SHA-256 over the concatenation of the
+ * raw SHA-256s of consecutive 16 KiB slices of the bytes (the last slice may be shorter; no bytes
+ * at all count as one empty slice).
+ */
+function byHand(data: Float32Array): string {
+  const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+  const digests: Buffer[] = [];
+  for (let o = 0; o < bytes.length; o += BLOCK_BYTES) digests.push(H(bytes.subarray(o, o + BLOCK_BYTES)));
+  if (digests.length === 0) digests.push(H(new Uint8Array(0)));
+  return H(Buffer.concat(digests)).toString('hex');
+}
+
+// wte: 11 × 2048 = 22528 elements = 5 blocks + 2048; wq: 70 × 70 = 4900 = 1 block + 804; head.b: 5.
+const model = (): NamedTensor[] => [tensor('wte', [11, 2048]), tensor('h0.attn.wq', [70, 70], 1), tensor('head.b', [5], 2)];
 
 describe('sha256', () => {
   it('hashes exactly the bytes of a view, not its whole buffer', () => {
@@ -42,24 +79,65 @@ describe('sha256', () => {
   });
 });
 
-describe('chunkElements', () => {
-  it('leaves 512 bytes of room and counts 4-byte elements', () => {
-    // (1024 − 512) / 4 = 128; (1 MiB − 512) / 4 = 262016
-    expect(chunkElements(1024)).toBe(128);
-    expect(chunkElements(1 << 20)).toBe(262016);
-    expect(chunkElements(516)).toBe(1);
+describe('tensorDigest', () => {
+  it('is SHA-256 over the raw SHA-256s of the 16 KiB blocks, computed by hand', () => {
+    expect(BLOCK).toBe(4096); // 4096 float32 = 16384 bytes
+    // 3 full blocks and 123 elements more, as a view into a larger buffer (one element each side).
+    const n = 3 * 4096 + 123;
+    const data = tensor('x', [n + 2]).data.subarray(1, n + 1);
+    const bytes = Buffer.from(data.buffer, data.byteOffset, data.byteLength); // 49644 bytes
+    // Blocks are bytes [0, 16384), [16384, 32768), [32768, 49152), [49152, 49644).
+    const d0 = createHash('sha256').update(bytes.subarray(0, 16384)).digest();
+    const d1 = createHash('sha256').update(bytes.subarray(16384, 32768)).digest();
+    const d2 = createHash('sha256').update(bytes.subarray(32768, 49152)).digest();
+    const d3 = createHash('sha256').update(bytes.subarray(49152, 49644)).digest();
+    const expected = createHash('sha256').update(Buffer.concat([d0, d1, d2, d3])).digest('hex');
+    expect(blockDigests(data)).toEqual([d0, d1, d2, d3]);
+    expect(tensorDigest(data)).toBe(expected);
+    expect(listDigest([d0, d1, d2, d3])).toBe(expected);
+    // Not the old scheme (plain SHA-256 of the bytes).
+    expect(tensorDigest(data)).not.toBe(sha256(data));
   });
 
-  it('refuses a payload with no room for one element', () => {
-    expect(() => chunkElements(515)).toThrow(TransferError);
-    expect(() => chunkElements(515)).toThrow(/max payload 515 leaves no room/);
+  it('a tensor of exactly whole blocks has no trailing empty block', () => {
+    // 2 × 4096 elements = bytes [0, 16384) and [16384, 32768): two digests, nothing after.
+    const data = tensor('x', [2 * 4096]).data;
+    const bytes = Buffer.from(data.buffer);
+    const expected = H(Buffer.concat([H(bytes.subarray(0, 16384)), H(bytes.subarray(16384, 32768))])).toString('hex');
+    expect(blockDigests(data)).toHaveLength(2);
+    expect(tensorDigest(data)).toBe(expected);
+  });
+
+  it('an empty tensor is one empty block: SHA-256 of SHA-256("")', () => {
+    // SHA-256("") = e3b0c442…b855; SHA-256 of those 32 raw bytes = 5df6e0e2…9456.
+    expect(tensorDigest(new Float32Array(0))).toBe('5df6e0e2761359d30a8275058e299fcc0381534545f55cf43e41983f5d4c9456');
+  });
+});
+
+describe('chunkElements', () => {
+  it('leaves 1024 bytes of room and counts whole blocks of 4096 4-byte elements', () => {
+    // (17408 − 1024) / 16384 = 1 block = 4096 elements
+    expect(chunkElements(ONE_BLOCK)).toBe(4096);
+    // (33791 − 1024) / 16384 = 1.99… → 1 block: never part of a block
+    expect(chunkElements(TWO_BLOCKS - 1)).toBe(4096);
+    expect(chunkElements(TWO_BLOCKS)).toBe(8192);
+    expect(chunkElements(FOUR_BLOCKS)).toBe(16384);
+    // (1 MiB − 1024) / 16384 = 63.94 → 63 blocks = 258048 elements
+    expect(chunkElements(1 << 20)).toBe(258048);
+  });
+
+  it('refuses a payload with no room for one block', () => {
+    // 17407 − 1024 = 16383 bytes < one 16 KiB block
+    expect(() => chunkElements(ONE_BLOCK - 1)).toThrow(TransferError);
+    expect(() => chunkElements(ONE_BLOCK - 1)).toThrow(/max payload 17407 is too small for one block of 16384 bytes/);
+    expect(() => chunkElements(1024)).toThrow(TransferError);
   });
 });
 
 describe('chunksOf', () => {
   it('every encoded chunk fits the max payload it was cut for', () => {
-    const tensors = [tensor('wte', [33, 64]), tensor('wpe', [16, 64]), tensor('lnf.g', [64])];
-    for (const chunkBytes of [516, 600, 1024, 4096, 10_000]) {
+    const tensors = [tensor('wte', [33, 1024]), tensor('wpe', [16, 1024]), tensor('lnf.g', [1000])];
+    for (const chunkBytes of [ONE_BLOCK, ONE_BLOCK + 100, TWO_BLOCKS, FOUR_BLOCKS, 100_000]) {
       let n = 0;
       for (const chunk of chunksOf('xfer-123456', tensors, chunkBytes)) {
         expect(encode(chunk).length).toBeLessThanOrEqual(chunkBytes);
@@ -70,36 +148,73 @@ describe('chunksOf', () => {
   });
 
   it('cuts tensors in order, at offsets of chunkElements, with the right totals and digests', () => {
-    const tensors = [tensor('a', [300]), tensor('b', [128]), tensor('c', [1])];
-    const chunks = [...chunksOf('t1', tensors, 1024)]; // 128 elements per chunk
-    // a: 300 = 128 + 128 + 44 → 3 chunks; b: exactly 1 chunk; c: 1 chunk
+    const tensors = [tensor('a', [5 * 4096 + 100]), tensor('b', [8192], 1), tensor('c', [1], 2)];
+    const chunks = [...chunksOf('t1', tensors, TWO_BLOCKS)]; // 8192 elements (2 blocks) per chunk
+    // a: 20580 = 8192 + 8192 + 4196 → 3 chunks; b: exactly 1 chunk; c: 1 chunk
     expect(chunks.map((c) => [c.tensor, c.offset, c.data.length, c.total])).toEqual([
-      ['a', 0, 128, 300],
-      ['a', 128, 128, 300],
-      ['a', 256, 44, 300],
-      ['b', 0, 128, 128],
+      ['a', 0, 8192, 20580],
+      ['a', 8192, 8192, 20580],
+      ['a', 16384, 4196, 20580],
+      ['b', 0, 8192, 8192],
       ['c', 0, 1, 1],
     ]);
     for (const c of chunks) {
+      const t = tensors.find((x) => x.name === c.tensor)!;
       expect(c.type).toBe('chunk');
       expect(c.v).toBe(PROTOCOL_VERSION);
       expect(c.transfer).toBe('t1');
-      expect(c.sha256).toBe(sha256(c.data));
+      expect(bits(c.data)).toBe(bits(t.data.subarray(c.offset, c.offset + c.data.length)));
+      // A chunk's digest: SHA-256 over its blocks' SHA-256s, by the module and by hand.
+      expect(c.sha256).toBe(listDigest(blockDigests(c.data)));
+      expect(c.sha256).toBe(byHand(c.data));
+      // Every chunk carries its tensor's digest.
+      expect(c.whole).toBe(tensorDigest(t.data));
+      expect(c.whole).toBe(byHand(t.data));
     }
+    // The last chunk of a, by hand: one full block (bytes [0, 16384)) and 100 elements (400 bytes).
+    const last = Buffer.from(chunks[2]!.data.buffer, chunks[2]!.data.byteOffset, chunks[2]!.data.byteLength);
+    expect(last.length).toBe(16384 + 400);
+    expect(chunks[2]!.sha256).toBe(H(Buffer.concat([H(last.subarray(0, 16384)), H(last.subarray(16384))])).toString('hex'));
+    // The tensor digest of a is not the list of its chunk digests but of all 6 of its blocks.
+    expect(chunks[0]!.whole).not.toBe(listDigest(chunks.slice(0, 3).map((c) => Buffer.from(c.sha256, 'hex'))));
+    expect(blockDigests(tensors[0]!.data)).toHaveLength(6);
   });
 
   it('an empty tensor still travels as one empty chunk', () => {
-    const chunks = [...chunksOf('t', [{ name: 'e', shape: [0], data: new Float32Array(0) }], 1024)];
+    const chunks = [...chunksOf('t', [{ name: 'e', shape: [0], data: new Float32Array(0) }], ONE_BLOCK)];
     expect(chunks).toHaveLength(1);
+    expect(chunks[0]!.offset).toBe(0);
     expect(chunks[0]!.total).toBe(0);
     expect(chunks[0]!.data.length).toBe(0);
+    // One empty block: SHA-256 of SHA-256("") for the chunk and for the tensor.
+    expect(chunks[0]!.sha256).toBe('5df6e0e2761359d30a8275058e299fcc0381534545f55cf43e41983f5d4c9456');
+    expect(chunks[0]!.whole).toBe(chunks[0]!.sha256);
+  });
+
+  it("a tensor's digest does not depend on the chunk size", () => {
+    const t = tensor('w', [5 * 4096 + 300]); // 6 blocks, the last of 300 elements
+    const small = [...chunksOf('t', [t], ONE_BLOCK)]; // 1 block per chunk: 6 chunks
+    const large = [...chunksOf('t', [t], FOUR_BLOCKS)]; // 4 blocks per chunk: 4 + 2 → 2 chunks
+    expect(small).toHaveLength(6);
+    expect(large).toHaveLength(2);
+    // The two cuts really differ: their first chunks hold 1 and 4 blocks.
+    expect(small[0]!.sha256).not.toBe(large[0]!.sha256);
+    const wholes = new Set([...small, ...large].map((c) => c.whole));
+    expect([...wholes]).toEqual([tensorDigest(t.data)]);
+    expect([...wholes]).toEqual(manifestOf([t]).map((m) => m.sha256));
+    // Both cuts assemble against the same manifest.
+    for (const cut of [small, large]) {
+      const asm = new Assembler('t', manifestOf([t]));
+      cut.forEach((c) => asm.accept(c));
+      expect(bits(asm.finish()[0]!.data)).toBe(bits(t.data));
+    }
   });
 });
 
 describe('Assembler', () => {
   it('reassembles bit-exact from chunks in reverse and shuffled order', () => {
     const tensors = model();
-    const chunks = [...chunksOf('t', tensors, 600)]; // 22 elements per chunk: many chunks
+    const chunks = [...chunksOf('t', tensors, ONE_BLOCK)]; // 1 block per chunk: 6 + 2 + 1 = 9 chunks
     expect(chunks.length).toBeGreaterThan(8);
     for (const order of [chunks.slice().reverse(), chunks.filter((_, i) => i % 2).concat(chunks.filter((_, i) => i % 2 === 0))]) {
       const asm = new Assembler('t', manifestOf(tensors));
@@ -124,7 +239,13 @@ describe('Assembler', () => {
   it('survives the encode/decode of every chunk (the wire path)', () => {
     const tensors = model();
     const asm = new Assembler('t', manifestOf(tensors));
-    for (const c of chunksOf('t', tensors, 700)) asm.accept(decode('s', encode(c), Chunk));
+    let n = 0;
+    // (40000 − 1024) / 16384 = 2.38 → 2 blocks per chunk: 3 + 1 + 1 chunks
+    for (const c of chunksOf('t', tensors, 40_000)) {
+      asm.accept(decode('s', encode(c), Chunk));
+      n += 1;
+    }
+    expect(n).toBe(5);
     expect(modelDigest(asm.finish())).toBe(modelDigest(tensors));
   });
 
@@ -135,17 +256,20 @@ describe('Assembler', () => {
   });
 
   describe('rejects a chunk', () => {
-    const tensors = [tensor('w', [10])];
-    const good = (): Chunk => [...chunksOf('t', tensors, 1024)][0]!;
+    const tensors = [tensor('w', [2 * 4096 + 10])]; // 8202 elements
+    const good = (): Chunk => [...chunksOf('t', tensors, TWO_BLOCKS)][0]!; // elements [0, 8192): 2 blocks
 
     it('whose data does not match its digest', () => {
-      const asm = new Assembler('t', manifestOf(tensors));
-      const c = good();
-      const e = rejection(() => asm.accept({ ...c, data: flipBit(c.data, 3) }));
-      expect(e.message).toContain("transfer t, tensor 'w' at offset 0: chunk digest");
-      expect(e.message).toContain(`does not match ${c.sha256}`);
-      expect(asm.chunks).toBe(0);
-      expect(asm.bytes).toBe(0);
+      // A flipped bit in the first and in the second block of the chunk.
+      for (const i of [3, 4096 + 3]) {
+        const asm = new Assembler('t', manifestOf(tensors));
+        const c = good();
+        const e = rejection(() => asm.accept({ ...c, data: flipBit(c.data, i) }));
+        expect(e.message).toContain("transfer t, tensor 'w' at offset 0: chunk digest");
+        expect(e.message).toContain(`does not match ${c.sha256}`);
+        expect(asm.chunks).toBe(0);
+        expect(asm.bytes).toBe(0);
+      }
     });
 
     it('for a tensor not in the manifest', () => {
@@ -161,28 +285,47 @@ describe('Assembler', () => {
 
     it('with the wrong total', () => {
       const asm = new Assembler('t', manifestOf(tensors));
-      const e = rejection(() => asm.accept({ ...good(), total: 11 }));
-      expect(e.message).toContain('expected a tensor of 10 elements, chunk says 11');
+      const e = rejection(() => asm.accept({ ...good(), total: 8203 }));
+      expect(e.message).toContain('expected a tensor of 8202 elements, chunk says 8203');
     });
 
     it('that runs past the end of its tensor', () => {
       const asm = new Assembler('t', manifestOf(tensors));
       const c = good();
-      const data = c.data.subarray(0, 4);
-      // offset 7 + 4 elements = 11 > 10
-      const e = rejection(() => asm.accept({ ...c, offset: 7, data, sha256: sha256(data) }));
-      expect(e.message).toBe("transfer t, tensor 'w' at offset 7: 4 elements run past the end (10)");
+      // offset 4096 (a block boundary) + 8192 elements = 12288 > 8202; the digest itself is right
+      const e = rejection(() => asm.accept({ ...c, offset: 4096 }));
+      expect(e.message).toBe("transfer t, tensor 'w' at offset 4096: 8192 elements run past the end (8202)");
       expect(asm.complete).toBe(false);
+      expect(asm.chunks).toBe(0);
+    });
+
+    it('whose offset is not on a block boundary', () => {
+      // The second one-block chunk, elements [4096, 8192), moved by one element either way:
+      // still inside the tensor (4097 + 4096 = 8193 ≤ 8202) and with a right digest.
+      const c = [...chunksOf('t', tensors, ONE_BLOCK)][1]!;
+      expect([c.offset, c.data.length]).toEqual([4096, 4096]);
+      for (const offset of [4095, 4097, 10]) {
+        const asm = new Assembler('t', manifestOf(tensors));
+        const e = rejection(() => asm.accept({ ...c, offset }));
+        expect(e.message).toBe(`transfer t, tensor 'w' at offset ${offset}: a chunk must start on a block boundary (4096 elements)`);
+        expect(asm.chunks).toBe(0);
+        expect(asm.bytes).toBe(0);
+      }
+      // At its own offset, the same chunk is fine.
+      const asm = new Assembler('t', manifestOf(tensors));
+      asm.accept(c);
+      expect(asm.chunks).toBe(1);
     });
   });
 
   describe('finish', () => {
     it('rejects a whole tensor whose digest differs from the manifest (chunks themselves fine)', () => {
-      const tensors = [tensor('a', [4]), tensor('b', [6], 3)];
+      const tensors = [tensor('a', [4]), tensor('b', [4096 + 6], 3)];
       const manifest = manifestOf(tensors);
-      const tampered = [tensors[0]!, { ...tensors[1]!, data: flipBit(tensors[1]!.data, 5) }];
+      // A flipped bit in b's second block.
+      const tampered = [tensors[0]!, { ...tensors[1]!, data: flipBit(tensors[1]!.data, 4096 + 5) }];
       const asm = new Assembler('t', manifest);
-      for (const c of chunksOf('t', tampered, 1024)) asm.accept(c); // each chunk carries its own, valid digest
+      for (const c of chunksOf('t', tampered, ONE_BLOCK)) asm.accept(c); // each chunk carries its own, valid digest
       expect(asm.complete).toBe(true);
       const e = rejection(() => asm.finish());
       expect(e.message).toContain("transfer t: tensor 'b' digest");
@@ -190,19 +333,20 @@ describe('Assembler', () => {
     });
 
     it('rejects incomplete tensors', () => {
-      const tensors = [tensor('a', [300])];
+      const tensors = [tensor('a', [5 * 4096 + 100])]; // 20580 elements
       const asm = new Assembler('t', manifestOf(tensors));
-      const chunks = [...chunksOf('t', tensors, 1024)]; // 128 + 128 + 44
+      const chunks = [...chunksOf('t', tensors, TWO_BLOCKS)]; // 8192 + 8192 + 4196
       asm.accept(chunks[0]!);
       asm.accept(chunks[2]!);
       expect(asm.complete).toBe(false);
-      expect(rejection(() => asm.finish()).message).toBe("transfer t: tensor 'a' has 172 of 300 elements");
+      // 8192 + 4196 = 12388
+      expect(rejection(() => asm.finish()).message).toBe("transfer t: tensor 'a' has 12388 of 20580 elements");
     });
 
     it('rejects a tensor that no chunk was sent for', () => {
       const tensors = [tensor('a', [4]), tensor('b', [4])];
       const asm = new Assembler('t', manifestOf(tensors));
-      for (const c of chunksOf('t', [tensors[0]!], 1024)) asm.accept(c);
+      for (const c of chunksOf('t', [tensors[0]!], ONE_BLOCK)) asm.accept(c);
       expect(rejection(() => asm.finish()).message).toBe("transfer t: tensor 'b' has 0 of 4 elements");
     });
   });
@@ -211,8 +355,8 @@ describe('Assembler', () => {
     // Delivery may repeat a message (a retry, a redelivery). A chunk is identified by its offset,
     // so accepting it again must be harmless: with chunks A, A, B the tensor is complete only
     // after B, and finishes with the right bytes.
-    const tensors = [tensor('w', [256])];
-    const [a, b] = [...chunksOf('t', tensors, 1024)]; // 128 + 128
+    const tensors = [tensor('w', [2 * 4096])];
+    const [a, b] = [...chunksOf('t', tensors, ONE_BLOCK)]; // 4096 + 4096
     const asm = new Assembler('t', manifestOf(tensors));
     asm.accept(a!);
     try {
@@ -226,6 +370,55 @@ describe('Assembler', () => {
     expect(asm.complete).toBe(true);
     expect(bits(asm.finish()[0]!.data)).toBe(bits(tensors[0]!.data));
   });
+
+  describe('take', () => {
+    it('hands each tensor over exactly once, when its last chunk arrives, and undefined for a repeat', () => {
+      const tensors = [tensor('a', [3 * 4096 + 7]), tensor('b', [5], 1)];
+      const chunks = [...chunksOf('t', tensors, ONE_BLOCK)];
+      // a: 12295 = 4096 × 3 + 7 → 4 chunks; b: 1 chunk
+      expect(chunks.map((c) => [c.tensor, c.offset])).toEqual([
+        ['a', 0],
+        ['a', 4096],
+        ['a', 8192],
+        ['a', 12288],
+        ['b', 0],
+      ]);
+      const [a0, a1, a2, a3, b0] = chunks as [Chunk, Chunk, Chunk, Chunk, Chunk];
+      const asm = new Assembler('t', manifestOf(tensors));
+      expect(asm.take(a2)).toBeUndefined();
+      expect(asm.take(a2)).toBeUndefined(); // a repeat before a is complete
+      const b = asm.take(b0);
+      expect(b?.name).toBe('b');
+      expect(b?.shape).toEqual([5]);
+      expect(bits(b!.data)).toBe(bits(tensors[1]!.data));
+      expect(asm.take(b0)).toBeUndefined(); // b again: already handed over
+      expect(asm.take(a0)).toBeUndefined();
+      expect(asm.take(a3)).toBeUndefined();
+      expect(asm.complete).toBe(false);
+      const a = asm.take(a1); // a's last missing chunk
+      expect(a?.name).toBe('a');
+      expect(a?.shape).toEqual([3 * 4096 + 7]);
+      expect(bits(a!.data)).toBe(bits(tensors[0]!.data));
+      expect(asm.complete).toBe(true);
+      // Every chunk again: nothing is handed over twice, nothing is counted twice.
+      for (const c of chunks) expect(asm.take(c)).toBeUndefined();
+      expect(asm.chunks).toBe(5);
+      expect(asm.bytes).toBe((3 * 4096 + 7 + 5) * 4);
+    });
+
+    it('does not hand over a complete tensor whose digest differs from the manifest', () => {
+      const tensors = [tensor('a', [2 * 4096 + 1])];
+      const manifest = manifestOf(tensors);
+      const tampered = { ...tensors[0]!, data: flipBit(tensors[0]!.data, 8192) }; // the last element
+      const [c0, c1, c2] = [...chunksOf('t', [tampered], ONE_BLOCK)]; // 4096 + 4096 + 1, each valid
+      const asm = new Assembler('t', manifest);
+      expect(asm.take(c0!)).toBeUndefined();
+      expect(asm.take(c2!)).toBeUndefined();
+      const e = rejection(() => asm.take(c1!));
+      expect(e.message).toContain("transfer t: tensor 'a' digest");
+      expect(e.message).toContain(`does not match the manifest's ${manifest[0]!.sha256}`);
+    });
+  });
 });
 
 describe('manifestOf and modelDigest', () => {
@@ -233,10 +426,17 @@ describe('manifestOf and modelDigest', () => {
     const tensors = model();
     const m = manifestOf(tensors);
     expect(m.map((e) => e.name)).toEqual(['wte', 'h0.attn.wq', 'head.b']);
-    expect(m[0]!.shape).toEqual([11, 13]);
+    expect(m[0]!.shape).toEqual([11, 2048]);
     expect(m[0]!.shape).not.toBe(tensors[0]!.shape);
-    expect(m[1]!.sha256).toBe(sha256(tensors[1]!.data));
-    expect(m[1]!.sha256).toMatch(/^[0-9a-f]{64}$/);
+    m.forEach((e, i) => {
+      expect(e.sha256).toBe(tensorDigest(tensors[i]!.data));
+      expect(e.sha256).toBe(byHand(tensors[i]!.data));
+      expect(e.sha256).toMatch(/^[0-9a-f]{64}$/);
+    });
+    // h0.attn.wq is 4900 elements: blocks of bytes [0, 16384) and [16384, 19600).
+    const wq = Buffer.from(tensors[1]!.data.buffer);
+    expect(wq.length).toBe(19600);
+    expect(m[1]!.sha256).toBe(H(Buffer.concat([H(wq.subarray(0, 16384)), H(wq.subarray(16384))])).toString('hex'));
   });
 
   it('modelDigest is deterministic and changes when one bit changes', () => {

@@ -1,6 +1,11 @@
 // Chunked parameter transfer. A sender cuts each tensor into chunks no larger than the server's
-// max payload, each with its offset and a SHA-256; a receiver checks every chunk, then every whole
-// tensor against the manifest, and hands the tensors over only when all of them are complete.
+// max payload, each with its offset and a digest; a receiver checks every chunk, then every whole
+// tensor, and hands each tensor over only once it is complete.
+//
+// Digests are Merkle lists: a tensor is hashed in blocks of BLOCK elements (SHA-256 each); a
+// chunk's digest is the SHA-256 of its blocks' digests, and a tensor's the SHA-256 of all of its
+// blocks' digests. Chunks hold whole blocks, so each side reads every byte once, and a tensor's
+// digest does not depend on the chunk size the bus allows.
 import { createHash } from 'node:crypto';
 import { encode } from './codec.ts';
 import { subscribe, type Bus } from './bus.ts';
@@ -31,28 +36,56 @@ export function modelDigest(tensors: readonly NamedTensor[]): string {
   return h.digest('hex');
 }
 
+/** Elements per hashed block: 16 KiB of float32. */
+export const BLOCK = 4096;
+
+/** SHA-256 of each BLOCK-element block of `data` (the last may be shorter), raw. */
+export function blockDigests(data: Float32Array): Buffer[] {
+  const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+  const out: Buffer[] = [];
+  for (let o = 0; o < bytes.length || out.length === 0; o += BLOCK * 4) out.push(createHash('sha256').update(bytes.subarray(o, o + BLOCK * 4)).digest());
+  return out;
+}
+
+/** SHA-256 (hex) of a list of block digests. */
+export function listDigest(digests: readonly Buffer[]): string {
+  const h = createHash('sha256');
+  for (const d of digests) h.update(d);
+  return h.digest('hex');
+}
+
+/** A tensor's digest: the SHA-256 of its blocks' SHA-256s. */
+export function tensorDigest(data: Float32Array): string {
+  return listDigest(blockDigests(data));
+}
+
 export function manifestOf(tensors: readonly NamedTensor[]): TensorManifest[] {
-  return tensors.map((t) => ({ name: t.name, shape: [...t.shape], sha256: sha256(t.data) }));
+  return tensors.map((t) => ({ name: t.name, shape: [...t.shape], sha256: tensorDigest(t.data) }));
 }
 
 /** Room left in a message for msgpack framing and the chunk's other fields. */
-const CHUNK_OVERHEAD = 512;
+const CHUNK_OVERHEAD = 1024;
 
+/** Elements per chunk: whole blocks that fit the max payload. */
 export function chunkElements(maxPayload: number): number {
-  const n = Math.floor((maxPayload - CHUNK_OVERHEAD) / 4);
-  if (n < 1) throw new TransferError(`max payload ${maxPayload} leaves no room for a chunk`);
-  return n;
+  const blocks = Math.floor((maxPayload - CHUNK_OVERHEAD) / (4 * BLOCK));
+  if (blocks < 1) throw new TransferError(`max payload ${maxPayload} is too small for one block of ${BLOCK * 4} bytes`);
+  return blocks * BLOCK;
 }
 
 export function* chunksOf(transfer: string, tensors: Iterable<NamedTensor>, chunkBytes: number): Generator<Chunk> {
   const per = chunkElements(chunkBytes);
+  const perChunk = per / BLOCK;
   for (const t of tensors) {
-    const whole = sha256(t.data);
+    const blocks = blockDigests(t.data);
+    const whole = listDigest(blocks);
     let offset = 0;
+    let b = 0;
     do {
       const data = t.data.subarray(offset, Math.min(offset + per, t.data.length));
-      yield { type: 'chunk', v: PROTOCOL_VERSION, transfer, tensor: t.name, offset, total: t.data.length, data, sha256: sha256(data), whole };
+      yield { type: 'chunk', v: PROTOCOL_VERSION, transfer, tensor: t.name, offset, total: t.data.length, data, sha256: listDigest(blocks.slice(b, b + perChunk)), whole };
       offset += per;
+      b += perChunk;
     } while (offset < t.data.length);
   }
 }
@@ -64,10 +97,21 @@ export interface Expected {
   sha256?: string;
 }
 
+interface Buffered {
+  spec: Expected;
+  data: Float32Array;
+  filled: number;
+  seen: Set<number>;
+  /** Block digests, by block index, as chunks arrive. */
+  blocks: Buffer[];
+  whole?: string;
+}
+
 /** Collects the chunks of one transfer and checks them. */
 export class Assembler {
-  private readonly buffers = new Map<string, { spec: Expected; data: Float32Array; filled: number; seen: Set<number>; whole?: string }>();
-  private remaining: number;
+  private readonly buffers = new Map<string, Buffered>();
+  /** Tensors not yet complete (an empty tensor counts until its one empty chunk comes). */
+  private readonly pending = new Set<string>();
   bytes = 0;
   chunks = 0;
 
@@ -77,9 +121,9 @@ export class Assembler {
   ) {
     for (const spec of expected) {
       const size = spec.shape.reduce((a, b) => a * b, 1);
-      this.buffers.set(spec.name, { spec, data: new Float32Array(size), filled: 0, seen: new Set() });
+      this.buffers.set(spec.name, { spec, data: new Float32Array(size), filled: 0, seen: new Set(), blocks: [] });
+      this.pending.add(spec.name);
     }
-    this.remaining = [...this.buffers.values()].reduce((n, b) => n + b.data.length, 0);
   }
 
   /** Tensors already handed over by `take`. */
@@ -94,7 +138,7 @@ export class Assembler {
     if (this.done.has(chunk.tensor)) return undefined; // a repeat of a finished tensor
     this.accept(chunk);
     const buf = this.buffers.get(chunk.tensor)!;
-    if (buf.filled !== buf.data.length) return undefined;
+    if (this.pending.has(chunk.tensor)) return undefined;
     const [t] = this.verify([buf]);
     this.buffers.delete(chunk.tensor);
     this.done.add(chunk.tensor);
@@ -113,37 +157,49 @@ export class Assembler {
     if (chunk.offset + chunk.data.length > buf.data.length) {
       throw new TransferError(`${where}: ${chunk.data.length} elements run past the end (${buf.data.length})`);
     }
-    const digest = sha256(chunk.data);
+    if (chunk.offset % BLOCK !== 0) throw new TransferError(`${where}: a chunk must start on a block boundary (${BLOCK} elements)`);
+    if (chunk.data.length % BLOCK !== 0 && chunk.offset + chunk.data.length !== chunk.total) {
+      throw new TransferError(`${where}: only a tensor's last chunk may end between blocks; this one has ${chunk.data.length} elements`);
+    }
+    const blocks = blockDigests(chunk.data);
+    const digest = listDigest(blocks);
     if (digest !== chunk.sha256) throw new TransferError(`${where}: chunk digest ${digest} does not match ${chunk.sha256}`);
     if (buf.whole !== undefined && buf.whole !== chunk.whole) {
       throw new TransferError(`${where}: chunk says the tensor's digest is ${chunk.whole}, an earlier chunk said ${buf.whole}`);
     }
     buf.whole = chunk.whole;
     // A chunk delivered again (a redelivery, a restarted sender) is harmless: its bytes are
-    // verified and identical, so it is simply not counted twice.
-    if (buf.seen.has(chunk.offset)) return;
+    // verified and identical, so it is simply not counted twice. Any other overlap is an error.
+    const first = chunk.offset / BLOCK;
+    const repeat = blocks.every((d, i) => buf.blocks[first + i]?.equals(d));
+    if (buf.seen.has(chunk.offset) && repeat) return;
+    if (blocks.some((_, i) => buf.blocks[first + i] !== undefined)) {
+      throw new TransferError(`${where}: overlaps blocks that an earlier chunk already filled`);
+    }
     buf.seen.add(chunk.offset);
     buf.data.set(chunk.data, chunk.offset);
+    blocks.forEach((d, i) => (buf.blocks[first + i] = d));
     buf.filled += chunk.data.length;
-    this.remaining -= chunk.data.length;
+    if (buf.filled === buf.data.length) this.pending.delete(chunk.tensor);
     this.bytes += chunk.data.byteLength;
     this.chunks += 1;
   }
 
   get complete(): boolean {
-    return this.remaining <= 0;
-  }
+    return this.pending.size === 0;
+}
 
   /** The tensors, in the order expected, once each matches its digest. */
   finish(): NamedTensor[] {
     return this.verify([...this.buffers.values()]);
   }
 
-  private verify(buffers: Array<{ spec: Expected; data: Float32Array; filled: number; whole?: string }>): NamedTensor[] {
+  private verify(buffers: Buffered[]): NamedTensor[] {
     const out: NamedTensor[] = [];
-    for (const { spec, data, filled, whole } of buffers) {
+    for (const { spec, data, filled, whole, blocks } of buffers) {
       if (filled !== data.length) throw new TransferError(`transfer ${this.transfer}: tensor '${spec.name}' has ${filled} of ${data.length} elements`);
-      const digest = sha256(data);
+      // Every block was checked on arrival; the tensor's digest follows from theirs.
+      const digest = listDigest(blocks.length ? blocks : blockDigests(data));
       const want = spec.sha256 ?? whole;
       if (digest !== want) {
         const whose = spec.sha256 ? "the manifest's" : "its sender's";

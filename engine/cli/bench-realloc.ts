@@ -59,6 +59,7 @@ export async function reallocBench(o: ReallocBenchOptions) {
       Promise.all(layout.devices.map((dev, rank) => d.call(dev, model, 0, { fn: 'load', role: 'actor', spec, layout, rank, ...(seed === undefined ? {} : { seed }) })));
     await load('src', o.from, 1);
     await load('dst', o.to);
+    // Starts each worker's sampling window: what follows is the moves alone.
     const loaded = await stats();
     const plan = planRealloc(modelInfo(spec), o.from, o.to, () => 0);
     const chunkBytes = nc.info?.max_payload ?? 1 << 20;
@@ -92,13 +93,16 @@ export async function reallocBench(o: ReallocBenchOptions) {
     };
     const perWorker = devices.map((dev) => ({
       device: dev,
-      baseline_mb: baseline[dev]!.rss_mb,
+      /** Idle, with TensorFlow.js loaded. */
+      idle_mb: baseline[dev]!.rss_mb,
+      /** With the old shard and the (empty) new one in place, before any move. */
       loaded_mb: loaded[dev]!.rss_mb,
-      peak_mb: after[dev]!.peak_rss_mb,
+      /** The highest RSS sampled while the moves ran. */
+      peak_mb: after[dev]!.window_peak_rss_mb,
       old_shard_mb: shardMb(o.from, dev),
       new_shard_mb: shardMb(o.to, dev),
-      /** Peak over the idle process: what this worker held at most for the model and the move. */
-      held_mb: after[dev]!.peak_rss_mb - baseline[dev]!.rss_mb,
+      /** What the moves needed beyond the loaded shards. */
+      moving_mb: after[dev]!.window_peak_rss_mb - loaded[dev]!.rss_mb,
     }));
     const reallocMbS = plan.minimumBytes / MB / median(reallocSeconds)!;
     const rawMbS = plan.receivedBytes / MB / median(rawSeconds)!;

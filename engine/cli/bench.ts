@@ -145,7 +145,9 @@ async function realloc(values: { json?: boolean; width?: string; layers?: string
     console.log(`ratio               ${f(r.ratio, 2)}`);
     console.log(`bytes / minimum     ${f(r.bytes_ratio, 2)}  (${f(r.minimum_mb)} MB received; ${f(r.published_mb)} MB published)`);
     for (const w of r.workers) {
-      console.log(`worker ${w.device}: peak ${f(w.peak_mb)} MB RSS, idle ${f(w.baseline_mb)} MB; held ${f(w.held_mb)} MB for an old shard of ${f(w.old_shard_mb)} MB and a new one of ${f(w.new_shard_mb)} MB`);
+      console.log(
+        `worker ${w.device}: peak ${f(w.peak_mb)} MB RSS during the moves; idle ${f(w.idle_mb)} MB, loaded ${f(w.loaded_mb)} MB, so the moves took ${f(w.moving_mb)} MB more (old shard ${f(w.old_shard_mb)} MB, new shard ${f(w.new_shard_mb)} MB)`,
+      );
     }
   }
   return r.bytes_ratio === 1 ? 0 : 1;
