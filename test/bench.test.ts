@@ -18,6 +18,18 @@ describe('npm run bench -- iteration --json', () => {
   it('names the benchmarks it has when asked for another', async () => {
     const child = spawnTs('engine/cli/bench.ts', ['nosuch']);
     expect(await child.exited).toBe(2);
-    expect(child.output()).toMatch(/unknown benchmark "nosuch"; expected: iteration/);
+    expect(child.output()).toMatch(/unknown benchmark "nosuch"; expected: iteration, realloc/);
   });
+});
+
+describe('npm run bench -- realloc --json', () => {
+  it('moves a model between layouts across worker processes and reports MB/s, the raw ratio, bytes and memory', async () => {
+    // A small model keeps the test short; the benchmark's default is 72 MiB.
+    const child = spawnTs('engine/cli/bench.ts', ['realloc', '--json', '--width', '64', '--layers', '2', '--repeats', '1']);
+    expect(await child.exited).toBe(0);
+    const r = JSON.parse(child.output().trim().split('\n').filter((l) => l.startsWith('{')).at(-1)!);
+    expect(r.bytes_ratio).toBe(1);
+    for (const key of ['realloc_mb_s', 'raw_mb_s', 'ratio', 'peak_worker_mb']) expect(r[key]).toBeGreaterThan(0);
+    expect(r.workers).toHaveLength(4);
+  }, 120_000);
 });
