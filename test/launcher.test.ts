@@ -89,7 +89,7 @@ describe('a run on a server it is given, with a worker started by hand', () => {
   }, 120_000);
 
   it('a worker leaves by itself when the run it joined fails', async () => {
-    const file = smallScenario(dir, 'timeouts: { join_seconds: 3 }', 'doomed');
+    const file = smallScenario(dir, 'timeouts: { join_seconds: 8 }', 'doomed');
     const run = `doomed${Date.now()}`;
     const running = launch({ scenario: loadScenario(file), run, out: join(dir, 'doomed'), natsUrl: server.url, workers: 0, progress: quiet, say: () => {} });
     const worker = spawnTs('actors/worker.ts', ['--nats', server.url, '--run', run, '--backend', 'cpu']);
