@@ -24,6 +24,15 @@ export interface TrainStats {
  */
 const yieldToLoop = () => new Promise<void>((resolve) => setImmediate(resolve));
 
+/**
+ * A tensor's values as an array the caller owns. The cpu backend's dataSync() hands out the
+ * tensor's own storage; the others already return a fresh copy, which is not copied again.
+ */
+export function ownCopy(t: tf.Tensor): Float32Array {
+  const data = t.dataSync() as Float32Array;
+  return tf.getBackend() === 'cpu' ? data.slice() : data;
+}
+
 /** A trainable variable holding `t`; the temporary tensor it was made from is freed. */
 function toVariable(t: NamedTensor, name: string): tf.Variable {
   const value = tf.tensor(t.data, t.shape);
@@ -74,8 +83,7 @@ export class GptShard {
     return parameterShapes(this.spec).map(([name, shape]) => ({
       name,
       shape,
-      // A copy: on some backends dataSync() hands out the variable's own storage.
-      data: (this.vars.get(name)!.dataSync() as Float32Array).slice(),
+      data: ownCopy(this.vars.get(name)!),
     }));
   }
 
@@ -87,7 +95,7 @@ export class GptShard {
   exportTensor(name: string): Float32Array {
     const v = this.vars.get(name);
     if (!v) throw new ShardError(`no parameter '${name}' in this shard`);
-    return (v.dataSync() as Float32Array).slice();
+    return ownCopy(v);
   }
 
   importTensors(tensors: readonly NamedTensor[]): void {

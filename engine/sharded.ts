@@ -17,7 +17,7 @@ import { policyLoss, valueLoss } from './losses.ts';
 import { attnPartial, causalMask, embed, headOut, initialParameter, layerNorm, logprobsOf, mlpPartial, valuesOf, type AttnWeights } from './model.ts';
 import { modelInfo, parameterShapes, type GptSpec } from './params.ts';
 import { Rng, Stream, sampleToken, seedOf } from './rng.ts';
-import { ShardError, type TrainStats } from './shard.ts';
+import { ShardError, ownCopy, type TrainStats } from './shard.ts';
 
 const yieldToLoop = () => new Promise<void>((resolve) => setImmediate(resolve));
 
@@ -109,14 +109,14 @@ export class ShardedGpt {
   }
 
   exportTensors(): NamedTensor[] {
-    return this.slices.map((s) => ({ name: s.name, shape: sliceShape(s), data: (this.w(s.name).dataSync() as Float32Array).slice() }));
+    return this.slices.map((s) => ({ name: s.name, shape: sliceShape(s), data: ownCopy(this.w(s.name)) }));
   }
 
   /** One parameter (this shard's slice of it), copied out. */
   exportTensor(name: string): Float32Array {
     const v = this.vars.get(name);
     if (!v) throw new ShardError(`no parameter '${name}' in this shard`);
-    return (v.dataSync() as Float32Array).slice();
+    return ownCopy(v);
   }
 
   importTensors(tensors: readonly NamedTensor[]): void {

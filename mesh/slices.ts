@@ -10,10 +10,14 @@ function around(shape: readonly number[], axis: number): [number, number, number
   return [outer, shape[axis]!, inner];
 }
 
-/** Elements [from, to) along `axis` of a row-major tensor of `shape`, as a new array. */
+/**
+ * Elements [from, to) along `axis` of a row-major tensor of `shape`. A range that is contiguous in
+ * memory (nothing outside the axis) comes back as a view of `data`, otherwise as a new array.
+ */
 export function extract(data: Float32Array, shape: readonly number[], axis: number, from: number, to: number): Float32Array {
   const [outer, len, inner] = around(shape, axis);
   if (from < 0 || to > len || from > to) throw new RangeError(`range ${from}-${to} is outside axis ${axis} of length ${len}`);
+  if (outer === 1) return data.subarray(from * inner, to * inner);
   const width = (to - from) * inner;
   const out = new Float32Array(outer * width);
   for (let o = 0; o < outer; o++) out.set(data.subarray(o * len * inner + from * inner, o * len * inner + to * inner), o * width);
@@ -30,12 +34,12 @@ export function insert(dst: Float32Array, shape: readonly number[], axis: number
 
 /**
  * The part `want` of a tensor held as slice `held` (same parameter). Both are ranges along the
- * same axis, or whole; `want` must lie inside `held`.
+ * same axis, or whole; `want` must lie inside `held`. It may share memory with `heldData`.
  */
 export function cut(heldData: Float32Array, held: Slice, want: Slice): Float32Array {
   if (want.axis === null) {
     if (held.axis !== null) throw new RangeError(`'${want.name}': the whole tensor is wanted, only a slice is held`);
-    return heldData.slice();
+    return heldData;
   }
   const offset = held.axis === null ? 0 : held.start;
   if (held.axis !== null && held.axis !== want.axis) throw new RangeError(`'${want.name}': held along axis ${held.axis}, wanted along ${want.axis}`);
