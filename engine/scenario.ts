@@ -9,6 +9,9 @@ import { formatIssues } from '../mesh/issues.ts';
 import { deviceCount, parseMesh, singleDeviceMesh, MeshError, type Cluster } from '../mesh/cluster.ts';
 import { BACKENDS } from './backend.ts';
 import { TASKS } from './task.ts';
+import { DEVICE_NAMES, MODELS as MODEL_PRESETS } from './plan/catalog.ts';
+
+const PRESETS = Object.keys(MODEL_PRESETS) as [string, ...string[]];
 
 const pos = z.number().int().positive();
 const nat = z.number().int().nonnegative();
@@ -50,7 +53,17 @@ export const Scenario = z.strictObject({
   cluster: z.strictObject({
     nodes: pos.default(1),
     devices_per_node: pos.default(4),
+    device: z.enum(DEVICE_NAMES).default('local').describe('local: a worker process per device; otherwise a GPU profile that npm run plan plans for'),
   }).prefault({}).describe('locally, a device is one worker process'),
+  models: z.strictObject({
+    actor: z.enum(PRESETS).optional().describe('a published shape for the actor and reference (planning only)'),
+    critic: z.enum(PRESETS).optional().describe('a published shape for the critic (planning only)'),
+    reward: z.enum(PRESETS).optional().describe('a learned reward model of a published shape (planning only); the rule reward otherwise'),
+  }).prefault({}).describe('model presets for cluster-scale planning; without them the models take `model`'),
+  lengths: z.strictObject({
+    prompt: pos.optional(),
+    response: pos.optional(),
+  }).prefault({}).describe('prompt and response lengths for planning; the task decides them for runs'),
   plan: z.partialRecord(z.enum(CALLS), Placement).default({})
     .describe('mesh and dp/tp/pp per call; calls left out go to one device per model (actor, critic, reference, reward)'),
   warmup: z.strictObject({
@@ -108,6 +121,32 @@ export function modelOf(call: CallName): ModelName {
   return call.split('.')[0] as ModelName;
 }
 
+/** The preset a model takes, if any: the reference shares the actor's, the critic its own. */
+export function presetOf(s: Scenario, model: ModelName): string | undefined {
+  if (model === 'actor' || model === 'reference') return s.models.actor;
+  return model === 'critic' ? s.models.critic : s.models.reward;
+}
+
+function headsOf(s: Scenario, model: ModelName): number | undefined {
+  const preset = presetOf(s, model);
+  if (preset) return MODEL_PRESETS[preset]!.heads;
+  return model === 'reward' ? undefined : s.model.heads;
+}
+
+function layersOf(s: Scenario, model: ModelName): number | undefined {
+  const preset = presetOf(s, model);
+  if (preset) return MODEL_PRESETS[preset]!.layers;
+  return model === 'reward' ? undefined : s.model.layers;
+}
+
+/** Whether `npm run scenario` can run this here, or it describes a cluster for `npm run plan`. */
+export function planOnly(s: Scenario): string | undefined {
+  if (s.cluster.device !== 'local') return `its cluster is of ${s.cluster.device} devices`;
+  const preset = s.models.actor ?? s.models.critic ?? s.models.reward;
+  if (preset) return `it uses the ${preset} preset`;
+  return undefined;
+}
+
 /** Fills in the default placement and checks the plan against the cluster and the model. */
 export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
   const cluster: Cluster = { nodes: s.cluster.nodes, devicesPerNode: s.cluster.devices_per_node };
@@ -125,8 +164,9 @@ export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
         errors.push(`plan.${call}: dp×tp×pp = ${placement.dp}×${placement.tp}×${placement.pp} = ${product}, but mesh "${mesh.name}" has ${mesh.devices.length} device(s)`);
       }
       // Megatron splits attention by heads: each tensor-parallel rank takes whole heads.
-      if (model !== 'reward' && s.model.heads % placement.tp !== 0) {
-        errors.push(`plan.${call}: tp=${placement.tp} must divide the model's ${s.model.heads} attention heads`);
+      const heads = headsOf(s, model);
+      if (heads !== undefined && heads % placement.tp !== 0) {
+        errors.push(`plan.${call}: tp=${placement.tp} must divide the model's ${heads} attention heads`);
       }
       plan[call] = { call, mesh: mesh.name, devices: mesh.devices, dp: placement.dp, tp: placement.tp, pp: placement.pp };
     } catch (e) {
@@ -137,10 +177,11 @@ export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
   if (errors.length === 0) {
     for (const c of CALLS) {
       const p = plan[c];
-      if (c === 'reward.inference' && p.devices.length !== 1) {
+      if (c === 'reward.inference' && !s.models.reward && p.devices.length !== 1) {
         errors.push(`plan.${c}: the rule reward runs on one device; mesh "${p.mesh}" has ${p.devices.length}`);
       }
-      if (p.pp > s.model.layers) errors.push(`plan.${c}: pp=${p.pp} needs at least ${p.pp} layers; model.layers is ${s.model.layers}`);
+      const layers = layersOf(s, modelOf(c));
+      if (layers !== undefined && p.pp > layers) errors.push(`plan.${c}: pp=${p.pp} needs at least ${p.pp} layers; the model has ${layers}`);
       // Every data-parallel replica needs at least one row of each batch it sees.
       const rows = c.endsWith('.train') ? Math.floor(s.ppo.batch / s.ppo.minibatches) : s.ppo.batch;
       if (rows < p.dp) errors.push(`plan.${c}: dp=${p.dp} replicas need at least ${p.dp} rows per batch; this call gets ${rows}`);

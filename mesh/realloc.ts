@@ -47,12 +47,24 @@ interface Held {
   hi: number;
 }
 
+const holdingCache = new WeakMap<ModelInfo, Map<string, Map<string, Held[]>>>();
+
 function holdings(model: ModelInfo, layout: Layout, names: Set<string> | undefined): Map<string, Held[]> {
+  // Planners (a plan search above all) ask for the same layouts again and again.
+  let byLayout = holdingCache.get(model);
+  if (!byLayout) holdingCache.set(model, (byLayout = new Map()));
+  const key = `${layout.devices.join(',')}/${layout.dp}/${layout.tp}/${layout.pp}`;
+  let all = byLayout.get(key);
+  if (!all) byLayout.set(key, (all = computeHoldings(model, layout)));
+  if (!names) return all;
+  return new Map([...all].filter(([name]) => names.has(name)));
+}
+
+function computeHoldings(model: ModelInfo, layout: Layout): Map<string, Held[]> {
   const bounds = stageBounds(model, layout.pp);
   const out = new Map<string, Held[]>();
   layout.devices.forEach((device, rank) => {
     for (const s of shardSlices(model, layout, rank, bounds)) {
-      if (names && !names.has(s.name)) continue;
       const axis = cutAxis(model, s.name);
       const [lo, hi] = rangeOn(s, axis);
       (out.get(s.name) ?? out.set(s.name, []).get(s.name)!).push({ device, lo, hi });
@@ -105,10 +117,11 @@ export function planRealloc(model: ModelInfo, from: Layout, to: Layout, nodeOf: 
       const lo = points[i]!;
       const hi = points[i + 1]!;
       const holders = has.filter((h) => h.lo <= lo && h.hi >= hi);
+      const holderDevices = new Set(holders.map((h) => h.device));
       const remote = new Map<number, number[]>(); // node → destinations
       for (const n of needs) {
         if (!(n.lo <= lo && n.hi >= hi)) continue;
-        if (holders.some((h) => h.device === n.device)) {
+        if (holderDevices.has(n.device)) {
           locals.push({ ...pieceSlice(p, lo, hi), device: n.device });
           continue;
         }

@@ -4,7 +4,7 @@
 import { join } from 'node:path';
 import { runId } from '../../mesh/subjects.ts';
 import { BACKENDS } from '../backend.ts';
-import { loadScenario } from '../scenario.ts';
+import { loadScenario, planOnly } from '../scenario.ts';
 import { UsageError, args, runMain } from '../../actors/host.ts';
 import { launch } from './launch.ts';
 
@@ -36,6 +36,8 @@ runMain(async () => {
     throw new UsageError(`--workers: expected a whole number >= 0, got ${values.workers}`);
   }
   const scenario = loadScenario(file);
+  const planning = planOnly(scenario);
+  if (planning) throw new UsageError(`${file} is a scenario to plan, not to run here: ${planning}. Plan it with: npm run plan -- ${file}`);
   const run = runId(scenario.name ?? 'run');
   const out = values.out ?? join('runs', run);
   console.log(`ferry: scenario ${file}, run ${run}, output in ${out}`);

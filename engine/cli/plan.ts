@@ -1,0 +1,100 @@
+// npm run plan -- FILE [--strategy NAME] [--budget SECONDS] [--json] [--write PLAN.yaml]
+// Plans a scenario: every named placement and (by default) a search, each evaluated with the cost
+// model and the simulator; prints the chosen plan call by call and how it compares.
+import { writeFileSync } from 'node:fs';
+import { stringify } from 'yaml';
+import { UsageError, args, runMain } from '../../actors/host.ts';
+import { CALLS, loadScenario } from '../scenario.ts';
+import { NAMED, Evaluator, namedPlan, search, type Candidate, type Evaluation, type NamedStrategy } from '../plan/planner.ts';
+import { problemOf } from '../plan/problem.ts';
+
+const USAGE = `usage: npm run plan -- FILE [--strategy search|${NAMED.join('|')}] [--budget SECONDS] [--json] [--write PLAN.yaml]`;
+
+export function planYaml(c: Candidate): string {
+  const plan = Object.fromEntries(CALLS.map((call) => [call, { mesh: c[call].mesh, dp: c[call].dp, tp: c[call].tp, pp: c[call].pp }]));
+  return stringify({ plan }, { lineWidth: 0 });
+}
+
+function report(strategy: string, ev: Evaluation) {
+  return {
+    strategy,
+    feasible: ev.feasible,
+    ...(ev.why ? { why: ev.why } : {}),
+    iteration_seconds: ev.iterationSeconds,
+    calls: Object.fromEntries(
+      CALLS.map((call) => {
+        const c = ev.calls[call];
+        return [call, { mesh: c.placement.mesh, dp: c.placement.dp, tp: c.placement.tp, pp: c.placement.pp, seconds: c.seconds, realloc_seconds: c.reallocSeconds, memory_gb_per_device: c.memoryBytes / 1e9 }];
+      }),
+    ),
+  };
+}
+
+runMain(async () => {
+  const { values, positionals } = args(USAGE, {
+    strategy: { type: 'string', default: 'search' },
+    budget: { type: 'string', default: '10' },
+    json: { type: 'boolean', default: false },
+    write: { type: 'string' },
+    seed: { type: 'string', default: '1' },
+  });
+  if (values.help) {
+    console.log(USAGE);
+    return 0;
+  }
+  if (positionals.length !== 1) throw new UsageError(`expected one scenario file\n${USAGE}`);
+  const strategy = values.strategy!;
+  if (strategy !== 'search' && !(NAMED as readonly string[]).includes(strategy)) {
+    throw new UsageError(`--strategy: expected search or one of ${NAMED.join(', ')}, got ${strategy}`);
+  }
+  const budget = Number(values.budget);
+  if (!(budget > 0)) throw new UsageError(`--budget: expected seconds > 0, got ${values.budget}`);
+  const scenario = loadScenario(positionals[0]!);
+  const problem = problemOf(scenario);
+  const ev = new Evaluator(problem);
+
+  const named = Object.fromEntries(NAMED.map((n) => [n, namedPlan(ev, n)])) as Record<NamedStrategy, Candidate>;
+  const baselines = Object.fromEntries(NAMED.map((n) => [n, ev.evaluate(named[n]).iterationSeconds]));
+  let chosen: Candidate;
+  let searchInfo: { seconds: number; evaluated: number; accepted: number } | undefined;
+  if (strategy === 'search') {
+    const starts = NAMED.map((n) => named[n]).sort((a, b) => ev.evaluate(a).iterationSeconds - ev.evaluate(b).iterationSeconds);
+    const r = search(ev, starts, { budgetSeconds: budget, seed: Number(values.seed) });
+    if (r.best.length === 0) throw new Error(`no feasible plan found for ${problem.name} in ${budget} s (every named plan: ${NAMED.map((n) => ev.evaluate(named[n]).why).join('; ')})`);
+    chosen = r.best[0]!.plan;
+    searchInfo = { seconds: r.seconds, evaluated: r.evaluated, accepted: r.accepted };
+  } else {
+    chosen = named[strategy as NamedStrategy];
+  }
+  const evaluation = ev.evaluate(chosen, true);
+  const out = {
+    scenario: problem.name,
+    device: problem.device.name,
+    devices: problem.cluster.nodes * problem.cluster.devicesPerNode,
+    ...report(strategy, evaluation),
+    search_seconds: searchInfo?.seconds ?? 0,
+    plans_evaluated: searchInfo?.evaluated ?? 0,
+    baselines,
+  };
+  if (values.write) writeFileSync(values.write, planYaml(chosen));
+  if (values.json) {
+    console.log(JSON.stringify(out));
+    return evaluation.feasible ? 0 : 1;
+  }
+  const pad = (x: string, n: number) => x.padEnd(n);
+  console.log(`${problem.name}: ${out.devices} × ${problem.device.name}, strategy ${strategy}${searchInfo ? ` (${searchInfo.evaluated} plans in ${searchInfo.seconds.toFixed(1)} s)` : ''}`);
+  console.log(`${pad('call', 22)}${pad('mesh', 10)}${pad('dp/tp/pp', 10)}${pad('seconds', 10)}${pad('realloc', 10)}memory/device`);
+  for (const call of CALLS) {
+    const c = evaluation.calls[call];
+    const p = c.placement;
+    console.log(`${pad(call, 22)}${pad(p.mesh, 10)}${pad(`${p.dp}/${p.tp}/${p.pp}`, 10)}${pad(c.seconds.toFixed(3), 10)}${pad(c.reallocSeconds.toFixed(3), 10)}${(c.memoryBytes / 1e9).toFixed(2)} GB`);
+  }
+  if (!evaluation.feasible) console.log(`not feasible: ${evaluation.why}`);
+  console.log(`iteration: ${evaluation.iterationSeconds.toFixed(3)} s (estimated)`);
+  for (const n of NAMED) {
+    const t = baselines[n]!;
+    console.log(`  ${pad(n, 14)}${Number.isFinite(t) ? `${t.toFixed(3)} s  (${(t / evaluation.iterationSeconds).toFixed(2)}× the chosen plan)` : `infeasible: ${ev.evaluate(named[n]).why}`}`);
+  }
+  if (values.write) console.log(`plan written to ${values.write}`);
+  return evaluation.feasible ? 0 : 1;
+});

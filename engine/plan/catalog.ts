@@ -1,0 +1,93 @@
+// What the planner knows of models and hardware, from public specifications. Nothing here is
+// tuned to reproduce a published result; the two efficiency factors are stated assumptions
+// (sustained fraction of peak for large matrix products and for memory streaming) and apply to
+// every strategy alike.
+
+/** A decoder-only transformer's shape. */
+export interface ModelShape {
+  name: string;
+  layers: number;
+  width: number;
+  /** Hidden size of the MLP. */
+  ffn: number;
+  heads: number;
+  /** Key/value heads (grouped-query attention when fewer than `heads`). */
+  kvHeads: number;
+  vocab: number;
+  /** Gated MLP (LLaMA's SwiGLU: three matrices) or plain (two). */
+  gated: boolean;
+  /** Bytes per parameter and activation element: 2 for bf16, 4 for float32. */
+  dtypeBytes: number;
+}
+
+/** LLaMA-2 shapes (Touvron et al. 2023); 34B and 70B use grouped-query attention with 8 KV heads. */
+export const MODELS: Record<string, ModelShape> = {
+  'llama2-7b': { name: 'llama2-7b', layers: 32, width: 4096, ffn: 11008, heads: 32, kvHeads: 32, vocab: 32000, gated: true, dtypeBytes: 2 },
+  'llama2-13b': { name: 'llama2-13b', layers: 40, width: 5120, ffn: 13824, heads: 40, kvHeads: 40, vocab: 32000, gated: true, dtypeBytes: 2 },
+  'llama2-34b': { name: 'llama2-34b', layers: 48, width: 8192, ffn: 22016, heads: 64, kvHeads: 8, vocab: 32000, gated: true, dtypeBytes: 2 },
+  'llama2-70b': { name: 'llama2-70b', layers: 80, width: 8192, ffn: 28672, heads: 64, kvHeads: 8, vocab: 32000, gated: true, dtypeBytes: 2 },
+};
+
+/** ferry's own small GPT (engine/model.ts) as a shape: float32, plain 4× MLP. */
+export function localShape(name: string, vocab: number, layers: number, width: number, heads: number): ModelShape {
+  return { name, layers, width, ffn: 4 * width, heads, kvHeads: heads, vocab, gated: false, dtypeBytes: 4 };
+}
+
+/** A device and the links between devices. Rates are sustained, in bytes or FLOP per second. */
+export interface DeviceProfile {
+  name: string;
+  /** Sustained FLOP/s of large matrix products. */
+  flops: number;
+  /** Sustained memory bandwidth, bytes/s (decoding reads every weight once per token). */
+  memBandwidth: number;
+  memoryBytes: number;
+  /** Per-device bandwidth to devices of the same node, and to other nodes, bytes/s. */
+  intraBandwidth: number;
+  interBandwidth: number;
+  /** Fixed cost of one message or collective step, seconds (the α of an α–β model). */
+  latency: number;
+  /** Fixed cost per layer per pass (kernel launches, framework overhead), seconds. */
+  layerOverhead: number;
+  /**
+   * Devices that share processors: when set, at most this many calls compute at full speed at
+   * once (the local machine runs several worker processes on few cores). Absent for GPUs.
+   */
+  sharedCores?: number;
+  /** Where the numbers come from. */
+  source: string;
+}
+
+/** Sustained fractions of peak (assumptions, applied to every plan alike). */
+const MATMUL_EFFICIENCY = 0.5;
+const STREAM_EFFICIENCY = 0.8;
+
+/**
+ * A100-80GB SXM: 312 TFLOP/s dense bf16, ~2.0 TB/s HBM2e, 600 GB/s NVLink (all directions), nodes
+ * of 8 with 200 Gb/s per GPU between nodes. H100-80GB SXM: ~989 TFLOP/s, 3.35 TB/s, 900 GB/s.
+ */
+export const DEVICES: Record<string, DeviceProfile> = {
+  'a100-80gb': {
+    name: 'a100-80gb',
+    flops: 312e12 * MATMUL_EFFICIENCY,
+    memBandwidth: 2.0e12 * STREAM_EFFICIENCY,
+    memoryBytes: 80e9,
+    intraBandwidth: (600e9 / 2) * STREAM_EFFICIENCY,
+    interBandwidth: (200e9 / 8) * STREAM_EFFICIENCY,
+    latency: 10e-6,
+    layerOverhead: 20e-6,
+    source: 'NVIDIA A100 datasheet (SXM 80GB); 200 Gb/s per GPU between nodes',
+  },
+  'h100-80gb': {
+    name: 'h100-80gb',
+    flops: 989e12 * MATMUL_EFFICIENCY,
+    memBandwidth: 3.35e12 * STREAM_EFFICIENCY,
+    memoryBytes: 80e9,
+    intraBandwidth: (900e9 / 2) * STREAM_EFFICIENCY,
+    interBandwidth: (200e9 / 8) * STREAM_EFFICIENCY,
+    latency: 10e-6,
+    layerOverhead: 15e-6,
+    source: 'NVIDIA H100 datasheet (SXM 80GB); 200 Gb/s per GPU between nodes',
+  },
+};
+
+export const DEVICE_NAMES = ['local', ...Object.keys(DEVICES)] as const;
