@@ -19,7 +19,9 @@ describe('parseScenario defaults', () => {
     backend: 'auto',
     task: { name: 'sort', digits: 4, base: 10 },
     model: { layers: 2, width: 64, heads: 4 },
-    cluster: { nodes: 1, devices_per_node: 4 },
+    cluster: { nodes: 1, devices_per_node: 4, device: 'local' },
+    models: {},
+    lengths: {},
     plan: {},
     warmup: { steps: 15, demos: 1024, batch: 32, lr: 3e-3 },
     ppo: {
@@ -164,7 +166,7 @@ describe('plan checks', () => {
     const s = parseScenario('plan: {actor.generate: {mesh: "0:0-1", dp: 2}, actor.train: {mesh: "0:0-3", dp: 2, pp: 2}}', 'test.yaml');
     expect(resolvePlan(s)['actor.train']).toMatchObject({ devices: [0, 1, 2, 3], dp: 2, tp: 1, pp: 2 });
     expect(scenarioError('plan: {reward.inference: {mesh: "0:2-3", dp: 2}}')).toContain('plan.reward.inference: the rule reward runs on one device; mesh "0:2-3" has 2');
-    expect(scenarioError('model: {layers: 2}\nplan: {critic.train: {mesh: "0:0-3", pp: 4}}')).toContain('plan.critic.train: pp=4 needs at least 4 layers; model.layers is 2');
+    expect(scenarioError('model: {layers: 2}\nplan: {critic.train: {mesh: "0:0-3", pp: 4}}')).toContain('plan.critic.train: pp=4 needs at least 4 layers; the model has 2');
     expect(scenarioError('ppo: {batch: 4, minibatches: 2}\nwarmup: {batch: 4}\nplan: {critic.train: {mesh: "0:0-3", dp: 4}}')).toContain('plan.critic.train: dp=4 replicas need at least 4 rows per batch; this call gets 2');
   });
 
