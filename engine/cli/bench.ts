@@ -17,12 +17,20 @@ import { median, type Summary } from '../record.ts';
 import { runSpec } from '../rlhf.ts';
 import { loadScenario, type Scenario } from '../scenario.ts';
 import type { Layout } from '../../mesh/layout.ts';
+import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
+import { dirname } from 'node:path';
+import type { DeviceProfile } from '../plan/catalog.ts';
+import { LOCAL_PROFILE, loadLocalProfile } from '../plan/problem.ts';
+import { estimatorBench, PLANS, searchBench } from './bench-estimator.ts';
 import { reallocBench } from './bench-realloc.ts';
+import { profileLocal } from './profile.ts';
 import { launch } from './launch.ts';
 
 const USAGE = `usage: npm run bench -- NAME [--json] [options]
   iteration [--scenario FILE] [--iterations N]   tokens/s over NATS, and the ratio to one process
-  realloc [--width W] [--layers L] [--repeats R]  reallocation MB/s against raw NATS, bytes, memory`;
+  realloc [--width W] [--layers L] [--repeats R]  reallocation MB/s against raw NATS, bytes, memory
+  estimator [--iterations N] [--profile]        planner estimates against measured runs of 6 local plans
+  search [--iterations N] [--budget S]          measured: the best named strategy against the search's plan`;
 
 const quiet = { phase() {}, iteration() {}, stop() {} };
 
@@ -85,6 +93,8 @@ runMain(async () => {
     scenario: { type: 'string', default: 'scenarios/quickstart.yaml' },
     iterations: { type: 'string' },
     width: { type: 'string', default: '512' },
+    profile: { type: 'boolean', default: false },
+    budget: { type: 'string', default: '10' },
     layers: { type: 'string', default: '6' },
     repeats: { type: 'string', default: '3' },
   });
@@ -94,7 +104,9 @@ runMain(async () => {
   }
   const name = positionals[0];
   if (name === 'realloc') return realloc(values);
-  if (name !== 'iteration') throw new UsageError(`unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc\n${USAGE}`);
+  if (name === 'estimator') return estimator(values);
+  if (name === 'search') return searchPlans(values);
+  if (name !== 'iteration') throw new UsageError(`unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, search\n${USAGE}`);
   let scenario = loadScenario(values.scenario!);
   if (values.iterations !== undefined) {
     const n = Number(values.iterations);
@@ -151,4 +163,38 @@ async function realloc(values: { json?: boolean; width?: string; layers?: string
     }
   }
   return r.bytes_ratio === 1 ? 0 : 1;
+}
+
+/** The local profile: fitted now if there is none yet (or --profile asks for a new one). */
+async function localProfile(refit: boolean, log: (line: string) => void): Promise<DeviceProfile> {
+  if (!refit && existsSync(LOCAL_PROFILE)) return loadLocalProfile();
+  log('fitting the local profile (npm run profile) …');
+  const profile = await profileLocal(log);
+  mkdirSync(dirname(LOCAL_PROFILE), { recursive: true });
+  writeFileSync(LOCAL_PROFILE, `${JSON.stringify(profile, null, 2)}\n`);
+  return profile;
+}
+
+async function searchPlans(values: { json?: boolean; iterations?: string; profile?: boolean; budget?: string }): Promise<number> {
+  const log = values.json ? () => {} : (line: string) => console.log(line);
+  const profile = await localProfile(values.profile ?? false, log);
+  const iterations = values.iterations === undefined ? 8 : whole('iterations', values.iterations, 3);
+  const budget = Number(values.budget);
+  if (!(budget > 0)) throw new UsageError(`--budget: expected seconds > 0, got ${values.budget}`);
+  log(`bench search: the planner's best named strategy and its search's plan, ${iterations} iterations each`);
+  const r = await searchBench(profile, iterations, budget, log);
+  if (values.json) console.log(JSON.stringify(r));
+  else console.log(`measured speed-up of the searched plan over the best named one: ${r.speedup_measured.toFixed(2)}×`);
+  return 0;
+}
+
+async function estimator(values: { json?: boolean; iterations?: string; profile?: boolean }): Promise<number> {
+  const log = values.json ? () => {} : (line: string) => console.log(line);
+  const profile = await localProfile(values.profile ?? false, log);
+  const iterations = values.iterations === undefined ? 8 : whole('iterations', values.iterations, 3);
+  log(`bench estimator: ${Object.keys(PLANS).length} plans, ${iterations} iterations each, over NATS with worker processes`);
+  const r = await estimatorBench(profile, iterations, log);
+  if (values.json) console.log(JSON.stringify(r));
+  else console.log(`median relative error ${(100 * r.median_relative_error!).toFixed(1)}%, worst ${(100 * r.max_relative_error).toFixed(1)}%`);
+  return 0;
 }

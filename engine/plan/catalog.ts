@@ -48,6 +48,20 @@ export interface DeviceProfile {
   latency: number;
   /** Fixed cost per layer per pass (kernel launches, framework overhead), seconds. */
   layerOverhead: number;
+  /** Fixed cost of one call (dispatch, the reply, the caller's share of the work), seconds. */
+  callOverhead?: number;
+  /**
+   * A training step's FLOPs over a forward pass's: 3 where backward costs twice the forward (the
+   * usual count for large matrix products); fitted for the local machine.
+   */
+  trainFactor?: number;
+  /** The same for the fixed per-layer costs (kernel launches, framework overhead); 3 unless fitted. */
+  trainPassFactor?: number;
+  /**
+   * Generation recomputes the whole prefix for every new token (no KV cache), as ferry's own
+   * TensorFlow.js runtime does; GPU serving engines keep a KV cache.
+   */
+  recomputeDecode?: boolean;
   /**
    * Devices that share processors: when set, at most this many calls compute at full speed at
    * once (the local machine runs several worker processes on few cores). Absent for GPUs.

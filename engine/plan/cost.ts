@@ -137,12 +137,14 @@ export function callCost(
 
   /** One forward pass of `seqs` sequences of `len` tokens on one replica; with `backward`, ×3. */
   const pass = (seqs: number, len: number, backward: boolean, microbatches: number) => {
-    const mult = backward ? 3 : 1;
+    const mult = backward ? (dev.trainFactor ?? 3) : 1;
+    const passMult = backward ? (dev.trainPassFactor ?? 3) : 1;
     const tokens = seqs * len;
     // Causal attention: QKᵀ and AV over half the context on average, per layer.
     const attnFlops = 2 * 2 * m.layers * seqs * ((len * len) / 2) * D;
     const flops = (tokens * (bodyFlopsPerToken + headFlopsPerToken) + attnFlops) * mult;
-    const compute = flops / (tp * pp) / dev.flops + stageLayers * dev.layerOverhead * mult * microbatches;
+    // The embedding and head weigh about one layer's overhead per pass.
+    const compute = flops / (tp * pp) / dev.flops + (stageLayers + 1) * dev.layerOverhead * passMult * microbatches;
     // Two all-reduces per layer forward (attention and MLP outputs), two more backward.
     const tpBytes = tokens * D * bytes;
     const tpComm = m.layers / pp * 2 * (backward ? 2 : 1) * allReduceSeconds(tpBytes / microbatches, tp, tpBw, dev.latency) * microbatches;
@@ -156,7 +158,7 @@ export function callCost(
   let bubble = 0;
   let transient = 0;
   if (kind === 'inference') {
-    const mb = Math.max(1, Math.min(rows, pp * 2));
+    const mb = pp > 1 ? Math.max(1, Math.min(rows, pp * 2)) : 1;
     const p = pass(rows, T, false, mb);
     compute = p.compute;
     communication = p.comm;
@@ -189,11 +191,29 @@ export function callCost(
     let decode = 0;
     let decodeComm = 0;
     const stride = Math.max(1, Math.floor(wl.responseLen / 16));
+    if (dev.recomputeDecode) {
+      // Every new token is a forward pass over the whole prefix, then one more over the result
+      // for the log-probabilities.
+      let total = { compute: 0, comm: 0, bubble: 0 };
+      for (let t = 0; t <= wl.responseLen; t++) {
+        const p = pass(rows, wl.promptLen + t, false, 1);
+        total = { compute: total.compute + p.compute, comm: total.comm + p.comm, bubble: total.bubble + p.bubble };
+      }
+      compute = total.compute + (dev.callOverhead ?? 0);
+      return {
+        seconds: compute + total.comm + total.bubble,
+        compute,
+        communication: total.comm,
+        bubble: total.bubble,
+        transientBytes: (rows * T * D * bytes * 4) / tp + (opts.owner ? 0 : weightsPerDevice),
+        residentBytes: opts.owner ? weightsPerDevice + trainState : 0,
+      };
+    }
     for (let t = 0; t < wl.responseLen; t += stride) {
       const ctx = wl.promptLen + t;
       const reads = weightsPerDevice + wave * ctx * kvPerToken;
       const flops = (wave * (bodyFlopsPerToken + headFlopsPerToken + 4 * m.layers * ctx * D)) / (tp * pp);
-      const stage = Math.max(reads / dev.memBandwidth, flops / dev.flops) + stageLayers * dev.layerOverhead;
+      const stage = Math.max(reads / dev.memBandwidth, flops / dev.flops) + (stageLayers + 1) * dev.layerOverhead;
       const comm = (m.layers / pp) * 2 * allReduceSeconds(wave * D * bytes, tp, tpBw, dev.latency) + (pp > 1 ? (pp - 1) * ((wave * D * bytes) / ppBw + dev.latency) : 0);
       const span = Math.min(stride, wl.responseLen - t);
       decode += stage * pp * span * waves;
@@ -203,6 +223,7 @@ export function callCost(
     communication = prefill.comm + decodeComm;
     transient = wave * T * kvPerToken + (wave * T * D * bytes * 4) / tp;
   }
+  compute += dev.callOverhead ?? 0;
   return {
     seconds: compute + communication + bubble,
     compute,

@@ -124,7 +124,8 @@ export class Evaluator {
       if (problem) why ??= `${call}: ${problem}`;
       const residentHere = Math.max(...p.devices.map((d) => resident.get(d) ?? 0));
       const cost = this.callCost(call, p, isOwner, device.memoryBytes - residentHere);
-      const moveSeconds = isOwner ? 0 : this.realloc(model, owner, p);
+      // A view is loaded, filled and released: two calls more than the move itself.
+      const moveSeconds = isOwner ? 0 : this.realloc(model, owner, p) + 2 * (device.callOverhead ?? 0);
       const memory = Math.max(...p.devices.map((d) => (resident.get(d) ?? 0) + (cost?.transientBytes ?? 0)));
       if (memory > device.memoryBytes) {
         why ??= `${call} needs ${(memory / 1e9).toFixed(1)} GB on a device of ${(device.memoryBytes / 1e9).toFixed(0)} GB`;

@@ -1,0 +1,131 @@
+// The estimator benchmark: several plans of one local scenario run for real (worker processes
+// over NATS), each against the planner's estimate from the fitted local profile.
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import type { Metrics } from '../../mesh/protocol.ts';
+import { runId } from '../../mesh/subjects.ts';
+import type { DeviceProfile } from '../plan/catalog.ts';
+import { Evaluator, NAMED, namedPlan, search, type Candidate } from '../plan/planner.ts';
+import { problemOf } from '../plan/problem.ts';
+import { median } from '../record.ts';
+import { CALLS, parseScenario, resolvePlan, type Scenario } from '../scenario.ts';
+import { launch } from './launch.ts';
+
+const BASE = `name: estimator
+seed: 1
+backend: wasm
+task: { name: sort, digits: 4, base: 10 }
+model: { layers: 2, width: 64, heads: 4 }
+warmup: { steps: 2, demos: 64, batch: 16 }
+`;
+
+/** Plans that differ in what they share, move and split: one device, pairs, one per model, views, 3D. */
+export const PLANS: Record<string, string> = {
+  'one-device': `plan:
+  actor.generate: { mesh: "0:0" }
+  actor.train: { mesh: "0:0" }
+  critic.inference: { mesh: "0:0" }
+  critic.train: { mesh: "0:0" }
+  reference.inference: { mesh: "0:0" }
+  reward.inference: { mesh: "0:0" }`,
+  pairs: `plan:
+  actor.generate: { mesh: "0:0" }
+  actor.train: { mesh: "0:0" }
+  critic.inference: { mesh: "0:1" }
+  critic.train: { mesh: "0:1" }
+  reference.inference: { mesh: "0:1" }
+  reward.inference: { mesh: "0:0" }`,
+  split: `plan: {}`,
+  views: `plan:
+  actor.train: { mesh: "0:0" }
+  actor.generate: { mesh: "0:2" }
+  critic.train: { mesh: "0:1" }
+  critic.inference: { mesh: "0:3" }
+  reference.inference: { mesh: "0:2" }
+  reward.inference: { mesh: "0:3" }`,
+  'data-parallel': `plan:
+  actor.train: { mesh: "0:0-1", dp: 2 }
+  actor.generate: { mesh: "0:0-1", dp: 2 }
+  critic.train: { mesh: "0:2-3", dp: 2 }
+  critic.inference: { mesh: "0:2-3", dp: 2 }
+  reference.inference: { mesh: "0:2" }
+  reward.inference: { mesh: "0:3" }`,
+  '3d': `plan:
+  actor.train: { mesh: "0:0-1", dp: 2 }
+  actor.generate: { mesh: "0:2-3", tp: 2 }
+  critic.train: { mesh: "0:0-1", pp: 2 }
+  critic.inference: { mesh: "0:2-3", dp: 2 }
+  reference.inference: { mesh: "0:2-3", tp: 2 }
+  reward.inference: { mesh: "0:3" }`,
+};
+
+export function candidateOf(s: Scenario): Candidate {
+  const plan = resolvePlan(s);
+  return Object.fromEntries(CALLS.map((c) => [c, { mesh: plan[c].mesh, devices: plan[c].devices, dp: plan[c].dp, tp: plan[c].tp, pp: plan[c].pp }])) as Candidate;
+}
+
+export async function estimatorBench(profile: DeviceProfile, iterations: number, log: (line: string) => void) {
+  const rows = [];
+  for (const [name, plan] of Object.entries(PLANS)) {
+    const scenario = { ...parseScenario(`${BASE}ppo: { iterations: ${iterations}, batch: 64 }\n${plan}\n`, `estimator/${name}`), name: `estimator-${name}` };
+    const estimated = new Evaluator(problemOf(scenario, profile)).evaluate(candidateOf(scenario));
+    const dir = mkdtempSync(join(tmpdir(), 'ferry-estimator-'));
+    try {
+      const r = await launch({ scenario, run: runId(`est-${name}`), out: dir, progress: { phase() {}, iteration() {}, stop() {} }, say: () => {} });
+      if (r.code !== 0) throw new Error(`plan ${name} failed: ${r.summary?.error ?? `exit ${r.code}`}`);
+      const metrics = readFileSync(join(dir, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Metrics);
+      // The first iteration warms caches and compiles; the rest are the steady state the simulator estimates.
+      const measured = median(metrics.slice(1).map((m) => m.seconds))!;
+      const error = (estimated.iterationSeconds - measured) / measured;
+      log(`  ${name.padEnd(14)} measured ${measured.toFixed(3)} s/it, estimated ${estimated.iterationSeconds.toFixed(3)} s/it (${(100 * error).toFixed(1)}%)`);
+      rows.push({ plan: name, measured_seconds: measured, estimated_seconds: estimated.iterationSeconds, relative_error: error });
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }
+  const abs = rows.map((r) => Math.abs(r.relative_error));
+  return { bench: 'estimator', iterations, plans: rows, median_relative_error: median(abs), max_relative_error: Math.max(...abs), profile: profile.source };
+}
+
+/** A measured run of one plan: the median seconds per iteration after the first. */
+async function measure(scenario: Scenario, plan: Candidate, name: string): Promise<number> {
+  const withPlan: Scenario = { ...scenario, name: `search-${name}`, plan: Object.fromEntries(CALLS.map((c) => [c, { mesh: plan[c].mesh, dp: plan[c].dp, tp: plan[c].tp, pp: plan[c].pp }])) };
+  const dir = mkdtempSync(join(tmpdir(), 'ferry-search-'));
+  try {
+    const r = await launch({ scenario: withPlan, run: runId(`search-${name}`), out: dir, progress: { phase() {}, iteration() {}, stop() {} }, say: () => {} });
+    if (r.code !== 0) throw new Error(`plan ${name} failed: ${r.summary?.error ?? `exit ${r.code}`}`);
+    const metrics = readFileSync(join(dir, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Metrics);
+    return median(metrics.slice(1).map((m) => m.seconds))!;
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+/**
+ * On this machine, measured: the named strategy the planner rates best, against the plan its
+ * search finds. Both run for real over NATS.
+ */
+export async function searchBench(profile: DeviceProfile, iterations: number, budget: number, log: (line: string) => void) {
+  const scenario = { ...parseScenario(`${BASE}ppo: { iterations: ${iterations}, batch: 64 }\n`, 'search'), name: 'search' };
+  const ev = new Evaluator(problemOf(scenario, profile));
+  const named = NAMED.map((n) => ({ name: n, plan: namedPlan(ev, n) })).map((x) => ({ ...x, estimated: ev.evaluate(x.plan).iterationSeconds }));
+  named.sort((a, b) => a.estimated - b.estimated);
+  const found = search(ev, named.map((n) => n.plan), { budgetSeconds: budget });
+  const best = named[0]!;
+  const searched = found.best[0]!;
+  log(`  estimated: best named (${best.name}) ${best.estimated.toFixed(3)} s/it, search ${searched.iterationSeconds.toFixed(3)} s/it`);
+  const measuredNamed = await measure(scenario, best.plan, best.name);
+  const measuredSearch = await measure(scenario, searched.plan, 'search');
+  log(`  measured:  best named (${best.name}) ${measuredNamed.toFixed(3)} s/it, search ${measuredSearch.toFixed(3)} s/it`);
+  return {
+    bench: 'search',
+    best_named: best.name,
+    named_estimated_seconds: Object.fromEntries(named.map((n) => [n.name, n.estimated])),
+    search_estimated_seconds: searched.iterationSeconds,
+    best_named_measured_seconds: measuredNamed,
+    search_measured_seconds: measuredSearch,
+    speedup_measured: measuredNamed / measuredSearch,
+    search_plan: Object.fromEntries(CALLS.map((c) => [c, `${searched.plan[c].mesh} dp${searched.plan[c].dp} tp${searched.plan[c].tp} pp${searched.plan[c].pp}`])),
+  };
+}

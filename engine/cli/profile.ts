@@ -1,0 +1,210 @@
+// npm run profile [-- --out FILE]
+// Fits the `local` device profile from timings of this machine's own worker processes: model
+// calls of several sizes on one worker (their device-side times), small requests for the bus's
+// latency, and a raw exchange between two workers for its bandwidth. The cost model's own
+// formulas give each call's FLOPs and layer passes; a least-squares fit of the measured times on
+// them gives the sustained FLOP/s, the cost per layer pass and the cost per call.
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { cpus, tmpdir, totalmem } from 'node:os';
+import { dirname, join } from 'node:path';
+import { connectBus } from '../../mesh/bus.ts';
+import type { Layout } from '../../mesh/layout.ts';
+import { startNatsServer } from '../../mesh/nats-server.ts';
+import { runId, subjects } from '../../mesh/subjects.ts';
+import { BusDispatcher } from '../../actors/bus-dispatcher.ts';
+import { UsageError, args, runMain } from '../../actors/host.ts';
+import { serveJoins } from '../../actors/membership.ts';
+import { runExchange } from '../dispatch.ts';
+import { median } from '../record.ts';
+import { localShape, type DeviceProfile } from '../plan/catalog.ts';
+import { callCost, type CallKind, type Workload } from '../plan/cost.ts';
+import { LOCAL_PROFILE } from '../plan/problem.ts';
+import { exited, startProcess } from './launch.ts';
+
+const USAGE = 'usage: npm run profile [-- --out FILE] [--json]';
+
+/** A call's features under the cost model: FLOPs (at 1 FLOP/s) and layer passes (at 1 s each). */
+function features(kind: CallKind, shape: ReturnType<typeof localShape>, wl: Workload): [number, number] {
+  const one: Layout = { devices: [0], dp: 1, tp: 1, pp: 1 };
+  // trainFactor 1: a training call's features are those of its forward passes; its own factor is fitted apart.
+  const base = { name: 'unit', memBandwidth: 1e30, memoryBytes: 1e15, intraBandwidth: 1e30, interBandwidth: 1e30, latency: 0, trainFactor: 1, trainPassFactor: 1, recomputeDecode: true, source: 'fit' };
+  const flops = callCost(shape, kind, one, wl, { ...base, flops: 1, layerOverhead: 0 }, 4, { owner: true, trainable: true }).compute;
+  const passes = callCost(shape, kind, one, wl, { ...base, flops: 1e30, layerOverhead: 1 }, 4, { owner: true, trainable: true }).compute;
+  return [flops, passes];
+}
+
+/** Least squares for t ≈ a·x + b·y + c (normal equations, 3×3). */
+export function fit3(rows: Array<[number, number, number]>): [number, number, number] {
+  const s = Array.from({ length: 3 }, () => new Array<number>(4).fill(0));
+  for (const [x, y, t] of rows) {
+    const v = [x, y, 1];
+    for (let i = 0; i < 3; i++) {
+      for (let j = 0; j < 3; j++) s[i]![j]! += v[i]! * v[j]!;
+      s[i]![3]! += v[i]! * t;
+    }
+  }
+  for (let i = 0; i < 3; i++) {
+    const p = s[i]![i]!;
+    for (let j = i; j < 4; j++) s[i]![j]! /= p;
+    for (let k = 0; k < 3; k++) {
+      if (k === i) continue;
+      const f = s[k]![i]!;
+      for (let j = i; j < 4; j++) s[k]![j]! -= f * s[i]![j]!;
+    }
+  }
+  return [s[0]![3]!, s[1]![3]!, s[2]![3]!];
+}
+
+/** Least squares for t ≈ a·x + b·y (no intercept). */
+export function fit2(rows: Array<[number, number, number]>): [number, number] {
+  let xx = 0, xy = 0, yy = 0, xt = 0, yt = 0;
+  for (const [x, y, t] of rows) {
+    xx += x * x;
+    xy += x * y;
+    yy += y * y;
+    xt += x * t;
+    yt += y * t;
+  }
+  const det = xx * yy - xy * xy;
+  return [(xt * yy - yt * xy) / det, (yt * xx - xt * xy) / det];
+}
+
+export async function profileLocal(log: (line: string) => void): Promise<DeviceProfile & { fit: object }> {
+  const dir = mkdtempSync(join(tmpdir(), 'ferry-profile-'));
+  const server = await startNatsServer();
+  const run = runId('profile');
+  const subj = subjects(run);
+  const nc = await connectBus(server.url, 'profile');
+  const workers = [0, 1].map((i) => startProcess('actors/worker.ts', ['--run', run, '--nats', server.url, '--backend', 'wasm'], join(dir, `worker-${i}.log`), {}));
+  try {
+    await new Promise<void>((resolve, reject) => {
+      const joined = new Set<number>();
+      const timer = setTimeout(() => reject(new Error(`workers did not join within 60 s (logs in ${dir})`)), 60_000);
+      const stop = serveJoins(nc, subj, run, [0, 1], (j) => {
+        joined.add(j.device);
+        if (joined.size === 2) {
+          clearTimeout(timer);
+          stop();
+          resolve();
+        }
+      }, () => {});
+    });
+    const d = new BusDispatcher(nc, subj, run, 600_000);
+    const timed = async <T>(f: () => Promise<T>) => {
+      const before = d.stats();
+      await f();
+      const after = d.stats();
+      return { device: after.device_seconds - before.device_seconds, trip: after.round_trip_seconds - before.round_trip_seconds };
+    };
+    // Compute: calls of several shapes and sizes on one worker.
+    const rows: Array<[number, number, number]> = [];
+    const trainRows: Array<[number, number, number]> = [];
+    const samples: Array<{ shape: string; kind: CallKind; batch: number; seconds: number }> = [];
+    let tripOverhead: number[] = [];
+    for (const [layers, width] of [[1, 32], [2, 64], [4, 64], [2, 128]] as const) {
+      const shape = localShape('p', 11, layers, width, 4);
+      const spec = { kind: 'policy' as const, vocab: 11, context: 9, layers, width, heads: 4 };
+      await d.call(0, 'm', 0, { fn: 'load', role: 'actor', spec, layout: { devices: [0], dp: 1, tp: 1, pp: 1 }, rank: 0, seed: 1, optim: { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 } });
+      for (const batch of [16, 64]) {
+        const wl: Workload = { batch, promptLen: 5, responseLen: 4, epochs: 2, minibatches: 2 };
+        const tokens = Int32Array.from({ length: batch * 9 }, (_, i) => i % 10);
+        const body = { tokens, batch, promptLen: 5, responseLen: 4 };
+        const calls: Array<[CallKind, () => Promise<unknown>]> = [
+          ['inference', () => d.call(0, 'm', 0, { fn: 'inference', ...body })],
+          ['train', () => d.call(0, 'm', 0, { fn: 'train', ...body, seed: 1, hyper: { epochs: 2, minibatches: 2, clip: 0.2, valueClip: 0.2 }, old: new Float32Array(batch * 4), target: new Float32Array(batch * 4).fill(0.1) })],
+          ['generate', () => d.call(0, 'm', 0, { fn: 'generate', prompts: tokens.subarray(0, batch * 5), batch, promptLen: 5, responseLen: 4, seeds: new Uint32Array(batch), temperature: 1 })],
+        ];
+        for (const [kind, call] of calls) {
+          await call(); // warm
+          const times = [];
+          for (let r = 0; r < 3; r++) {
+            const t = await timed(call);
+            times.push(t.device);
+            tripOverhead.push(t.trip - t.device);
+          }
+          const seconds = median(times)!;
+          const [flops, passes] = features(kind, shape, wl);
+          (kind === 'train' ? trainRows : rows).push([flops, passes, seconds]);
+          samples.push({ shape: `${layers}x${width}`, kind, batch, seconds });
+        }
+      }
+      await d.call(0, 'm', 0, { fn: 'release' });
+    }
+    // Forward work (inference, generation) fixes FLOP/s, the cost per layer pass and per call;
+    // training then fits its factors over forward work: t ≈ u·a·F + v·b·P + w.
+    let [a, b, c] = fit3(rows);
+    if (c < 0) {
+      // A negative cost per call means nothing; fit through zero instead.
+      [a, b] = fit2(rows);
+      c = 0;
+    }
+    const fwd = (x: number, y: number) => a * x + b * y;
+    let [u, v, w] = fit3(trainRows.map(([x, y, t]) => [a * x, b * y, t]));
+    if (w < 0 || u < 0 || v < 0) {
+      [u, v] = fit2(trainRows.map(([x, y, t]) => [a * x, b * y, t]));
+      w = 0;
+    }
+    // The call overhead is shared; what training adds per call beyond it is folded into the pass factor's fit.
+    const residuals = [...rows.map(([x, y, t]) => Math.abs(fwd(x, y) + c - t) / t), ...trainRows.map(([x, y, t]) => Math.abs(u * a * x + v * b * y + w - t) / t)];
+    log(
+      `compute: ${(1 / a / 1e9).toFixed(2)} GFLOP/s sustained, ${(b * 1e6).toFixed(0)} µs per layer pass, ${(c * 1e3).toFixed(2)} ms per call; ` +
+        `training: ${u.toFixed(1)}× the FLOP cost and ${v.toFixed(1)}× the per-layer cost of a forward pass; median fit error ${(100 * median(residuals)!).toFixed(1)}%`,
+    );
+    // The bus: small round trips, and raw bytes between the two workers.
+    const pings: number[] = [];
+    for (let i = 0; i < 30; i++) pings.push((await timed(() => d.call(1, '*', 0, { fn: 'stats' }))).trip);
+    const latency = median(pings)! / 2;
+    const bytes = 32 << 20;
+    const t0 = performance.now();
+    await runExchange<'probe'>(nc, subj, (dev, m, it, body) => d.call(dev, m, it, body), 'bw', 0, '*', [0, 1], (dev) => ({
+      fn: 'probe',
+      realloc: 'bw',
+      sends: dev === 0 ? [{ transfer: 'bw-0', bytes }] : [],
+      recvs: dev === 1 ? [{ transfer: 'bw-0', bytes }] : [],
+      chunkBytes: nc.info?.max_payload ?? 1 << 20,
+    }));
+    const bandwidth = bytes / ((performance.now() - t0) / 1000);
+    log(`bus: ${(latency * 1e3).toFixed(2)} ms one way, ${(bandwidth / 1e6).toFixed(0)} MB/s between workers`);
+    await Promise.all([0, 1].map((dev) => d.call(dev, '*', 0, { fn: 'shutdown' }).catch(() => undefined)));
+    return {
+      name: 'local',
+      flops: 1 / a,
+      memBandwidth: 1e30, // a worker's reads are not what bounds it; compute and overheads are
+      memoryBytes: totalmem() / 4,
+      intraBandwidth: bandwidth,
+      interBandwidth: bandwidth,
+      latency,
+      layerOverhead: Math.max(0, b),
+      callOverhead: Math.max(0, c) + median(tripOverhead)!,
+      trainFactor: u,
+      trainPassFactor: v,
+      recomputeDecode: true,
+      sharedCores: cpus().length,
+      source: `npm run profile on ${new Date().toISOString()}: ${rows.length} calls of 4 shapes, a ping and a 32 MiB exchange between two worker processes`,
+      fit: { samples, median_relative_error: median(residuals) },
+    };
+  } finally {
+    for (const w of workers) if (w.exitCode === null) w.kill('SIGTERM');
+    await Promise.all(workers.map(exited));
+    await nc.close().catch(() => {});
+    await server.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) {
+  runMain(async () => {
+    const { values } = args(USAGE, { out: { type: 'string', default: LOCAL_PROFILE }, json: { type: 'boolean', default: false } });
+    if (values.help) {
+      console.log(USAGE);
+      return 0;
+    }
+    if (!values.out) throw new UsageError(USAGE);
+    const profile = await profileLocal(values.json ? () => {} : (l) => console.log(l));
+    mkdirSync(dirname(values.out), { recursive: true });
+    writeFileSync(values.out, `${JSON.stringify(profile, null, 2)}\n`);
+    if (values.json) console.log(JSON.stringify(profile));
+    else console.log(`wrote ${values.out}`);
+    return 0;
+  });
+}

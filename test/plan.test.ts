@@ -1,0 +1,257 @@
+// `npm run plan` as a real process: JSON and table output, named strategies, --write, usage
+// errors, and the time budget on the 128-GPU scenario.
+import { spawn } from 'node:child_process';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { parse } from 'yaml';
+import { CALLS, parseScenario, planOnly, resolvePlan } from '../engine/scenario.ts';
+import { NAMED } from '../engine/plan/planner.ts';
+import { ROOT, spawnTs, tempDir } from './helpers.ts';
+
+const CLI = 'engine/cli/plan.ts';
+const LLAMA7B = join(ROOT, 'scenarios/cluster/llama7b-8gpu.yaml');
+const LLAMA70B = join(ROOT, 'scenarios/cluster/llama70b-128gpu.yaml');
+
+interface Result {
+  code: number | null;
+  stdout: string;
+  stderr: string;
+  wallSeconds: number;
+}
+
+/**
+ * Runs the plan command. In the repository root by default (as `npm run plan` does); with `cwd`,
+ * somewhere else, so that `profiles/local.json` is looked up there.
+ */
+async function plan(args: string[], cwd?: string): Promise<Result> {
+  const t0 = performance.now();
+  let stdout = '';
+  let stderr = '';
+  let exited: Promise<number | null>;
+  if (cwd === undefined) {
+    const p = spawnTs(CLI, args);
+    p.child.stdout!.on('data', (b: Buffer) => (stdout += b.toString()));
+    p.child.stderr!.on('data', (b: Buffer) => (stderr += b.toString()));
+    exited = p.exited;
+  } else {
+    const tsx = pathToFileURL(createRequire(join(ROOT, 'package.json')).resolve('tsx')).href;
+    const child = spawn(process.execPath, ['--import', tsx, join(ROOT, CLI), ...args], { cwd, stdio: ['ignore', 'pipe', 'pipe'] });
+    child.stdout.on('data', (b: Buffer) => (stdout += b.toString()));
+    child.stderr.on('data', (b: Buffer) => (stderr += b.toString()));
+    exited = new Promise((r) => child.once('exit', (code) => r(code)));
+  }
+  const code = await exited;
+  return { code, stdout, stderr, wallSeconds: (performance.now() - t0) / 1000 };
+}
+
+interface PlanJson {
+  scenario: string;
+  device: string;
+  devices: number;
+  strategy: string;
+  feasible: boolean;
+  why?: string;
+  iteration_seconds: number;
+  search_seconds: number;
+  plans_evaluated: number;
+  calls: Record<string, { mesh: string; dp: number; tp: number; pp: number; seconds: number; realloc_seconds: number; memory_gb_per_device: number }>;
+  baselines: Record<string, number | null>;
+}
+
+/** Exactly one JSON object on stdout. */
+function json(r: Result): PlanJson {
+  const lines = r.stdout.trim().split('\n');
+  expect(lines, r.stdout + r.stderr).toHaveLength(1);
+  return JSON.parse(lines[0]!) as PlanJson;
+}
+
+function expectShape(out: PlanJson) {
+  expect(Object.keys(out.calls).sort()).toEqual([...CALLS].sort());
+  for (const call of CALLS) {
+    const c = out.calls[call]!;
+    expect(typeof c.mesh).toBe('string');
+    for (const k of ['dp', 'tp', 'pp'] as const) expect(Number.isInteger(c[k]) && c[k] >= 1, `${call}.${k}`).toBe(true);
+    expect(c.seconds).toBeGreaterThanOrEqual(0);
+    expect(c.realloc_seconds).toBeGreaterThanOrEqual(0);
+    expect(c.memory_gb_per_device).toBeGreaterThanOrEqual(0);
+  }
+  expect(Object.keys(out.baselines).sort()).toEqual([...NAMED].sort());
+  // Infeasible baselines have no time (Infinity, written as null in JSON).
+  for (const n of NAMED) {
+    const t = out.baselines[n];
+    expect(t === null || (typeof t === 'number' && t > 0 && Number.isFinite(t)), `${n}: ${t}`).toBe(true);
+  }
+  expect(Object.values(out.baselines).some((t) => t !== null)).toBe(true);
+}
+
+/** The best finite baseline. */
+const bestBaseline = (out: PlanJson) => Math.min(...Object.values(out.baselines).filter((t): t is number => t !== null));
+
+/** The written plan: a `plan` key with six calls, each with mesh/dp/tp/pp, matching the JSON. */
+function expectWritten(file: string, out: PlanJson) {
+  const doc = parse(readFileSync(file, 'utf8')) as { plan: Record<string, { mesh: unknown; dp: unknown; tp: unknown; pp: unknown }> };
+  expect(Object.keys(doc)).toEqual(['plan']);
+  expect(Object.keys(doc.plan).sort()).toEqual([...CALLS].sort());
+  for (const call of CALLS) {
+    const p = doc.plan[call]!;
+    expect(Object.keys(p).sort()).toEqual(['dp', 'mesh', 'pp', 'tp']);
+    const c = out.calls[call]!;
+    expect(p).toEqual({ mesh: c.mesh, dp: c.dp, tp: c.tp, pp: c.pp });
+  }
+}
+
+describe('npm run plan', () => {
+  it('--budget 2 --json prints one JSON object: strategy, times, all six calls, all five baselines', async () => {
+    const r = await plan([LLAMA7B, '--budget', '2', '--json']);
+    expect(r.code, r.stderr).toBe(0);
+    const out = json(r);
+    expect(out.strategy).toBe('search');
+    expect(out.scenario).toBe('llama7b-8gpu');
+    expect(out.devices).toBe(8);
+    expect(out.feasible).toBe(true);
+    expect(out.iteration_seconds).toBeGreaterThan(0);
+    expect(Number.isFinite(out.iteration_seconds)).toBe(true);
+    expect(out.search_seconds).toBeGreaterThan(0);
+    expect(out.search_seconds).toBeLessThanOrEqual(2 + 1);
+    expect(out.plans_evaluated).toBeGreaterThan(NAMED.length);
+    expectShape(out);
+    // The search starts from the named plans: it is never slower than the best of them.
+    expect(out.iteration_seconds).toBeLessThanOrEqual(bestBaseline(out) * (1 + 1e-9));
+  });
+
+  it('--strategy colocate --json --write returns the colocate plan and writes it as a scenario plan', async () => {
+    const dir = tempDir('ferry-plan-');
+    const file = join(dir, 'colocate.yaml');
+    const r = await plan([LLAMA7B, '--strategy', 'colocate', '--json', '--write', file]);
+    expect(r.code, r.stderr).toBe(0);
+    const out = json(r);
+    expect(out.strategy).toBe('colocate');
+    expect(out.feasible).toBe(true);
+    expect(out.iteration_seconds).toBe(out.baselines.colocate);
+    expect(out.search_seconds).toBe(0);
+    expectShape(out);
+    // verl's colocation: one mesh for every model.
+    for (const call of CALLS.filter((c) => c !== 'reward.inference')) expect(out.calls[call]!.mesh).toBe('0:0-7');
+    expectWritten(file, out);
+    // Merged into its scenario, the plan passes the scenario checks.
+    const merged = `${readFileSync(LLAMA7B, 'utf8')}\n${readFileSync(file, 'utf8')}`;
+    const s = parseScenario(merged, 'merged');
+    const resolved = resolvePlan(s);
+    for (const call of CALLS) {
+      const c = out.calls[call]!;
+      expect({ mesh: resolved[call].mesh, dp: resolved[call].dp, tp: resolved[call].tp, pp: resolved[call].pp }).toEqual({ mesh: c.mesh, dp: c.dp, tp: c.tp, pp: c.pp });
+    }
+  });
+
+  it('prints a table per call, the iteration time and every named strategy', async () => {
+    const r = await plan([LLAMA7B, '--strategy', 'interleaving']);
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout).toMatch(/strategy interleaving/);
+    for (const call of CALLS) expect(r.stdout).toMatch(new RegExp(`^${call.replace('.', '\\.')}\\s+\\S+\\s+\\d+/\\d+/\\d+\\s+[\\d.]+\\s+[\\d.]+\\s+[\\d.]+ GB$`, 'm'));
+    expect(r.stdout).toMatch(/^iteration: [\d.]+ s \(estimated\)$/m);
+    for (const n of NAMED) expect(r.stdout).toMatch(new RegExp(`^  ${n}\\s+(?:[\\d.]+ s|infeasible: .+)`, 'm'));
+  });
+
+  it('--write on a local scenario writes a plan that the scenario accepts and can run', async () => {
+    // A local device needs a fitted profile (profiles/local.json, looked up from the working
+    // directory): a hand-written one in a scratch directory stands in for `npm run profile`.
+    const dir = tempDir('ferry-plan-local-');
+    mkdirSync(join(dir, 'profiles'));
+    writeFileSync(
+      join(dir, 'profiles', 'local.json'),
+      JSON.stringify({
+        name: 'local',
+        flops: 2e10,
+        memBandwidth: 1e10,
+        memoryBytes: 2e9,
+        intraBandwidth: 1e8,
+        interBandwidth: 1e8,
+        latency: 1e-4,
+        layerOverhead: 1e-4,
+        sharedCores: 2,
+        source: 'hand-written for a test',
+      }),
+    );
+    const scenario = join(dir, 'small-local.yaml');
+    const text = 'name: small-local\ncluster: { nodes: 1, devices_per_node: 4, device: local }\nppo: { batch: 16 }\n';
+    writeFileSync(scenario, text);
+    const file = join(dir, 'plan.yaml');
+    const r = await plan([scenario, '--budget', '1', '--json', '--write', file], dir);
+    expect(r.code, r.stderr).toBe(0);
+    const out = json(r);
+    expect(out.device).toBe('local');
+    expect(out.feasible).toBe(true);
+    expectShape(out);
+    expect(out.iteration_seconds).toBeLessThanOrEqual(bestBaseline(out) * (1 + 1e-9));
+    expectWritten(file, out);
+    const s = parseScenario(`${text}${readFileSync(file, 'utf8')}`, 'merged');
+    expect(planOnly(s)).toBeUndefined();
+    const resolved = resolvePlan(s);
+    for (const call of CALLS) expect(resolved[call].mesh).toBe(out.calls[call]!.mesh);
+    expect(resolved['reward.inference'].devices).toHaveLength(1);
+  });
+
+  it('a local scenario without a fitted profile fails and says how to make one', async () => {
+    const dir = tempDir('ferry-plan-noprofile-');
+    const scenario = join(dir, 'small-local.yaml');
+    writeFileSync(scenario, 'cluster: { nodes: 1, devices_per_node: 4, device: local }\n');
+    const r = await plan([scenario, '--strategy', 'colocate', '--json'], dir);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toMatch(/ProfileError: .*profiles\/local\.json.*npm run profile/);
+    expect(r.stdout).toBe('');
+  });
+
+  it('a bad --strategy exits with code 2 and names the allowed ones', async () => {
+    const r = await plan([LLAMA7B, '--strategy', 'bogus', '--json']);
+    expect(r.code).toBe(2);
+    expect(r.stderr).toMatch(/bogus/);
+    for (const n of ['search', ...NAMED]) expect(r.stderr).toContain(n);
+    expect(r.stdout).toBe('');
+  });
+
+  it('a bad --budget or a missing file is refused', async () => {
+    const zero = await plan([LLAMA7B, '--budget', '0']);
+    expect(zero.code).toBe(2);
+    expect(zero.stderr).toMatch(/--budget/);
+    const missing = await plan([join(ROOT, 'scenarios/cluster/no-such-file.yaml'), '--json']);
+    expect(missing.code).toBe(1);
+    expect(missing.stderr).toMatch(/no-such-file\.yaml/);
+  });
+
+  describe('on the 128-GPU scenario with --budget 3', () => {
+    let r: Result;
+    let out: PlanJson;
+    let file: string;
+    beforeAll(async () => {
+      file = join(tempDir('ferry-plan-128-'), 'plan.yaml');
+      r = await plan([LLAMA70B, '--budget', '3', '--json', '--write', file]);
+      out = json(r);
+    }, 180_000);
+
+    it('finds a feasible plan no slower than the named ones', () => {
+      expect(r.code, r.stderr).toBe(0);
+      expect(out.devices).toBe(128);
+      expect(out.feasible).toBe(true);
+      expectShape(out);
+      expect(out.iteration_seconds).toBeLessThanOrEqual(bestBaseline(out) * (1 + 1e-9));
+    });
+
+    it('keeps the search within its budget', () => {
+      expect(out.search_seconds).toBeGreaterThan(0);
+      expect(out.search_seconds).toBeLessThanOrEqual(3 + 1);
+    });
+
+    it('finishes the whole command within the budget plus 15 s of startup slack', () => {
+      expect(r.wallSeconds).toBeLessThan(3 + 15);
+    });
+
+    it('writes whole-node meshes that its scenario accepts', () => {
+      expectWritten(file, out);
+      const s = parseScenario(`${readFileSync(LLAMA70B, 'utf8')}\n${readFileSync(file, 'utf8')}`, 'merged');
+      expect(() => resolvePlan(s)).not.toThrow();
+    });
+  });
+});
