@@ -10,7 +10,7 @@ import { CallError, PerDeviceQueue, checkResult, runRealloc, type Dispatcher, ty
 
 export class BusDispatcher implements Dispatcher {
   private readonly queue = new PerDeviceQueue();
-  private seq = 0;
+  private readonly counts = new Map<string, number>();
   private readonly totals: TransportStats = { calls: 0, round_trip_seconds: 0, device_seconds: 0 };
 
   constructor(
@@ -21,7 +21,13 @@ export class BusDispatcher implements Dispatcher {
   ) {}
 
   call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>, group?: string): Promise<ResultOf<F>> {
-    const id = `${this.run}.${iteration}.${model}.${body.fn}.${this.seq++}`;
+    // The id names the logical call — iteration, model, function, device, and how many such calls
+    // came before — not the order of dispatch, so a supervisor that replays an iteration asks
+    // again under the same ids, and a worker can answer from what it remembers.
+    const prefix = `${this.run}.${iteration}.${model}.${body.fn}.d${device}`;
+    const n = this.counts.get(prefix) ?? 0;
+    this.counts.set(prefix, n + 1);
+    const id = `${prefix}.${n}`;
     return this.queue.run(device, async () => {
       const where = `device ${device}, '${body.fn}' of ${model}`;
       let reply: Reply;
