@@ -158,12 +158,16 @@ export function callCost(
   let bubble = 0;
   let transient = 0;
   if (kind === 'inference') {
-    const mb = pp > 1 ? Math.max(1, Math.min(rows, pp * 2)) : 1;
+    // A forward pass keeps one layer's working set (and the head's outputs) per sequence; the
+    // rows go through in micro-batches that fit, at least pp of them to fill a pipeline.
+    const perSeq = (T * D * bytes * 4) / tp + T * (opts.valueHead ? 1 : m.vocab) * bytes;
+    const fitRows = Math.max(1, Math.floor(free / perSeq));
+    const mb = Math.max(Math.ceil(rows / fitRows), pp > 1 ? Math.min(rows, pp * 2) : 1);
     const p = pass(rows, T, false, mb);
     compute = p.compute;
     communication = p.comm;
     bubble = p.bubble;
-    transient = (stageLayers * rows * T * D * bytes * 4) / tp / mb;
+    transient = perSeq * Math.ceil(rows / mb);
   } else if (kind === 'train') {
     const steps = wl.epochs * wl.minibatches;
     const stepRows = Math.max(1, Math.ceil(rows / wl.minibatches));

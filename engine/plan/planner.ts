@@ -191,9 +191,11 @@ export function callCandidates(problem: Problem, call: CallName): Placement[] {
   for (const mesh of meshes(problem.cluster)) {
     const size = parseMesh(mesh, problem.cluster).devices.length;
     if (!shape && size > 1) continue; // a rule reward runs on one device
+    // A training call sees a mini-batch at a time: every replica needs a row of it.
+    const rows = call.endsWith('.train') ? Math.floor(problem.workload.batch / problem.workload.minibatches) : problem.workload.batch;
     for (const s of strategies(size, problem.cluster.devicesPerNode)) {
       if (shape && strategyProblem(shape, s)) continue;
-      if (s.dp > problem.workload.batch) continue;
+      if (s.dp > rows) continue;
       out.push(placement(problem.cluster, mesh, s));
     }
   }
@@ -241,15 +243,26 @@ function whole(cluster: Cluster): string {
  * its mesh, then, call by call, take the strategy that makes the whole plan best (feasible and
  * fastest, or closest to fitting), until nothing changes.
  */
-function withBest(ev: Evaluator, meshOf: (call: CallName) => string): Candidate {
+function withBest(ev: Evaluator, meshOf: (call: CallName) => string, alternative?: Candidate): Candidate {
   let plan = ruleReward(ev, Object.fromEntries(CALLS.map((call) => [call, bestOn(ev, call, meshOf(call))])) as Candidate);
-  for (let round = 0; round < 4; round++) {
+  if (alternative && ev.objective(alternative) < ev.objective(plan)) plan = alternative;
+  // Each call tries the few strategies that are fastest on its mesh on their own: on a large
+  // mesh there are dozens, and each new pair of layouts costs a transfer plan.
+  const options = Object.fromEntries(
+    CALLS.map((call) => [
+      call,
+      callCandidates(ev.problem, call)
+        .filter((p) => p.mesh === plan[call].mesh)
+        .sort((a, b) => (ev.callCost(call, a, true)?.seconds ?? 0) - (ev.callCost(call, b, true)?.seconds ?? 0))
+        .slice(0, 8),
+    ]),
+  ) as Record<CallName, Placement[]>;
+  for (let round = 0; round < 3; round++) {
     let changed = false;
     for (const call of CALLS) {
-      const options = callCandidates(ev.problem, call).filter((p) => p.mesh === plan[call].mesh);
       let best = plan;
       let bestScore = ev.objective(plan);
-      for (const p of options) {
+      for (const p of options[call]) {
         const next = { ...plan, [call]: p };
         const score = ev.objective(next);
         if (score < bestScore - 1e-12) [best, bestScore] = [next, score];
@@ -291,8 +304,9 @@ export function namedPlan(ev: Evaluator, name: NamedStrategy): Candidate {
       return best!;
     }
     case 'colocate':
-      // verl: one mesh for everything, each call with its own best strategy.
-      return withBest(ev, () => all);
+      // verl: one mesh for everything, each call with its own best strategy; flattening's one
+      // strategy for all is one such plan, so it is a starting point too.
+      return withBest(ev, () => all, namedPlan(ev, 'flattening'));
     case 'interleaving': {
       // APP: actor and critic on all devices; reference and reward on an exclusive half each.
       const [a, b] = parts(cluster, 2);
