@@ -165,6 +165,46 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
     }));
     const bandwidth = bytes / ((performance.now() - t0) / 1000);
     log(`bus: ${(latency * 1e3).toFixed(2)} ms one way, ${(bandwidth / 1e6).toFixed(0)} MB/s between workers`);
+    // Calls across two workers (tensor- and data-parallel): their collectives cost more than a
+    // ping — each step encodes, crosses the bus, decodes and sums — so the cost of one collective
+    // step is fitted to them: measured = prediction without it + α·(steps the model counts).
+    const partial: DeviceProfile = {
+      name: 'local', flops: 1 / a, memBandwidth: 1e30, memoryBytes: 1e15, intraBandwidth: bandwidth, interBandwidth: bandwidth,
+      latency: 0, layerOverhead: Math.max(0, b), callOverhead: Math.max(0, c), trainFactor: u, trainPassFactor: v, recomputeDecode: true, source: 'fit',
+    };
+    const alphaRows: Array<[number, number]> = []; // [collective steps, seconds left to explain]
+    const shape = localShape('p', 11, 2, 64, 4);
+    const spec = { kind: 'policy' as const, vocab: 11, context: 9, layers: 2, width: 64, heads: 4 };
+    for (const s of [{ dp: 1, tp: 2, pp: 1 }, { dp: 2, tp: 1, pp: 1 }, { dp: 1, tp: 1, pp: 2 }]) {
+      const layout: Layout = { devices: [0, 1], ...s };
+      const load = (rank: number) => d.call(layout.devices[rank]!, 'mesh', 0, { fn: 'load', role: 'actor', spec, layout, rank, seed: 1, optim: { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 } });
+      await Promise.all([load(0), load(1)]);
+      const batch = 64;
+      const wl: Workload = { batch, promptLen: 5, responseLen: 4, epochs: 2, minibatches: 2 };
+      const tokens = Int32Array.from({ length: batch * 9 }, (_, i) => i % 10);
+      const body = { tokens, batch, promptLen: 5, responseLen: 4 };
+      let g = 0;
+      const both = async (make: () => Parameters<typeof d.call>[3]) => {
+        const group = `profile-${g++}`;
+        const t0 = performance.now();
+        await Promise.all([0, 1].map((dev) => d.call(dev, 'mesh', 0, make(), group)));
+        return (performance.now() - t0) / 1000;
+      };
+      for (const [kind, make] of [
+        ['inference', () => ({ fn: 'inference', ...body })],
+        ['train', () => ({ fn: 'train', ...body, seed: 1, hyper: { epochs: 2, minibatches: 2, clip: 0.2, valueClip: 0.2 }, old: new Float32Array(batch * 4), target: new Float32Array(batch * 4).fill(0.1) })],
+      ] as Array<[CallKind, () => Parameters<typeof d.call>[3]]>) {
+        await both(make);
+        const times = [await both(make), await both(make), await both(make)];
+        const measured = median(times)!;
+        const without = callCost(shape, kind, layout, wl, partial, 4, { owner: true, trainable: true }).seconds;
+        const withOne = callCost(shape, kind, layout, wl, { ...partial, latency: 1 }, 4, { owner: true, trainable: true }).seconds;
+        alphaRows.push([withOne - without, measured - without]);
+      }
+      await Promise.all([0, 1].map((dev) => d.call(dev, 'mesh', 0, { fn: 'release' })));
+    }
+    const stepCost = Math.max(latency, alphaRows.reduce((n, [x, y]) => n + x * y, 0) / alphaRows.reduce((n, [x]) => n + x * x, 0));
+    log(`collectives: ${(stepCost * 1e3).toFixed(2)} ms per step, fitted to ${alphaRows.length} calls across two workers`);
     await Promise.all([0, 1].map((dev) => d.call(dev, '*', 0, { fn: 'shutdown' }).catch(() => undefined)));
     return {
       name: 'local',
@@ -173,14 +213,14 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
       memoryBytes: totalmem() / 4,
       intraBandwidth: bandwidth,
       interBandwidth: bandwidth,
-      latency,
+      latency: stepCost,
       layerOverhead: Math.max(0, b),
       callOverhead: Math.max(0, c) + median(tripOverhead)!,
       trainFactor: u,
       trainPassFactor: v,
       recomputeDecode: true,
       sharedCores: cpus().length,
-      source: `npm run profile on ${new Date().toISOString()}: ${rows.length} calls of 4 shapes, a ping and a 32 MiB exchange between two worker processes`,
+      source: `npm run profile on ${new Date().toISOString()}: ${rows.length + trainRows.length} calls of 4 shapes on one worker, ${alphaRows.length} across two, a ping and a 32 MiB exchange`,
       fit: { samples, median_relative_error: median(residuals) },
     };
   } finally {
