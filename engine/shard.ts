@@ -41,6 +41,39 @@ function toVariable(t: NamedTensor, name: string): tf.Variable {
   return v;
 }
 
+/**
+ * PPO's epochs over seeded mini-batches, the same rows in the same order wherever the model lives:
+ * `step` trains on one mini-batch and returns its mean loss, its clipped-token count and the
+ * gradient norm. Returns the last epoch's mean loss, clip fraction and norm.
+ */
+export async function ppoEpochs(
+  batch: number,
+  responseLen: number,
+  hyper: PpoHyper,
+  seed: number,
+  step: (rows: number[], tag: string) => Promise<{ loss: number; clipped: number; gradNorm: number }>,
+): Promise<TrainStats> {
+  const size = Math.ceil(batch / hyper.minibatches);
+  let stats: TrainStats = { loss: 0, clipfrac: 0, gradNorm: 0 };
+  for (let epoch = 0; epoch < hyper.epochs; epoch++) {
+    const order = new Rng(seedOf(seed, Stream.shuffle, epoch)).permutation(batch);
+    let lossSum = 0;
+    let clipped = 0;
+    let norm = 0;
+    for (let m = 0; m < hyper.minibatches; m++) {
+      const rows = order.slice(m * size, (m + 1) * size);
+      if (rows.length === 0) continue;
+      await yieldToLoop();
+      const st = await step(rows, `e${epoch}/m${m}`);
+      lossSum += st.loss * rows.length;
+      clipped += st.clipped;
+      norm = st.gradNorm;
+    }
+    stats = { loss: lossSum / batch, clipfrac: clipped / (batch * responseLen), gradNorm: norm };
+  }
+  return stats;
+}
+
 /** tfjs registers variables by a process-wide name, so every shard gets its own prefix. */
 let shardCount = 0;
 
@@ -198,39 +231,24 @@ export class GptShard {
    */
   async train(tokens: Int32Array, batch: number, promptLen: number, responseLen: number, old: Float32Array, target: Float32Array, hyper: PpoHyper, seed: number): Promise<TrainStats> {
     const width = promptLen + responseLen;
-    const size = Math.ceil(batch / hyper.minibatches);
-    let stats: TrainStats = { loss: 0, clipfrac: 0, gradNorm: 0 };
-    for (let epoch = 0; epoch < hyper.epochs; epoch++) {
-      const order = new Rng(seedOf(seed, Stream.shuffle, epoch)).permutation(batch);
-      let lossSum = 0;
-      let clipped = 0;
-      let norm = 0;
-      for (let m = 0; m < hyper.minibatches; m++) {
-        const rows = order.slice(m * size, (m + 1) * size);
-        if (rows.length === 0) continue;
-        await yieldToLoop();
-        const mbTokens = tf.tensor2d(this.rows(tokens, width, rows), [rows.length, width], 'int32');
-        const mbOld = tf.tensor2d(this.rows(old, responseLen, rows), [rows.length, responseLen]);
-        const mbTarget = tf.tensor2d(this.rows(target, responseLen, rows), [rows.length, responseLen]);
-        let clipCount = 0;
-        const { loss, gradNorm } = this.step(() => {
-          if (this.spec.kind === 'policy') {
-            const logp = responseLogprobs(this.spec, this.weights(), mbTokens, promptLen);
-            clipCount = tf.tidy(() => tf.sum(tf.cast(tf.greater(tf.abs(tf.sub(tf.exp(tf.sub(logp, mbOld)), 1)), hyper.clip), 'float32')).arraySync() as number);
-            return policyLoss(logp, mbOld, mbTarget, hyper.clip);
-          }
-          const v = responseValues(this.spec, this.weights(), mbTokens, promptLen);
-          clipCount = tf.tidy(() => tf.sum(tf.cast(tf.greater(tf.abs(tf.sub(v, mbOld)), hyper.valueClip), 'float32')).arraySync() as number);
-          return valueLoss(v, mbOld, mbTarget, hyper.valueClip);
-        });
-        tf.dispose([mbTokens, mbOld, mbTarget]);
-        lossSum += loss * rows.length;
-        clipped += clipCount;
-        norm = gradNorm;
-      }
-      stats = { loss: lossSum / batch, clipfrac: clipped / (batch * responseLen), gradNorm: norm };
-    }
-    return stats;
+    return ppoEpochs(batch, responseLen, hyper, seed, async (rows) => {
+      const mbTokens = tf.tensor2d(this.rows(tokens, width, rows), [rows.length, width], 'int32');
+      const mbOld = tf.tensor2d(this.rows(old, responseLen, rows), [rows.length, responseLen]);
+      const mbTarget = tf.tensor2d(this.rows(target, responseLen, rows), [rows.length, responseLen]);
+      let clipCount = 0;
+      const { loss, gradNorm } = this.step(() => {
+        if (this.spec.kind === 'policy') {
+          const logp = responseLogprobs(this.spec, this.weights(), mbTokens, promptLen);
+          clipCount = tf.tidy(() => tf.sum(tf.cast(tf.greater(tf.abs(tf.sub(tf.exp(tf.sub(logp, mbOld)), 1)), hyper.clip), 'float32')).arraySync() as number);
+          return policyLoss(logp, mbOld, mbTarget, hyper.clip);
+        }
+        const v = responseValues(this.spec, this.weights(), mbTokens, promptLen);
+        clipCount = tf.tidy(() => tf.sum(tf.cast(tf.greater(tf.abs(tf.sub(v, mbOld)), hyper.valueClip), 'float32')).arraySync() as number);
+        return valueLoss(v, mbOld, mbTarget, hyper.valueClip);
+      });
+      tf.dispose([mbTokens, mbOld, mbTarget]);
+      return { loss, clipped: clipCount, gradNorm };
+    });
   }
 
   /** One optimizer step with the gradient clipped to the configured global norm. */

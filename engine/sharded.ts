@@ -17,7 +17,7 @@ import { policyLoss, valueLoss } from './losses.ts';
 import { attnPartial, causalMask, embed, headOut, initialParameter, layerNorm, logprobsOf, mlpPartial, valuesOf, type AttnWeights } from './model.ts';
 import { modelInfo, parameterShapes, type GptSpec } from './params.ts';
 import { Rng, Stream, sampleToken, seedOf } from './rng.ts';
-import { ShardError, ownCopy, type TrainStats } from './shard.ts';
+import { ShardError, ownCopy, ppoEpochs, type TrainStats } from './shard.ts';
 
 const yieldToLoop = () => new Promise<void>((resolve) => setImmediate(resolve));
 
@@ -303,26 +303,10 @@ export class ShardedGpt {
   /** PPO epochs over seeded mini-batches; the same rows and order as the unsharded model. */
   async train(group: string, tokens: Int32Array, batch: number, promptLen: number, responseLen: number, old: Float32Array, target: Float32Array, hyper: PpoHyper, seed: number): Promise<TrainStats> {
     const width = promptLen + responseLen;
-    const size = Math.ceil(batch / hyper.minibatches);
-    let stats: TrainStats = { loss: 0, clipfrac: 0, gradNorm: 0 };
-    for (let epoch = 0; epoch < hyper.epochs; epoch++) {
-      const order = new Rng(seedOf(seed, Stream.shuffle, epoch)).permutation(batch);
-      let lossSum = 0;
-      let clipped = 0;
-      let norm = 0;
-      for (let m = 0; m < hyper.minibatches; m++) {
-        const rows = order.slice(m * size, (m + 1) * size);
-        if (rows.length === 0) continue;
-        await yieldToLoop();
-        const st = await this.step(group, `e${epoch}/m${m}`, this.spec.kind === 'policy' ? 'policy' : 'value', tokens, width, rows, promptLen, { old, target, responseLen, hyper }, undefined);
-        // The loss is a mean over the mini-batch: weight by its rows, as the unsharded model does.
-        lossSum += st.loss * rows.length;
-        clipped += st.clipped;
-        norm = st.gradNorm;
-      }
-      stats = { loss: lossSum / batch, clipfrac: clipped / (batch * responseLen), gradNorm: norm };
-    }
-    return stats;
+    // Speaking ranks return their replica's share of each mini-batch's loss; the caller sums them.
+    return ppoEpochs(batch, responseLen, hyper, seed, (rows, tag) =>
+      this.step(group, tag, this.spec.kind === 'policy' ? 'policy' : 'value', tokens, width, rows, promptLen, { old, target, responseLen, hyper }),
+    );
   }
 
   /**

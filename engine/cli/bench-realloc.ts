@@ -2,20 +2,12 @@
 // across worker processes over a private nats-server. In the same run, the same bytes go between
 // the same processes as raw NATS publishes (no slicing, digests or assembly), so the ratio of the
 // two says what ferry's transfer protocol costs over the bus itself.
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { connectBus } from '../../mesh/bus.ts';
 import { shardSlices, sliceElements, type Layout } from '../../mesh/layout.ts';
-import { startNatsServer } from '../../mesh/nats-server.ts';
 import { planRealloc } from '../../mesh/realloc.ts';
-import { runId, subjects } from '../../mesh/subjects.ts';
-import { BusDispatcher } from '../../actors/bus-dispatcher.ts';
-import { serveJoins } from '../../actors/membership.ts';
 import { runExchange } from '../dispatch.ts';
 import { modelInfo, parameterCount, type GptSpec } from '../params.ts';
 import { median } from '../record.ts';
-import { exited, startProcess } from './launch.ts';
+import { withWorkers } from './workers.ts';
 
 export interface ReallocBenchOptions {
   width: number;
@@ -31,26 +23,7 @@ const MB = 1e6;
 export async function reallocBench(o: ReallocBenchOptions) {
   const spec: GptSpec = { kind: 'policy', vocab: 11, context: 9, layers: o.layers, width: o.width, heads: 8 };
   const devices = [...new Set([...o.from.devices, ...o.to.devices])].sort((a, b) => a - b);
-  const dir = mkdtempSync(join(tmpdir(), 'ferry-bench-realloc-'));
-  const server = await startNatsServer();
-  const run = runId('bench-realloc');
-  const subj = subjects(run);
-  const nc = await connectBus(server.url, 'bench');
-  const workers = devices.map((_, i) => startProcess('actors/worker.ts', ['--run', run, '--nats', server.url, '--backend', 'wasm'], join(dir, `worker-${i}.log`), {}));
-  try {
-    const joined = new Set<number>();
-    await new Promise<void>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`workers did not join within 60 s (logs in ${dir})`)), 60_000);
-      const stop = serveJoins(nc, subj, run, devices, (j) => {
-        joined.add(j.device);
-        if (joined.size === devices.length) {
-          clearTimeout(timer);
-          stop();
-          resolve();
-        }
-      }, () => {});
-    });
-    const d = new BusDispatcher(nc, subj, run, 600_000);
+  return withWorkers(devices.length, 'bench-realloc', async ({ nc, subj, d }) => {
     const stats = async () => Object.fromEntries(await Promise.all(devices.map(async (dev) => [dev, await d.call(dev, '*', 0, { fn: 'stats' })] as const)));
     const baseline = await stats();
     const bytes = parameterCount(spec) * 4;
@@ -106,7 +79,6 @@ export async function reallocBench(o: ReallocBenchOptions) {
     }));
     const reallocMbS = plan.minimumBytes / MB / median(reallocSeconds)!;
     const rawMbS = plan.receivedBytes / MB / median(rawSeconds)!;
-    await Promise.all(devices.map((dev) => d.call(dev, '*', 0, { fn: 'shutdown' }).catch(() => undefined)));
     return {
       bench: 'realloc',
       model_mb: bytes / MB,
@@ -123,11 +95,5 @@ export async function reallocBench(o: ReallocBenchOptions) {
       peak_worker_mb: Math.max(...perWorker.map((w) => w.peak_mb)),
       workers: perWorker,
     };
-  } finally {
-    for (const w of workers) if (w.exitCode === null) w.kill('SIGTERM');
-    await Promise.all(workers.map(exited));
-    await nc.close().catch(() => {});
-    await server.stop();
-    rmSync(dir, { recursive: true, force: true });
-  }
+  });
 }

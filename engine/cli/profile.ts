@@ -4,22 +4,17 @@
 // latency, and a raw exchange between two workers for its bandwidth. The cost model's own
 // formulas give each call's FLOPs and layer passes; a least-squares fit of the measured times on
 // them gives the sustained FLOP/s, the cost per layer pass and the cost per call.
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import { cpus, tmpdir, totalmem } from 'node:os';
-import { dirname, join } from 'node:path';
-import { connectBus } from '../../mesh/bus.ts';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { cpus, totalmem } from 'node:os';
+import { dirname } from 'node:path';
 import type { Layout } from '../../mesh/layout.ts';
-import { startNatsServer } from '../../mesh/nats-server.ts';
-import { runId, subjects } from '../../mesh/subjects.ts';
-import { BusDispatcher } from '../../actors/bus-dispatcher.ts';
 import { UsageError, args, runMain } from '../../actors/host.ts';
-import { serveJoins } from '../../actors/membership.ts';
 import { runExchange } from '../dispatch.ts';
 import { median } from '../record.ts';
 import { localShape, type DeviceProfile } from '../plan/catalog.ts';
 import { callCost, type CallKind, type Workload } from '../plan/cost.ts';
 import { LOCAL_PROFILE } from '../plan/problem.ts';
-import { exited, startProcess } from './launch.ts';
+import { withWorkers } from './workers.ts';
 
 const USAGE = 'usage: npm run profile [-- --out FILE] [--json]';
 
@@ -70,26 +65,7 @@ export function fit2(rows: Array<[number, number, number]>): [number, number] {
 }
 
 export async function profileLocal(log: (line: string) => void): Promise<DeviceProfile & { fit: object }> {
-  const dir = mkdtempSync(join(tmpdir(), 'ferry-profile-'));
-  const server = await startNatsServer();
-  const run = runId('profile');
-  const subj = subjects(run);
-  const nc = await connectBus(server.url, 'profile');
-  const workers = [0, 1].map((i) => startProcess('actors/worker.ts', ['--run', run, '--nats', server.url, '--backend', 'wasm'], join(dir, `worker-${i}.log`), {}));
-  try {
-    await new Promise<void>((resolve, reject) => {
-      const joined = new Set<number>();
-      const timer = setTimeout(() => reject(new Error(`workers did not join within 60 s (logs in ${dir})`)), 60_000);
-      const stop = serveJoins(nc, subj, run, [0, 1], (j) => {
-        joined.add(j.device);
-        if (joined.size === 2) {
-          clearTimeout(timer);
-          stop();
-          resolve();
-        }
-      }, () => {});
-    });
-    const d = new BusDispatcher(nc, subj, run, 600_000);
+  return withWorkers(2, 'profile', async ({ nc, subj, d }) => {
     const timed = async <T>(f: () => Promise<T>) => {
       const before = d.stats();
       await f();
@@ -205,7 +181,6 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
     }
     const stepCost = Math.max(latency, alphaRows.reduce((n, [x, y]) => n + x * y, 0) / alphaRows.reduce((n, [x]) => n + x * x, 0));
     log(`collectives: ${(stepCost * 1e3).toFixed(2)} ms per step, fitted to ${alphaRows.length} calls across two workers`);
-    await Promise.all([0, 1].map((dev) => d.call(dev, '*', 0, { fn: 'shutdown' }).catch(() => undefined)));
     return {
       name: 'local',
       flops: 1 / a,
@@ -223,13 +198,7 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
       source: `npm run profile on ${new Date().toISOString()}: ${rows.length + trainRows.length} calls of 4 shapes on one worker, ${alphaRows.length} across two, a ping and a 32 MiB exchange`,
       fit: { samples, median_relative_error: median(residuals) },
     };
-  } finally {
-    for (const w of workers) if (w.exitCode === null) w.kill('SIGTERM');
-    await Promise.all(workers.map(exited));
-    await nc.close().catch(() => {});
-    await server.stop();
-    rmSync(dir, { recursive: true, force: true });
-  }
+  });
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {

@@ -1,0 +1,52 @@
+// A private nats-server and `count` worker processes that have joined as devices 0..count-1, for
+// commands that drive workers directly (benchmarks, the profiler); all of it is stopped after.
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { connectBus, type NatsConnection } from '../../mesh/bus.ts';
+import { startNatsServer } from '../../mesh/nats-server.ts';
+import { runId, subjects, type Subjects } from '../../mesh/subjects.ts';
+import { BusDispatcher } from '../../actors/bus-dispatcher.ts';
+import { serveJoins } from '../../actors/membership.ts';
+import { exited, startProcess } from './launch.ts';
+
+export interface Workers {
+  nc: NatsConnection;
+  subj: Subjects;
+  run: string;
+  d: BusDispatcher;
+}
+
+export async function withWorkers<T>(count: number, label: string, fn: (w: Workers) => Promise<T>): Promise<T> {
+  const dir = mkdtempSync(join(tmpdir(), `ferry-${label}-`));
+  const server = await startNatsServer();
+  const run = runId(label);
+  const subj = subjects(run);
+  const nc = await connectBus(server.url, label);
+  const devices = Array.from({ length: count }, (_, i) => i);
+  const workers = devices.map((i) => startProcess('actors/worker.ts', ['--run', run, '--nats', server.url, '--backend', 'wasm'], join(dir, `worker-${i}.log`), {}));
+  try {
+    await new Promise<void>((resolve, reject) => {
+      const joined = new Set<number>();
+      const timer = setTimeout(() => reject(new Error(`workers did not join within 60 s (logs in ${dir})`)), 60_000);
+      const stop = serveJoins(nc, subj, run, devices, (j) => {
+        joined.add(j.device);
+        if (joined.size === count) {
+          clearTimeout(timer);
+          stop();
+          resolve();
+        }
+      }, () => {});
+    });
+    const d = new BusDispatcher(nc, subj, run, 600_000);
+    const out = await fn({ nc, subj, run, d });
+    await Promise.all(devices.map((dev) => d.call(dev, '*', 0, { fn: 'shutdown' }).catch(() => undefined)));
+    return out;
+  } finally {
+    for (const w of workers) if (w.exitCode === null) w.kill('SIGTERM');
+    await Promise.all(workers.map(exited));
+    await nc.close().catch(() => {});
+    await server.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
