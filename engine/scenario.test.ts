@@ -1,3 +1,6 @@
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { describe, it, expect } from 'vitest';
 import { fileURLToPath } from 'node:url';
 import { CALLS, ScenarioError, loadScenario, modelOf, parseScenario, resolvePlan, scenarioJsonSchema } from './scenario.ts';
@@ -219,5 +222,26 @@ describe('scenarioJsonSchema', () => {
 
   it('is plain JSON', () => {
     expect(JSON.parse(JSON.stringify(schema))).toEqual(schema);
+  });
+});
+
+describe('loadScenario with a plan file', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'ferry-plan-file-'));
+  const scenario = join(dir, 's.yaml');
+  writeFileSync(scenario, 'name: s\nplan: {actor.generate: {mesh: "0:0"}}\n');
+
+  it("replaces the scenario's plan, then validates the whole", () => {
+    const plan = join(dir, 'p.yaml');
+    writeFileSync(plan, 'plan:\n  actor.generate: {mesh: "0:2-3", tp: 2}\n');
+    const s = loadScenario(scenario, plan);
+    expect(s.plan).toEqual({ 'actor.generate': { mesh: '0:2-3', dp: 1, tp: 2, pp: 1 } });
+  });
+
+  it('says what it expected of a plan file that is not one, and where the bad plan came from', () => {
+    const bad = join(dir, 'bad.yaml');
+    writeFileSync(bad, '- 1\n- 2\n');
+    expect(() => loadScenario(scenario, bad)).toThrow(/bad\.yaml: expected a YAML map with a 'plan' key .*got an array of 2/);
+    writeFileSync(bad, 'plan: {actor.generate: {mesh: "0:9"}}\n');
+    expect(() => loadScenario(scenario, bad)).toThrow(/s\.yaml with the plan of .*bad\.yaml: the plan does not fit:\n  plan\.actor\.generate: mesh "0:9": device 9 is outside a node of 4/);
   });
 });

@@ -5,7 +5,7 @@ import { readFileSync } from 'node:fs';
 import { basename, extname } from 'node:path';
 import { parseDocument } from 'yaml';
 import { z } from 'zod';
-import { formatIssues } from '../mesh/issues.ts';
+import { describeValue, formatIssues } from '../mesh/issues.ts';
 import { deviceCount, parseMesh, singleDeviceMesh, MeshError, type Cluster } from '../mesh/cluster.ts';
 import { BACKENDS } from './backend.ts';
 import { TASKS } from './task.ts';
@@ -229,14 +229,32 @@ export function parseScenario(text: string, where: string): Scenario {
   return scenario;
 }
 
-export function loadScenario(file: string): Scenario {
-  let text: string;
+function readText(file: string, what: string): string {
   try {
-    text = readFileSync(file, 'utf8');
+    return readFileSync(file, 'utf8');
   } catch (e) {
-    throw new ScenarioError(`cannot read scenario file ${file}: ${(e as Error).message}`);
+    throw new ScenarioError(`cannot read ${what} ${file}: ${(e as Error).message}`);
   }
-  const s = parseScenario(text, file);
+}
+
+/**
+ * Reads and validates a scenario file. With `planFile` (a `plan:` as `npm run plan --write`
+ * writes it), that plan replaces the scenario's before validation.
+ */
+export function loadScenario(file: string, planFile?: string): Scenario {
+  let text = readText(file, 'scenario file');
+  let where = file;
+  if (planFile) {
+    const doc = parseDocument(text);
+    const plan = parseDocument(readText(planFile, 'plan file')).toJS() as unknown;
+    if (plan === null || typeof plan !== 'object' || !('plan' in plan)) {
+      throw new ScenarioError(`${planFile}: expected a YAML map with a 'plan' key (as npm run plan --write writes it), got ${describeValue(plan)}`);
+    }
+    doc.set('plan', (plan as { plan: unknown }).plan);
+    text = doc.toString();
+    where = `${file} with the plan of ${planFile}`;
+  }
+  const s = parseScenario(text, where);
   return { ...s, name: s.name ?? basename(file, extname(file)) };
 }
 

@@ -1,4 +1,4 @@
-// npm run scenario [-- FILE] [--out DIR] [--nats URL] [--workers N] [--backend NAME]
+// npm run scenario [-- FILE] [--plan PLAN.yaml] [--out DIR] [--nats URL] [--workers N] [--backend NAME]
 // Runs a scenario: a private NATS server (unless NATS_URL or --nats names one), the supervisor
 // and one worker process per device. Exit code 0 only when the run succeeded.
 import { join } from 'node:path';
@@ -8,8 +8,9 @@ import { loadScenario, planOnly } from '../scenario.ts';
 import { UsageError, args, runMain } from '../../actors/host.ts';
 import { launch } from './launch.ts';
 
-const USAGE = `usage: npm run scenario [-- FILE] [--out DIR] [--nats URL] [--workers N] [--backend ${BACKENDS.join('|')}]
+const USAGE = `usage: npm run scenario [-- FILE] [--plan PLAN.yaml] [--out DIR] [--nats URL] [--workers N] [--backend ${BACKENDS.join('|')}]
   FILE       scenario file (default scenarios/quickstart.yaml)
+  --plan     a plan (as npm run plan --write writes it) that replaces the scenario's
   --out      run directory (default runs/<scenario>-<timestamp>)
   --nats     NATS server to use (default: $NATS_URL, else a private nats-server)
   --workers  worker processes to start here (default: one per device; others join with npm run worker)
@@ -18,6 +19,7 @@ const USAGE = `usage: npm run scenario [-- FILE] [--out DIR] [--nats URL] [--wor
 runMain(async () => {
   const { values, positionals } = args(USAGE, {
     out: { type: 'string' },
+    plan: { type: 'string' },
     nats: { type: 'string' },
     workers: { type: 'string' },
     backend: { type: 'string' },
@@ -35,7 +37,7 @@ runMain(async () => {
   if (workers !== undefined && !(Number.isInteger(workers) && workers >= 0)) {
     throw new UsageError(`--workers: expected a whole number >= 0, got ${values.workers}`);
   }
-  const scenario = loadScenario(file);
+  const scenario = loadScenario(file, values.plan);
   const planning = planOnly(scenario);
   if (planning) throw new UsageError(`${file} is a scenario to plan, not to run here: ${planning}. Plan it with: npm run plan -- ${file}`);
   const run = runId(scenario.name ?? 'run');
