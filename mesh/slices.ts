@@ -43,6 +43,8 @@ export function cut(heldData: Float32Array, held: Slice, want: Slice): Float32Ar
   }
   const offset = held.axis === null ? 0 : held.start;
   if (held.axis !== null && held.axis !== want.axis) throw new RangeError(`'${want.name}': held along axis ${held.axis}, wanted along ${want.axis}`);
+  // All of what is held: no copy.
+  if (held.axis === want.axis && held.start === want.start && held.end === want.end) return heldData;
   if (want.start < offset || want.end > (held.axis === null ? held.shape[want.axis]! : held.end)) {
     throw new RangeError(`'${want.name}': range ${want.start}-${want.end} is not inside the held slice`);
   }

@@ -40,7 +40,9 @@ export function startProcess(script: string, argv: string[], logFile: string, en
   const log = createWriteStream(logFile);
   // Its own process group: a terminal's Ctrl-C reaches the launcher alone, which then stops the
   // children in order (the supervisor first writes its summary).
-  const child = spawn(process.execPath, ['--import', 'tsx', join(ROOT, script), ...argv], {
+  // FERRY_NODE_ARGS: extra Node.js flags for every process started here (e.g. --cpu-prof).
+  const nodeArgs = (process.env.FERRY_NODE_ARGS ?? '').split(' ').filter(Boolean);
+  const child = spawn(process.execPath, [...nodeArgs, '--import', 'tsx', join(ROOT, script), ...argv], {
     cwd: ROOT,
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
