@@ -6,7 +6,7 @@
 // an α–β ring model over the link they cross (inside a node or between nodes); pipelines add a
 // bubble of (pp − 1) / micro-batches; each layer pass pays a fixed overhead. Reallocation time
 // comes from the runtime's own transfer planner (mesh/realloc.ts).
-import { layoutSize, type Layout, type ModelInfo, type ParamInfo } from '../../mesh/layout.ts';
+import type { Layout, ModelInfo, ParamInfo } from '../../mesh/layout.ts';
 import { planRealloc } from '../../mesh/realloc.ts';
 import type { DeviceProfile, ModelShape } from './catalog.ts';
 
@@ -291,8 +291,4 @@ export function reallocSeconds(m: ModelShape, from: Layout, to: Layout, dev: Dev
     send.set(p.src, (send.get(p.src) ?? 0) + b / bw);
   }
   return Math.max(0, ...recv.values(), ...send.values());
-}
-
-export function layoutDevices(l: Layout): number {
-  return layoutSize(l);
 }
