@@ -12,7 +12,15 @@ export interface Joined {
   backend: string;
 }
 
-export function serveJoins(nc: Bus, subj: Subjects, run: string, need: readonly number[], onJoined: (j: Joined) => void, log: (line: string) => void): () => void {
+export function serveJoins(
+  nc: Bus,
+  subj: Subjects,
+  run: string,
+  need: readonly number[],
+  onJoined: (j: Joined) => void,
+  log: (line: string) => void,
+  onRejected: (problem: string) => void = () => {},
+): () => void {
   const taken = new Map<number, string>();
   const backends = new Map<number, string>();
   const announced = new Set<number>();
@@ -25,7 +33,10 @@ export function serveJoins(nc: Bus, subj: Subjects, run: string, need: readonly 
       announced.add(beat.device);
       onJoined({ device: beat.device, worker: beat.worker, backend: backends.get(beat.device) ?? 'unknown' });
     },
-    (error) => log(`rejected: ${error.message}`),
+    (error) => {
+      log(`rejected: ${error.message}`);
+      onRejected(error.message);
+    },
   );
   const stopJoin = subscribe(
     nc,
@@ -54,6 +65,7 @@ export function serveJoins(nc: Bus, subj: Subjects, run: string, need: readonly 
     },
     (error, msg) => {
       log(`rejected: ${error.message}`);
+      onRejected(error.message);
       if (msg.reply) msg.respond(encode({ type: 'error', v: PROTOCOL_VERSION, code: 'malformed', message: error.problem, subject: error.subject }));
     },
   );

@@ -43,7 +43,9 @@ runMain(async () => {
   const machine = supervisorMachine.provide({
     actors: {
       gatherWorkers: fromCallback<SupervisorEvent, { need: number[] }>(({ sendBack, input }) =>
-        serveJoins(nc, subj, values.run!, input.need, (j) => sendBack({ type: 'worker.joined', ...j }), log),
+        serveJoins(nc, subj, values.run!, input.need, (j) => sendBack({ type: 'worker.joined', ...j }), log, (problem) =>
+          publish({ type: 'log', level: 'warn', source: 'supervisor', message: `rejected ${problem}` }),
+        ),
       ),
     },
   });

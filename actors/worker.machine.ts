@@ -19,6 +19,8 @@ export interface WorkerInput {
   /** Builds the device once the run has assigned an index. */
   makeDevice: (index: number) => Device;
   log: (line: string) => void;
+  /** Tells the run's observers about a message this worker rejected (the bus's events subject). */
+  reportRejected?: (problem: string) => void;
 }
 
 interface Context extends WorkerInput {
@@ -88,6 +90,7 @@ export const workerMachine = setup({
     reportMalformed: ({ context, event }) => {
       if (event.type !== 'malformed') return;
       context.log(`rejected: ${event.error.message}`);
+      context.reportRejected?.(event.error.message);
       event.respond?.(errorReply(undefined, 'malformed', event.error.problem, event.error.subject));
     },
     joinCurrent: ({ context, event }) => {

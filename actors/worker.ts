@@ -98,6 +98,8 @@ runMain(async () => {
     input: {
       worker,
       log,
+      reportRejected: (problem) =>
+        nc.publish(subj.events, encode({ type: 'log', v: PROTOCOL_VERSION, level: 'warn', source: `worker ${worker}`, message: `rejected ${problem}` })),
       makeDevice: (index) => new Device(index, nc, subj, { transferTimeoutMs: transferMs }),
     },
   });

@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connectBus, request, subscribe, type NatsConnection } from '../mesh/bus.ts';
 import { encode } from '../mesh/codec.ts';
 import { startNatsServer, type PrivateNatsServer } from '../mesh/nats-server.ts';
-import { Heartbeat, Hello, PROTOCOL_VERSION, Reply, type CallBody } from '../mesh/protocol.ts';
+import { Heartbeat, Hello, PROTOCOL_VERSION, Reply, RunEvent, type CallBody } from '../mesh/protocol.ts';
 import { subjects } from '../mesh/subjects.ts';
 import { spawnTs, type Spawned } from './helpers.ts';
 
@@ -54,8 +54,16 @@ describe('a worker process', () => {
     expect(reply.type === 'error' && reply.message).toMatch(/holds no shard of 'critic'/);
   });
 
-  it('rejects garbage bytes, naming the subject, and keeps serving', async () => {
+  it('rejects garbage bytes, naming the subject, tells the run, and keeps serving', async () => {
+    const event = new Promise<RunEvent>((resolve) => {
+      const stop = subscribe(nc, subj.events, RunEvent, (e) => {
+        stop();
+        resolve(e);
+      }, () => {});
+    });
+    await nc.flush();
     const reply = await raw(new Uint8Array([0xc1, 0xff, 0x00, 0x13]));
+    expect(await event).toMatchObject({ type: 'log', level: 'warn', message: expect.stringContaining(`rejected bad message on ${subj.call(0)}`) });
     expect(reply).toMatchObject({ type: 'error', code: 'malformed', subject: subj.call(0) });
     expect((reply as { message: string }).message).toMatch(/not msgpack|expected a msgpack map/);
     expect((await call({ fn: 'manifest' }, 'nobody')).type).toBe('error');
