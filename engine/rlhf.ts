@@ -127,8 +127,9 @@ export async function reallocate(
   to: { model: string; layout: Layout },
   spec: GptSpec,
   names?: string[],
+  targetSpec: GptSpec = spec,
 ): Promise<Moved> {
-  const plan = planRealloc(modelInfo(spec), from.layout, to.layout, nodeOf(r), names);
+  const plan = planRealloc(modelInfo(spec), from.layout, to.layout, nodeOf(r), names, modelInfo(targetSpec));
   const out = await d.realloc({ id, iteration, from, to, plan });
   if (out.received_bytes !== plan.minimumBytes) {
     throw new Error(`reallocation ${id}: received ${out.received_bytes} bytes, the plan's minimum is ${plan.minimumBytes}`);
@@ -165,8 +166,8 @@ async function onLayout<T>(d: Dispatcher, r: RunSpec, call: CallName, iteration:
   const layout = layoutOf(r, call);
   const spec = modelSpec(r, model) as GptSpec;
   await loadModel(d, r, name, model, layout, {});
-  const moved = await reallocate(d, r, `it${iteration}-${name.replace('@', '-')}`, iteration, { model, layout: layoutOf(r, OWNER[model]) }, { model: name, layout }, spec);
   try {
+    const moved = await reallocate(d, r, `it${iteration}-${name.replace('@', '-')}`, iteration, { model, layout: layoutOf(r, OWNER[model]) }, { model: name, layout }, spec);
     return { ...(await body(name)), moved };
   } finally {
     await Promise.all(layout.devices.map((device) => d.call(device, name, iteration, { fn: 'release' })));
@@ -211,6 +212,8 @@ export async function setupModels(d: Dispatcher, r: RunSpec): Promise<{ paramete
       { model: 'critic', layout: layoutOf(r, OWNER.critic) },
       actorSpec,
       parameterShapes(actorSpec).map(([n]) => n).filter((n) => !isHead(n)),
+      // The critic's value head weighs less than the actor's: its stages may split elsewhere.
+      modelSpec(r, 'critic') as GptSpec,
     ),
   ]);
   return { parameters };

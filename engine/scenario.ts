@@ -183,7 +183,9 @@ export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
       const layers = layersOf(s, modelOf(c));
       if (layers !== undefined && p.pp > layers) errors.push(`plan.${c}: pp=${p.pp} needs at least ${p.pp} layers; the model has ${layers}`);
       // Every data-parallel replica needs at least one row of each batch it sees.
-      const rows = c.endsWith('.train') ? Math.floor(s.ppo.batch / s.ppo.minibatches) : s.ppo.batch;
+      // Mini-batches hold ceil(batch / minibatches) rows; the last holds what is left.
+      const size = Math.ceil(s.ppo.batch / s.ppo.minibatches);
+      const rows = c.endsWith('.train') ? Math.min(size, s.ppo.batch - (s.ppo.minibatches - 1) * size) : s.ppo.batch;
       if (rows < p.dp) errors.push(`plan.${c}: dp=${p.dp} replicas need at least ${p.dp} rows per batch; this call gets ${rows}`);
       if (c === 'actor.train' && s.warmup.steps > 0 && Math.min(s.warmup.batch, s.warmup.demos) < p.dp) {
         errors.push(`plan.${c}: dp=${p.dp} replicas need at least ${p.dp} rows per warm-up batch; warmup.batch is ${s.warmup.batch}`);

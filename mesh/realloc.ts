@@ -93,12 +93,21 @@ function pieceSlice(p: ParamInfo, lo: number, hi: number): Slice {
 
 /**
  * Plans the move of `names` (all parameters when absent) from layout `from` to layout `to`.
- * `nodeOf` maps a device to its node, for locality.
+ * `nodeOf` maps a device to its node, for locality. `target` describes the destination model
+ * when it differs from the source (a critic filled from an actor's body: the same parameters,
+ * but another head, so its pipeline stages may fall elsewhere).
  */
-export function planRealloc(model: ModelInfo, from: Layout, to: Layout, nodeOf: (device: number) => number, names?: readonly string[]): ReallocPlan {
+export function planRealloc(
+  model: ModelInfo,
+  from: Layout,
+  to: Layout,
+  nodeOf: (device: number) => number,
+  names?: readonly string[],
+  target: ModelInfo = model,
+): ReallocPlan {
   const wanted = names ? new Set(names) : undefined;
   const held = holdings(model, from, wanted);
-  const needed = holdings(model, to, wanted);
+  const needed = holdings(target, to, wanted);
   const load = new Map<number, number>();
   const pieces: Piece[] = [];
   const locals: LocalCopy[] = [];
@@ -129,7 +138,9 @@ export function planRealloc(model: ModelInfo, from: Layout, to: Layout, nodeOf: 
         const node = nodeOf(n.device);
         (remote.get(node) ?? remote.set(node, []).get(node)!).push(n.device);
       }
-      const next: Piece[] = [];
+      // One source per destination node; nodes that end up with the same source share its one
+      // publish (NATS fans it out to every subscriber, wherever it is).
+      const bySrc = new Map<number, number[]>();
       for (const [node, dsts] of [...remote.entries()].sort((a, b) => a[0] - b[0])) {
         const near = holders.filter((h) => nodeOf(h.device) === node);
         const pool = near.length ? near : holders;
@@ -138,6 +149,11 @@ export function planRealloc(model: ModelInfo, from: Layout, to: Layout, nodeOf: 
           const lh = load.get(h.device) ?? 0;
           return lh < lb || (lh === lb && h.device < best.device) ? h : best;
         }).device;
+        if (!bySrc.has(src)) load.set(src, (load.get(src) ?? 0) + (hi - lo) * rowElems * BYTES);
+        bySrc.set(src, [...(bySrc.get(src) ?? []), ...dsts]);
+      }
+      const next: Piece[] = [];
+      for (const [src, dsts] of bySrc) {
         dsts.sort((a, b) => a - b);
         const prev = open.find((o) => o.src === src && o.dsts.join() === dsts.join() && o.end === lo && o.axis !== null);
         if (prev) {
@@ -148,7 +164,6 @@ export function planRealloc(model: ModelInfo, from: Layout, to: Layout, nodeOf: 
           pieces.push(piece);
           next.push(piece);
         }
-        load.set(src, (load.get(src) ?? 0) + (hi - lo) * rowElems * BYTES);
       }
       open = next;
     }

@@ -149,7 +149,7 @@ export function callCost(
     const tpBytes = tokens * D * bytes;
     const tpComm = m.layers / pp * 2 * (backward ? 2 : 1) * allReduceSeconds(tpBytes / microbatches, tp, tpBw, dev.latency) * microbatches;
     const ppComm = pp > 1 ? (pp - 1) * ((tokens * D * bytes) / ppBw + dev.latency) * (backward ? 2 : 1) : 0;
-    const bubble = pp > 1 ? (compute * (pp - 1)) / microbatches : 0;
+    const bubble = pp > 1 ? ((compute + tpComm) * (pp - 1)) / microbatches : 0;
     return { compute, comm: tpComm + ppComm, bubble };
   };
 
@@ -218,13 +218,15 @@ export function callCost(
       const reads = weightsPerDevice + wave * ctx * kvPerToken;
       const flops = (wave * (bodyFlopsPerToken + headFlopsPerToken + 4 * m.layers * ctx * D)) / (tp * pp);
       const stage = Math.max(reads / dev.memBandwidth, flops / dev.flops) + (stageLayers + 1) * dev.layerOverhead;
-      const comm = (m.layers / pp) * 2 * allReduceSeconds(wave * D * bytes, tp, tpBw, dev.latency) + (pp > 1 ? (pp - 1) * ((wave * D * bytes) / ppBw + dev.latency) : 0);
+      // A token crosses every stage in turn, so it pays every layer's all-reduces.
+      const comm = m.layers * 2 * allReduceSeconds(wave * D * bytes, tp, tpBw, dev.latency) + (pp > 1 ? (pp - 1) * ((wave * D * bytes) / ppBw + dev.latency) : 0);
       const span = Math.min(stride, wl.responseLen - t);
       decode += stage * pp * span * waves;
       decodeComm += comm * span * waves;
     }
     compute = prefill.compute + decode;
     communication = prefill.comm + decodeComm;
+    bubble = prefill.bubble;
     transient = wave * T * kvPerToken + (wave * T * D * bytes * 4) / tp;
   }
   compute += dev.callOverhead ?? 0;

@@ -192,7 +192,9 @@ export function callCandidates(problem: Problem, call: CallName): Placement[] {
     const size = parseMesh(mesh, problem.cluster).devices.length;
     if (!shape && size > 1) continue; // a rule reward runs on one device
     // A training call sees a mini-batch at a time: every replica needs a row of it.
-    const rows = call.endsWith('.train') ? Math.floor(problem.workload.batch / problem.workload.minibatches) : problem.workload.batch;
+    const { batch, minibatches } = problem.workload;
+    const per = Math.ceil(batch / minibatches);
+    const rows = call.endsWith('.train') ? Math.min(per, batch - (minibatches - 1) * per) : batch;
     for (const s of strategies(size, problem.cluster.devicesPerNode)) {
       if (shape && strategyProblem(shape, s)) continue;
       if (s.dp > rows) continue;

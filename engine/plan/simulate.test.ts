@@ -42,8 +42,9 @@ function checkDependencies(sim: Simulation, iterations: number) {
       for (const inf of INFERENCES) expect(span(sim, train, it).start).toBeGreaterThanOrEqual(span(sim, inf, it).end - eps);
     }
     if (it > 0) {
-      expect(gen.start).toBeGreaterThanOrEqual(span(sim, 'actor.train', it - 1).end - eps);
-      expect(span(sim, 'critic.inference', it).start).toBeGreaterThanOrEqual(span(sim, 'critic.train', it - 1).end - eps);
+      // The supervisor starts an iteration when both train calls of the last have ended.
+      const trained = Math.max(span(sim, 'actor.train', it - 1).end, span(sim, 'critic.train', it - 1).end);
+      for (const call of ['actor.generate', ...INFERENCES, ...TRAINS] as const) expect(span(sim, call, it).start).toBeGreaterThanOrEqual(trained - eps);
     }
   }
 }
@@ -86,13 +87,12 @@ describe('simulate', () => {
     expect(span(sim, 'actor.generate', 1)).toEqual({ start: 3, end: 4 });
   });
 
-  it('lets the next generation run while a slow critic still trains (steady state 6 s, hand-computed)', () => {
+  it('starts an iteration only when both train calls of the last have ended, as the supervisor does (7 s, hand-computed)', () => {
     // generate 1 s on device 0; reference and reward 1 s on devices 1, 2; critic inference 1 s and
     // critic train 5 s on device 4; actor train 1 s on device 0.
     //   it 0: gen [0,1], inferences [1,2], actor.train [2,3], critic.train [2,7]
-    //   it 1: gen [3,4] (needs only actor.train), ref/reward [4,5], critic.inference [7,8] (after
-    //         critic.train of it 0), trains [8,9] and [8,13]
-    //   it 2: ..., critic.train [14,19]; it 3: critic.train [20,25]  → (25 − 7) / 3 = 6 s.
+    //   it 1: gen waits for both trains: [7,8], inferences [8,9], trains [9,10] and [9,14]
+    //   every iteration takes 7 s → (end of it 3 − end of it 0) / 3 = (28 − 7) / 3 = 7 s.
     const spec: Spec = {
       'actor.generate': { devices: [0], seconds: 1 },
       'reference.inference': { devices: [1], seconds: 1 },
@@ -105,13 +105,13 @@ describe('simulate', () => {
     checkDependencies(sim, 4);
     checkExclusive(sim);
     expect(span(sim, 'critic.train', 0)).toEqual({ start: 2, end: 7 });
-    expect(span(sim, 'actor.generate', 1)).toEqual({ start: 3, end: 4 });
-    expect(span(sim, 'reference.inference', 1)).toEqual({ start: 4, end: 5 });
-    expect(span(sim, 'critic.inference', 1)).toEqual({ start: 7, end: 8 });
-    expect(span(sim, 'critic.train', 1)).toEqual({ start: 8, end: 13 });
-    expect(span(sim, 'critic.train', 3).end).toBeCloseTo(25, 9);
-    expect(sim.iterationSeconds).toBeCloseTo(6, 9);
-    expect(sim.makespan).toBeCloseTo(25, 9);
+    expect(span(sim, 'actor.generate', 1)).toEqual({ start: 7, end: 8 });
+    expect(span(sim, 'reference.inference', 1)).toEqual({ start: 8, end: 9 });
+    expect(span(sim, 'critic.inference', 1)).toEqual({ start: 8, end: 9 });
+    expect(span(sim, 'critic.train', 1)).toEqual({ start: 9, end: 14 });
+    expect(span(sim, 'critic.train', 3).end).toBeCloseTo(28, 9);
+    expect(sim.iterationSeconds).toBeCloseTo(7, 9);
+    expect(sim.makespan).toBeCloseTo(28, 9);
   });
 
   it('reports the first iteration end when unrolled once', () => {

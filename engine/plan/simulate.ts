@@ -34,14 +34,19 @@ export interface Simulation {
   timeline: TimelineEntry[];
 }
 
-/** Inputs of each call within an iteration, and from the previous iteration. */
+/**
+ * Inputs of each call within an iteration, and from the previous one. The supervisor starts an
+ * iteration once both train calls of the last have ended (it does not pipeline iterations), so
+ * every call waits for them, not only the calls that read their weights.
+ */
+const AFTER_TRAINING: CallName[] = ['actor.train', 'critic.train'];
 const DEPS: Record<CallName, { same: CallName[]; previous: CallName[] }> = {
-  'actor.generate': { same: [], previous: ['actor.train'] },
-  'reference.inference': { same: ['actor.generate'], previous: [] },
-  'reward.inference': { same: ['actor.generate'], previous: [] },
-  'critic.inference': { same: ['actor.generate'], previous: ['critic.train'] },
-  'actor.train': { same: ['actor.generate', 'reference.inference', 'reward.inference', 'critic.inference'], previous: [] },
-  'critic.train': { same: ['actor.generate', 'reference.inference', 'reward.inference', 'critic.inference'], previous: [] },
+  'actor.generate': { same: [], previous: AFTER_TRAINING },
+  'reference.inference': { same: ['actor.generate'], previous: AFTER_TRAINING },
+  'reward.inference': { same: ['actor.generate'], previous: AFTER_TRAINING },
+  'critic.inference': { same: ['actor.generate'], previous: AFTER_TRAINING },
+  'actor.train': { same: ['actor.generate', 'reference.inference', 'reward.inference', 'critic.inference'], previous: AFTER_TRAINING },
+  'critic.train': { same: ['actor.generate', 'reference.inference', 'reward.inference', 'critic.inference'], previous: AFTER_TRAINING },
 };
 
 const ORDER: CallName[] = ['actor.generate', 'reference.inference', 'reward.inference', 'critic.inference', 'actor.train', 'critic.train'];
