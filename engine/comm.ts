@@ -17,11 +17,16 @@ interface Slot {
   parts: Data[];
   received: number;
   total?: number;
-  waiter?: { resolve: (d: Data) => void; reject: (e: Error) => void };
+  waiter?: { resolve: (d: Data) => void; reject: (e: Error) => void; timer: NodeJS.Timeout };
 }
+
+/** The tag of the message a failing rank sends its peers. */
+const ABORT = '!abort';
 
 export class Comm {
   private readonly mailbox = new Map<string, Slot>();
+  /** Calls that have ended (well or badly): their late messages are dropped. */
+  private readonly ended = new Map<string, string>();
   private readonly stop: () => void;
 
   constructor(
@@ -50,6 +55,11 @@ export class Comm {
   }
 
   private deliver(m: Collective) {
+    if (this.ended.has(m.group)) return;
+    if (m.tag === ABORT) {
+      this.end(m.group, `device ${m.from} failed during call ${m.group}`);
+      return;
+    }
     const key = this.key(m.group, m.tag, m.from);
     const s = this.slot(key);
     if (s.parts[m.part]) return; // a repeat
@@ -62,6 +72,7 @@ export class Comm {
   private settle(key: string, s: Slot) {
     if (!s.waiter || s.total === undefined || s.received < s.total) return;
     this.mailbox.delete(key);
+    clearTimeout(s.waiter.timer);
     const first = s.parts[0]!;
     if (s.total === 1) return s.waiter.resolve(first);
     const length = s.parts.reduce((n, p) => n + p!.length, 0);
@@ -86,6 +97,8 @@ export class Comm {
 
   /** What `device` sent under `tag` within `group`. */
   recv(group: string, device: number, tag: string): Promise<Data> {
+    const why = this.ended.get(group);
+    if (why !== undefined) return Promise.reject(new CommError(why));
     const key = this.key(group, tag, device);
     const s = this.slot(key);
     return new Promise<Data>((resolve, reject) => {
@@ -93,15 +106,15 @@ export class Comm {
         this.mailbox.delete(key);
         reject(new CommError(`no '${tag}' from device ${device} within ${this.timeoutMs} ms (call ${group})`));
       }, this.timeoutMs);
-      s.waiter = {
-        resolve: (d) => {
-          clearTimeout(timer);
-          resolve(d);
-        },
-        reject,
-      };
+      s.waiter = { resolve, reject, timer };
       this.settle(key, s);
     });
+  }
+
+  /** Tells the other ranks of a call that this one failed, so that none waits for it. */
+  abort(group: string, members: readonly number[]): void {
+    for (const d of members) if (d !== this.device) this.send(group, d, ABORT, new Float32Array(0));
+    this.end(group, `call ${group} failed on this device`);
   }
 
   /** Sum over `group` (devices in rank order) of every member's `data`, summed in that order. */
@@ -118,11 +131,20 @@ export class Comm {
     return out;
   }
 
-  /** Drops what is left of a call's messages (after it ends, well or badly). */
+  /** Drops what is left of a call's messages (after it ends, well or badly), and any that come later. */
   forget(group: string): void {
+    this.end(group, `call ${group} ended`);
+  }
+
+  private end(group: string, why: string): void {
+    if (!this.ended.has(group)) this.ended.set(group, why);
+    if (this.ended.size > 1024) this.ended.delete(this.ended.keys().next().value!);
     for (const [key, s] of this.mailbox) {
       if (!key.startsWith(`${group}|`)) continue;
-      s.waiter?.reject(new CommError(`call ${group} ended`));
+      if (s.waiter) {
+        clearTimeout(s.waiter.timer);
+        s.waiter.reject(new CommError(why));
+      }
       this.mailbox.delete(key);
     }
   }

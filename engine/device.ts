@@ -173,11 +173,16 @@ export class Device {
   }
 
   async run(call: Call): Promise<Body> {
-    const refused = this.check(call);
-    if (refused) throw refused;
     const group = call.group ?? call.id;
     try {
+      const refused = this.check(call);
+      if (refused) throw refused;
       return await this.dispatch(call, group);
+    } catch (e) {
+      // The other ranks of a multi-device call would wait for this one: tell them.
+      const h = this.hosted.get(call.model);
+      if (call.group && h && h.layout.devices.length > 1) this.comm.abort(group, h.layout.devices);
+      throw e;
     } finally {
       this.comm.forget(group);
     }
@@ -298,6 +303,7 @@ export class Device {
     try {
       await signal.ready();
       await signal.go;
+      incoming.arm();
       let sent = 0;
       let chunks = 0;
       for (const s of body.sends) {
@@ -338,7 +344,10 @@ export class Device {
    * Listens for an exchange's go (or abort) and says ready. Every device of the exchange listens,
    * receivers too: an abort must reach them.
    */
-  private awaitGo(id: string, timeout: number) {
+  private awaitGo(id: string, transferTimeout: number) {
+    // Devices of an exchange may be ready long before the others have finished the calls queued
+    // ahead of it; the wait for go gets a longer limit than a transfer.
+    const timeout = transferTimeout * 4;
     let stop = () => {};
     let timer: NodeJS.Timeout | undefined;
     let aborted!: (e: Error) => void;

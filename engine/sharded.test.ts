@@ -167,3 +167,21 @@ describe('3D-parallel shards against the unsharded model', () => {
     expect(again.digests).toEqual(got.digests);
   }, 60_000);
 });
+
+describe('a rank that fails', () => {
+  it('makes the other ranks of its call fail at once instead of waiting for it', async () => {
+    await initBackend('wasm');
+    const layout: Layout = { devices: [0, 1], dp: 2, tp: 1, pp: 1 };
+    const m = mesh(layout);
+    await m.run('actor', (rank) => ({ fn: 'load', role: 'actor', spec: policy, layout, rank, seed: 7, optim }));
+    const tokens = Int32Array.from({ length: B * (P + R) }, (_, i) => i % 10);
+    const good = { fn: 'train', tokens, batch: B, promptLen: P, responseLen: R, seed: 1, hyper, old: new Float32Array(B * R), target: new Float32Array(B * R) } as const;
+    const outcome = await Promise.allSettled(
+      m.devices.map((d, rank) =>
+        d.run({ type: 'call', v: PROTOCOL_VERSION, id: 'bad', group: 'bad', model: 'actor', iteration: 0, body: rank === 0 ? { ...good, old: new Float32Array(3) } : good }),
+      ),
+    );
+    expect(outcome[0]).toMatchObject({ status: 'rejected', reason: { code: 'malformed' } });
+    expect(outcome[1]).toMatchObject({ status: 'rejected', reason: { message: expect.stringMatching(/device 0 failed during call bad/) } });
+  }, 10_000);
+});

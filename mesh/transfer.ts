@@ -236,6 +236,8 @@ export async function sendTensors(
 export interface Incoming {
   /** Resolves once every expected tensor has arrived, verified, or rejects with what went wrong. */
   done: Promise<void>;
+  /** Starts the timeout: call it when the senders have been told to send. */
+  arm(): void;
   bytes(): number;
   chunks(): number;
   close(): void;
@@ -256,11 +258,14 @@ export function receiveTensors(
   const assemblers = transfers.map((t) => new Assembler(t.transfer, t.expected));
   const stops: Array<() => void> = [];
   let timer: NodeJS.Timeout | undefined;
+  let arm = () => {};
   const done = new Promise<void>((resolve, reject) => {
-    timer = setTimeout(() => {
-      const got = assemblers.reduce((n, a) => n + a.chunks, 0);
-      reject(new TransferError(`transfers ${transfers.map((t) => t.transfer).join(', ')}: incomplete after ${timeoutMs} ms (${got} chunks)`));
-    }, timeoutMs);
+    arm = () => {
+      timer ??= setTimeout(() => {
+        const got = assemblers.reduce((n, a) => n + a.chunks, 0);
+        reject(new TransferError(`transfers ${transfers.map((t) => t.transfer).join(', ')}: incomplete ${timeoutMs} ms after they began (${got} chunks)`));
+      }, timeoutMs);
+    };
     const check = () => {
       if (assemblers.every((a) => a.complete)) {
         clearTimeout(timer);
@@ -297,6 +302,7 @@ export function receiveTensors(
   done.catch(() => {});
   return {
     done,
+    arm: () => arm(),
     bytes: () => assemblers.reduce((n, a) => n + a.bytes, 0),
     chunks: () => assemblers.reduce((n, a) => n + a.chunks, 0),
     close: () => {

@@ -115,13 +115,10 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
       c = 0;
     }
     const fwd = (x: number, y: number) => a * x + b * y;
-    let [u, v, w] = fit3(trainRows.map(([x, y, t]) => [a * x, b * y, t]));
-    if (w < 0 || u < 0 || v < 0) {
-      [u, v] = fit2(trainRows.map(([x, y, t]) => [a * x, b * y, t]));
-      w = 0;
-    }
-    // The call overhead is shared; what training adds per call beyond it is folded into the pass factor's fit.
-    const residuals = [...rows.map(([x, y, t]) => Math.abs(fwd(x, y) + c - t) / t), ...trainRows.map(([x, y, t]) => Math.abs(u * a * x + v * b * y + w - t) / t)];
+    // The cost per call is shared with forward calls; training's factors explain the rest.
+    const [u, v] = fit2(trainRows.map(([x, y, t]) => [a * x, b * y, t - c]));
+    // The errors of the profile as it is saved.
+    const residuals = [...rows.map(([x, y, t]) => Math.abs(fwd(x, y) + c - t) / t), ...trainRows.map(([x, y, t]) => Math.abs(u * a * x + v * b * y + c - t) / t)];
     log(
       `compute: ${(1 / a / 1e9).toFixed(2)} GFLOP/s sustained, ${(b * 1e6).toFixed(0)} µs per layer pass, ${(c * 1e3).toFixed(2)} ms per call; ` +
         `training: ${u.toFixed(1)}× the FLOP cost and ${v.toFixed(1)}× the per-layer cost of a forward pass; median fit error ${(100 * median(residuals)!).toFixed(1)}%`,
@@ -146,7 +143,7 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
     // step is fitted to them: measured = prediction without it + α·(steps the model counts).
     const partial: DeviceProfile = {
       name: 'local', flops: 1 / a, memBandwidth: 1e30, memoryBytes: 1e15, intraBandwidth: bandwidth, interBandwidth: bandwidth,
-      latency: 0, layerOverhead: Math.max(0, b), callOverhead: Math.max(0, c), trainFactor: u, trainPassFactor: v, recomputeDecode: true, source: 'fit',
+      latency: 0, layerOverhead: Math.max(0, b), callOverhead: Math.max(0, c) + median(tripOverhead)!, trainFactor: u, trainPassFactor: v, recomputeDecode: true, source: 'fit',
     };
     const alphaRows: Array<[number, number]> = []; // [collective steps, seconds left to explain]
     const shape = localShape('p', 11, 2, 64, 4);
