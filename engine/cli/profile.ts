@@ -146,6 +146,7 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
       latency: 0, layerOverhead: Math.max(0, b), callOverhead: Math.max(0, c) + median(tripOverhead)!, trainFactor: u, trainPassFactor: v, recomputeDecode: true, source: 'fit',
     };
     const alphaRows: Array<[number, number]> = []; // [collective steps, seconds left to explain]
+    let g = 0; // groups name one call each: never reused
     const shape = localShape('p', 11, 2, 64, 4);
     const spec = { kind: 'policy' as const, vocab: 11, context: 9, layers: 2, width: 64, heads: 4 };
     for (const s of [{ dp: 1, tp: 2, pp: 1 }, { dp: 2, tp: 1, pp: 1 }, { dp: 1, tp: 1, pp: 2 }]) {
@@ -156,7 +157,6 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
       const wl: Workload = { batch, promptLen: 5, responseLen: 4, epochs: 2, minibatches: 2 };
       const tokens = Int32Array.from({ length: batch * 9 }, (_, i) => i % 10);
       const body = { tokens, batch, promptLen: 5, responseLen: 4 };
-      let g = 0;
       const both = async (make: () => Parameters<typeof d.call>[3]) => {
         const group = `profile-${g++}`;
         const t0 = performance.now();
