@@ -88,13 +88,27 @@ export class GptShard {
     seed: number | undefined,
     optim?: Optim,
   ) {
-    const prefix = `shard${shardCount++}`;
-    const initial =
-      seed === undefined
-        ? parameterShapes(spec).map(([name, shape]) => ({ name, shape, data: new Float32Array(shape.reduce((a, b) => a * b, 1)) }))
-        : initialWeights(spec, seed);
-    this.vars = new Map(initial.map((t) => [t.name, toVariable(t, `${prefix}/${t.name}`)]));
+    this.prefix = `shard${shardCount++}`;
+    this.shapes = new Map(parameterShapes(spec));
+    // A view that a reallocation will fill holds nothing until then: no zeros to replace.
+    const initial = seed === undefined ? [] : initialWeights(spec, seed);
+    this.vars = new Map(initial.map((t) => [t.name, toVariable(t, `${this.prefix}/${t.name}`)]));
     this.setOptimizer(optim);
+  }
+
+  private readonly prefix: string;
+  private readonly shapes: Map<string, number[]>;
+
+  /** A parameter's variable; one never filled starts at zero. */
+  private v(name: string): tf.Variable {
+    let v = this.vars.get(name);
+    if (!v) {
+      const shape = this.shapes.get(name);
+      if (!shape) throw new ShardError(`no parameter '${name}' in a ${this.spec.kind} model`);
+      v = toVariable({ name, shape, data: new Float32Array(shape.reduce((a, b) => a * b, 1)) }, `${this.prefix}/${name}`);
+      this.vars.set(name, v);
+    }
+    return v;
   }
 
   private setOptimizer(optim: Optim | undefined) {
@@ -107,45 +121,46 @@ export class GptShard {
     return this.optimizer !== undefined;
   }
 
+  /** Every variable, in canonical order. */
   private weights(): Weights {
-    return Object.fromEntries(this.vars);
+    return Object.fromEntries([...this.shapes.keys()].map((name) => [name, this.v(name)]));
   }
 
   /** The weights as plain arrays, in canonical order. */
   exportTensors(): NamedTensor[] {
-    return parameterShapes(this.spec).map(([name, shape]) => ({
-      name,
-      shape,
-      data: ownCopy(this.vars.get(name)!),
-    }));
+    return [...this.shapes].map(([name, shape]) => ({ name, shape, data: ownCopy(this.v(name)) }));
+  }
+
+  /** One parameter (this shard's slice of it), copied out. */
+  exportTensor(name: string): Float32Array {
+    return ownCopy(this.v(name));
   }
 
   /**
    * Overwrites the named weights (all of them, or a subset such as the shared body). Shapes are
    * checked first, so a bad set changes nothing. A fresh optimizer state goes with new weights.
    */
-  /** One parameter (this shard's slice of it), copied out. */
-  exportTensor(name: string): Float32Array {
-    const v = this.vars.get(name);
-    if (!v) throw new ShardError(`no parameter '${name}' in this shard`);
-    return ownCopy(v);
-  }
-
   importTensors(tensors: readonly NamedTensor[]): void {
     for (const t of tensors) {
-      const v = this.vars.get(t.name);
-      if (!v) throw new ShardError(`no parameter '${t.name}' in a ${this.spec.kind} model`);
-      if (v.shape.join('x') !== t.shape.join('x')) {
-        throw new ShardError(`parameter '${t.name}': expected shape [${v.shape}], got [${t.shape}]`);
+      const shape = this.shapes.get(t.name);
+      if (!shape) throw new ShardError(`no parameter '${t.name}' in a ${this.spec.kind} model`);
+      const size = shape.reduce((a, b) => a * b, 1);
+      if (shape.join('x') !== t.shape.join('x')) {
+        throw new ShardError(`parameter '${t.name}': expected shape [${shape}], got [${t.shape}]`);
       }
-      if (t.data.length !== v.size) {
-        throw new ShardError(`parameter '${t.name}': shape [${t.shape}] needs ${v.size} values, got ${t.data.length}`);
+      if (t.data.length !== size) {
+        throw new ShardError(`parameter '${t.name}': shape [${t.shape}] needs ${size} values, got ${t.data.length}`);
       }
     }
     for (const t of tensors) {
+      const v = this.vars.get(t.name);
+      if (!v) {
+        this.vars.set(t.name, toVariable(t, `${this.prefix}/${t.name}`));
+        continue;
+      }
       // A variable keeps a reference to the data it is given; the temporary tensor is ours to free.
       const value = tf.tensor(t.data, t.shape);
-      this.vars.get(t.name)!.assign(value);
+      v.assign(value);
       value.dispose();
     }
     this.setOptimizer(this.optim);
@@ -254,7 +269,7 @@ export class GptShard {
   /** One optimizer step with the gradient clipped to the configured global norm. */
   private step(lossFn: () => tf.Scalar, optimizer = this.optimizer): { loss: number; gradNorm: number } {
     if (!optimizer || !this.optim) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
-    const varList = [...this.vars.values()];
+    const varList = Object.values(this.weights()) as tf.Variable[];
     const { value, grads } = tf.variableGrads(lossFn, varList);
     const names = varList.map((v) => v.name);
     // Global norm with a fixed summation order (parameter order), so it is reproducible.

@@ -82,15 +82,15 @@ export class ShardedGpt {
     this.mpGroup = Array.from({ length: layout.pp * layout.tp }, (_, i) => dev({ pp: Math.floor(i / layout.tp), tp: i % layout.tp }));
     this.prev = this.first ? undefined : dev({ pp: c.pp - 1 });
     this.next = this.last ? undefined : dev({ pp: c.pp + 1 });
-    const prefix = `sharded${shardCount++}`;
+    this.prefix = `sharded${shardCount++}`;
     const shapes = new Map(parameterShapes(spec).map(([n, s], i) => [n, { shape: s, index: i }]));
-    for (const s of this.slices) {
-      const { shape, index } = shapes.get(s.name)!;
-      // Each parameter has its own random stream, so a rank draws only what it holds.
-      const data = seed === undefined ? new Float32Array(sliceShape(s).reduce((a, b) => a * b, 1)) : cut(initialParameter(spec, seed, s.name, shape, index).data, { ...s, axis: null, start: 0, end: shape[0]! }, s);
-      const value = tf.tensor(data, sliceShape(s));
-      this.vars.set(s.name, tf.variable(value, true, `${prefix}/${s.name}`));
-      value.dispose();
+    // A view that a reallocation will fill holds nothing until then: no zeros to replace.
+    if (seed !== undefined) {
+      for (const s of this.slices) {
+        const { shape, index } = shapes.get(s.name)!;
+        // Each parameter has its own random stream, so a rank draws only what it holds.
+        this.create(s, cut(initialParameter(spec, seed, s.name, shape, index).data, { ...s, axis: null, start: 0, end: shape[0]! }, s));
+      }
     }
     this.optimizer = optim ? tf.train.adam(optim.lr, optim.beta1, optim.beta2, optim.eps) : undefined;
   }
@@ -104,8 +104,23 @@ export class ShardedGpt {
     return this.last && this.coords.tp === 0;
   }
 
+  private readonly prefix: string;
+
+  private create(s: Slice, data: Float32Array): tf.Variable {
+    const value = tf.tensor(data, sliceShape(s));
+    const v = tf.variable(value, true, `${this.prefix}/${s.name}`);
+    value.dispose();
+    this.vars.set(s.name, v);
+    return v;
+  }
+
+  /** This rank's slice of a parameter; one never filled starts at zero. */
   private w(name: string): tf.Variable {
-    return this.vars.get(name)!;
+    const v = this.vars.get(name);
+    if (v) return v;
+    const s = this.slices.find((x) => x.name === name);
+    if (!s) throw new ShardError(`rank ${this.rank} holds no parameter '${name}'`);
+    return this.create(s, new Float32Array(sliceShape(s).reduce((a, b) => a * b, 1)));
   }
 
   exportTensors(): NamedTensor[] {
@@ -114,22 +129,26 @@ export class ShardedGpt {
 
   /** One parameter (this shard's slice of it), copied out. */
   exportTensor(name: string): Float32Array {
-    const v = this.vars.get(name);
-    if (!v) throw new ShardError(`no parameter '${name}' in this shard`);
-    return ownCopy(v);
+    return ownCopy(this.w(name));
   }
 
   importTensors(tensors: readonly NamedTensor[]): void {
     for (const t of tensors) {
-      const v = this.vars.get(t.name);
-      if (!v) throw new ShardError(`rank ${this.rank} holds no parameter '${t.name}'`);
-      if (v.shape.join('x') !== t.shape.join('x') || t.data.length !== v.size) {
-        throw new ShardError(`parameter '${t.name}': expected a slice of shape [${v.shape}], got [${t.shape}] with ${t.data.length} values`);
+      const s = this.slices.find((x) => x.name === t.name);
+      if (!s) throw new ShardError(`rank ${this.rank} holds no parameter '${t.name}'`);
+      const shape = sliceShape(s);
+      if (shape.join('x') !== t.shape.join('x') || t.data.length !== shape.reduce((a, b) => a * b, 1)) {
+        throw new ShardError(`parameter '${t.name}': expected a slice of shape [${shape}], got [${t.shape}] with ${t.data.length} values`);
       }
     }
     for (const t of tensors) {
+      const v = this.vars.get(t.name);
+      if (!v) {
+        this.create(this.slices.find((x) => x.name === t.name)!, t.data);
+        continue;
+      }
       const value = tf.tensor(t.data, t.shape);
-      this.w(t.name).assign(value);
+      v.assign(value);
       value.dispose();
     }
     this.optimizer?.dispose();

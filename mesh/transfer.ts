@@ -99,7 +99,9 @@ export interface Expected {
 
 interface Buffered {
   spec: Expected;
-  data: Float32Array;
+  size: number;
+  /** Allocated when the first chunk comes, so a receiver holds only the tensors in flight. */
+  data?: Float32Array;
   filled: number;
   seen: Set<number>;
   /** Block digests, by block index, as chunks arrive. */
@@ -121,7 +123,7 @@ export class Assembler {
   ) {
     for (const spec of expected) {
       const size = spec.shape.reduce((a, b) => a * b, 1);
-      this.buffers.set(spec.name, { spec, data: new Float32Array(size), filled: 0, seen: new Set(), blocks: [] });
+      this.buffers.set(spec.name, { spec, size, filled: 0, seen: new Set(), blocks: [] });
       this.pending.add(spec.name);
     }
   }
@@ -151,11 +153,11 @@ export class Assembler {
     if (chunk.transfer !== this.transfer) throw new TransferError(`${where}: chunk belongs to transfer ${chunk.transfer}`);
     const buf = this.buffers.get(chunk.tensor);
     if (!buf) throw new TransferError(`${where}: tensor is not one this receiver expects`);
-    if (chunk.total !== buf.data.length) {
-      throw new TransferError(`${where}: expected a tensor of ${buf.data.length} elements, chunk says ${chunk.total}`);
+    if (chunk.total !== buf.size) {
+      throw new TransferError(`${where}: expected a tensor of ${buf.size} elements, chunk says ${chunk.total}`);
     }
-    if (chunk.offset + chunk.data.length > buf.data.length) {
-      throw new TransferError(`${where}: ${chunk.data.length} elements run past the end (${buf.data.length})`);
+    if (chunk.offset + chunk.data.length > buf.size) {
+      throw new TransferError(`${where}: ${chunk.data.length} elements run past the end (${buf.size})`);
     }
     if (chunk.offset % BLOCK !== 0) throw new TransferError(`${where}: a chunk must start on a block boundary (${BLOCK} elements)`);
     if (chunk.data.length % BLOCK !== 0 && chunk.offset + chunk.data.length !== chunk.total) {
@@ -177,10 +179,11 @@ export class Assembler {
       throw new TransferError(`${where}: overlaps blocks that an earlier chunk already filled`);
     }
     buf.seen.add(chunk.offset);
+    buf.data ??= new Float32Array(buf.size);
     buf.data.set(chunk.data, chunk.offset);
     blocks.forEach((d, i) => (buf.blocks[first + i] = d));
     buf.filled += chunk.data.length;
-    if (buf.filled === buf.data.length) this.pending.delete(chunk.tensor);
+    if (buf.filled === buf.size) this.pending.delete(chunk.tensor);
     this.bytes += chunk.data.byteLength;
     this.chunks += 1;
   }
@@ -196,8 +199,8 @@ export class Assembler {
 
   private verify(buffers: Buffered[]): NamedTensor[] {
     const out: NamedTensor[] = [];
-    for (const { spec, data, filled, whole, blocks } of buffers) {
-      if (filled !== data.length) throw new TransferError(`transfer ${this.transfer}: tensor '${spec.name}' has ${filled} of ${data.length} elements`);
+    for (const { spec, size, data = new Float32Array(size), filled, whole, blocks } of buffers) {
+      if (filled !== size) throw new TransferError(`transfer ${this.transfer}: tensor '${spec.name}' has ${filled} of ${size} elements`);
       // Every block was checked on arrival; the tensor's digest follows from theirs.
       const digest = listDigest(blocks.length ? blocks : blockDigests(data));
       const want = spec.sha256 ?? whole;
