@@ -137,8 +137,8 @@ export class Device {
     if (!h) return this.notLoaded(model, body.fn);
     const kind = this.kindOf(h);
     const allowed: Record<string, readonly CallFn[]> = {
-      policy: ['sft', 'generate', 'inference', 'train', 'manifest', 'release'],
-      value: ['inference', 'train', 'manifest', 'release'],
+      policy: ['sft', 'generate', 'inference', 'train', 'manifest', 'weights', 'release'],
+      value: ['inference', 'train', 'manifest', 'weights', 'release'],
       rule: ['inference', 'manifest', 'release'],
     };
     if (!allowed[kind]!.includes(body.fn)) {
@@ -443,6 +443,8 @@ export class Device {
         const tensors = s.exportTensors();
         return { manifest: manifestOf(tensors), digest: modelDigest(tensors) };
       }
+      case 'weights':
+        return { tensors: s.exportTensors() };
       default:
         throw new CallRejected('unsupported', `'${body.fn}' cannot run on a shard`);
     }
@@ -467,6 +469,8 @@ export class Device {
         const tensors = s.exportTensors();
         return { manifest: manifestOf(tensors), digest: modelDigest(tensors) };
       }
+      case 'weights':
+        return { tensors: s.exportTensors() };
       default:
         throw new CallRejected('unsupported', `'${body.fn}' cannot run on a shard`);
     }

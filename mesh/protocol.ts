@@ -142,6 +142,8 @@ export const CallBody = z.discriminatedUnion('fn', [
   /** The process's memory, for benchmarks and reports. */
   z.strictObject({ fn: z.literal('stats') }),
   z.strictObject({ fn: z.literal('manifest') }),
+  /** The shard's own slices of the weights, as they are (for inspection and tests; small models). */
+  z.strictObject({ fn: z.literal('weights') }),
   z.strictObject({ fn: z.literal('release') }),
   z.strictObject({ fn: z.literal('shutdown') }),
 ]);
@@ -317,6 +319,7 @@ export const ResultBodies = {
     heap_mb: z.number(),
   }),
   manifest: z.strictObject({ manifest: z.array(TensorManifest), digest: z.string() }),
+  weights: z.strictObject({ tensors: z.array(z.strictObject({ name: z.string(), shape: z.array(nat), data: f32 })) }),
   release: z.strictObject({}),
   shutdown: z.strictObject({}),
 } satisfies Record<CallFn, z.ZodType>;
