@@ -137,8 +137,8 @@ export class Device {
     if (!h) return this.notLoaded(model, body.fn);
     const kind = this.kindOf(h);
     const allowed: Record<string, readonly CallFn[]> = {
-      policy: ['sft', 'generate', 'inference', 'train', 'manifest', 'weights', 'release'],
-      value: ['inference', 'train', 'manifest', 'weights', 'release'],
+      policy: ['sft', 'generate', 'inference', 'train', 'manifest', 'weights', 'checkpoint', 'restore', 'release'],
+      value: ['inference', 'train', 'manifest', 'weights', 'checkpoint', 'restore', 'release'],
       rule: ['inference', 'manifest', 'release'],
     };
     if (!allowed[kind]!.includes(body.fn)) {
@@ -146,6 +146,19 @@ export class Device {
     }
     if ((body.fn === 'train' || body.fn === 'sft') && !(h.shard as ModelShard).trainable) {
       return new CallRejected('invalid_state', `'${model}' on device ${this.index} is not on its training layout (no optimizer); '${body.fn}' is refused`);
+    }
+    if (body.fn === 'restore') {
+      // Refuse a checkpoint that does not fit before any of it is written.
+      const shard = h.shard as ModelShard;
+      if (body.checkpoint.optimizer && !shard.trainable) {
+        return new CallRejected('invalid_state', `'${model}' on device ${this.index} holds no optimizer (not its training layout); its checkpoint has optimizer state`);
+      }
+      const sizes = new Map(shardSlices(modelInfo(shard.spec), h.layout, h.rank).map((s) => [s.name, sliceElements(s)]));
+      for (const t of [...body.checkpoint.tensors.map((t) => ({ name: t.name, n: t.data.length })), ...(body.checkpoint.optimizer?.moments ?? []).flatMap((m) => [{ name: m.name, n: m.m.length }, { name: m.name, n: m.v.length }])]) {
+        if (sizes.get(t.name) !== t.n) {
+          return new CallRejected('malformed', `checkpoint for '${model}' on device ${this.index}: '${t.name}' has ${t.n} values; this shard's slice has ${sizes.get(t.name) ?? 'no such parameter'}`);
+        }
+      }
     }
     const bad = shapeProblem(body, h.shard instanceof RuleShard ? undefined : h.shard.spec);
     return bad ? new CallRejected('malformed', `'${body.fn}' of '${model}': ${bad}`) : undefined;
@@ -445,6 +458,14 @@ export class Device {
       }
       case 'weights':
         return { tensors: s.exportTensors() };
+      case 'checkpoint': {
+        const optimizer = s.optimizerState();
+        return { checkpoint: { tensors: s.exportTensors(), ...(optimizer ? { optimizer } : {}) } };
+      }
+      case 'restore':
+        s.importTensors(body.checkpoint.tensors);
+        if (body.checkpoint.optimizer) s.loadOptimizerState(body.checkpoint.optimizer);
+        return {};
       default:
         throw new CallRejected('unsupported', `'${body.fn}' cannot run on a shard`);
     }
@@ -471,6 +492,14 @@ export class Device {
       }
       case 'weights':
         return { tensors: s.exportTensors() };
+      case 'checkpoint': {
+        const optimizer = s.optimizerState();
+        return { checkpoint: { tensors: s.exportTensors(), ...(optimizer ? { optimizer } : {}) } };
+      }
+      case 'restore':
+        s.importTensors(body.checkpoint.tensors);
+        if (body.checkpoint.optimizer) s.loadOptimizerState(body.checkpoint.optimizer);
+        return {};
       default:
         throw new CallRejected('unsupported', `'${body.fn}' cannot run on a shard`);
     }

@@ -4,6 +4,7 @@ import * as tf from '@tensorflow/tfjs';
 import type { NamedTensor } from '../mesh/transfer.ts';
 import type { Optim, PpoHyper } from '../mesh/protocol.ts';
 import { forward, initialWeights, parameterShapes, responseLogprobs, responseValues, type GptSpec, type Weights } from './model.ts';
+import { Adam, type AdamState } from './adam.ts';
 import { policyLoss, valueLoss } from './losses.ts';
 import { Rng, Stream, seedOf, sampleToken } from './rng.ts';
 
@@ -79,7 +80,7 @@ let shardCount = 0;
 
 export class GptShard {
   private readonly vars: Map<string, tf.Variable>;
-  private optimizer: tf.AdamOptimizer | undefined;
+  private optimizer: Adam | undefined;
   private optim: Optim | undefined;
 
   /** `seed` draws the initial weights; without one they start at zero (a view to be filled). */
@@ -114,7 +115,7 @@ export class GptShard {
   private setOptimizer(optim: Optim | undefined) {
     this.optimizer?.dispose();
     this.optim = optim;
-    this.optimizer = optim ? tf.train.adam(optim.lr, optim.beta1, optim.beta2, optim.eps) : undefined;
+    this.optimizer = optim ? new Adam(optim.lr, optim.beta1, optim.beta2, optim.eps) : undefined;
   }
 
   get trainable(): boolean {
@@ -164,6 +165,17 @@ export class GptShard {
       value.dispose();
     }
     this.setOptimizer(this.optim);
+  }
+
+  /** The optimizer's state (moments and step), for a checkpoint; undefined off the training layout. */
+  optimizerState(): AdamState | undefined {
+    return this.optimizer?.state();
+  }
+
+  /** Puts an optimizer state back (after importTensors, which starts a fresh one). */
+  loadOptimizerState(state: AdamState): void {
+    if (!this.optimizer) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
+    this.optimizer.load(state, (name) => this.shapes.get(name)!);
   }
 
   dispose(): void {
@@ -223,7 +235,7 @@ export class GptShard {
     const width = tokens.length / batch;
     const losses: number[] = [];
     // Warm-up has its own optimizer, so the PPO optimizer starts fresh afterwards.
-    const optimizer = tf.train.adam(lr, this.optim.beta1, this.optim.beta2, this.optim.eps);
+    const optimizer = new Adam(lr, this.optim.beta1, this.optim.beta2, this.optim.eps);
     for (let step = 0; step < steps; step++) {
       await yieldToLoop();
       const rows = new Rng(seedOf(seed, Stream.shuffle, step)).permutation(batch).slice(0, Math.min(minibatch, batch));
@@ -277,7 +289,8 @@ export class GptShard {
     const gradNorm = normT.dataSync()[0]!;
     const scale = this.optim.clipNorm > 0 && gradNorm > this.optim.clipNorm ? this.optim.clipNorm / (gradNorm + 1e-6) : 1;
     const scaled = scale === 1 ? grads : Object.fromEntries(names.map((n) => [n, tf.mul(grads[n]!, scale)]));
-    optimizer.applyGradients(names.map((name) => ({ name, tensor: scaled[name]! })));
+    const params = [...this.shapes.keys()];
+    optimizer.apply(params.map((param, i) => ({ name: param, variable: varList[i]!, gradient: scaled[names[i]!]! })));
     const loss = value.dataSync()[0]!;
     tf.dispose([value, normT, ...Object.values(grads), ...(scale === 1 ? [] : Object.values(scaled))]);
     return { loss, gradNorm };

@@ -17,6 +17,7 @@ import { policyLoss, valueLoss } from './losses.ts';
 import { attnPartial, causalMask, embed, headOut, initialParameter, layerNorm, logprobsOf, mlpPartial, valuesOf, type AttnWeights } from './model.ts';
 import { modelInfo, parameterShapes, type GptSpec } from './params.ts';
 import { Rng, Stream, sampleToken, seedOf } from './rng.ts';
+import { Adam, type AdamState } from './adam.ts';
 import { ShardError, ownCopy, ppoEpochs, type TrainStats } from './shard.ts';
 
 const yieldToLoop = () => new Promise<void>((resolve) => setImmediate(resolve));
@@ -52,7 +53,7 @@ export class ShardedGpt {
   private readonly layers: number[];
   private readonly first: boolean;
   private readonly last: boolean;
-  private optimizer: tf.AdamOptimizer | undefined;
+  private optimizer: Adam | undefined;
   /** Devices of this rank's tensor group, data-parallel group and model-parallel group, in rank order. */
   private readonly tpGroup: number[];
   private readonly dpGroup: number[];
@@ -92,7 +93,7 @@ export class ShardedGpt {
         this.create(s, cut(initialParameter(spec, seed, s.name, shape, index).data, { ...s, axis: null, start: 0, end: shape[0]! }, s));
       }
     }
-    this.optimizer = optim ? tf.train.adam(optim.lr, optim.beta1, optim.beta2, optim.eps) : undefined;
+    this.optimizer = optim ? new Adam(optim.lr, optim.beta1, optim.beta2, optim.eps) : undefined;
   }
 
   get trainable(): boolean {
@@ -152,7 +153,18 @@ export class ShardedGpt {
       value.dispose();
     }
     this.optimizer?.dispose();
-    this.optimizer = this.optim ? tf.train.adam(this.optim.lr, this.optim.beta1, this.optim.beta2, this.optim.eps) : undefined;
+    this.optimizer = this.optim ? new Adam(this.optim.lr, this.optim.beta1, this.optim.beta2, this.optim.eps) : undefined;
+  }
+
+  /** The optimizer's state (moments and step), for a checkpoint; undefined off the training layout. */
+  optimizerState(): AdamState | undefined {
+    return this.optimizer?.state();
+  }
+
+  /** Puts an optimizer state back (after importTensors, which starts a fresh one). */
+  loadOptimizerState(state: AdamState): void {
+    if (!this.optimizer) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
+    this.optimizer.load(state, (name) => sliceShape(this.slices.find((s) => s.name === name)!));
   }
 
   dispose(): void {
@@ -305,7 +317,7 @@ export class ShardedGpt {
   async sft(group: string, tokens: Int32Array, batch: number, promptLen: number, steps: number, minibatch: number, lr: number, seed: number) {
     if (!this.optim) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
     const width = tokens.length / batch;
-    const optimizer = tf.train.adam(lr, this.optim.beta1, this.optim.beta2, this.optim.eps);
+    const optimizer = new Adam(lr, this.optim.beta1, this.optim.beta2, this.optim.eps);
     let first = 0;
     let loss = 0;
     for (let step = 0; step < steps; step++) {
@@ -342,7 +354,7 @@ export class ShardedGpt {
     rows: number[],
     promptLen: number,
     ppo: { old: Float32Array; target: Float32Array; responseLen: number; hyper: PpoHyper } | undefined,
-    optimizer?: tf.Optimizer,
+    optimizer?: Adam,
   ): Promise<{ loss: number; clipped: number; gradNorm: number }> {
     const opt = optimizer ?? this.optimizer;
     if (!opt || !this.optim) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
@@ -469,10 +481,9 @@ export class ShardedGpt {
     const total = this.mpGroup.length > 1 ? (await this.comm.allReduce(group, this.mpGroup, `${tag}/norm`, new Float32Array([sq])))[0]! : sq;
     const gradNorm = Math.sqrt(total);
     const scale = this.optim.clipNorm > 0 && gradNorm > this.optim.clipNorm ? this.optim.clipNorm / (gradNorm + 1e-6) : 1;
-    const varNames = names.map((n) => this.w(n).name);
-    const list = names.map((n, i) => ({ name: varNames[i]!, tensor: scale === 1 ? grads.get(n)! : tf.mul(grads.get(n)!, scale) }));
-    opt.applyGradients(list);
-    tf.dispose([...grads.values(), ...(scale === 1 ? [] : list.map((x) => x.tensor))]);
+    const list = names.map((n) => ({ name: n, variable: this.w(n), gradient: scale === 1 ? grads.get(n)! : tf.mul(grads.get(n)!, scale) }));
+    opt.apply(list);
+    tf.dispose([...grads.values(), ...(scale === 1 ? [] : list.map((x) => x.gradient))]);
     // The loss and clip count are the speaking ranks' shares; the caller sums over replicas.
     return { loss: this.speaks ? loss : 0, clipped: this.speaks ? clipped : 0, gradNorm };
   }

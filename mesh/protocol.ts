@@ -77,6 +77,15 @@ const SliceSpec = z.strictObject({
   end: nat,
 });
 
+/** A shard as a plain record: its weight slices, and its optimizer's step and moments. */
+export const Checkpoint = z.strictObject({
+  tensors: z.array(z.strictObject({ name: z.string(), shape: z.array(nat), data: f32 })),
+  optimizer: z
+    .strictObject({ step: nat, moments: z.array(z.strictObject({ name: z.string(), m: f32, v: f32 })) })
+    .optional(),
+});
+export type Checkpoint = z.infer<typeof Checkpoint>;
+
 const TensorManifest = z.strictObject({ name: z.string(), shape: z.array(nat), sha256: z.string() });
 export type TensorManifest = z.infer<typeof TensorManifest>;
 
@@ -144,6 +153,10 @@ export const CallBody = z.discriminatedUnion('fn', [
   z.strictObject({ fn: z.literal('manifest') }),
   /** The shard's own slices of the weights, as they are (for inspection and tests; small models). */
   z.strictObject({ fn: z.literal('weights') }),
+  /** A checkpoint of the shard: its weights and, on the training layout, its optimizer state. */
+  z.strictObject({ fn: z.literal('checkpoint') }),
+  /** Puts a checkpoint back into a loaded shard of the same layout and rank. */
+  z.strictObject({ fn: z.literal('restore'), checkpoint: z.lazy(() => Checkpoint) }),
   z.strictObject({ fn: z.literal('release') }),
   z.strictObject({ fn: z.literal('shutdown') }),
 ]);
@@ -320,6 +333,8 @@ export const ResultBodies = {
   }),
   manifest: z.strictObject({ manifest: z.array(TensorManifest), digest: z.string() }),
   weights: z.strictObject({ tensors: z.array(z.strictObject({ name: z.string(), shape: z.array(nat), data: f32 })) }),
+  checkpoint: z.strictObject({ checkpoint: z.lazy(() => Checkpoint) }),
+  restore: z.strictObject({}),
   release: z.strictObject({}),
   shutdown: z.strictObject({}),
 } satisfies Record<CallFn, z.ZodType>;

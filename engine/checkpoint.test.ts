@@ -1,0 +1,75 @@
+// A checkpoint is a plain record of a shard — weights and optimizer state — that restores training
+// exactly: training on from a restored checkpoint ends bit-identical to training on uninterrupted,
+// on one device and across the ranks of a 3D-parallel layout.
+import { beforeAll, describe, expect, it } from 'vitest';
+import type { Layout } from '../mesh/layout.ts';
+import type { CallBody, Checkpoint, Optim } from '../mesh/protocol.ts';
+import { initBackend } from './backend.ts';
+import { LocalDispatcher } from './local-dispatch.ts';
+import type { GptSpec } from './params.ts';
+import { callMesh } from './rlhf.ts';
+
+const spec: GptSpec = { kind: 'policy', vocab: 11, context: 9, layers: 2, width: 16, heads: 4 };
+const optim: Optim = { lr: 1e-2, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 };
+const B = 8;
+const tokens = Int32Array.from({ length: B * 9 }, (_, i) => (i * 7 + 3) % 10);
+const train = (seed: number): CallBody => ({
+  fn: 'train',
+  tokens,
+  batch: B,
+  promptLen: 5,
+  responseLen: 4,
+  seed,
+  hyper: { epochs: 2, minibatches: 2, clip: 0.2, valueClip: 0.2 },
+  old: new Float32Array(B * 4).fill(-2),
+  target: Float32Array.from({ length: B * 4 }, (_, i) => Math.sin(i)),
+});
+
+async function digest(d: LocalDispatcher, layout: Layout) {
+  return (await callMesh(d, layout, 'actor', 0, { fn: 'manifest' })).digest;
+}
+
+describe('checkpoints', () => {
+  beforeAll(async () => {
+    await initBackend('wasm');
+  });
+
+  for (const layout of [
+    { devices: [0], dp: 1, tp: 1, pp: 1 },
+    { devices: [0, 1, 2, 3], dp: 1, tp: 2, pp: 2 },
+    { devices: [0, 1], dp: 2, tp: 1, pp: 1 },
+  ] satisfies Layout[]) {
+    it(`restore training exactly (dp=${layout.dp} tp=${layout.tp} pp=${layout.pp})`, async () => {
+      const load = (d: LocalDispatcher, seed?: number) =>
+        Promise.all(layout.devices.map((dev, rank) => d.call(dev, 'actor', 0, { fn: 'load', role: 'actor', spec, layout, rank, ...(seed === undefined ? {} : { seed }), optim })));
+      // Uninterrupted: three training calls.
+      const a = new LocalDispatcher(4);
+      await load(a, 3);
+      await callMesh(a, layout, 'actor', 0, train(1) as never);
+      await callMesh(a, layout, 'actor', 0, train(2) as never);
+      const saved: Checkpoint[] = await Promise.all(layout.devices.map(async (dev) => (await a.call(dev, 'actor', 0, { fn: 'checkpoint' })).checkpoint));
+      expect(saved[0]!.optimizer!.step).toBe(8); // 2 calls × 2 epochs × 2 mini-batches
+      await callMesh(a, layout, 'actor', 0, train(3) as never);
+      const uninterrupted = await digest(a, layout);
+      // Interrupted: fresh devices, the checkpoint put back, the third call.
+      const b = new LocalDispatcher(4);
+      await load(b);
+      await Promise.all(layout.devices.map((dev, rank) => b.call(dev, 'actor', 0, { fn: 'restore', checkpoint: saved[rank]! })));
+      await callMesh(b, layout, 'actor', 0, train(3) as never);
+      expect(await digest(b, layout)).toBe(uninterrupted);
+    }, 30_000);
+  }
+
+  it('refuses a checkpoint that does not fit the shard, before writing any of it', async () => {
+    const d = new LocalDispatcher(1);
+    const layout: Layout = { devices: [0], dp: 1, tp: 1, pp: 1 };
+    await d.call(0, 'actor', 0, { fn: 'load', role: 'actor', spec, layout, rank: 0, seed: 3, optim });
+    const before = await digest(d, layout);
+    const { checkpoint } = await d.call(0, 'actor', 0, { fn: 'checkpoint' });
+    const bad = { ...checkpoint, tensors: checkpoint.tensors.map((t, i) => (i === 3 ? { ...t, data: t.data.subarray(1) } : t)) };
+    await expect(d.call(0, 'actor', 0, { fn: 'restore', checkpoint: bad })).rejects.toThrow(/checkpoint for 'actor' on device 0: 'h0\.ln1\.b' has 15 values; this shard's slice has 16/);
+    expect(await digest(d, layout)).toBe(before);
+    await d.call(0, 'frozen', 0, { fn: 'load', role: 'reference', spec, layout, rank: 0, seed: 3 });
+    await expect(d.call(0, 'frozen', 0, { fn: 'restore', checkpoint })).rejects.toThrow(/holds no optimizer/);
+  });
+});
