@@ -452,22 +452,8 @@ export class Device {
         const st = await s.train(body.tokens, body.batch, body.promptLen, body.responseLen, body.old, body.target, body.hyper, body.seed);
         return { loss: st.loss, clipfrac: st.clipfrac, grad_norm: st.gradNorm };
       }
-      case 'manifest': {
-        const tensors = s.exportTensors();
-        return { manifest: manifestOf(tensors), digest: modelDigest(tensors) };
-      }
-      case 'weights':
-        return { tensors: s.exportTensors() };
-      case 'checkpoint': {
-        const optimizer = s.optimizerState();
-        return { checkpoint: { tensors: s.exportTensors(), ...(optimizer ? { optimizer } : {}) } };
-      }
-      case 'restore':
-        s.importTensors(body.checkpoint.tensors);
-        if (body.checkpoint.optimizer) s.loadOptimizerState(body.checkpoint.optimizer);
-        return {};
       default:
-        throw new CallRejected('unsupported', `'${body.fn}' cannot run on a shard`);
+        return this.onWeights(s, body);
     }
   }
 
@@ -486,6 +472,14 @@ export class Device {
         const st = await s.train(group, body.tokens, body.batch, body.promptLen, body.responseLen, body.old, body.target, body.hyper, body.seed);
         return { loss: st.loss, clipfrac: st.clipfrac, grad_norm: st.gradNorm };
       }
+      default:
+        return this.onWeights(s, body);
+    }
+  }
+
+  /** Calls about a shard's weights and state, the same whatever its layout. */
+  private onWeights(s: ModelShard, body: CallBody): Body {
+    switch (body.fn) {
       case 'manifest': {
         const tensors = s.exportTensors();
         return { manifest: manifestOf(tensors), digest: modelDigest(tensors) };
