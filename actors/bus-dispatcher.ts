@@ -4,9 +4,9 @@
 import type { NatsConnection } from '@nats-io/transport-node';
 import { BusError, request } from '../mesh/bus.ts';
 import { ProtocolError } from '../mesh/codec.ts';
-import { PROTOCOL_VERSION, Reply, type CallFn, type CallOf, type ResultOf } from '../mesh/protocol.ts';
+import { PROTOCOL_VERSION, Reply, type CallFn, type CallOf, type Checkpoint, type ResultOf } from '../mesh/protocol.ts';
 import type { Subjects } from '../mesh/subjects.ts';
-import { CallError, PerDeviceQueue, checkResult, runRealloc, type Dispatcher, type ReallocOutcome, type ReallocRequest, type TransportStats } from '../engine/dispatch.ts';
+import { CallError, PerDeviceQueue, checkResult, fetchCheckpoint, pushCheckpoint, runRealloc, type Dispatcher, type ReallocOutcome, type ReallocRequest, type TransportStats } from '../engine/dispatch.ts';
 
 export class BusDispatcher implements Dispatcher {
   private readonly queue = new PerDeviceQueue();
@@ -53,6 +53,14 @@ export class BusDispatcher implements Dispatcher {
 
   stats(): TransportStats {
     return { ...this.totals };
+  }
+
+  checkpointShard(device: number, model: string, iteration: number, shapes: ReadonlyArray<{ name: string; shape: number[] }>, optimizer: boolean): Promise<Checkpoint> {
+    return fetchCheckpoint(this.nc, this.subj, (d, m, i, b) => this.call(d, m, i, b), device, model, iteration, shapes, optimizer, this.nc.info?.max_payload ?? 1 << 20);
+  }
+
+  restoreShard(device: number, model: string, iteration: number, checkpoint: Checkpoint): Promise<void> {
+    return pushCheckpoint(this.nc, this.subj, (d, m, i, b) => this.call(d, m, i, b), device, model, iteration, checkpoint, this.nc.info?.max_payload ?? 1 << 20);
   }
 
   async close(): Promise<void> {}

@@ -147,18 +147,8 @@ export class Device {
     if ((body.fn === 'train' || body.fn === 'sft') && !(h.shard as ModelShard).trainable) {
       return new CallRejected('invalid_state', `'${model}' on device ${this.index} is not on its training layout (no optimizer); '${body.fn}' is refused`);
     }
-    if (body.fn === 'restore') {
-      // Refuse a checkpoint that does not fit before any of it is written.
-      const shard = h.shard as ModelShard;
-      if (body.checkpoint.optimizer && !shard.trainable) {
-        return new CallRejected('invalid_state', `'${model}' on device ${this.index} holds no optimizer (not its training layout); its checkpoint has optimizer state`);
-      }
-      const sizes = new Map(shardSlices(modelInfo(shard.spec), h.layout, h.rank).map((s) => [s.name, sliceElements(s)]));
-      for (const t of [...body.checkpoint.tensors.map((t) => ({ name: t.name, n: t.data.length })), ...(body.checkpoint.optimizer?.moments ?? []).flatMap((m) => [{ name: m.name, n: m.m.length }, { name: m.name, n: m.v.length }])]) {
-        if (sizes.get(t.name) !== t.n) {
-          return new CallRejected('malformed', `checkpoint for '${model}' on device ${this.index}: '${t.name}' has ${t.n} values; this shard's slice has ${sizes.get(t.name) ?? 'no such parameter'}`);
-        }
-      }
+    if (body.fn === 'restore' && body.optimizer && !(h.shard as ModelShard).trainable) {
+      return new CallRejected('invalid_state', `'${model}' on device ${this.index} holds no optimizer (not its training layout); the checkpoint has optimizer state`);
     }
     const bad = shapeProblem(body, h.shard instanceof RuleShard ? undefined : h.shard.spec);
     return bad ? new CallRejected('malformed', `'${body.fn}' of '${model}': ${bad}`) : undefined;
@@ -438,6 +428,8 @@ export class Device {
       if (body.fn === 'inference') return { scores: s.scores(body.tokens, body.batch, body.promptLen) };
       return { manifest: [], digest: modelDigest([]) };
     }
+    if (body.fn === 'checkpoint') return this.checkpoint(h, body);
+    if (body.fn === 'restore') return this.restore(h, body);
     if (s instanceof ShardedGpt) return this.runSharded(s, body, group);
     switch (body.fn) {
       case 'sft':
@@ -486,16 +478,60 @@ export class Device {
       }
       case 'weights':
         return { tensors: s.exportTensors() };
-      case 'checkpoint': {
-        const optimizer = s.optimizerState();
-        return { checkpoint: { tensors: s.exportTensors(), ...(optimizer ? { optimizer } : {}) } };
-      }
-      case 'restore':
-        s.importTensors(body.checkpoint.tensors);
-        if (body.checkpoint.optimizer) s.loadOptimizerState(body.checkpoint.optimizer);
-        return {};
       default:
         throw new CallRejected('unsupported', `'${body.fn}' cannot run on a shard`);
+    }
+  }
+
+  /** Streams the shard's weights (and optimizer moments) on go; see the protocol's `checkpoint`. */
+  private async checkpoint(h: Hosted, body: CallOf<'checkpoint'>): Promise<ResultOf<'checkpoint'>> {
+    const s = h.shard as ModelShard;
+    const tensors = s.exportTensors();
+    const state = s.optimizerState();
+    const signal = this.awaitGo(body.realloc, this.options.transferTimeoutMs ?? 300_000);
+    try {
+      await signal.ready();
+      await signal.go;
+      const out: NamedTensor[] = tensors.map((t) => ({ ...t, name: `w:${t.name}` }));
+      if (state) {
+        // A parameter never stepped has zero moments, exactly what a fresh slot would hold.
+        const moments = new Map(state.moments.map((m) => [m.name, m]));
+        for (const t of tensors) {
+          const m = moments.get(t.name);
+          out.push({ name: `m:${t.name}`, shape: t.shape, data: m?.m ?? new Float32Array(t.data.length) });
+          out.push({ name: `v:${t.name}`, shape: t.shape, data: m?.v ?? new Float32Array(t.data.length) });
+        }
+      }
+      const sent = await sendTensors(this.bus, this.subj, body.transfer, out, body.chunkBytes);
+      return { step: state?.step ?? 0, optimizer: state !== undefined, bytes: sent.bytes };
+    } finally {
+      signal.close();
+    }
+  }
+
+  /** Receives a streamed checkpoint and puts it back whole, or changes nothing. */
+  private async restore(h: Hosted, body: CallOf<'restore'>): Promise<ResultOf<'restore'>> {
+    const s = h.shard as ModelShard;
+    const slices = shardSlices(modelInfo(s.spec), h.layout, h.rank);
+    const expected = slices.flatMap((sl) => {
+      const shape = sliceShape(sl);
+      return [`w:${sl.name}`, ...(body.optimizer ? [`m:${sl.name}`, `v:${sl.name}`] : [])].map((name) => ({ name, shape }));
+    });
+    const got = new Map<string, NamedTensor>();
+    const incoming = receiveTensors(this.bus, this.subj, [{ transfer: body.transfer, expected }], this.options.transferTimeoutMs ?? 300_000, (t) => got.set(t.name, t));
+    const signal = this.awaitGo(body.realloc, this.options.transferTimeoutMs ?? 300_000);
+    try {
+      await signal.ready();
+      incoming.arm();
+      await Promise.race([incoming.done, signal.aborted]);
+      s.importTensors(slices.map((sl) => ({ ...got.get(`w:${sl.name}`)!, name: sl.name })));
+      if (body.optimizer) {
+        s.loadOptimizerState({ step: body.step, moments: slices.map((sl) => ({ name: sl.name, m: got.get(`m:${sl.name}`)!.data, v: got.get(`v:${sl.name}`)!.data })) });
+      }
+      return {};
+    } finally {
+      signal.close();
+      incoming.close();
     }
   }
 }

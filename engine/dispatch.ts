@@ -5,7 +5,8 @@ import type { Bus } from '../mesh/bus.ts';
 import { subscribe } from '../mesh/bus.ts';
 import { encode } from '../mesh/codec.ts';
 import type { Layout } from '../mesh/layout.ts';
-import { PROTOCOL_VERSION, Ready, ResultBodies, type CallFn, type CallOf, type ResultOf } from '../mesh/protocol.ts';
+import { PROTOCOL_VERSION, Ready, ResultBodies, type CallFn, type CallOf, type Checkpoint, type ResultOf } from '../mesh/protocol.ts';
+import { receiveTensors, sendTensors } from '../mesh/transfer.ts';
 import type { ReallocPlan } from '../mesh/realloc.ts';
 import type { Subjects } from '../mesh/subjects.ts';
 
@@ -25,6 +26,10 @@ export interface Dispatcher {
   call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>, group?: string): Promise<ResultOf<F>>;
   /** Carries out a reallocation plan: every destination ends with its new slices, verified. */
   realloc(r: ReallocRequest): Promise<ReallocOutcome>;
+  /** One shard's checkpoint, streamed from its device. `shapes`: its slices; `optimizer`: whether it trains. */
+  checkpointShard(device: number, model: string, iteration: number, shapes: ReadonlyArray<{ name: string; shape: number[] }>, optimizer: boolean): Promise<Checkpoint>;
+  /** Streams a checkpoint back into a loaded shard of the same layout and rank. */
+  restoreShard(device: number, model: string, iteration: number, checkpoint: Checkpoint): Promise<void>;
   close(): Promise<void>;
   /** Where call time went, for transports that can tell (the bus). */
   stats?(): TransportStats;
@@ -78,7 +83,7 @@ export interface ReallocOutcome {
  * the replies. A device that fails before it is ready fails the whole exchange at once, and the
  * others are told to stop waiting.
  */
-export async function runExchange<F extends 'realloc' | 'probe'>(
+export async function runExchange<F extends 'realloc' | 'probe' | 'checkpoint' | 'restore'>(
   bus: Bus,
   subj: Subjects,
   call: Dispatcher['call'],
@@ -87,6 +92,8 @@ export async function runExchange<F extends 'realloc' | 'probe'>(
   model: string,
   devices: readonly number[],
   bodyFor: (device: number) => CallOf<F>,
+  /** Runs once every device is ready, before go (e.g. the caller's own sending). */
+  beforeGo?: () => Promise<void>,
 ): Promise<Array<ResultOf<F>>> {
   const waiting = new Set(devices);
   let allReady!: () => void;
@@ -101,6 +108,7 @@ export async function runExchange<F extends 'realloc' | 'probe'>(
     const all = Promise.all(replies);
     try {
       if (devices.length) await Promise.race([ready, all]);
+      await beforeGo?.();
       bus.publish(subj.go(id), encode({ type: 'go', v: PROTOCOL_VERSION, realloc: id }));
       return await all;
     } catch (e) {
@@ -142,4 +150,65 @@ export async function runRealloc(
   }
   outcome.seconds = (performance.now() - t0) / 1000;
   return outcome;
+}
+
+let exchanges = 0;
+
+/** See Dispatcher.checkpointShard: the caller subscribes, the device sends on go. */
+export async function fetchCheckpoint(
+  bus: Bus,
+  subj: Subjects,
+  call: Dispatcher['call'],
+  device: number,
+  model: string,
+  iteration: number,
+  shapes: ReadonlyArray<{ name: string; shape: number[] }>,
+  optimizer: boolean,
+  chunkBytes: number,
+): Promise<Checkpoint> {
+  const id = `ckpt-${device}-${model.replace(/[^A-Za-z0-9_-]/g, '-')}-${exchanges++}`;
+  const expected = shapes.flatMap((s) => [`w:${s.name}`, ...(optimizer ? [`m:${s.name}`, `v:${s.name}`] : [])].map((name) => ({ name, shape: [...s.shape] })));
+  const got = new Map<string, Float32Array>();
+  const incoming = receiveTensors(bus, subj, [{ transfer: id, expected }], 300_000, (t) => got.set(t.name, t.data));
+  try {
+    await bus.flush();
+    incoming.arm();
+    const [reply] = await runExchange<'checkpoint'>(bus, subj, call, id, iteration, model, [device], () => ({ fn: 'checkpoint', realloc: id, transfer: id, chunkBytes }));
+    if (reply!.optimizer !== optimizer) throw new CallError('invalid_state', `device ${device}, '${model}': expected ${optimizer ? 'an' : 'no'} optimizer state, the shard has ${reply!.optimizer ? 'one' : 'none'}`);
+    await incoming.done;
+    return {
+      tensors: shapes.map((s) => ({ name: s.name, shape: [...s.shape], data: got.get(`w:${s.name}`)! })),
+      ...(optimizer ? { optimizer: { step: reply!.step, moments: shapes.map((s) => ({ name: s.name, m: got.get(`m:${s.name}`)!, v: got.get(`v:${s.name}`)! })) } } : {}),
+    };
+  } finally {
+    incoming.close();
+  }
+}
+
+/** See Dispatcher.restoreShard: the device subscribes and says ready; the caller sends. */
+export async function pushCheckpoint(bus: Bus, subj: Subjects, call: Dispatcher['call'], device: number, model: string, iteration: number, c: Checkpoint, chunkBytes: number): Promise<void> {
+  const id = `rstr-${device}-${model.replace(/[^A-Za-z0-9_-]/g, '-')}-${exchanges++}`;
+  const tensors = [
+    ...c.tensors.map((t) => ({ ...t, name: `w:${t.name}` })),
+    ...(c.optimizer?.moments ?? []).flatMap((m) => {
+      const shape = c.tensors.find((t) => t.name === m.name)?.shape ?? [m.m.length];
+      return [
+        { name: `m:${m.name}`, shape, data: m.m },
+        { name: `v:${m.name}`, shape, data: m.v },
+      ];
+    }),
+  ];
+  await runExchange<'restore'>(
+    bus,
+    subj,
+    call,
+    id,
+    iteration,
+    model,
+    [device],
+    () => ({ fn: 'restore', realloc: id, transfer: id, step: c.optimizer?.step ?? 0, optimizer: c.optimizer !== undefined }),
+    async () => {
+      await sendTensors(bus, subj, id, tensors, chunkBytes);
+    },
+  );
 }

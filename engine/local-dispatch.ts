@@ -1,9 +1,9 @@
 // Devices in this process, reached by direct calls; parameter transfers go over an in-memory bus.
-import { PROTOCOL_VERSION, type Call, type CallFn, type CallOf, type ResultOf } from '../mesh/protocol.ts';
+import { PROTOCOL_VERSION, type Call, type CallFn, type CallOf, type Checkpoint, type ResultOf } from '../mesh/protocol.ts';
 import { MemoryBus } from '../mesh/memory-bus.ts';
 import { subjects } from '../mesh/subjects.ts';
 import { Device, CallRejected } from './device.ts';
-import { CallError, PerDeviceQueue, checkResult, runRealloc, type Dispatcher, type ReallocOutcome, type ReallocRequest } from './dispatch.ts';
+import { CallError, PerDeviceQueue, checkResult, fetchCheckpoint, pushCheckpoint, runRealloc, type Dispatcher, type ReallocOutcome, type ReallocRequest } from './dispatch.ts';
 
 /** Devices in this process over an in-memory bus: the same device code, no NATS, no processes. */
 export class LocalDispatcher implements Dispatcher {
@@ -31,6 +31,14 @@ export class LocalDispatcher implements Dispatcher {
 
   realloc(r: ReallocRequest): Promise<ReallocOutcome> {
     return runRealloc(this.bus, this.subj, (d, m, i, b) => this.call(d, m, i, b), r, this.bus.info.max_payload);
+  }
+
+  checkpointShard(device: number, model: string, iteration: number, shapes: ReadonlyArray<{ name: string; shape: number[] }>, optimizer: boolean): Promise<Checkpoint> {
+    return fetchCheckpoint(this.bus, this.subj, (d, m, i, b) => this.call(d, m, i, b), device, model, iteration, shapes, optimizer, this.bus.info.max_payload);
+  }
+
+  restoreShard(device: number, model: string, iteration: number, checkpoint: Checkpoint): Promise<void> {
+    return pushCheckpoint(this.bus, this.subj, (d, m, i, b) => this.call(d, m, i, b), device, model, iteration, checkpoint, this.bus.info.max_payload);
   }
 
   async close(): Promise<void> {}

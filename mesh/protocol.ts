@@ -153,10 +153,14 @@ export const CallBody = z.discriminatedUnion('fn', [
   z.strictObject({ fn: z.literal('manifest') }),
   /** The shard's own slices of the weights, as they are (for inspection and tests; small models). */
   z.strictObject({ fn: z.literal('weights') }),
-  /** A checkpoint of the shard: its weights and, on the training layout, its optimizer state. */
-  z.strictObject({ fn: z.literal('checkpoint') }),
-  /** Puts a checkpoint back into a loaded shard of the same layout and rank. */
-  z.strictObject({ fn: z.literal('restore'), checkpoint: z.lazy(() => Checkpoint) }),
+  /**
+   * A checkpoint of the shard, streamed as chunks on `transfer` once `go` comes (an exchange, as a
+   * reallocation): its weight slices as `w:<name>`, and on the training layout its optimizer's
+   * moments as `m:<name>` and `v:<name>`. The reply carries the optimizer's step.
+   */
+  z.strictObject({ fn: z.literal('checkpoint'), realloc: z.string(), transfer: z.string(), chunkBytes: pos }),
+  /** Puts a streamed checkpoint (as `checkpoint` sends it) back into a loaded shard of the same layout and rank. */
+  z.strictObject({ fn: z.literal('restore'), realloc: z.string(), transfer: z.string(), step: nat, optimizer: z.boolean() }),
   z.strictObject({ fn: z.literal('release') }),
   z.strictObject({ fn: z.literal('shutdown') }),
 ]);
@@ -333,7 +337,7 @@ export const ResultBodies = {
   }),
   manifest: z.strictObject({ manifest: z.array(TensorManifest), digest: z.string() }),
   weights: z.strictObject({ tensors: z.array(z.strictObject({ name: z.string(), shape: z.array(nat), data: f32 })) }),
-  checkpoint: z.strictObject({ checkpoint: z.lazy(() => Checkpoint) }),
+  checkpoint: z.strictObject({ step: nat, optimizer: z.boolean(), bytes: nat }),
   restore: z.strictObject({}),
   release: z.strictObject({}),
   shutdown: z.strictObject({}),
