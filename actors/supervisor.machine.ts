@@ -8,6 +8,8 @@ import type { Metrics } from '../mesh/protocol.ts';
 import type { Dispatcher } from '../engine/dispatch.ts';
 import { median, rewardWindows, type Recorder, type Summary } from '../engine/record.ts';
 import {
+  takeCheckpoint,
+  type CheckpointSet,
   finalDigests,
   generateStage,
   inferStage,
@@ -25,6 +27,10 @@ export interface SupervisorInput {
   run: string;
   dispatcher: Dispatcher;
   recorder: Recorder;
+  /** Where checkpoints go after each iteration (every `checkpoint.every`); none when absent. */
+  saveCheckpoint?: (iteration: number, set: CheckpointSet) => Promise<void>;
+  /** Continue a run: its last checkpoint, the iteration it was taken after, and the metrics so far. */
+  resume?: { iteration: number; checkpoint: CheckpointSet; history: Metrics[] };
   /** Backends of workers that joined before the machine started (in-process runs). */
   backends?: string[];
 }
@@ -62,7 +68,13 @@ export const supervisorMachine = setup({
   actors: {
     /** Answers workers' join requests; the process host provides the NATS version. */
     gatherWorkers: fromCallback<SupervisorEvent, { need: number[] }>(() => () => {}),
-    setupModels: fromPromise(({ input }: { input: StageInput }) => setupModels(input.d, input.r)),
+    setupModels: fromPromise(({ input }: { input: StageInput & { resume?: CheckpointSet } }) => setupModels(input.d, input.r, input.resume)),
+    checkpoint: fromPromise(async ({ input }: { input: StageInput & { save?: SupervisorInput['saveCheckpoint'] } }) => {
+      const every = input.r.scenario.checkpoint.every;
+      const last = input.iteration + 1 === input.r.scenario.ppo.iterations;
+      if (!input.save || every === 0 || ((input.iteration + 1) % every !== 0 && !last)) return;
+      await input.save(input.iteration, await takeCheckpoint(input.d, input.r, input.iteration));
+    }),
     generate: fromPromise(({ input }: { input: StageInput }) => generateStage(input.d, input.r, input.iteration)),
     infer: fromPromise(({ input }: { input: StageInput }) => inferStage(input.d, input.r, input.rollout!)),
     train: fromPromise(({ input }: { input: StageInput }) => trainStage(input.d, input.r, input.rollout!, input.scored!)),
@@ -75,6 +87,7 @@ export const supervisorMachine = setup({
   guards: {
     allJoined: ({ context }) => context.need.every((d) => context.joined[d] !== undefined),
     moreIterations: ({ context }) => context.iteration + 1 < context.spec.scenario.ppo.iterations,
+    nothingLeft: ({ context }) => context.iteration >= context.spec.scenario.ppo.iterations,
   },
   delays: {
     joinTimeout: ({ context }) => context.spec.scenario.timeouts.join_seconds * 1000,
@@ -130,10 +143,10 @@ export const supervisorMachine = setup({
     ...input,
     need: planDevices(input.spec),
     joined: {},
-    iteration: 0,
+    iteration: input.resume ? input.resume.iteration + 1 : 0,
     startedAt: Date.now(),
     iterationStartedAt: Date.now(),
-    history: [],
+    history: input.resume?.history ?? [],
     parameters: {},
     digests: {},
   }),
@@ -170,8 +183,12 @@ export const supervisorMachine = setup({
       entry: { type: 'phase', params: { phase: 'setup', detail: 'loading models, warm-up, copying the reference and critic' } },
       invoke: {
         src: 'setupModels',
-        input: ({ context }) => ({ d: context.dispatcher, r: context.spec, iteration: -1 }),
-        onDone: { target: 'iterating', actions: assign({ parameters: ({ event }) => event.output.parameters }) },
+        input: ({ context }) => ({ d: context.dispatcher, r: context.spec, iteration: -1, resume: context.resume?.checkpoint }),
+        onDone: [
+          // Resumed from the last iteration's checkpoint: nothing is left to train.
+          { guard: 'nothingLeft', target: 'finishing', actions: assign({ parameters: ({ event }) => event.output.parameters, iteration: ({ context }) => context.iteration - 1 }) },
+          { target: 'iterating', actions: assign({ parameters: ({ event }) => event.output.parameters }) },
+        ],
         onError: { target: 'failed', actions: { type: 'fail', params: ({ event }) => ({ stage: 'setup', error: event.error }) } },
       },
     },
@@ -211,6 +228,14 @@ export const supervisorMachine = setup({
           },
         },
         iterationDone: {
+          invoke: {
+            src: 'checkpoint',
+            input: ({ context }) => ({ d: context.dispatcher, r: context.spec, iteration: context.iteration, save: context.saveCheckpoint }),
+            onDone: { target: 'advancing' },
+            onError: { target: '#supervisor.failed', actions: { type: 'fail', params: ({ context, event }) => ({ stage: `iteration ${context.iteration}, checkpoint`, error: event.error }) } },
+          },
+        },
+        advancing: {
           always: [
             { guard: 'moreIterations', target: 'generating', actions: assign({ iteration: ({ context }) => context.iteration + 1 }) },
             { target: '#supervisor.finishing' },

@@ -6,7 +6,7 @@ import { connectBus } from '../mesh/bus.ts';
 import { encode } from '../mesh/codec.ts';
 import { PROTOCOL_VERSION, type Metrics } from '../mesh/protocol.ts';
 import { subjects } from '../mesh/subjects.ts';
-import { fanOut, RunDirectory, type Recorder, type Summary } from '../engine/record.ts';
+import { fanOut, readResume, RunDirectory, type Recorder, type Summary } from '../engine/record.ts';
 import { runSpec } from '../engine/rlhf.ts';
 import { loadScenario } from '../engine/scenario.ts';
 import { BusDispatcher } from './bus-dispatcher.ts';
@@ -14,7 +14,7 @@ import { DEFAULT_NATS, UsageError, args, logger, runMain } from './host.ts';
 import { serveJoins } from './membership.ts';
 import { supervisorMachine, type SupervisorEvent } from './supervisor.machine.ts';
 
-const USAGE = 'usage: supervisor --scenario FILE --run RUN_ID --out DIR [--nats URL]';
+const USAGE = 'usage: supervisor --scenario FILE --run RUN_ID --out DIR [--nats URL] [--resume]';
 
 runMain(async () => {
   const { values } = args(USAGE, {
@@ -22,6 +22,7 @@ runMain(async () => {
     run: { type: 'string' },
     out: { type: 'string' },
     nats: { type: 'string' },
+    resume: { type: 'boolean', default: false },
   });
   if (!values.scenario || !values.run || !values.out) throw new UsageError(USAGE);
   const log = logger('supervisor');
@@ -51,8 +52,19 @@ runMain(async () => {
   });
 
   const dispatcher = new BusDispatcher(nc, subj, values.run, scenario.timeouts.call_seconds * 1000);
+  // --resume: go on from the run directory's last checkpoint, keeping the metrics up to it.
+  const resume = values.resume ? readResume(values.out) : undefined;
+  if (resume) log(`resuming after iteration ${resume.iteration} from ${values.out}`);
+  const directory = new RunDirectory(values.out, resume?.history);
   const actor = createActor(machine, {
-    input: { spec, run: values.run, dispatcher, recorder: fanOut(new RunDirectory(values.out), busEvents) },
+    input: {
+      spec,
+      run: values.run,
+      dispatcher,
+      recorder: fanOut(directory, busEvents),
+      saveCheckpoint: async (iteration, set) => directory.saveCheckpoint(iteration, set),
+      ...(resume ? { resume } : {}),
+    },
   });
   for (const signal of ['SIGINT', 'SIGTERM'] as const) {
     process.once(signal, () => actor.send({ type: 'interrupt', reason: `the supervisor received ${signal}` }));

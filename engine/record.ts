@@ -1,8 +1,10 @@
 // What a run leaves behind: metrics.jsonl (one object per iteration) and summary.json, in the
 // run directory. A summary is written on failure too, with the error.
-import { appendFileSync, mkdirSync, writeFileSync } from 'node:fs';
+import { appendFileSync, existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import type { Metrics } from '../mesh/protocol.ts';
+import { decode, encode } from '../mesh/codec.ts';
+import { CheckpointFile, Metrics, PROTOCOL_VERSION } from '../mesh/protocol.ts';
+import type { CheckpointSet } from './rlhf.ts';
 import type { TransportStats } from './dispatch.ts';
 
 export interface Summary {
@@ -32,9 +34,20 @@ export interface Recorder {
 }
 
 export class RunDirectory implements Recorder {
-  constructor(readonly dir: string) {
+  /** Starts the directory's metrics afresh, or, when resuming, with `kept` (what came before). */
+  constructor(
+    readonly dir: string,
+    kept: readonly Metrics[] = [],
+  ) {
     mkdirSync(dir, { recursive: true });
-    writeFileSync(join(dir, 'metrics.jsonl'), '');
+    writeFileSync(join(dir, 'metrics.jsonl'), kept.map((m) => `${JSON.stringify(m)}\n`).join(''));
+  }
+
+  /** The checkpoint after `iteration`, replacing the last one only once it is written whole. */
+  saveCheckpoint(iteration: number, set: CheckpointSet): void {
+    const file = join(this.dir, 'checkpoint.msgpack');
+    writeFileSync(`${file}.tmp`, encode({ type: 'checkpoint', v: PROTOCOL_VERSION, iteration, ...set }));
+    renameSync(`${file}.tmp`, file);
   }
   phase(): void {}
   iteration(metrics: Metrics): void {
@@ -66,4 +79,23 @@ export function median(xs: readonly number[]): number | null {
   const s = [...xs].sort((a, b) => a - b);
   const mid = Math.floor(s.length / 2);
   return s.length % 2 ? s[mid]! : (s[mid - 1]! + s[mid]!) / 2;
+}
+
+export class ResumeError extends Error {
+  override name = 'ResumeError';
+}
+
+/** What a run directory holds to go on from: its last checkpoint and the metrics up to it. */
+export function readResume(dir: string): { iteration: number; checkpoint: CheckpointSet; history: Metrics[] } {
+  const file = join(dir, 'checkpoint.msgpack');
+  if (!existsSync(file)) throw new ResumeError(`${dir} has no checkpoint.msgpack to resume from (checkpoint.every: 0, or the run ended before its first iteration)`);
+  const c = decode(file, readFileSync(file), CheckpointFile);
+  const metricsFile = join(dir, 'metrics.jsonl');
+  const lines = existsSync(metricsFile) ? readFileSync(metricsFile, 'utf8').split('\n').filter(Boolean) : [];
+  const history = lines.map((l, i) => {
+    const parsed = Metrics.safeParse(JSON.parse(l));
+    if (!parsed.success) throw new ResumeError(`${metricsFile}:${i + 1}: not a metrics line: ${parsed.error.message}`);
+    return parsed.data;
+  });
+  return { iteration: c.iteration, checkpoint: { actor: c.actor, critic: c.critic, reference: c.reference }, history: history.filter((m) => m.iteration <= c.iteration) };
 }

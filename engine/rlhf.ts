@@ -1,9 +1,9 @@
 // The stages of an RLHF (PPO) run, written against a Dispatcher so that they run the same over
 // NATS or in one process. The supervisor machine (actors/supervisor.machine.ts) sequences them.
 import { createHash } from 'node:crypto';
-import type { CallBody, CallOf, ModelSpec, ResultOf } from '../mesh/protocol.ts';
+import type { CallBody, CallOf, Checkpoint, ModelSpec, ResultOf } from '../mesh/protocol.ts';
 import type { Dispatcher } from './dispatch.ts';
-import { layoutKey, type Layout } from '../mesh/layout.ts';
+import { layoutKey, shardSlices, sliceShape, type Layout } from '../mesh/layout.ts';
 import { planRealloc } from '../mesh/realloc.ts';
 import { isHead, modelInfo, parameterShapes, type GptSpec } from './params.ts';
 import { gae, mean, tokenRewards, whiten } from './ppo.ts';
@@ -174,16 +174,48 @@ async function onLayout<T>(d: Dispatcher, r: RunSpec, call: CallName, iteration:
   }
 }
 
-/** Loads the four models, warms the actor up on demonstrations, and copies it into the reference and critic body. */
-export async function setupModels(d: Dispatcher, r: RunSpec): Promise<{ parameters: Record<string, number> }> {
+/** The models whose state a checkpoint keeps (the reward is a rule). Per model, one record per rank. */
+export const KEPT = ['actor', 'critic', 'reference'] as const;
+export type CheckpointSet = Record<(typeof KEPT)[number], Checkpoint[]>;
+
+/** Every rank of every kept model, at the end of an iteration: weights, and optimizer state where it trains. */
+export async function takeCheckpoint(d: Dispatcher, r: RunSpec, iteration: number): Promise<CheckpointSet> {
+  const set = {} as CheckpointSet;
+  for (const model of KEPT) {
+    const layout = layoutOf(r, OWNER[model]);
+    const info = modelInfo(modelSpec(r, model) as GptSpec);
+    set[model] = [];
+    for (const [rank, device] of layout.devices.entries()) {
+      const shapes = shardSlices(info, layout, rank).map((s) => ({ name: s.name, shape: sliceShape(s) }));
+      set[model].push(await d.checkpointShard(device, model, iteration, shapes, model !== 'reference'));
+    }
+  }
+  return set;
+}
+
+/**
+ * Loads the four models. From scratch: warms the actor up on demonstrations and copies it into
+ * the reference and the critic's body. From a checkpoint: puts every kept model back as it was.
+ */
+export async function setupModels(d: Dispatcher, r: RunSpec, resume?: CheckpointSet): Promise<{ parameters: Record<string, number> }> {
   const { scenario: s } = r;
   const parameters: Record<string, number> = {};
   await Promise.all(
     MODELS.map(async (model) => {
       const lr = model === 'actor' ? s.ppo.actor_lr : model === 'critic' ? s.ppo.critic_lr : undefined;
-      parameters[model] = await loadModel(d, r, model, model, layoutOf(r, OWNER[model]), { seed: s.seed, lr });
+      parameters[model] = await loadModel(d, r, model, model, layoutOf(r, OWNER[model]), { ...(resume ? {} : { seed: s.seed }), lr });
     }),
   );
+  if (resume) {
+    for (const model of KEPT) {
+      const layout = layoutOf(r, OWNER[model]);
+      if (resume[model].length !== layout.devices.length) {
+        throw new Error(`the checkpoint holds ${resume[model].length} rank(s) of '${model}'; the plan gives it ${layout.devices.length}`);
+      }
+      for (const [rank, device] of layout.devices.entries()) await d.restoreShard(device, model, -1, resume[model][rank]!);
+    }
+    return { parameters };
+  }
   if (s.warmup.steps > 0) {
     const demos = demonstrations(r.task, s.seed, s.warmup.demos);
     await callMesh(d, layoutOf(r, 'actor.train'), 'actor', -1, {

@@ -43,6 +43,7 @@ describe('parseScenario defaults', () => {
       clip_norm: 1,
     },
     reward: {},
+    checkpoint: { every: 1 },
     timeouts: { join_seconds: 60, call_seconds: 300 },
   };
 

@@ -90,6 +90,9 @@ export const Scenario = z.strictObject({
   reward: z.strictObject({
     rule: z.enum(TASKS).optional().describe('built-in rule reward; defaults to the task'),
   }).prefault({}),
+  checkpoint: z.strictObject({
+    every: nat.default(1).describe('iterations between checkpoints in the run directory (0: none); the last iteration is always kept'),
+  }).prefault({}).describe('checkpoints let npm run scenario -- --resume RUN_DIR go on with a run'),
   timeouts: z.strictObject({
     join_seconds: z.number().positive().default(60).describe('how long to wait for every device to have a worker'),
     call_seconds: z.number().positive().default(300).describe('how long one model function call may take'),

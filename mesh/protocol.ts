@@ -86,6 +86,16 @@ export const Checkpoint = z.strictObject({
 });
 export type Checkpoint = z.infer<typeof Checkpoint>;
 
+/** A run's checkpoint file: every rank of the kept models after `iteration`. */
+export const CheckpointFile = z.strictObject({
+  type: z.literal('checkpoint'),
+  v,
+  iteration: nat,
+  actor: z.array(Checkpoint),
+  critic: z.array(Checkpoint),
+  reference: z.array(Checkpoint),
+});
+
 const TensorManifest = z.strictObject({ name: z.string(), shape: z.array(nat), sha256: z.string() });
 export type TensorManifest = z.infer<typeof TensorManifest>;
 

@@ -27,6 +27,8 @@ export interface LaunchOptions {
   progress?: Progress;
   /** Extra environment for the child processes. */
   env?: NodeJS.ProcessEnv;
+  /** Go on from the last checkpoint in `out`. */
+  resume?: boolean;
   say?: (line: string) => void;
 }
 
@@ -126,7 +128,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     writeFileSync(resolved, `${JSON.stringify(o.scenario, null, 2)}\n`);
     const supervisor = startProcess(
       'actors/supervisor.ts',
-      ['--scenario', resolved, '--run', o.run, '--out', o.out, '--nats', url],
+      ['--scenario', resolved, '--run', o.run, '--out', o.out, '--nats', url, ...(o.resume ? ['--resume'] : [])],
       join(logs, 'supervisor.log'),
       env,
     );

@@ -1,4 +1,4 @@
-// npm run scenario [-- FILE] [--plan PLAN.yaml] [--out DIR] [--nats URL] [--workers N] [--backend NAME]
+// npm run scenario [-- FILE] [--plan PLAN.yaml] [--resume RUN_DIR] [--out DIR] [--nats URL] [--workers N] [--backend NAME]
 // Runs a scenario: a private NATS server (unless NATS_URL or --nats names one), the supervisor
 // and one worker process per device. Exit code 0 only when the run succeeded.
 import { join } from 'node:path';
@@ -8,9 +8,10 @@ import { loadScenario, planOnly } from '../scenario.ts';
 import { UsageError, args, runMain } from '../../actors/host.ts';
 import { launch } from './launch.ts';
 
-const USAGE = `usage: npm run scenario [-- FILE] [--plan PLAN.yaml] [--out DIR] [--nats URL] [--workers N] [--backend ${BACKENDS.join('|')}]
+const USAGE = `usage: npm run scenario [-- FILE] [--plan PLAN.yaml] [--resume RUN_DIR] [--out DIR] [--nats URL] [--workers N] [--backend ${BACKENDS.join('|')}]
   FILE       scenario file (default scenarios/quickstart.yaml)
   --plan     a plan (as npm run plan --write writes it) that replaces the scenario's
+  --resume   a run directory to go on from its last checkpoint (FILE defaults to its scenario.json)
   --out      run directory (default runs/<scenario>-<timestamp>)
   --nats     NATS server to use (default: $NATS_URL, else a private nats-server)
   --workers  worker processes to start here (default: one per device; others join with npm run worker)
@@ -20,6 +21,7 @@ runMain(async () => {
   const { values, positionals } = args(USAGE, {
     out: { type: 'string' },
     plan: { type: 'string' },
+    resume: { type: 'string' },
     nats: { type: 'string' },
     workers: { type: 'string' },
     backend: { type: 'string' },
@@ -29,7 +31,7 @@ runMain(async () => {
     return 0;
   }
   if (positionals.length > 1) throw new UsageError(`expected one scenario file, got ${positionals.length}: ${positionals.join(' ')}\n${USAGE}`);
-  const file = positionals[0] ?? 'scenarios/quickstart.yaml';
+  const file = positionals[0] ?? (values.resume ? join(values.resume, 'scenario.json') : 'scenarios/quickstart.yaml');
   if (values.backend !== undefined && !(BACKENDS as readonly string[]).includes(values.backend)) {
     throw new UsageError(`--backend: expected one of ${BACKENDS.join(', ')}, got ${values.backend}`);
   }
@@ -41,7 +43,8 @@ runMain(async () => {
   const planning = planOnly(scenario);
   if (planning) throw new UsageError(`${file} is a scenario to plan, not to run here: ${planning}. Plan it with: npm run plan -- ${file}`);
   const run = runId(scenario.name ?? 'run');
-  const out = values.out ?? join('runs', run);
+  if (values.resume && values.out && values.out !== values.resume) throw new UsageError(`--resume goes on in its own run directory; --out ${values.out} differs from ${values.resume}`);
+  const out = values.resume ?? values.out ?? join('runs', run);
   console.log(`ferry: scenario ${file}, run ${run}, output in ${out}`);
   const t0 = Date.now();
   const result = await launch({
@@ -51,6 +54,7 @@ runMain(async () => {
     natsUrl: values.nats ?? process.env.NATS_URL,
     workers,
     backend: values.backend,
+    resume: values.resume !== undefined,
   });
   const s = result.summary;
   const secs = ((Date.now() - t0) / 1000).toFixed(1);
