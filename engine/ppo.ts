@@ -2,12 +2,6 @@
 // arrays, summed in index order so every process gets the same bits. The losses, which are
 // differentiated, are TensorFlow.js (losses.ts).
 
-export interface AdvantageConfig {
-  gamma: number;
-  lambda: number;
-  klCoef: number;
-}
-
 /**
  * Per-token rewards: −β·(log π − log π_ref) at every token, plus the sequence's score on its last
  * token (the usual RLHF shaping). Returns the rewards and the KL estimate per sequence: the

@@ -23,7 +23,7 @@ export interface TrainStats {
  * Lets the event loop run between steps: a long call must not silence the device's heartbeats
  * or keep it from answering "busy" to other callers.
  */
-const yieldToLoop = () => new Promise<void>((resolve) => setImmediate(resolve));
+export const yieldToLoop = () => new Promise<void>((resolve) => setImmediate(resolve));
 
 /**
  * A tensor's values as an array the caller owns. The cpu backend's dataSync() hands out the
@@ -239,7 +239,7 @@ export class GptShard {
     for (let step = 0; step < steps; step++) {
       await yieldToLoop();
       const rows = new Rng(seedOf(seed, Stream.shuffle, step)).permutation(batch).slice(0, Math.min(minibatch, batch));
-      const mb = this.rows(tokens, width, rows);
+      const mb = pickRows(tokens, width, rows);
       const input = tf.tensor2d(mb, [rows.length, width], 'int32');
       const { loss } = this.step(
         () => tf.neg(tf.mean(responseLogprobs(this.spec, this.weights(), input, promptLen))) as tf.Scalar,
@@ -259,9 +259,9 @@ export class GptShard {
   async train(tokens: Int32Array, batch: number, promptLen: number, responseLen: number, old: Float32Array, target: Float32Array, hyper: PpoHyper, seed: number): Promise<TrainStats> {
     const width = promptLen + responseLen;
     return ppoEpochs(batch, responseLen, hyper, seed, async (rows) => {
-      const mbTokens = tf.tensor2d(this.rows(tokens, width, rows), [rows.length, width], 'int32');
-      const mbOld = tf.tensor2d(this.rows(old, responseLen, rows), [rows.length, responseLen]);
-      const mbTarget = tf.tensor2d(this.rows(target, responseLen, rows), [rows.length, responseLen]);
+      const mbTokens = tf.tensor2d(pickRows(tokens, width, rows), [rows.length, width], 'int32');
+      const mbOld = tf.tensor2d(pickRows(old, responseLen, rows), [rows.length, responseLen]);
+      const mbTarget = tf.tensor2d(pickRows(target, responseLen, rows), [rows.length, responseLen]);
       let clipCount = 0;
       const { loss, gradNorm } = this.step(() => {
         if (this.spec.kind === 'policy') {
@@ -304,9 +304,11 @@ export class GptShard {
     return tf.tensor2d(tokens, [batch, tokens.length / batch], 'int32');
   }
 
-  private rows<T extends Int32Array | Float32Array>(data: T, width: number, rows: readonly number[]): T {
-    const out = new (data.constructor as { new (n: number): T })(rows.length * width);
-    rows.forEach((r, i) => out.set(data.subarray(r * width, (r + 1) * width), i * width));
-    return out;
-  }
+}
+
+/** Rows `rows` of a row-major array of rows `width` long, gathered in that order. */
+export function pickRows<T extends Int32Array | Float32Array>(data: T, width: number, rows: readonly number[]): T {
+  const out = new (data.constructor as { new (n: number): T })(rows.length * width);
+  rows.forEach((r, i) => out.set(data.subarray(r * width, (r + 1) * width), i * width));
+  return out;
 }

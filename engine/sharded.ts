@@ -18,21 +18,13 @@ import { attnPartial, causalMask, embed, headOut, initialParameter, layerNorm, l
 import { modelInfo, parameterShapes, type GptSpec } from './params.ts';
 import { Rng, Stream, sampleToken, seedOf } from './rng.ts';
 import { Adam, type AdamState } from './adam.ts';
-import { ShardError, ownCopy, ppoEpochs, type TrainStats } from './shard.ts';
-
-const yieldToLoop = () => new Promise<void>((resolve) => setImmediate(resolve));
+import { ShardError, ownCopy, pickRows, ppoEpochs, yieldToLoop, type TrainStats } from './shard.ts';
 
 let shardCount = 0;
 
 /** Rows [lo, hi) of `n` that data-parallel replica `d` of `dp` takes: contiguous, in order. */
 export function replicaRows(n: number, dp: number, d: number): [number, number] {
   return [Math.floor((d * n) / dp), Math.floor(((d + 1) * n) / dp)];
-}
-
-function pick<T extends Int32Array | Float32Array>(data: T, width: number, rows: readonly number[]): T {
-  const out = new (data.constructor as { new (n: number): T })(rows.length * width);
-  rows.forEach((r, i) => out.set(data.subarray(r * width, (r + 1) * width), i * width));
-  return out;
 }
 
 type Objective = 'sft' | 'policy' | 'value';
@@ -362,7 +354,7 @@ export class ShardedGpt {
     const [lo, hi] = replicaRows(rows.length, this.layout.dp, this.coords.dp);
     const mine = rows.slice(lo, hi);
     const b = mine.length;
-    const myTokens = pick(tokens, width, mine);
+    const myTokens = pickRows(tokens, width, mine);
     const fwd = await this.forwardStage(group, `${tag}/f`, myTokens, b, width, true);
     const grads = new Map<string, tf.Tensor>();
     const add = (name: string, g: tf.Tensor) => {
@@ -376,8 +368,8 @@ export class ShardedGpt {
     if (this.last) {
       const input: LossInput = { tokens: fwd.tokensT ?? tf.tensor2d(myTokens, [b, width], 'int32'), total: rows.length * R };
       if (ppo) {
-        input.old = tf.tensor2d(pick(ppo.old, R, mine), [b, R]);
-        input.target = tf.tensor2d(pick(ppo.target, R, mine), [b, R]);
+        input.old = tf.tensor2d(pickRows(ppo.old, R, mine), [b, R]);
+        input.target = tf.tensor2d(pickRows(ppo.target, R, mine), [b, R]);
       }
       const lossOf = (out: tf.Tensor): tf.Scalar => {
         const share = b / rows.length; // this replica's part of the mini-batch mean

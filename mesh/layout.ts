@@ -48,10 +48,6 @@ export function rankOf(s: Strategy, c: Coords): number {
   return (c.dp * s.pp + c.pp) * s.tp + c.tp;
 }
 
-export function layoutSize(s: Strategy): number {
-  return s.dp * s.tp * s.pp;
-}
-
 export function layoutKey(l: Layout): string {
   return `${l.devices.join(',')}/dp${l.dp}tp${l.tp}pp${l.pp}`;
 }
