@@ -180,17 +180,21 @@ export type CheckpointSet = Record<(typeof KEPT)[number], Checkpoint[]>;
 
 /** Every rank of every kept model, at the end of an iteration: weights, and optimizer state where it trains. */
 export async function takeCheckpoint(d: Dispatcher, r: RunSpec, iteration: number): Promise<CheckpointSet> {
-  const set = {} as CheckpointSet;
-  for (const model of KEPT) {
-    const layout = layoutOf(r, OWNER[model]);
-    const info = modelInfo(modelSpec(r, model) as GptSpec);
-    set[model] = [];
-    for (const [rank, device] of layout.devices.entries()) {
-      const shapes = shardSlices(info, layout, rank).map((s) => ({ name: s.name, shape: sliceShape(s) }));
-      set[model].push(await d.checkpointShard(device, model, iteration, shapes, model !== 'reference'));
-    }
-  }
-  return set;
+  // Every rank's checkpoint is an exchange of its own: they all run at once.
+  const entries = await Promise.all(
+    KEPT.map(async (model) => {
+      const layout = layoutOf(r, OWNER[model]);
+      const info = modelInfo(modelSpec(r, model) as GptSpec);
+      const ranks = await Promise.all(
+        layout.devices.map((device, rank) => {
+          const shapes = shardSlices(info, layout, rank).map((s) => ({ name: s.name, shape: sliceShape(s) }));
+          return d.checkpointShard(device, model, iteration, shapes, model !== 'reference');
+        }),
+      );
+      return [model, ranks] as const;
+    }),
+  );
+  return Object.fromEntries(entries) as CheckpointSet;
 }
 
 /**
@@ -208,12 +212,10 @@ export async function setupModels(d: Dispatcher, r: RunSpec, resume?: Checkpoint
   );
   if (resume) {
     for (const model of KEPT) {
-      const layout = layoutOf(r, OWNER[model]);
-      if (resume[model].length !== layout.devices.length) {
-        throw new Error(`the checkpoint holds ${resume[model].length} rank(s) of '${model}'; the plan gives it ${layout.devices.length}`);
-      }
-      for (const [rank, device] of layout.devices.entries()) await d.restoreShard(device, model, -1, resume[model][rank]!);
+      const ranks = layoutOf(r, OWNER[model]).devices.length;
+      if (resume[model].length !== ranks) throw new Error(`the checkpoint holds ${resume[model].length} rank(s) of '${model}'; the plan gives it ${ranks}`);
     }
+    await Promise.all(KEPT.flatMap((model) => layoutOf(r, OWNER[model]).devices.map((device, rank) => d.restoreShard(device, model, -1, resume[model][rank]!))));
     return { parameters };
   }
   if (s.warmup.steps > 0) {
