@@ -6,29 +6,52 @@ import { BusError, request } from '../mesh/bus.ts';
 import { ProtocolError } from '../mesh/codec.ts';
 import { PROTOCOL_VERSION, Reply, type CallFn, type CallOf, type Checkpoint, type ResultOf } from '../mesh/protocol.ts';
 import type { Subjects } from '../mesh/subjects.ts';
-import { CallError, PerDeviceQueue, checkResult, fetchCheckpoint, pushCheckpoint, runRealloc, type Dispatcher, type ReallocOutcome, type ReallocRequest, type TransportStats } from '../engine/dispatch.ts';
+import { CallError, InFlight, PerDeviceQueue, checkResult, fetchCheckpoint, pushCheckpoint, runRealloc, type Dispatcher, type ReallocOutcome, type ReallocRequest, type TransportStats } from '../engine/dispatch.ts';
+
+export interface BusDispatcherOptions {
+  /** The epoch to start in: a supervisor that takes over a run starts past its predecessor's. */
+  epoch?: number;
+  /** Runs before each call is sent (chaos testing's kill points for the supervisor). */
+  beforeCall?: (device: number, model: string, iteration: number, fn: CallFn) => Promise<void>;
+}
 
 export class BusDispatcher implements Dispatcher {
-  private readonly queue = new PerDeviceQueue();
+  private queue = new PerDeviceQueue();
   private readonly counts = new Map<string, number>();
   private readonly totals: TransportStats = { calls: 0, round_trip_seconds: 0, device_seconds: 0 };
+  private readonly inFlight = new InFlight();
 
   constructor(
     private readonly nc: NatsConnection,
     private readonly subj: Subjects,
     private readonly run: string,
     private readonly callTimeoutMs: number,
-  ) {}
+    private readonly options: BusDispatcherOptions = {},
+  ) {
+    this.inFlight.epoch = options.epoch ?? 0;
+  }
+
+  get epoch(): number {
+    return this.inFlight.epoch;
+  }
+
+  /** Every call in flight rejects with `interrupted`; the next calls start a new epoch's ids and queues. */
+  interrupt(reason: string): void {
+    this.inFlight.interrupt(reason);
+    this.queue = new PerDeviceQueue();
+    this.counts.clear();
+  }
 
   call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>, group?: string): Promise<ResultOf<F>> {
-    // The id names the logical call — iteration, model, function, device, and how many such calls
-    // came before — not the order of dispatch, so a supervisor that replays an iteration asks
-    // again under the same ids, and a worker can answer from what it remembers.
-    const prefix = `${this.run}.${iteration}.${model}.${body.fn}.d${device}`;
+    // The id names the logical call — epoch, iteration, model, function, device, and how many such
+    // calls came before — not the order of dispatch, so a retry asks again under the same id and
+    // a worker answers it from what it remembers; a recovery (a new epoch) never meets old answers.
+    const prefix = `${this.run}.e${this.epoch}.${iteration}.${model}.${body.fn}.d${device}`;
     const n = this.counts.get(prefix) ?? 0;
     this.counts.set(prefix, n + 1);
     const id = `${prefix}.${n}`;
-    return this.queue.run(device, async () => {
+    return this.inFlight.track(this.queue.run(device, async () => {
+      await this.options.beforeCall?.(device, model, iteration, body.fn);
       const where = `device ${device}, '${body.fn}' of ${model}`;
       let reply: Reply;
       const t0 = performance.now();
@@ -44,7 +67,7 @@ export class BusDispatcher implements Dispatcher {
       this.totals.device_seconds += (reply.ms ?? 0) / 1000;
       if (reply.id !== id) throw new CallError('malformed', `${where}: reply is for call ${reply.id}, expected ${id}`);
       return checkResult(body.fn as F, reply.body, where);
-    });
+    }));
   }
 
   realloc(r: ReallocRequest): Promise<ReallocOutcome> {

@@ -4,6 +4,7 @@ import { createActor, fromCallback, toPromise } from 'xstate';
 import { LocalDispatcher } from '../engine/local-dispatch.ts';
 import { planDevices, type RunSpec } from '../engine/rlhf.ts';
 import type { Recorder } from '../engine/record.ts';
+import { MemoryStore } from '../engine/store.ts';
 import { supervisorMachine, type SupervisorEvent } from './supervisor.machine.ts';
 
 export async function runInProcess(spec: RunSpec, recorder: Recorder, backend: string, run = 'local') {
@@ -11,13 +12,13 @@ export async function runInProcess(spec: RunSpec, recorder: Recorder, backend: s
   const dispatcher = new LocalDispatcher(Math.max(...devices) + 1);
   const machine = supervisorMachine.provide({
     actors: {
-      gatherWorkers: fromCallback<SupervisorEvent, { need: number[] }>(({ sendBack, input }) => {
+      membership: fromCallback<SupervisorEvent, { need: number[] }>(({ sendBack, input }) => {
         for (const device of input.need) sendBack({ type: 'worker.joined', device, worker: `local-${device}`, backend });
         return () => {};
       }),
     },
   });
-  const actor = createActor(machine, { input: { spec, run, dispatcher, recorder } });
+  const actor = createActor(machine, { input: { spec, run, dispatcher, recorder, store: new MemoryStore() } });
   actor.start();
   const output = await toPromise(actor);
   await dispatcher.close();

@@ -1,10 +1,15 @@
-// Who is which device: answers workers' join requests with a free device of the run, and counts a
-// worker as joined once its first heartbeat arrives (it sends that after subscribing to its call
-// subject, and the server keeps one connection's messages in order, so calls cannot race it).
+// Who is which device, for the whole run. A worker asks to join and gets a free device; it counts
+// as joined at its first heartbeat (which it sends after subscribing to its call subject, and the
+// server keeps one connection's messages in order, so calls cannot race it). A device is given up
+// when its worker's process exits (the launcher says so on the events subject) or when its
+// heartbeats stop for `heartbeatMs`: then the supervisor hears `lost`, the run's observers hear it
+// too (with the pid, so that whoever started the process kills it), and the device is free for a
+// new worker. A supervisor that takes a run over adopts the workers it hears beating.
 import { subscribe, type Bus } from '../mesh/bus.ts';
 import { encode } from '../mesh/codec.ts';
-import { Heartbeat, Hello, PROTOCOL_VERSION } from '../mesh/protocol.ts';
+import { Heartbeat, Hello, PROTOCOL_VERSION, RunEvent } from '../mesh/protocol.ts';
 import type { Subjects } from '../mesh/subjects.ts';
+import { describeExit } from './supervision.ts';
 
 export interface Joined {
   device: number;
@@ -12,65 +17,135 @@ export interface Joined {
   backend: string;
 }
 
-export function serveJoins(
-  nc: Bus,
-  subj: Subjects,
-  run: string,
-  need: readonly number[],
-  onJoined: (j: Joined) => void,
-  log: (line: string) => void,
-  onRejected: (problem: string) => void = () => {},
-): () => void {
-  const taken = new Map<number, string>();
-  const backends = new Map<number, string>();
-  const announced = new Set<number>();
-  const stopBeats = subscribe(
-    nc,
-    subj.heartbeats,
-    Heartbeat,
-    (beat) => {
-      if (announced.has(beat.device) || taken.get(beat.device) !== beat.worker) return;
-      announced.add(beat.device);
-      onJoined({ device: beat.device, worker: beat.worker, backend: backends.get(beat.device) ?? 'unknown' });
-    },
-    (error) => {
-      log(`rejected: ${error.message}`);
-      onRejected(error.message);
-    },
-  );
-  const stopJoin = subscribe(
-    nc,
-    subj.join,
-    Hello,
-    (hello, msg) => {
-      const free = need.filter((d) => !taken.has(d) || taken.get(d) === hello.worker);
-      let refusal: string | undefined;
-      if (hello.device !== undefined && !need.includes(hello.device)) {
-        refusal = `device ${hello.device} is not in this run's plan (devices ${need.join(', ')})`;
-      } else if (hello.device !== undefined && !free.includes(hello.device)) {
-        refusal = `device ${hello.device} already has worker ${taken.get(hello.device)}`;
-      } else if (free.length === 0) {
-        refusal = `every device of this run (${need.join(', ')}) already has a worker`;
-      }
-      if (refusal) {
-        log(`refused worker ${hello.worker}: ${refusal}`);
-        msg.respond(encode({ type: 'error', v: PROTOCOL_VERSION, code: 'invalid_state', message: refusal, subject: msg.subject }));
-        return;
-      }
-      const device = hello.device ?? free[0]!;
-      taken.set(device, hello.worker);
-      backends.set(device, hello.backend);
-      log(`worker ${hello.worker} (pid ${hello.pid} on ${hello.host}, ${hello.backend}) is device ${device}`);
-      msg.respond(encode({ type: 'welcome', v: PROTOCOL_VERSION, device, run }));
-    },
-    (error, msg) => {
-      log(`rejected: ${error.message}`);
-      onRejected(error.message);
-      if (msg.reply) msg.respond(encode({ type: 'error', v: PROTOCOL_VERSION, code: 'malformed', message: error.problem, subject: error.subject }));
-    },
-  );
-  return () => {
-    stopBeats();
-    stopJoin();
-  };
+export interface Lost {
+  device: number;
+  worker: string;
+  reason: string;
+}
+
+interface Member {
+  worker: string;
+  pid?: number;
+  backend: string;
+  lastBeat: number;
+  announced: boolean;
+}
+
+export interface MembershipOptions {
+  /** A worker silent this long is given up (and killed by whoever started it). */
+  heartbeatMs: number;
+  onJoined: (j: Joined) => void;
+  onLost: (l: Lost) => void;
+  log: (line: string) => void;
+  onRejected?: (problem: string) => void;
+}
+
+export class Membership {
+  private readonly members = new Map<number, Member>();
+  /** Workers given up: their late heartbeats must not bring them back. */
+  private readonly gone = new Set<string>();
+  private pausedUntil = 0;
+  private readonly stops: Array<() => void> = [];
+
+  constructor(
+    private readonly nc: Bus,
+    private readonly subj: Subjects,
+    run: string,
+    private readonly need: readonly number[],
+    private readonly o: MembershipOptions,
+  ) {
+    const rejected = (error: { message: string }) => {
+      o.log(`rejected: ${error.message}`);
+      o.onRejected?.(error.message);
+    };
+    this.stops.push(subscribe(nc, subj.heartbeats, Heartbeat, (beat) => this.beat(beat), rejected));
+    this.stops.push(
+      subscribe(
+        nc,
+        subj.join,
+        Hello,
+        (hello, msg) => {
+          const answer = this.join(hello);
+          msg.respond(encode(typeof answer === 'string'
+            ? { type: 'error', v: PROTOCOL_VERSION, code: 'invalid_state', message: answer, subject: msg.subject }
+            : { type: 'welcome', v: PROTOCOL_VERSION, device: answer, run }));
+        },
+        (error, msg) => {
+          rejected(error);
+          if (msg.reply) msg.respond(encode({ type: 'error', v: PROTOCOL_VERSION, code: 'malformed', message: error.problem, subject: error.subject }));
+        },
+      ),
+    );
+    this.stops.push(
+      subscribe(nc, subj.events, RunEvent, (e) => {
+        if (e.type !== 'exit' || e.kind !== 'worker') return;
+        for (const [device, m] of this.members) if (m.pid === e.pid) this.lose(device, `its process (pid ${e.pid}) ${describeExit(e)}`, false);
+      }, () => {}),
+    );
+    const timer = setInterval(() => this.check(), Math.min(1000, o.heartbeatMs / 4));
+    this.stops.push(() => clearInterval(timer));
+  }
+
+  /** The bus itself was away: nobody's silence meanwhile counts against them. */
+  pause(forMs: number): void {
+    this.pausedUntil = Math.max(this.pausedUntil, Date.now() + forMs);
+    for (const m of this.members.values()) m.lastBeat = Math.max(m.lastBeat, this.pausedUntil);
+  }
+
+  close(): void {
+    for (const stop of this.stops.splice(0)) stop();
+  }
+
+  private join(hello: Hello): number | string {
+    const free = this.need.filter((d) => !this.members.has(d) || this.members.get(d)!.worker === hello.worker);
+    let refusal: string | undefined;
+    if (this.gone.has(hello.worker)) refusal = `worker ${hello.worker} was given up; start a new one`;
+    else if (hello.device !== undefined && !this.need.includes(hello.device)) refusal = `device ${hello.device} is not in this run's plan (devices ${this.need.join(', ')})`;
+    else if (hello.device !== undefined && !free.includes(hello.device)) refusal = `device ${hello.device} already has worker ${this.members.get(hello.device)!.worker}`;
+    else if (free.length === 0) refusal = `every device of this run (${this.need.join(', ')}) already has a worker`;
+    if (refusal) {
+      this.o.log(`refused worker ${hello.worker}: ${refusal}`);
+      return refusal;
+    }
+    const device = hello.device ?? free[0]!;
+    this.members.set(device, { worker: hello.worker, pid: hello.pid, backend: hello.backend, lastBeat: Date.now(), announced: false });
+    this.o.log(`worker ${hello.worker} (pid ${hello.pid} on ${hello.host}, ${hello.backend}) is device ${device}`);
+    return device;
+  }
+
+  private beat(beat: Heartbeat): void {
+    if (this.gone.has(beat.worker)) return;
+    let m = this.members.get(beat.device);
+    if (!m && this.need.includes(beat.device)) {
+      // A worker this supervisor never welcomed (it took the run over): adopt it.
+      m = { worker: beat.worker, pid: beat.pid, backend: beat.backend ?? 'unknown', lastBeat: Date.now(), announced: false };
+      this.members.set(beat.device, m);
+      this.o.log(`adopted worker ${beat.worker} (pid ${beat.pid ?? '?'}) as device ${beat.device}`);
+    }
+    if (!m || m.worker !== beat.worker) return;
+    m.lastBeat = Date.now();
+    if (!m.announced) {
+      m.announced = true;
+      this.o.onJoined({ device: beat.device, worker: beat.worker, backend: m.backend });
+    }
+  }
+
+  private check(): void {
+    const now = Date.now();
+    if (now < this.pausedUntil) return;
+    for (const [device, m] of this.members) {
+      if (now - m.lastBeat > this.o.heartbeatMs) this.lose(device, `no heartbeat for ${((now - m.lastBeat) / 1000).toFixed(1)} s: hung`, true);
+    }
+  }
+
+  private lose(device: number, reason: string, kill: boolean): void {
+    const m = this.members.get(device);
+    if (!m) return;
+    this.members.delete(device);
+    this.gone.add(m.worker);
+    this.o.log(`gave up device ${device} (worker ${m.worker}): ${reason}`);
+    // Observers hear it; the launcher kills a hung process it started (a dead one is already gone).
+    this.nc.publish(this.subj.events, encode({ type: 'lost', v: PROTOCOL_VERSION, device, worker: m.worker, ...(kill && m.pid !== undefined ? { pid: m.pid } : {}), reason }));
+    if (m.announced) this.o.onLost({ device, worker: m.worker, reason });
+  }
 }

@@ -1,12 +1,20 @@
 // The supervisor: one XState machine that gathers a worker for every device, sets the models up,
 // then walks each PPO iteration call group by call group (generate → inference → train), and
-// finally collects digests and stops the workers. Each stage is an invoked promise actor; a
-// failure anywhere is an event that ends in `failed` with the error, never an exception that
-// escapes. The transport is the Dispatcher in the input: NATS in a run, memory in a benchmark.
+// finally collects digests and stops the workers. Each stage is an invoked promise actor.
+//
+// Failures are recovered in place. A device given up (its process exited, its heartbeats
+// stopped) or a stage that fails sends the machine to `recovering`: every call in flight is
+// abandoned, it waits until every device has a worker again (the launcher restarts them), resets
+// them all, restores the last snapshot, and goes on from the iteration after it. Rollouts and
+// scores already computed come back from the run store instead of being computed again; training
+// runs again from the restored state, so every prompt is trained on exactly once. Past the
+// supervision intensity it gives up with an error that names the failures.
 import { assign, fromCallback, fromPromise, setup } from 'xstate';
 import type { Metrics } from '../mesh/protocol.ts';
-import type { Dispatcher } from '../engine/dispatch.ts';
-import { median, rewardWindows, type Recorder, type Summary } from '../engine/record.ts';
+import { fence, type Dispatcher } from '../engine/dispatch.ts';
+import { accountRollouts, tokensDigest } from '../engine/ledger.ts';
+import { median, rewardWindows, type Recorder, type RolloutAccount, type Summary } from '../engine/record.ts';
+import type { Progress, RunStore } from '../engine/store.ts';
 import {
   takeCheckpoint,
   type CheckpointSet,
@@ -21,24 +29,31 @@ import {
   type Scored,
   type Trained,
 } from '../engine/rlhf.ts';
+import { Intensity } from './supervision.ts';
 
 export interface SupervisorInput {
   spec: RunSpec;
   run: string;
   dispatcher: Dispatcher;
   recorder: Recorder;
-  /** Where checkpoints go after each iteration (every `checkpoint.every`); none when absent. */
+  /** Where rollouts, scores, snapshots and progress live (JetStream over NATS). */
+  store: RunStore;
+  /** Also keep each snapshot in the run directory (for --resume); none when absent. */
   saveCheckpoint?: (iteration: number, set: CheckpointSet) => Promise<void>;
   /** Continue a run: its last checkpoint, the iteration it was taken after, and the metrics so far. */
   resume?: { iteration: number; checkpoint: CheckpointSet; history: Metrics[] };
+  /** Take over a run whose supervisor died: its progress in the store. */
+  takeOver?: Progress;
   /** Backends of workers that joined before the machine started (in-process runs). */
   backends?: string[];
+  /** Tells observers that a recovery is done (the bus's events subject). */
+  onRecovered?: (r: { epoch: number; iteration: number; snapshot: number; seconds: number; reason: string }) => void;
 }
 
 export type SupervisorEvent =
   | { type: 'interrupt'; reason: string }
   | { type: 'worker.joined'; device: number; worker: string; backend: string }
-  | { type: 'worker.left'; device: number; worker: string; reason: string };
+  | { type: 'worker.lost'; device: number; worker: string; reason: string };
 
 interface Context extends SupervisorInput {
   need: number[];
@@ -51,10 +66,17 @@ interface Context extends SupervisorInput {
   history: Metrics[];
   parameters: Record<string, number>;
   digests: Record<string, string>;
+  rollouts?: RolloutAccount;
+  /** The iteration after which the last snapshot was taken (-1: after setup); undefined: none. */
+  snapshot?: number;
+  intensity: Intensity;
+  /** Why the recovery under way started, and when. */
+  failure?: { reason: string; at: number };
+  recoveries: Summary['recoveries'];
   error?: string;
 }
 
-type StageInput = { d: Dispatcher; r: RunSpec; iteration: number; rollout?: Rollout; scored?: Scored };
+type StageInput = { d: Dispatcher; r: RunSpec; store: RunStore; iteration: number; rollout?: Rollout; scored?: Scored };
 
 const errorText = (e: unknown) => (e instanceof Error ? `${e.name}: ${e.message}` : String(e));
 
@@ -66,37 +88,124 @@ export const supervisorMachine = setup({
     output: {} as { status: 'succeeded' | 'failed'; error?: string },
   },
   actors: {
-    /** Answers workers' join requests; the process host provides the NATS version. */
-    gatherWorkers: fromCallback<SupervisorEvent, { need: number[] }>(() => () => {}),
-    setupModels: fromPromise(({ input }: { input: StageInput & { resume?: CheckpointSet } }) => setupModels(input.d, input.r, input.resume)),
+    /** Keeps the run's membership: joins, heartbeats, exits. The process host provides the NATS version. */
+    membership: fromCallback<SupervisorEvent, { need: number[] }>(() => () => {}),
+    setupModels: fromPromise(async ({ input }: { input: StageInput & { resume?: CheckpointSet; resumeAfter?: number } }) => {
+      const out = await setupModels(input.d, input.r, input.resume);
+      // The first snapshot: what a recovery before the first iteration's goes back to.
+      const after = input.resumeAfter ?? -1;
+      await input.store.saveSnapshot(after, await takeCheckpoint(input.d, input.r, after));
+      return out;
+    }),
+    /**
+     * Back to the last snapshot on every device: reset them all (whatever they were running),
+     * then load and restore; with no snapshot yet, set up from scratch.
+     */
+    recover: fromPromise(async ({ input }: { input: StageInput & { devices: number[]; snapshot?: number } }) => {
+      const { d, r, store } = input;
+      await Promise.all(input.devices.map((device) => d.call(device, '*', -1, { fn: 'reset', epoch: d.epoch })));
+      if (input.snapshot === undefined) {
+        const out = await setupModels(d, r);
+        await store.saveSnapshot(-1, await takeCheckpoint(d, r, -1));
+        return { ...out, snapshot: -1 };
+      }
+      const set = await store.loadSnapshot(input.snapshot);
+      if (!set) throw new Error(`the run store has no snapshot after iteration ${input.snapshot} to recover from`);
+      return { ...(await setupModels(d, r, set)), snapshot: input.snapshot };
+    }),
+    /** A snapshot after the iteration (every `checkpoint.every`, and after the last), into the store and the run directory. */
     checkpoint: fromPromise(async ({ input }: { input: StageInput & { save?: SupervisorInput['saveCheckpoint'] } }) => {
       const every = input.r.scenario.checkpoint.every;
       const last = input.iteration + 1 === input.r.scenario.ppo.iterations;
-      if (!input.save || every === 0 || ((input.iteration + 1) % every !== 0 && !last)) return;
-      await input.save(input.iteration, await takeCheckpoint(input.d, input.r, input.iteration));
+      if (every === 0 || ((input.iteration + 1) % every !== 0 && !last)) return false;
+      const set = await takeCheckpoint(input.d, input.r, input.iteration);
+      await input.store.saveSnapshot(input.iteration, set);
+      await input.save?.(input.iteration, set);
+      return true;
     }),
-    generate: fromPromise(({ input }: { input: StageInput }) => generateStage(input.d, input.r, input.iteration)),
-    infer: fromPromise(({ input }: { input: StageInput }) => inferStage(input.d, input.r, input.rollout!)),
+    saveProgress: fromPromise(({ input }: { input: { store: RunStore; progress: Progress } }) => input.store.saveProgress(input.progress)),
+    /** The rollout: from the store when this iteration's was already generated (a replay), else generated and stored. */
+    generate: fromPromise(async ({ input }: { input: StageInput }): Promise<Rollout> => {
+      const kept = await input.store.loadStage<Omit<Rollout, 'moved'>>(input.iteration, 'rollout');
+      if (kept) return { ...kept, moved: [] };
+      const ro = await generateStage(input.d, input.r, input.iteration);
+      await input.store.saveStage(input.iteration, 'rollout', { iteration: ro.iteration, batch: ro.batch, tokens: ro.tokens, logprobs: ro.logprobs });
+      return ro;
+    }),
+    infer: fromPromise(async ({ input }: { input: StageInput }): Promise<Scored> => {
+      const kept = await input.store.loadStage<Scored>(input.iteration, 'scored');
+      if (kept) return kept;
+      const sc = await inferStage(input.d, input.r, input.rollout!);
+      await input.store.saveStage(input.iteration, 'scored', sc);
+      return sc;
+    }),
     train: fromPromise(({ input }: { input: StageInput }) => trainStage(input.d, input.r, input.rollout!, input.scored!)),
-    finish: fromPromise(async ({ input }: { input: StageInput }) => {
-      const digests = await finalDigests(input.d, input.r, input.iteration);
+    digest: fromPromise(async ({ input }: { input: StageInput }) => {
+      const { digests, ledgers } = await finalDigests(input.d, input.r, input.iteration);
+      const rollouts = [];
+      for (let i = 0; i < input.r.scenario.ppo.iterations; i++) {
+        const ro = await input.store.loadStage<{ batch: number; tokens: Int32Array }>(i, 'rollout');
+        if (ro) rollouts.push({ iteration: i, rows: ro.batch, sha256: tokensDigest(ro.tokens) });
+        else rollouts.push({ iteration: i, rows: input.r.scenario.ppo.batch, sha256: 'missing from the run store' });
+      }
+      return { digests, rollouts: accountRollouts(ledgers, rollouts) };
+    }),
+    stopWorkers: fromPromise(async ({ input }: { input: StageInput }) => {
       await Promise.all(planDevices(input.r).map((dev) => input.d.call(dev, '*', input.iteration, { fn: 'shutdown' })));
-      return digests;
     }),
   },
   guards: {
     allJoined: ({ context }) => context.need.every((d) => context.joined[d] !== undefined),
     moreIterations: ({ context }) => context.iteration + 1 < context.spec.scenario.ppo.iterations,
     nothingLeft: ({ context }) => context.iteration >= context.spec.scenario.ppo.iterations,
+    escalated: ({ context }) => context.error !== undefined,
   },
   delays: {
     joinTimeout: ({ context }) => context.spec.scenario.timeouts.join_seconds * 1000,
+    recoverTimeout: ({ context }) => context.spec.scenario.timeouts.recover_seconds * 1000,
   },
   actions: {
     fail: assign((_, params: { stage: string; error: unknown }) => ({
       error: `${params.stage}: ${errorText(params.error)}`,
     })),
+    /** What a stage's failure becomes: a reason to recover, naming the stage (unless a loss came first). */
+    stageFailed: assign(({ context }, params: { stage: string; error: unknown }) => ({
+      failure: context.failure ?? { reason: `${context.iteration < 0 ? '' : `iteration ${context.iteration}, `}${params.stage}: ${errorText(params.error)}`, at: Date.now() },
+    })),
     phase: ({ context }, params: { phase: string; detail: string }) => context.recorder.phase(params.phase, params.detail),
+    join: assign({
+      joined: ({ context, event }) => (event.type === 'worker.joined' ? { ...context.joined, [event.device]: { worker: event.worker, backend: event.backend } } : context.joined),
+    }),
+    unjoin: assign({
+      joined: ({ context, event }) => {
+        if (event.type !== 'worker.lost') return context.joined;
+        const { [event.device]: _gone, ...rest } = context.joined;
+        return rest;
+      },
+    }),
+    noteLoss: assign({
+      failure: ({ context, event }) =>
+        context.failure ?? (event.type === 'worker.lost' ? { reason: `device ${event.device} (worker ${event.worker}): ${event.reason}`, at: Date.now() } : undefined),
+    }),
+    /**
+     * Entering a recovery: abandon every call in flight, and count the failure against the
+     * supervision intensity; one too many ends the run.
+     */
+    beginRecovery: assign(({ context }) => {
+      const failure = context.failure ?? { reason: 'unknown failure', at: Date.now() };
+      context.dispatcher.interrupt(failure.reason);
+      const escalation = context.intensity.record({ at: Date.now(), actor: failure.reason.split(':')[0]!, reason: failure.reason.slice(failure.reason.indexOf(':') + 1).trim() });
+      context.recorder.phase('recovering', `${failure.reason} (recovery ${context.dispatcher.epoch})`);
+      return escalation ? { error: `supervision: ${escalation}` } : {};
+    }),
+    recovered: assign(({ context }, out: { parameters: Record<string, number>; snapshot: number }) => {
+      const seconds = (Date.now() - (context.failure?.at ?? Date.now())) / 1000;
+      const history = context.history.filter((m) => m.iteration <= out.snapshot);
+      const entry = { epoch: context.dispatcher.epoch, reason: context.failure?.reason ?? 'unknown', snapshot: out.snapshot, iteration: out.snapshot + 1, seconds };
+      context.recorder.rewind?.(history);
+      context.onRecovered?.(entry);
+      return { parameters: out.parameters, snapshot: out.snapshot, iteration: out.snapshot + 1, history, failure: undefined, recoveries: [...context.recoveries, entry], rollout: undefined, scored: undefined };
+    }),
     recordIteration: assign(({ context }, trained: Trained) => {
       const seconds = (Date.now() - context.iterationStartedAt) / 1000;
       const tokens = context.rollout!.batch * context.spec.task.responseLen;
@@ -132,6 +241,8 @@ export const supervisorMachine = setup({
         tokens_per_second: median(context.history.map((m) => m.tokens_per_second)),
         parameters: context.parameters,
         ...(context.dispatcher.stats ? { transport: context.dispatcher.stats() } : {}),
+        recoveries: context.recoveries,
+        ...(context.rollouts ? { rollouts: context.rollouts } : {}),
         ...(context.error ? { error: context.error } : {}),
       };
       context.recorder.finished(summary);
@@ -143,30 +254,33 @@ export const supervisorMachine = setup({
     ...input,
     need: planDevices(input.spec),
     joined: {},
-    iteration: input.resume ? input.resume.iteration + 1 : 0,
+    iteration: input.takeOver?.iteration ?? (input.resume ? input.resume.iteration + 1 : 0),
     startedAt: Date.now(),
     iterationStartedAt: Date.now(),
-    history: input.resume?.history ?? [],
+    history: input.takeOver?.history ?? input.resume?.history ?? [],
     parameters: {},
     digests: {},
+    snapshot: input.takeOver?.snapshot,
+    intensity: new Intensity(input.spec.scenario.supervision.intensity, input.spec.scenario.supervision.period_seconds),
+    recoveries: [],
+    ...(input.takeOver ? { failure: { reason: 'supervisor: a new supervisor took the run over', at: Date.now() } } : {}),
   }),
+  // Membership runs for the whole run: workers can die and be replaced at any time.
+  invoke: { src: 'membership', input: ({ context }) => ({ need: context.need }) },
   initial: 'gathering',
-  // Ctrl-C or a stop request: the run ends as failed, and its summary says why.
   on: {
-    interrupt: { target: '#supervisor.failed', actions: assign({ error: ({ event }) => `interrupted: ${event.reason}` }) },
+    // Ctrl-C, a stop request, or the launcher's escalation: the run ends as failed, and says why.
+    interrupt: { target: '#supervisor.failed', actions: assign({ error: ({ event }) => event.reason }) },
+    'worker.joined': { actions: 'join' },
+    'worker.lost': { actions: 'unjoin' },
   },
   states: {
     gathering: {
       entry: { type: 'phase', params: { phase: 'gathering', detail: 'waiting for a worker on every device' } },
-      invoke: { src: 'gatherWorkers', input: ({ context }) => ({ need: context.need }) },
-      always: { guard: 'allJoined', target: 'settingUp' },
-      on: {
-        'worker.joined': {
-          actions: assign({
-            joined: ({ context, event }) => ({ ...context.joined, [event.device]: { worker: event.worker, backend: event.backend } }),
-          }),
-        },
-      },
+      always: [
+        { guard: ({ context }) => context.need.every((d) => context.joined[d] !== undefined) && context.takeOver !== undefined, target: 'recovering' },
+        { guard: 'allJoined', target: 'settingUp' },
+      ],
       after: {
         joinTimeout: {
           target: 'failed',
@@ -181,75 +295,154 @@ export const supervisorMachine = setup({
     },
     settingUp: {
       entry: { type: 'phase', params: { phase: 'setup', detail: 'loading models, warm-up, copying the reference and critic' } },
+      on: { 'worker.lost': { target: 'recovering', actions: ['unjoin', 'noteLoss'] } },
       invoke: {
         src: 'setupModels',
-        input: ({ context }) => ({ d: context.dispatcher, r: context.spec, iteration: -1, resume: context.resume?.checkpoint }),
+        input: ({ context }) => ({
+          d: fence(context.dispatcher),
+          r: context.spec,
+          store: context.store,
+          iteration: -1,
+          resume: context.resume?.checkpoint,
+          resumeAfter: context.resume?.iteration,
+        }),
         onDone: [
           // Resumed from the last iteration's checkpoint: nothing is left to train.
-          { guard: 'nothingLeft', target: 'finishing', actions: assign({ parameters: ({ event }) => event.output.parameters, iteration: ({ context }) => context.iteration - 1 }) },
-          { target: 'iterating', actions: assign({ parameters: ({ event }) => event.output.parameters }) },
+          {
+            guard: 'nothingLeft',
+            target: 'finishing',
+            actions: assign({ parameters: ({ event }) => event.output.parameters, iteration: ({ context }) => context.iteration - 1, snapshot: ({ context }) => context.iteration - 1 }),
+          },
+          { target: 'saving', actions: assign({ parameters: ({ event }) => event.output.parameters, snapshot: ({ context }) => context.resume?.iteration ?? -1 }) },
         ],
-        onError: { target: 'failed', actions: { type: 'fail', params: ({ event }) => ({ stage: 'setup', error: event.error }) } },
+        onError: { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'setup', error: event.error }) } },
+      },
+    },
+    recovering: {
+      entry: 'beginRecovery',
+      always: { guard: 'escalated', target: 'failed' },
+      // Another loss while recovering: start the recovery over (it counts against the intensity too).
+      on: { 'worker.lost': { target: 'recovering', reenter: true, actions: ['unjoin', 'noteLoss'] } },
+      initial: 'waiting',
+      states: {
+        waiting: {
+          always: { guard: 'allJoined', target: 'restoring' },
+          after: {
+            recoverTimeout: {
+              target: '#supervisor.failed',
+              actions: assign({
+                error: ({ context }) => {
+                  const missing = context.need.filter((d) => context.joined[d] === undefined);
+                  return `recovery from "${context.failure?.reason}": no worker for device(s) ${missing.join(', ')} within ${context.spec.scenario.timeouts.recover_seconds} s (timeouts.recover_seconds)`;
+                },
+              }),
+            },
+          },
+        },
+        restoring: {
+          invoke: {
+            src: 'recover',
+            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: -1, devices: context.need, snapshot: context.snapshot }),
+            onDone: [
+              { guard: ({ context, event }) => event.output.snapshot + 1 >= context.spec.scenario.ppo.iterations, target: '#supervisor.finishing', actions: [{ type: 'recovered', params: ({ event }) => event.output }, assign({ iteration: ({ context }) => context.iteration - 1 })] },
+              { target: '#supervisor.saving', actions: { type: 'recovered', params: ({ event }) => event.output } },
+            ],
+            onError: {
+              target: '#supervisor.recovering',
+              reenter: true,
+              actions: assign({ failure: ({ event }) => ({ reason: `recovery: ${errorText(event.error)}`, at: Date.now() }) }),
+            },
+          },
+        },
+      },
+    },
+    /** The progress record: where a supervisor that takes over would start. */
+    saving: {
+      invoke: {
+        src: 'saveProgress',
+        input: ({ context }) => ({ store: context.store, progress: { epoch: context.dispatcher.epoch, iteration: context.iteration, snapshot: context.snapshot, history: context.history } }),
+        onDone: [{ guard: 'nothingLeft', target: 'finishing', actions: assign({ iteration: ({ context }) => context.iteration - 1 }) }, { target: 'iterating' }],
+        onError: { target: 'failed', actions: { type: 'fail', params: ({ event }) => ({ stage: 'saving progress to the run store', error: event.error }) } },
       },
     },
     iterating: {
       initial: 'generating',
       entry: { type: 'phase', params: { phase: 'ppo', detail: 'iterating' } },
+      on: { 'worker.lost': { target: 'recovering', actions: ['unjoin', 'noteLoss'] } },
       states: {
         generating: {
           entry: assign({ iterationStartedAt: () => Date.now() }),
           invoke: {
             src: 'generate',
-            input: ({ context }) => ({ d: context.dispatcher, r: context.spec, iteration: context.iteration }),
+            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration }),
             onDone: { target: 'inferring', actions: assign({ rollout: ({ event }) => event.output }) },
-            onError: { target: '#supervisor.failed', actions: { type: 'fail', params: ({ context, event }) => ({ stage: `iteration ${context.iteration}, generate`, error: event.error }) } },
+            onError: { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'generate', error: event.error }) } },
           },
         },
         inferring: {
           invoke: {
             src: 'infer',
-            input: ({ context }) => ({ d: context.dispatcher, r: context.spec, iteration: context.iteration, rollout: context.rollout }),
+            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration, rollout: context.rollout }),
             onDone: { target: 'training', actions: assign({ scored: ({ event }) => event.output }) },
-            onError: { target: '#supervisor.failed', actions: { type: 'fail', params: ({ context, event }) => ({ stage: `iteration ${context.iteration}, inference`, error: event.error }) } },
+            onError: { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'inference', error: event.error }) } },
           },
         },
         training: {
           invoke: {
             src: 'train',
             input: ({ context }) => ({
-              d: context.dispatcher,
+              d: fence(context.dispatcher),
               r: context.spec,
+              store: context.store,
               iteration: context.iteration,
               rollout: context.rollout,
               scored: context.scored,
             }),
             onDone: { target: 'iterationDone', actions: { type: 'recordIteration', params: ({ event }) => event.output } },
-            onError: { target: '#supervisor.failed', actions: { type: 'fail', params: ({ context, event }) => ({ stage: `iteration ${context.iteration}, train`, error: event.error }) } },
+            onError: { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'train', error: event.error }) } },
           },
         },
         iterationDone: {
           invoke: {
             src: 'checkpoint',
-            input: ({ context }) => ({ d: context.dispatcher, r: context.spec, iteration: context.iteration, save: context.saveCheckpoint }),
-            onDone: { target: 'advancing' },
-            onError: { target: '#supervisor.failed', actions: { type: 'fail', params: ({ context, event }) => ({ stage: `iteration ${context.iteration}, checkpoint`, error: event.error }) } },
+            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration, save: context.saveCheckpoint }),
+            onDone: [
+              { guard: ({ event }) => event.output, target: 'advancing', actions: assign({ snapshot: ({ context }) => context.iteration }) },
+              { target: 'advancing' },
+            ],
+            onError: { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'checkpoint', error: event.error }) } },
           },
         },
         advancing: {
           always: [
-            { guard: 'moreIterations', target: 'generating', actions: assign({ iteration: ({ context }) => context.iteration + 1 }) },
+            { guard: 'moreIterations', target: '#supervisor.saving', actions: assign({ iteration: ({ context }) => context.iteration + 1 }) },
             { target: '#supervisor.finishing' },
           ],
         },
       },
     },
     finishing: {
+      initial: 'digesting',
       entry: { type: 'phase', params: { phase: 'finishing', detail: 'collecting digests, stopping workers' } },
-      invoke: {
-        src: 'finish',
-        input: ({ context }) => ({ d: context.dispatcher, r: context.spec, iteration: context.iteration }),
-        onDone: { target: 'done', actions: assign({ digests: ({ event }) => event.output }) },
-        onError: { target: 'failed', actions: { type: 'fail', params: ({ event }) => ({ stage: 'finishing', error: event.error }) } },
+      states: {
+        digesting: {
+          on: { 'worker.lost': { target: '#supervisor.recovering', actions: ['unjoin', 'noteLoss'] } },
+          invoke: {
+            src: 'digest',
+            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration }),
+            onDone: { target: 'stopping', actions: assign({ digests: ({ event }) => event.output.digests, rollouts: ({ event }) => event.output.rollouts }) },
+            onError: { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'digests', error: event.error }) } },
+          },
+        },
+        stopping: {
+          entry: { type: 'phase', params: { phase: 'stopping', detail: 'stopping the workers' } },
+          invoke: {
+            src: 'stopWorkers',
+            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration }),
+            onDone: { target: '#supervisor.done' },
+            onError: { target: '#supervisor.failed', actions: { type: 'fail', params: ({ event }) => ({ stage: 'stopping the workers', error: event.error }) } },
+          },
+        },
       },
     },
     done: { type: 'final', entry: 'writeSummary' },

@@ -2,19 +2,21 @@
 // directory. The launcher starts it; it can also be started by hand against an existing server:
 //   npx tsx actors/supervisor.ts --scenario FILE --run RUN_ID --out DIR [--nats URL]
 import { createActor, fromCallback, toPromise } from 'xstate';
-import { connectBus } from '../mesh/bus.ts';
+import { connectBus, subscribe } from '../mesh/bus.ts';
 import { encode } from '../mesh/codec.ts';
-import { PROTOCOL_VERSION, type Metrics } from '../mesh/protocol.ts';
+import { PROTOCOL_VERSION, RunEvent, type Metrics } from '../mesh/protocol.ts';
 import { subjects } from '../mesh/subjects.ts';
 import { fanOut, readResume, RunDirectory, type Recorder, type Summary } from '../engine/record.ts';
 import { runSpec } from '../engine/rlhf.ts';
 import { loadScenario } from '../engine/scenario.ts';
 import { BusDispatcher } from './bus-dispatcher.ts';
 import { DEFAULT_NATS, UsageError, args, logger, runMain } from './host.ts';
-import { serveJoins } from './membership.ts';
+import { ChaosClient } from './chaos-client.ts';
+import { JetStreamStore } from './jetstream-store.ts';
+import { Membership } from './membership.ts';
 import { supervisorMachine, type SupervisorEvent } from './supervisor.machine.ts';
 
-const USAGE = 'usage: supervisor --scenario FILE --run RUN_ID --out DIR [--nats URL] [--resume]';
+const USAGE = 'usage: supervisor --scenario FILE --run RUN_ID --out DIR [--nats URL] [--resume] [--take-over]';
 
 runMain(async () => {
   const { values } = args(USAGE, {
@@ -23,6 +25,7 @@ runMain(async () => {
     out: { type: 'string' },
     nats: { type: 'string' },
     resume: { type: 'boolean', default: false },
+    'take-over': { type: 'boolean', default: false },
   });
   if (!values.scenario || !values.run || !values.out) throw new UsageError(USAGE);
   const log = logger('supervisor');
@@ -41,36 +44,65 @@ runMain(async () => {
     finished: (s: Summary) => publish({ type: 'done', status: s.status, message: s.error ?? `${s.iterations} iterations` }),
   };
 
+  const heartbeatMs = scenario.timeouts.heartbeat_seconds * 1000;
+  let membership: Membership | undefined;
   const machine = supervisorMachine.provide({
     actors: {
-      gatherWorkers: fromCallback<SupervisorEvent, { need: number[] }>(({ sendBack, input }) =>
-        serveJoins(nc, subj, values.run!, input.need, (j) => sendBack({ type: 'worker.joined', ...j }), log, (problem) =>
-          publish({ type: 'log', level: 'warn', source: 'supervisor', message: `rejected ${problem}` }),
-        ),
-      ),
+      membership: fromCallback<SupervisorEvent, { need: number[] }>(({ sendBack, input }) => {
+        membership = new Membership(nc, subj, values.run!, input.need, {
+          heartbeatMs,
+          onJoined: (j) => sendBack({ type: 'worker.joined', ...j }),
+          onLost: (l) => sendBack({ type: 'worker.lost', ...l }),
+          log,
+          onRejected: (problem) => publish({ type: 'log', level: 'warn', source: 'supervisor', message: `rejected ${problem}` }),
+        });
+        return () => membership?.close();
+      }),
     },
   });
+  // While this supervisor's own connection is down, nobody's silence is held against them.
+  void (async () => {
+    for await (const s of nc.status()) {
+      if (s.type === 'disconnect' || s.type === 'reconnect') membership?.pause(heartbeatMs);
+    }
+  })();
 
-  const dispatcher = new BusDispatcher(nc, subj, values.run, scenario.timeouts.call_seconds * 1000);
+  const store = await JetStreamStore.open(nc, values.run);
+  // --take-over: the previous supervisor of this run died; its progress is in the store.
+  const takeOver = values['take-over'] ? await store.loadProgress() : undefined;
+  if (values['take-over']) log(takeOver ? `taking the run over at iteration ${takeOver.iteration} (last snapshot after ${takeOver.snapshot})` : 'taking the run over before it saved any progress: starting it again');
+  const chaos = ChaosClient.fromEnv(nc, subj, log);
+  const dispatcher = new BusDispatcher(nc, subj, values.run, scenario.timeouts.call_seconds * 1000, {
+    epoch: takeOver ? takeOver.epoch + 1 : 0,
+    ...(chaos ? { beforeCall: (_device, _model, iteration, fn) => chaos.supervisorCall(fn, iteration) } : {}),
+  });
   // --resume: go on from the run directory's last checkpoint, keeping the metrics up to it.
-  const resume = values.resume ? readResume(values.out) : undefined;
+  const resume = values.resume && !takeOver ? readResume(values.out) : undefined;
   if (resume) log(`resuming after iteration ${resume.iteration} from ${values.out}`);
-  const directory = new RunDirectory(values.out, resume?.history);
+  const directory = new RunDirectory(values.out, takeOver?.history ?? resume?.history);
   const actor = createActor(machine, {
     input: {
       spec,
       run: values.run,
       dispatcher,
+      store,
       recorder: fanOut(directory, busEvents),
       saveCheckpoint: async (iteration, set) => directory.saveCheckpoint(iteration, set),
+      onRecovered: (r) => publish({ type: 'recovered', ...r }),
       ...(resume ? { resume } : {}),
+      ...(values['take-over'] ? { takeOver: takeOver ?? { epoch: 1, iteration: 0, history: [] } } : {}),
     },
   });
   for (const signal of ['SIGINT', 'SIGTERM'] as const) {
-    process.once(signal, () => actor.send({ type: 'interrupt', reason: `the supervisor received ${signal}` }));
+    process.once(signal, () => actor.send({ type: 'interrupt', reason: `interrupted: the supervisor received ${signal}` }));
   }
+  // The launcher gives up on a run whose processes keep dying (its restart intensity).
+  const stopEscalations = subscribe(nc, subj.events, RunEvent, (e) => {
+    if (e.type === 'log' && e.level === 'error' && e.source === 'launcher') actor.send({ type: 'interrupt', reason: e.message });
+  }, () => {});
   actor.start();
   const out = await toPromise(actor);
+  stopEscalations();
   await nc.flush().catch(() => {});
   await nc.drain().catch(() => {});
   if (out.status === 'failed') {

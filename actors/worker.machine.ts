@@ -21,6 +21,8 @@ export interface WorkerInput {
   log: (line: string) => void;
   /** Tells the run's observers about a message this worker rejected (the bus's events subject). */
   reportRejected?: (problem: string) => void;
+  /** Runs as a call starts, before the device does anything (chaos testing's kill points). */
+  beforeRun?: (call: Call, device: number) => Promise<void>;
 }
 
 interface Context extends WorkerInput {
@@ -60,7 +62,8 @@ export const workerMachine = setup({
     callListener: fromCallback<WorkerEvent, { index: number }>(() => () => {}),
     /** Liveness beacons; provided by the host. */
     heartbeat: fromCallback<WorkerEvent, { index: number; worker: string }>(() => () => {}),
-    runCall: fromPromise(async ({ input }: { input: { device: Device; call: Call } }) => {
+    runCall: fromPromise(async ({ input }: { input: { device: Device; call: Call; beforeRun?: WorkerInput['beforeRun'] } }) => {
+      await input.beforeRun?.(input.call, input.device.index);
       const t0 = performance.now();
       const body = await input.device.run(input.call);
       return { body, ms: performance.now() - t0 };
@@ -71,8 +74,24 @@ export const workerMachine = setup({
     answeredBefore: ({ context, event }) => event.type === 'call' && context.answered.has(event.call.id),
     isCurrent: ({ context, event }) => event.type === 'call' && context.current?.call.id === event.call.id,
     wasShutdown: ({ context }) => context.current?.call.body.fn === 'shutdown',
+    isReset: ({ event }) => event.type === 'call' && event.call.body.fn === 'reset',
   },
   actions: {
+    /**
+     * A reset preempts whatever runs: the running call's askers hear `interrupted`, the device
+     * drops its shards (the abandoned computation fails at its next step), and remembered
+     * answers go, so that nothing from before the reset is ever answered after it.
+     */
+    resetDevice: assign(({ context, event }) => {
+      if (event.type !== 'call' || event.call.body.fn !== 'reset') return {};
+      const running = context.current?.call;
+      const why = `device ${context.index} was reset for recovery ${event.call.body.epoch}`;
+      if (running) for (const respond of context.current!.respond) respond(errorReply(running.id, 'interrupted', `${why} while running call ${running.id}`));
+      const dropped = context.device!.reset(why);
+      context.log(`${why}${running ? `, abandoning call ${running.id}` : ''}; dropped ${dropped.join(', ') || 'nothing'}`);
+      event.respond({ type: 'result', v: PROTOCOL_VERSION, id: event.call.id, body: { dropped, ...(running ? { interrupted: running.id } : {}) } });
+      return { current: undefined, answered: new Map<string, Reply>() };
+    }),
     replyAgain: ({ context, event }) => {
       if (event.type === 'call') event.respond(context.answered.get(event.call.id)!);
     },
@@ -139,6 +158,7 @@ export const workerMachine = setup({
         idle: {
           on: {
             call: [
+              { guard: 'isReset', actions: 'resetDevice' },
               { guard: 'answeredBefore', actions: 'replyAgain' },
               { guard: 'refused', actions: 'refuse' },
               { target: 'busy', actions: assign({ current: ({ event }) => ({ call: event.call, respond: [event.respond] }) }) },
@@ -148,6 +168,7 @@ export const workerMachine = setup({
         busy: {
           on: {
             call: [
+              { guard: 'isReset', target: 'idle', actions: 'resetDevice' },
               { guard: 'answeredBefore', actions: 'replyAgain' },
               // The same call again while it runs (a retry): it gets the one reply too.
               { guard: 'isCurrent', actions: 'joinCurrent' },
@@ -156,7 +177,7 @@ export const workerMachine = setup({
           },
           invoke: {
             src: 'runCall',
-            input: ({ context }) => ({ device: context.device!, call: context.current!.call }),
+            input: ({ context }) => ({ device: context.device!, call: context.current!.call, beforeRun: context.beforeRun }),
             onDone: [
               {
                 guard: 'wasShutdown',

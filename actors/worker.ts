@@ -10,6 +10,7 @@ import { subjects } from '../mesh/subjects.ts';
 import { BACKENDS, initBackend, type BackendChoice } from '../engine/backend.ts';
 import { Device } from '../engine/device.ts';
 import { DEFAULT_NATS, UsageError, args, logger, runMain } from './host.ts';
+import { ChaosClient } from './chaos-client.ts';
 import { workerMachine, type WorkerEvent } from './worker.machine.ts';
 
 const USAGE = 'usage: npm run worker -- --run RUN_ID [--nats URL] [--device N] [--backend auto|wasm|cpu|node|node-gpu] [--join-seconds S]';
@@ -64,7 +65,15 @@ runMain(async () => {
         for (;;) {
           try {
             const reply = await request(nc, subj.join, hello, JoinReply, 2000);
-            if (reply.type === 'error') throw new UsageError(`run ${values.run} refused this worker: ${reply.message}`);
+            if (reply.type === 'error') {
+              // Every device taken may be a moment's state (the worker this one replaces is
+              // still being given up): ask again until the join deadline.
+              if (!/already has a worker/.test(reply.message) || Date.now() > joinDeadline) throw new UsageError(`run ${values.run} refused this worker: ${reply.message}`);
+              if (!waited) log(`refused for now (${reply.message}); asking again`);
+              waited = true;
+              await new Promise((r) => setTimeout(r, 500));
+              continue;
+            }
             log(`joined run ${reply.run} as device ${reply.device}`);
             return reply.device;
           } catch (e) {
@@ -86,7 +95,7 @@ runMain(async () => {
       ),
       heartbeat: fromCallback<WorkerEvent, { index: number; worker: string }>(({ input }) => {
         const beat = () =>
-          nc.publish(subj.heartbeat(input.index), encode({ type: 'heartbeat', v: PROTOCOL_VERSION, device: input.index, worker: input.worker, state: 'serving', at: Date.now() }));
+          nc.publish(subj.heartbeat(input.index), encode({ type: 'heartbeat', v: PROTOCOL_VERSION, device: input.index, worker: input.worker, state: 'serving', at: Date.now(), pid: process.pid, backend }));
         beat();
         const timer = setInterval(beat, 1000);
         return () => clearInterval(timer);
@@ -94,6 +103,7 @@ runMain(async () => {
     },
   });
 
+  const chaos = ChaosClient.fromEnv(nc, subj, log);
   const actor = createActor(machine, {
     input: {
       worker,
@@ -101,6 +111,7 @@ runMain(async () => {
       reportRejected: (problem) =>
         nc.publish(subj.events, encode({ type: 'log', v: PROTOCOL_VERSION, level: 'warn', source: `worker ${worker}`, message: `rejected ${problem}` })),
       makeDevice: (index) => new Device(index, nc, subj, { transferTimeoutMs: transferMs }),
+      ...(chaos ? { beforeRun: (call: Call, device: number) => chaos.workerCall(device, call.model, call.body.fn, call.iteration) } : {}),
     },
   });
   const stop = () => actor.send({ type: 'stop' });
@@ -108,9 +119,15 @@ runMain(async () => {
   process.once('SIGINT', stop);
   // A run that ends, well or badly, says so on its events subject: its workers leave with it.
   const stopEvents = subscribe(nc, subj.events, RunEvent, (e) => {
-    if (e.type !== 'done') return;
-    log(`the run is over (${e.status}): leaving`);
-    stop();
+    if (e.type === 'done') {
+      log(`the run is over (${e.status}): leaving`);
+      stop();
+    } else if (e.type === 'lost' && e.worker === worker) {
+      // The supervisor gave this worker up (it thought it hung): another takes its device, so
+      // this one must not answer another call.
+      log(`the supervisor gave this worker up (${e.reason}): leaving`);
+      process.exit(3);
+    }
   }, () => {});
   // A bus that stays away longer than a join may take means the run is gone.
   void (async () => {

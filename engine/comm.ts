@@ -131,6 +131,12 @@ export class Comm {
     return out;
   }
 
+  /** Ends every call in flight on this device (a reset): their waits fail with `why`. */
+  endAll(why: string): void {
+    const groups = new Set([...this.mailbox.keys()].map((key) => key.slice(0, key.indexOf('|'))));
+    for (const group of groups) this.end(group, why);
+  }
+
   /** Drops what is left of a call's messages (after it ends, well or badly), and any that come later. */
   forget(group: string): void {
     this.end(group, `call ${group} ended`);

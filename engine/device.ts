@@ -4,12 +4,13 @@
 import type { Bus } from '../mesh/bus.ts';
 import { encode } from '../mesh/codec.ts';
 import { checkStrategy, shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../mesh/layout.ts';
-import { Go, PROTOCOL_VERSION, type Call, type CallBody, type CallFn, type CallOf, type ErrorCode, type Layout, type ModelSpec, type ResultOf, type Role } from '../mesh/protocol.ts';
+import { Go, PROTOCOL_VERSION, type LedgerEntry, type Call, type CallBody, type CallFn, type CallOf, type ErrorCode, type Layout, type ModelSpec, type ResultOf, type Role } from '../mesh/protocol.ts';
 import { cut, paste } from '../mesh/slices.ts';
 import type { Subjects } from '../mesh/subjects.ts';
 import { subscribe } from '../mesh/bus.ts';
 import { manifestOf, modelDigest, receiveTensors, sendTensors, type NamedTensor } from '../mesh/transfer.ts';
 import { modelInfo } from './params.ts';
+import { tokensDigest } from './ledger.ts';
 import { Comm } from './comm.ts';
 import { GptShard } from './shard.ts';
 import { ShardedGpt } from './sharded.ts';
@@ -87,6 +88,8 @@ interface Hosted {
   layout: Layout;
   rank: number;
   shard: ModelShard | RuleShard;
+  /** The training calls this shard's parameters have taken in, oldest first (see LedgerEntry). */
+  ledger: LedgerEntry[];
 }
 
 type Body = Record<string, unknown>;
@@ -121,6 +124,19 @@ export class Device {
     clearInterval(this.sampler);
   }
 
+  /**
+   * Drops every shard and ends every collective in flight, so that a call still running on this
+   * device (abandoned by a reset) fails at its next step instead of changing anything that stays.
+   * Returns the models it held.
+   */
+  reset(why: string): string[] {
+    const dropped = this.models();
+    for (const h of this.hosted.values()) if (!(h.shard instanceof RuleShard)) h.shard.dispose();
+    this.hosted.clear();
+    this.comm.endAll(why);
+    return dropped;
+  }
+
   models(): string[] {
     return [...this.hosted.keys()];
   }
@@ -131,7 +147,7 @@ export class Device {
    */
   check(call: Call): CallRejected | undefined {
     const { body, model } = call;
-    if (body.fn === 'load' || body.fn === 'shutdown' || body.fn === 'stats' || body.fn === 'probe') return undefined;
+    if (body.fn === 'load' || body.fn === 'shutdown' || body.fn === 'stats' || body.fn === 'probe' || body.fn === 'reset') return undefined;
     if (body.fn === 'realloc') return this.checkRealloc(model, body);
     const h = this.hosted.get(model);
     if (!h) return this.notLoaded(model, body.fn);
@@ -180,7 +196,11 @@ export class Device {
     try {
       const refused = this.check(call);
       if (refused) throw refused;
-      return await this.dispatch(call, group);
+      const out = await this.dispatch(call, group);
+      if (call.body.fn === 'train') {
+        this.hosted.get(call.model)?.ledger.push({ iteration: call.iteration, rows: call.body.batch, sha256: tokensDigest(call.body.tokens) });
+      }
+      return out;
     } catch (e) {
       // The other ranks of a multi-device call would wait for this one: tell them.
       const h = this.hosted.get(call.model);
@@ -198,6 +218,8 @@ export class Device {
         return this.load(call.model, body);
       case 'shutdown':
         return {};
+      case 'reset':
+        return { dropped: this.reset(`device ${this.index} was reset (recovery ${body.epoch})`) };
       case 'realloc':
         return this.realloc(call.model, body);
       case 'probe':
@@ -243,7 +265,7 @@ export class Device {
           ? new GptShard(spec, body.seed, body.optim)
           : new ShardedGpt(spec, layout, rank, body.seed, body.optim, this.comm);
     if (previous && !(previous.shard instanceof RuleShard)) previous.shard.dispose();
-    this.hosted.set(model, { role: body.role, layout, rank, shard });
+    this.hosted.set(model, { role: body.role, layout, rank, shard, ledger: [] });
     const tensors = shard instanceof RuleShard ? [] : shard.exportTensors();
     return { parameters: tensors.reduce((n, t) => n + t.data.length, 0), digest: modelDigest(tensors) };
   }
@@ -430,7 +452,7 @@ export class Device {
     }
     if (body.fn === 'checkpoint') return this.checkpoint(h, body);
     if (body.fn === 'restore') return this.restore(h, body);
-    if (s instanceof ShardedGpt) return this.runSharded(s, body, group);
+    if (s instanceof ShardedGpt) return this.runSharded(h, s, body, group);
     switch (body.fn) {
       case 'sft':
         return s.sft(body.tokens, body.batch, body.promptLen, body.steps, body.minibatch, body.lr, body.seed);
@@ -445,12 +467,12 @@ export class Device {
         return { loss: st.loss, clipfrac: st.clipfrac, grad_norm: st.gradNorm };
       }
       default:
-        return this.onWeights(s, body);
+        return this.onWeights(h, body);
     }
   }
 
   /** The same calls on one rank of a multi-device layout; every rank of the mesh runs them together. */
-  private async runSharded(s: ShardedGpt, body: CallBody, group: string): Promise<Body> {
+  private async runSharded(h: Hosted, s: ShardedGpt, body: CallBody, group: string): Promise<Body> {
     switch (body.fn) {
       case 'sft':
         return s.sft(group, body.tokens, body.batch, body.promptLen, body.steps, body.minibatch, body.lr, body.seed);
@@ -465,16 +487,17 @@ export class Device {
         return { loss: st.loss, clipfrac: st.clipfrac, grad_norm: st.gradNorm };
       }
       default:
-        return this.onWeights(s, body);
+        return this.onWeights(h, body);
     }
   }
 
   /** Calls about a shard's weights and state, the same whatever its layout. */
-  private onWeights(s: ModelShard, body: CallBody): Body {
+  private onWeights(h: Hosted, body: CallBody): Body {
+    const s = h.shard as ModelShard;
     switch (body.fn) {
       case 'manifest': {
         const tensors = s.exportTensors();
-        return { manifest: manifestOf(tensors), digest: modelDigest(tensors) };
+        return { manifest: manifestOf(tensors), digest: modelDigest(tensors), ledger: h.ledger };
       }
       case 'weights':
         return { tensors: s.exportTensors() };
@@ -503,7 +526,7 @@ export class Device {
         }
       }
       const sent = await sendTensors(this.bus, this.subj, body.transfer, out, body.chunkBytes);
-      return { step: state?.step ?? 0, optimizer: state !== undefined, bytes: sent.bytes };
+      return { step: state?.step ?? 0, optimizer: state !== undefined, bytes: sent.bytes, ledger: [...h.ledger] };
     } finally {
       signal.close();
     }
@@ -528,6 +551,7 @@ export class Device {
       if (body.optimizer) {
         s.loadOptimizerState({ step: body.step, moments: slices.map((sl) => ({ name: sl.name, m: got.get(`m:${sl.name}`)!.data, v: got.get(`v:${sl.name}`)!.data })) });
       }
+      h.ledger = [...body.ledger];
       return {};
     } finally {
       signal.close();

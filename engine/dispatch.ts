@@ -33,6 +33,60 @@ export interface Dispatcher {
   close(): Promise<void>;
   /** Where call time went, for transports that can tell (the bus). */
   stats?(): TransportStats;
+  /** Counts interruptions: calls made under an older epoch are abandoned work. */
+  readonly epoch: number;
+  /**
+   * Abandons every call in flight (each rejects with code `interrupted`) and starts a new epoch:
+   * the supervisor does this when it gives a device up, before it recovers.
+   */
+  interrupt(reason: string): void;
+}
+
+/**
+ * The dispatcher as seen by one stage of the supervisor: once the dispatcher has been
+ * interrupted, every further call of that stage (a `finally` that releases a view, a retry) is
+ * refused, so that abandoned work cannot reach devices that are being recovered.
+ */
+export function fence(d: Dispatcher): Dispatcher {
+  const epoch = d.epoch;
+  const check = () => {
+    if (d.epoch !== epoch) throw new CallError('interrupted', `abandoned: this stage began in epoch ${epoch}, the run is in epoch ${d.epoch}`);
+  };
+  return {
+    get epoch() {
+      return d.epoch;
+    },
+    call: (device, model, iteration, body, group) => (check(), d.call(device, model, iteration, body, group)),
+    realloc: (r) => (check(), d.realloc(r)),
+    checkpointShard: (device, model, iteration, shapes, optimizer) => (check(), d.checkpointShard(device, model, iteration, shapes, optimizer)),
+    restoreShard: (device, model, iteration, c) => (check(), d.restoreShard(device, model, iteration, c)),
+    close: () => d.close(),
+    interrupt: (reason) => d.interrupt(reason),
+    ...(d.stats ? { stats: () => d.stats!() } : {}),
+  };
+}
+
+/**
+ * Calls in flight that an interruption can abandon: `track` races a call against the next
+ * interruption, `interrupt` rejects every tracked call and bumps the epoch.
+ */
+export class InFlight {
+  epoch = 0;
+  private readonly pending = new Set<(e: Error) => void>();
+
+  track<T>(work: Promise<T>): Promise<T> {
+    let abandon!: (e: Error) => void;
+    const abandoned = new Promise<never>((_, reject) => (abandon = reject));
+    this.pending.add(abandon);
+    return Promise.race([work, abandoned]).finally(() => this.pending.delete(abandon));
+  }
+
+  interrupt(reason: string): void {
+    this.epoch += 1;
+    const error = new CallError('interrupted', `abandoned: ${reason}`);
+    for (const abandon of [...this.pending]) abandon(error);
+    this.pending.clear();
+  }
 }
 
 export interface TransportStats {
@@ -179,6 +233,7 @@ export async function fetchCheckpoint(
     return {
       tensors: shapes.map((s) => ({ name: s.name, shape: [...s.shape], data: got.get(`w:${s.name}`)! })),
       ...(optimizer ? { optimizer: { step: reply!.step, moments: shapes.map((s) => ({ name: s.name, m: got.get(`m:${s.name}`)!, v: got.get(`v:${s.name}`)! })) } } : {}),
+      ledger: reply!.ledger,
     };
   } finally {
     incoming.close();
@@ -206,7 +261,7 @@ export async function pushCheckpoint(bus: Bus, subj: Subjects, call: Dispatcher[
     iteration,
     model,
     [device],
-    () => ({ fn: 'restore', realloc: id, transfer: id, step: c.optimizer?.step ?? 0, optimizer: c.optimizer !== undefined }),
+    () => ({ fn: 'restore', realloc: id, transfer: id, step: c.optimizer?.step ?? 0, optimizer: c.optimizer !== undefined, ledger: c.ledger ?? [] }),
     async () => {
       await sendTensors(bus, subj, id, tensors, chunkBytes);
     },

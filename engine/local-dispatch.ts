@@ -3,14 +3,15 @@ import { PROTOCOL_VERSION, type Call, type CallFn, type CallOf, type Checkpoint,
 import { MemoryBus } from '../mesh/memory-bus.ts';
 import { subjects } from '../mesh/subjects.ts';
 import { Device, CallRejected } from './device.ts';
-import { CallError, PerDeviceQueue, checkResult, fetchCheckpoint, pushCheckpoint, runRealloc, type Dispatcher, type ReallocOutcome, type ReallocRequest } from './dispatch.ts';
+import { CallError, InFlight, PerDeviceQueue, checkResult, fetchCheckpoint, pushCheckpoint, runRealloc, type Dispatcher, type ReallocOutcome, type ReallocRequest } from './dispatch.ts';
 
 /** Devices in this process over an in-memory bus: the same device code, no NATS, no processes. */
 export class LocalDispatcher implements Dispatcher {
   private readonly devices: Device[];
   private readonly bus = new MemoryBus();
   private readonly subj = subjects('local');
-  private readonly queue = new PerDeviceQueue();
+  private queue = new PerDeviceQueue();
+  private readonly inFlight = new InFlight();
   private seq = 0;
 
   constructor(count: number) {
@@ -19,14 +20,26 @@ export class LocalDispatcher implements Dispatcher {
 
   call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>, group?: string): Promise<ResultOf<F>> {
     const call: Call = { type: 'call', v: PROTOCOL_VERSION, id: `local-${this.seq++}`, model, iteration, ...(group ? { group } : {}), body };
-    return this.queue.run(device, async () => {
-      try {
-        return checkResult(body.fn as F, await this.devices[device]!.run(call), `device ${device}`);
-      } catch (e) {
-        if (e instanceof CallRejected) throw new CallError(e.code, `device ${device}, '${body.fn}' of ${model}: ${e.message}`);
-        throw e;
-      }
-    });
+    return this.inFlight.track(
+      this.queue.run(device, async () => {
+        try {
+          return checkResult(body.fn as F, await this.devices[device]!.run(call), `device ${device}`);
+        } catch (e) {
+          if (e instanceof CallRejected) throw new CallError(e.code, `device ${device}, '${body.fn}' of ${model}: ${e.message}`);
+          throw e;
+        }
+      }),
+    );
+  }
+
+  get epoch(): number {
+    return this.inFlight.epoch;
+  }
+
+  /** Abandons the calls in flight; the devices here cannot be stopped mid-call, so a new queue starts. */
+  interrupt(reason: string): void {
+    this.inFlight.interrupt(reason);
+    this.queue = new PerDeviceQueue();
   }
 
   realloc(r: ReallocRequest): Promise<ReallocOutcome> {

@@ -23,7 +23,20 @@ export interface Summary {
   parameters: Record<string, number>;
   /** Call time over the bus: round trips against time spent on the devices (absent in one process). */
   transport?: TransportStats;
+  /** Recoveries: how many, and each one's cause, snapshot and duration. */
+  recoveries: Array<{ epoch: number; reason: string; snapshot: number; iteration: number; seconds: number }>;
+  /** Every prompt of every iteration trained on exactly once, by the shards' own ledgers. */
+  rollouts?: RolloutAccount;
   error?: string;
+}
+
+export interface RolloutAccount {
+  /** Prompts the run generated (iterations × batch) per trained model. */
+  prompts: number;
+  /** Prompts some trained shard never took in (or took in from a different rollout). */
+  lost: number;
+  /** Prompts some trained shard took in more than once. */
+  duplicated: number;
 }
 
 /** Observers of a run: the run directory, the bus's event subject, a progress bar. */
@@ -31,6 +44,8 @@ export interface Recorder {
   phase(phase: string, detail: string): void;
   iteration(metrics: Metrics, iterations: number): void;
   finished(summary: Summary): void;
+  /** A recovery went back to a snapshot: the iterations after `kept` will be recorded again. */
+  rewind?(kept: readonly Metrics[]): void;
 }
 
 export class RunDirectory implements Recorder {
@@ -40,7 +55,11 @@ export class RunDirectory implements Recorder {
     kept: readonly Metrics[] = [],
   ) {
     mkdirSync(dir, { recursive: true });
-    writeFileSync(join(dir, 'metrics.jsonl'), kept.map((m) => `${JSON.stringify(m)}\n`).join(''));
+    this.rewind(kept);
+  }
+
+  rewind(kept: readonly Metrics[]): void {
+    writeFileSync(join(this.dir, 'metrics.jsonl'), kept.map((m) => `${JSON.stringify(m)}\n`).join(''));
   }
 
   /** The checkpoint after `iteration`, replacing the last one only once it is written whole. */
@@ -63,6 +82,7 @@ export function fanOut(...recorders: Recorder[]): Recorder {
     phase: (p, d) => recorders.forEach((r) => r.phase(p, d)),
     iteration: (m, n) => recorders.forEach((r) => r.iteration(m, n)),
     finished: (s) => recorders.forEach((r) => r.finished(s)),
+    rewind: (kept) => recorders.forEach((r) => r.rewind?.(kept)),
   };
 }
 

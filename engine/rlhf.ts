@@ -1,7 +1,7 @@
 // The stages of an RLHF (PPO) run, written against a Dispatcher so that they run the same over
 // NATS or in one process. The supervisor machine (actors/supervisor.machine.ts) sequences them.
 import { createHash } from 'node:crypto';
-import type { CallBody, CallOf, Checkpoint, ModelSpec, ResultOf } from '../mesh/protocol.ts';
+import type { CallBody, CallOf, Checkpoint, LedgerEntry, ModelSpec, ResultOf } from '../mesh/protocol.ts';
 import type { Dispatcher } from './dispatch.ts';
 import { layoutKey, shardSlices, sliceShape, type Layout } from '../mesh/layout.ts';
 import { planRealloc } from '../mesh/realloc.ts';
@@ -54,11 +54,16 @@ export async function callMesh<F extends 'generate' | 'inference' | 'train' | 's
   body: CallOf<F>,
 ): Promise<ResultOf<F>> {
   const fn = (body as CallBody).fn;
-  const group = `g${iteration < 0 ? 'setup' : iteration}-${model.replace('@', '-')}-${fn}-${groups++}`;
+  const group = `g${d.epoch}-${iteration < 0 ? 'setup' : iteration}-${model.replace('@', '-')}-${fn}-${groups++}`;
   const outs = (await Promise.all(layout.devices.map((device) => d.call(device, model, iteration, body, group)))) as Array<Record<string, unknown>>;
   if (outs.length === 1) return outs[0] as ResultOf<F>;
   if (fn === 'manifest') {
-    return { manifest: outs.flatMap((o) => o.manifest as unknown[]), digest: meshDigest(outs.map((o) => o.digest as string)) } as ResultOf<F>;
+    // Every rank keeps its own ledger: they are all given back, rank after rank.
+    return {
+      manifest: outs.flatMap((o) => o.manifest as unknown[]),
+      digest: meshDigest(outs.map((o) => o.digest as string)),
+      ledger: outs.flatMap((o) => o.ledger as unknown[]),
+    } as ResultOf<F>;
   }
   const merged: Record<string, unknown> = {};
   for (const key of Object.keys(outs[0]!)) {
@@ -137,11 +142,11 @@ export async function reallocate(
   return { seconds: out.seconds, bytes: out.received_bytes };
 }
 
-async function loadModel(d: Dispatcher, r: RunSpec, name: string, role: ModelName, layout: Layout, opts: { seed?: number; lr?: number }) {
+async function loadModel(d: Dispatcher, r: RunSpec, name: string, role: ModelName, layout: Layout, opts: { seed?: number; lr?: number }, iteration = -1) {
   const s = r.scenario;
   const results = await Promise.all(
     layout.devices.map((device, rank) =>
-      d.call(device, name, -1, {
+      d.call(device, name, iteration, {
         fn: 'load',
         role,
         spec: modelSpec(r, role),
@@ -165,7 +170,7 @@ async function onLayout<T>(d: Dispatcher, r: RunSpec, call: CallName, iteration:
   const model = modelOf(call);
   const layout = layoutOf(r, call);
   const spec = modelSpec(r, model) as GptSpec;
-  await loadModel(d, r, name, model, layout, {});
+  await loadModel(d, r, name, model, layout, {}, iteration);
   try {
     const moved = await reallocate(d, r, `it${iteration}-${name.replace('@', '-')}`, iteration, { model, layout: layoutOf(r, OWNER[model]) }, { model: name, layout }, spec);
     return { ...(await body(name)), moved };
@@ -342,13 +347,14 @@ export async function trainStage(d: Dispatcher, r: RunSpec, ro: Rollout, sc: Sco
   return { reward_mean: mean(sc.scores), kl, actor_loss: actor.loss, critic_loss: critic.loss };
 }
 
-/** SHA-256 of each trained model's parameters, from the devices that own them. */
-export async function finalDigests(d: Dispatcher, r: RunSpec, iteration: number): Promise<Record<string, string>> {
-  const [actor, critic] = await Promise.all([
-    callMesh(d, layoutOf(r, 'actor.train'), 'actor', iteration, { fn: 'manifest' }),
-    callMesh(d, layoutOf(r, 'critic.train'), 'critic', iteration, { fn: 'manifest' }),
-  ]);
-  return { actor: actor.digest, critic: critic.digest };
+/** SHA-256 of each trained model's parameters, and every rank's ledger, from the devices that own them. */
+export async function finalDigests(d: Dispatcher, r: RunSpec, iteration: number): Promise<{ digests: Record<string, string>; ledgers: Record<string, LedgerEntry[][]> }> {
+  const trained = ['actor', 'critic'] as const;
+  const outs = await Promise.all(trained.map((model) => Promise.all(layoutOf(r, OWNER[model]).devices.map((device) => d.call(device, model, iteration, { fn: 'manifest' })))));
+  return {
+    digests: Object.fromEntries(trained.map((model, i) => [model, meshDigest(outs[i]!.map((o) => o.digest))])),
+    ledgers: Object.fromEntries(trained.map((model, i) => [model, outs[i]!.map((o) => o.ledger)])),
+  };
 }
 
 /** Every device the plan uses, ascending. */

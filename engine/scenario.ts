@@ -18,6 +18,13 @@ const nat = z.number().int().nonnegative();
 const unit = z.number().min(0).max(1);
 
 /** The six model function calls of a PPO iteration (ReaLHF's "MFCs"). */
+export const STRATEGIES = ['one_for_one', 'one_for_all', 'rest_for_one'] as const;
+export const POLICIES = ['permanent', 'transient', 'temporary'] as const;
+/** What chaos can kill: the worker of a model's shard, or the supervisor. */
+export const ACTOR_KINDS = ['actor', 'critic', 'reference', 'reward', 'supervisor'] as const;
+/** The calls a kill can land in (for the supervisor: while it sends that call). */
+export const CHAOS_CALLS = ['load', 'sft', 'generate', 'inference', 'train', 'realloc', 'checkpoint', 'restore', 'manifest'] as const;
+
 export const CALLS = [
   'actor.generate',
   'reference.inference',
@@ -33,6 +40,32 @@ const Placement = z.strictObject({
   dp: pos.default(1),
   tp: pos.default(1),
   pp: pos.default(1),
+});
+
+/** Erlang/OTP's vocabulary: who is restarted, which others with it, and when to give up. */
+export const Supervision = z.strictObject({
+  strategy: z.enum(STRATEGIES).default('one_for_one').describe('one_for_one: restart the dead worker; one_for_all: every worker; rest_for_one: it and the workers started after it'),
+  intensity: nat.default(10).describe('at most this many restarts (and recoveries) ...'),
+  period_seconds: z.number().positive().default(60).describe('... within this many seconds; one more ends the run with an error naming the actor and its failures'),
+  restart: z.strictObject({
+    worker: z.enum(POLICIES).default('permanent'),
+    supervisor: z.enum(POLICIES).default('transient'),
+  }).prefault({}).describe('permanent: always restarted; transient: restarted when it exits abnormally; temporary: never'),
+});
+
+export const Chaos = z.strictObject({
+  kills: z.array(z.strictObject({
+    actor: z.enum(ACTOR_KINDS).describe('the model whose worker dies (its rank 0 for the call), or the supervisor'),
+    call: z.enum(CHAOS_CALLS).describe('the call during which it dies'),
+    iteration: z.number().int().min(-1).describe('-1: during setup'),
+    how: z.enum(['kill', 'hang']).default('kill').describe('kill: SIGKILL; hang: SIGSTOP, found by missed heartbeats, then killed'),
+  })).default([]),
+  random: z.strictObject({
+    kills: nat.describe('how many kills to draw'),
+    seed: nat.default(0),
+    actors: z.array(z.enum(ACTOR_KINDS)).optional().describe('kinds to draw from (default: all)'),
+    hang: z.number().min(0).max(1).default(0).describe('the share of kills that are hangs instead'),
+  }).optional(),
 });
 
 export const Scenario = z.strictObject({
@@ -96,7 +129,11 @@ export const Scenario = z.strictObject({
   timeouts: z.strictObject({
     join_seconds: z.number().positive().default(60).describe('how long to wait for every device to have a worker'),
     call_seconds: z.number().positive().default(300).describe('how long one model function call may take'),
+    heartbeat_seconds: z.number().positive().default(10).describe('a worker silent this long is hung: it is killed and restarted'),
+    recover_seconds: z.number().positive().default(120).describe('how long a recovery may wait for a worker on every device'),
   }).prefault({}),
+  supervision: Supervision.prefault({}).describe("restart policies and strategy, in Erlang/OTP's terms"),
+  chaos: Chaos.optional().describe('kills to inject (npm run chaos runs the scenario with and without them)'),
 });
 export type Scenario = z.output<typeof Scenario>;
 export type ScenarioInput = z.input<typeof Scenario>;

@@ -77,12 +77,21 @@ const SliceSpec = z.strictObject({
   end: nat,
 });
 
-/** A shard as a plain record: its weight slices, and its optimizer's step and moments. */
+/**
+ * One training call a shard applied: the iteration, how many prompts (rows) it trained on, and the
+ * SHA-256 of their tokens. It travels with the shard's state (checkpoints and restores), so after
+ * any recovery the ledger says which rollouts the parameters have really been trained on.
+ */
+export const LedgerEntry = z.strictObject({ iteration: nat, rows: nat, sha256: z.string() });
+export type LedgerEntry = z.infer<typeof LedgerEntry>;
+
+/** A shard as a plain record: its weight slices, its optimizer's step and moments, and its ledger. */
 export const Checkpoint = z.strictObject({
   tensors: z.array(z.strictObject({ name: z.string(), shape: z.array(nat), data: f32 })),
   optimizer: z
     .strictObject({ step: nat, moments: z.array(z.strictObject({ name: z.string(), m: f32, v: f32 })) })
     .optional(),
+  ledger: z.array(LedgerEntry).optional(),
 });
 export type Checkpoint = z.infer<typeof Checkpoint>;
 
@@ -90,7 +99,8 @@ export type Checkpoint = z.infer<typeof Checkpoint>;
 export const CheckpointFile = z.strictObject({
   type: z.literal('checkpoint'),
   v,
-  iteration: nat,
+  /** -1: taken after setup, before the first iteration. */
+  iteration: z.number().int().min(-1),
   actor: z.array(Checkpoint),
   critic: z.array(Checkpoint),
   reference: z.array(Checkpoint),
@@ -170,8 +180,14 @@ export const CallBody = z.discriminatedUnion('fn', [
    */
   z.strictObject({ fn: z.literal('checkpoint'), realloc: z.string(), transfer: z.string(), chunkBytes: pos }),
   /** Puts a streamed checkpoint (as `checkpoint` sends it) back into a loaded shard of the same layout and rank. */
-  z.strictObject({ fn: z.literal('restore'), realloc: z.string(), transfer: z.string(), step: nat, optimizer: z.boolean() }),
+  z.strictObject({ fn: z.literal('restore'), realloc: z.string(), transfer: z.string(), step: nat, optimizer: z.boolean(), ledger: z.array(LedgerEntry).default([]) }),
   z.strictObject({ fn: z.literal('release') }),
+  /**
+   * Back to a fresh device, whatever it was doing: the running call is abandoned (its askers get
+   * `interrupted`), every shard is dropped, remembered answers are forgotten. The supervisor sends
+   * it to every device before it restores a snapshot; `epoch` names that recovery.
+   */
+  z.strictObject({ fn: z.literal('reset'), epoch: nat }),
   z.strictObject({ fn: z.literal('shutdown') }),
 ]);
 export type CallBody = z.infer<typeof CallBody>;
@@ -291,8 +307,33 @@ export const Heartbeat = z.strictObject({
   worker: z.string(),
   state: z.string(),
   at: z.number(),
+  /** So that a supervisor started later can adopt a worker from its beats alone. */
+  pid: nat.optional(),
+  backend: z.string().optional(),
 });
 export type Heartbeat = z.infer<typeof Heartbeat>;
+
+/**
+ * Chaos testing: a process that has reached a scheduled kill point asks the launcher to kill it
+ * (and waits, so the kill lands inside the call); the launcher kills it, or answers `spare` when
+ * that kill has already been done (a replayed call).
+ */
+export const ChaosAsk = z.strictObject({ type: z.literal('chaos'), v, target: z.string(), pid: nat, where: z.string() });
+export type ChaosAsk = z.infer<typeof ChaosAsk>;
+export const ChaosSpare = z.strictObject({ type: z.literal('spare'), v, target: z.string() });
+
+/** Where a supervisor is in its run (see engine/store.ts), as the JetStream KV bucket keeps it. */
+export const ProgressRecord = z.strictObject({
+  type: z.literal('progress'),
+  v,
+  epoch: nat,
+  iteration: nat,
+  snapshot: z.number().int().min(-1).optional(),
+  history: z.array(z.lazy(() => Metrics)),
+});
+
+/** One stage result of one iteration, as the run's JetStream stream keeps it. */
+export const StageRecord = z.strictObject({ type: z.literal('stage'), v, iteration: nat, stage: z.string(), value: z.record(z.string(), z.unknown()) });
 
 export const Metrics = z.strictObject({
   iteration: nat,
@@ -321,6 +362,20 @@ export const RunEvent = z.discriminatedUnion('type', [
     message: z.string(),
   }),
   z.strictObject({ type: z.literal('done'), v, status: z.enum(['succeeded', 'failed']), message: z.string() }),
+  /** The supervisor gave a device up (no heartbeat, or its process exited): whoever started it stops it. */
+  z.strictObject({ type: z.literal('lost'), v, device: nat, worker: z.string(), pid: nat.optional(), reason: z.string() }),
+  /** The launcher saw a process it started exit, and whether its restart policy restarts it. */
+  z.strictObject({
+    type: z.literal('exit'),
+    v,
+    kind: z.enum(['worker', 'supervisor']),
+    pid: nat,
+    code: z.number().int().nullable(),
+    signal: z.string().nullable(),
+    restart: z.boolean(),
+  }),
+  /** The supervisor put every device back to its last snapshot and goes on from `iteration`. */
+  z.strictObject({ type: z.literal('recovered'), v, epoch: nat, iteration: z.number().int(), snapshot: z.number().int(), seconds: z.number(), reason: z.string() }),
 ]);
 export type RunEvent = z.infer<typeof RunEvent>;
 
@@ -345,10 +400,11 @@ export const ResultBodies = {
     peak_rss_mb: z.number(),
     heap_mb: z.number(),
   }),
-  manifest: z.strictObject({ manifest: z.array(TensorManifest), digest: z.string() }),
+  manifest: z.strictObject({ manifest: z.array(TensorManifest), digest: z.string(), ledger: z.array(LedgerEntry).default([]) }),
   weights: z.strictObject({ tensors: z.array(z.strictObject({ name: z.string(), shape: z.array(nat), data: f32 })) }),
-  checkpoint: z.strictObject({ step: nat, optimizer: z.boolean(), bytes: nat }),
+  checkpoint: z.strictObject({ step: nat, optimizer: z.boolean(), bytes: nat, ledger: z.array(LedgerEntry).default([]) }),
   restore: z.strictObject({}),
+  reset: z.strictObject({ dropped: z.array(z.string()), interrupted: z.string().optional() }),
   release: z.strictObject({}),
   shutdown: z.strictObject({}),
 } satisfies Record<CallFn, z.ZodType>;

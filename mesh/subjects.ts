@@ -39,6 +39,11 @@ export function subjects(run: string) {
     collective: (device: number) => `${root}.coll.${token('device', device)}`,
     /** Run events (progress, warnings, errors) for launchers and observers. */
     events: `${root}.events`,
+    /** Chaos testing: scheduled kill points ask the launcher to kill them (request/reply). */
+    chaos: `${root}.chaos`,
+    /** The run's JetStream stream of stage results (rollouts, scores), one subject per iteration and stage. */
+    results: (iteration: number, stage: string) => `${root}.results.${token('iteration', iteration)}.${token('stage', stage)}`,
+    allResults: `${root}.results.>`,
   } as const;
 }
 

@@ -6,7 +6,11 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { connectBus, subscribe } from '../../mesh/bus.ts';
 import { startNatsServer, type PrivateNatsServer } from '../../mesh/nats-server.ts';
-import { RunEvent } from '../../mesh/protocol.ts';
+import { encode } from '../../mesh/codec.ts';
+import { ChaosAsk, PROTOCOL_VERSION, RunEvent } from '../../mesh/protocol.ts';
+import { CHAOS_ENV } from '../../actors/chaos-client.ts';
+import { describeExit, Intensity, restarts, toRestart, type Exit } from '../../actors/supervision.ts';
+import { killPoints, type KillPoint } from '../chaos.ts';
 import { subjects } from '../../mesh/subjects.ts';
 import type { Summary } from '../record.ts';
 import { planDevices, runSpec } from '../rlhf.ts';
@@ -36,6 +40,9 @@ export interface LaunchResult {
   code: number;
   summary?: Summary;
   natsUrl: string;
+  chaos: ChaosLog;
+  /** Why the launcher gave up restarting (its supervision intensity), if it did. */
+  escalation?: string;
 }
 
 export function startProcess(script: string, argv: string[], logFile: string, env: NodeJS.ProcessEnv): ChildProcess {
@@ -68,17 +75,37 @@ function tail(file: string, lines = 15): string {
   }
 }
 
+/** What the launcher saw of chaos and recovery during a run. */
+export interface ChaosLog {
+  kills: Array<KillPoint & { at: number; pid: number; where: string; recovery_seconds?: number }>;
+  recoveries: Array<{ at: number; epoch: number; seconds: number; reason: string }>;
+  restarts: Array<{ at: number; kind: 'worker' | 'supervisor'; slot: number; reason: string }>;
+}
+
+interface Slot {
+  kind: 'worker' | 'supervisor';
+  index: number;
+  child: ChildProcess;
+  /** Set when the strategy takes it down along with another: its exit is not a failure of its own. */
+  takenDown?: boolean;
+}
+
 export async function launch(o: LaunchOptions): Promise<LaunchResult> {
   const say = o.say ?? ((line: string) => process.stdout.write(`${line}\n`));
   const spec = runSpec(o.scenario);
   const devices = planDevices(spec);
+  const points = killPoints(spec);
+  const sup = o.scenario.supervision;
   const logs = join(o.out, 'logs');
   mkdirSync(logs, { recursive: true });
   let server: PrivateNatsServer | undefined;
-  const children: ChildProcess[] = [];
+  const slots: Slot[] = [];
+  const all = () => slots.map((s) => s.child);
   let interrupted = false;
+  const chaos: ChaosLog = { kills: [], recoveries: [], restarts: [] };
 
   const cleanup = async () => {
+    const children = all();
     for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGTERM');
     const timer = setTimeout(() => children.forEach((c) => c.exitCode === null && c.kill('SIGKILL')), 5000);
     await Promise.all(children.map(exited));
@@ -90,7 +117,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
   const onSignal = () => {
     interrupted = true;
     say('interrupted: stopping the run');
-    for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGTERM');
+    for (const c of all()) if (c.exitCode === null && c.signalCode === null) c.kill('SIGTERM');
   };
   process.once('SIGINT', onSignal);
   process.once('SIGTERM', onSignal);
@@ -101,67 +128,164 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
       server = await startNatsServer({ log: say });
       url = server.url;
       say(`nats-server on ${url} (private to this run, store in ${server.storeDir})`);
-      if (interrupted) return { code: 130, natsUrl: url };
+      if (interrupted) return { code: 130, natsUrl: url, chaos };
     } else {
       say(`using NATS at ${url}`);
     }
     const nc = await connectBus(url, `ferry-launcher-${o.run}`);
     const subj = subjects(o.run);
+    const publish = (e: Record<string, unknown> & { type: string }) => {
+      if (nc.isClosed() || nc.isDraining()) return;
+      nc.publish(subj.events, encode({ ...e, v: PROTOCOL_VERSION }));
+    };
     const bar = o.progress ?? makeProgress();
+    // Restarts stop once the run is stopping its workers or has ended.
+    let ending = false;
+    let supervisorDone = false;
     const stopEvents = subscribe(
       nc,
       subj.events,
       RunEvent,
       (e) => {
-        if (e.type === 'phase') bar.phase(e.phase, e.detail);
-        else if (e.type === 'progress') bar.iteration(e.metrics, e.iterations);
+        if (e.type === 'phase') {
+          if (e.phase === 'stopping') ending = true;
+          bar.phase(e.phase, e.detail);
+        } else if (e.type === 'progress') bar.iteration(e.metrics, e.iterations);
         else if (e.type === 'log') say(`${e.source}: ${e.message}`);
+        else if (e.type === 'done') supervisorDone = ending = true;
+        else if (e.type === 'recovered') {
+          const now = Date.now();
+          chaos.recoveries.push({ at: now, epoch: e.epoch, seconds: e.seconds, reason: e.reason });
+          for (const k of chaos.kills) k.recovery_seconds ??= (now - k.at) / 1000;
+          say(`recovered (${e.reason}) in ${e.seconds.toFixed(1)} s: going on from iteration ${e.iteration}`);
+        } else if (e.type === 'lost') {
+          // A hung worker of ours: kill it (SIGKILL also ends a stopped process); its exit restarts it.
+          const slot = slots.find((s) => s.kind === 'worker' && s.child.pid === e.pid);
+          if (slot && e.pid !== undefined) {
+            say(`device ${e.device} was given up (${e.reason}): killing its worker (pid ${e.pid})`);
+            slot.child.kill('SIGKILL');
+          }
+        }
       },
       (err) => say(`ignored event: ${err.message}`),
     );
+    // Chaos: a process at a kill point asks to be killed; each point is done once.
+    const done = new Set<string>();
+    const stopChaos = subscribe(nc, subj.chaos, ChaosAsk, (ask, msg) => {
+      const k = points.find((p) => p.id === ask.target);
+      const slot = slots.find((s) => s.child.pid === ask.pid && s.child.exitCode === null);
+      if (!k || done.has(k.id) || !slot) {
+        msg.respond(encode({ type: 'spare', v: PROTOCOL_VERSION, target: ask.target }));
+        return;
+      }
+      done.add(k.id);
+      chaos.kills.push({ ...k, at: Date.now(), pid: ask.pid, where: ask.where });
+      say(`chaos: ${k.how === 'hang' ? 'hanging' : 'killing'} ${slot.kind === 'supervisor' ? 'the supervisor' : `worker ${slot.index}`} (pid ${ask.pid}) in ${ask.where}`);
+      slot.child.kill(k.how === 'hang' ? 'SIGSTOP' : 'SIGKILL');
+    }, (err) => say(`ignored chaos request: ${err.message}`));
     await nc.flush();
 
-    const env = { ...o.env, NATS_URL: url };
+    const env: NodeJS.ProcessEnv = { ...o.env, NATS_URL: url, ...(points.length ? { [CHAOS_ENV]: JSON.stringify(points) } : {}) };
     // The supervisor reads the scenario as resolved here (defaults filled in, overrides applied),
     // and the run directory keeps it: the exact input of this run.
     const resolved = join(o.out, 'scenario.json');
     writeFileSync(resolved, `${JSON.stringify(o.scenario, null, 2)}\n`);
-    const supervisor = startProcess(
-      'actors/supervisor.ts',
-      ['--scenario', resolved, '--run', o.run, '--out', o.out, '--nats', url, ...(o.resume ? ['--resume'] : [])],
-      join(logs, 'supervisor.log'),
-      env,
-    );
-    children.push(supervisor);
+    const intensity = new Intensity(sup.intensity, sup.period_seconds);
+    let escalation: string | undefined;
+    let supervisorGone!: () => void;
+    const supervisorEnded = new Promise<void>((r) => (supervisorGone = r));
+    let supervisorCode = null as number | null;
+
+    const start = (kind: Slot['kind'], index: number, again: boolean): Slot => {
+      const child =
+        kind === 'supervisor'
+          ? startProcess(
+              'actors/supervisor.ts',
+              ['--scenario', resolved, '--run', o.run, '--out', o.out, '--nats', url!, ...(again ? ['--take-over'] : o.resume ? ['--resume'] : [])],
+              join(logs, again ? `supervisor.${Date.now()}.log` : 'supervisor.log'),
+              env,
+            )
+          : startProcess('actors/worker.ts', ['--run', o.run, '--nats', url!, '--backend', o.backend ?? o.scenario.backend], join(logs, again ? `worker-${index}.${Date.now()}.log` : `worker-${index}.log`), env);
+      const slot: Slot = { kind, index, child };
+      child.once('exit', (code, signal) => onExit(slot, { code, signal }));
+      return slot;
+    };
+
+    // OTP, for processes: the restart policy decides whether a dead process comes back, the
+    // strategy which others come back with it, the intensity when to give up instead.
+    const onExit = (slot: Slot, exit: Exit) => {
+      const current = slots.includes(slot);
+      if (!current) return;
+      // A supervisor that exits with 0 or 1 has ended the run (well or not) and written its
+      // summary; one killed by a signal has not, and a new one takes the run over.
+      const finished = slot.kind === 'supervisor' && (supervisorDone || interrupted || exit.code === 0 || exit.code === 1);
+      const policy = slot.kind === 'supervisor' ? sup.restart.supervisor : sup.restart.worker;
+      const restart = !ending && !interrupted && !escalation && !finished && (slot.takenDown || restarts(policy, exit));
+      publish({ type: 'exit', kind: slot.kind, pid: slot.child.pid ?? 0, code: exit.code, signal: exit.signal, restart });
+      if (!restart) {
+        if (slot.kind === 'supervisor') {
+          supervisorCode = exit.code;
+          supervisorGone();
+        }
+        return;
+      }
+      const who = slot.kind === 'supervisor' ? 'the supervisor' : `worker ${slot.index}`;
+      const reason = slot.takenDown ? `taken down with another (${sup.strategy})` : describeExit(exit);
+      if (!slot.takenDown) {
+        const giveUp = intensity.record({ at: Date.now(), actor: `${who} (pid ${slot.child.pid})`, reason });
+        if (giveUp) {
+          escalation = giveUp;
+          say(`supervision: ${giveUp}`);
+          publish({ type: 'log', level: 'error', source: 'launcher', message: `supervision: ${giveUp}` });
+          if (slot.kind === 'supervisor') {
+            supervisorCode = 1;
+            supervisorGone();
+          }
+          return;
+        }
+      }
+      chaos.restarts.push({ at: Date.now(), kind: slot.kind, slot: slot.index, reason });
+      say(`${who} (pid ${slot.child.pid}) ${reason}: restarting it`);
+      if (slot.kind === 'worker' && !slot.takenDown) {
+        const workers = slots.filter((s) => s.kind === 'worker');
+        for (const other of toRestart(sup.strategy, workers, slot)) {
+          if (other === slot || other.child.exitCode !== null || other.child.signalCode !== null) continue;
+          other.takenDown = true;
+          other.child.kill('SIGKILL');
+        }
+      }
+      slots[slots.indexOf(slot)] = start(slot.kind, slot.index, true);
+    };
+
+    slots.push(start('supervisor', 0, false));
     // Workers take whichever device is free when they join, so that workers started here and
     // by hand never compete for the same slot; each log says which device its worker became.
     const count = Math.min(o.workers ?? devices.length, devices.length);
-    for (let i = 0; i < count; i++) {
-      children.push(
-        startProcess('actors/worker.ts', ['--run', o.run, '--nats', url, '--backend', o.backend ?? o.scenario.backend], join(logs, `worker-${i}.log`), env),
-      );
-    }
+    for (let i = 0; i < count; i++) slots.push(start('worker', i, false));
     if (count < devices.length) {
       say(`waiting for ${devices.length - count} worker(s) to join by hand: npm run worker -- --nats ${url} --run ${o.run}`);
     }
-    await exited(supervisor);
+    await supervisorEnded;
+    ending = true;
     bar.stop();
     stopEvents();
+    stopChaos();
     await nc.drain().catch(() => {});
-    const code = interrupted ? 130 : (supervisor.exitCode ?? 1);
+    const code = interrupted ? 130 : (supervisorCode ?? 1);
     let summary: Summary | undefined;
     try {
       summary = JSON.parse(readFileSync(join(o.out, 'summary.json'), 'utf8')) as Summary;
     } catch {
       summary = undefined;
     }
+    const supervisorLog = join(logs, 'supervisor.log');
     if (code !== 0 && !interrupted) {
-      say(`the supervisor exited with code ${code}; its log (${join(logs, 'supervisor.log')}) ends:\n${tail(join(logs, 'supervisor.log'))}`);
+      say(`the supervisor exited with code ${code}; its log (${supervisorLog}) ends:\n${tail(supervisorLog)}`);
     }
     // Workers stop on the supervisor's shutdown call; give them a moment, then stop the rest.
-    const workers = children.slice(1);
+    const workers = slots.filter((s) => s.kind === 'worker').map((s) => s.child);
     await Promise.race([Promise.all(workers.map(exited)), new Promise((r) => setTimeout(r, 3000))]);
-    return { code, summary, natsUrl: url };
+    return { code, summary, natsUrl: url, chaos, ...(escalation ? { escalation } : {}) };
   } finally {
     await cleanup();
     process.off('SIGINT', onSignal);

@@ -7,7 +7,7 @@ import { connectBus, type NatsConnection } from '../../mesh/bus.ts';
 import { startNatsServer } from '../../mesh/nats-server.ts';
 import { runId, subjects, type Subjects } from '../../mesh/subjects.ts';
 import { BusDispatcher } from '../../actors/bus-dispatcher.ts';
-import { serveJoins } from '../../actors/membership.ts';
+import { Membership } from '../../actors/membership.ts';
 import { exited, startProcess } from './launch.ts';
 
 export interface Workers {
@@ -29,14 +29,19 @@ export async function withWorkers<T>(count: number, label: string, fn: (w: Worke
     await new Promise<void>((resolve, reject) => {
       const joined = new Set<number>();
       const timer = setTimeout(() => reject(new Error(`workers did not join within 60 s (logs in ${dir})`)), 60_000);
-      const stop = serveJoins(nc, subj, run, devices, (j) => {
-        joined.add(j.device);
-        if (joined.size === count) {
-          clearTimeout(timer);
-          stop();
-          resolve();
-        }
-      }, () => {});
+      const membership: Membership = new Membership(nc, subj, run, devices, {
+        heartbeatMs: 600_000,
+        onJoined: (j) => {
+          joined.add(j.device);
+          if (joined.size === count) {
+            clearTimeout(timer);
+            membership.close();
+            resolve();
+          }
+        },
+        onLost: () => {},
+        log: () => {},
+      });
     });
     const d = new BusDispatcher(nc, subj, run, 600_000);
     const out = await fn({ nc, subj, run, d });
