@@ -255,14 +255,14 @@ export const supervisorMachine = setup({
     need: planDevices(input.spec),
     joined: {},
     iteration: input.takeOver?.iteration ?? (input.resume ? input.resume.iteration + 1 : 0),
-    startedAt: Date.now(),
+    startedAt: input.takeOver?.startedAt ?? Date.now(),
     iterationStartedAt: Date.now(),
     history: input.takeOver?.history ?? input.resume?.history ?? [],
     parameters: {},
     digests: {},
     snapshot: input.takeOver?.snapshot,
     intensity: new Intensity(input.spec.scenario.supervision.intensity, input.spec.scenario.supervision.period_seconds),
-    recoveries: [],
+    recoveries: input.takeOver?.recoveries ?? [],
     ...(input.takeOver ? { failure: { reason: 'supervisor: a new supervisor took the run over', at: Date.now() } } : {}),
   }),
   // Membership runs for the whole run: workers can die and be replaced at any time.
@@ -360,7 +360,15 @@ export const supervisorMachine = setup({
     saving: {
       invoke: {
         src: 'saveProgress',
-        input: ({ context }) => ({ store: context.store, progress: { epoch: context.dispatcher.epoch, iteration: context.iteration, snapshot: context.snapshot, history: context.history } }),
+        input: ({ context }) => ({ store: context.store, progress: {
+            epoch: context.dispatcher.epoch,
+            iteration: context.iteration,
+            snapshot: context.snapshot,
+            history: context.history,
+            startedAt: context.startedAt,
+            recoveries: context.recoveries,
+          },
+        }),
         onDone: [{ guard: 'nothingLeft', target: 'finishing', actions: assign({ iteration: ({ context }) => context.iteration - 1 }) }, { target: 'iterating' }],
         onError: { target: 'failed', actions: { type: 'fail', params: ({ event }) => ({ stage: 'saving progress to the run store', error: event.error }) } },
       },

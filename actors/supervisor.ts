@@ -90,7 +90,7 @@ runMain(async () => {
       saveCheckpoint: async (iteration, set) => directory.saveCheckpoint(iteration, set),
       onRecovered: (r) => publish({ type: 'recovered', ...r }),
       ...(resume ? { resume } : {}),
-      ...(values['take-over'] ? { takeOver: takeOver ?? { epoch: 1, iteration: 0, history: [] } } : {}),
+      ...(values['take-over'] ? { takeOver: takeOver ?? { epoch: 1, iteration: 0, history: [], startedAt: Date.now(), recoveries: [] } } : {}),
     },
   });
   for (const signal of ['SIGINT', 'SIGTERM'] as const) {

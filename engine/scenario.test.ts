@@ -44,7 +44,8 @@ describe('parseScenario defaults', () => {
     },
     reward: {},
     checkpoint: { every: 1 },
-    timeouts: { join_seconds: 60, call_seconds: 300 },
+    timeouts: { join_seconds: 60, call_seconds: 300, heartbeat_seconds: 10, recover_seconds: 120 },
+    supervision: { strategy: 'one_for_one', intensity: 10, period_seconds: 60, restart: { worker: 'permanent', supervisor: 'transient' } },
   };
 
   it('an empty document yields the documented defaults', () => {

@@ -15,6 +15,9 @@ export interface Progress {
   snapshot?: number;
   /** Metrics of the iterations completed, in order. */
   history: Metrics[];
+  /** When the run started (ms since the epoch): a supervisor that takes over keeps the run's clock. */
+  startedAt: number;
+  recoveries: Array<{ epoch: number; reason: string; snapshot: number; iteration: number; seconds: number }>;
 }
 
 /** Stage results that are kept per iteration: the rollout from generation, the scores from inference. */

@@ -330,6 +330,9 @@ export const ProgressRecord = z.strictObject({
   iteration: nat,
   snapshot: z.number().int().min(-1).optional(),
   history: z.array(z.lazy(() => Metrics)),
+  /** When the run started (ms since the epoch), and its recoveries so far. */
+  startedAt: z.number(),
+  recoveries: z.array(z.strictObject({ epoch: nat, reason: z.string(), snapshot: z.number().int(), iteration: z.number().int(), seconds: z.number() })),
 });
 
 /** One stage result of one iteration, as the run's JetStream stream keeps it. */

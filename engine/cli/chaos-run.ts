@@ -1,0 +1,71 @@
+// Chaos runs: a scenario run clean and with kills, and the report that compares them (used by
+// npm run chaos and by the chaos soak benchmark).
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { runId } from '../../mesh/subjects.ts';
+import { median } from '../record.ts';
+import type { Scenario } from '../scenario.ts';
+import { launch, type LaunchResult } from './launch.ts';
+
+export interface ChaosReport {
+  scenario: string;
+  kills: number;
+  kills_by_actor: Record<string, number>;
+  kills_by_call: Record<string, number>;
+  hangs: number;
+  recovered: number;
+  recoveries: number;
+  restarts: number;
+  recovery_seconds_median: number | null;
+  recovery_seconds_max: number | null;
+  digests_equal: boolean;
+  rollouts_lost: number | null;
+  rollouts_duplicated: number | null;
+  clean: { status: string; wall_seconds: number; digests: Record<string, string> };
+  chaos: { status: string; wall_seconds: number; digests: Record<string, string>; error?: string };
+  runs: { clean: string; chaos: string };
+}
+
+const count = (xs: readonly string[]) => xs.reduce<Record<string, number>>((m, x) => ((m[x] = (m[x] ?? 0) + 1), m), {});
+
+export function chaosReport(scenario: string, clean: LaunchResult, chaos: LaunchResult, runs: ChaosReport['runs']): ChaosReport {
+  const kills = chaos.chaos.kills;
+  const times = kills.map((k) => k.recovery_seconds).filter((t): t is number => t !== undefined);
+  const c = clean.summary;
+  const x = chaos.summary;
+  const ok = x?.status === 'succeeded';
+  return {
+    scenario,
+    kills: kills.length,
+    kills_by_actor: count(kills.map((k) => k.actor)),
+    kills_by_call: count(kills.map((k) => k.call)),
+    hangs: kills.filter((k) => k.how === 'hang').length,
+    // A kill is recovered from when a recovery followed it and the run went on to succeed.
+    recovered: ok ? times.length : 0,
+    recoveries: x?.recoveries.length ?? 0,
+    restarts: chaos.chaos.restarts.length,
+    recovery_seconds_median: median(times),
+    recovery_seconds_max: times.length ? Math.max(...times) : null,
+    digests_equal: !!c && !!x && c.status === 'succeeded' && ok && JSON.stringify(c.digests) === JSON.stringify(x.digests),
+    rollouts_lost: x?.rollouts?.lost ?? null,
+    rollouts_duplicated: x?.rollouts?.duplicated ?? null,
+    clean: { status: c?.status ?? 'failed', wall_seconds: c?.wall_seconds ?? 0, digests: c?.digests ?? {} },
+    chaos: { status: x?.status ?? 'failed', wall_seconds: x?.wall_seconds ?? 0, digests: x?.digests ?? {}, ...(x?.error ? { error: x.error } : {}) },
+    runs,
+  };
+}
+
+/** Runs `scenario` without its chaos section, then with it; both in `out`. */
+export async function runChaos(scenario: Scenario, out: string, say: (line: string) => void = () => {}): Promise<ChaosReport> {
+  const quiet = { phase() {}, iteration() {}, stop() {} };
+  const name = scenario.name ?? 'scenario';
+  const { chaos: _none, ...clean } = scenario;
+  const runs = { clean: join(out, 'clean'), chaos: join(out, 'chaos') };
+  mkdirSync(out, { recursive: true });
+  say(`clean run: ${runs.clean}`);
+  const a = await launch({ scenario: clean, run: runId(`${name}-clean`), out: runs.clean, progress: quiet, say: () => {} });
+  say(`chaos run: ${runs.chaos}`);
+  const b = await launch({ scenario, run: runId(`${name}-chaos`), out: runs.chaos, progress: quiet, say: (l) => (l.startsWith('chaos:') || l.startsWith('recovered') ? say(`  ${l}`) : undefined) });
+  return chaosReport(name, a, b, runs);
+}
+

@@ -1,0 +1,68 @@
+// npm run chaos -- FILE [--kills N] [--seed S] [--hang F] [--json] [--out DIR]
+// Runs a scenario twice, clean and with kills, and reports what the kills did: how many, of which
+// actors in which calls, how fast the run recovered, whether the final parameters are bit-identical
+// to the clean run's, and whether every prompt of every iteration was trained on exactly once.
+// The kills come from the scenario's `chaos:` section, or from --kills N (random, seeded by --seed).
+import { join } from 'node:path';
+import { UsageError, args, runMain } from '../../actors/host.ts';
+import { runId } from '../../mesh/subjects.ts';
+import { loadScenario, planOnly } from '../scenario.ts';
+import { runChaos } from './chaos-run.ts';
+
+const USAGE = `usage: npm run chaos -- FILE [--kills N] [--seed S] [--hang F] [--json] [--out DIR]
+  FILE      scenario file; its chaos: section says which kills to inject
+  --kills   instead, N random kills of every actor kind (workers of each model, the supervisor)
+  --seed    seed of the random kills (default 0)
+  --hang    share of the random kills that hang the process instead (SIGSTOP; found by heartbeats)
+  --json    print one JSON object
+  --out     where the two run directories go (default runs/chaos-<scenario>-<time>)`;
+
+function parseCount(flag: string, value: string | undefined, min: number): number | undefined {
+  if (value === undefined) return undefined;
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < min) throw new UsageError(`${flag}: expected a whole number >= ${min}, got ${value}`);
+  return n;
+}
+
+runMain(async () => {
+  const { values, positionals } = args(USAGE, {
+    kills: { type: 'string' },
+    seed: { type: 'string' },
+    hang: { type: 'string' },
+    json: { type: 'boolean', default: false },
+    out: { type: 'string' },
+  });
+  if (values.help) {
+    console.log(USAGE);
+    return 0;
+  }
+  if (positionals.length !== 1) throw new UsageError(`expected one scenario file, got ${positionals.length}\n${USAGE}`);
+  const file = positionals[0]!;
+  let scenario = loadScenario(file);
+  const planning = planOnly(scenario);
+  if (planning) throw new UsageError(`${file} is a scenario to plan, not to run here: ${planning}`);
+  const kills = parseCount('--kills', values.kills, 1);
+  const seed = parseCount('--seed', values.seed, 0) ?? 0;
+  const hang = values.hang === undefined ? 0 : Number(values.hang);
+  if (!(hang >= 0 && hang <= 1)) throw new UsageError(`--hang: expected a share between 0 and 1, got ${values.hang}`);
+  if (kills !== undefined) scenario = { ...scenario, chaos: { kills: [], random: { kills, seed, hang } } };
+  else if (values.seed !== undefined || values.hang !== undefined) throw new UsageError('--seed and --hang go with --kills');
+  if (!scenario.chaos || (scenario.chaos.kills.length === 0 && !scenario.chaos.random?.kills)) {
+    throw new UsageError(`${file} has no chaos: section with kills; add one, or pass --kills N`);
+  }
+  const out = values.out ?? join('runs', runId(`chaos-${scenario.name ?? 'scenario'}`));
+  const say = values.json ? () => {} : (line: string) => console.log(line);
+  const report = await runChaos(scenario, out, say);
+  if (values.json) {
+    console.log(JSON.stringify(report));
+  } else {
+    const s = (x: number | null) => (x === null ? 'n/a' : `${x.toFixed(2)} s`);
+    console.log(`kills: ${report.kills} (${report.hangs} hangs); by actor ${JSON.stringify(report.kills_by_actor)}; by call ${JSON.stringify(report.kills_by_call)}`);
+    console.log(`recovered: ${report.recovered} of ${report.kills}; ${report.recoveries} recoveries, ${report.restarts} process restarts`);
+    console.log(`recovery time: median ${s(report.recovery_seconds_median)}, max ${s(report.recovery_seconds_max)}`);
+    console.log(`digests equal to the clean run's: ${report.digests_equal}; rollouts lost: ${report.rollouts_lost ?? 'n/a'}, trained twice: ${report.rollouts_duplicated ?? 'n/a'}`);
+    console.log(`clean: ${report.clean.status} in ${report.clean.wall_seconds.toFixed(1)} s; chaos: ${report.chaos.status} in ${report.chaos.wall_seconds.toFixed(1)} s${report.chaos.error ? ` (${report.chaos.error})` : ''}`);
+  }
+  const good = report.digests_equal && report.rollouts_lost === 0 && report.rollouts_duplicated === 0;
+  return good ? 0 : 1;
+});
