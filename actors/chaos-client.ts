@@ -31,14 +31,17 @@ export class ChaosClient {
     return points.length ? new ChaosClient(nc, subj, points, log) : undefined;
   }
 
+  /** Asks about every kill point reached here, in order, until one is carried out (or none is). */
   async workerCall(device: number, model: string, fn: string, iteration: number): Promise<void> {
-    const k = this.points.find((p) => !this.spared.has(p.id) && reachedByWorker(p, device, model, fn, iteration));
-    if (k) await this.ask(k, `device ${device}, '${fn}' of ${model}, iteration ${iteration}`);
+    for (const k of this.points.filter((p) => !this.spared.has(p.id) && reachedByWorker(p, device, model, fn, iteration))) {
+      await this.ask(k, `device ${device}, '${fn}' of ${model}, iteration ${iteration}`);
+    }
   }
 
   async supervisorCall(fn: string, iteration: number): Promise<void> {
-    const k = this.points.find((p) => !this.spared.has(p.id) && reachedBySupervisor(p, fn, iteration));
-    if (k) await this.ask(k, `the supervisor sending '${fn}', iteration ${iteration}`);
+    for (const k of this.points.filter((p) => !this.spared.has(p.id) && reachedBySupervisor(p, fn, iteration))) {
+      await this.ask(k, `the supervisor sending '${fn}', iteration ${iteration}`);
+    }
   }
 
   private async ask(k: KillPoint, where: string): Promise<void> {

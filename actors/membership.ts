@@ -36,6 +36,8 @@ export interface MembershipOptions {
   heartbeatMs: number;
   onJoined: (j: Joined) => void;
   onLost: (l: Lost) => void;
+  /** A worker's connection to NATS dropped and came back: what it was sending may be lost. */
+  onReconnected?: (device: number, worker: string) => void;
   log: (line: string) => void;
   onRejected?: (problem: string) => void;
 }
@@ -97,6 +99,9 @@ export class Membership {
   }
 
   private join(hello: Hello): number | string {
+    // Asking again (a slow reply, a retry) gets the same device back.
+    const held = [...this.members].find(([, m]) => m.worker === hello.worker);
+    if (held && (hello.device === undefined || hello.device === held[0])) return held[0];
     const free = this.need.filter((d) => !this.members.has(d) || this.members.get(d)!.worker === hello.worker);
     let refusal: string | undefined;
     if (this.gone.has(hello.worker)) refusal = `worker ${hello.worker} was given up; start a new one`;
@@ -124,6 +129,7 @@ export class Membership {
     }
     if (!m || m.worker !== beat.worker) return;
     m.lastBeat = Date.now();
+    if (beat.state === 'reconnected' && m.announced) this.o.onReconnected?.(beat.device, beat.worker);
     if (!m.announced) {
       m.announced = true;
       this.o.onJoined({ device: beat.device, worker: beat.worker, backend: m.backend });

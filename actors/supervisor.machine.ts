@@ -11,7 +11,7 @@
 // supervision intensity it gives up with an error that names the failures.
 import { assign, fromCallback, fromPromise, setup } from 'xstate';
 import type { Metrics } from '../mesh/protocol.ts';
-import { fence, type Dispatcher } from '../engine/dispatch.ts';
+import { CallError, fence, type Dispatcher } from '../engine/dispatch.ts';
 import { accountRollouts, tokensDigest } from '../engine/ledger.ts';
 import { median, rewardWindows, type Recorder, type RolloutAccount, type Summary } from '../engine/record.ts';
 import type { Progress, RunStore } from '../engine/store.ts';
@@ -53,7 +53,9 @@ export interface SupervisorInput {
 export type SupervisorEvent =
   | { type: 'interrupt'; reason: string }
   | { type: 'worker.joined'; device: number; worker: string; backend: string }
-  | { type: 'worker.lost'; device: number; worker: string; reason: string };
+  | { type: 'worker.lost'; device: number; worker: string; reason: string }
+  /** Someone's connection to NATS dropped and came back: messages in flight may be lost. */
+  | { type: 'bus.trouble'; reason: string };
 
 interface Context extends SupervisorInput {
   need: number[];
@@ -103,7 +105,18 @@ export const supervisorMachine = setup({
      */
     recover: fromPromise(async ({ input }: { input: StageInput & { devices: number[]; snapshot?: number } }) => {
       const { d, r, store } = input;
-      await Promise.all(input.devices.map((device) => d.call(device, '*', -1, { fn: 'reset', epoch: d.epoch })));
+      // A worker that has just reconnected (a server restart) may not be subscribed again yet.
+      const deadline = Date.now() + r.scenario.timeouts.recover_seconds * 1000;
+      const reset = async (device: number): Promise<unknown> => {
+        try {
+          return await d.call(device, '*', -1, { fn: 'reset', epoch: d.epoch });
+        } catch (e) {
+          if (!(e instanceof CallError && (e.code === 'unreachable' || e.code === 'timeout')) || Date.now() > deadline) throw e;
+          await new Promise((res) => setTimeout(res, 250));
+          return reset(device);
+        }
+      };
+      await Promise.all(input.devices.map(reset));
       if (input.snapshot === undefined) {
         const out = await setupModels(d, r);
         await store.saveSnapshot(-1, await takeCheckpoint(d, r, -1));
@@ -184,8 +197,12 @@ export const supervisorMachine = setup({
       },
     }),
     noteLoss: assign({
-      failure: ({ context, event }) =>
-        context.failure ?? (event.type === 'worker.lost' ? { reason: `device ${event.device} (worker ${event.worker}): ${event.reason}`, at: Date.now() } : undefined),
+      failure: ({ context, event }) => {
+        if (context.failure) return context.failure;
+        if (event.type === 'worker.lost') return { reason: `device ${event.device} (worker ${event.worker}): ${event.reason}`, at: Date.now() };
+        if (event.type === 'bus.trouble') return { reason: `bus: ${event.reason}`, at: Date.now() };
+        return undefined;
+      },
     }),
     /**
      * Entering a recovery: abandon every call in flight, and count the failure against the
@@ -295,7 +312,7 @@ export const supervisorMachine = setup({
     },
     settingUp: {
       entry: { type: 'phase', params: { phase: 'setup', detail: 'loading models, warm-up, copying the reference and critic' } },
-      on: { 'worker.lost': { target: 'recovering', actions: ['unjoin', 'noteLoss'] } },
+      on: { 'worker.lost': { target: 'recovering', actions: ['unjoin', 'noteLoss'] }, 'bus.trouble': { target: 'recovering', actions: 'noteLoss' } },
       invoke: {
         src: 'setupModels',
         input: ({ context }) => ({
@@ -322,7 +339,10 @@ export const supervisorMachine = setup({
       entry: 'beginRecovery',
       always: { guard: 'escalated', target: 'failed' },
       // Another loss while recovering: start the recovery over (it counts against the intensity too).
-      on: { 'worker.lost': { target: 'recovering', reenter: true, actions: ['unjoin', 'noteLoss'] } },
+      on: {
+        'worker.lost': { target: 'recovering', reenter: true, actions: ['unjoin', 'noteLoss'] },
+        'bus.trouble': { target: 'recovering', reenter: true, actions: 'noteLoss' },
+      },
       initial: 'waiting',
       states: {
         waiting: {
@@ -358,6 +378,7 @@ export const supervisorMachine = setup({
     },
     /** The progress record: where a supervisor that takes over would start. */
     saving: {
+      on: { 'worker.lost': { target: 'recovering', actions: ['unjoin', 'noteLoss'] }, 'bus.trouble': { target: 'recovering', actions: 'noteLoss' } },
       invoke: {
         src: 'saveProgress',
         input: ({ context }) => ({ store: context.store, progress: {
@@ -376,7 +397,7 @@ export const supervisorMachine = setup({
     iterating: {
       initial: 'generating',
       entry: { type: 'phase', params: { phase: 'ppo', detail: 'iterating' } },
-      on: { 'worker.lost': { target: 'recovering', actions: ['unjoin', 'noteLoss'] } },
+      on: { 'worker.lost': { target: 'recovering', actions: ['unjoin', 'noteLoss'] }, 'bus.trouble': { target: 'recovering', actions: 'noteLoss' } },
       states: {
         generating: {
           entry: assign({ iterationStartedAt: () => Date.now() }),
@@ -434,7 +455,7 @@ export const supervisorMachine = setup({
       entry: { type: 'phase', params: { phase: 'finishing', detail: 'collecting digests, stopping workers' } },
       states: {
         digesting: {
-          on: { 'worker.lost': { target: '#supervisor.recovering', actions: ['unjoin', 'noteLoss'] } },
+          on: { 'worker.lost': { target: '#supervisor.recovering', actions: ['unjoin', 'noteLoss'] }, 'bus.trouble': { target: '#supervisor.recovering', actions: 'noteLoss' } },
           invoke: {
             src: 'digest',
             input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration }),

@@ -53,6 +53,7 @@ runMain(async () => {
           heartbeatMs,
           onJoined: (j) => sendBack({ type: 'worker.joined', ...j }),
           onLost: (l) => sendBack({ type: 'worker.lost', ...l }),
+          onReconnected: (device, worker) => sendBack({ type: 'bus.trouble', reason: `the worker of device ${device} (${worker}) reconnected to NATS; what was in flight may be lost` }),
           log,
           onRejected: (problem) => publish({ type: 'log', level: 'warn', source: 'supervisor', message: `rejected ${problem}` }),
         });
@@ -61,9 +62,15 @@ runMain(async () => {
     },
   });
   // While this supervisor's own connection is down, nobody's silence is held against them.
+  // Once it is back, what was in flight may be lost: the run recovers from its last snapshot.
+  let actorRef: { send(e: SupervisorEvent): void } | undefined;
   void (async () => {
     for await (const s of nc.status()) {
       if (s.type === 'disconnect' || s.type === 'reconnect') membership?.pause(heartbeatMs);
+      if (s.type === 'reconnect') {
+        log(`reconnected to NATS (${s.server})`);
+        actorRef?.send({ type: 'bus.trouble', reason: `the supervisor reconnected to NATS (${s.server}); what was in flight may be lost` });
+      }
     }
   })();
 
@@ -100,6 +107,7 @@ runMain(async () => {
   const stopEscalations = subscribe(nc, subj.events, RunEvent, (e) => {
     if (e.type === 'log' && e.level === 'error' && e.source === 'launcher') actor.send({ type: 'interrupt', reason: e.message });
   }, () => {});
+  actorRef = actor;
   actor.start();
   const out = await toPromise(actor);
   stopEscalations();

@@ -57,6 +57,8 @@ runMain(async () => {
     }
   };
 
+  /** This worker's device, once it has joined. */
+  let device: number | undefined;
   const machine = workerMachine.provide({
     actors: {
       join: fromPromise(async () => {
@@ -68,7 +70,7 @@ runMain(async () => {
             if (reply.type === 'error') {
               // Every device taken may be a moment's state (the worker this one replaces is
               // still being given up): ask again until the join deadline.
-              if (!/already has a worker/.test(reply.message) || Date.now() > joinDeadline) throw new UsageError(`run ${values.run} refused this worker: ${reply.message}`);
+              if (!/already has (a )?worker/.test(reply.message) || Date.now() > joinDeadline) throw new UsageError(`run ${values.run} refused this worker: ${reply.message}`);
               if (!waited) log(`refused for now (${reply.message}); asking again`);
               waited = true;
               await new Promise((r) => setTimeout(r, 500));
@@ -94,6 +96,7 @@ runMain(async () => {
         ),
       ),
       heartbeat: fromCallback<WorkerEvent, { index: number; worker: string }>(({ input }) => {
+        device = input.index;
         const beat = () =>
           nc.publish(subj.heartbeat(input.index), encode({ type: 'heartbeat', v: PROTOCOL_VERSION, device: input.index, worker: input.worker, state: 'serving', at: Date.now(), pid: process.pid, backend }));
         beat();
@@ -141,6 +144,10 @@ runMain(async () => {
       } else if (s.type === 'reconnect') {
         clearTimeout(timer);
         timer = undefined;
+        // What this worker sent while the connection was going down may be lost: say so.
+        if (device !== undefined) {
+          nc.publish(subj.heartbeat(device), encode({ type: 'heartbeat', v: PROTOCOL_VERSION, device, worker, state: 'reconnected', at: Date.now(), pid: process.pid, backend }));
+        }
       }
     }
   })();

@@ -24,10 +24,17 @@ export interface KillPoint {
 function deviceFor(r: RunSpec, model: ModelName, fn: string, iteration: number): number | string {
   const first = (call: CallName) => layoutOf(r, call).devices[0]!;
   const setup = iteration < 0;
+  const view = model === 'actor' ? 'actor.generate' : model === 'critic' ? 'critic.inference' : undefined;
+  const hasView = view !== undefined && viewOf(r, view).isView;
   switch (fn) {
     case 'load':
-      return first(OWNER[model]);
+      // Owners load during setup; in an iteration only views are loaded (then filled by a reallocation).
+      if (setup) return first(OWNER[model]);
+      return hasView ? first(view!) : `'${model}' loads only during setup (iteration -1) with this plan`;
+    case 'restore':
+      return setup && model !== 'reward' ? first(OWNER[model]) : `restores happen only in a recovery, as part of setup (iteration -1), and never for the reward`;
     case 'sft':
+      if (r.scenario.warmup.steps === 0) return 'warmup.steps is 0: no supervised warm-up runs';
       return model === 'actor' && setup ? first('actor.train') : `only the actor runs 'sft', during setup (iteration -1)`;
     case 'generate':
       return model === 'actor' && !setup ? first('actor.generate') : `only the actor generates, in iterations 0 and on`;
@@ -39,14 +46,16 @@ function deviceFor(r: RunSpec, model: ModelName, fn: string, iteration: number):
       return (model === 'actor' || model === 'critic') && !setup ? first(OWNER[model]) : `only the actor and the critic train, in iterations 0 and on`;
     case 'realloc': {
       if (setup) return model === 'reference' || model === 'critic' ? first(OWNER[model]) : `during setup only the reference and the critic receive a reallocation`;
-      const call = model === 'actor' ? 'actor.generate' : model === 'critic' ? 'critic.inference' : undefined;
-      if (!call || !viewOf(r, call).isView) return `'${model}' is never reallocated in an iteration with this plan (no call runs it on another layout)`;
-      return first(call);
+      if (!hasView) return `'${model}' is never reallocated in an iteration with this plan (no call runs it on another layout)`;
+      return first(view!);
     }
     case 'checkpoint':
-    case 'restore':
+      return model === 'reward' ? `the reward is a rule: it has no state to checkpoint` : first(OWNER[model]);
     case 'manifest':
-      return model === 'reward' ? `the reward is a rule: it has no state to ${fn}` : first(OWNER[model]);
+      // The final digests: the trained models, after the last iteration.
+      return (model === 'actor' || model === 'critic') && iteration === r.scenario.ppo.iterations - 1
+        ? first(OWNER[model])
+        : `only the actor and the critic are asked for a manifest, after the last iteration (${r.scenario.ppo.iterations - 1})`;
     default:
       return `'${fn}' is not a call chaos can land in`;
   }

@@ -63,7 +63,7 @@ export const Chaos = z.strictObject({
   random: z.strictObject({
     kills: nat.describe('how many kills to draw'),
     seed: nat.default(0),
-    actors: z.array(z.enum(ACTOR_KINDS)).optional().describe('kinds to draw from (default: all)'),
+    actors: z.array(z.enum(ACTOR_KINDS)).min(1).optional().describe('kinds to draw from (default: all)'),
     hang: z.number().min(0).max(1).default(0).describe('the share of kills that are hangs instead'),
   }).optional(),
 });

@@ -42,7 +42,9 @@ export class BusError extends Error {
 export async function connectBus(url: string, name: string): Promise<NatsConnection> {
   try {
     return await connect({
-      servers: url,
+      // A comma-separated list names the servers of a cluster, tried in the order given.
+      servers: url.includes(',') ? url.split(',').map((u) => u.trim()) : url,
+      noRandomize: url.includes(','),
       name,
       // Ride out a server restart: keep trying for as long as a run could last.
       maxReconnectAttempts: -1,

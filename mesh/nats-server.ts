@@ -84,6 +84,13 @@ export interface PrivateNatsServer {
   port: number;
   storeDir: string;
   process: ChildProcess;
+  /**
+   * Kills the server outright (SIGKILL, as a crash would) and starts it again on the same port
+   * with the same store: what a client sees of a server restart.
+   */
+  restart(options?: { downMs?: number }): Promise<void>;
+  /** Kills the server outright and leaves it down (its store stays until stop). */
+  kill(): Promise<void>;
   stop(): Promise<void>;
 }
 
@@ -92,56 +99,102 @@ export async function startNatsServer(options: NatsServerOptions = {}): Promise<
   // A port can be taken between freePort() and the server's bind; try a few.
   let lastError: unknown;
   for (let attempt = 0; attempt < 5; attempt++) {
+    const dir = mkdtempSync(join(tmpdir(), 'ferry-nats-'));
+    const port = await freePort();
+    const launch = () => spawnServer(bin, dir, ['-a', '127.0.0.1', '-p', String(port), '-js', '-sd', join(dir, 'store'), ...(options.args ?? [])], options);
     try {
-      return await startOnce(bin, await freePort(), options);
+      return handle(`nats://127.0.0.1:${port}`, port, join(dir, 'store'), dir, await launch(), launch);
     } catch (err) {
+      rmSync(dir, { recursive: true, force: true });
       lastError = err;
     }
   }
   throw lastError;
 }
 
-async function startOnce(bin: string, port: number, options: NatsServerOptions): Promise<PrivateNatsServer> {
-  const dir = mkdtempSync(join(tmpdir(), 'ferry-nats-'));
-  const storeDir = join(dir, 'store');
+/**
+ * Three (or `size`) servers clustered on loopback, with clustered JetStream: a stream with three
+ * replicas survives the loss of any one server. Each server has its own client port.
+ */
+export async function startNatsCluster(size = 3, options: NatsServerOptions = {}): Promise<PrivateNatsServer[]> {
+  const bin = ensureNatsServer(options.log);
+  const ports = [];
+  for (let i = 0; i < size; i++) ports.push({ client: await freePort(), cluster: await freePort() });
+  const name = `ferry-${process.pid}-${Date.now()}`;
+  const routes = ports.map((p) => `nats-route://127.0.0.1:${p.cluster}`).join(', ');
+  const servers = await Promise.all(
+    ports.map(async (p, i) => {
+      const dir = mkdtempSync(join(tmpdir(), 'ferry-nats-'));
+      const store = join(dir, 'store');
+      const config = [
+        `server_name: ${name}-s${i}`,
+        'host: 127.0.0.1',
+        `port: ${p.client}`,
+        `jetstream { store_dir: "${store}" }`,
+        `cluster { name: ${name}, listen: 127.0.0.1:${p.cluster}, routes: [${routes}] }`,
+        options.config ?? '',
+      ].join('\n');
+      const launch = () => spawnServer(bin, dir, options.args ?? [], { ...options, config });
+      return handle(`nats://127.0.0.1:${p.client}`, p.client, store, dir, await launch(), launch);
+    }),
+  );
+  return servers;
+}
+
+function spawnServer(bin: string, dir: string, args: string[], options: NatsServerOptions): Promise<ChildProcess> {
   const config = options.config === undefined ? [] : ['-c', join(dir, 'nats.conf')];
   if (options.config !== undefined) writeFileSync(join(dir, 'nats.conf'), `${options.config}\n`);
-  const args = [...config, '-a', '127.0.0.1', '-p', String(port), '-js', '-sd', storeDir, ...(options.args ?? [])];
   // Its own process group, so that a terminal's Ctrl-C does not stop it before the run has ended.
-  const child = spawn(bin, args, { stdio: ['ignore', 'ignore', 'pipe'], detached: true });
+  const child = spawn(bin, [...config, ...args], { stdio: ['ignore', 'ignore', 'pipe'], detached: true });
   let stderr = '';
-  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-  await new Promise<void>((resolve, reject) => {
+  return new Promise<ChildProcess>((resolve, reject) => {
     const timer = setTimeout(() => {
       child.kill('SIGKILL');
       reject(new NatsServerError(`nats-server did not get ready in ${options.readyTimeoutMs ?? 10000} ms:\n${stderr}`));
     }, options.readyTimeoutMs ?? 10000);
-    child.stderr!.on('data', (b: Buffer) => {
+    const onData = (b: Buffer) => {
       stderr += b.toString();
       if (stderr.includes('Server is ready')) {
         clearTimeout(timer);
-        resolve();
+        child.stderr!.off('data', onData);
+        child.stderr!.resume();
+        resolve(child);
       }
-    });
+    };
+    child.stderr!.on('data', onData);
     child.once('exit', (code) => {
       clearTimeout(timer);
-      rmSync(dir, { recursive: true, force: true });
       reject(new NatsServerError(`nats-server exited with code ${code} before it was ready:\n${stderr.trim()}`));
     });
   });
-  child.stderr!.resume();
+}
+
+const gone = (child: ChildProcess) =>
+  child.exitCode !== null || child.signalCode !== null ? Promise.resolve() : new Promise<void>((r) => child.once('exit', () => r()));
+
+function handle(url: string, port: number, storeDir: string, dir: string, first: ChildProcess, launch: () => Promise<ChildProcess>): PrivateNatsServer {
   let stopping: Promise<void> | undefined;
-  return {
-    url: `nats://127.0.0.1:${port}`,
+  const server: PrivateNatsServer = {
+    url,
     port,
     storeDir,
-    process: child,
+    process: first,
+    async kill() {
+      server.process.kill('SIGKILL');
+      await gone(server.process);
+    },
+    async restart(opts = {}) {
+      await server.kill();
+      if (opts.downMs) await new Promise((r) => setTimeout(r, opts.downMs));
+      server.process = await launch();
+    },
     stop() {
       stopping ??= (async () => {
+        const child = server.process;
         if (child.exitCode === null && child.signalCode === null) {
           child.kill('SIGTERM');
           const killer = setTimeout(() => child.kill('SIGKILL'), 5000);
-          await exited;
+          await gone(child);
           clearTimeout(killer);
         }
         rmSync(dir, { recursive: true, force: true });
@@ -149,4 +202,5 @@ async function startOnce(bin: string, port: number, options: NatsServerOptions):
       return stopping;
     },
   };
+  return server;
 }

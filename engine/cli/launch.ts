@@ -75,6 +75,12 @@ function tail(file: string, lines = 15): string {
   }
 }
 
+/** A cluster's servers (a comma-separated list) rotated by `index`, so that workers spread over them. */
+export function spread(url: string, index: number): string {
+  const servers = url.split(',');
+  return [...servers.slice(index % servers.length), ...servers.slice(0, index % servers.length)].join(',');
+}
+
 /** What the launcher saw of chaos and recovery during a run. */
 export interface ChaosLog {
   kills: Array<KillPoint & { at: number; pid: number; where: string; recovery_seconds?: number }>;
@@ -205,7 +211,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
               join(logs, again ? `supervisor.${Date.now()}.log` : 'supervisor.log'),
               env,
             )
-          : startProcess('actors/worker.ts', ['--run', o.run, '--nats', url!, '--backend', o.backend ?? o.scenario.backend], join(logs, again ? `worker-${index}.${Date.now()}.log` : `worker-${index}.log`), env);
+          : startProcess('actors/worker.ts', ['--run', o.run, '--nats', spread(url!, index), '--backend', o.backend ?? o.scenario.backend], join(logs, again ? `worker-${index}.${Date.now()}.log` : `worker-${index}.log`), env);
       const slot: Slot = { kind, index, child };
       child.once('exit', (code, signal) => onExit(slot, { code, signal }));
       return slot;

@@ -1,0 +1,146 @@
+// Recovery against real failures: the NATS server restarted mid-run, one server of a three-server
+// cluster killed mid-run, the run's durable state in JetStream, and a run whose actors keep dying
+// past the supervision intensity. Every run that recovers must end with the parameters of a run
+// that lost nothing.
+import { readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { JetStreamStore } from '../actors/jetstream-store.ts';
+import { launch, type LaunchResult } from '../engine/cli/launch.ts';
+import { loadScenario, type Scenario } from '../engine/scenario.ts';
+import { connectBus } from '../mesh/bus.ts';
+import { startNatsCluster, startNatsServer, type PrivateNatsServer } from '../mesh/nats-server.ts';
+import type { Metrics } from '../mesh/protocol.ts';
+import { smallScenario, tempDir } from './helpers.ts';
+
+const quiet = { phase() {}, iteration() {}, stop() {} };
+
+/** A progress bar that runs `act` once, when iteration `at` has completed. */
+function after(at: number, act: () => Promise<void>) {
+  let fired = false;
+  return {
+    ...quiet,
+    iteration(m: Metrics) {
+      if (fired || m.iteration < at) return;
+      fired = true;
+      void act();
+    },
+  };
+}
+
+describe('recovery from failures of the bus and of the actors', () => {
+  const dir = tempDir();
+  let scenario: Scenario;
+  let clean: LaunchResult;
+
+  beforeAll(async () => {
+    const file = smallScenario(dir, 'timeouts: { heartbeat_seconds: 4 }', 'rec');
+    writeFileSync(file, readFileSync(file, 'utf8').replace('iterations: 3', 'iterations: 5'));
+    scenario = loadScenario(file);
+    clean = await launch({ scenario, run: `clean${Date.now()}`, out: join(dir, 'clean'), progress: quiet, say: () => {} });
+    expect(clean.code).toBe(0);
+  }, 120_000);
+
+  it('the NATS server restarted mid-run: clients reconnect, the run recovers and ends as a clean run does', async () => {
+    const server = await startNatsServer();
+    try {
+      const r = await launch({
+        scenario,
+        run: `restart${Date.now()}`,
+        out: join(dir, 'restart'),
+        natsUrl: server.url,
+        progress: after(1, () => server.restart({ downMs: 500 })),
+        say: () => {},
+      });
+      expect(r.summary?.error).toBeUndefined();
+      expect(r.code).toBe(0);
+      expect(r.summary!.recoveries.length).toBeGreaterThanOrEqual(1);
+      expect(r.summary!.recoveries.map((x) => x.reason).join('\n')).toMatch(/reconnected to NATS|connection disconnected/);
+      expect(r.summary!.digests).toEqual(clean.summary!.digests);
+      expect(r.summary!.rollouts).toEqual({ prompts: 2 * 5 * 16, lost: 0, duplicated: 0 });
+    } finally {
+      await server.stop();
+    }
+  }, 180_000);
+
+  it('a three-server cluster with the workers spread over it: killing one server does not stop the run', async () => {
+    const servers = await startNatsCluster(3);
+    try {
+      const r = await launch({
+        scenario,
+        run: `cluster${Date.now()}`,
+        out: join(dir, 'cluster'),
+        natsUrl: servers.map((s) => s.url).join(','),
+        progress: after(1, () => servers[1]!.kill()),
+        say: () => {},
+      });
+      expect(r.summary?.error).toBeUndefined();
+      expect(r.code).toBe(0);
+      // Worker 1 was connected to the server killed (the launcher rotates the list per worker).
+      expect(r.summary!.recoveries.map((x) => x.reason).join('\n')).toMatch(/reconnected to NATS|disconnected/);
+      expect(r.summary!.digests).toEqual(clean.summary!.digests);
+      expect(r.summary!.rollouts).toEqual({ prompts: 2 * 5 * 16, lost: 0, duplicated: 0 });
+    } finally {
+      await Promise.all(servers.map((s) => s.stop()));
+    }
+  }, 240_000);
+
+  it('actors that keep dying past the supervision intensity end the run with an error naming them', async () => {
+    const doomed = loadScenario(
+      smallScenario(
+        dir,
+        [
+          'supervision: { intensity: 1, period_seconds: 600 }',
+          'chaos:',
+          '  kills:',
+          '    - { actor: critic, call: train, iteration: 0 }',
+          '    - { actor: critic, call: train, iteration: 0 }',
+          '    - { actor: critic, call: train, iteration: 0 }',
+        ].join('\n'),
+        'doomed',
+      ),
+    );
+    const r = await launch({ scenario: doomed, run: `doomed${Date.now()}`, out: join(dir, 'doomed'), progress: quiet, say: () => {} });
+    expect(r.code).not.toBe(0);
+    expect(r.summary?.status).toBe('failed');
+    expect(r.summary!.error).toMatch(/supervision: .*2 failures within 600 s \(supervision\.intensity allows 1\)/s);
+    // The supervisor (which counts recoveries) or the launcher (which counts restarts) gives up first.
+    expect(r.summary!.error).toMatch(/(device 1 \(worker |worker \d \(pid \d+\)).*killed by SIGKILL/s);
+  }, 120_000);
+});
+
+describe('the run store in JetStream', () => {
+  let server: PrivateNatsServer;
+  beforeAll(async () => {
+    server = await startNatsServer();
+  });
+  afterAll(() => server.stop());
+
+  it('keeps progress, stage results and snapshots across a server restart, and stores a repeated result once', async () => {
+    const nc = await connectBus(server.url, 'store-test');
+    try {
+      const store = await JetStreamStore.open(nc, 'st1');
+      expect(await store.loadProgress()).toBeUndefined();
+      expect(await store.loadStage(0, 'rollout')).toBeUndefined();
+      const tokens = Int32Array.from([1, 2, 3, 4]);
+      await store.saveStage(0, 'rollout', { iteration: 0, batch: 1, tokens });
+      await store.saveStage(0, 'rollout', { iteration: 0, batch: 1, tokens: Int32Array.from([9, 9, 9, 9]) });
+      await store.saveProgress({ epoch: 2, iteration: 1, snapshot: 0, history: [], startedAt: 5, recoveries: [] });
+      const w = { name: 'w', shape: [2], data: Float32Array.from([0.5, -1]) };
+      for (const it of [-1, 0, 1, 2]) await store.saveSnapshot(it, { actor: [{ tensors: [w] }], critic: [], reference: [] });
+
+      await server.restart({ downMs: 200 });
+
+      // The second publish had the same id: the first result is the one kept.
+      expect((await store.loadStage<{ tokens: Int32Array }>(0, 'rollout'))!.tokens).toEqual(tokens);
+      expect(await store.loadProgress()).toEqual({ epoch: 2, iteration: 1, snapshot: 0, history: [], startedAt: 5, recoveries: [] });
+      expect((await store.loadSnapshot(2))!.actor[0]!.tensors[0]!.data).toEqual(w.data);
+      expect(await store.loadSnapshot(1)).toBeDefined();
+      // Only the last two snapshots are kept.
+      expect(await store.loadSnapshot(0)).toBeUndefined();
+      expect(await store.loadSnapshot(-1)).toBeUndefined();
+    } finally {
+      await nc.close();
+    }
+  }, 60_000);
+});
