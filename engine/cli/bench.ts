@@ -23,6 +23,7 @@ import type { DeviceProfile } from '../plan/catalog.ts';
 import { LOCAL_PROFILE, loadLocalProfile } from '../plan/problem.ts';
 import { estimatorBench, PLANS, searchBench } from './bench-estimator.ts';
 import { reallocBench } from './bench-realloc.ts';
+import { runChaos } from './chaos-run.ts';
 import { profileLocal } from './profile.ts';
 import { launch } from './launch.ts';
 
@@ -30,7 +31,10 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
   iteration [--scenario FILE] [--iterations N]   tokens/s over NATS, and the ratio to one process
   realloc [--width W] [--layers L] [--repeats R]  reallocation MB/s against raw NATS, bytes, memory
   estimator [--iterations N] [--profile]        planner estimates against measured runs of 6 local plans
-  search [--iterations N] [--budget S]          measured: the best named strategy against the search's plan`;
+  search [--iterations N] [--budget S]          measured: the best named strategy against the search's plan
+  chaos [--kills N] [--seed S] [--iterations N] [--scenario FILE]
+                                                the soak: N random kills (10% hangs) of every actor kind,
+                                                against the clean run (default 50 kills, scenarios/chaos.yaml)`;
 
 const quiet = { phase() {}, iteration() {}, stop() {} };
 
@@ -90,7 +94,9 @@ async function iterationBench(scenario: Scenario) {
 runMain(async () => {
   const { values, positionals } = args(USAGE, {
     json: { type: 'boolean', default: false },
-    scenario: { type: 'string', default: 'scenarios/quickstart.yaml' },
+    scenario: { type: 'string' },
+    kills: { type: 'string', default: '50' },
+    seed: { type: 'string', default: '1' },
     iterations: { type: 'string' },
     width: { type: 'string', default: '512' },
     profile: { type: 'boolean', default: false },
@@ -106,8 +112,9 @@ runMain(async () => {
   if (name === 'realloc') return realloc(values);
   if (name === 'estimator') return estimator(values);
   if (name === 'search') return searchPlans(values);
-  if (name !== 'iteration') throw new UsageError(`unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, search\n${USAGE}`);
-  let scenario = loadScenario(values.scenario!);
+  if (name === 'chaos') return chaosSoak(values);
+  if (name !== 'iteration') throw new UsageError(`unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, search, chaos\n${USAGE}`);
+  let scenario = loadScenario(values.scenario ?? 'scenarios/quickstart.yaml');
   if (values.iterations !== undefined) {
     const n = Number(values.iterations);
     if (!(Number.isInteger(n) && n > 0)) throw new UsageError(`--iterations: expected a whole number > 0, got ${values.iterations}`);
@@ -132,6 +139,32 @@ runMain(async () => {
   }
   return r.digests_equal ? 0 : 1;
 });
+
+/** The chaos soak: many random kills over a run that reallocates every iteration. */
+async function chaosSoak(values: { json?: boolean; kills?: string; seed?: string; iterations?: string; scenario?: string }): Promise<number> {
+  const log = values.json ? () => {} : (line: string) => console.log(line);
+  const kills = whole('kills', values.kills, 1);
+  const seed = whole('seed', values.seed, 0);
+  const base = loadScenario(values.scenario ?? 'scenarios/chaos.yaml');
+  const iterations = values.iterations === undefined ? 20 : whole('iterations', values.iterations, 1);
+  const scenario: Scenario = { ...base, ppo: { ...base.ppo, iterations }, chaos: { kills: [], random: { kills, seed, hang: 0.1 } } };
+  const out = mkdtempSync(join(tmpdir(), 'ferry-soak-'));
+  log(`bench chaos: ${scenario.name}, ${iterations} iterations, ${kills} random kills (seed ${seed}), clean and under fire; runs in ${out}`);
+  const r = await runChaos(scenario, out, values.json ? () => {} : (line) => (line.startsWith('  chaos:') ? undefined : log(line)));
+  if (values.json) {
+    console.log(JSON.stringify(r));
+  } else {
+    const s = (x: number | null) => (x === null ? 'n/a' : `${x.toFixed(2)} s`);
+    log(`kills ${r.kills} (${r.hangs} hangs); by actor ${JSON.stringify(r.kills_by_actor)}; by call ${JSON.stringify(r.kills_by_call)}`);
+    log(`recovered ${r.recovered} of ${r.kills}; ${r.recoveries} recoveries; ${r.restarts} process restarts`);
+    log(`recovery time median ${s(r.recovery_seconds_median)}, max ${s(r.recovery_seconds_max)}`);
+    log(`digests equal ${r.digests_equal}; rollouts lost ${r.rollouts_lost}, duplicated ${r.rollouts_duplicated}`);
+    log(`wall: clean ${r.clean.wall_seconds.toFixed(1)} s, under fire ${r.chaos.wall_seconds.toFixed(1)} s (ratio ${(r.chaos.wall_seconds / r.clean.wall_seconds).toFixed(2)})`);
+  }
+  const ok = r.digests_equal && r.rollouts_lost === 0 && r.rollouts_duplicated === 0;
+  if (ok) rmSync(out, { recursive: true, force: true });
+  return ok ? 0 : 1;
+}
 
 function whole(flag: string, value: string | undefined, min: number): number {
   const n = Number(value);
