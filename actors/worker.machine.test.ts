@@ -247,6 +247,45 @@ describe('worker machine', () => {
     actor.stop();
   });
 
+  it('a reset preempts the running call: its askers hear interrupted, shards and remembered answers go', async () => {
+    const { actor, device } = await startWorker();
+    const loaded = respondSpy();
+    const loadCall = call('actor', loadBody);
+    actor.send({ type: 'call', call: loadCall, respond: loaded });
+    await idle(actor);
+    expect(loaded.mock.calls[0]![0]).toMatchObject({ type: 'result' });
+    expect(device.models()).toEqual(['actor']);
+
+    device.hold = true;
+    const running = respondSpy();
+    const manifest = call('actor', { fn: 'manifest' });
+    actor.send({ type: 'call', call: manifest, respond: running });
+    await waitFor(actor, (s) => s.matches({ serving: 'busy' }), { timeout: 5000 });
+    const reset = respondSpy();
+    actor.send({ type: 'call', call: call('*', { fn: 'reset', epoch: 3 }), respond: reset });
+    await idle(actor);
+    expect(running).toHaveBeenCalledTimes(1);
+    expect(running.mock.calls[0]![0]).toMatchObject({ type: 'error', id: manifest.id, code: 'interrupted' });
+    expect(reset.mock.calls[0]![0]).toMatchObject({ type: 'result', body: { dropped: ['actor'], interrupted: manifest.id } });
+    expect(device.models()).toEqual([]);
+
+    // The abandoned call finishing later answers no one and changes nothing.
+    device.hold = false;
+    device.held!.release();
+    await new Promise((r) => setTimeout(r, 50));
+    expect(running).toHaveBeenCalledTimes(1);
+    expect(actor.getSnapshot().matches({ serving: 'idle' })).toBe(true);
+
+    // The load answered before the reset is not answered from memory: it runs again.
+    const again = respondSpy();
+    const runsBefore = device.runs.length;
+    actor.send({ type: 'call', call: loadCall, respond: again });
+    await idle(actor);
+    expect(device.runs.length).toBe(runsBefore + 1);
+    expect(device.models()).toEqual(['actor']);
+    actor.stop();
+  });
+
   it('a shutdown call is answered and ends in the final stopped state', async () => {
     const { actor } = await startWorker();
     const respond = respondSpy();
