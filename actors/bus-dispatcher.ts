@@ -71,7 +71,8 @@ export class BusDispatcher implements Dispatcher {
   }
 
   realloc(r: ReallocRequest): Promise<ReallocOutcome> {
-    return runRealloc(this.nc, this.subj, (d, m, i, b) => this.call(d, m, i, b), r, this.nc.info?.max_payload ?? 1 << 20);
+    // The epoch in the id keeps an abandoned exchange's ready, go and chunks out of its retry's.
+    return runRealloc(this.nc, this.subj, (d, m, i, b) => this.call(d, m, i, b), { ...r, id: `${r.id}-e${this.epoch}` }, this.nc.info?.max_payload ?? 1 << 20);
   }
 
   stats(): TransportStats {

@@ -108,8 +108,13 @@ runMain(async () => {
     if (e.type === 'log' && e.level === 'error' && e.source === 'launcher') actor.send({ type: 'interrupt', reason: e.message });
   }, () => {});
   actorRef = actor;
+  // Alive: the launcher kills (and replaces) a supervisor whose beats stop.
+  const beat = () => nc.publish(subj.supervisorBeat, encode({ type: 'beat', v: PROTOCOL_VERSION, pid: process.pid, at: Date.now() }));
+  beat();
+  const beating = setInterval(beat, 1000);
   actor.start();
   const out = await toPromise(actor);
+  clearInterval(beating);
   stopEscalations();
   await nc.flush().catch(() => {});
   await nc.drain().catch(() => {});

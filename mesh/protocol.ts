@@ -313,6 +313,9 @@ export const Heartbeat = z.strictObject({
 });
 export type Heartbeat = z.infer<typeof Heartbeat>;
 
+/** The supervisor is alive (every second); `pid` tells the launcher which process beats. */
+export const SupervisorBeat = z.strictObject({ type: z.literal('beat'), v, pid: nat, at: z.number() });
+
 /**
  * Chaos testing: a process that has reached a scheduled kill point asks the launcher to kill it
  * (and waits, so the kill lands inside the call); the launcher kills it, or answers `spare` when

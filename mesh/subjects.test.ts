@@ -53,7 +53,7 @@ describe('subjects', () => {
   });
 
   it('has exactly the documented keys', () => {
-    expect(Object.keys(s).sort()).toEqual(['allResults', 'call', 'chaos', 'chunks', 'collective', 'events', 'go', 'heartbeat', 'heartbeats', 'join', 'ready', 'results', 'root']);
+    expect(Object.keys(s).sort()).toEqual(['allResults', 'call', 'chaos', 'chunks', 'collective', 'events', 'go', 'heartbeat', 'heartbeats', 'join', 'ready', 'results', 'root', 'supervisorBeat']);
   });
 
   it('rejects a run id that would change the subject hierarchy', () => {

@@ -30,6 +30,8 @@ export function subjects(run: string) {
     /** Liveness beacons of one device; `heartbeats` matches them all. */
     heartbeat: (device: number) => `${root}.hb.${token('device', device)}`,
     heartbeats: `${root}.hb.*`,
+    /** The supervisor's liveness beacon: the launcher kills a supervisor that goes silent. */
+    supervisorBeat: `${root}.supervisor.hb`,
     /** Parameter chunks of one transfer. */
     chunks: (transfer: string) => `${root}.xfer.${token('transfer id', transfer)}.chunk`,
     /** A reallocation's devices say they are subscribed; then the supervisor says go. */

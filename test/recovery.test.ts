@@ -85,6 +85,21 @@ describe('recovery from failures of the bus and of the actors', () => {
     }
   }, 240_000);
 
+  it('one_for_all restarts every worker with the dead one, and the run still ends as a clean run does', async () => {
+    const all: Scenario = {
+      ...scenario,
+      supervision: { ...scenario.supervision, strategy: 'one_for_all' },
+      chaos: { kills: [{ actor: 'critic', call: 'train', iteration: 2, how: 'kill' }] },
+    };
+    const r = await launch({ scenario: all, run: `all${Date.now()}`, out: join(dir, 'all'), progress: quiet, say: () => {} });
+    expect(r.summary?.error).toBeUndefined();
+    expect(r.chaos.kills).toHaveLength(1);
+    // The killed worker, and the three others taken down with it.
+    expect(r.chaos.restarts.map((x) => x.reason).sort()).toEqual(['killed by SIGKILL', ...Array(3).fill('taken down with another (one_for_all)')]);
+    expect(r.summary!.digests).toEqual(clean.summary!.digests);
+    expect(r.summary!.rollouts).toEqual({ prompts: 2 * 5 * 16, lost: 0, duplicated: 0 });
+  }, 120_000);
+
   it('actors that keep dying past the supervision intensity end the run with an error naming them', async () => {
     const doomed = loadScenario(
       smallScenario(

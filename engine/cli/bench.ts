@@ -147,7 +147,9 @@ async function chaosSoak(values: { json?: boolean; kills?: string; seed?: string
   const seed = whole('seed', values.seed, 0);
   const base = loadScenario(values.scenario ?? 'scenarios/chaos.yaml');
   const iterations = values.iterations === undefined ? 20 : whole('iterations', values.iterations, 1);
-  const scenario: Scenario = { ...base, ppo: { ...base.ppo, iterations }, chaos: { kills: [], random: { kills, seed, hang: 0.1 } } };
+  // Kills come faster here than any real failure would: the intensity must not end the soak.
+  const supervision = { ...base.supervision, intensity: Math.max(base.supervision.intensity, 2 * kills) };
+  const scenario: Scenario = { ...base, supervision, ppo: { ...base.ppo, iterations }, chaos: { kills: [], random: { kills, seed, hang: 0.1 } } };
   const out = mkdtempSync(join(tmpdir(), 'ferry-soak-'));
   log(`bench chaos: ${scenario.name}, ${iterations} iterations, ${kills} random kills (seed ${seed}), clean and under fire; runs in ${out}`);
   const r = await runChaos(scenario, out, values.json ? () => {} : (line) => (line.startsWith('  chaos:') ? undefined : log(line)));

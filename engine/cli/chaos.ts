@@ -11,7 +11,8 @@ import { runChaos } from './chaos-run.ts';
 
 const USAGE = `usage: npm run chaos -- FILE [--kills N] [--seed S] [--hang F] [--json] [--out DIR]
   FILE      scenario file; its chaos: section says which kills to inject
-  --kills   instead, N random kills of every actor kind (workers of each model, the supervisor)
+  --kills   instead, N random kills of every actor kind (workers of each model, the supervisor);
+            the supervision intensity is raised to 2N for them
   --seed    seed of the random kills (default 0)
   --hang    share of the random kills that hang the process instead (SIGSTOP; found by heartbeats)
   --json    print one JSON object
@@ -45,7 +46,11 @@ runMain(async () => {
   const seed = parseCount('--seed', values.seed, 0) ?? 0;
   const hang = values.hang === undefined ? 0 : Number(values.hang);
   if (!(hang >= 0 && hang <= 1)) throw new UsageError(`--hang: expected a share between 0 and 1, got ${values.hang}`);
-  if (kills !== undefined) scenario = { ...scenario, chaos: { kills: [], random: { kills, seed, hang } } };
+  if (kills !== undefined) {
+    // N kills come faster than real failures would: the intensity must not end the run for them.
+    const supervision = { ...scenario.supervision, intensity: Math.max(scenario.supervision.intensity, 2 * kills) };
+    scenario = { ...scenario, supervision, chaos: { kills: [], random: { kills, seed, hang } } };
+  }
   else if (values.seed !== undefined || values.hang !== undefined) throw new UsageError('--seed and --hang go with --kills');
   if (!scenario.chaos || (scenario.chaos.kills.length === 0 && !scenario.chaos.random?.kills)) {
     throw new UsageError(`${file} has no chaos: section with kills; add one, or pass --kills N`);

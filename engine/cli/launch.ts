@@ -7,7 +7,7 @@ import { fileURLToPath } from 'node:url';
 import { connectBus, subscribe } from '../../mesh/bus.ts';
 import { startNatsServer, type PrivateNatsServer } from '../../mesh/nats-server.ts';
 import { encode } from '../../mesh/codec.ts';
-import { ChaosAsk, PROTOCOL_VERSION, RunEvent } from '../../mesh/protocol.ts';
+import { ChaosAsk, PROTOCOL_VERSION, RunEvent, SupervisorBeat } from '../../mesh/protocol.ts';
 import { CHAOS_ENV } from '../../actors/chaos-client.ts';
 import { describeExit, Intensity, restarts, toRestart, type Exit } from '../../actors/supervision.ts';
 import { killPoints, type KillPoint } from '../chaos.ts';
@@ -189,6 +189,18 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
       say(`chaos: ${k.how === 'hang' ? 'hanging' : 'killing'} ${slot.kind === 'supervisor' ? 'the supervisor' : `worker ${slot.index}`} (pid ${ask.pid}) in ${ask.where}`);
       slot.child.kill(k.how === 'hang' ? 'SIGSTOP' : 'SIGKILL');
     }, (err) => say(`ignored chaos request: ${err.message}`));
+    // A supervisor that stops beating is hung: kill it, and its restart policy replaces it.
+    let supervisorBeat = { pid: 0, at: 0 };
+    const stopBeats = subscribe(nc, subj.supervisorBeat, SupervisorBeat, (b) => (supervisorBeat = { pid: b.pid, at: Date.now() }), () => {});
+    const hungAfterMs = o.scenario.timeouts.heartbeat_seconds * 1000;
+    const watchdog = setInterval(() => {
+      const slot = slots.find((s) => s.kind === 'supervisor');
+      if (!slot || slot.child.pid !== supervisorBeat.pid || slot.child.exitCode !== null || slot.child.signalCode !== null) return;
+      if (Date.now() - supervisorBeat.at <= hungAfterMs) return;
+      say(`the supervisor (pid ${slot.child.pid}) sent no heartbeat for ${((Date.now() - supervisorBeat.at) / 1000).toFixed(1)} s: hung; killing it`);
+      supervisorBeat = { pid: 0, at: 0 };
+      slot.child.kill('SIGKILL');
+    }, 500).unref();
     await nc.flush();
 
     const env: NodeJS.ProcessEnv = { ...o.env, NATS_URL: url, ...(points.length ? { [CHAOS_ENV]: JSON.stringify(points) } : {}) };
@@ -273,6 +285,8 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     }
     await supervisorEnded;
     ending = true;
+    clearInterval(watchdog);
+    stopBeats();
     bar.stop();
     stopEvents();
     stopChaos();
