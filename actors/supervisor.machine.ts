@@ -75,6 +75,7 @@ interface Context extends SupervisorInput {
   /** Why the recovery under way started, and when. */
   failure?: { reason: string; at: number };
   recoveries: Summary['recoveries'];
+  snapshots: NonNullable<Summary['snapshots']>;
   error?: string;
 }
 
@@ -130,11 +131,14 @@ export const supervisorMachine = setup({
     checkpoint: fromPromise(async ({ input }: { input: StageInput & { save?: SupervisorInput['saveCheckpoint'] } }) => {
       const every = input.r.scenario.checkpoint.every;
       const last = input.iteration + 1 === input.r.scenario.ppo.iterations;
-      if (every === 0 || ((input.iteration + 1) % every !== 0 && !last)) return false;
+      if (every === 0 || ((input.iteration + 1) % every !== 0 && !last)) return undefined;
+      const t0 = performance.now();
       const set = await takeCheckpoint(input.d, input.r, input.iteration);
-      await input.store.saveSnapshot(input.iteration, set);
+      const t1 = performance.now();
+      const { bytes } = await input.store.saveSnapshot(input.iteration, set);
+      const t2 = performance.now();
       await input.save?.(input.iteration, set);
-      return true;
+      return { bytes, fetch_seconds: (t1 - t0) / 1000, store_seconds: (t2 - t1) / 1000 };
     }),
     saveProgress: fromPromise(({ input }: { input: { store: RunStore; progress: Progress } }) => input.store.saveProgress(input.progress)),
     /** The rollout: from the store when this iteration's was already generated (a replay), else generated and stored. */
@@ -259,6 +263,7 @@ export const supervisorMachine = setup({
         parameters: context.parameters,
         ...(context.dispatcher.stats ? { transport: context.dispatcher.stats() } : {}),
         recoveries: context.recoveries,
+        ...(context.snapshots.count ? { snapshots: context.snapshots } : {}),
         ...(context.rollouts ? { rollouts: context.rollouts } : {}),
         ...(context.error ? { error: context.error } : {}),
       };
@@ -280,6 +285,7 @@ export const supervisorMachine = setup({
     snapshot: input.takeOver?.snapshot,
     intensity: new Intensity(input.spec.scenario.supervision.intensity, input.spec.scenario.supervision.period_seconds),
     recoveries: input.takeOver?.recoveries ?? [],
+    snapshots: { count: 0, bytes: 0, fetch_seconds: 0, store_seconds: 0 },
     ...(input.takeOver ? { failure: { reason: 'supervisor: a new supervisor took the run over', at: Date.now() } } : {}),
   }),
   // Membership runs for the whole run: workers can die and be replaced at any time.
@@ -436,7 +442,19 @@ export const supervisorMachine = setup({
             src: 'checkpoint',
             input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration, save: context.saveCheckpoint }),
             onDone: [
-              { guard: ({ event }) => event.output, target: 'advancing', actions: assign({ snapshot: ({ context }) => context.iteration }) },
+              {
+                guard: ({ event }) => event.output !== undefined,
+                target: 'advancing',
+                actions: assign({
+                  snapshot: ({ context }) => context.iteration,
+                  snapshots: ({ context, event }) => ({
+                    count: context.snapshots.count + 1,
+                    bytes: event.output!.bytes,
+                    fetch_seconds: context.snapshots.fetch_seconds + event.output!.fetch_seconds,
+                    store_seconds: context.snapshots.store_seconds + event.output!.store_seconds,
+                  }),
+                }),
+              },
               { target: 'advancing' },
             ],
             onError: { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'checkpoint', error: event.error }) } },

@@ -25,6 +25,11 @@ export interface Summary {
   transport?: TransportStats;
   /** Recoveries: how many, and each one's cause, snapshot and duration. */
   recoveries: Array<{ epoch: number; reason: string; snapshot: number; iteration: number; seconds: number }>;
+  /**
+   * Snapshots taken after iterations (by this supervisor): how many, the last one's size, and the
+   * seconds spent fetching them from the devices and storing them (JetStream Object Store).
+   */
+  snapshots?: { count: number; bytes: number; fetch_seconds: number; store_seconds: number };
   /** Every prompt of every iteration trained on exactly once, by the shards' own ledgers. */
   rollouts?: RolloutAccount;
   error?: string;
