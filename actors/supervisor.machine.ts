@@ -24,6 +24,8 @@ import {
   planDevices,
   setupModels,
   trainStage,
+  ruleScore,
+  type RewardSources,
   type Rollout,
   type RunSpec,
   type Scored,
@@ -46,6 +48,8 @@ export interface SupervisorInput {
   takeOver?: Progress;
   /** Backends of workers that joined before the machine started (in-process runs). */
   backends?: string[];
+  /** Reward actors on the bus (the scenario's reward.actors). */
+  rewards?: RewardSources;
   /** Tells observers that a recovery is done (the bus's events subject). */
   onRecovered?: (r: { epoch: number; iteration: number; snapshot: number; seconds: number; reason: string }) => void;
 }
@@ -79,7 +83,7 @@ interface Context extends SupervisorInput {
   error?: string;
 }
 
-type StageInput = { d: Dispatcher; r: RunSpec; store: RunStore; iteration: number; rollout?: Rollout; scored?: Scored };
+type StageInput = { d: Dispatcher; r: RunSpec; store: RunStore; iteration: number; rollout?: Rollout; scored?: Scored; rewards?: RewardSources };
 
 const errorText = (e: unknown) => (e instanceof Error ? `${e.name}: ${e.message}` : String(e));
 
@@ -152,7 +156,7 @@ export const supervisorMachine = setup({
     infer: fromPromise(async ({ input }: { input: StageInput }): Promise<Scored> => {
       const kept = await input.store.loadStage<Scored>(input.iteration, 'scored');
       if (kept) return kept;
-      const sc = await inferStage(input.d, input.r, input.rollout!);
+      const sc = await inferStage(input.d, input.r, input.rollout!, input.rewards);
       await input.store.saveStage(input.iteration, 'scored', sc);
       return sc;
     }),
@@ -239,6 +243,8 @@ export const supervisorMachine = setup({
         tokens_per_second: tokens / seconds,
         realloc_seconds: moved.reduce((a, m) => a + m.seconds, 0),
         realloc_bytes: moved.reduce((a, m) => a + m.bytes, 0),
+        rule_score: ruleScore(context.spec, context.rollout!),
+        ...(context.scored?.sources ? { rewards: context.scored.sources } : {}),
       };
       context.recorder.iteration(metrics, context.spec.scenario.ppo.iterations);
       return { history: [...context.history, metrics], rollout: undefined, scored: undefined };
@@ -417,7 +423,7 @@ export const supervisorMachine = setup({
         inferring: {
           invoke: {
             src: 'infer',
-            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration, rollout: context.rollout }),
+            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration, rollout: context.rollout, rewards: context.rewards }),
             onDone: { target: 'training', actions: assign({ scored: ({ event }) => event.output }) },
             onError: { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'inference', error: event.error }) } },
           },

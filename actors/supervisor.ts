@@ -7,13 +7,14 @@ import { encode } from '../mesh/codec.ts';
 import { PROTOCOL_VERSION, RunEvent, type Metrics } from '../mesh/protocol.ts';
 import { subjects } from '../mesh/subjects.ts';
 import { fanOut, readResume, RunDirectory, type Recorder, type Summary } from '../engine/record.ts';
-import { runSpec } from '../engine/rlhf.ts';
+import { runSpec, type RewardSources } from '../engine/rlhf.ts';
 import { loadScenario } from '../engine/scenario.ts';
 import { BusDispatcher } from './bus-dispatcher.ts';
 import { DEFAULT_NATS, UsageError, args, logger, runMain } from './host.ts';
 import { ChaosClient } from './chaos-client.ts';
 import { JetStreamStore } from './jetstream-store.ts';
 import { Membership } from './membership.ts';
+import { RewardClient } from './reward-client.ts';
 import { supervisorMachine, type SupervisorEvent } from './supervisor.machine.ts';
 
 const USAGE = 'usage: supervisor --scenario FILE --run RUN_ID --out DIR [--nats URL] [--resume] [--take-over]';
@@ -87,9 +88,26 @@ runMain(async () => {
   const resume = values.resume && !takeOver ? readResume(values.out) : undefined;
   if (resume) log(`resuming after iteration ${resume.iteration} from ${values.out}`);
   const directory = new RunDirectory(values.out, takeOver?.history ?? resume?.history);
+  // Reward actors on the bus, one client per name; they say on the events subject what they wait for.
+  const clients = new Map(
+    scenario.reward.actors.map((a) => [
+      a.name,
+      new RewardClient(nc, a.name, {
+        timeoutMs: a.timeout_seconds * 1000,
+        retries: a.retries,
+        waitMs: a.wait_seconds * 1000,
+        say: (line) => {
+          log(line);
+          publish({ type: 'log', level: 'warn', source: 'supervisor', message: line });
+        },
+      }),
+    ]),
+  );
+  const rewards: RewardSources = { score: (name, iteration, items) => clients.get(name)!.score(values.run!, iteration, items) };
   const actor = createActor(machine, {
     input: {
       spec,
+      rewards,
       run: values.run,
       dispatcher,
       store,
@@ -115,6 +133,7 @@ runMain(async () => {
   actor.start();
   const out = await toPromise(actor);
   clearInterval(beating);
+  for (const c of clients.values()) c.close();
   stopEscalations();
   await nc.flush().catch(() => {});
   await nc.drain().catch(() => {});

@@ -2,6 +2,7 @@
 // NATS or in one process. The supervisor machine (actors/supervisor.machine.ts) sequences them.
 import { createHash } from 'node:crypto';
 import type { CallBody, CallOf, Checkpoint, LedgerEntry, ModelSpec, ResultOf } from '../mesh/protocol.ts';
+import type { RewardItem } from '../mesh/reward-protocol.ts';
 import type { Dispatcher } from './dispatch.ts';
 import { layoutKey, shardSlices, sliceShape, type Layout } from '../mesh/layout.ts';
 import { planRealloc } from '../mesh/realloc.ts';
@@ -288,17 +289,45 @@ export async function generateStage(d: Dispatcher, r: RunSpec, iteration: number
 
 export interface Scored {
   refLogprobs: Float32Array;
+  /** The reward: the weighted sum of every source's score. */
   scores: Float32Array;
   values: Float32Array;
+  /** Each source's mean score (`rule` for the reward device, actors by name). */
+  sources: Record<string, number>;
 }
 
-/** Reference, reward and critic inference: no path between them, so they run at once. */
-export async function inferStage(d: Dispatcher, r: RunSpec, ro: Rollout): Promise<Scored> {
+/** Reward actors on the bus, by name (actors/reward-client.ts over NATS). */
+export interface RewardSources {
+  score(name: string, iteration: number, items: RewardItem[]): Promise<number[]>;
+}
+
+const digitText = (t: number, base: number) => (t < base ? t.toString(36) : '|');
+
+/** A rollout's rows as reward protocol items: tokens, their text, and the task's own answer. */
+export function rewardItems(r: RunSpec, ro: Rollout): RewardItem[] {
+  const { promptLen, responseLen } = r.task;
+  const base = r.scenario.task.base;
+  const width = promptLen + responseLen;
+  const text = (xs: number[]) => xs.map((t) => digitText(t, base)).join('');
+  return Array.from({ length: ro.batch }, (_, b) => {
+    const row = Array.from(ro.tokens.subarray(b * width, (b + 1) * width));
+    const prompt = row.slice(0, promptLen);
+    const response = row.slice(promptLen);
+    return { id: `${ro.iteration}-${b}`, prompt, response, prompt_text: text(prompt), response_text: text(response), ground_truth: text(r.task.target(prompt)) };
+  });
+}
+
+/** Reference, reward and critic inference, and the reward actors: no path between them, so they run at once. */
+export async function inferStage(d: Dispatcher, r: RunSpec, ro: Rollout, sources?: RewardSources): Promise<Scored> {
   const batch = { tokens: ro.tokens, batch: ro.batch, promptLen: r.task.promptLen, responseLen: r.task.responseLen };
-  const [ref, reward, critic] = await Promise.all([
+  const { weight, actors } = r.scenario.reward;
+  if (actors.length && !sources) throw new Error(`reward actors (${actors.map((a) => a.name).join(', ')}) are reached over the bus; this run has none`);
+  const items = actors.length ? rewardItems(r, ro) : [];
+  const [ref, reward, critic, ...fromActors] = await Promise.all([
     callMesh(d, layoutOf(r, 'reference.inference'), 'reference', ro.iteration, { fn: 'inference', ...batch }),
-    callMesh(d, layoutOf(r, 'reward.inference'), 'reward', ro.iteration, { fn: 'inference', ...batch }),
+    weight > 0 ? callMesh(d, layoutOf(r, 'reward.inference'), 'reward', ro.iteration, { fn: 'inference', ...batch }) : Promise.resolve(undefined),
     onLayout(d, r, 'critic.inference', ro.iteration, (name) => callMesh(d, layoutOf(r, 'critic.inference'), name, ro.iteration, { fn: 'inference', ...batch })),
+    ...actors.map((a) => sources!.score(a.name, ro.iteration, items)),
   ]);
   if (critic.moved) ro.moved.push(critic.moved);
   const pick = <K extends string>(o: object, key: K, model: string): Float32Array => {
@@ -306,11 +335,33 @@ export async function inferStage(d: Dispatcher, r: RunSpec, ro: Rollout): Promis
     if (!(v instanceof Float32Array)) throw new Error(`${model}.inference replied without '${key}'`);
     return v;
   };
+  // The weighted sum, in a fixed order (the rule, then the actors as listed), in float64.
+  const total = new Float64Array(ro.batch);
+  const sources_: Record<string, number> = {};
+  const add = (name: string, w: number, xs: ArrayLike<number>) => {
+    for (let b = 0; b < ro.batch; b++) total[b]! += w * xs[b]!;
+    sources_[name] = mean(Array.from(xs));
+  };
+  if (reward) add('rule', weight, pick(reward, 'scores', 'reward'));
+  actors.forEach((a, i) => add(a.name, a.weight, fromActors[i]!));
   return {
     refLogprobs: pick(ref, 'logprobs', 'reference'),
-    scores: pick(reward, 'scores', 'reward'),
+    scores: Float32Array.from(total),
     values: pick(critic, 'values', 'critic'),
+    sources: sources_,
   };
+}
+
+/** The task's rule on a rollout, whatever the reward: what the hidden human thinks. */
+export function ruleScore(r: RunSpec, ro: Rollout): number {
+  const { promptLen, responseLen } = r.task;
+  const width = promptLen + responseLen;
+  let sum = 0;
+  for (let b = 0; b < ro.batch; b++) {
+    const row = ro.tokens.subarray(b * width, (b + 1) * width);
+    sum += r.task.score(row.subarray(0, promptLen), row.subarray(promptLen));
+  }
+  return sum / ro.batch;
 }
 
 export interface Trained {

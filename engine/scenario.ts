@@ -53,6 +53,15 @@ export const Supervision = z.strictObject({
   }).prefault({}).describe('permanent: always restarted; transient: restarted when it exits abnormally; temporary: never'),
 });
 
+/** A reward actor on the bus, by the name it serves, and how long ferry waits for it. */
+export const RewardActorRef = z.strictObject({
+  name: z.string().regex(/^[A-Za-z0-9_-]+$/, 'letters, digits, - and _ (it is a NATS subject token)'),
+  weight: z.number().default(1),
+  timeout_seconds: z.number().positive().default(10).describe('one request; then it goes to the next instance'),
+  retries: nat.default(2).describe('further attempts after the first'),
+  wait_seconds: z.number().positive().default(60).describe('how long to wait for an instance to appear'),
+});
+
 export const Chaos = z.strictObject({
   kills: z.array(z.strictObject({
     actor: z.enum(ACTOR_KINDS).describe('the model whose worker dies (its rank 0 for the call), or the supervisor'),
@@ -122,6 +131,8 @@ export const Scenario = z.strictObject({
   }).prefault({}),
   reward: z.strictObject({
     rule: z.enum(TASKS).optional().describe('built-in rule reward; defaults to the task'),
+    weight: z.number().nonnegative().default(1).describe("weight of the reward device's score (the rule); 0: not used"),
+    actors: z.array(RewardActorRef).default([]).describe('reward actors on the bus (docs/reward-protocol.md), combined with the rule: the reward is the weighted sum'),
   }).prefault({}),
   checkpoint: z.strictObject({
     every: nat.default(1).describe('iterations between checkpoints in the run directory (0: none); the last iteration is always kept'),

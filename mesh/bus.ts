@@ -39,9 +39,18 @@ export class BusError extends Error {
   }
 }
 
-export async function connectBus(url: string, name: string): Promise<NatsConnection> {
+/** Credentials on a closed bus: given, else $FERRY_NATS_USER and $FERRY_NATS_PASS (the launcher sets them per role). */
+export interface Credentials {
+  user?: string;
+  pass?: string;
+}
+
+export async function connectBus(url: string, name: string, credentials: Credentials = {}): Promise<NatsConnection> {
+  const user = credentials.user ?? process.env.FERRY_NATS_USER;
+  const pass = credentials.pass ?? process.env.FERRY_NATS_PASS;
   try {
     return await connect({
+      ...(user !== undefined ? { user, pass } : {}),
       // A comma-separated list names the servers of a cluster, tried in the order given.
       servers: url.includes(',') ? url.split(',').map((u) => u.trim()) : url,
       noRandomize: url.includes(','),

@@ -26,7 +26,7 @@ export function encode(message: { type: string; v: number; [key: string]: unknow
  * Bytes to a typed message, or a ProtocolError naming the subject and what was wrong.
  * `schema` is the set of messages this subject accepts.
  */
-export function decode<S extends z.ZodType>(subject: string, bytes: Uint8Array, schema: S): z.infer<S> {
+export function decode<S extends z.ZodType>(subject: string, bytes: Uint8Array, schema: S, expectVersion: number = PROTOCOL_VERSION): z.infer<S> {
   let raw: unknown;
   try {
     raw = packr.unpack(bytes);
@@ -37,10 +37,10 @@ export function decode<S extends z.ZodType>(subject: string, bytes: Uint8Array, 
     throw new ProtocolError(subject, `expected a msgpack map with 'type' and 'v', got ${typeof raw}`);
   }
   const version = (raw as { v?: unknown }).v;
-  if (version !== PROTOCOL_VERSION) {
+  if (version !== expectVersion) {
     throw new ProtocolError(
       subject,
-      `expected protocol version v=${PROTOCOL_VERSION}, got ${JSON.stringify(version) ?? 'none'}`,
+      `expected protocol version v=${expectVersion}, got ${JSON.stringify(version) ?? 'none'}`,
     );
   }
   const parsed = schema.safeParse(raw);

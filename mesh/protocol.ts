@@ -353,6 +353,10 @@ export const Metrics = z.strictObject({
   /** Parameter reallocations this iteration: seconds spent and bytes received. */
   realloc_seconds: z.number(),
   realloc_bytes: nat,
+  /** The task's rule, scored on the rollout whatever the reward is (the hidden human's view). */
+  rule_score: z.number().optional(),
+  /** Each reward source's mean score on the rollout (`rule` for the reward device, actors by name). */
+  rewards: z.record(z.string(), z.number()).optional(),
 });
 export type Metrics = z.infer<typeof Metrics>;
 
