@@ -6,6 +6,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { connectBus, subscribe } from '../../mesh/bus.ts';
 import { startNatsServer, type PrivateNatsServer } from '../../mesh/nats-server.ts';
+import { authConfig, makeCredentials } from '../../mesh/auth.ts';
 import { encode } from '../../mesh/codec.ts';
 import { ChaosAsk, PROTOCOL_VERSION, RunEvent, SupervisorBeat } from '../../mesh/protocol.ts';
 import { CHAOS_ENV } from '../../actors/chaos-client.ts';
@@ -33,6 +34,11 @@ export interface LaunchOptions {
   env?: NodeJS.ProcessEnv;
   /** Go on from the last checkpoint in `out`. */
   resume?: boolean;
+  /**
+   * Run the private server with authentication: one user per role, each with only its subjects;
+   * the credentials go to `out/credentials.json` (for reward actors started by hand).
+   */
+  auth?: boolean;
   say?: (line: string) => void;
 }
 
@@ -130,15 +136,21 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
 
   try {
     let url = o.natsUrl;
+    if (o.auth && url) throw new Error(`--auth runs a private server with per-role credentials; it cannot be combined with an existing server (${url})`);
+    const creds = o.auth ? makeCredentials(o.run) : undefined;
+    if (creds) {
+      writeFileSync(join(o.out, 'credentials.json'), `${JSON.stringify(creds, null, 2)}\n`, { mode: 0o600 });
+      say(`the bus is closed: credentials per role in ${join(o.out, 'credentials.json')}`);
+    }
     if (!url) {
-      server = await startNatsServer({ log: say });
+      server = await startNatsServer({ log: say, ...(creds ? { config: authConfig(o.run, creds) } : {}) });
       url = server.url;
       say(`nats-server on ${url} (private to this run, store in ${server.storeDir})`);
       if (interrupted) return { code: 130, natsUrl: url, chaos };
     } else {
       say(`using NATS at ${url}`);
     }
-    const nc = await connectBus(url, `ferry-launcher-${o.run}`);
+    const nc = await connectBus(url, `ferry-launcher-${o.run}`, creds?.launcher ?? {});
     const subj = subjects(o.run);
     const publish = (e: Record<string, unknown> & { type: string }) => {
       if (nc.isClosed() || nc.isDraining()) return;
@@ -214,6 +226,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     const supervisorEnded = new Promise<void>((r) => (supervisorGone = r));
     let supervisorCode = null as number | null;
 
+    const roleEnv = (role: 'supervisor' | 'worker'): NodeJS.ProcessEnv => (creds ? { ...env, FERRY_NATS_USER: creds[role].user, FERRY_NATS_PASS: creds[role].pass } : env);
     const start = (kind: Slot['kind'], index: number, again: boolean): Slot => {
       const child =
         kind === 'supervisor'
@@ -221,9 +234,9 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
               'actors/supervisor.ts',
               ['--scenario', resolved, '--run', o.run, '--out', o.out, '--nats', url!, ...(again ? ['--take-over'] : o.resume ? ['--resume'] : [])],
               join(logs, again ? `supervisor.${Date.now()}.log` : 'supervisor.log'),
-              env,
+              roleEnv('supervisor'),
             )
-          : startProcess('actors/worker.ts', ['--run', o.run, '--nats', spread(url!, index), '--backend', o.backend ?? o.scenario.backend], join(logs, again ? `worker-${index}.${Date.now()}.log` : `worker-${index}.log`), env);
+          : startProcess('actors/worker.ts', ['--run', o.run, '--nats', spread(url!, index), '--backend', o.backend ?? o.scenario.backend], join(logs, again ? `worker-${index}.${Date.now()}.log` : `worker-${index}.log`), roleEnv('worker'));
       const slot: Slot = { kind, index, child };
       child.once('exit', (code, signal) => onExit(slot, { code, signal }));
       return slot;

@@ -8,14 +8,15 @@ import { loadScenario, planOnly } from '../scenario.ts';
 import { UsageError, args, runMain } from '../../actors/host.ts';
 import { launch } from './launch.ts';
 
-const USAGE = `usage: npm run scenario [-- FILE] [--plan PLAN.yaml] [--resume RUN_DIR] [--out DIR] [--nats URL] [--workers N] [--backend ${BACKENDS.join('|')}]
+const USAGE = `usage: npm run scenario [-- FILE] [--plan PLAN.yaml] [--resume RUN_DIR] [--out DIR] [--nats URL] [--workers N] [--backend ${BACKENDS.join('|')}] [--auth]
   FILE       scenario file (default scenarios/quickstart.yaml)
   --plan     a plan (as npm run plan --write writes it) that replaces the scenario's
   --resume   a run directory to go on from its last checkpoint (FILE defaults to its scenario.json)
   --out      run directory (default runs/<scenario>-<timestamp>)
   --nats     NATS server to use (default: $NATS_URL, else a private nats-server)
   --workers  worker processes to start here (default: one per device; others join with npm run worker)
-  --backend  TensorFlow.js backend for the workers started here (default: the scenario's)`;
+  --backend  TensorFlow.js backend for the workers started here (default: the scenario's)
+  --auth     a closed bus: the private server requires per-role credentials (written to DIR/credentials.json)`;
 
 runMain(async () => {
   const { values, positionals } = args(USAGE, {
@@ -25,6 +26,7 @@ runMain(async () => {
     nats: { type: 'string' },
     workers: { type: 'string' },
     backend: { type: 'string' },
+    auth: { type: 'boolean', default: false },
   });
   if (values.help) {
     console.log(USAGE);
@@ -55,6 +57,7 @@ runMain(async () => {
     workers,
     backend: values.backend,
     resume: values.resume !== undefined,
+    auth: values.auth,
   });
   const s = result.summary;
   const secs = ((Date.now() - t0) / 1000).toFixed(1);

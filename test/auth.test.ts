@@ -1,0 +1,126 @@
+// A closed bus: the server enforces each role's subjects. A reward actor's credential serves
+// reward requests and nothing else; a client without credentials is refused; a parameter chunk
+// with a wrong digest is rejected even when sent by a role allowed to send chunks. And a whole
+// run works on a closed bus.
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import type { NatsConnection } from '@nats-io/transport-node';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { RewardClient } from '../actors/reward-client.ts';
+import { serveReward } from '../actors/reward-actor.ts';
+import { launch } from '../engine/cli/launch.ts';
+import { loadScenario } from '../engine/scenario.ts';
+import { authConfig, makeCredentials, type Credentials } from '../mesh/auth.ts';
+import { BusError, connectBus } from '../mesh/bus.ts';
+import { encode } from '../mesh/codec.ts';
+import { startNatsServer, type PrivateNatsServer } from '../mesh/nats-server.ts';
+import { PROTOCOL_VERSION } from '../mesh/protocol.ts';
+import { subjects } from '../mesh/subjects.ts';
+import { chunksOf, receiveTensors } from '../mesh/transfer.ts';
+import { smallScenario, tempDir } from './helpers.ts';
+
+const RUN = 'closed1';
+const subj = subjects(RUN);
+
+/** The permission violations the server reports to this connection, as they come. */
+function violations(nc: NatsConnection): string[] {
+  const seen: string[] = [];
+  void (async () => {
+    for await (const s of nc.status()) if (s.type === 'error') seen.push(String((s as { error?: Error }).error?.message ?? s));
+  })();
+  return seen;
+}
+
+const until = async (what: () => boolean, ms = 5000) => {
+  const end = Date.now() + ms;
+  while (!what() && Date.now() < end) await new Promise((r) => setTimeout(r, 50));
+};
+
+describe('a closed bus', () => {
+  let server: PrivateNatsServer;
+  let creds: Credentials;
+
+  beforeAll(async () => {
+    creds = makeCredentials(RUN);
+    server = await startNatsServer({ config: authConfig(RUN, creds) });
+  });
+  afterAll(() => server.stop());
+
+  it('refuses a client with no credentials, or with a wrong password', async () => {
+    await expect(connectBus(server.url, 'stranger', { user: undefined, pass: undefined })).rejects.toThrow(BusError);
+    await expect(connectBus(server.url, 'stranger')).rejects.toThrow(/Authorization Violation|authorization/i);
+    await expect(connectBus(server.url, 'guesser', { user: creds.worker.user, pass: 'guess' })).rejects.toThrow(/Authorization Violation|authorization/i);
+  });
+
+  it('lets a reward credential serve reward requests, and refuses it a parameter chunk, a call, a run event and a run subscription', async () => {
+    const rewardNc = await connectBus(server.url, 'reward-actor', creds.reward);
+    const refused = violations(rewardNc);
+    const supNc = await connectBus(server.url, 'supervisor', creds.supervisor);
+    try {
+      const actor = await serveReward({ nats: rewardNc, name: 'closed', score: (items) => items.map((it) => it.response.length) });
+      const client = new RewardClient(supNc, 'closed', { timeoutMs: 2000, retries: 0, waitMs: 5000 });
+      const item = { id: 'x', prompt: [1], response: [1, 2, 3], prompt_text: '1', response_text: '123' };
+      expect(await client.score(RUN, 0, [item])).toEqual([3]);
+      client.close();
+      await actor.stop();
+      expect(refused).toEqual([]);
+
+      // A parameter chunk, a call to a device, and a run event: each refused by the server.
+      const [chunk] = [...chunksOf('t1', [{ name: 'w', shape: [4], data: Float32Array.from([1, 2, 3, 4]) }], 1 << 16)];
+      rewardNc.publish(subj.chunks('t1'), encode(chunk!));
+      await until(() => refused.length >= 1);
+      rewardNc.publish(subj.call(0), encode({ type: 'call', v: PROTOCOL_VERSION, id: 'c', model: 'actor', iteration: 0, body: { fn: 'shutdown' } }));
+      await until(() => refused.length >= 2);
+      rewardNc.publish(subj.events, encode({ type: 'done', v: PROTOCOL_VERSION, status: 'failed', message: 'forged' }));
+      await until(() => refused.length >= 3);
+      rewardNc.subscribe(subj.chunks('t1'), { callback: () => {} });
+      await until(() => refused.length >= 4);
+      expect(refused).toHaveLength(4);
+      expect(refused[0]).toMatch(new RegExp(`publish.*${subj.chunks('t1').replaceAll('.', '\\.')}`, 'i'));
+      expect(refused[1]).toMatch(new RegExp(`publish.*${subj.call(0).replaceAll('.', '\\.')}`, 'i'));
+      expect(refused[2]).toMatch(new RegExp(`publish.*${subj.events.replaceAll('.', '\\.')}`, 'i'));
+      expect(refused[3]).toMatch(/subscription/i);
+    } finally {
+      await rewardNc.close().catch(() => {});
+      await supNc.close().catch(() => {});
+    }
+  });
+
+  it('rejects a parameter chunk with a wrong digest, even from a role that may send chunks', async () => {
+    const sender = await connectBus(server.url, 'worker-a', creds.worker);
+    const receiver = await connectBus(server.url, 'worker-b', creds.worker);
+    try {
+      const incoming = receiveTensors(receiver, subj, [{ transfer: 't2', expected: [{ name: 'w', shape: [4] }] }], 10_000, () => {});
+      await receiver.flush();
+      incoming.arm();
+      const [chunk] = [...chunksOf('t2', [{ name: 'w', shape: [4], data: Float32Array.from([1, 2, 3, 4]) }], 1 << 16)];
+      const forged = { ...chunk!, data: Float32Array.from([1, 2, 3, 5]) };
+      sender.publish(subj.chunks('t2'), encode(forged));
+      await expect(incoming.done).rejects.toThrow(/digest/i);
+      incoming.close();
+    } finally {
+      await sender.close();
+      await receiver.close();
+    }
+  });
+});
+
+describe('a run on a closed bus', () => {
+  it('runs with per-role credentials and leaves them in the run directory', async () => {
+    const dir = tempDir();
+    const out = join(dir, 'run');
+    const r = await launch({ scenario: loadScenario(smallScenario(dir)), run: `auth${Date.now()}`, out, auth: true, progress: { phase() {}, iteration() {}, stop() {} }, say: () => {} });
+    expect(r.summary?.error).toBeUndefined();
+    expect(r.code).toBe(0);
+    const written = JSON.parse(readFileSync(join(out, 'credentials.json'), 'utf8')) as Credentials;
+    expect(Object.keys(written).sort()).toEqual(['launcher', 'reward', 'supervisor', 'worker']);
+    expect(written.reward.pass.length).toBeGreaterThan(16);
+  }, 120_000);
+
+  it('refuses --auth with an existing server', async () => {
+    const dir = tempDir();
+    await expect(
+      launch({ scenario: loadScenario(smallScenario(dir)), run: `auth${Date.now()}`, out: join(dir, 'x'), auth: true, natsUrl: 'nats://127.0.0.1:4222', progress: { phase() {}, iteration() {}, stop() {} }, say: () => {} }),
+    ).rejects.toThrow(/cannot be combined with an existing server/);
+  });
+});
