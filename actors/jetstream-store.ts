@@ -121,7 +121,7 @@ export class JetStreamStore implements RunStore {
     const bytes = await patiently(`reading the snapshot after iteration ${iteration}`, this.patienceMs, () => this.objects.getBlob(`snapshot-${iteration}`));
     if (!bytes) return undefined;
     const c = decode(`object ferry-${this.run}-snapshots/snapshot-${iteration}`, bytes, CheckpointFile);
-    return { actor: c.actor, critic: c.critic, reference: c.reference };
+    return { actor: c.actor, critic: c.critic, reference: c.reference, ...(c.reward ? { reward: c.reward } : {}) };
   }
 
   async close(): Promise<void> {}

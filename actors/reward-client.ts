@@ -6,12 +6,18 @@
 // another version) is refused with an error that names the instance, and the request goes
 // elsewhere. Every item gets a score from an actor, or the call fails: nothing is made up.
 import { randomUUID } from 'node:crypto';
-import type { NatsConnection } from '../mesh/bus.ts';
+import type { Bus } from '../mesh/bus.ts';
 import { decode, encode, ProtocolError } from '../mesh/codec.ts';
 import { REWARD_PROTOCOL_VERSION, RewardPresence, RewardReply, rewardSubjects, type RewardItem } from '../mesh/reward-protocol.ts';
 
 export class RewardCallError extends Error {
   override name = 'RewardCallError';
+  /** No instance came within the wait: recovering would not bring one, so the run stops. */
+  readonly fatal: boolean;
+  constructor(message: string, options: { fatal?: boolean } = {}) {
+    super(message);
+    this.fatal = options.fatal ?? false;
+  }
 }
 
 export interface RewardClientOptions {
@@ -34,7 +40,7 @@ export class RewardClient {
   private turn = 0;
 
   constructor(
-    private readonly nc: NatsConnection,
+    private readonly nc: Bus,
     readonly name: string,
     private readonly o: RewardClientOptions,
   ) {
@@ -68,15 +74,19 @@ export class RewardClient {
     const id = `${run}.${iteration}.${randomUUID().slice(0, 8)}`;
     const body = encode({ type: 'reward.request', v: REWARD_PROTOCOL_VERSION, id, run, iteration, items });
     const failures: string[] = [];
-    const waitUntil = Date.now() + this.o.waitMs;
+    /** Instances that failed this request: a retry goes elsewhere when anyone else is there. */
+    const failed = new Set<string>();
+    let waitingSince: number | undefined;
     let waited = false;
     for (let attempt = 0; attempt <= this.o.retries; ) {
       const live = this.instances();
       if (live.length === 0) {
-        if (Date.now() > waitUntil) {
+        waitingSince ??= Date.now();
+        if (Date.now() - waitingSince > this.o.waitMs) {
           throw new RewardCallError(
             `no reward actor '${this.name}' appeared on ${this.subj.presence} within ${this.o.waitMs / 1000} s (its wait_seconds)` +
               (failures.length ? `; earlier attempts: ${failures.join('; ')}` : '; start one, e.g. node examples/reward-actor/ascending.mjs'),
+            { fatal: true },
           );
         }
         if (!waited) this.o.say?.(`waiting for a reward actor '${this.name}' (none is serving ${this.subj.request}); giving up in ${this.o.waitMs / 1000} s`);
@@ -84,17 +94,22 @@ export class RewardClient {
         await new Promise((r) => setTimeout(r, 250));
         continue;
       }
-      // Round robin over the live instances; a retry goes to the next one.
-      const instance = live[this.turn++ % live.length]!;
+      waitingSince = undefined;
+      // Round robin over the live instances, those that failed this request last.
+      const fresh = live.filter((i) => !failed.has(i));
+      const pool = fresh.length ? fresh : live;
+      const instance = pool[this.turn++ % pool.length]!;
       attempt += 1;
       try {
         const msg = await this.nc.request(this.subj.instance(instance), body, { timeout: this.o.timeoutMs });
         return this.check(instance, id, items, msg.data);
       } catch (e) {
+        failed.add(instance);
         const why = e instanceof RewardCallError ? e.message : `reward actor '${this.name}' (instance ${instance}): ${describe(e, this.o.timeoutMs)}`;
         failures.push(why);
         this.o.say?.(`${why}${attempt <= this.o.retries ? '; trying again' : ''}`);
-        if (/no responders|503|timeout|TIMEOUT/i.test(String((e as Error).message ?? e))) this.seen.delete(instance);
+        // Nobody subscribed to its subject: it is gone (its presence would say so within seconds).
+        if (!(e instanceof RewardCallError) && /no responders|503/i.test(String((e as Error).message ?? e))) this.seen.delete(instance);
       }
     }
     throw new RewardCallError(`reward '${this.name}': ${failures.length} attempt(s) failed: ${failures.join('; ')}`);

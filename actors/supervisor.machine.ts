@@ -80,6 +80,7 @@ interface Context extends SupervisorInput {
   failure?: { reason: string; at: number };
   recoveries: Summary['recoveries'];
   snapshots: NonNullable<Summary['snapshots']>;
+  rewardModel?: Summary['reward_model'];
   error?: string;
 }
 
@@ -223,13 +224,13 @@ export const supervisorMachine = setup({
       context.recorder.phase('recovering', `${failure.reason} (recovery ${context.dispatcher.epoch})`);
       return escalation ? { error: `supervision: ${escalation}` } : {};
     }),
-    recovered: assign(({ context }, out: { parameters: Record<string, number>; snapshot: number }) => {
+    recovered: assign(({ context }, out: { parameters: Record<string, number>; snapshot: number; rewardModel?: Summary['reward_model'] }) => {
       const seconds = (Date.now() - (context.failure?.at ?? Date.now())) / 1000;
       const history = context.history.filter((m) => m.iteration <= out.snapshot);
       const entry = { epoch: context.dispatcher.epoch, reason: context.failure?.reason ?? 'unknown', snapshot: out.snapshot, iteration: out.snapshot + 1, seconds };
       context.recorder.rewind?.(history);
       context.onRecovered?.(entry);
-      return { parameters: out.parameters, snapshot: out.snapshot, iteration: out.snapshot + 1, history, failure: undefined, recoveries: [...context.recoveries, entry], rollout: undefined, scored: undefined };
+      return { parameters: out.parameters, rewardModel: out.rewardModel ?? context.rewardModel, snapshot: out.snapshot, iteration: out.snapshot + 1, history, failure: undefined, recoveries: [...context.recoveries, entry], rollout: undefined, scored: undefined };
     }),
     recordIteration: assign(({ context }, trained: Trained) => {
       const seconds = (Date.now() - context.iterationStartedAt) / 1000;
@@ -270,6 +271,7 @@ export const supervisorMachine = setup({
         ...(context.dispatcher.stats ? { transport: context.dispatcher.stats() } : {}),
         recoveries: context.recoveries,
         ...(context.snapshots.count ? { snapshots: context.snapshots } : {}),
+        ...(context.rewardModel ? { reward_model: context.rewardModel } : {}),
         ...(context.rollouts ? { rollouts: context.rollouts } : {}),
         ...(context.error ? { error: context.error } : {}),
       };
@@ -342,7 +344,14 @@ export const supervisorMachine = setup({
             target: 'finishing',
             actions: assign({ parameters: ({ event }) => event.output.parameters, iteration: ({ context }) => context.iteration - 1, snapshot: ({ context }) => context.iteration - 1 }),
           },
-          { target: 'saving', actions: assign({ parameters: ({ event }) => event.output.parameters, snapshot: ({ context }) => context.resume?.iteration ?? -1 }) },
+          {
+            target: 'saving',
+            actions: assign({
+              parameters: ({ event }) => event.output.parameters,
+              snapshot: ({ context }) => context.resume?.iteration ?? -1,
+              rewardModel: ({ event }) => event.output.rewardModel,
+            }),
+          },
         ],
         onError: { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'setup', error: event.error }) } },
       },
@@ -425,7 +434,15 @@ export const supervisorMachine = setup({
             src: 'infer',
             input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration, rollout: context.rollout, rewards: context.rewards }),
             onDone: { target: 'training', actions: assign({ scored: ({ event }) => event.output }) },
-            onError: { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'inference', error: event.error }) } },
+            onError: [
+              // A reward actor that never came: going back to a snapshot would not bring it.
+              {
+                guard: ({ event }) => (event.error as { fatal?: unknown })?.fatal === true,
+                target: '#supervisor.failed',
+                actions: { type: 'fail', params: ({ context, event }) => ({ stage: `iteration ${context.iteration}, inference`, error: event.error }) },
+              },
+              { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'inference', error: event.error }) } },
+            ],
           },
         },
         training: {

@@ -31,7 +31,7 @@ runMain(async () => {
   if (!values.scenario || !values.run || !values.out) throw new UsageError(USAGE);
   const log = logger('supervisor');
   const scenario = loadScenario(values.scenario);
-  const spec = runSpec(scenario);
+  const spec = runSpec(scenario, values.run);
   const nc = await connectBus(values.nats ?? process.env.NATS_URL ?? DEFAULT_NATS, `ferry-supervisor-${values.run}`);
   const subj = subjects(values.run);
   const publish = (event: Record<string, unknown> & { type: string }) => nc.publish(subj.events, encode({ ...event, v: PROTOCOL_VERSION }));
@@ -89,8 +89,9 @@ runMain(async () => {
   if (resume) log(`resuming after iteration ${resume.iteration} from ${values.out}`);
   const directory = new RunDirectory(values.out, takeOver?.history ?? resume?.history);
   // Reward actors on the bus, one client per name; they say on the events subject what they wait for.
+  const learned = scenario.reward.model ? [{ name: spec.rewardService, timeout_seconds: 30, retries: 2, wait_seconds: scenario.timeouts.recover_seconds }] : [];
   const clients = new Map(
-    scenario.reward.actors.map((a) => [
+    [...learned, ...scenario.reward.actors].map((a) => [
       a.name,
       new RewardClient(nc, a.name, {
         timeoutMs: a.timeout_seconds * 1000,

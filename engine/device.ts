@@ -9,6 +9,8 @@ import { cut, paste } from '../mesh/slices.ts';
 import type { Subjects } from '../mesh/subjects.ts';
 import { subscribe } from '../mesh/bus.ts';
 import { manifestOf, modelDigest, receiveTensors, sendTensors, type NamedTensor } from '../mesh/transfer.ts';
+import { randomUUID } from 'node:crypto';
+import { serveReward, type RewardActor } from '../mesh/reward-serve.ts';
 import { modelInfo } from './params.ts';
 import { tokensDigest } from './ledger.ts';
 import { Comm } from './comm.ts';
@@ -90,6 +92,8 @@ interface Hosted {
   shard: ModelShard | RuleShard;
   /** The training calls this shard's parameters have taken in, oldest first (see LedgerEntry). */
   ledger: LedgerEntry[];
+  /** A learned reward model served on the bus (load's `serve`). */
+  serving?: RewardActor;
 }
 
 type Body = Record<string, unknown>;
@@ -120,6 +124,7 @@ export class Device {
   }, 10).unref();
 
   close(): void {
+    for (const h of this.hosted.values()) void this.drop(h);
     this.comm.close();
     clearInterval(this.sampler);
   }
@@ -131,10 +136,18 @@ export class Device {
    */
   reset(why: string): string[] {
     const dropped = this.models();
-    for (const h of this.hosted.values()) if (!(h.shard instanceof RuleShard)) h.shard.dispose();
+    for (const h of this.hosted.values()) void this.drop(h);
     this.hosted.clear();
     this.comm.endAll(why);
     return dropped;
+  }
+
+  /** Frees a shard, and stops serving it as a reward actor if it was. */
+  private async drop(h: Hosted): Promise<void> {
+    if (!(h.shard instanceof RuleShard)) h.shard.dispose();
+    const serving = h.serving;
+    h.serving = undefined;
+    await serving?.stop();
   }
 
   models(): string[] {
@@ -154,13 +167,16 @@ export class Device {
     const kind = this.kindOf(h);
     const allowed: Record<string, readonly CallFn[]> = {
       policy: ['sft', 'generate', 'inference', 'train', 'manifest', 'weights', 'checkpoint', 'restore', 'release'],
-      value: ['inference', 'train', 'manifest', 'weights', 'checkpoint', 'restore', 'release'],
+      value: ['inference', 'train', 'preference', 'manifest', 'weights', 'checkpoint', 'restore', 'release'],
       rule: ['inference', 'manifest', 'release'],
     };
     if (!allowed[kind]!.includes(body.fn)) {
       return new CallRejected('unsupported', `'${body.fn}' is not a call of a ${kind} model ('${model}' on device ${this.index})`);
     }
-    if ((body.fn === 'train' || body.fn === 'sft') && !(h.shard as ModelShard).trainable) {
+    if (body.fn === 'preference' && h.shard instanceof ShardedGpt) {
+      return new CallRejected('unsupported', `'preference' trains a reward model on a one-device layout; '${model}' on device ${this.index} is one rank of ${h.layout.devices.length}`);
+    }
+    if ((body.fn === 'train' || body.fn === 'sft' || body.fn === 'preference') && !(h.shard as ModelShard).trainable) {
       return new CallRejected('invalid_state', `'${model}' on device ${this.index} is not on its training layout (no optimizer); '${body.fn}' is refused`);
     }
     if (body.fn === 'restore' && body.optimizer && !(h.shard as ModelShard).trainable) {
@@ -232,8 +248,7 @@ export class Device {
         return { rss_mb: mb(rss), window_peak_rss_mb: mb(windowPeak), peak_rss_mb: process.resourceUsage().maxRSS / 1024, heap_mb: mb(process.memoryUsage().heapUsed) };
       }
       case 'release': {
-        const h = this.hosted.get(call.model)!;
-        if (!(h.shard instanceof RuleShard)) h.shard.dispose();
+        await this.drop(this.hosted.get(call.model)!);
         this.hosted.delete(call.model);
         return {};
       }
@@ -242,7 +257,7 @@ export class Device {
     }
   }
 
-  private load(model: string, body: CallOf<'load'>): ResultOf<'load'> {
+  private async load(model: string, body: CallOf<'load'>): Promise<ResultOf<'load'>> {
     const { layout, rank, spec } = body;
     const size = layout.dp * layout.tp * layout.pp;
     if (size !== layout.devices.length) {
@@ -252,6 +267,9 @@ export class Device {
       throw new CallRejected('invalid_state', `rank ${rank} of layout [${layout.devices}] is device ${layout.devices[rank]}, not this device ${this.index}`);
     }
     if (spec.kind === 'rule' && size !== 1) throw new CallRejected('unsupported', `a rule reward runs on one device; got a layout of ${size}`);
+    if (body.serve !== undefined && (spec.kind !== 'value' || size !== 1)) {
+      throw new CallRejected('unsupported', `only a value model on one device can serve as a reward actor; '${model}' is a ${spec.kind} model on ${size} device(s)`);
+    }
     if (spec.kind !== 'rule' && size > 1) {
       const problems = checkStrategy(modelInfo(spec), layout);
       if (spec.heads % layout.tp !== 0) problems.unshift(`tp=${layout.tp} does not divide the ${spec.heads} attention heads`);
@@ -264,8 +282,29 @@ export class Device {
         : size === 1
           ? new GptShard(spec, body.seed, body.optim)
           : new ShardedGpt(spec, layout, rank, body.seed, body.optim, this.comm);
-    if (previous && !(previous.shard instanceof RuleShard)) previous.shard.dispose();
-    this.hosted.set(model, { role: body.role, layout, rank, shard, ledger: [] });
+    if (previous) await this.drop(previous);
+    const hosted: Hosted = { role: body.role, layout, rank, shard, ledger: [] };
+    this.hosted.set(model, hosted);
+    if (body.serve !== undefined) {
+      // A learned reward model answers the reward protocol like any reward actor on the bus.
+      const rm = shard as GptShard;
+      hosted.serving = await serveReward({
+        nats: this.bus,
+        name: body.serve,
+        instance: `d${this.index}-${randomUUID().slice(0, 6)}`,
+        score: (items) => {
+          const width = items[0] ? items[0].prompt.length + items[0].response.length : 0;
+          const tokens = new Int32Array(items.length * width);
+          items.forEach((it, b) => {
+            if (it.prompt.length + it.response.length !== width) throw new Error(`item ${it.id} has ${it.prompt.length + it.response.length} tokens, the others ${width}`);
+            tokens.set([...it.prompt, ...it.response], b * width);
+          });
+          const bad = shapeProblem({ fn: 'inference', tokens, batch: items.length, promptLen: items[0]?.prompt.length ?? 1, responseLen: items[0]?.response.length ?? 1 }, rm.spec);
+          if (bad) throw new Error(bad);
+          return Array.from(rm.sequenceScores(tokens, items.length));
+        },
+      });
+    }
     const tensors = shard instanceof RuleShard ? [] : shard.exportTensors();
     return { parameters: tensors.reduce((n, t) => n + t.data.length, 0), digest: modelDigest(tensors) };
   }
@@ -456,6 +495,8 @@ export class Device {
     switch (body.fn) {
       case 'sft':
         return s.sft(body.tokens, body.batch, body.promptLen, body.steps, body.minibatch, body.lr, body.seed);
+      case 'preference':
+        return s.preference(body.chosen, body.rejected, body.batch, body.steps, body.minibatch, body.lr, body.seed);
       case 'generate':
         return s.generate(body.prompts, body.batch, body.promptLen, body.responseLen, body.seeds, body.temperature);
       case 'inference':

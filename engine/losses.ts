@@ -20,3 +20,8 @@ export function valueLoss(values: tf.Tensor, old: tf.Tensor, returns: tf.Tensor,
     return tf.mul(0.5, tf.mean(tf.maximum(a, b))) as tf.Scalar;
   });
 }
+
+/** Bradley–Terry: mean of −log σ(r_chosen − r_rejected) = softplus(r_rejected − r_chosen). */
+export function preferenceLoss(chosen: tf.Tensor, rejected: tf.Tensor): tf.Scalar {
+  return tf.tidy(() => tf.mean(tf.softplus(tf.sub(rejected, chosen))) as tf.Scalar);
+}

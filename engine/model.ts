@@ -160,3 +160,12 @@ export function responseLogprobs(spec: GptSpec, w: Weights, tokens: tf.Tensor2D,
 export function responseValues(spec: GptSpec, w: Weights, tokens: tf.Tensor2D, promptLen: number): tf.Tensor2D {
   return tf.tidy(() => valuesOf(forward(spec, w, tokens), promptLen));
 }
+
+/** A value model's output after the last token of each sequence: [batch]. */
+export function lastValues(spec: GptSpec, w: Weights, tokens: tf.Tensor2D): tf.Tensor1D {
+  return tf.tidy(() => {
+    const out = forward(spec, w, tokens); // [B, T, 1]
+    const [B, T] = tokens.shape;
+    return tf.reshape(tf.slice(out, [0, T - 1, 0], [B, 1, 1]), [B]) as tf.Tensor1D;
+  });
+}

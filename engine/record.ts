@@ -30,6 +30,8 @@ export interface Summary {
    * seconds spent fetching them from the devices and storing them (JetStream Object Store).
    */
   snapshots?: { count: number; bytes: number; fetch_seconds: number; store_seconds: number };
+  /** A learned reward model's training (reward.model): pairs, losses, and how many pairs it orders as the rule does. */
+  reward_model?: { pairs: number; drawn: number; first_loss: number; loss: number; accuracy: number };
   /** Every prompt of every iteration trained on exactly once, by the shards' own ledgers. */
   rollouts?: RolloutAccount;
   error?: string;
@@ -122,5 +124,5 @@ export function readResume(dir: string): { iteration: number; checkpoint: Checkp
     if (!parsed.success) throw new ResumeError(`${metricsFile}:${i + 1}: not a metrics line: ${parsed.error.message}`);
     return parsed.data;
   });
-  return { iteration: c.iteration, checkpoint: { actor: c.actor, critic: c.critic, reference: c.reference }, history: history.filter((m) => m.iteration <= c.iteration) };
+  return { iteration: c.iteration, checkpoint: { actor: c.actor, critic: c.critic, reference: c.reference, ...(c.reward ? { reward: c.reward } : {}) }, history: history.filter((m) => m.iteration <= c.iteration) };
 }

@@ -9,28 +9,35 @@ import { planRealloc } from '../mesh/realloc.ts';
 import { isHead, modelInfo, parameterShapes, type GptSpec } from './params.ts';
 import { gae, mean, tokenRewards, whiten } from './ppo.ts';
 import { Stream, seedOf } from './rng.ts';
-import { modelOf, resolvePlan, MODELS, type CallName, type ModelName, type Plan, type Scenario } from './scenario.ts';
+import { modelOf, resolvePlan, ScenarioError, MODELS, type CallName, type ModelName, type Plan, type Scenario } from './scenario.ts';
 import { demonstrations, makeTask, type Task } from './task.ts';
 
 export interface RunSpec {
   scenario: Scenario;
   plan: Plan;
   task: Task;
+  /** The reward service a learned reward model serves (unique to the run). */
+  rewardService: string;
 }
 
-export function runSpec(scenario: Scenario): RunSpec {
+export function runSpec(scenario: Scenario, run = 'local'): RunSpec {
+  const plan = resolvePlan(scenario);
+  if (scenario.reward.model && plan['reward.inference'].devices.length !== 1) {
+    throw new ScenarioError(`reward.model: a learned reward model trains on one device; the plan gives reward.inference ${plan['reward.inference'].devices.length}`);
+  }
   return {
     scenario,
-    plan: resolvePlan(scenario),
+    plan,
     task: makeTask(scenario.task.name, scenario.task.digits, scenario.task.base),
+    rewardService: `rm-${run}`,
   };
 }
 
 export function modelSpec(r: RunSpec, model: ModelName): ModelSpec {
   const { task, scenario: s } = r;
-  if (model === 'reward') return { kind: 'rule', rule: s.reward.rule ?? s.task.name, digits: s.task.digits, base: s.task.base };
+  if (model === 'reward' && !s.reward.model) return { kind: 'rule', rule: s.reward.rule ?? s.task.name, digits: s.task.digits, base: s.task.base };
   const gpt: GptSpec = {
-    kind: model === 'critic' ? 'value' : 'policy',
+    kind: model === 'critic' || model === 'reward' ? 'value' : 'policy',
     vocab: task.vocab,
     context: task.promptLen + task.responseLen,
     layers: s.model.layers,
@@ -143,7 +150,7 @@ export async function reallocate(
   return { seconds: out.seconds, bytes: out.received_bytes };
 }
 
-async function loadModel(d: Dispatcher, r: RunSpec, name: string, role: ModelName, layout: Layout, opts: { seed?: number; lr?: number }, iteration = -1) {
+async function loadModel(d: Dispatcher, r: RunSpec, name: string, role: ModelName, layout: Layout, opts: { seed?: number; lr?: number; serve?: string }, iteration = -1) {
   const s = r.scenario;
   const results = await Promise.all(
     layout.devices.map((device, rank) =>
@@ -155,6 +162,7 @@ async function loadModel(d: Dispatcher, r: RunSpec, name: string, role: ModelNam
         rank,
         ...(opts.seed === undefined ? {} : { seed: opts.seed }),
         ...(opts.lr === undefined ? {} : { optim: { lr: opts.lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: s.ppo.clip_norm } }),
+        ...(opts.serve === undefined ? {} : { serve: opts.serve }),
       }),
     ),
   );
@@ -182,13 +190,18 @@ async function onLayout<T>(d: Dispatcher, r: RunSpec, call: CallName, iteration:
 
 /** The models whose state a checkpoint keeps (the reward is a rule). Per model, one record per rank. */
 export const KEPT = ['actor', 'critic', 'reference'] as const;
-export type CheckpointSet = Record<(typeof KEPT)[number], Checkpoint[]>;
+export type CheckpointSet = Record<(typeof KEPT)[number], Checkpoint[]> & { reward?: Checkpoint[] };
+
+/** The models a checkpoint keeps: those with parameters (a learned reward model too, not a rule). */
+export function keptModels(r: RunSpec): Array<(typeof KEPT)[number] | 'reward'> {
+  return r.scenario.reward.model ? [...KEPT, 'reward'] : [...KEPT];
+}
 
 /** Every rank of every kept model, at the end of an iteration: weights, and optimizer state where it trains. */
 export async function takeCheckpoint(d: Dispatcher, r: RunSpec, iteration: number): Promise<CheckpointSet> {
   // Every rank's checkpoint is an exchange of its own: they all run at once.
   const entries = await Promise.all(
-    KEPT.map(async (model) => {
+    keptModels(r).map(async (model) => {
       const layout = layoutOf(r, OWNER[model]);
       const info = modelInfo(modelSpec(r, model) as GptSpec);
       const ranks = await Promise.all(
@@ -207,21 +220,25 @@ export async function takeCheckpoint(d: Dispatcher, r: RunSpec, iteration: numbe
  * Loads the four models. From scratch: warms the actor up on demonstrations and copies it into
  * the reference and the critic's body. From a checkpoint: puts every kept model back as it was.
  */
-export async function setupModels(d: Dispatcher, r: RunSpec, resume?: CheckpointSet): Promise<{ parameters: Record<string, number> }> {
+export async function setupModels(d: Dispatcher, r: RunSpec, resume?: CheckpointSet): Promise<{ parameters: Record<string, number>; rewardModel?: RewardModelReport }> {
   const { scenario: s } = r;
   const parameters: Record<string, number> = {};
+  const learned = s.reward.model;
   await Promise.all(
     MODELS.map(async (model) => {
-      const lr = model === 'actor' ? s.ppo.actor_lr : model === 'critic' ? s.ppo.critic_lr : undefined;
-      parameters[model] = await loadModel(d, r, model, model, layoutOf(r, OWNER[model]), { ...(resume ? {} : { seed: s.seed }), lr });
+      const lr = model === 'actor' ? s.ppo.actor_lr : model === 'critic' ? s.ppo.critic_lr : model === 'reward' ? learned?.lr : undefined;
+      const serve = model === 'reward' && learned ? r.rewardService : undefined;
+      parameters[model] = await loadModel(d, r, model, model, layoutOf(r, OWNER[model]), { ...(resume ? {} : { seed: s.seed }), lr, serve });
     }),
   );
   if (resume) {
-    for (const model of KEPT) {
+    const kept = keptModels(r);
+    for (const model of kept) {
       const ranks = layoutOf(r, OWNER[model]).devices.length;
-      if (resume[model].length !== ranks) throw new Error(`the checkpoint holds ${resume[model].length} rank(s) of '${model}'; the plan gives it ${ranks}`);
+      const held = resume[model]?.length ?? 0;
+      if (held !== ranks) throw new Error(`the checkpoint holds ${held} rank(s) of '${model}'; the plan gives it ${ranks}`);
     }
-    await Promise.all(KEPT.flatMap((model) => layoutOf(r, OWNER[model]).devices.map((device, rank) => d.restoreShard(device, model, -1, resume[model][rank]!))));
+    await Promise.all(kept.flatMap((model) => layoutOf(r, OWNER[model]).devices.map((device, rank) => d.restoreShard(device, model, -1, resume[model]![rank]!))));
     return { parameters };
   }
   if (s.warmup.steps > 0) {
@@ -256,8 +273,90 @@ export async function setupModels(d: Dispatcher, r: RunSpec, resume?: Checkpoint
       modelSpec(r, 'critic') as GptSpec,
     ),
   ]);
-  return { parameters };
+  if (!learned) return { parameters };
+  return { parameters, rewardModel: await trainRewardModel(d, r) };
 }
+
+export interface RewardModelReport {
+  /** Pairs the rule told apart (ties are dropped), of those drawn. */
+  pairs: number;
+  drawn: number;
+  first_loss: number;
+  loss: number;
+  /** Share of the training pairs the trained model orders as the rule does. */
+  accuracy: number;
+}
+
+/**
+ * The learned reward: the reward model starts from the warmed-up actor's body, then learns from
+ * pairs of the actor's own responses to one prompt, labelled by the rule (the human, hidden from
+ * PPO), with the Bradley–Terry loss.
+ */
+async function trainRewardModel(d: Dispatcher, r: RunSpec): Promise<RewardModelReport> {
+  const { scenario: s, task } = r;
+  const m = s.reward.model!;
+  const actorSpec = modelSpec(r, 'actor') as GptSpec;
+  await reallocate(
+    d,
+    r,
+    'init-reward',
+    -1,
+    { model: 'actor', layout: layoutOf(r, OWNER.actor) },
+    { model: 'reward', layout: layoutOf(r, OWNER.reward) },
+    actorSpec,
+    parameterShapes(actorSpec).map(([n]) => n).filter((n) => !isHead(n)),
+    modelSpec(r, 'reward') as GptSpec,
+  );
+  // Two samples per prompt, from their own seed streams (iterations past any PPO iteration's).
+  const prompts = task.prompts(s.seed, PREFERENCE_STREAM, m.pairs);
+  const both = new Int32Array(2 * m.pairs * task.promptLen);
+  both.set(prompts, 0);
+  both.set(prompts, prompts.length);
+  const seeds = Uint32Array.from({ length: 2 * m.pairs }, (_, i) => seedOf(s.seed, Stream.sample, PREFERENCE_STREAM + Math.floor(i / m.pairs), i % m.pairs));
+  const out = await callMesh(d, layoutOf(r, 'actor.train'), 'actor', -1, {
+    fn: 'generate',
+    prompts: both,
+    batch: 2 * m.pairs,
+    promptLen: task.promptLen,
+    responseLen: task.responseLen,
+    seeds,
+    temperature: s.ppo.temperature,
+  });
+  const width = task.promptLen + task.responseLen;
+  const chosen: number[][] = [];
+  const rejected: number[][] = [];
+  const judge = (a: ArrayLike<number>, b: ArrayLike<number>) => {
+    const score = (x: ArrayLike<number>) => task.score(Array.from(x).slice(0, task.promptLen), Array.from(x).slice(task.promptLen));
+    const [sa, sb] = [score(a), score(b)];
+    if (sa === sb) return;
+    chosen.push(Array.from(sa > sb ? a : b));
+    rejected.push(Array.from(sa > sb ? b : a));
+  };
+  for (let i = 0; i < m.pairs; i++) {
+    const a = out.tokens.subarray(i * width, (i + 1) * width);
+    const b = out.tokens.subarray((m.pairs + i) * width, (m.pairs + i + 1) * width);
+    judge(a, b);
+    // The human also writes the answer it wants (a demonstration) and compares a sample with it.
+    if (m.demonstrations) judge([...Array.from(a.subarray(0, task.promptLen)), ...task.target(a.subarray(0, task.promptLen))], a);
+  }
+  if (chosen.length === 0) throw new Error(`reward.model: the rule told none of ${m.pairs} pairs apart; draw more pairs or warm up longer`);
+  const res = await d.call(layoutOf(r, OWNER.reward).devices[0]!, 'reward', -1, {
+    fn: 'preference',
+    chosen: Int32Array.from(chosen.flat()),
+    rejected: Int32Array.from(rejected.flat()),
+    batch: chosen.length,
+    promptLen: task.promptLen,
+    responseLen: task.responseLen,
+    steps: m.steps,
+    minibatch: m.batch,
+    lr: m.lr,
+    seed: seedOf(s.seed, Stream.shuffle, PREFERENCE_STREAM),
+  });
+  return { pairs: chosen.length, drawn: m.pairs, first_loss: res.first_loss, loss: res.loss, accuracy: res.accuracy };
+}
+
+/** The "iteration" of the preference pairs' prompt and sample streams: past any PPO iteration. */
+const PREFERENCE_STREAM = 1_000_000;
 
 export interface Rollout {
   iteration: number;
@@ -320,12 +419,14 @@ export function rewardItems(r: RunSpec, ro: Rollout): RewardItem[] {
 /** Reference, reward and critic inference, and the reward actors: no path between them, so they run at once. */
 export async function inferStage(d: Dispatcher, r: RunSpec, ro: Rollout, sources?: RewardSources): Promise<Scored> {
   const batch = { tokens: ro.tokens, batch: ro.batch, promptLen: r.task.promptLen, responseLen: r.task.responseLen };
-  const { weight, actors } = r.scenario.reward;
-  if (actors.length && !sources) throw new Error(`reward actors (${actors.map((a) => a.name).join(', ')}) are reached over the bus; this run has none`);
+  const { weight, model: learned } = r.scenario.reward;
+  // A learned reward model is reached like any reward actor: over the reward protocol.
+  const actors = [...(learned && weight > 0 ? [{ name: r.rewardService, weight, as: 'learned' }] : []), ...r.scenario.reward.actors.map((a) => ({ ...a, as: a.name }))];
+  if (actors.length && !sources) throw new Error(`reward actors (${actors.map((a) => a.as).join(', ')}) are reached over the bus; this run has none`);
   const items = actors.length ? rewardItems(r, ro) : [];
   const [ref, reward, critic, ...fromActors] = await Promise.all([
     callMesh(d, layoutOf(r, 'reference.inference'), 'reference', ro.iteration, { fn: 'inference', ...batch }),
-    weight > 0 ? callMesh(d, layoutOf(r, 'reward.inference'), 'reward', ro.iteration, { fn: 'inference', ...batch }) : Promise.resolve(undefined),
+    weight > 0 && !learned ? callMesh(d, layoutOf(r, 'reward.inference'), 'reward', ro.iteration, { fn: 'inference', ...batch }) : Promise.resolve(undefined),
     onLayout(d, r, 'critic.inference', ro.iteration, (name) => callMesh(d, layoutOf(r, 'critic.inference'), name, ro.iteration, { fn: 'inference', ...batch })),
     ...actors.map((a) => sources!.score(a.name, ro.iteration, items)),
   ]);
@@ -343,7 +444,7 @@ export async function inferStage(d: Dispatcher, r: RunSpec, ro: Rollout, sources
     sources_[name] = mean(Array.from(xs));
   };
   if (reward) add('rule', weight, pick(reward, 'scores', 'reward'));
-  actors.forEach((a, i) => add(a.name, a.weight, fromActors[i]!));
+  actors.forEach((a, i) => add(a.as, a.weight, fromActors[i]!));
   return {
     refLogprobs: pick(ref, 'logprobs', 'reference'),
     scores: Float32Array.from(total),

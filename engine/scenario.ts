@@ -133,6 +133,13 @@ export const Scenario = z.strictObject({
     rule: z.enum(TASKS).optional().describe('built-in rule reward; defaults to the task'),
     weight: z.number().nonnegative().default(1).describe("weight of the reward device's score (the rule); 0: not used"),
     actors: z.array(RewardActorRef).default([]).describe('reward actors on the bus (docs/reward-protocol.md), combined with the rule: the reward is the weighted sum'),
+    model: z.strictObject({
+      pairs: pos.default(512).describe('preference pairs: two responses of the warmed-up actor to one prompt, labelled by the rule'),
+      steps: pos.default(80),
+      batch: pos.default(64),
+      lr: z.number().positive().default(3e-3),
+      demonstrations: z.boolean().default(true).describe('also compare each first sample with the answer the rule wants (as a labeller who writes demonstrations)'),
+    }).optional().describe("a learned reward model on the reward device: after the warm-up it learns (Bradley–Terry) from pairs the rule labels — the rule plays the human and is hidden from PPO, which gets the model's score, over the reward protocol, with the reward's weight"),
   }).prefault({}),
   checkpoint: z.strictObject({
     every: nat.default(1).describe('iterations between checkpoints in the run directory (0: none); the last iteration is always kept'),

@@ -3,9 +3,9 @@
 import * as tf from '@tensorflow/tfjs';
 import type { NamedTensor } from '../mesh/transfer.ts';
 import type { Optim, PpoHyper } from '../mesh/protocol.ts';
-import { forward, initialWeights, parameterShapes, responseLogprobs, responseValues, type GptSpec, type Weights } from './model.ts';
+import { forward, initialWeights, lastValues, parameterShapes, responseLogprobs, responseValues, type GptSpec, type Weights } from './model.ts';
 import { Adam, type AdamState } from './adam.ts';
-import { policyLoss, valueLoss } from './losses.ts';
+import { policyLoss, preferenceLoss, valueLoss } from './losses.ts';
 import { Rng, Stream, seedOf, sampleToken } from './rng.ts';
 
 export class ShardError extends Error {
@@ -226,6 +226,43 @@ export class GptShard {
     const out = t.dataSync() as Float32Array;
     t.dispose();
     return out;
+  }
+
+  /** A reward model's score of each whole sequence: the value head after its last token. */
+  sequenceScores(tokens: Int32Array, batch: number): Float32Array {
+    this.expect('value', 'sequence scores');
+    const t = tf.tidy(() => lastValues(this.spec, this.weights(), this.input(tokens, batch)));
+    const out = t.dataSync() as Float32Array;
+    t.dispose();
+    return out;
+  }
+
+  /**
+   * A reward model from preference pairs, by the Bradley–Terry loss −log σ(r(chosen) − r(rejected))
+   * over seeded mini-batches, with an optimizer of its own (as the warm-up has). Returns the first
+   * and last losses and the share of pairs ordered rightly after training.
+   */
+  async preference(chosen: Int32Array, rejected: Int32Array, batch: number, steps: number, minibatch: number, lr: number, seed: number) {
+    this.expect('value', 'preference training');
+    if (!this.optim) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
+    const width = chosen.length / batch;
+    const losses: number[] = [];
+    const optimizer = new Adam(lr, this.optim.beta1, this.optim.beta2, this.optim.eps);
+    for (let step = 0; step < steps; step++) {
+      await yieldToLoop();
+      const rows = new Rng(seedOf(seed, Stream.shuffle, step)).permutation(batch).slice(0, Math.min(minibatch, batch));
+      const c = tf.tensor2d(pickRows(chosen, width, rows), [rows.length, width], 'int32');
+      const r = tf.tensor2d(pickRows(rejected, width, rows), [rows.length, width], 'int32');
+      const { loss } = this.step(() => preferenceLoss(lastValues(this.spec, this.weights(), c), lastValues(this.spec, this.weights(), r)), optimizer);
+      tf.dispose([c, r]);
+      losses.push(loss);
+    }
+    optimizer.dispose();
+    const rc = this.sequenceScores(chosen, batch);
+    const rr = this.sequenceScores(rejected, batch);
+    let right = 0;
+    for (let b = 0; b < batch; b++) if (rc[b]! > rr[b]!) right += 1;
+    return { loss: losses.at(-1) ?? 0, first_loss: losses[0] ?? 0, accuracy: right / batch };
   }
 
   /** Supervised fine-tuning on whole demonstrations: cross-entropy of the response tokens. */

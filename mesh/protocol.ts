@@ -104,6 +104,8 @@ export const CheckpointFile = z.strictObject({
   actor: z.array(Checkpoint),
   critic: z.array(Checkpoint),
   reference: z.array(Checkpoint),
+  /** A learned reward model's ranks (absent for a rule reward). */
+  reward: z.array(Checkpoint).optional(),
 });
 
 const TensorManifest = z.strictObject({ name: z.string(), shape: z.array(nat), sha256: z.string() });
@@ -121,6 +123,21 @@ export const CallBody = z.discriminatedUnion('fn', [
     seed: nat.optional(),
     /** Only the training layout owns an optimizer; generation or inference views do not. */
     optim: Optim.optional(),
+    /** A learned reward model: serve it on the bus as the reward actor of this name (docs/reward-protocol.md). */
+    serve: z.string().regex(/^[A-Za-z0-9_-]+$/).optional(),
+  }),
+  /** A reward model learns from preference pairs (Bradley–Terry); `chosen` and `rejected` are whole sequences, row for row. */
+  z.strictObject({
+    fn: z.literal('preference'),
+    chosen: i32,
+    rejected: i32,
+    batch: pos,
+    promptLen: pos,
+    responseLen: pos,
+    steps: pos,
+    minibatch: pos,
+    lr: z.number().positive(),
+    seed: nat,
   }),
   z.strictObject({ fn: z.literal('sft'), ...Batch, steps: pos, minibatch: pos, lr: z.number().positive(), seed: nat }),
   z.strictObject({
@@ -393,6 +410,7 @@ export type RunEvent = z.infer<typeof RunEvent>;
 export const ResultBodies = {
   load: z.strictObject({ parameters: nat, digest: z.string() }),
   sft: z.strictObject({ loss: z.number(), first_loss: z.number() }),
+  preference: z.strictObject({ loss: z.number(), first_loss: z.number(), accuracy: z.number() }),
   generate: z.strictObject({ tokens: i32, logprobs: f32 }),
   inference: z.union([
     z.strictObject({ logprobs: f32 }),

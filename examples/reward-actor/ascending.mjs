@@ -42,8 +42,10 @@ async function handle(msg) {
   } catch (e) {
     return reply({ type: 'reward.error', message: `not msgpack: ${e.message}` });
   }
-  if (req?.v !== V) return reply({ type: 'reward.error', id: req?.id, message: `protocol version ${req?.v} is not supported; this actor speaks v=${V}` });
-  if (req.type !== 'reward.request' || !Array.isArray(req.items)) return reply({ type: 'reward.error', id: req.id, message: 'expected a reward.request with items' });
+  const id = typeof req?.id === 'string' ? { id: req.id } : {};
+  if (req?.v !== V) return reply({ type: 'reward.error', ...id, message: `protocol version ${req?.v} is not supported; this actor speaks v=${V}` });
+  const ok = req.type === 'reward.request' && Array.isArray(req.items) && req.items.every((it) => typeof it?.id === 'string' && Array.isArray(it.response));
+  if (!ok) return reply({ type: 'reward.error', ...id, message: 'expected a reward.request whose items each have an id and a response' });
   if (delay > 0) await new Promise((r) => setTimeout(r, delay));
   const scores = req.items.map((item) => ({ id: item.id, score: ascending(item.response) }));
   reply({ type: 'reward.reply', id: req.id, scores });

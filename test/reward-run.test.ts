@@ -1,0 +1,66 @@
+// Runs with reward actors on the bus: the external example (a process that imports nothing from
+// ferry) rewarding a short scenario; a run whose reward actor never comes, which waits, says so
+// and stops after its deadline; and the learned reward model served over the same protocol.
+import { spawn } from 'node:child_process';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { launch } from '../engine/cli/launch.ts';
+import { loadScenario } from '../engine/scenario.ts';
+import { startNatsServer, type PrivateNatsServer } from '../mesh/nats-server.ts';
+import type { Metrics } from '../mesh/protocol.ts';
+import { ROOT, tempDir } from './helpers.ts';
+
+const quiet = { phase() {}, iteration() {}, stop() {} };
+const metrics = (dir: string) => readFileSync(join(dir, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Metrics);
+
+describe('reward actors in a run', () => {
+  let server: PrivateNatsServer;
+  beforeAll(async () => {
+    server = await startNatsServer();
+  });
+  afterAll(() => server.stop());
+
+  it('the external example rewards the example scenario, started and stopped as its own process', async () => {
+    const dir = tempDir();
+    const actor = spawn(process.execPath, [join(ROOT, 'examples/reward-actor/ascending.mjs'), '--nats', server.url], { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe'] });
+    let log = '';
+    actor.stdout!.on('data', (b: Buffer) => (log += b.toString()));
+    const exited = new Promise<number | null>((r) => actor.once('exit', (code) => r(code)));
+    try {
+      const file = join(dir, 'scenario.yaml');
+      writeFileSync(file, readFileSync(join(ROOT, 'examples/reward-actor/scenario.yaml'), 'utf8').replace('iterations: 20', 'iterations: 3'));
+      const r = await launch({ scenario: loadScenario(file), run: `ext${Date.now()}`, out: join(dir, 'run'), natsUrl: server.url, progress: quiet, say: () => {} });
+      expect(r.summary?.error).toBeUndefined();
+      expect(r.code).toBe(0);
+      const m = metrics(join(dir, 'run'));
+      expect(m).toHaveLength(3);
+      for (const x of m) {
+        expect(Object.keys(x.rewards!).sort()).toEqual(['ascending', 'rule']);
+        // The reward is the weighted sum: 0.5 × rule + 0.5 × ascending.
+        expect(x.reward_mean).toBeCloseTo(0.5 * x.rewards!.rule! + 0.5 * x.rewards!.ascending!, 5);
+        expect(x.rewards!.ascending).toBeGreaterThan(0);
+      }
+      expect(log).toMatch(/scored 64 responses for ext\d+, iteration 2/);
+    } finally {
+      actor.kill('SIGTERM');
+      expect(await exited).toBe(0);
+    }
+  }, 120_000);
+
+  it('waits for a reward actor that never comes, says so, and stops after wait_seconds', async () => {
+    const dir = tempDir();
+    const file = join(dir, 'absent.yaml');
+    writeFileSync(
+      file,
+      ['name: absent', 'seed: 2', 'warmup: { steps: 2, demos: 32, batch: 16 }', 'ppo: { iterations: 2, batch: 16 }', 'reward:', '  actors:', '    - { name: nobody-here, wait_seconds: 2 }', ''].join('\n'),
+    );
+    const said: string[] = [];
+    const r = await launch({ scenario: loadScenario(file), run: `absent${Date.now()}`, out: join(dir, 'run'), natsUrl: server.url, progress: quiet, say: (l) => said.push(l) });
+    expect(r.code).toBe(1);
+    expect(r.summary?.status).toBe('failed');
+    expect(r.summary!.error).toMatch(/iteration 0, inference: RewardCallError: no reward actor 'nobody-here' appeared on ferry\.reward\.nobody-here\.hb within 2 s \(its wait_seconds\)/);
+    expect(r.summary!.recoveries).toEqual([]);
+    expect(said.join('\n')).toMatch(/waiting for a reward actor 'nobody-here'/);
+  }, 120_000);
+});
