@@ -40,6 +40,7 @@ function deviceFor(r: RunSpec, model: ModelName, fn: string, iteration: number):
       return model === 'actor' && !setup ? first('actor.generate') : `only the actor generates, in iterations 0 and on`;
     case 'inference': {
       if (setup || model === 'actor') return `'${model}' runs no inference${setup ? ' during setup' : ''}`;
+      if (model === 'reward' && (r.scenario.reward.model || r.scenario.reward.weight === 0)) return `the reward device runs no inference call here (its score comes over the reward protocol, or it is not used)`;
       return first(`${model}.inference` as CallName);
     }
     case 'train':
@@ -93,6 +94,7 @@ export function killPoints(r: RunSpec): KillPoint[] {
     for (let n = 0; n < chaos.random.kills; n++) {
       const actor = kinds[rng.int(kinds.length)]!;
       const calls = RANDOM_CALLS[actor].filter((c) => actor === 'supervisor' || typeof deviceFor(r, actor, c, 0) === 'number');
+      if (calls.length === 0) throw new ScenarioError(`chaos.random: '${actor}' can be killed in no call with this scenario; leave it out of chaos.random.actors`);
       const call = calls[rng.int(calls.length)]!;
       const how = rng.uniform() < chaos.random.hang ? 'hang' : 'kill';
       add({ actor, call, iteration: rng.int(iterations), how }, `chaos.random (draw ${n})`);

@@ -48,6 +48,29 @@ describe('reward actors in a run', () => {
     }
   }, 120_000);
 
+  it('learns a reward model from pairs the hidden rule labels, serves it over the reward protocol, and PPO against it raises the rule too', async () => {
+    const dir = tempDir();
+    const file = join(dir, 'learned.yaml');
+    writeFileSync(file, readFileSync(join(ROOT, 'scenarios/learned-reward.yaml'), 'utf8').replace('iterations: 30', 'iterations: 12'));
+    const said: string[] = [];
+    const r = await launch({ scenario: loadScenario(file), run: `rm${Date.now()}`, out: join(dir, 'run'), natsUrl: server.url, progress: quiet, say: (l) => said.push(l) });
+    expect(r.summary?.error).toBeUndefined();
+    const rm = r.summary!.reward_model!;
+    expect(rm.drawn).toBe(1024);
+    expect(rm.pairs).toBeGreaterThan(1024);
+    expect(rm.loss).toBeLessThan(rm.first_loss);
+    expect(rm.accuracy).toBeGreaterThan(0.75);
+    // The reward model answered as reward actor rm-<run>, from the reward device (device 3).
+    expect(said.join('\n')).toMatch(new RegExp(`reward actor 'rm-${r.summary!.run}': instance d3-\\w+ is serving`));
+    const m = metrics(join(dir, 'run'));
+    const avg = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
+    for (const x of m) expect(Object.keys(x.rewards!)).toEqual(['learned']);
+    const learned = m.map((x) => x.rewards!.learned!);
+    const rule = m.map((x) => x.rule_score!);
+    expect(avg(learned.slice(-5))).toBeGreaterThan(avg(learned.slice(0, 5)) + 0.5);
+    expect(avg(rule.slice(-5))).toBeGreaterThan(avg(rule.slice(0, 5)) + 0.02);
+  }, 240_000);
+
   it('waits for a reward actor that never comes, says so, and stops after wait_seconds', async () => {
     const dir = tempDir();
     const file = join(dir, 'absent.yaml');
