@@ -51,7 +51,7 @@ function deviceFor(r: RunSpec, model: ModelName, fn: string, iteration: number):
       return first(view!);
     }
     case 'checkpoint':
-      return model === 'reward' ? `the reward is a rule: it has no state to checkpoint` : first(OWNER[model]);
+      return model === 'reward' && !r.scenario.reward.model ? `the reward is a rule: it has no state to checkpoint` : first(OWNER[model]);
     case 'manifest':
       // The final digests: the trained models, after the last iteration.
       return (model === 'actor' || model === 'critic') && iteration === r.scenario.ppo.iterations - 1
@@ -67,7 +67,7 @@ const RANDOM_CALLS: Record<ActorKind, readonly string[]> = {
   actor: ['generate', 'train', 'realloc', 'checkpoint'],
   critic: ['inference', 'train', 'realloc', 'checkpoint'],
   reference: ['inference', 'checkpoint'],
-  reward: ['inference'],
+  reward: ['inference', 'checkpoint'],
   supervisor: ['generate', 'inference', 'train', 'checkpoint'],
 };
 
