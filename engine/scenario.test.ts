@@ -42,7 +42,7 @@ describe('parseScenario defaults', () => {
       critic_lr: 1e-3,
       clip_norm: 1,
     },
-    reward: {},
+    reward: { weight: 1, actors: [] },
     checkpoint: { every: 1 },
     timeouts: { join_seconds: 60, call_seconds: 300, heartbeat_seconds: 10, recover_seconds: 120 },
     supervision: { strategy: 'one_for_one', intensity: 10, period_seconds: 60, restart: { worker: 'permanent', supervisor: 'transient' } },

@@ -76,8 +76,9 @@ describe('recovery from failures of the bus and of the actors', () => {
       });
       expect(r.summary?.error).toBeUndefined();
       expect(r.code).toBe(0);
-      // Worker 1 was connected to the server killed (the launcher rotates the list per worker).
-      expect(r.summary!.recoveries.map((x) => x.reason).join('\n')).toMatch(/reconnected to NATS|disconnected/);
+      // Worker 1 was connected to the server killed (the launcher rotates the list per worker): the
+      // run saw it go (a reconnect, a dropped connection, or its subject unserved for a moment).
+      expect(r.summary!.recoveries.map((x) => x.reason).join('\n')).toMatch(/reconnected to NATS|disconnected|no one is subscribed/);
       expect(r.summary!.digests).toEqual(clean.summary!.digests);
       expect(r.summary!.rollouts).toEqual({ prompts: 2 * 5 * 16, lost: 0, duplicated: 0 });
     } finally {
