@@ -13,6 +13,22 @@ export interface BusDispatcherOptions {
   epoch?: number;
   /** Runs before each call is sent (chaos testing's kill points for the supervisor). */
   beforeCall?: (device: number, model: string, iteration: number, fn: CallFn) => Promise<void>;
+  /** Told of every call answered: when it was sent, when the device ran it, when the reply came. */
+  onSpan?: (span: CallSpan) => void;
+}
+
+/** One call as the timeline shows it (times in ms since the epoch). */
+export interface CallSpan {
+  device: number;
+  model: string;
+  fn: CallFn;
+  iteration: number;
+  epoch: number;
+  sent: number;
+  /** The device's own time on the call ends at `replied`; the rest of the round trip is the bus and queueing. */
+  device_ms: number;
+  replied: number;
+  ok: boolean;
 }
 
 export class BusDispatcher implements Dispatcher {
@@ -55,12 +71,16 @@ export class BusDispatcher implements Dispatcher {
       const where = `device ${device}, '${body.fn}' of ${model}`;
       let reply: Reply;
       const t0 = performance.now();
+      const sent = Date.now();
+      const span = (ok: boolean, ms = 0) => this.options.onSpan?.({ device, model, fn: body.fn, iteration, epoch: this.epoch, sent, device_ms: ms, replied: Date.now(), ok });
       try {
         reply = await request(this.nc, this.subj.call(device), { type: 'call', v: PROTOCOL_VERSION, id, model, iteration, ...(group ? { group } : {}), body }, Reply, this.callTimeoutMs);
       } catch (cause) {
+        span(false);
         const code = cause instanceof BusError ? cause.reason : cause instanceof ProtocolError ? 'malformed' : 'failed';
         throw new CallError(code, `${where}: ${(cause as Error).message}`, { cause });
       }
+      span(reply.type === 'result', reply.type === 'result' ? (reply.ms ?? 0) : 0);
       if (reply.type === 'error') throw new CallError(reply.code, `${where}: ${reply.message}`);
       this.totals.calls += 1;
       this.totals.round_trip_seconds += (performance.now() - t0) / 1000;

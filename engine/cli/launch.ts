@@ -12,6 +12,7 @@ import { ChaosAsk, PROTOCOL_VERSION, RunEvent, SupervisorBeat } from '../../mesh
 import { CHAOS_ENV } from '../../actors/chaos-client.ts';
 import { describeExit, Intensity, restarts, toRestart, type Exit } from '../../actors/supervision.ts';
 import { killPoints, type KillPoint } from '../chaos.ts';
+import { writeRunReport } from '../run-report.ts';
 import { subjects } from '../../mesh/subjects.ts';
 import type { Summary } from '../record.ts';
 import { planDevices, runSpec } from '../rlhf.ts';
@@ -318,6 +319,13 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     // Workers stop on the supervisor's shutdown call; give them a moment, then stop the rest.
     const workers = slots.filter((s) => s.kind === 'worker').map((s) => s.child);
     await Promise.race([Promise.all(workers.map(exited)), new Promise((r) => setTimeout(r, 3000))]);
+    // What chaos did, and the report of the whole run (a report that cannot be drawn fails nothing).
+    writeFileSync(join(o.out, 'chaos.json'), `${JSON.stringify(chaos, null, 2)}\n`);
+    try {
+      say(`report: ${writeRunReport(o.out)}`);
+    } catch (e) {
+      say(`could not write the report: ${(e as Error).message}`);
+    }
     return { code, summary, natsUrl: url, chaos, ...(escalation ? { escalation } : {}) };
   } finally {
     await cleanup();

@@ -1,4 +1,4 @@
-// npm run plan -- FILE [--strategy NAME] [--budget SECONDS] [--json] [--write PLAN.yaml]
+// npm run plan -- FILE [--strategy NAME] [--budget SECONDS] [--json] [--write PLAN.yaml] [--html OUT.html]
 // Plans a scenario: every named placement and (by default) a search, each evaluated with the cost
 // model and the simulator; prints the chosen plan call by call and how it compares.
 import { writeFileSync } from 'node:fs';
@@ -7,8 +7,9 @@ import { UsageError, args, runMain } from '../../actors/host.ts';
 import { CALLS, loadScenario } from '../scenario.ts';
 import { NAMED, Evaluator, namedPlan, search, type Candidate, type Evaluation, type NamedStrategy } from '../plan/planner.ts';
 import { problemOf } from '../plan/problem.ts';
+import { planRows, renderPlan } from '../report.ts';
 
-const USAGE = `usage: npm run plan -- FILE [--strategy search|${NAMED.join('|')}] [--budget SECONDS] [--json] [--write PLAN.yaml]`;
+const USAGE = `usage: npm run plan -- FILE [--strategy search|${NAMED.join('|')}] [--budget SECONDS] [--json] [--write PLAN.yaml] [--html OUT.html]`;
 
 export function planYaml(c: Candidate): string {
   const plan = Object.fromEntries(CALLS.map((call) => [call, { mesh: c[call].mesh, dp: c[call].dp, tp: c[call].tp, pp: c[call].pp }]));
@@ -36,6 +37,7 @@ runMain(async () => {
     budget: { type: 'string', default: '10' },
     json: { type: 'boolean', default: false },
     write: { type: 'string' },
+    html: { type: 'string' },
     seed: { type: 'string', default: '1' },
   });
   if (values.help) {
@@ -77,6 +79,21 @@ runMain(async () => {
     baselines,
   };
   if (values.write) writeFileSync(values.write, planYaml(chosen));
+  if (values.html) {
+    writeFileSync(
+      values.html,
+      renderPlan({
+        title: `ferry plan: ${problem.name}`,
+        caption: `${scenario.cluster.nodes * scenario.cluster.devices_per_node} × ${problem.device.name}, strategy ${strategy}: ${evaluation.iterationSeconds.toFixed(3)} s per iteration (estimated).`,
+        plan: planRows(chosen),
+        devices: scenario.cluster.nodes * scenario.cluster.devices_per_node,
+        devicesPerNode: scenario.cluster.devices_per_node,
+        estimate: evaluation.simulation
+          ? { simulation: evaluation.simulation, iterationSeconds: evaluation.iterationSeconds, profile: `${problem.device.name}${problem.device.source ? `: ${problem.device.source}` : ''}` }
+          : { missing: `the plan is infeasible: ${evaluation.why ?? 'unknown'}` },
+      }),
+    );
+  }
   if (values.json) {
     console.log(JSON.stringify(out));
     return evaluation.feasible ? 0 : 1;
@@ -96,5 +113,6 @@ runMain(async () => {
     console.log(`  ${pad(n, 14)}${Number.isFinite(t) ? `${t.toFixed(3)} s  (${(t / evaluation.iterationSeconds).toFixed(2)}× the chosen plan)` : `infeasible: ${ev.evaluate(named[n]).why}`}`);
   }
   if (values.write) console.log(`plan written to ${values.write}`);
+  if (values.html) console.log(`plan drawn in ${values.html}`);
   return evaluation.feasible ? 0 : 1;
 });
