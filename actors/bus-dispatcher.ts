@@ -66,7 +66,10 @@ export class BusDispatcher implements Dispatcher {
     const n = this.counts.get(prefix) ?? 0;
     this.counts.set(prefix, n + 1);
     const id = `${prefix}.${n}`;
+    const epoch = this.epoch;
     return this.inFlight.track(this.queue.run(device, async () => {
+      // Queued behind a call when a recovery began: abandoned, never sent.
+      if (this.epoch !== epoch) throw new CallError('interrupted', `abandoned before it was sent: call ${id} belongs to epoch ${epoch}, the run is in epoch ${this.epoch}`);
       await this.options.beforeCall?.(device, model, iteration, body.fn);
       const where = `device ${device}, '${body.fn}' of ${model}`;
       let reply: Reply;
@@ -74,7 +77,7 @@ export class BusDispatcher implements Dispatcher {
       const sent = Date.now();
       const span = (ok: boolean, ms = 0) => this.options.onSpan?.({ device, model, fn: body.fn, iteration, epoch: this.epoch, sent, device_ms: ms, replied: Date.now(), ok });
       try {
-        reply = await request(this.nc, this.subj.call(device), { type: 'call', v: PROTOCOL_VERSION, id, model, iteration, ...(group ? { group } : {}), body }, Reply, this.callTimeoutMs);
+        reply = await request(this.nc, this.subj.call(device), { type: 'call', v: PROTOCOL_VERSION, id, model, iteration, epoch, ...(group ? { group } : {}), body }, Reply, this.callTimeoutMs);
       } catch (cause) {
         span(false);
         const code = cause instanceof BusError ? cause.reason : cause instanceof ProtocolError ? 'malformed' : 'failed';

@@ -286,6 +286,25 @@ describe('worker machine', () => {
     actor.stop();
   });
 
+  it('after a reset for epoch 3, a call of epoch 2 is refused as interrupted and changes nothing; one of epoch 3 runs', async () => {
+    const { actor, device } = await startWorker();
+    const reset = respondSpy();
+    actor.send({ type: 'call', call: call('*', { fn: 'reset', epoch: 3 }), respond: reset });
+    await idle(actor);
+    const stale = respondSpy();
+    actor.send({ type: 'call', call: { ...call('actor', loadBody), epoch: 2 }, respond: stale });
+    await idle(actor);
+    expect(stale.mock.calls[0]![0]).toMatchObject({ type: 'error', code: 'interrupted' });
+    expect((stale.mock.calls[0]![0] as { message: string }).message).toMatch(/belongs to epoch 2; device 0 was reset for epoch 3/);
+    expect(device.models()).toEqual([]);
+    const current = respondSpy();
+    actor.send({ type: 'call', call: { ...call('actor', loadBody), epoch: 3 }, respond: current });
+    await idle(actor);
+    expect(current.mock.calls[0]![0]).toMatchObject({ type: 'result' });
+    expect(device.models()).toEqual(['actor']);
+    actor.stop();
+  });
+
   it('a shutdown call is answered and ends in the final stopped state', async () => {
     const { actor } = await startWorker();
     const respond = respondSpy();

@@ -32,6 +32,8 @@ interface Context extends WorkerInput {
   current?: { call: Call; respond: Respond[] };
   /** Replies to recent calls by id, to answer a repeated call without running it again. */
   answered: Map<string, Reply>;
+  /** The epoch of the last reset: calls of an earlier epoch are abandoned work, refused. */
+  epoch: number;
   error?: string;
 }
 
@@ -75,6 +77,7 @@ export const workerMachine = setup({
     isCurrent: ({ context, event }) => event.type === 'call' && context.current?.call.id === event.call.id,
     wasShutdown: ({ context }) => context.current?.call.body.fn === 'shutdown',
     isReset: ({ event }) => event.type === 'call' && event.call.body.fn === 'reset',
+    stale: ({ context, event }) => event.type === 'call' && event.call.epoch !== undefined && event.call.epoch < context.epoch,
   },
   actions: {
     /**
@@ -90,8 +93,13 @@ export const workerMachine = setup({
       const dropped = context.device!.reset(why);
       context.log(`${why}${running ? `, abandoning call ${running.id}` : ''}; dropped ${dropped.join(', ') || 'nothing'}`);
       event.respond({ type: 'result', v: PROTOCOL_VERSION, id: event.call.id, body: { dropped, ...(running ? { interrupted: running.id } : {}) } });
-      return { current: undefined, answered: new Map<string, Reply>() };
+      return { current: undefined, answered: new Map<string, Reply>(), epoch: Math.max(context.epoch, event.call.body.epoch) };
     }),
+    refuseStale: ({ context, event }) => {
+      if (event.type !== 'call') return;
+      context.log(`refused call ${event.call.id}: it belongs to epoch ${event.call.epoch}, and this device was reset for epoch ${context.epoch}`);
+      event.respond(errorReply(event.call.id, 'interrupted', `call ${event.call.id} belongs to epoch ${event.call.epoch}; device ${context.index} was reset for epoch ${context.epoch}`));
+    },
     replyAgain: ({ context, event }) => {
       if (event.type === 'call') event.respond(context.answered.get(event.call.id)!);
     },
@@ -126,7 +134,7 @@ export const workerMachine = setup({
   },
 }).createMachine({
   id: 'worker',
-  context: ({ input }) => ({ ...input, index: -1, answered: new Map() }),
+  context: ({ input }) => ({ ...input, index: -1, answered: new Map(), epoch: 0 }),
   initial: 'joining',
   states: {
     joining: {
@@ -159,6 +167,7 @@ export const workerMachine = setup({
           on: {
             call: [
               { guard: 'isReset', actions: 'resetDevice' },
+              { guard: 'stale', actions: 'refuseStale' },
               { guard: 'answeredBefore', actions: 'replyAgain' },
               { guard: 'refused', actions: 'refuse' },
               { target: 'busy', actions: assign({ current: ({ event }) => ({ call: event.call, respond: [event.respond] }) }) },
@@ -169,6 +178,7 @@ export const workerMachine = setup({
           on: {
             call: [
               { guard: 'isReset', target: 'idle', actions: 'resetDevice' },
+              { guard: 'stale', actions: 'refuseStale' },
               { guard: 'answeredBefore', actions: 'replyAgain' },
               // The same call again while it runs (a retry): it gets the one reply too.
               { guard: 'isCurrent', actions: 'joinCurrent' },

@@ -20,8 +20,10 @@ export class LocalDispatcher implements Dispatcher {
 
   call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>, group?: string): Promise<ResultOf<F>> {
     const call: Call = { type: 'call', v: PROTOCOL_VERSION, id: `local-${this.seq++}`, model, iteration, ...(group ? { group } : {}), body };
+    const epoch = this.epoch;
     return this.inFlight.track(
       this.queue.run(device, async () => {
+        if (this.epoch !== epoch) throw new CallError('interrupted', `abandoned before it ran: epoch ${epoch}, now ${this.epoch}`);
         try {
           return checkResult(body.fn as F, await this.devices[device]!.run(call), `device ${device}`);
         } catch (e) {

@@ -222,6 +222,12 @@ export const Call = z.strictObject({
    * messages, so that ranks of one call never mix with another's.
    */
   group: z.string().optional(),
+  /**
+   * The supervisor's recovery epoch when it made the call. A device that has been reset for a
+   * later epoch refuses it (`interrupted`): work abandoned by a recovery never reaches the state
+   * the recovery restored.
+   */
+  epoch: nat.optional(),
   body: CallBody,
 });
 export type Call = z.infer<typeof Call>;
