@@ -8,7 +8,7 @@ import { connectBus, subscribe } from '../../mesh/bus.ts';
 import { startNatsServer, type PrivateNatsServer } from '../../mesh/nats-server.ts';
 import { authConfig, makeCredentials } from '../../mesh/auth.ts';
 import { encode } from '../../mesh/codec.ts';
-import { ChaosAsk, PROTOCOL_VERSION, RunEvent, SupervisorBeat } from '../../mesh/protocol.ts';
+import { ChaosAsk, Heartbeat, PROTOCOL_VERSION, RunEvent, SupervisorBeat } from '../../mesh/protocol.ts';
 import { CHAOS_ENV } from '../../actors/chaos-client.ts';
 import { describeExit, Intensity, restarts, toRestart, type Exit } from '../../actors/supervision.ts';
 import { killPoints, type KillPoint } from '../chaos.ts';
@@ -205,14 +205,29 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     // A supervisor that stops beating is hung: kill it, and its restart policy replaces it.
     let supervisorBeat = { pid: 0, at: 0 };
     const stopBeats = subscribe(nc, subj.supervisorBeat, SupervisorBeat, (b) => (supervisorBeat = { pid: b.pid, at: Date.now() }), () => {});
+    // Workers too: the supervisor gives up a silent worker it knows, but one it has never heard
+    // (a worker that hung while a new supervisor was taking over) only its launcher can find.
+    const workerBeats = new Map<number, number>();
+    const stopWorkerBeats = subscribe(nc, subj.heartbeats, Heartbeat, (b) => b.pid !== undefined && workerBeats.set(b.pid, Date.now()), () => {});
+    let pausedUntil = 0;
     const hungAfterMs = o.scenario.timeouts.heartbeat_seconds * 1000;
+    void (async () => {
+      // While the launcher's own connection is away, nobody's silence counts.
+      for await (const st of nc.status()) if (st.type === 'disconnect' || st.type === 'reconnect') pausedUntil = Date.now() + hungAfterMs;
+    })();
+    const alive = (c: ChildProcess) => c.exitCode === null && c.signalCode === null;
     const watchdog = setInterval(() => {
-      const slot = slots.find((s) => s.kind === 'supervisor');
-      if (!slot || slot.child.pid !== supervisorBeat.pid || slot.child.exitCode !== null || slot.child.signalCode !== null) return;
-      if (Date.now() - supervisorBeat.at <= hungAfterMs) return;
-      say(`the supervisor (pid ${slot.child.pid}) sent no heartbeat for ${((Date.now() - supervisorBeat.at) / 1000).toFixed(1)} s: hung; killing it`);
-      supervisorBeat = { pid: 0, at: 0 };
-      slot.child.kill('SIGKILL');
+      const now = Date.now();
+      if (now < pausedUntil) return;
+      for (const slot of slots) {
+        if (!alive(slot.child) || slot.child.pid === undefined) continue;
+        const last = slot.kind === 'supervisor' ? (supervisorBeat.pid === slot.child.pid ? supervisorBeat.at : undefined) : workerBeats.get(slot.child.pid);
+        if (last === undefined || now - last <= hungAfterMs) continue;
+        say(`${slot.kind === 'supervisor' ? 'the supervisor' : `worker ${slot.index}`} (pid ${slot.child.pid}) sent no heartbeat for ${((now - last) / 1000).toFixed(1)} s: hung; killing it`);
+        if (slot.kind === 'supervisor') supervisorBeat = { pid: 0, at: 0 };
+        else workerBeats.delete(slot.child.pid);
+        slot.child.kill('SIGKILL');
+      }
     }, 500).unref();
     await nc.flush();
 
@@ -301,6 +316,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     ending = true;
     clearInterval(watchdog);
     stopBeats();
+    stopWorkerBeats();
     bar.stop();
     stopEvents();
     stopChaos();
