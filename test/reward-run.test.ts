@@ -9,7 +9,7 @@ import { launch } from '../engine/cli/launch.ts';
 import { loadScenario } from '../engine/scenario.ts';
 import { startNatsServer, type PrivateNatsServer } from '../mesh/nats-server.ts';
 import type { Metrics } from '../mesh/protocol.ts';
-import { ROOT, tempDir } from './helpers.ts';
+import { ROOT, spawnTs, tempDir } from './helpers.ts';
 
 const quiet = { phase() {}, iteration() {}, stop() {} };
 const metrics = (dir: string) => readFileSync(join(dir, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Metrics);
@@ -70,6 +70,38 @@ describe('reward actors in a run', () => {
     expect(avg(learned.slice(-5))).toBeGreaterThan(avg(learned.slice(0, 5)) + 0.5);
     expect(avg(rule.slice(-5))).toBeGreaterThan(avg(rule.slice(0, 5)) + 0.02);
   }, 240_000);
+
+  it('a learned reward model survives kills of its device (in setup and at a checkpoint) and of the supervisor: the digests equal a clean run', async () => {
+    const dir = tempDir();
+    const file = join(dir, 'lrc.yaml');
+    writeFileSync(
+      file,
+      [
+        'name: lrc',
+        'seed: 1',
+        'model: { layers: 2, width: 32, heads: 4 }',
+        'warmup: { steps: 8, demos: 256, batch: 32 }',
+        'reward:',
+        '  model: { pairs: 128, steps: 30, batch: 32 }',
+        'ppo: { iterations: 5, batch: 32, kl_coef: 0.1 }',
+        'timeouts: { heartbeat_seconds: 3 }',
+        'supervision: { intensity: 30 }',
+        'chaos:',
+        '  kills:',
+        '    - { actor: reward, call: load, iteration: -1 }',
+        '    - { actor: reward, call: checkpoint, iteration: 1 }',
+        '    - { actor: supervisor, call: inference, iteration: 3 }',
+        '',
+      ].join('\n'),
+    );
+    const p = spawnTs('engine/cli/chaos.ts', [file, '--json', '--out', join(dir, 'out')]);
+    expect(await p.exited, p.output()).toBe(0);
+    const report = JSON.parse(p.output().trim().split('\n').filter((l) => l.startsWith('{')).pop()!);
+    expect(report.kills).toBe(3);
+    expect(report.recovered).toBe(3);
+    expect(report.digests_equal).toBe(true);
+    expect([report.rollouts_lost, report.rollouts_duplicated]).toEqual([0, 0]);
+  }, 180_000);
 
   it('waits for a reward actor that never comes, says so, and stops after wait_seconds', async () => {
     const dir = tempDir();
