@@ -6,6 +6,7 @@
 // another version) is refused with an error that names the instance, and the request goes
 // elsewhere. Every item gets a score from an actor, or the call fails: nothing is made up.
 import { randomUUID } from 'node:crypto';
+import { unpack } from 'msgpackr';
 import type { Bus } from '../mesh/bus.ts';
 import { decode, encode, ProtocolError } from '../mesh/codec.ts';
 import { REWARD_PROTOCOL_VERSION, RewardPresence, RewardReply, rewardSubjects, type RewardItem } from '../mesh/reward-protocol.ts';
@@ -122,7 +123,15 @@ export class RewardClient {
     try {
       reply = decode(this.subj.instance(instance), data, RewardReply, REWARD_PROTOCOL_VERSION);
     } catch (e) {
-      throw new RewardCallError(`${who} sent a malformed reply: ${e instanceof ProtocolError ? e.problem : (e as Error).message}`);
+      // An error reply in another version still says what went wrong: keep its words.
+      let theirs = '';
+      try {
+        const raw = unpack(data) as { type?: unknown; message?: unknown };
+        if (raw?.type === 'reward.error' && typeof raw.message === 'string') theirs = `; it said: ${raw.message}`;
+      } catch {
+        // not msgpack at all: the problem below says so
+      }
+      throw new RewardCallError(`${who} sent a malformed reply: ${e instanceof ProtocolError ? e.problem : (e as Error).message}${theirs}`);
     }
     if (reply.type === 'reward.error') throw new RewardCallError(`${who} could not score: ${reply.message}`);
     if (reply.id !== id) throw new RewardCallError(`${who} answered request ${reply.id}, expected ${id}`);

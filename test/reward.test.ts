@@ -341,6 +341,11 @@ describe('replies that break the contract are refused, naming the actor, the ins
     { what: 'bytes that are not msgpack', answer: () => new TextEncoder().encode('this is not msgpack'), fault: /not msgpack/ },
     { what: 'not a map', answer: () => pack([1, 2, 3]), fault: /expected a msgpack map/ },
     { what: 'another protocol version', answer: (req) => reply(req, ID, [1, 1, 1, 1], { v: 2 }), fault: /expected protocol version v=1, got 2/ },
+    {
+      what: 'an error reply in another version (its words are kept)',
+      answer: () => pack({ type: 'reward.error', v: 2, message: 'I only speak v2' }),
+      fault: /expected protocol version v=1, got 2; it said: I only speak v2/,
+    },
     { what: 'another type', answer: (req) => reply(req, ID, [1, 1, 1, 1], { type: 'reward.scores' }), fault: /malformed reply/ },
     {
       what: 'the wrong request id',
