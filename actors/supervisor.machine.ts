@@ -79,6 +79,8 @@ interface Context extends SupervisorInput {
   /** Why the recovery under way started, and when. */
   failure?: { reason: string; at: number };
   recoveries: Summary['recoveries'];
+  /** Recoveries begun since the last one that completed: each waits longer before it starts. */
+  attempts: number;
   snapshots: NonNullable<Summary['snapshots']>;
   rewardModel?: Summary['reward_model'];
   error?: string;
@@ -185,6 +187,8 @@ export const supervisorMachine = setup({
   delays: {
     joinTimeout: ({ context }) => context.spec.scenario.timeouts.join_seconds * 1000,
     recoverTimeout: ({ context }) => context.spec.scenario.timeouts.recover_seconds * 1000,
+    /** A recovery that follows failed ones waits first: 0.25 s, 0.5 s, 1 s, … up to 5 s. */
+    backoff: ({ context }) => (context.attempts <= 1 ? 0 : Math.min(5000, 250 * 2 ** (context.attempts - 2))),
   },
   actions: {
     fail: assign((_, params: { stage: string; error: unknown }) => ({
@@ -222,7 +226,7 @@ export const supervisorMachine = setup({
       context.dispatcher.interrupt(failure.reason);
       const escalation = context.intensity.record({ at: Date.now(), actor: failure.reason.split(':')[0]!, reason: failure.reason.slice(failure.reason.indexOf(':') + 1).trim() });
       context.recorder.phase('recovering', `${failure.reason} (recovery ${context.dispatcher.epoch})`);
-      return escalation ? { error: `supervision: ${escalation}` } : {};
+      return { attempts: context.attempts + 1, ...(escalation ? { error: `supervision: ${escalation}` } : {}) };
     }),
     recovered: assign(({ context }, out: { parameters: Record<string, number>; snapshot: number; rewardModel?: Summary['reward_model'] }) => {
       const seconds = (Date.now() - (context.failure?.at ?? Date.now())) / 1000;
@@ -230,7 +234,7 @@ export const supervisorMachine = setup({
       const entry = { epoch: context.dispatcher.epoch, reason: context.failure?.reason ?? 'unknown', snapshot: out.snapshot, iteration: out.snapshot + 1, seconds };
       context.recorder.rewind?.(history);
       context.onRecovered?.(entry);
-      return { parameters: out.parameters, rewardModel: out.rewardModel ?? context.rewardModel, snapshot: out.snapshot, iteration: out.snapshot + 1, history, failure: undefined, recoveries: [...context.recoveries, entry], rollout: undefined, scored: undefined };
+      return { attempts: 0, parameters: out.parameters, rewardModel: out.rewardModel ?? context.rewardModel, snapshot: out.snapshot, iteration: out.snapshot + 1, history, failure: undefined, recoveries: [...context.recoveries, entry], rollout: undefined, scored: undefined };
     }),
     recordIteration: assign(({ context }, trained: Trained) => {
       const seconds = (Date.now() - context.iterationStartedAt) / 1000;
@@ -293,6 +297,7 @@ export const supervisorMachine = setup({
     snapshot: input.takeOver?.snapshot,
     intensity: new Intensity(input.spec.scenario.supervision.intensity, input.spec.scenario.supervision.period_seconds),
     recoveries: input.takeOver?.recoveries ?? [],
+    attempts: 0,
     snapshots: { count: 0, bytes: 0, fetch_seconds: 0, store_seconds: 0 },
     ...(input.takeOver ? { failure: { reason: 'supervisor: a new supervisor took the run over', at: Date.now() } } : {}),
   }),
@@ -364,8 +369,9 @@ export const supervisorMachine = setup({
         'worker.lost': { target: 'recovering', reenter: true, actions: ['unjoin', 'noteLoss'] },
         'bus.trouble': { target: 'recovering', reenter: true, actions: 'noteLoss' },
       },
-      initial: 'waiting',
+      initial: 'pausing',
       states: {
+        pausing: { after: { backoff: 'waiting' } },
         waiting: {
           always: { guard: 'allJoined', target: 'restoring' },
           after: {
