@@ -88,6 +88,15 @@ interface Context extends SupervisorInput {
 
 type StageInput = { d: Dispatcher; r: RunSpec; store: RunStore; iteration: number; rollout?: Rollout; scored?: Scored; rewards?: RewardSources };
 
+/** In every state that works with the devices: a lost worker or trouble on the bus starts a recovery. */
+const RECOVER_ON_LOSS = {
+  'worker.lost': { target: '#supervisor.recovering', actions: ['unjoin', 'noteLoss'] },
+  'bus.trouble': { target: '#supervisor.recovering', actions: 'noteLoss' },
+} as const;
+
+/** The devices of the plan that have no worker now. */
+const missingDevices = (c: Pick<Context, 'need' | 'joined'>) => c.need.filter((d) => c.joined[d] === undefined);
+
 const errorText = (e: unknown) => (e instanceof Error ? `${e.name}: ${e.message}` : String(e));
 
 export const supervisorMachine = setup({
@@ -179,7 +188,9 @@ export const supervisorMachine = setup({
     }),
   },
   guards: {
-    allJoined: ({ context }) => context.need.every((d) => context.joined[d] !== undefined),
+    allJoined: ({ context }) => missingDevices(context).length === 0,
+    /** A supervisor taking a run over recovers as soon as every device has a worker. */
+    takingOver: ({ context }) => missingDevices(context).length === 0 && context.takeOver !== undefined,
     moreIterations: ({ context }) => context.iteration + 1 < context.spec.scenario.ppo.iterations,
     nothingLeft: ({ context }) => context.iteration >= context.spec.scenario.ppo.iterations,
     escalated: ({ context }) => context.error !== undefined,
@@ -314,7 +325,7 @@ export const supervisorMachine = setup({
     gathering: {
       entry: { type: 'phase', params: { phase: 'gathering', detail: 'waiting for a worker on every device' } },
       always: [
-        { guard: ({ context }) => context.need.every((d) => context.joined[d] !== undefined) && context.takeOver !== undefined, target: 'recovering' },
+        { guard: 'takingOver', target: 'recovering' },
         { guard: 'allJoined', target: 'settingUp' },
       ],
       after: {
@@ -322,8 +333,7 @@ export const supervisorMachine = setup({
           target: 'failed',
           actions: assign({
             error: ({ context }) => {
-              const missing = context.need.filter((d) => context.joined[d] === undefined);
-              return `no worker joined for device(s) ${missing.join(', ')} within ${context.spec.scenario.timeouts.join_seconds} s`;
+              return `no worker joined for device(s) ${missingDevices(context).join(', ')} within ${context.spec.scenario.timeouts.join_seconds} s`;
             },
           }),
         },
@@ -331,7 +341,7 @@ export const supervisorMachine = setup({
     },
     settingUp: {
       entry: { type: 'phase', params: { phase: 'setup', detail: 'loading models, warm-up, copying the reference and critic' } },
-      on: { 'worker.lost': { target: 'recovering', actions: ['unjoin', 'noteLoss'] }, 'bus.trouble': { target: 'recovering', actions: 'noteLoss' } },
+      on: RECOVER_ON_LOSS,
       invoke: {
         src: 'setupModels',
         input: ({ context }) => ({
@@ -379,8 +389,7 @@ export const supervisorMachine = setup({
               target: '#supervisor.failed',
               actions: assign({
                 error: ({ context }) => {
-                  const missing = context.need.filter((d) => context.joined[d] === undefined);
-                  return `recovery from "${context.failure?.reason}": no worker for device(s) ${missing.join(', ')} within ${context.spec.scenario.timeouts.recover_seconds} s (timeouts.recover_seconds)`;
+                  return `recovery from "${context.failure?.reason}": no worker for device(s) ${missingDevices(context).join(', ')} within ${context.spec.scenario.timeouts.recover_seconds} s (timeouts.recover_seconds)`;
                 },
               }),
             },
@@ -405,7 +414,7 @@ export const supervisorMachine = setup({
     },
     /** The progress record: where a supervisor that takes over would start. */
     saving: {
-      on: { 'worker.lost': { target: 'recovering', actions: ['unjoin', 'noteLoss'] }, 'bus.trouble': { target: 'recovering', actions: 'noteLoss' } },
+      on: RECOVER_ON_LOSS,
       invoke: {
         src: 'saveProgress',
         input: ({ context }) => ({ store: context.store, progress: {
@@ -424,7 +433,7 @@ export const supervisorMachine = setup({
     iterating: {
       initial: 'generating',
       entry: { type: 'phase', params: { phase: 'ppo', detail: 'iterating' } },
-      on: { 'worker.lost': { target: 'recovering', actions: ['unjoin', 'noteLoss'] }, 'bus.trouble': { target: 'recovering', actions: 'noteLoss' } },
+      on: RECOVER_ON_LOSS,
       states: {
         generating: {
           entry: assign({ iterationStartedAt: () => Date.now() }),
@@ -502,7 +511,7 @@ export const supervisorMachine = setup({
       entry: { type: 'phase', params: { phase: 'finishing', detail: 'collecting digests, stopping workers' } },
       states: {
         digesting: {
-          on: { 'worker.lost': { target: '#supervisor.recovering', actions: ['unjoin', 'noteLoss'] }, 'bus.trouble': { target: '#supervisor.recovering', actions: 'noteLoss' } },
+          on: RECOVER_ON_LOSS,
           invoke: {
             src: 'digest',
             input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration }),
