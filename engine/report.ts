@@ -6,7 +6,7 @@
 import type { Metrics } from '../mesh/protocol.ts';
 import type { Simulation } from './plan/simulate.ts';
 import type { Summary } from './record.ts';
-import { CALLS, type CallName } from './scenario.ts';
+import { CALLS, type CallName, type Placed } from './scenario.ts';
 
 /** One call as recorded in timeline.jsonl (ms since the epoch). */
 export interface CallRecord {
@@ -39,14 +39,8 @@ export interface KillRecord {
   recovery_seconds?: number;
 }
 
-export interface PlanRow {
-  call: CallName;
-  mesh: string;
-  devices: number[];
-  dp: number;
-  tp: number;
-  pp: number;
-}
+/** A call's placement, as the scenario's plan has it. */
+export type PlanRow = Placed;
 
 export interface ReportInput {
   title: string;

@@ -4,19 +4,15 @@
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Metrics } from '../mesh/protocol.ts';
-import { Evaluator, type Candidate } from './plan/planner.ts';
-import { LOCAL_PROFILE, problemOf } from './plan/problem.ts';
+import { Evaluator } from './plan/planner.ts';
+import { LOCAL_PROFILE, candidateOf, problemOf } from './plan/problem.ts';
 import type { DeviceProfile } from './plan/catalog.ts';
 import type { Summary } from './record.ts';
 import { planRows, renderReport, type CallRecord, type KillRecord, type RecoveryRecord, type ReportInput } from './report.ts';
-import { CALLS, resolvePlan, Scenario, type Plan } from './scenario.ts';
+import { resolvePlan, Scenario } from './scenario.ts';
 
 /** Shipped with ferry: a profile of a small 2-core machine, used when this one has none fitted. */
 export const DEFAULT_LOCAL_PROFILE = join('profiles', 'default-local.json');
-
-export function candidateOf(plan: Plan): Candidate {
-  return Object.fromEntries(CALLS.map((c) => [c, { mesh: plan[c].mesh, devices: plan[c].devices, dp: plan[c].dp, tp: plan[c].tp, pp: plan[c].pp }])) as Candidate;
-}
 
 /** The planner's estimate of a scenario's plan, or why there is none. */
 export function estimateOf(s: Scenario): ReportInput['estimate'] {
@@ -28,7 +24,7 @@ export function estimateOf(s: Scenario): ReportInput['estimate'] {
   }
   try {
     const ev = new Evaluator(problemOf(s, profile));
-    const e = ev.evaluate(candidateOf(resolvePlan(s)), true);
+    const e = ev.evaluate(candidateOf(s), true);
     if (!e.feasible || !e.simulation) return { missing: `the planner finds this plan infeasible: ${e.why ?? 'unknown'}` };
     return { simulation: e.simulation, iterationSeconds: e.iterationSeconds, profile: profile ? `${profile.name}: ${profile.source ?? ''}` : s.cluster.device };
   } catch (e) {

@@ -7,9 +7,9 @@ import type { Metrics } from '../../mesh/protocol.ts';
 import { runId } from '../../mesh/subjects.ts';
 import type { DeviceProfile } from '../plan/catalog.ts';
 import { Evaluator, NAMED, namedPlan, search, type Candidate } from '../plan/planner.ts';
-import { problemOf } from '../plan/problem.ts';
+import { candidateOf, problemOf } from '../plan/problem.ts';
 import { median } from '../record.ts';
-import { CALLS, parseScenario, resolvePlan, type Scenario } from '../scenario.ts';
+import { CALLS, parseScenario, type Scenario } from '../scenario.ts';
 import { launch } from './launch.ts';
 
 const BASE = `name: estimator
@@ -59,11 +59,6 @@ export const PLANS: Record<string, string> = {
   reference.inference: { mesh: "0:2-3", tp: 2 }
   reward.inference: { mesh: "0:3" }`,
 };
-
-export function candidateOf(s: Scenario): Candidate {
-  const plan = resolvePlan(s);
-  return Object.fromEntries(CALLS.map((c) => [c, { mesh: plan[c].mesh, devices: plan[c].devices, dp: plan[c].dp, tp: plan[c].tp, pp: plan[c].pp }])) as Candidate;
-}
 
 export async function estimatorBench(profile: DeviceProfile, iterations: number, log: (line: string) => void) {
   const rows = [];

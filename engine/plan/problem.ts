@@ -2,10 +2,10 @@
 // the profile of its devices (a catalog GPU, or the local machine as `npm run profile` fitted it).
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { presetOf, type ModelName, type Scenario } from '../scenario.ts';
+import { CALLS, presetOf, resolvePlan, type ModelName, type Scenario } from '../scenario.ts';
 import { makeTask } from '../task.ts';
 import { DEVICES, MODELS, localShape, type DeviceProfile, type ModelShape } from './catalog.ts';
-import type { Problem } from './planner.ts';
+import type { Candidate, Problem } from './planner.ts';
 
 export const LOCAL_PROFILE = join('profiles', 'local.json');
 
@@ -40,4 +40,10 @@ export function problemOf(s: Scenario, local?: DeviceProfile): Problem {
     cluster: { nodes: s.cluster.nodes, devicesPerNode: s.cluster.devices_per_node },
     device,
   };
+}
+
+/** A scenario's own plan, as the planner's candidate. */
+export function candidateOf(s: Scenario): Candidate {
+  const plan = resolvePlan(s);
+  return Object.fromEntries(CALLS.map((c) => [c, { mesh: plan[c].mesh, devices: plan[c].devices, dp: plan[c].dp, tp: plan[c].tp, pp: plan[c].pp }])) as Candidate;
 }
