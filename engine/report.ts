@@ -77,6 +77,16 @@ export function kindOf(fn: string): Kind {
   return 'other';
 }
 
+/** What each call of the dataflow is, for its colour. */
+const CALL_KINDS: Record<CallName, Kind> = {
+  'actor.generate': 'generation',
+  'actor.train': 'training',
+  'critic.inference': 'inference',
+  'critic.train': 'training',
+  'reference.inference': 'inference',
+  'reward.inference': 'inference',
+};
+
 const esc = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;').replace(/"/g, '&quot;');
 const fmt = (x: number | null | undefined, d = 3) => (x === null || x === undefined || !Number.isFinite(x) ? 'n/a' : x.toFixed(d));
 
@@ -167,19 +177,11 @@ function planSection(r: ReportInput): string {
     if (d % r.devicesPerNode === 0) parts.push(`<rect x="${left + d * cw}" y="2" width="${r.devicesPerNode * cw - 2}" height="${height - 4}" fill="${node % 2 ? '#f7f7f7' : '#fbfbfb'}" stroke="#ddd"/><text x="${left + d * cw + 3}" y="13" class="tick">node ${node}</text>`);
     if (cols <= 64) parts.push(`<text x="${left + d * cw + 3}" y="26" class="tick">${d}</text>`);
   }
-  const kinds: Record<CallName, Kind> = {
-    'actor.generate': 'generation',
-    'actor.train': 'training',
-    'critic.inference': 'inference',
-    'critic.train': 'training',
-    'reference.inference': 'inference',
-    'reward.inference': 'inference',
-  };
   r.plan.forEach((p, i) => {
     const y = 30 + i * rowH;
     parts.push(`<text x="4" y="${y + 17}" class="lbl">${esc(p.call)}</text>`);
     for (const d of p.devices) {
-      parts.push(`<rect class="cell" x="${left + d * cw + 1}" y="${y + 3}" width="${cw - 3}" height="${rowH - 6}" fill="${KIND_COLORS[kinds[p.call]]}"><title>${esc(`${p.call} on device ${d}: mesh ${p.mesh}, dp ${p.dp} tp ${p.tp} pp ${p.pp}`)}</title></rect>`);
+      parts.push(`<rect class="cell" x="${left + d * cw + 1}" y="${y + 3}" width="${cw - 3}" height="${rowH - 6}" fill="${KIND_COLORS[CALL_KINDS[p.call]]}"><title>${esc(`${p.call} on device ${d}: mesh ${p.mesh}, dp ${p.dp} tp ${p.tp} pp ${p.pp}`)}</title></rect>`);
     }
     const first = Math.min(...p.devices);
     parts.push(`<text x="${left + first * cw + 4}" y="${y + 17}" class="cellt">dp${p.dp} tp${p.tp} pp${p.pp}</text>`);
@@ -222,12 +224,11 @@ function estimateSection(r: ReportInput, measuredIteration?: number | null): str
   const tl = e.simulation.timeline;
   const devices = [...new Set(tl.map((t) => t.device))].sort((a, b) => a - b);
   const rowOf = new Map(devices.map((d, i) => [d, i]));
-  const kinds: Record<CallName, Kind> = { 'actor.generate': 'generation', 'actor.train': 'training', 'critic.inference': 'inference', 'critic.train': 'training', 'reference.inference': 'inference', 'reward.inference': 'inference' };
   const bars: Bar[] = tl.map((t) => ({
     row: rowOf.get(t.device)!,
     start: t.start,
     end: t.end,
-    color: t.kind === 'realloc' ? KIND_COLORS.reallocation : KIND_COLORS[kinds[t.call]],
+    color: t.kind === 'realloc' ? KIND_COLORS.reallocation : KIND_COLORS[CALL_KINDS[t.call]],
     title: `${t.call}${t.kind === 'realloc' ? ' (reallocation)' : ''}, iteration ${t.iteration}, device ${t.device}: ${(t.end - t.start).toFixed(4)} s estimated`,
   }));
   const rows = devices.length > 64 ? devices.filter((_, i) => i % Math.ceil(devices.length / 64) === 0) : devices;
