@@ -244,46 +244,51 @@ export class GptShard {
    */
   async preference(chosen: Int32Array, rejected: Int32Array, batch: number, steps: number, minibatch: number, lr: number, seed: number) {
     this.expect('value', 'preference training');
-    if (!this.optim) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
     const width = chosen.length / batch;
-    const losses: number[] = [];
-    const optimizer = new Adam(lr, this.optim.beta1, this.optim.beta2, this.optim.eps);
-    for (let step = 0; step < steps; step++) {
-      await yieldToLoop();
-      const rows = new Rng(seedOf(seed, Stream.shuffle, step)).permutation(batch).slice(0, Math.min(minibatch, batch));
+    const losses = await this.ownSteps(batch, steps, minibatch, lr, seed, (rows) => {
       const c = tf.tensor2d(pickRows(chosen, width, rows), [rows.length, width], 'int32');
       const r = tf.tensor2d(pickRows(rejected, width, rows), [rows.length, width], 'int32');
-      const { loss } = this.step(() => preferenceLoss(lastValues(this.spec, this.weights(), c), lastValues(this.spec, this.weights(), r)), optimizer);
-      tf.dispose([c, r]);
-      losses.push(loss);
-    }
-    optimizer.dispose();
+      return { loss: () => preferenceLoss(lastValues(this.spec, this.weights(), c), lastValues(this.spec, this.weights(), r)), inputs: [c, r] };
+    });
     const rc = this.sequenceScores(chosen, batch);
     const rr = this.sequenceScores(rejected, batch);
     let right = 0;
     for (let b = 0; b < batch; b++) if (rc[b]! > rr[b]!) right += 1;
-    return { loss: losses.at(-1) ?? 0, first_loss: losses[0] ?? 0, accuracy: right / batch };
+    return { ...losses, accuracy: right / batch };
   }
 
   /** Supervised fine-tuning on whole demonstrations: cross-entropy of the response tokens. */
   async sft(tokens: Int32Array, batch: number, promptLen: number, steps: number, minibatch: number, lr: number, seed: number) {
     this.expect('policy', 'sft');
-    if (!this.optim) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
     const width = tokens.length / batch;
+    return this.ownSteps(batch, steps, minibatch, lr, seed, (rows) => {
+      const input = tf.tensor2d(pickRows(tokens, width, rows), [rows.length, width], 'int32');
+      return { loss: () => tf.neg(tf.mean(responseLogprobs(this.spec, this.weights(), input, promptLen))) as tf.Scalar, inputs: [input] };
+    });
+  }
+
+  /**
+   * `steps` optimizer steps on seeded mini-batches of `batch` rows, with an Adam of their own (the
+   * warm-up and a reward model's training leave the PPO optimizer fresh). `prepare` turns a
+   * mini-batch's rows into its loss and the input tensors to free after the step.
+   */
+  private async ownSteps(
+    batch: number,
+    steps: number,
+    minibatch: number,
+    lr: number,
+    seed: number,
+    prepare: (rows: number[]) => { loss: () => tf.Scalar; inputs: tf.Tensor[] },
+  ): Promise<{ loss: number; first_loss: number }> {
+    if (!this.optim) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
     const losses: number[] = [];
-    // Warm-up has its own optimizer, so the PPO optimizer starts fresh afterwards.
     const optimizer = new Adam(lr, this.optim.beta1, this.optim.beta2, this.optim.eps);
     for (let step = 0; step < steps; step++) {
       await yieldToLoop();
       const rows = new Rng(seedOf(seed, Stream.shuffle, step)).permutation(batch).slice(0, Math.min(minibatch, batch));
-      const mb = pickRows(tokens, width, rows);
-      const input = tf.tensor2d(mb, [rows.length, width], 'int32');
-      const { loss } = this.step(
-        () => tf.neg(tf.mean(responseLogprobs(this.spec, this.weights(), input, promptLen))) as tf.Scalar,
-        optimizer,
-      );
-      input.dispose();
-      losses.push(loss);
+      const { loss, inputs } = prepare(rows);
+      losses.push(this.step(loss, optimizer).loss);
+      tf.dispose(inputs);
     }
     optimizer.dispose();
     return { loss: losses.at(-1) ?? 0, first_loss: losses[0] ?? 0 };
