@@ -1,10 +1,11 @@
 // A private nats-server for one run or one test: loopback only, a free port, JetStream with its
 // store in a temporary directory, stopped (and its store removed) when the run ends.
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
-import { delimiter, join } from 'node:path';
+import { join } from 'node:path';
+import { findOnPath, installDebianPackage } from './debian.ts';
 
 export class NatsServerError extends Error {
   override name = 'NatsServerError';
@@ -18,13 +19,7 @@ const INSTALL_HINT =
 export function findNatsServer(): string | undefined {
   const fromEnv = process.env.FERRY_NATS_SERVER;
   if (fromEnv) return existsSync(fromEnv) ? fromEnv : undefined;
-  const dirs = [...(process.env.PATH ?? '').split(delimiter), '/usr/sbin', '/usr/bin', '/usr/local/bin'];
-  for (const dir of dirs) {
-    if (!dir) continue;
-    const candidate = join(dir, 'nats-server');
-    if (existsSync(candidate)) return candidate;
-  }
-  return undefined;
+  return findOnPath(['nats-server']);
 }
 
 /**
@@ -37,20 +32,7 @@ export function ensureNatsServer(log: (line: string) => void = () => {}): string
   if (process.env.FERRY_NATS_SERVER) {
     throw new NatsServerError(`FERRY_NATS_SERVER=${process.env.FERRY_NATS_SERVER} does not exist; ${INSTALL_HINT}`);
   }
-  const canApt = existsSync('/usr/bin/apt-get') && process.env.FERRY_NO_INSTALL === undefined;
-  const asRoot = process.getuid?.() === 0;
-  const sudo = !asRoot && spawnSync('sudo', ['-n', 'true']).status === 0;
-  if (canApt && (asRoot || sudo)) {
-    const prefix = asRoot ? [] : ['sudo', '-n'];
-    const run = (args: string[]) => {
-      const [cmd, ...rest] = [...prefix, ...args];
-      return spawnSync(cmd!, rest, { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, DEBIAN_FRONTEND: 'noninteractive' } });
-    };
-    log("nats-server not found: installing Debian's nats-server package");
-    if (run(['apt-get', 'install', '-y', '-qq', 'nats-server']).status !== 0) {
-      run(['apt-get', 'update', '-qq']);
-      run(['apt-get', 'install', '-y', '-qq', 'nats-server']);
-    }
+  if (installDebianPackage('nats-server', log)) {
     const installed = findNatsServer();
     if (installed) return installed;
   }

@@ -1,10 +1,11 @@
 // Shared pieces of the integration tests: real nats-servers, real processes, small scenarios.
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { connect as netConnect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { findOnPath, installDebianPackage } from '../mesh/debian.ts';
 
 export const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 
@@ -90,31 +91,11 @@ export function portOpen(port: number): Promise<boolean> {
 
 /**
  * Debian's chromium, for the browser tests (playwright-core drives it; nothing is downloaded from
- * elsewhere): $FERRY_CHROMIUM, PATH, else installed from the system's packages when this is a
- * Debian-like machine and we may (root, or password-less sudo).
+ * elsewhere): $FERRY_CHROMIUM, else PATH, else installed from the system's packages when ferry may.
  */
 export function ensureChromium(): string {
-  const names = ['chromium', 'chromium-browser'];
-  const find = () => {
-    if (process.env.FERRY_CHROMIUM) return existsSync(process.env.FERRY_CHROMIUM) ? process.env.FERRY_CHROMIUM : undefined;
-    for (const dir of [...(process.env.PATH ?? '').split(':'), '/usr/bin']) for (const n of names) if (dir && existsSync(join(dir, n))) return join(dir, n);
-    return undefined;
-  };
-  const found = find();
-  if (found) return found;
-  const asRoot = process.getuid?.() === 0;
-  const prefix = asRoot ? [] : ['sudo', '-n'];
-  if (existsSync('/usr/bin/apt-get') && (asRoot || spawnSync('sudo', ['-n', 'true']).status === 0)) {
-    const run = (a: string[]) => {
-      const [cmd, ...rest] = [...prefix, ...a];
-      return spawnSync(cmd!, rest, { stdio: 'ignore', env: { ...process.env, DEBIAN_FRONTEND: 'noninteractive' } });
-    };
-    if (run(['apt-get', 'install', '-y', '-qq', 'chromium']).status !== 0) {
-      run(['apt-get', 'update', '-qq']);
-      run(['apt-get', 'install', '-y', '-qq', 'chromium']);
-    }
-  }
-  const installed = find();
-  if (!installed) throw new Error("no chromium found: install Debian's chromium package (apt-get install chromium) or set FERRY_CHROMIUM");
-  return installed;
+  const find = () => (process.env.FERRY_CHROMIUM ? (existsSync(process.env.FERRY_CHROMIUM) ? process.env.FERRY_CHROMIUM : undefined) : findOnPath(['chromium', 'chromium-browser']));
+  const found = find() ?? (installDebianPackage('chromium') ? find() : undefined);
+  if (!found) throw new Error("no chromium found: install Debian's chromium package (apt-get install chromium) or set FERRY_CHROMIUM");
+  return found;
 }
