@@ -3,8 +3,7 @@
 // iteration, and the device whose worker dies there (the supervisor has none), so that a worker
 // or the supervisor can tell, call by call, whether it has reached one.
 import { Rng, seedOf } from './rng.ts';
-import { layoutOf, viewOf, type RunSpec } from './rlhf.ts';
-import { OWNER } from './rlhf.ts';
+import { OWNER, layoutOf, viewOf, type RunSpec } from './rlhf.ts';
 import { ScenarioError, type CallName, type ModelName } from './scenario.ts';
 
 export type ActorKind = ModelName | 'supervisor';
