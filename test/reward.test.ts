@@ -161,6 +161,33 @@ describe('scoring through serveReward, and waiting for an actor', () => {
   });
 });
 
+/** An instance that holds each request 3 s (or until it stops), counting the requests it got. */
+async function slowInstance(url: string, name: string, instance: string) {
+  let release!: () => void;
+  const released = new Promise<void>((r) => (release = r));
+  let calls = 0;
+  const actor = await serveReward({
+    nats: url,
+    name,
+    instance,
+    score: async (items) => {
+      calls += 1;
+      await Promise.race([released, new Promise((r) => setTimeout(r, 3000))]);
+      return byLength(items);
+    },
+  });
+  return {
+    actor,
+    calls: () => calls,
+    /** Lets the held requests finish, then stops. */
+    async stop() {
+      release();
+      await vi.waitFor(() => expect(actor.answered).toBe(calls), { timeout: 5000, interval: 50 }).catch(() => {});
+      await actor.stop();
+    },
+  };
+}
+
 describe('a slow instance: the request times out there and is retried on another', () => {
   let server: PrivateNatsServer;
   let nc: NatsConnection;
@@ -176,19 +203,7 @@ describe('a slow instance: the request times out there and is retried on another
 
   it('every call resolves with scores from the fast instance; the timeouts name the slow one', async () => {
     // The slow instance holds each request 3 s (or until the test releases it at the end).
-    let release!: () => void;
-    const released = new Promise<void>((r) => (release = r));
-    let slowCalls = 0;
-    const slow = await serveReward({
-      nats: server.url,
-      name: 'two',
-      instance: 'a-slow',
-      score: async (items) => {
-        slowCalls += 1;
-        await Promise.race([released, new Promise((r) => setTimeout(r, 3000))]);
-        return byLength(items);
-      },
-    });
+    const slow = await slowInstance(server.url, 'two', 'a-slow');
     const fast = await serveReward({ nats: server.url, name: 'two', instance: 'b-fast', score: byLength });
     const said: string[] = [];
     const client = new RewardClient(nc, 'two', { timeoutMs: 500, retries: 2, waitMs: 5000, say: (l) => said.push(l) });
@@ -203,71 +218,42 @@ describe('a slow instance: the request times out there and is retried on another
       // later calls may or may not land on a-slow, depending on whether it has beaten again since.
       const timeouts = said.filter((l) => /\(instance a-slow\): no reply within 0\.5 s/.test(l));
       expect(timeouts.length).toBeGreaterThanOrEqual(1);
-      expect(timeouts.length).toBe(slowCalls);
+      expect(timeouts.length).toBe(slow.calls());
       expect(timeouts.every((l) => l.endsWith('trying again'))).toBe(true);
       expect(said.filter((l) => l.includes('instance b-fast)'))).toEqual([]);
       // A retry never goes back to the instance that just timed out: one timeout per call at most.
-      expect(slowCalls).toBeLessThanOrEqual(calls);
-      // The slow instance is dropped after its timeout, then comes back with its next beat.
+      expect(slow.calls()).toBeLessThanOrEqual(calls);
+      // A timeout does not drop the slow instance: it is still present.
       await seen(client, ['a-slow', 'b-fast']);
     } finally {
       client.close();
-      release();
-      // Let the slow instance finish its held requests before it stops.
-      await vi.waitFor(() => expect(slow.answered).toBe(slowCalls), { timeout: 5000, interval: 50 }).catch(() => {});
       await slow.stop();
       await fast.stop();
     }
   });
 
   it('an instance that timed out is left out of the retry: with three, the retry skips it', async () => {
-    let release!: () => void;
-    const released = new Promise<void>((r) => (release = r));
-    let slowCalls = 0;
-    const slow = await serveReward({
-      nats: server.url,
-      name: 'three',
-      instance: 'a-slow',
-      score: async (items) => {
-        slowCalls += 1;
-        await Promise.race([released, new Promise((r) => setTimeout(r, 3000))]);
-        return byLength(items);
-      },
-    });
+    const slow = await slowInstance(server.url, 'three', 'a-slow');
     const b = await serveReward({ nats: server.url, name: 'three', instance: 'b-fast', score: byLength });
     const c = await serveReward({ nats: server.url, name: 'three', instance: 'c-fast', score: byLength });
     const client = new RewardClient(nc, 'three', { timeoutMs: 500, retries: 2, waitMs: 5000 });
     try {
       await seen(client, ['a-slow', 'b-fast', 'c-fast']);
-      // Turn 0: a-slow, which times out and is dropped (synchronously, before the retry picks);
-      // turn 1 over [b-fast, c-fast] is c-fast. Had a-slow stayed, turn 1 would be b-fast.
+      // Turn 0: a-slow, which times out and is left out of this call's retries; turn 1 over
+      // [b-fast, c-fast] is c-fast. Had a-slow stayed in the pool, turn 1 would be b-fast.
       expect(await client.score('run1', 0, ITEMS)).toEqual(LENGTHS);
-      expect(slowCalls).toBe(1);
+      expect(slow.calls()).toBe(1);
       expect({ b: b.answered, c: c.answered }).toEqual({ b: 0, c: 1 });
-      // It comes back with its next presence beat.
+      // A timeout does not drop it: it is still present for the next call.
       await seen(client, ['a-slow', 'b-fast', 'c-fast']);
     } finally {
       client.close();
-      release();
-      await vi.waitFor(() => expect(slow.answered).toBe(slowCalls), { timeout: 5000, interval: 50 }).catch(() => {});
       await Promise.all([slow, b, c].map((a) => a.stop()));
     }
   });
 
   it('a lone slow instance: the retry goes to it again, at once, even past wait_seconds; then the call fails', async () => {
-    let release!: () => void;
-    const released = new Promise<void>((r) => (release = r));
-    let slowCalls = 0;
-    const slow = await serveReward({
-      nats: server.url,
-      name: 'lone',
-      instance: 'only',
-      score: async (items) => {
-        slowCalls += 1;
-        await Promise.race([released, new Promise((r) => setTimeout(r, 3000))]);
-        return byLength(items);
-      },
-    });
+    const slow = await slowInstance(server.url, 'lone', 'only');
     const said: string[] = [];
     // waitMs shorter than a timeout: waiting is for when no instance is there, not a budget for retries.
     const client = new RewardClient(nc, 'lone', { timeoutMs: 500, retries: 1, waitMs: 200, say: (l) => said.push(l) });
@@ -277,14 +263,12 @@ describe('a slow instance: the request times out there and is retried on another
       expect(err).toBeInstanceOf(RewardCallError);
       expect(err.message).toContain("reward 'lone': 2 attempt(s) failed");
       expect(err.message.match(/reward actor 'lone' \(instance only\): no reply within 0\.5 s/g)).toHaveLength(2);
-      expect(slowCalls).toBe(2);
+      expect(slow.calls()).toBe(2);
       // Still present (it beats), and alone: the retry goes straight back to it.
       const events = said.filter((l) => !/: instance \S+ is serving$/.test(l)).map((l) => (/no reply within/.test(l) ? 'timeout' : /waiting for a reward actor/.test(l) ? 'waiting' : l));
       expect(events).toEqual(['timeout', 'timeout']);
     } finally {
       client.close();
-      release();
-      await vi.waitFor(() => expect(slow.answered).toBe(slowCalls), { timeout: 5000, interval: 50 }).catch(() => {});
       await slow.stop();
     }
   });
