@@ -81,18 +81,20 @@ function reply(req: Record<string, unknown>, instance: string, scores: unknown[]
   });
 }
 
-describe('scoring through serveReward, and waiting for an actor', () => {
-  let server: PrivateNatsServer;
-  let nc: NatsConnection;
+// One server for the file; each test serves its own reward name on it.
+let server: PrivateNatsServer;
+let nc: NatsConnection;
+beforeAll(async () => {
+  server = await startNatsServer();
+  nc = await connectBus(server.url, 'reward-test-client');
+});
+afterAll(async () => {
+  await nc?.drain().catch(() => {});
+  await server?.stop();
+});
 
-  beforeAll(async () => {
-    server = await startNatsServer();
-    nc = await connectBus(server.url, 'reward-test-client');
-  });
-  afterAll(async () => {
-    await nc?.drain().catch(() => {});
-    await server?.stop();
-  });
+describe('scoring through serveReward, and waiting for an actor', () => {
+
 
   it('a serveReward actor scores a batch: one score per item, in the request order', async () => {
     const calls: Array<{ run: string; iteration: number; ids: string[] }> = [];
@@ -189,17 +191,7 @@ async function slowInstance(url: string, name: string, instance: string) {
 }
 
 describe('a slow instance: the request times out there and is retried on another', () => {
-  let server: PrivateNatsServer;
-  let nc: NatsConnection;
 
-  beforeAll(async () => {
-    server = await startNatsServer();
-    nc = await connectBus(server.url, 'reward-test-client');
-  });
-  afterAll(async () => {
-    await nc?.drain().catch(() => {});
-    await server?.stop();
-  });
 
   it('every call resolves with scores from the fast instance; the timeouts name the slow one', async () => {
     // The slow instance holds each request 3 s (or until the test releases it at the end).
@@ -275,19 +267,13 @@ describe('a slow instance: the request times out there and is retried on another
 });
 
 describe('replies that break the contract are refused, naming the actor, the instance and the fault', () => {
-  let server: PrivateNatsServer;
   let actors: NatsConnection;
-  let nc: NatsConnection;
 
   beforeAll(async () => {
-    server = await startNatsServer();
     actors = await connectBus(server.url, 'reward-test-actors');
-    nc = await connectBus(server.url, 'reward-test-client');
   });
   afterAll(async () => {
-    await nc?.drain().catch(() => {});
     await actors?.drain().catch(() => {});
-    await server?.stop();
   });
 
   const ID = 'raw-1';
@@ -407,14 +393,10 @@ describe('replies that break the contract are refused, naming the actor, the ins
 });
 
 describe('serveReward refuses requests it cannot read or score, and keeps serving', () => {
-  let server: PrivateNatsServer;
-  let nc: NatsConnection;
   let actor: RewardActor;
   const logged: string[] = [];
 
   beforeAll(async () => {
-    server = await startNatsServer();
-    nc = await connectBus(server.url, 'reward-test-client');
     actor = await serveReward({
       nats: server.url,
       name: 'picky',
@@ -432,8 +414,6 @@ describe('serveReward refuses requests it cannot read or score, and keeps servin
   });
   afterAll(async () => {
     await actor?.stop();
-    await nc?.drain().catch(() => {});
-    await server?.stop();
   });
 
   const subject = () => rewardSubjects('picky').instance('p-1');
@@ -502,17 +482,7 @@ describe('serveReward refuses requests it cannot read or score, and keeps servin
 });
 
 describe('the external example actor (examples/reward-actor/ascending.mjs) as a real process', () => {
-  let server: PrivateNatsServer;
-  let nc: NatsConnection;
 
-  beforeAll(async () => {
-    server = await startNatsServer();
-    nc = await connectBus(server.url, 'reward-test-client');
-  });
-  afterAll(async () => {
-    await nc?.drain().catch(() => {});
-    await server?.stop();
-  });
 
   it('serves "ascending": scores sorted responses 1, reversed 0; stops cleanly on SIGTERM', async () => {
     const child = spawn(process.execPath, ['examples/reward-actor/ascending.mjs', '--nats', server.url, '--name', 'asc-test'], {
