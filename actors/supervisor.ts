@@ -1,8 +1,6 @@
 // The supervisor process: runs one scenario's supervisor machine over NATS and owns the run
 // directory. The launcher starts it; it can also be started by hand against an existing server:
 //   npx tsx actors/supervisor.ts --scenario FILE --run RUN_ID --out DIR [--nats URL]
-import { appendFileSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
 import { createActor, fromCallback, toPromise } from 'xstate';
 import { connectBus, subscribe } from '../mesh/bus.ts';
 import { encode } from '../mesh/codec.ts';
@@ -82,18 +80,16 @@ runMain(async () => {
   const takeOver = values['take-over'] ? await store.loadProgress() : undefined;
   if (values['take-over']) log(takeOver ? `taking the run over at iteration ${takeOver.iteration} (last snapshot after ${takeOver.snapshot})` : 'taking the run over before it saved any progress: starting it again');
   const chaos = ChaosClient.fromEnv(nc, subj, log);
-  // The measured timeline: every call, and every recovery, one JSON line each (report.html draws it).
-  const timeline = join(values.out, 'timeline.jsonl');
-  if (!takeOver && !values.resume) writeFileSync(timeline, '');
-  const dispatcher = new BusDispatcher(nc, subj, values.run, scenario.timeouts.call_seconds * 1000, {
-    onSpan: (span) => appendFileSync(timeline, `${JSON.stringify({ type: 'call', ...span })}\n`),
-    epoch: takeOver ? takeOver.epoch + 1 : 0,
-    ...(chaos ? { beforeCall: (_device, _model, iteration, fn) => chaos.supervisorCall(fn, iteration) } : {}),
-  });
   // --resume: go on from the run directory's last checkpoint, keeping the metrics up to it.
   const resume = values.resume && !takeOver ? readResume(values.out) : undefined;
   if (resume) log(`resuming after iteration ${resume.iteration} from ${values.out}`);
-  const directory = new RunDirectory(values.out, takeOver?.history ?? resume?.history);
+  const directory = new RunDirectory(values.out, takeOver?.history ?? resume?.history, takeOver !== undefined || values.resume);
+  const dispatcher = new BusDispatcher(nc, subj, values.run, scenario.timeouts.call_seconds * 1000, {
+    // The measured timeline: every call, one line each.
+    onSpan: (span) => directory.timeline({ type: 'call', ...span }),
+    epoch: takeOver ? takeOver.epoch + 1 : 0,
+    ...(chaos ? { beforeCall: (_device, _model, iteration, fn) => chaos.supervisorCall(fn, iteration) } : {}),
+  });
   // Reward actors on the bus, one client per name; they say on the events subject what they wait for.
   const learned = scenario.reward.model ? [{ name: spec.rewardService, timeout_seconds: 30, retries: 2, wait_seconds: scenario.timeouts.recover_seconds }] : [];
   const clients = new Map(
@@ -122,7 +118,7 @@ runMain(async () => {
       saveCheckpoint: async (iteration, set) => directory.saveCheckpoint(iteration, set),
       onRecovered: (r) => {
         publish({ type: 'recovered', ...r });
-        appendFileSync(timeline, `${JSON.stringify({ type: 'recovery', start: Date.now() - r.seconds * 1000, end: Date.now(), ...r })}\n`);
+        directory.timeline({ type: 'recovery', start: Date.now() - r.seconds * 1000, end: Date.now(), ...r });
       },
       ...(resume ? { resume } : {}),
       ...(values['take-over'] ? { takeOver: takeOver ?? { epoch: 1, iteration: 0, history: [], startedAt: Date.now(), recoveries: [] } } : {}),

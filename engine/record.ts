@@ -56,13 +56,26 @@ export interface Recorder {
 }
 
 export class RunDirectory implements Recorder {
-  /** Starts the directory's metrics afresh, or, when resuming, with `kept` (what came before). */
+  /**
+   * Starts the directory's metrics afresh, or, when resuming, with `kept` (what came before). The
+   * timeline starts afresh too, unless the run goes on (`continuing`: a resume, a take-over).
+   */
   constructor(
     readonly dir: string,
     kept: readonly Metrics[] = [],
+    continuing = false,
   ) {
     mkdirSync(dir, { recursive: true });
     this.rewind(kept);
+    if (!continuing) writeFileSync(join(dir, 'timeline.jsonl'), '');
+  }
+
+  /**
+   * One line of timeline.jsonl: a call or a recovery (report.html draws them). Appended at once,
+   * so a supervisor killed a moment later leaves it whole.
+   */
+  timeline(record: { type: string; [key: string]: unknown }): void {
+    appendFileSync(join(this.dir, 'timeline.jsonl'), `${JSON.stringify(record)}\n`);
   }
 
   rewind(kept: readonly Metrics[]): void {
