@@ -105,7 +105,7 @@ export class JetStreamStore implements RunStore {
   }
 
   async saveSnapshot(iteration: number, set: CheckpointSet): Promise<{ bytes: number }> {
-    const bytes = encode({ type: 'checkpoint', v: PROTOCOL_VERSION, iteration, ...set });
+    const bytes = encode({ type: 'checkpoint', v: PROTOCOL_VERSION, iteration, models: set });
     await patiently(`storing the snapshot after iteration ${iteration}`, this.patienceMs, () => this.objects.putBlob({ name: `snapshot-${iteration}` }, bytes));
     // Keep the one before too: a failure while this one was being written leaves that one whole.
     await patiently('dropping old snapshots', this.patienceMs, async () => {
@@ -121,7 +121,7 @@ export class JetStreamStore implements RunStore {
     const bytes = await patiently(`reading the snapshot after iteration ${iteration}`, this.patienceMs, () => this.objects.getBlob(`snapshot-${iteration}`));
     if (!bytes) return undefined;
     const c = decode(`object ferry-${this.run}-snapshots/snapshot-${iteration}`, bytes, CheckpointFile);
-    return { actor: c.actor, critic: c.critic, reference: c.reference, ...(c.reward ? { reward: c.reward } : {}) };
+    return c.models;
   }
 
   async close(): Promise<void> {}

@@ -1,6 +1,7 @@
 // The supervisor: one XState machine that gathers a worker for every device, sets the models up,
-// then walks each PPO iteration call group by call group (generate → inference → train), and
-// finally collects digests and stops the workers. Each stage is an invoked promise actor.
+// then runs each iteration of the algorithm's graph (engine/rlhf.ts's runIteration: every call as
+// soon as its inputs exist), checkpoints, and finally collects digests and stops the workers. Each
+// stage is an invoked promise actor; the machine knows no algorithm.
 //
 // Failures are recovered in place. A device given up (its process exited, its heartbeats
 // stopped) or a stage that fails sends the machine to `recovering`: every call in flight is
@@ -12,24 +13,23 @@
 import { assign, fromCallback, fromPromise, setup } from 'xstate';
 import type { Metrics } from '../mesh/protocol.ts';
 import { CallError, fence, type Dispatcher } from '../engine/dispatch.ts';
-import { accountRollouts, tokensDigest } from '../engine/ledger.ts';
+import { accountRollouts } from '../engine/ledger.ts';
+import { mean } from '../engine/algorithms/index.ts';
 import { median, rewardWindows, type Recorder, type RolloutAccount, type Summary } from '../engine/record.ts';
 import type { Progress, RunStore } from '../engine/store.ts';
 import {
   takeCheckpoint,
   type CheckpointSet,
   finalDigests,
-  generateStage,
-  inferStage,
   planDevices,
-  setupModels,
-  trainStage,
+  rolloutField,
   ruleScore,
+  runIteration,
+  setupModels,
+  trainedRollouts,
+  type IterationResult,
   type RewardSources,
-  type Rollout,
   type RunSpec,
-  type Scored,
-  type Trained,
 } from '../engine/rlhf.ts';
 import { Intensity } from './supervision.ts';
 
@@ -67,8 +67,6 @@ interface Context extends SupervisorInput {
   iteration: number;
   startedAt: number;
   iterationStartedAt: number;
-  rollout?: Rollout;
-  scored?: Scored;
   history: Metrics[];
   parameters: Record<string, number>;
   digests: Record<string, string>;
@@ -86,7 +84,7 @@ interface Context extends SupervisorInput {
   error?: string;
 }
 
-type StageInput = { d: Dispatcher; r: RunSpec; store: RunStore; iteration: number; rollout?: Rollout; scored?: Scored; rewards?: RewardSources };
+type StageInput = { d: Dispatcher; r: RunSpec; store: RunStore; iteration: number; rewards?: RewardSources };
 
 /** In every state that works with the devices: a lost worker or trouble on the bus starts a recovery. */
 const RECOVER_ON_LOSS = {
@@ -146,7 +144,7 @@ export const supervisorMachine = setup({
     /** A snapshot after the iteration (every `checkpoint.every`, and after the last), into the store and the run directory. */
     checkpoint: fromPromise(async ({ input }: { input: StageInput & { save?: SupervisorInput['saveCheckpoint'] } }) => {
       const every = input.r.scenario.checkpoint.every;
-      const last = input.iteration + 1 === input.r.scenario.ppo.iterations;
+      const last = input.iteration + 1 === input.r.scenario.rl.iterations;
       if (every === 0 || ((input.iteration + 1) % every !== 0 && !last)) return undefined;
       const t0 = performance.now();
       const set = await takeCheckpoint(input.d, input.r, input.iteration);
@@ -157,31 +155,16 @@ export const supervisorMachine = setup({
       return { bytes, fetch_seconds: (t1 - t0) / 1000, store_seconds: (t2 - t1) / 1000 };
     }),
     saveProgress: fromPromise(({ input }: { input: { store: RunStore; progress: Progress } }) => input.store.saveProgress(input.progress)),
-    /** The rollout: from the store when this iteration's was already generated (a replay), else generated and stored. */
-    generate: fromPromise(async ({ input }: { input: StageInput }): Promise<Rollout> => {
-      const kept = await input.store.loadStage<Omit<Rollout, 'moved'>>(input.iteration, 'rollout');
-      if (kept) return { ...kept, moved: [] };
-      const ro = await generateStage(input.d, input.r, input.iteration);
-      await input.store.saveStage(input.iteration, 'rollout', { iteration: ro.iteration, batch: ro.batch, tokens: ro.tokens, logprobs: ro.logprobs });
-      return ro;
-    }),
-    infer: fromPromise(async ({ input }: { input: StageInput }): Promise<Scored> => {
-      const kept = await input.store.loadStage<Scored>(input.iteration, 'scored');
-      if (kept) return kept;
-      const sc = await inferStage(input.d, input.r, input.rollout!, input.rewards);
-      await input.store.saveStage(input.iteration, 'scored', sc);
-      return sc;
-    }),
-    train: fromPromise(({ input }: { input: StageInput }) => trainStage(input.d, input.r, input.rollout!, input.scored!)),
+    /**
+     * One iteration of the graph. Results of calls that change no state come from the store when
+     * this iteration already has them (a replay), and go into it when they are computed.
+     */
+    iteration: fromPromise(({ input }: { input: StageInput }): Promise<IterationResult> => runIteration(input.d, input.r, input.iteration, input.store, input.rewards)),
     digest: fromPromise(async ({ input }: { input: StageInput }) => {
       const { digests, ledgers } = await finalDigests(input.d, input.r, input.iteration);
-      const rollouts = [];
-      for (let i = 0; i < input.r.scenario.ppo.iterations; i++) {
-        const ro = await input.store.loadStage<{ batch: number; tokens: Int32Array }>(i, 'rollout');
-        if (ro) rollouts.push({ iteration: i, rows: ro.batch, sha256: tokensDigest(ro.tokens) });
-        else rollouts.push({ iteration: i, rows: input.r.scenario.ppo.batch, sha256: 'missing from the run store' });
-      }
-      return { digests, rollouts: accountRollouts(ledgers, rollouts) };
+      const rollouts = await trainedRollouts(input.r, input.store, input.r.scenario.rl.iterations);
+      const accounts = Object.entries(ledgers).map(([model, ranks]) => accountRollouts({ [model]: ranks }, rollouts[model] ?? []));
+      return { digests, rollouts: accounts.reduce((a, b) => ({ prompts: a.prompts + b.prompts, lost: a.lost + b.lost, duplicated: a.duplicated + b.duplicated }), { prompts: 0, lost: 0, duplicated: 0 }) };
     }),
     stopWorkers: fromPromise(async ({ input }: { input: StageInput }) => {
       await Promise.all(planDevices(input.r).map((dev) => input.d.call(dev, '*', input.iteration, { fn: 'shutdown' })));
@@ -191,8 +174,8 @@ export const supervisorMachine = setup({
     allJoined: ({ context }) => missingDevices(context).length === 0,
     /** A supervisor taking a run over recovers as soon as every device has a worker. */
     takingOver: ({ context }) => missingDevices(context).length === 0 && context.takeOver !== undefined,
-    moreIterations: ({ context }) => context.iteration + 1 < context.spec.scenario.ppo.iterations,
-    nothingLeft: ({ context }) => context.iteration >= context.spec.scenario.ppo.iterations,
+    moreIterations: ({ context }) => context.iteration + 1 < context.spec.scenario.rl.iterations,
+    nothingLeft: ({ context }) => context.iteration >= context.spec.scenario.rl.iterations,
     escalated: ({ context }) => context.error !== undefined,
   },
   delays: {
@@ -245,25 +228,30 @@ export const supervisorMachine = setup({
       const entry = { epoch: context.dispatcher.epoch, reason: context.failure?.reason ?? 'unknown', snapshot: out.snapshot, iteration: out.snapshot + 1, seconds };
       context.recorder.rewind?.(history);
       context.onRecovered?.(entry);
-      return { attempts: 0, parameters: out.parameters, rewardModel: out.rewardModel ?? context.rewardModel, snapshot: out.snapshot, iteration: out.snapshot + 1, history, failure: undefined, recoveries: [...context.recoveries, entry], rollout: undefined, scored: undefined };
+      return { attempts: 0, parameters: out.parameters, rewardModel: out.rewardModel ?? context.rewardModel, snapshot: out.snapshot, iteration: out.snapshot + 1, history, failure: undefined, recoveries: [...context.recoveries, entry] };
     }),
-    recordIteration: assign(({ context }, trained: Trained) => {
+    /** The iteration's metrics: the reward, every statistic the graph produced, time, tokens, moves. */
+    recordIteration: assign(({ context }, out: IterationResult) => {
       const seconds = (Date.now() - context.iterationStartedAt) / 1000;
-      const tokens = context.rollout!.batch * context.spec.task.responseLen;
-      const moved = context.rollout!.moved;
+      const { fields } = out;
+      const reward = fields[context.spec.graph.reward];
+      const stats = Object.fromEntries(Object.entries(fields).filter((e): e is [string, number] => typeof e[1] === 'number' && e[0] !== context.spec.graph.reward));
+      const rollout = rolloutField(context.spec);
+      const tokens = rollout ? fields[rollout] : undefined;
       const metrics: Metrics = {
         iteration: context.iteration,
-        ...trained,
+        reward_mean: typeof reward === 'number' ? reward : mean(reward ?? []),
+        ...stats,
         seconds,
-        tokens,
-        tokens_per_second: tokens / seconds,
-        realloc_seconds: moved.reduce((a, m) => a + m.seconds, 0),
-        realloc_bytes: moved.reduce((a, m) => a + m.bytes, 0),
-        rule_score: ruleScore(context.spec, context.rollout!),
-        ...(context.scored?.sources ? { rewards: context.scored.sources } : {}),
+        tokens: out.generated,
+        tokens_per_second: out.generated / seconds,
+        realloc_seconds: out.moved.reduce((a, m) => a + m.seconds, 0),
+        realloc_bytes: out.moved.reduce((a, m) => a + m.bytes, 0),
+        ...(tokens instanceof Int32Array ? { rule_score: ruleScore(context.spec, tokens) } : {}),
+        ...(Object.keys(out.sources).length ? { rewards: out.sources } : {}),
       };
-      context.recorder.iteration(metrics, context.spec.scenario.ppo.iterations);
-      return { history: [...context.history, metrics], rollout: undefined, scored: undefined };
+      context.recorder.iteration(metrics, context.spec.scenario.rl.iterations);
+      return { history: [...context.history, metrics] };
     }),
     writeSummary: ({ context }) => {
       const s = context.spec.scenario;
@@ -400,7 +388,7 @@ export const supervisorMachine = setup({
             src: 'recover',
             input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: -1, devices: context.need, snapshot: context.snapshot }),
             onDone: [
-              { guard: ({ context, event }) => event.output.snapshot + 1 >= context.spec.scenario.ppo.iterations, target: '#supervisor.finishing', actions: [{ type: 'recovered', params: ({ event }) => event.output }, assign({ iteration: ({ context }) => context.iteration - 1 })] },
+              { guard: ({ context, event }) => event.output.snapshot + 1 >= context.spec.scenario.rl.iterations, target: '#supervisor.finishing', actions: [{ type: 'recovered', params: ({ event }) => event.output }, assign({ iteration: ({ context }) => context.iteration - 1 })] },
               { target: '#supervisor.saving', actions: { type: 'recovered', params: ({ event }) => event.output } },
             ],
             onError: {
@@ -431,48 +419,25 @@ export const supervisorMachine = setup({
       },
     },
     iterating: {
-      initial: 'generating',
-      entry: { type: 'phase', params: { phase: 'ppo', detail: 'iterating' } },
+      initial: 'running',
+      entry: { type: 'phase', params: { phase: 'iterating', detail: 'iterating' } },
       on: RECOVER_ON_LOSS,
       states: {
-        generating: {
+        running: {
           entry: assign({ iterationStartedAt: () => Date.now() }),
           invoke: {
-            src: 'generate',
-            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration }),
-            onDone: { target: 'inferring', actions: assign({ rollout: ({ event }) => event.output }) },
-            onError: { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'generate', error: event.error }) } },
-          },
-        },
-        inferring: {
-          invoke: {
-            src: 'infer',
-            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration, rollout: context.rollout, rewards: context.rewards }),
-            onDone: { target: 'training', actions: assign({ scored: ({ event }) => event.output }) },
+            src: 'iteration',
+            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration, rewards: context.rewards }),
+            onDone: { target: 'iterationDone', actions: { type: 'recordIteration', params: ({ event }) => event.output } },
             onError: [
               // A reward actor that never came: going back to a snapshot would not bring it.
               {
                 guard: ({ event }) => (event.error as { fatal?: unknown })?.fatal === true,
                 target: '#supervisor.failed',
-                actions: { type: 'fail', params: ({ context, event }) => ({ stage: `iteration ${context.iteration}, inference`, error: event.error }) },
+                actions: { type: 'fail', params: ({ context, event }) => ({ stage: `iteration ${context.iteration}`, error: event.error }) },
               },
-              { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'inference', error: event.error }) } },
+              { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'iteration', error: event.error }) } },
             ],
-          },
-        },
-        training: {
-          invoke: {
-            src: 'train',
-            input: ({ context }) => ({
-              d: fence(context.dispatcher),
-              r: context.spec,
-              store: context.store,
-              iteration: context.iteration,
-              rollout: context.rollout,
-              scored: context.scored,
-            }),
-            onDone: { target: 'iterationDone', actions: { type: 'recordIteration', params: ({ event }) => event.output } },
-            onError: { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'train', error: event.error }) } },
           },
         },
         iterationDone: {

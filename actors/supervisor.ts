@@ -8,7 +8,7 @@ import { PROTOCOL_VERSION, RunEvent, type Metrics } from '../mesh/protocol.ts';
 import { subjects } from '../mesh/subjects.ts';
 import { fanOut, readResume, RunDirectory, type Recorder, type Summary } from '../engine/record.ts';
 import { runSpec, type RewardSources } from '../engine/rlhf.ts';
-import { loadScenario } from '../engine/scenario.ts';
+import { loadScenarioFile } from '../engine/scenario.ts';
 import { BusDispatcher } from './bus-dispatcher.ts';
 import { DEFAULT_NATS, UsageError, args, logger, runMain } from './host.ts';
 import { ChaosClient } from './chaos-client.ts';
@@ -30,7 +30,7 @@ runMain(async () => {
   });
   if (!values.scenario || !values.run || !values.out) throw new UsageError(USAGE);
   const log = logger('supervisor');
-  const scenario = loadScenario(values.scenario);
+  const scenario = await loadScenarioFile(values.scenario);
   const spec = runSpec(scenario, values.run);
   const nc = await connectBus(values.nats ?? process.env.NATS_URL ?? DEFAULT_NATS, `ferry-supervisor-${values.run}`);
   const subj = subjects(values.run);

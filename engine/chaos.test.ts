@@ -18,7 +18,7 @@ plan:
   reference.inference: { mesh: "0:2-3", tp: 2 }
   reward.inference: { mesh: "0:3" }
 warmup: { steps: 4, demos: 128, batch: 32 }
-ppo: { iterations: 6, batch: 32 }
+rl: { iterations: 6, batch: 32 }
 `;
 
 /** The plan of scenarios/quickstart.yaml: one device per model, nothing is a view. */
@@ -34,7 +34,7 @@ plan:
   critic.train: { mesh: "0:1" }
   reference.inference: { mesh: "0:2" }
   reward.inference: { mesh: "0:3" }
-ppo: { iterations: 4, batch: 16 }
+rl: { iterations: 4, batch: 16 }
 `;
 
 function spec(plan: string, chaos: string): RunSpec {
@@ -136,20 +136,20 @@ describe('killPoints: explicit kills', () => {
     expect(refusal(CHAOS_PLAN, [
       { actor: 'actor', call: 'train', iteration: 0 },
       { actor: 'reward', call: 'train', iteration: 0 },
-    ])).toMatch(/^chaos\.kills\[1\]: reward never dies in 'train' of iteration 0: only the actor and the critic train/);
-    expect(refusal(CHAOS_PLAN, [{ actor: 'critic', call: 'sft', iteration: -1 }])).toMatch(/chaos\.kills\[0\]: .*only the actor runs 'sft'/);
+    ])).toMatch(/^chaos\.kills\[1\]: reward never dies in 'train' of iteration 0: 'reward' has no train call/);
+    expect(refusal(CHAOS_PLAN, [{ actor: 'critic', call: 'sft', iteration: -1 }])).toMatch(/chaos\.kills\[0\]: .*only 'actor' runs 'sft'/);
     expect(refusal(CHAOS_PLAN, [{ actor: 'actor', call: 'sft', iteration: 0 }])).toMatch(/chaos\.kills\[0\]: .*during setup/);
-    expect(refusal(CHAOS_PLAN, [{ actor: 'reference', call: 'generate', iteration: 1 }])).toMatch(/chaos\.kills\[0\]: .*only the actor generates/);
-    expect(refusal(CHAOS_PLAN, [{ actor: 'actor', call: 'generate', iteration: -1 }])).toMatch(/chaos\.kills\[0\]: .*only the actor generates/);
-    expect(refusal(CHAOS_PLAN, [{ actor: 'actor', call: 'inference', iteration: 0 }])).toMatch(/chaos\.kills\[0\]: .*'actor' runs no inference/);
-    expect(refusal(CHAOS_PLAN, [{ actor: 'critic', call: 'inference', iteration: -1 }])).toMatch(/'critic' runs no inference during setup/);
-    expect(refusal(CHAOS_PLAN, [{ actor: 'critic', call: 'train', iteration: -1 }])).toMatch(/only the actor and the critic train, in iterations 0 and on/);
+    expect(refusal(CHAOS_PLAN, [{ actor: 'reference', call: 'generate', iteration: 1 }])).toMatch(/chaos\.kills\[0\]: .*'reference' has no generate call/);
+    expect(refusal(CHAOS_PLAN, [{ actor: 'actor', call: 'generate', iteration: -1 }])).toMatch(/chaos\.kills\[0\]: .*'actor' has no generate call during setup/);
+    expect(refusal(CHAOS_PLAN, [{ actor: 'actor', call: 'inference', iteration: 0 }])).toMatch(/chaos\.kills\[0\]: .*'actor' has no inference call/);
+    expect(refusal(CHAOS_PLAN, [{ actor: 'critic', call: 'inference', iteration: -1 }])).toMatch(/'critic' has no inference call during setup/);
+    expect(refusal(CHAOS_PLAN, [{ actor: 'critic', call: 'train', iteration: -1 }])).toMatch(/'critic' has no train call during setup/);
     expect(refusal(CHAOS_PLAN, [{ actor: 'reward', call: 'checkpoint', iteration: 2 }])).toMatch(/the reward is a rule: it has no state to checkpoint/);
-    expect(refusal(CHAOS_PLAN, [{ actor: 'reward', call: 'manifest', iteration: 2 }])).toMatch(/only the actor and the critic are asked for a manifest, after the last iteration/);
+    expect(refusal(CHAOS_PLAN, [{ actor: 'reward', call: 'manifest', iteration: 2 }])).toMatch(/only trained models are asked for a manifest, after the last iteration/);
     // Kills that would be accepted and then never fire are refused too.
     expect(refusal(CHAOS_PLAN, [{ actor: 'reference', call: 'load', iteration: 2 }])).toMatch(/'reference' loads only during setup/);
     expect(refusal(CHAOS_PLAN, [{ actor: 'actor', call: 'restore', iteration: 2 }])).toMatch(/restores happen only in a recovery/);
-    expect(refusal(CHAOS_PLAN, [{ actor: 'actor', call: 'realloc', iteration: -1 }])).toMatch(/during setup only the reference and the critic receive a reallocation/);
+    expect(refusal(CHAOS_PLAN, [{ actor: 'actor', call: 'realloc', iteration: -1 }])).toMatch(/during setup only models that start from another receive a reallocation/);
     // The reference and the reward run on their own layout: nothing is ever reallocated into them in an iteration.
     expect(refusal(CHAOS_PLAN, [{ actor: 'reference', call: 'realloc', iteration: 1 }])).toMatch(/'reference' is never reallocated in an iteration with this plan/);
   });

@@ -20,9 +20,13 @@ const train = (seed: number): CallBody => ({
   promptLen: 5,
   responseLen: 4,
   seed,
-  hyper: { epochs: 2, minibatches: 2, clip: 0.2, valueClip: 0.2 },
-  old: new Float32Array(B * 4).fill(-2),
-  target: Float32Array.from({ length: B * 4 }, (_, i) => Math.sin(i)),
+  epochs: 2,
+  minibatches: 2,
+  loss: { name: 'clip_policy', params: { clip: 0.2 } },
+  data: {
+    old: new Float32Array(B * 4).fill(-2),
+    advantages: Float32Array.from({ length: B * 4 }, (_, i) => Math.sin(i)),
+  },
 });
 
 async function digest(d: LocalDispatcher, layout: Layout) {

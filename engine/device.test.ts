@@ -40,6 +40,8 @@ const load = (spec: CallOf<'load'>['spec'], extra: Partial<CallOf<'load'>> = {})
   ...extra,
 });
 const batch = { tokens: new Int32Array([0, 1, 4, 0, 1, 2, 3, 4, 2, 3]), batch: 2, promptLen: 3, responseLen: 2 };
+/** A train call's fields besides the batch and its data: one epoch, one mini-batch, the clipped policy loss. */
+const trainArgs = { seed: 0, epochs: 1, minibatches: 1, loss: { name: 'clip_policy', params: { clip: 0.2 } } };
 
 async function rejected(p: Promise<unknown>): Promise<CallRejected> {
   try {
@@ -91,15 +93,13 @@ describe('Device.check refusals', () => {
   it('unsupported for train or generate on a rule model', async () => {
     const d = new Device(0, ...noLink);
     await d.run(call('reward', load({ kind: 'rule', rule: 'copy', digits: 2, base: 4 }, { role: 'reward' })));
-    const hyper = { epochs: 1, minibatches: 1, clip: 0.2, valueClip: 0.2 };
-    expectRefusal(d, call('reward', { fn: 'train', ...batch, seed: 0, hyper, old: new Float32Array(4), target: new Float32Array(4) }), 'unsupported', /'train' is not a call of a rule model/);
+    expectRefusal(d, call('reward', { fn: 'train', ...batch, ...trainArgs, data: { old: new Float32Array(4), advantages: new Float32Array(4) } }), 'unsupported', /'train' is not a call of a rule model/);
   });
 
   it('invalid_state for train and sft on a model loaded without optim', async () => {
     const d = new Device(0, ...noLink);
     await d.run(call('actor', load(policy)));
-    const hyper = { epochs: 1, minibatches: 1, clip: 0.2, valueClip: 0.2 };
-    const train = call('actor', { fn: 'train', ...batch, seed: 0, hyper, old: new Float32Array(4), target: new Float32Array(4) });
+    const train = call('actor', { fn: 'train', ...batch, ...trainArgs, data: { old: new Float32Array(4), advantages: new Float32Array(4) } });
     expectRefusal(d, train, 'invalid_state', "'actor' on device 0 is not on its training layout (no optimizer); 'train' is refused");
     expectRefusal(d, call('actor', { fn: 'sft', ...batch, steps: 1, minibatch: 1, lr: 1e-3, seed: 0 }), 'invalid_state', /'sft' is refused/);
     // with an optimizer, the same call is allowed
@@ -236,15 +236,35 @@ describe('Device.run', () => {
 describe('Device.check refuses arrays that do not fit, before anything runs', () => {
   const tokens = (n: number, v = 1) => new Int32Array(n).fill(v);
 
-  it('tokens of the wrong length, old/target of the wrong length, tokens outside the vocabulary, sequences past the context', async () => {
+  it('tokens of the wrong length, a data port of the wrong length, tokens outside the vocabulary, sequences past the context', async () => {
     const d = new Device(0, ...noLink);
     await d.run(call('actor', load(policy, { optim })));
     const batch = { batch: 2, promptLen: 2, responseLen: 2 };
     expectRefusal(d, call('actor', { fn: 'inference', tokens: tokens(7), ...batch }), 'malformed', "'inference' of 'actor': tokens has 7 values, expected 8");
-    const hyper = { epochs: 1, minibatches: 1, clip: 0.2, valueClip: 0.2 };
-    expectRefusal(d, call('actor', { fn: 'train', tokens: tokens(8), ...batch, seed: 1, hyper, old: new Float32Array(3), target: new Float32Array(4) }), 'malformed', "'train' of 'actor': old has 3 values, expected 4");
+    const train = { fn: 'train', tokens: tokens(8), ...batch, ...trainArgs, seed: 1 } as const;
+    expectRefusal(d, call('actor', { ...train, data: { old: new Float32Array(3), advantages: new Float32Array(4) } }), 'malformed', "'train' of 'actor': data.old has 3 values, expected 4");
+    expectRefusal(d, call('actor', { ...train, data: { old: new Float32Array(4), advantages: new Float32Array(5) } }), 'malformed', "'train' of 'actor': data.advantages has 5 values, expected 4");
     expectRefusal(d, call('actor', { fn: 'inference', tokens: tokens(8, 5), ...batch }), 'malformed', "'inference' of 'actor': tokens[0] = 5 is not a token of a vocabulary of 5");
     expectRefusal(d, call('actor', { fn: 'inference', tokens: tokens(8), batch: 1, promptLen: 4, responseLen: 4 }), 'malformed', "'inference' of 'actor': sequences of 8 tokens exceed the model's context of 6");
     expectRefusal(d, call('actor', { fn: 'generate', prompts: tokens(4), batch: 2, promptLen: 2, responseLen: 2, seeds: new Uint32Array(1), temperature: 1 }), 'malformed', "'generate' of 'actor': seeds has 1 values, expected 2");
+  });
+
+  it('a train call whose data lacks a port its loss reads, names an unknown loss, or splits a pair', async () => {
+    const d = new Device(0, ...noLink);
+    await d.run(call('actor', load(policy, { optim })));
+    const batch = { batch: 2, promptLen: 2, responseLen: 2 };
+    const train = { fn: 'train', tokens: tokens(8), ...batch, ...trainArgs } as const;
+    expectRefusal(d, call('actor', { ...train, data: { old: new Float32Array(4) } }), 'malformed', "'train' of 'actor': the loss 'clip_policy' reads 'advantages'; the call's data has old");
+    expectRefusal(d, call('actor', { ...train, data: {} }), 'malformed', "'train' of 'actor': the loss 'clip_policy' reads 'old'; the call's data has nothing");
+    // kl_coef > 0 adds the reference log-probs to what clip_policy reads
+    const kl = { ...train, loss: { name: 'clip_policy', params: { clip: 0.2, kl_coef: 0.1 } } };
+    expectRefusal(d, call('actor', { ...kl, data: { old: new Float32Array(4), advantages: new Float32Array(4) } }), 'malformed', "'train' of 'actor': the loss 'clip_policy' reads 'ref'; the call's data has old, advantages");
+    expectRefusal(d, call('actor', { ...train, loss: { name: 'nope', params: {} }, data: {} }), 'malformed', "'train' of 'actor': unknown loss 'nope'; known: clip_policy, clip_value, dpo");
+    // dpo takes rows in pairs (chosen, rejected): an odd batch cannot be one
+    const odd = { fn: 'train', tokens: tokens(12), batch: 3, promptLen: 2, responseLen: 2, ...trainArgs, loss: { name: 'dpo', params: { beta: 0.1 } } } as const;
+    expectRefusal(d, call('actor', { ...odd, data: { ref: new Float32Array(6) } }), 'malformed', "'train' of 'actor': the loss 'dpo' takes rows in groups of 2; the batch has 3");
+    // the well-formed calls pass
+    expect(d.check(call('actor', { ...train, data: { old: new Float32Array(4), advantages: new Float32Array(4) } }))).toBeUndefined();
+    expect(d.check(call('actor', { ...train, loss: { name: 'dpo', params: { beta: 0.1 } }, data: { ref: new Float32Array(4) } }))).toBeUndefined();
   });
 });

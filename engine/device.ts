@@ -4,7 +4,7 @@
 import type { Bus } from '../mesh/bus.ts';
 import { encode } from '../mesh/codec.ts';
 import { checkStrategy, shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../mesh/layout.ts';
-import { Go, PROTOCOL_VERSION, type LedgerEntry, type Call, type CallBody, type CallFn, type CallOf, type ErrorCode, type Layout, type ModelSpec, type ResultOf, type Role } from '../mesh/protocol.ts';
+import { Go, PROTOCOL_VERSION, type LedgerEntry, type Call, type CallBody, type CallFn, type CallOf, type ErrorCode, type Layout, type ModelSpec, type ResultOf } from '../mesh/protocol.ts';
 import { cut, paste } from '../mesh/slices.ts';
 import type { Subjects } from '../mesh/subjects.ts';
 import { subscribe } from '../mesh/bus.ts';
@@ -15,6 +15,7 @@ import { modelInfo } from './params.ts';
 import { tokensDigest } from './ledger.ts';
 import { Comm } from './comm.ts';
 import { GptShard } from './shard.ts';
+import { lossOf, type LossFn } from './losses.ts';
 import { ShardedGpt } from './sharded.ts';
 import { makeTask, TASKS, type Task, type TaskName } from './task.ts';
 
@@ -48,6 +49,23 @@ class RuleShard {
   }
 }
 
+/** What is wrong with a train call's loss and its per-token arrays; undefined when nothing is. */
+function dataProblem(body: CallOf<'train'>): string | undefined {
+  let fn: LossFn;
+  try {
+    fn = lossOf(body.loss.name);
+  } catch (e) {
+    return (e as Error).message;
+  }
+  if (body.batch % fn.rowsPerItem !== 0) return `the loss '${body.loss.name}' takes rows in groups of ${fn.rowsPerItem}; the batch has ${body.batch}`;
+  for (const port of fn.ports(body.loss.params)) {
+    const a = body.data[port];
+    if (!a) return `the loss '${body.loss.name}' reads '${port}'; the call's data has ${Object.keys(body.data).join(', ') || 'nothing'}`;
+    if (a.length !== body.batch * body.responseLen) return `data.${port} has ${a.length} values, expected ${body.batch * body.responseLen}`;
+  }
+  return undefined;
+}
+
 /** What is wrong with a call's arrays, given the model's shape; undefined when nothing is. */
 function shapeProblem(body: CallBody, spec: { vocab: number; context: number } | undefined): string | undefined {
   const expect = (what: string, got: number, want: number) => (got === want ? undefined : `${what} has ${got} values, expected ${want}`);
@@ -73,7 +91,7 @@ function shapeProblem(body: CallBody, spec: { vocab: number; context: number } |
       const width = body.promptLen + body.responseLen;
       return (
         expect('tokens', body.tokens.length, body.batch * width) ??
-        (body.fn === 'train' ? expect('old', body.old.length, body.batch * body.responseLen) ?? expect('target', body.target.length, body.batch * body.responseLen) : undefined) ??
+        (body.fn === 'train' ? dataProblem(body) : undefined) ??
         fits(width) ??
         tokensIn('tokens', body.tokens)
       );
@@ -86,7 +104,8 @@ function shapeProblem(body: CallBody, spec: { vocab: number; context: number } |
 type ModelShard = GptShard | ShardedGpt;
 
 interface Hosted {
-  role: Role;
+  /** The model this shard belongs to. */
+  role: string;
   layout: Layout;
   rank: number;
   shard: ModelShard | RuleShard;
@@ -498,13 +517,13 @@ export class Device {
       case 'preference':
         return s.preference(body.chosen, body.rejected, body.batch, body.steps, body.minibatch, body.lr, body.seed);
       case 'generate':
-        return s.generate(body.prompts, body.batch, body.promptLen, body.responseLen, body.seeds, body.temperature);
+        return s.generate(body.prompts, body.batch, body.promptLen, body.responseLen, body.seeds, body.temperature, body.greedy);
       case 'inference':
         return s.spec.kind === 'policy'
           ? { logprobs: s.logprobs(body.tokens, body.batch, body.promptLen) }
           : { values: s.values(body.tokens, body.batch, body.promptLen) };
       case 'train': {
-        const st = await s.train(body.tokens, body.batch, body.promptLen, body.responseLen, body.old, body.target, body.hyper, body.seed);
+        const st = await s.train(body.tokens, body.batch, body.promptLen, body.responseLen, body.loss, body.data, body.epochs, body.minibatches, body.seed);
         return { loss: st.loss, clipfrac: st.clipfrac, grad_norm: st.gradNorm };
       }
       default:
@@ -518,13 +537,13 @@ export class Device {
       case 'sft':
         return s.sft(group, body.tokens, body.batch, body.promptLen, body.steps, body.minibatch, body.lr, body.seed);
       case 'generate':
-        return s.generate(group, body.prompts, body.batch, body.promptLen, body.responseLen, body.seeds, body.temperature);
+        return s.generate(group, body.prompts, body.batch, body.promptLen, body.responseLen, body.seeds, body.temperature, body.greedy);
       case 'inference': {
         const out = await s.infer(group, body.tokens, body.batch, body.promptLen);
         return s.spec.kind === 'policy' ? { logprobs: out } : { values: out };
       }
       case 'train': {
-        const st = await s.train(group, body.tokens, body.batch, body.promptLen, body.responseLen, body.old, body.target, body.hyper, body.seed);
+        const st = await s.train(group, body.tokens, body.batch, body.promptLen, body.responseLen, body.loss, body.data, body.epochs, body.minibatches, body.seed);
         return { loss: st.loss, clipfrac: st.clipfrac, grad_norm: st.gradNorm };
       }
       default:

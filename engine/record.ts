@@ -85,7 +85,7 @@ export class RunDirectory implements Recorder {
   /** The checkpoint after `iteration`, replacing the last one only once it is written whole. */
   saveCheckpoint(iteration: number, set: CheckpointSet): void {
     const file = join(this.dir, 'checkpoint.msgpack');
-    writeFileSync(`${file}.tmp`, encode({ type: 'checkpoint', v: PROTOCOL_VERSION, iteration, ...set }));
+    writeFileSync(`${file}.tmp`, encode({ type: 'checkpoint', v: PROTOCOL_VERSION, iteration, models: set }));
     renameSync(`${file}.tmp`, file);
   }
   phase(): void {}
@@ -137,5 +137,5 @@ export function readResume(dir: string): { iteration: number; checkpoint: Checkp
     if (!parsed.success) throw new ResumeError(`${metricsFile}:${i + 1}: not a metrics line: ${parsed.error.message}`);
     return parsed.data;
   });
-  return { iteration: c.iteration, checkpoint: { actor: c.actor, critic: c.critic, reference: c.reference, ...(c.reward ? { reward: c.reward } : {}) }, history: history.filter((m) => m.iteration <= c.iteration) };
+  return { iteration: c.iteration, checkpoint: c.models, history: history.filter((m) => m.iteration <= c.iteration) };
 }

@@ -6,7 +6,7 @@
 import type { Metrics } from '../mesh/protocol.ts';
 import type { Simulation } from './plan/simulate.ts';
 import type { Summary } from './record.ts';
-import { CALLS, type CallName, type Placed } from './scenario.ts';
+import type { CallName, Placed } from './scenario.ts';
 
 /** One call as recorded in timeline.jsonl (ms since the epoch). */
 export interface CallRecord {
@@ -247,14 +247,29 @@ function curvesSection(r: ReportInput): string {
       { name: 'reward', color: '#4e79a7', values: m.map((x) => x.reward_mean) },
       ...(m.some((x) => x.rule_score !== undefined) ? [{ name: 'rule score', color: '#59a14f', values: m.map((x) => x.rule_score) }] : []),
     ]),
-    chartSvg('KL to the reference', [{ name: 'kl', color: '#f28e2b', values: m.map((x) => x.kl) }]),
-    chartSvg('losses', [
-      { name: 'actor loss', color: '#e15759', values: m.map((x) => x.actor_loss) },
-      { name: 'critic loss', color: '#b07aa1', values: m.map((x) => x.critic_loss) },
-    ]),
+    ...statCharts(m),
     chartSvg('tokens per second', [{ name: 'tokens/s', color: '#76b7b2', values: m.map((x) => x.tokens_per_second) }]),
   ];
   return `<section id="curves" data-items="${charts.reduce((n, c) => n + c.points, 0)}"><h2>Training curves</h2><div class="charts">${charts.map((c) => c.svg).join('')}</div></section>`;
+}
+
+/** Statistics every algorithm records, drawn elsewhere or not curves. */
+const COMMON = new Set(['iteration', 'reward_mean', 'seconds', 'tokens', 'tokens_per_second', 'realloc_seconds', 'realloc_bytes', 'rule_score', 'rewards']);
+const PALETTE = ['#e15759', '#b07aa1', '#f28e2b', '#edc948', '#9c755f', '#ff9da7', '#bab0ac'];
+
+/**
+ * The algorithm's own statistics, as it recorded them: its losses in one chart, every other
+ * statistic in its own. Only what the run has is drawn (no critic loss for GRPO).
+ */
+function statCharts(m: ReadonlyArray<Record<string, unknown>>): Array<ReturnType<typeof chartSvg>> {
+  const names = [...new Set(m.flatMap((x) => Object.keys(x)))].filter((k) => !COMMON.has(k) && m.some((x) => typeof x[k] === 'number'));
+  const series = (k: string, i: number) => ({ name: k.replaceAll('_', ' '), color: PALETTE[i % PALETTE.length]!, values: m.map((x) => (typeof x[k] === 'number' ? (x[k] as number) : undefined)) });
+  const losses = names.filter((k) => k.endsWith('_loss'));
+  const others = names.filter((k) => !k.endsWith('_loss'));
+  return [
+    ...(losses.length ? [chartSvg('losses', losses.map(series))] : []),
+    ...others.map((k, i) => chartSvg(k === 'kl' ? 'KL to the reference' : k.replaceAll('_', ' '), [series(k, i + losses.length)])),
+  ];
 }
 
 function chaosSection(r: ReportInput): string {
@@ -312,5 +327,5 @@ export function renderPlan(r: ReportInput & { caption: string }): string {
 
 /** Plan rows in the calls' order. */
 export function planRows(plan: Record<CallName, { mesh: string; devices: number[]; dp: number; tp: number; pp: number }>): PlanRow[] {
-  return CALLS.map((call) => ({ call, ...plan[call] }));
+  return Object.entries(plan).map(([call, p]) => ({ call, ...p }));
 }

@@ -28,6 +28,7 @@ export const Stream = {
   sample: 3,
   shuffle: 4,
   demos: 5,
+  pairs: 6,
 } as const;
 
 /** mulberry32: small, fast, and identical everywhere JavaScript runs. */
@@ -71,6 +72,13 @@ export class Rng {
  * Draws a token from logits at a temperature with one uniform number: softmax in float64 with
  * the maximum subtracted, then the inverse CDF in index order (a fixed reduction order).
  */
+/** The index of the largest value (the first, on ties): greedy decoding. */
+export function argmax(values: ArrayLike<number>): number {
+  let best = 0;
+  for (let i = 1; i < values.length; i++) if (values[i]! > values[best]!) best = i;
+  return best;
+}
+
 export function sampleToken(logits: Float32Array, temperature: number, u: number): number {
   let max = -Infinity;
   for (let i = 0; i < logits.length; i++) max = Math.max(max, logits[i]!);

@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it, expect } from 'vitest';
 import { fileURLToPath } from 'node:url';
-import { CALLS, ScenarioError, loadScenario, modelOf, parseScenario, resolvePlan, scenarioJsonSchema } from './scenario.ts';
+import { ScenarioError, loadScenario, modelOf, parseScenario, resolvePlan, scenarioJsonSchema } from './scenario.ts';
 
 function scenarioError(text: string): string {
   try {
@@ -25,21 +25,18 @@ describe('parseScenario defaults', () => {
     cluster: { nodes: 1, devices_per_node: 4, device: 'local' },
     models: {},
     lengths: {},
+    algorithm: { name: 'ppo', critic_lr: 1e-3, value_clip: 0.2, gamma: 1, lambda: 0.95 },
     plan: {},
     warmup: { steps: 15, demos: 1024, batch: 32, lr: 3e-3 },
-    ppo: {
+    rl: {
       iterations: 40,
       batch: 64,
       epochs: 2,
       minibatches: 2,
       clip: 0.2,
-      value_clip: 0.2,
       kl_coef: 0.02,
-      gamma: 1,
-      lambda: 0.95,
       temperature: 1,
-      actor_lr: 1e-3,
-      critic_lr: 1e-3,
+      lr: 1e-3,
       clip_norm: 1,
     },
     reward: { weight: 1, actors: [] },
@@ -60,8 +57,8 @@ describe('parseScenario defaults', () => {
   });
 
   it('an override changes only what it names; siblings keep their defaults', () => {
-    const s = parseScenario('ppo: {epochs: 5}\ntask: {name: reverse}', 'o.yaml');
-    expect(s.ppo).toEqual({ ...documented.ppo, epochs: 5 });
+    const s = parseScenario('rl: {epochs: 5}\ntask: {name: reverse}', 'o.yaml');
+    expect(s.rl).toEqual({ ...documented.rl, epochs: 5 });
     expect(s.task).toEqual({ name: 'reverse', digits: 4, base: 10 });
     expect(s.model).toEqual(documented.model);
   });
@@ -86,8 +83,8 @@ describe('parseScenario defaults', () => {
 
 describe('parseScenario refusals', () => {
   it('an unknown key at a nested path names the path and the key', () => {
-    const m = scenarioError('ppo: {epochz: 3}');
-    expect(m).toMatch(/^test\.yaml: 1 problem\(s\):\n  ppo\.epochz: unknown key \(expected one of: iterations, batch, epochs,/);
+    const m = scenarioError('rl: {epochz: 3}');
+    expect(m).toMatch(/^test\.yaml: 1 problem\(s\):\n  rl\.epochz: unknown key \(expected one of: iterations, batch, epochs,/);
   });
 
   it('an unknown top-level key', () => {
@@ -95,31 +92,31 @@ describe('parseScenario refusals', () => {
   });
 
   it('an unknown call in the plan', () => {
-    expect(scenarioError('plan: {actor.gen: {mesh: "0:1"}}')).toMatch(/plan\.actor\.gen: (unknown key|Invalid key)/);
+    expect(scenarioError('plan: {actor.gen: {mesh: "0:1"}}')).toMatch(/plan\.actor\.gen: (unknown key|Invalid key|'ppo' has no call 'actor\.gen')/);
   });
 
   it('a wrong type names the field path and what came', () => {
-    const m = scenarioError('ppo: {epochs: "two"}');
-    expect(m).toContain('ppo.epochs: expected number, received string (got "two")');
+    const m = scenarioError('rl: {epochs: "two"}');
+    expect(m).toContain('rl.epochs: expected number, received string (got "two")');
     expect(m.startsWith('test.yaml: 1 problem(s):')).toBe(true);
   });
 
   it('a value out of range names its path', () => {
-    expect(scenarioError('ppo: {gamma: 1.5}')).toMatch(/ppo\.gamma: .*\(got number 1\.5\)/);
+    expect(scenarioError('algorithm: {name: ppo, gamma: 1.5}')).toMatch(/algorithm\.gamma: .*\(got number 1\.5\)/);
     expect(scenarioError('task: {base: 1}')).toMatch(/task\.base: .*\(got number 1\)/);
     expect(scenarioError('task: {name: shuffle}')).toMatch(/task\.name: .*\(got "shuffle"\)/);
   });
 
   it('every problem is listed', () => {
-    const m = scenarioError('seed: -1\nppo: {epochs: 0, clip: "x"}');
+    const m = scenarioError('seed: -1\nrl: {epochs: 0, clip: "x"}');
     expect(m).toMatch(/^test\.yaml: 3 problem\(s\):/);
     expect(m).toContain('seed:');
-    expect(m).toContain('ppo.epochs:');
-    expect(m).toContain('ppo.clip:');
+    expect(m).toContain('rl.epochs:');
+    expect(m).toContain('rl.clip:');
   });
 
   it('invalid YAML is reported as such, with the position', () => {
-    const m = scenarioError('ppo: [1');
+    const m = scenarioError('rl: [1');
     expect(m).toMatch(/^test\.yaml: not valid YAML:\n {2}/);
     expect(m).toMatch(/line 1/);
     expect(scenarioError('a: b: c')).toMatch(/not valid YAML/);
@@ -172,7 +169,7 @@ describe('plan checks', () => {
     expect(resolvePlan(s)['actor.train']).toMatchObject({ devices: [0, 1, 2, 3], dp: 2, tp: 1, pp: 2 });
     expect(scenarioError('plan: {reward.inference: {mesh: "0:2-3", dp: 2}}')).toContain('plan.reward.inference: the rule reward runs on one device; mesh "0:2-3" has 2');
     expect(scenarioError('model: {layers: 2}\nplan: {critic.train: {mesh: "0:0-3", pp: 4}}')).toContain('plan.critic.train: pp=4 needs at least 4 layers; the model has 2');
-    expect(scenarioError('ppo: {batch: 4, minibatches: 2}\nwarmup: {batch: 4}\nplan: {critic.train: {mesh: "0:0-3", dp: 4}}')).toContain('plan.critic.train: dp=4 replicas need at least 4 rows per batch; this call gets 2');
+    expect(scenarioError('rl: {batch: 4, minibatches: 2}\nwarmup: {batch: 4}\nplan: {critic.train: {mesh: "0:0-3", dp: 4}}')).toContain('plan.critic.train: dp=4 replicas need at least 4 rows per batch; this call gets 2');
   });
 
   it("a model's calls may use different meshes (the supervisor reallocates between them)", () => {
@@ -184,11 +181,13 @@ describe('plan checks', () => {
 
   it('the default plan puts actor, critic, reference, reward on devices 0, 1, 2, 3 (wrapping on small clusters)', () => {
     const plan = resolvePlan(parseScenario('', 'd.yaml'));
-    expect(CALLS.map((c) => plan[c].devices[0])).toEqual([0, 2, 3, 1, 0, 1]);
-    expect(CALLS.map((c) => modelOf(c))).toEqual(['actor', 'reference', 'reward', 'critic', 'actor', 'critic']);
+    const d = parseScenario('', 'd.yaml');
+    const CALLS = Object.keys(plan);
+    expect(CALLS.map((c) => plan[c]!.devices[0])).toEqual([0, 2, 3, 1, 0, 1]);
+    expect(CALLS.map((c) => modelOf(d, c))).toEqual(['actor', 'reference', 'reward', 'critic', 'actor', 'critic']);
     const small = resolvePlan(parseScenario('cluster: {devices_per_node: 2}', 's.yaml'));
     // actor 0, critic 1, reference 2 % 2 = 0, reward 3 % 2 = 1
-    expect(CALLS.map((c) => small[c].mesh)).toEqual(['0:0', '0:0', '0:1', '0:1', '0:0', '0:1']);
+    expect(CALLS.map((c) => small[c]!.mesh)).toEqual(['0:0', '0:0', '0:1', '0:1', '0:0', '0:1']);
   });
 
   it('a plan that fits resolves to meshes and strategies', () => {
@@ -211,12 +210,12 @@ describe('scenarioJsonSchema', () => {
     expect(schema.type).toBe('object');
     expect(schema.additionalProperties).toBe(false);
     expect(Object.keys(schema.properties)).toEqual(
-      expect.arrayContaining(['name', 'seed', 'backend', 'task', 'model', 'cluster', 'plan', 'warmup', 'ppo', 'reward', 'timeouts']),
+      expect.arrayContaining(['name', 'seed', 'backend', 'task', 'model', 'cluster', 'algorithm', 'plan', 'warmup', 'rl', 'reward', 'timeouts']),
     );
   });
 
-  it('describes ppo, closed, with its defaults', () => {
-    const ppo = schema.properties.ppo!;
+  it('describes rl, closed, with its defaults', () => {
+    const ppo = schema.properties.rl!;
     expect(ppo.additionalProperties).toBe(false);
     expect(ppo.properties!.epochs!.default).toBe(2);
     expect(ppo.properties!.kl_coef!.default).toBe(0.02);

@@ -15,11 +15,11 @@ describe('GptShard memory', () => {
     for (let i = 0; i < 5; i++) shard.importTensors(shard.exportTensors());
     const prompts = new Int32Array([1, 2, 3, 4]);
     const g = await shard.generate(prompts, 2, 2, 2, new Uint32Array([1, 2]), 1);
-    const hyper = { epochs: 2, minibatches: 2, clip: 0.2, valueClip: 0.2 };
+    const loss = { name: 'clip_policy', params: { clip: 0.2 } };
     const afterFirst = tf.memory().numTensors;
-    await shard.train(g.tokens, 2, 2, 2, g.logprobs, new Float32Array(4).fill(0.5), hyper, 1);
+    await shard.train(g.tokens, 2, 2, 2, loss, { old: g.logprobs, advantages: new Float32Array(4).fill(0.5) }, 2, 2, 1);
     const afterOptimizerState = tf.memory().numTensors;
-    await shard.train(g.tokens, 2, 2, 2, g.logprobs, new Float32Array(4).fill(0.5), hyper, 2);
+    await shard.train(g.tokens, 2, 2, 2, loss, { old: g.logprobs, advantages: new Float32Array(4).fill(0.5) }, 2, 2, 2);
     // Adam's moments appear with the first step; later steps add nothing.
     expect(tf.memory().numTensors).toBe(afterOptimizerState);
     expect(afterOptimizerState).toBeGreaterThan(afterFirst);

@@ -5,12 +5,13 @@ import type { GptSpec } from './model.ts';
 import { demonstrations, makeTask } from './task.ts';
 import { seedOf } from './rng.ts';
 import { modelDigest, type NamedTensor } from '../mesh/transfer.ts';
-import type { Optim, PpoHyper } from '../mesh/protocol.ts';
+import type { LossSpec, Optim } from '../mesh/protocol.ts';
 
 const policy: GptSpec = { kind: 'policy', vocab: 5, context: 6, layers: 1, width: 8, heads: 2 };
 const value: GptSpec = { ...policy, kind: 'value' };
 const optim: Optim = { lr: 1e-2, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 };
-const hyper: PpoHyper = { epochs: 2, minibatches: 2, clip: 0.2, valueClip: 0.2 };
+const clipPolicy: LossSpec = { name: 'clip_policy', params: { clip: 0.2 } };
+const clipValue: LossSpec = { name: 'clip_value', params: { clip: 0.2 } };
 // copy 2 digits in base 4: prompt [d, d, 4], response [d, d]; vocab 5, 5 tokens ≤ context 6
 const task = makeTask('copy', 2, 4);
 
@@ -195,7 +196,7 @@ describe('train', () => {
       const shard = new GptShard(policy, 3, optim);
       const before = digest(shard);
       const r = await rollout(shard);
-      const stats = await shard.train(r.tokens, r.batch, 3, 2, r.logprobs, r.advantages, hyper, 17);
+      const stats = await shard.train(r.tokens, r.batch, 3, 2, clipPolicy, { old: r.logprobs, advantages: r.advantages }, 2, 2, 17);
       const after = digest(shard);
       shard.dispose();
       return { before, after, stats };
@@ -217,7 +218,7 @@ describe('train', () => {
     // plus A_15 = −1 → sum −1 → −mean = 1/16 = 0.0625
     const shard = new GptShard(policy, 3, optim);
     const r = await rollout(shard);
-    const stats = await shard.train(r.tokens, r.batch, 3, 2, r.logprobs, r.advantages, { ...hyper, epochs: 1, minibatches: 1 }, 1);
+    const stats = await shard.train(r.tokens, r.batch, 3, 2, clipPolicy, { old: r.logprobs, advantages: r.advantages }, 1, 1, 1);
     expect(stats.loss).toBeCloseTo(0.0625, 5);
     expect(stats.clipfrac).toBe(0);
     shard.dispose();
@@ -231,18 +232,47 @@ describe('train', () => {
     const old = v.values(r.tokens, r.batch, 3);
     // returns 1 away from the old values: ½·mean((V − R)²) = ½ at the first step
     const returns = Float32Array.from(old, (x, i) => x + (i % 2 ? 1 : -1));
-    const stats = await v.train(r.tokens, r.batch, 3, 2, old, returns, { ...hyper, epochs: 1, minibatches: 1 }, 4);
+    const stats = await v.train(r.tokens, r.batch, 3, 2, clipValue, { old, returns }, 1, 1, 4);
     expect(stats.loss).toBeCloseTo(0.5, 5);
     expect(digest(v)).not.toBe(before);
     p.dispose();
     v.dispose();
   });
 
+  it('a loss for the other head is refused with a ShardError, and changes nothing', async () => {
+    const p = new GptShard(policy, 3, optim);
+    const v = new GptShard(value, 3, optim);
+    const r = await rollout(p);
+    const [pBefore, vBefore] = [digest(p), digest(v)];
+    const zeros = new Float32Array(r.batch * 2);
+    await expect(attempt(() => p.train(r.tokens, r.batch, 3, 2, clipValue, { old: zeros, returns: zeros }, 1, 1, 1))).rejects.toThrow(
+      "the loss 'clip_value' needs a value model; this shard is a policy model",
+    );
+    await expect(attempt(() => v.train(r.tokens, r.batch, 3, 2, clipPolicy, { old: zeros, advantages: zeros }, 1, 1, 1))).rejects.toThrow(ShardError);
+    expect([digest(p), digest(v)]).toEqual([pBefore, vBefore]);
+    p.dispose();
+    v.dispose();
+  });
+
+  it('dpo at the reference, one mini-batch of every pair: loss ln 2, and the parameters move', async () => {
+    // ref = the policy's own log-probs, so every h = Σ(logp − ref) is 0 before the step and the
+    // loss is softplus(0) = ln 2 = 0.6931472. Rows 0..3 are the chosen halves, 4..7 the rejected.
+    const shard = new GptShard(policy, 3, optim);
+    const r = await rollout(shard);
+    const before = digest(shard);
+    const ref = shard.logprobs(r.tokens, r.batch, 3);
+    const stats = await shard.train(r.tokens, r.batch, 3, 2, { name: 'dpo', params: { beta: 0.1 } }, { ref }, 1, 1, 1);
+    expect(stats.loss).toBeCloseTo(Math.LN2, 5);
+    expect(stats.clipfrac).toBe(0);
+    expect(digest(shard)).not.toBe(before);
+    shard.dispose();
+  });
+
   it('a shard built without an optimizer refuses train with a ShardError and changes nothing', async () => {
     const shard = new GptShard(policy, 3);
     const r = await rollout(shard);
     const before = digest(shard);
-    const run = () => attempt(() => shard.train(r.tokens, r.batch, 3, 2, r.logprobs, r.advantages, hyper, 1));
+    const run = () => attempt(() => shard.train(r.tokens, r.batch, 3, 2, clipPolicy, { old: r.logprobs, advantages: r.advantages }, 2, 2, 1));
     await expect(run()).rejects.toThrow(ShardError);
     await expect(run()).rejects.toThrow(/holds no optimizer/);
     expect(digest(shard)).toBe(before);

@@ -2,11 +2,11 @@
 // layout only) its optimizer. Every method is deterministic given its inputs and seeds.
 import * as tf from '@tensorflow/tfjs';
 import type { NamedTensor } from '../mesh/transfer.ts';
-import type { Optim, PpoHyper } from '../mesh/protocol.ts';
+import type { LossSpec, Optim } from '../mesh/protocol.ts';
 import { forward, initialWeights, lastValues, parameterShapes, responseLogprobs, responseValues, type GptSpec, type Weights } from './model.ts';
 import { Adam, type AdamState } from './adam.ts';
-import { policyLoss, preferenceLoss, valueLoss } from './losses.ts';
-import { Rng, Stream, seedOf, sampleToken } from './rng.ts';
+import { itemRows, lossOf, preferenceLoss, type LossFn } from './losses.ts';
+import { Rng, Stream, argmax, seedOf, sampleToken } from './rng.ts';
 
 export class ShardError extends Error {
   override name = 'ShardError';
@@ -43,25 +43,26 @@ function toVariable(t: NamedTensor, name: string): tf.Variable {
 }
 
 /**
- * PPO's epochs over seeded mini-batches, the same rows in the same order wherever the model lives:
- * `step` trains on one mini-batch and returns its mean loss, its clipped-token count and the
- * gradient norm. Returns the last epoch's mean loss, clip fraction and norm.
+ * Epochs over seeded mini-batches of `batch` items, the same items in the same order wherever the
+ * model lives: `step` trains on one mini-batch and returns its mean loss, its clipped-token count
+ * and the gradient norm. Returns the last epoch's mean loss, clip fraction and norm.
  */
-export async function ppoEpochs(
+export async function trainEpochs(
   batch: number,
   responseLen: number,
-  hyper: PpoHyper,
+  epochs: number,
+  minibatches: number,
   seed: number,
   step: (rows: number[], tag: string) => Promise<{ loss: number; clipped: number; gradNorm: number }>,
 ): Promise<TrainStats> {
-  const size = Math.ceil(batch / hyper.minibatches);
+  const size = Math.ceil(batch / minibatches);
   let stats: TrainStats = { loss: 0, clipfrac: 0, gradNorm: 0 };
-  for (let epoch = 0; epoch < hyper.epochs; epoch++) {
+  for (let epoch = 0; epoch < epochs; epoch++) {
     const order = new Rng(seedOf(seed, Stream.shuffle, epoch)).permutation(batch);
     let lossSum = 0;
     let clipped = 0;
     let norm = 0;
-    for (let m = 0; m < hyper.minibatches; m++) {
+    for (let m = 0; m < minibatches; m++) {
       const rows = order.slice(m * size, (m + 1) * size);
       if (rows.length === 0) continue;
       await yieldToLoop();
@@ -183,8 +184,8 @@ export class GptShard {
     this.optimizer?.dispose();
   }
 
-  /** Samples `responseLen` tokens after each prompt; one seeded stream per prompt. */
-  async generate(prompts: Int32Array, batch: number, promptLen: number, responseLen: number, seeds: Uint32Array, temperature: number) {
+  /** Samples `responseLen` tokens after each prompt (or takes the likeliest, `greedy`); one seeded stream per row. */
+  async generate(prompts: Int32Array, batch: number, promptLen: number, responseLen: number, seeds: Uint32Array, temperature: number, greedy = false) {
     this.expect('policy', 'generate');
     const width = promptLen + responseLen;
     const tokens = new Int32Array(batch * width);
@@ -204,7 +205,7 @@ export class GptShard {
       last.dispose();
       for (let b = 0; b < batch; b++) {
         const row = logits.subarray(b * this.spec.vocab, (b + 1) * this.spec.vocab);
-        tokens[b * width + len] = sampleToken(row, temperature, rngs[b]!.uniform());
+        tokens[b * width + len] = greedy ? argmax(row) : sampleToken(row, temperature, rngs[b]!.uniform());
       }
     }
     return { tokens, logprobs: this.logprobs(tokens, batch, promptLen) };
@@ -295,29 +296,32 @@ export class GptShard {
   }
 
   /**
-   * PPO epochs over shuffled mini-batches. For a policy, `old` are the behaviour log-probs and
-   * `target` the advantages; for a value model, `old` are the old values and `target` the returns.
+   * Epochs of the named loss over shuffled mini-batches. `data` holds the loss's per-token arrays
+   * by port, row for row with `tokens` (for a loss over pairs: chosen rows, then rejected rows).
    */
-  async train(tokens: Int32Array, batch: number, promptLen: number, responseLen: number, old: Float32Array, target: Float32Array, hyper: PpoHyper, seed: number): Promise<TrainStats> {
+  async train(tokens: Int32Array, batch: number, promptLen: number, responseLen: number, loss: LossSpec, data: Record<string, Float32Array>, epochs: number, minibatches: number, seed: number): Promise<TrainStats> {
+    const fn = lossOf(loss.name);
+    this.expect(fn.head, `the loss '${loss.name}'`);
     const width = promptLen + responseLen;
-    return ppoEpochs(batch, responseLen, hyper, seed, async (rows) => {
+    const items = batch / fn.rowsPerItem;
+    return trainEpochs(items, responseLen * fn.rowsPerItem, epochs, minibatches, seed, async (picked) => {
+      const rows = itemRows(picked, items, fn.rowsPerItem);
       const mbTokens = tf.tensor2d(pickRows(tokens, width, rows), [rows.length, width], 'int32');
-      const mbOld = tf.tensor2d(pickRows(old, responseLen, rows), [rows.length, responseLen]);
-      const mbTarget = tf.tensor2d(pickRows(target, responseLen, rows), [rows.length, responseLen]);
+      const mbData = Object.fromEntries(fn.ports(loss.params).map((port) => [port, tf.tensor2d(pickRows(data[port]!, responseLen, rows), [rows.length, responseLen])]));
       let clipCount = 0;
-      const { loss, gradNorm } = this.step(() => {
-        if (this.spec.kind === 'policy') {
-          const logp = responseLogprobs(this.spec, this.weights(), mbTokens, promptLen);
-          clipCount = tf.tidy(() => tf.sum(tf.cast(tf.greater(tf.abs(tf.sub(tf.exp(tf.sub(logp, mbOld)), 1)), hyper.clip), 'float32')).arraySync() as number);
-          return policyLoss(logp, mbOld, mbTarget, hyper.clip);
-        }
-        const v = responseValues(this.spec, this.weights(), mbTokens, promptLen);
-        clipCount = tf.tidy(() => tf.sum(tf.cast(tf.greater(tf.abs(tf.sub(v, mbOld)), hyper.valueClip), 'float32')).arraySync() as number);
-        return valueLoss(v, mbOld, mbTarget, hyper.valueClip);
+      const { loss: value, gradNorm } = this.step(() => {
+        const pred = this.predict(fn, mbTokens, promptLen);
+        clipCount = fn.clipped(pred, mbData, loss.params);
+        return fn.loss(pred, mbData, loss.params);
       });
-      tf.dispose([mbTokens, mbOld, mbTarget]);
-      return { loss, clipped: clipCount, gradNorm };
+      tf.dispose([mbTokens, ...Object.values(mbData)]);
+      return { loss: value, clipped: clipCount, gradNorm };
     });
+  }
+
+  /** The head's prediction a loss reads: response log-probs or values, [rows, R]. */
+  private predict(fn: LossFn, tokens: tf.Tensor2D, promptLen: number): tf.Tensor2D {
+    return fn.head === 'policy' ? responseLogprobs(this.spec, this.weights(), tokens, promptLen) : responseValues(this.spec, this.weights(), tokens, promptLen);
   }
 
   /** One optimizer step with the gradient clipped to the configured global norm. */

@@ -1,11 +1,11 @@
 // Every strategy over up to 4 devices against the unsharded model: logits (as log-probabilities
 // and values), generated tokens, and the parameters after a training call. The ranks run as
-// separate Device objects talking over an in-memory bus (test/sharded.test.ts does the same over
+// separate Device objects talking over an in-memory bus (test/sharded-nats.test.ts does the same over
 // NATS with worker processes).
 import { beforeAll, describe, expect, it } from 'vitest';
 import { MemoryBus } from '../mesh/memory-bus.ts';
 import { rankCoords, shardSlices, type Layout } from '../mesh/layout.ts';
-import { PROTOCOL_VERSION, type Call, type CallBody, type Optim } from '../mesh/protocol.ts';
+import { PROTOCOL_VERSION, type Call, type CallBody, type CallOf, type Optim } from '../mesh/protocol.ts';
 import { cut } from '../mesh/slices.ts';
 import { subjects } from '../mesh/subjects.ts';
 import { initBackend } from './backend.ts';
@@ -19,7 +19,10 @@ const value: GptSpec = { ...policy, kind: 'value' };
 // difference in a near-zero gradient (summation order differs across ranks) into a full step;
 // a larger eps keeps parameters linear in the gradients, which is what this test compares.
 const optim: Optim = { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-3, clipNorm: 1 };
-const hyper = { epochs: 1, minibatches: 1, clip: 0.2, valueClip: 0.2 };
+const epochs = 1;
+const minibatches = 1;
+const policyLoss = { name: 'clip_policy', params: { clip: 0.2 } };
+const valueLoss = { name: 'clip_value', params: { clip: 0.2 } };
 const B = 8;
 const P = 5;
 const R = 4;
@@ -94,8 +97,8 @@ async function scenario(layout: Layout) {
   const values = m.gather<Float32Array>(await m.run('critic', () => ({ fn: 'inference', ...batch })), 'values');
   const adv = Float32Array.from({ length: B * R }, (_, i) => Math.sin(i));
   const ret = Float32Array.from({ length: B * R }, (_, i) => Math.cos(i) * 0.5);
-  const actorTrain = await m.run('actor', () => ({ fn: 'train', ...batch, seed: 11, hyper, old: logprobs, target: adv }));
-  const criticTrain = await m.run('critic', () => ({ fn: 'train', ...batch, seed: 12, hyper, old: values, target: ret }));
+  const actorTrain = await m.run('actor', () => ({ fn: 'train', ...batch, seed: 11, epochs, minibatches, loss: policyLoss, data: { old: logprobs, advantages: adv } }));
+  const criticTrain = await m.run('critic', () => ({ fn: 'train', ...batch, seed: 12, epochs, minibatches, loss: valueLoss, data: { old: values, returns: ret } }));
   const sum = (outs: Array<Record<string, unknown>>, k: string) => outs.reduce((a, o) => a + (o[k] as number), 0);
   const after = async (model: string) => (await m.run(model, () => ({ fn: 'manifest' }))).map((o) => o.digest as string);
   // The parameters after training, per rank, as the ranks hold them.
@@ -121,8 +124,8 @@ async function reference() {
   const values = critic.values(gen.tokens, B, P);
   const adv = Float32Array.from({ length: B * R }, (_, i) => Math.sin(i));
   const ret = Float32Array.from({ length: B * R }, (_, i) => Math.cos(i) * 0.5);
-  const a = await actor.train(gen.tokens, B, P, R, logprobs, adv, hyper, 11);
-  const c = await critic.train(gen.tokens, B, P, R, values, ret, hyper, 12);
+  const a = await actor.train(gen.tokens, B, P, R, policyLoss, { old: logprobs, advantages: adv }, epochs, minibatches, 11);
+  const c = await critic.train(gen.tokens, B, P, R, valueLoss, { old: values, returns: ret }, epochs, minibatches, 12);
   return { tokens: gen.tokens, genLogprobs: gen.logprobs, logprobs, values, actorLoss: a.loss, criticLoss: c.loss, actor: actor.exportTensors(), critic: critic.exportTensors() };
 }
 
@@ -168,6 +171,39 @@ describe('3D-parallel shards against the unsharded model', () => {
   }, 60_000);
 });
 
+describe('a loss over pairs (dpo) against the unsharded model', () => {
+  // B = 8 rows are 4 pairs: rows 0..3 chosen, 4..7 rejected (eight different sequences). Replicas
+  // split pairs, not rows: a replica must take rows i and 4 + i together, and a mini-batch needs a
+  // pair for every replica (the scenario checks that), hence one mini-batch for dp = 4.
+  const dpo = { name: 'dpo', params: { beta: 0.5 } };
+  const tokens = Int32Array.from({ length: B * (P + R) }, (_, i) => (i * 7 + 3) % 10);
+  const ref = Float32Array.from({ length: B * R }, (_, i) => -2.4 + 0.3 * Math.sin(i));
+
+  it.each([
+    [{ devices: [0, 1], dp: 2, tp: 1, pp: 1 }, 2],
+    [{ devices: [0, 1, 2, 3], dp: 2, tp: 1, pp: 2 }, 2],
+    [{ devices: [0, 1, 2, 3], dp: 2, tp: 2, pp: 1 }, 2],
+    [{ devices: [0, 1, 2, 3], dp: 4, tp: 1, pp: 1 }, 1],
+  ] satisfies Array<[Layout, number]>)('%o, %i mini-batches: same loss and trained parameters', async (layout, minibatches) => {
+    await initBackend('wasm');
+    const whole = new GptShard(policy, 7, optim);
+    const want = await whole.train(tokens, B, P, R, dpo, { ref }, 1, minibatches, 5);
+    const m = mesh(layout);
+    await m.run('actor', (rank) => ({ fn: 'load', role: 'actor', spec: policy, layout, rank, seed: 7, optim }));
+    const outs = await m.run('actor', () => ({ fn: 'train', tokens, batch: B, promptLen: P, responseLen: R, seed: 5, epochs: 1, minibatches, loss: dpo, data: { ref } }));
+    expect(outs.reduce((a, o) => a + (o.loss as number), 0)).toBeCloseTo(want.loss, 5);
+    const trained = new Map(whole.exportTensors().map((t) => [t.name, t.data]));
+    const info = modelInfo(policy);
+    m.devices.forEach((d, rank) => {
+      const held = new Map((d as unknown as { hosted: Map<string, { shard: { exportTensors(): Array<{ name: string; data: Float32Array }> } }> }).hosted.get('actor')!.shard.exportTensors().map((t) => [t.name, t.data]));
+      for (const s of shardSlices(info, layout, rank)) {
+        expectClose(held.get(s.name)!, cut(trained.get(s.name)!, { ...s, axis: null, start: 0, end: s.shape[0]! }, s), `${s.name} on rank ${rank}`);
+      }
+    });
+    whole.dispose();
+  }, 30_000);
+});
+
 describe('a rank that fails', () => {
   it('makes the other ranks of its call fail at once instead of waiting for it', async () => {
     await initBackend('wasm');
@@ -175,10 +211,11 @@ describe('a rank that fails', () => {
     const m = mesh(layout);
     await m.run('actor', (rank) => ({ fn: 'load', role: 'actor', spec: policy, layout, rank, seed: 7, optim }));
     const tokens = Int32Array.from({ length: B * (P + R) }, (_, i) => i % 10);
-    const good = { fn: 'train', tokens, batch: B, promptLen: P, responseLen: R, seed: 1, hyper, old: new Float32Array(B * R), target: new Float32Array(B * R) } as const;
+    const data = { old: new Float32Array(B * R), advantages: new Float32Array(B * R) };
+    const good: CallOf<'train'> = { fn: 'train', tokens, batch: B, promptLen: P, responseLen: R, seed: 1, epochs, minibatches, loss: policyLoss, data };
     const outcome = await Promise.allSettled(
       m.devices.map((d, rank) =>
-        d.run({ type: 'call', v: PROTOCOL_VERSION, id: 'bad', group: 'bad', model: 'actor', iteration: 0, body: rank === 0 ? { ...good, old: new Float32Array(3) } : good }),
+        d.run({ type: 'call', v: PROTOCOL_VERSION, id: 'bad', group: 'bad', model: 'actor', iteration: 0, body: rank === 0 ? { ...good, data: { ...data, old: new Float32Array(3) } } : good }),
       ),
     );
     expect(outcome[0]).toMatchObject({ status: 'rejected', reason: { code: 'malformed' } });

@@ -9,16 +9,16 @@
 // in rank order, so repeated runs are bit-identical.
 import * as tf from '@tensorflow/tfjs';
 import { rankCoords, rankOf, shardSlices, sliceShape, stageBounds, type Coords, type Layout, type Slice } from '../mesh/layout.ts';
-import type { Optim, PpoHyper } from '../mesh/protocol.ts';
+import type { LossSpec, Optim } from '../mesh/protocol.ts';
 import { cut } from '../mesh/slices.ts';
 import type { NamedTensor } from '../mesh/transfer.ts';
 import type { Comm } from './comm.ts';
-import { policyLoss, valueLoss } from './losses.ts';
+import { itemRows, lossOf, type LossFn } from './losses.ts';
 import { attnPartial, causalMask, embed, headOut, initialParameter, layerNorm, logprobsOf, mlpPartial, valuesOf, type AttnWeights } from './model.ts';
 import { modelInfo, parameterShapes, type GptSpec } from './params.ts';
-import { Rng, Stream, sampleToken, seedOf } from './rng.ts';
+import { Rng, Stream, argmax, sampleToken, seedOf } from './rng.ts';
 import { Adam, type AdamState } from './adam.ts';
-import { ShardError, ownCopy, pickRows, ppoEpochs, yieldToLoop, type TrainStats } from './shard.ts';
+import { ShardError, ownCopy, pickRows, trainEpochs, yieldToLoop, type TrainStats } from './shard.ts';
 
 let shardCount = 0;
 
@@ -27,16 +27,8 @@ export function replicaRows(n: number, dp: number, d: number): [number, number] 
   return [Math.floor((d * n) / dp), Math.floor(((d + 1) * n) / dp)];
 }
 
-type Objective = 'sft' | 'policy' | 'value';
-
-/** What a loss needs besides the head output, for this replica's rows. */
-interface LossInput {
-  tokens: tf.Tensor2D;
-  old?: tf.Tensor2D;
-  target?: tf.Tensor2D;
-  /** Response tokens in the whole mini-batch, across replicas: the loss is a mean over them. */
-  total: number;
-}
+/** What a step minimises: the warm-up's cross-entropy, or a named loss over its per-token arrays. */
+type Objective = { kind: 'sft' } | { kind: 'loss'; fn: LossFn; spec: LossSpec; data: Record<string, Float32Array>; responseLen: number };
 
 export class ShardedGpt {
   readonly coords: Coords;
@@ -263,7 +255,7 @@ export class ShardedGpt {
    * Samples responses for this replica's prompts. The last stage samples; earlier stages get each
    * new token from it. Speaking ranks return their rows' tokens and log-probabilities.
    */
-  async generate(group: string, prompts: Int32Array, batch: number, promptLen: number, responseLen: number, seeds: Uint32Array, temperature: number) {
+  async generate(group: string, prompts: Int32Array, batch: number, promptLen: number, responseLen: number, seeds: Uint32Array, temperature: number, greedy = false) {
     const [lo, hi] = replicaRows(batch, this.layout.dp, this.coords.dp);
     const b = hi - lo;
     const width = promptLen + responseLen;
@@ -282,7 +274,10 @@ export class ShardedGpt {
         const logits = lastLogits.dataSync() as Float32Array;
         tf.dispose([out, lastLogits]);
         next = new Int32Array(b);
-        for (let i = 0; i < b; i++) next[i] = sampleToken(logits.subarray(i * this.spec.vocab, (i + 1) * this.spec.vocab), temperature, rngs[i]!.uniform());
+        for (let i = 0; i < b; i++) {
+          const row = logits.subarray(i * this.spec.vocab, (i + 1) * this.spec.vocab);
+          next[i] = greedy ? argmax(row) : sampleToken(row, temperature, rngs[i]!.uniform());
+        }
         // Earlier stages of this replica, same tensor rank, need the new tokens for the next step.
         for (let s = 0; s < this.layout.pp - 1; s++) {
           this.comm.send(group, this.layout.devices[rankOf(this.layout, { ...this.coords, pp: s })]!, `gen/${t}/tok`, next);
@@ -315,7 +310,7 @@ export class ShardedGpt {
     for (let step = 0; step < steps; step++) {
       await yieldToLoop();
       const rows = new Rng(seedOf(seed, Stream.shuffle, step)).permutation(batch).slice(0, Math.min(minibatch, batch));
-      const st = await this.step(group, `sft/${step}`, 'sft', tokens, width, rows, promptLen, undefined, optimizer);
+      const st = await this.step(group, `sft/${step}`, { kind: 'sft' }, tokens, width, rows, promptLen, optimizer);
       if (step === 0) first = st.loss;
       loss = st.loss;
     }
@@ -323,13 +318,20 @@ export class ShardedGpt {
     return { loss, first_loss: first };
   }
 
-  /** PPO epochs over seeded mini-batches; the same rows and order as the unsharded model. */
-  async train(group: string, tokens: Int32Array, batch: number, promptLen: number, responseLen: number, old: Float32Array, target: Float32Array, hyper: PpoHyper, seed: number): Promise<TrainStats> {
+  /** Epochs of the named loss over seeded mini-batches; the same items and order as the unsharded model. */
+  async train(group: string, tokens: Int32Array, batch: number, promptLen: number, responseLen: number, loss: LossSpec, data: Record<string, Float32Array>, epochs: number, minibatches: number, seed: number): Promise<TrainStats> {
+    const fn = lossOf(loss.name);
+    if (fn.head !== this.spec.kind) throw new ShardError(`the loss '${loss.name}' needs a ${fn.head} model; this shard is a ${this.spec.kind} model`);
     const width = promptLen + responseLen;
     // Speaking ranks return their replica's share of each mini-batch's loss; the caller sums them.
-    return ppoEpochs(batch, responseLen, hyper, seed, (rows, tag) =>
-      this.step(group, tag, this.spec.kind === 'policy' ? 'policy' : 'value', tokens, width, rows, promptLen, { old, target, responseLen, hyper }),
+    return trainEpochs(batch / fn.rowsPerItem, responseLen * fn.rowsPerItem, epochs, minibatches, seed, (items, tag) =>
+      this.step(group, tag, { kind: 'loss', fn, spec: loss, data, responseLen }, tokens, width, items, promptLen),
     );
+  }
+
+  /** The head's prediction a loss reads, from the last stage's output: response log-probs or values. */
+  private predict(fn: LossFn, out: tf.Tensor, tokens: tf.Tensor2D, promptLen: number): tf.Tensor {
+    return fn.head === 'policy' ? logprobsOf(out, tokens, promptLen, this.spec.vocab) : valuesOf(out, promptLen);
   }
 
   /**
@@ -345,15 +347,18 @@ export class ShardedGpt {
     width: number,
     rows: number[],
     promptLen: number,
-    ppo: { old: Float32Array; target: Float32Array; responseLen: number; hyper: PpoHyper } | undefined,
     optimizer?: Adam,
   ): Promise<{ loss: number; clipped: number; gradNorm: number }> {
     const opt = optimizer ?? this.optimizer;
     if (!opt || !this.optim) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
     const R = width - promptLen;
+    // Replicas split the mini-batch's items; a loss over pairs takes both rows of each of its items.
     const [lo, hi] = replicaRows(rows.length, this.layout.dp, this.coords.dp);
-    const mine = rows.slice(lo, hi);
+    const perItem = objective.kind === 'loss' ? objective.fn.rowsPerItem : 1;
+    const items = objective.kind === 'loss' ? objective.data[objective.fn.ports(objective.spec.params)[0]!]!.length / R / perItem : 0;
+    const mine = perItem === 1 ? rows.slice(lo, hi) : itemRows(rows.slice(lo, hi), items, perItem);
     const b = mine.length;
+    const share = (hi - lo) / rows.length; // this replica's part of the mini-batch mean
     const myTokens = pickRows(tokens, width, mine);
     const fwd = await this.forwardStage(group, `${tag}/f`, myTokens, b, width, true);
     const grads = new Map<string, tf.Tensor>();
@@ -366,16 +371,11 @@ export class ShardedGpt {
     let clipped = 0;
     let dx: tf.Tensor;
     if (this.last) {
-      const input: LossInput = { tokens: fwd.tokensT ?? tf.tensor2d(myTokens, [b, width], 'int32'), total: rows.length * R };
-      if (ppo) {
-        input.old = tf.tensor2d(pickRows(ppo.old, R, mine), [b, R]);
-        input.target = tf.tensor2d(pickRows(ppo.target, R, mine), [b, R]);
-      }
+      const tokensT = fwd.tokensT ?? tf.tensor2d(myTokens, [b, width], 'int32');
+      const data = objective.kind === 'loss' ? Object.fromEntries(objective.fn.ports(objective.spec.params).map((port) => [port, tf.tensor2d(pickRows(objective.data[port]!, R, mine), [b, R])])) : {};
       const lossOf = (out: tf.Tensor): tf.Scalar => {
-        const share = b / rows.length; // this replica's part of the mini-batch mean
-        if (objective === 'sft') return tf.mul(tf.neg(tf.mean(logprobsOf(out, input.tokens, promptLen, this.spec.vocab))), share) as tf.Scalar;
-        if (objective === 'policy') return tf.mul(policyLoss(logprobsOf(out, input.tokens, promptLen, this.spec.vocab), input.old!, input.target!, ppo!.hyper.clip), share) as tf.Scalar;
-        return tf.mul(valueLoss(valuesOf(out, promptLen), input.old!, input.target!, ppo!.hyper.valueClip), share) as tf.Scalar;
+        if (objective.kind === 'sft') return tf.mul(tf.neg(tf.mean(logprobsOf(out, tokensT, promptLen, this.spec.vocab))), share) as tf.Scalar;
+        return tf.mul(objective.fn.loss(this.predict(objective.fn, out, tokensT, promptLen), data, objective.spec.params), share) as tf.Scalar;
       };
       const headNames = ['lnf.g', 'lnf.b', 'head.w', 'head.b'];
       const f = (x: tf.Tensor, ...p: tf.Tensor[]) => lossOf(headOut(x, p[0]!, p[1]!, p[2]!, p[3]!));
@@ -385,16 +385,13 @@ export class ShardedGpt {
       const g = tf.grads(f)([fwd.top!, ...headNames.map((n) => this.w(n))]);
       dx = g[0]!;
       headNames.forEach((n, i) => add(n, g[i + 1]!));
-      if (ppo) {
-        clipped = tf.tidy(() => {
-          const thr = objective === 'policy' ? ppo.hyper.clip : ppo.hyper.valueClip;
-          const now = objective === 'policy' ? tf.exp(tf.sub(logprobsOf(fwd.out!, input.tokens, promptLen, this.spec.vocab), input.old!)) : valuesOf(fwd.out!, promptLen);
-          const dev = objective === 'policy' ? tf.abs(tf.sub(now, 1)) : tf.abs(tf.sub(now, input.old!));
-          return tf.sum(tf.cast(tf.greater(dev, thr), 'float32')).dataSync()[0]!;
-        });
+      if (objective.kind === 'loss') {
+        const pred = tf.tidy(() => this.predict(objective.fn, fwd.out!, tokensT, promptLen));
+        clipped = objective.fn.clipped(pred, data, objective.spec.params);
+        pred.dispose();
       }
-      tf.dispose([fwd.out!, fwd.top!, input.old, input.target]);
-      if (!fwd.tokensT) input.tokens.dispose();
+      tf.dispose([fwd.out!, fwd.top!, ...Object.values(data)]);
+      if (!fwd.tokensT) tokensT.dispose();
     } else {
       fwd.top?.dispose();
       dx = await this.recvTensor(group, this.next!, `${tag}/grad`, [b, width, this.spec.width]);

@@ -20,8 +20,8 @@ export interface Progress {
   recoveries: Array<{ epoch: number; reason: string; snapshot: number; iteration: number; seconds: number }>;
 }
 
-/** Stage results that are kept per iteration: the rollout from generation, the scores from inference. */
-export type Stage = 'rollout' | 'scored';
+/** A result kept per iteration: a call's outputs, under the call's name as a subject token (rlhf.ts's stageOf). */
+export type Stage = string;
 
 export interface RunStore {
   saveProgress(p: Progress): Promise<void>;

@@ -50,10 +50,14 @@ const trainCall = (): CallT => ({
     promptLen: 2,
     responseLen: 2,
     seed: 5,
-    hyper: { epochs: 2, minibatches: 1, clip: 0.2, valueClip: 0.2 },
-    // Values chosen for their bit patterns: -0, a subnormal, NaN, ±Infinity, and 0.1 (inexact).
-    old: new Float32Array([-0, 1e-45, 0.1]),
-    target: new Float32Array([NaN, Infinity, -Infinity]),
+    epochs: 2,
+    minibatches: 1,
+    loss: { name: 'clip_value', params: { clip: 0.2 } },
+    data: {
+      // Values chosen for their bit patterns: -0, a subnormal, NaN, ±Infinity, and 0.1 (inexact).
+      old: new Float32Array([-0, 1e-45, 0.1]),
+      returns: new Float32Array([NaN, Infinity, -Infinity]),
+    },
   },
 });
 
@@ -75,12 +79,13 @@ describe('encode/decode round trip', () => {
     const back = decode(SUBJECT, encode(call), Call);
     if (back.body.fn !== 'train' || call.body.fn !== 'train') throw new Error('expected a train call');
     expect(back.body.tokens).toBeInstanceOf(Int32Array);
-    expect(back.body.old).toBeInstanceOf(Float32Array);
-    expect(back.body.target).toBeInstanceOf(Float32Array);
-    expect(bits(back.body.old)).toBe(bits(call.body.old));
-    expect(bits(back.body.target)).toBe(bits(call.body.target));
-    expect(Object.is(back.body.old[0], -0)).toBe(true);
-    expect(back.body.hyper).toEqual(call.body.hyper);
+    expect(back.body.data.old).toBeInstanceOf(Float32Array);
+    expect(back.body.data.returns).toBeInstanceOf(Float32Array);
+    expect(bits(back.body.data.old!)).toBe(bits(call.body.data.old!));
+    expect(bits(back.body.data.returns!)).toBe(bits(call.body.data.returns!));
+    expect(Object.is(back.body.data.old![0], -0)).toBe(true);
+    expect(back.body.loss).toEqual(call.body.loss);
+    expect([back.body.epochs, back.body.minibatches]).toEqual([2, 1]);
   });
 
   it('a subarray view travels as its own elements only', () => {
@@ -189,8 +194,8 @@ describe('decode errors name the subject and the problem', () => {
   it('an unknown key in a nested object names where', () => {
     const call = trainCall();
     if (call.body.fn !== 'train') throw new Error('unreachable');
-    const e = decodeError(raw.pack({ ...call, body: { ...call.body, hyper: { ...call.body.hyper, epochz: 1 } } }));
-    expect(e.problem).toBe(`message type "call": body.hyper.epochz: unknown key`);
+    const e = decodeError(raw.pack({ ...call, body: { ...call.body, loss: { ...call.body.loss, paramz: {} } } }));
+    expect(e.problem).toBe(`message type "call": body.loss.paramz: unknown key`);
   });
 
   it('an error reply with an unknown code', () => {

@@ -13,9 +13,8 @@ const u32 = typed<Uint32Array>(Uint32Array, 'Uint32Array');
 const nat = z.number().int().nonnegative();
 const pos = z.number().int().positive();
 
-export const ROLES = ['actor', 'critic', 'reference', 'reward'] as const;
-export const Role = z.enum(ROLES);
-export type Role = z.infer<typeof Role>;
+/** A model's name in a run (the algorithm's: `actor`, `policy`, …); a view adds `@<call>`. */
+export const ModelName = z.string().regex(/^[A-Za-z][A-Za-z0-9_-]*$/, 'a letter, then letters, digits, - and _');
 
 /** A model's shape. `policy` has a token head, `value` a scalar head, `rule` has no parameters. */
 export const ModelSpec = z.discriminatedUnion('kind', [
@@ -60,13 +59,12 @@ const Batch = {
   responseLen: pos,
 };
 
-export const PpoHyper = z.strictObject({
-  epochs: pos,
-  minibatches: pos,
-  clip: z.number().positive(),
-  valueClip: z.number().positive(),
+/** A loss by name (engine/losses.ts's registry) and its parameters. */
+export const LossSpec = z.strictObject({
+  name: z.string().min(1),
+  params: z.record(z.string(), z.union([z.number(), z.string(), z.boolean()])),
 });
-export type PpoHyper = z.infer<typeof PpoHyper>;
+export type LossSpec = z.infer<typeof LossSpec>;
 
 /** A range along one axis of a parameter (axis null: the whole parameter). */
 const SliceSpec = z.strictObject({
@@ -95,17 +93,13 @@ export const Checkpoint = z.strictObject({
 });
 export type Checkpoint = z.infer<typeof Checkpoint>;
 
-/** A run's checkpoint file: every rank of the kept models after `iteration`. */
+/** A run's checkpoint file: every rank of the kept models (those with parameters) after `iteration`. */
 export const CheckpointFile = z.strictObject({
   type: z.literal('checkpoint'),
   v,
   /** -1: taken after setup, before the first iteration. */
   iteration: z.number().int().min(-1),
-  actor: z.array(Checkpoint),
-  critic: z.array(Checkpoint),
-  reference: z.array(Checkpoint),
-  /** A learned reward model's ranks (absent for a rule reward). */
-  reward: z.array(Checkpoint).optional(),
+  models: z.record(z.string(), z.array(Checkpoint)),
 });
 
 const TensorManifest = z.strictObject({ name: z.string(), shape: z.array(nat), sha256: z.string() });
@@ -115,7 +109,8 @@ export type TensorManifest = z.infer<typeof TensorManifest>;
 export const CallBody = z.discriminatedUnion('fn', [
   z.strictObject({
     fn: z.literal('load'),
-    role: Role,
+    /** The model this shard belongs to (a view's owner: the name without `@<call>`). */
+    role: ModelName,
     spec: ModelSpec,
     layout: Layout,
     rank: nat,
@@ -146,19 +141,23 @@ export const CallBody = z.discriminatedUnion('fn', [
     batch: pos,
     promptLen: pos,
     responseLen: pos,
-    /** One sampling seed per prompt, derived from (run seed, iteration, prompt index). */
+    /** One sampling seed per row, derived from (run seed, iteration, prompt, sample). */
     seeds: u32,
     temperature: z.number().positive(),
+    /** The most likely token at every step instead of a sample (a baseline, as ReMax's). */
+    greedy: z.boolean().optional(),
   }),
   z.strictObject({ fn: z.literal('inference'), ...Batch }),
   z.strictObject({
     fn: z.literal('train'),
     ...Batch,
     seed: nat,
-    hyper: PpoHyper,
-    /** actor: old log-probs and advantages; critic: old values and returns. One per response token. */
-    old: f32,
-    target: f32,
+    /** Passes over the batch, each in seeded mini-batches. */
+    epochs: pos,
+    minibatches: pos,
+    loss: LossSpec,
+    /** The loss's per-token arrays by port (`old`, `advantages`, `returns`, `ref`, …), [batch, responseLen] each. */
+    data: z.record(z.string(), f32),
   }),
   z.strictObject({
     fn: z.literal('realloc'),
@@ -364,12 +363,13 @@ export const ProgressRecord = z.strictObject({
 /** One stage result of one iteration, as the run's JetStream stream keeps it. */
 export const StageRecord = z.strictObject({ type: z.literal('stage'), v, iteration: nat, stage: z.string(), value: z.record(z.string(), z.unknown()) });
 
-export const Metrics = z.strictObject({
+/**
+ * One iteration's figures: the ones every algorithm has, then the algorithm's own statistics
+ * (losses, KL, accuracy: every number its calls and steps produced), by name.
+ */
+export const Metrics = z.object({
   iteration: nat,
   reward_mean: z.number(),
-  kl: z.number(),
-  actor_loss: z.number(),
-  critic_loss: z.number(),
   seconds: z.number(),
   tokens: nat,
   tokens_per_second: z.number(),
@@ -380,7 +380,7 @@ export const Metrics = z.strictObject({
   rule_score: z.number().optional(),
   /** Each reward source's mean score on the rollout (`rule` for the reward device, actors by name). */
   rewards: z.record(z.string(), z.number()).optional(),
-});
+}).catchall(z.union([z.number(), z.record(z.string(), z.number())]));
 export type Metrics = z.infer<typeof Metrics>;
 
 /** What the supervisor tells observers (the launcher's progress bar, a report, a user's tool). */

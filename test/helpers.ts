@@ -22,7 +22,7 @@ export function smallScenario(dir: string, extra = '', name = 'small'): string {
 seed: 3
 backend: wasm
 warmup: { steps: 3, demos: 64, batch: 16 }
-ppo: { iterations: 3, batch: 16 }
+rl: { iterations: 3, batch: 16 }
 ${extra}
 `,
   );

@@ -54,10 +54,10 @@ describe('npm run scenario', () => {
 
   it('refuses a scenario with a misspelt key, naming the path, before starting anything', async () => {
     const file = join(dir, 'typo.yaml');
-    writeFileSync(file, 'ppo:\n  iterations: 2\n  kl_coeff: 0.1\n');
+    writeFileSync(file, 'rl:\n  iterations: 2\n  kl_coeff: 0.1\n');
     const child = spawnTs('engine/cli/scenario.ts', [file]);
     expect(await child.exited).not.toBe(0);
-    expect(child.output()).toMatch(/typo\.yaml: 1 problem\(s\):\n\s+ppo\.kl_coeff: unknown key \(expected one of: .*kl_coef/);
+    expect(child.output()).toMatch(/typo\.yaml: 1 problem\(s\):\n\s+rl\.kl_coeff: unknown key \(expected one of: .*kl_coef/);
     expect(child.output()).not.toMatch(/nats-server on/);
   }, 30_000);
 });

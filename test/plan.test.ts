@@ -7,13 +7,15 @@ import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
-import { CALLS, parseScenario, planOnly, resolvePlan } from '../engine/scenario.ts';
+import { parseScenario, planOnly, resolvePlan } from '../engine/scenario.ts';
 import { NAMED } from '../engine/plan/planner.ts';
 import { ROOT, spawnTs, tempDir } from './helpers.ts';
 
 const CLI = 'engine/cli/plan.ts';
 const LLAMA7B = join(ROOT, 'scenarios/cluster/llama7b-8gpu.yaml');
 const LLAMA70B = join(ROOT, 'scenarios/cluster/llama70b-128gpu.yaml');
+/** PPO's calls, in its graph's order. */
+const CALLS = ['actor.generate', 'reference.inference', 'reward.inference', 'critic.inference', 'actor.train', 'critic.train'];
 
 interface Result {
   code: number | null;
@@ -132,7 +134,7 @@ describe('npm run plan', () => {
     expect(out.search_seconds).toBe(0);
     expectShape(out);
     // verl's colocation: one mesh for every model.
-    for (const call of CALLS.filter((c) => c !== 'reward.inference')) expect(out.calls[call]!.mesh).toBe('0:0-7');
+    for (const call of Object.keys(out.calls).filter((c) => c !== 'reward.inference')) expect(out.calls[call]!.mesh).toBe('0:0-7');
     expectWritten(file, out);
     // Merged into its scenario, the plan passes the scenario checks.
     const merged = `${readFileSync(LLAMA7B, 'utf8')}\n${readFileSync(file, 'utf8')}`;
@@ -174,7 +176,7 @@ describe('npm run plan', () => {
       }),
     );
     const scenario = join(dir, 'small-local.yaml');
-    const text = 'name: small-local\ncluster: { nodes: 1, devices_per_node: 4, device: local }\nppo: { batch: 16 }\n';
+    const text = 'name: small-local\ncluster: { nodes: 1, devices_per_node: 4, device: local }\nrl: { batch: 16 }\n';
     writeFileSync(scenario, text);
     const file = join(dir, 'plan.yaml');
     const r = await plan([scenario, '--budget', '1', '--json', '--write', file], dir);

@@ -15,8 +15,8 @@ describe('scenarios/quickstart.yaml', () => {
     expect(r.code).toBe(0);
     const s = r.summary!;
     expect(s.status).toBe('succeeded');
-    expect(s.iterations).toBe(scenario.ppo.iterations);
+    expect(s.iterations).toBe(scenario.rl.iterations);
     expect(s.reward_last5! - s.reward_first5!).toBeGreaterThan(0.2);
-    expect(readFileSync(join(out, 'metrics.jsonl'), 'utf8').trim().split('\n')).toHaveLength(scenario.ppo.iterations);
+    expect(readFileSync(join(out, 'metrics.jsonl'), 'utf8').trim().split('\n')).toHaveLength(scenario.rl.iterations);
   }, 180_000);
 });

@@ -83,7 +83,7 @@ describe('reward actors in a run', () => {
         'warmup: { steps: 8, demos: 256, batch: 32 }',
         'reward:',
         '  model: { pairs: 128, steps: 30, batch: 32 }',
-        'ppo: { iterations: 5, batch: 32, kl_coef: 0.1 }',
+        'rl: { iterations: 5, batch: 32, kl_coef: 0.1 }',
         'timeouts: { heartbeat_seconds: 3 }',
         'supervision: { intensity: 30 }',
         'chaos:',
@@ -108,7 +108,7 @@ describe('reward actors in a run', () => {
     const file = join(dir, 'absent.yaml');
     writeFileSync(
       file,
-      ['name: absent', 'seed: 2', 'warmup: { steps: 2, demos: 32, batch: 16 }', 'ppo: { iterations: 2, batch: 16 }', 'reward:', '  actors:', '    - { name: nobody-here, wait_seconds: 2 }', ''].join('\n'),
+      ['name: absent', 'seed: 2', 'warmup: { steps: 2, demos: 32, batch: 16 }', 'rl: { iterations: 2, batch: 16 }', 'reward:', '  actors:', '    - { name: nobody-here, wait_seconds: 2 }', ''].join('\n'),
     );
     const said: string[] = [];
     const r = await launch({ scenario: loadScenario(file), run: `absent${Date.now()}`, out: join(dir, 'run'), natsUrl: server.url, progress: quiet, say: (l) => said.push(l) });

@@ -27,7 +27,7 @@ describe('shipped scenarios', () => {
   it.each(cluster)('cluster/%s is valid, and only for planning', (f) => {
     const s = loadScenario(join(ROOT, 'scenarios', 'cluster', f));
     expect(planOnly(s)).toBeDefined();
-    expect(s.ppo.batch).toBe(512);
+    expect(s.rl.batch).toBe(512);
     expect(s.lengths).toEqual({ prompt: 1024, response: 1024 });
   });
 

@@ -14,7 +14,7 @@ import { GptShard } from '../engine/shard.ts';
 
 const spec: GptSpec = { kind: 'policy', vocab: 11, context: 9, layers: 4, width: 16, heads: 4 };
 const optim: Optim = { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-3, clipNorm: 1 };
-const hyper = { epochs: 1, minibatches: 1, clip: 0.2, valueClip: 0.2 };
+const loss = { name: 'clip_policy', params: { clip: 0.2 } };
 const B = 8;
 const P = 5;
 const R = 4;
@@ -42,7 +42,7 @@ describe('3D-parallel shards as worker processes over NATS', () => {
     const ref = new GptShard(spec, 7, optim);
     const gen = await ref.generate(prompts, B, P, R, seeds, 1);
     const logprobs = ref.logprobs(gen.tokens, B, P);
-    await ref.train(gen.tokens, B, P, R, logprobs, adv, hyper, 11);
+    await ref.train(gen.tokens, B, P, R, loss, { old: logprobs, advantages: adv }, 1, 1, 11);
     const trained = new Map(ref.exportTensors().map((t) => [t.name, t.data]));
     const info = modelInfo(spec);
     const all = layouts();
@@ -57,7 +57,7 @@ describe('3D-parallel shards as worker processes over NATS', () => {
         expect(Array.from(g.tokens), what).toEqual(Array.from(gen.tokens));
         const inf = await callMesh(d, layout, name, 0, { fn: 'inference', tokens: g.tokens, batch: B, promptLen: P, responseLen: R });
         expect(worstRelative((inf as { logprobs: Float32Array }).logprobs, logprobs), `${what}: log-probs`).toBeLessThanOrEqual(1e-5);
-        await callMesh(d, layout, name, 0, { fn: 'train', tokens: g.tokens, batch: B, promptLen: P, responseLen: R, seed: 11, hyper, old: logprobs, target: adv });
+        await callMesh(d, layout, name, 0, { fn: 'train', tokens: g.tokens, batch: B, promptLen: P, responseLen: R, seed: 11, epochs: 1, minibatches: 1, loss, data: { old: logprobs, advantages: adv } });
         for (const [rank, dev] of layout.devices.entries()) {
           const { tensors } = await d.call(dev, name, 0, { fn: 'weights' });
           const held = new Map(tensors.map((t) => [t.name, t.data]));

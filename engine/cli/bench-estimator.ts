@@ -9,7 +9,7 @@ import type { DeviceProfile } from '../plan/catalog.ts';
 import { Evaluator, NAMED, namedPlan, search, type Candidate } from '../plan/planner.ts';
 import { candidateOf, problemOf } from '../plan/problem.ts';
 import { median } from '../record.ts';
-import { CALLS, parseScenario, type Scenario } from '../scenario.ts';
+import { parseScenario, type Scenario } from '../scenario.ts';
 import { launch } from './launch.ts';
 
 const BASE = `name: estimator
@@ -85,7 +85,7 @@ export async function estimatorBench(profile: DeviceProfile, iterations: number,
 
 /** A measured run of one plan: the median seconds per iteration after the first. */
 async function measure(scenario: Scenario, plan: Candidate, name: string): Promise<number> {
-  const withPlan: Scenario = { ...scenario, name: `search-${name}`, plan: Object.fromEntries(CALLS.map((c) => [c, { mesh: plan[c].mesh, dp: plan[c].dp, tp: plan[c].tp, pp: plan[c].pp }])) };
+  const withPlan: Scenario = { ...scenario, name: `search-${name}`, plan: Object.fromEntries(Object.entries(plan).map(([c, p]) => [c, { mesh: p.mesh, dp: p.dp, tp: p.tp, pp: p.pp }])) };
   const dir = mkdtempSync(join(tmpdir(), 'ferry-search-'));
   try {
     const r = await launch({ scenario: withPlan, run: runId(`search-${name}`), out: dir, progress: { phase() {}, iteration() {}, stop() {} }, say: () => {} });
@@ -121,6 +121,6 @@ export async function searchBench(profile: DeviceProfile, iterations: number, bu
     best_named_measured_seconds: measuredNamed,
     search_measured_seconds: measuredSearch,
     speedup_measured: measuredNamed / measuredSearch,
-    search_plan: Object.fromEntries(CALLS.map((c) => [c, `${searched.plan[c].mesh} dp${searched.plan[c].dp} tp${searched.plan[c].tp} pp${searched.plan[c].pp}`])),
+    search_plan: Object.fromEntries(Object.entries(searched.plan).map(([c, p]) => [c, `${p.mesh} dp${p.dp} tp${p.tp} pp${p.pp}`])),
   };
 }

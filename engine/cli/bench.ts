@@ -15,7 +15,7 @@ import { runId } from '../../mesh/subjects.ts';
 import { initBackend } from '../backend.ts';
 import { median, type Summary } from '../record.ts';
 import { runSpec } from '../rlhf.ts';
-import { loadScenario, type Scenario } from '../scenario.ts';
+import { loadScenarioFile, type Scenario } from '../scenario.ts';
 import type { Layout } from '../../mesh/layout.ts';
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { dirname } from 'node:path';
@@ -114,13 +114,13 @@ runMain(async () => {
   if (name === 'search') return searchPlans(values);
   if (name === 'chaos') return chaosSoak(values);
   if (name !== 'iteration') throw new UsageError(`unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, search, chaos\n${USAGE}`);
-  let scenario = loadScenario(values.scenario ?? 'scenarios/quickstart.yaml');
+  let scenario = await loadScenarioFile(values.scenario ?? 'scenarios/quickstart.yaml');
   if (values.iterations !== undefined) {
     const n = Number(values.iterations);
     if (!(Number.isInteger(n) && n > 0)) throw new UsageError(`--iterations: expected a whole number > 0, got ${values.iterations}`);
-    scenario = { ...scenario, ppo: { ...scenario.ppo, iterations: n } };
+    scenario = { ...scenario, rl: { ...scenario.rl, iterations: n } };
   }
-  if (!values.json) console.log(`bench iteration: ${scenario.name}, ${scenario.ppo.iterations} iterations, over NATS and then in one process…`);
+  if (!values.json) console.log(`bench iteration: ${scenario.name}, ${scenario.rl.iterations} iterations, over NATS and then in one process…`);
   const r = await iterationBench(scenario);
   if (values.json) {
     console.log(JSON.stringify(r));
@@ -145,11 +145,11 @@ async function chaosSoak(values: { json?: boolean; kills?: string; seed?: string
   const log = values.json ? () => {} : (line: string) => console.log(line);
   const kills = whole('kills', values.kills, 1);
   const seed = whole('seed', values.seed, 0);
-  const base = loadScenario(values.scenario ?? 'scenarios/chaos.yaml');
+  const base = await loadScenarioFile(values.scenario ?? 'scenarios/chaos.yaml');
   const iterations = values.iterations === undefined ? 20 : whole('iterations', values.iterations, 1);
   // Kills come faster here than any real failure would: the intensity must not end the soak.
   const supervision = { ...base.supervision, intensity: Math.max(base.supervision.intensity, 2 * kills) };
-  const scenario: Scenario = { ...base, supervision, ppo: { ...base.ppo, iterations }, chaos: { kills: [], random: { kills, seed, hang: 0.1 } } };
+  const scenario: Scenario = { ...base, supervision, rl: { ...base.rl, iterations }, chaos: { kills: [], random: { kills, seed, hang: 0.1 } } };
   const out = mkdtempSync(join(tmpdir(), 'ferry-soak-'));
   log(`bench chaos: ${scenario.name}, ${iterations} iterations, ${kills} random kills (seed ${seed}), clean and under fire; runs in ${out}`);
   const r = await runChaos(scenario, out, values.json ? () => {} : (line) => (line.startsWith('  chaos:') ? undefined : log(line)));

@@ -6,7 +6,7 @@
 import { join } from 'node:path';
 import { UsageError, args, runMain } from '../../actors/host.ts';
 import { runId } from '../../mesh/subjects.ts';
-import { loadScenario, planOnly } from '../scenario.ts';
+import { loadScenarioFile, planOnly } from '../scenario.ts';
 import { runChaos } from './chaos-run.ts';
 
 const USAGE = `usage: npm run chaos -- FILE [--kills N] [--seed S] [--hang F] [--json] [--out DIR]
@@ -39,7 +39,7 @@ runMain(async () => {
   }
   if (positionals.length !== 1) throw new UsageError(`expected one scenario file, got ${positionals.length}\n${USAGE}`);
   const file = positionals[0]!;
-  let scenario = loadScenario(file);
+  let scenario = await loadScenarioFile(file);
   const planning = planOnly(scenario);
   if (planning) throw new UsageError(`${file} is a scenario to plan, not to run here: ${planning}`);
   const kills = parseCount('--kills', values.kills, 1);

@@ -4,7 +4,7 @@
 import { writeFileSync } from 'node:fs';
 import { stringify } from 'yaml';
 import { UsageError, args, runMain } from '../../actors/host.ts';
-import { CALLS, loadScenario } from '../scenario.ts';
+import { loadScenarioFile } from '../scenario.ts';
 import { NAMED, Evaluator, namedPlan, search, type Candidate, type Evaluation, type NamedStrategy } from '../plan/planner.ts';
 import { problemOf } from '../plan/problem.ts';
 import { planRows, renderPlan } from '../report.ts';
@@ -12,7 +12,7 @@ import { planRows, renderPlan } from '../report.ts';
 const USAGE = `usage: npm run plan -- FILE [--strategy search|${NAMED.join('|')}] [--budget SECONDS] [--json] [--write PLAN.yaml] [--html OUT.html]`;
 
 export function planYaml(c: Candidate): string {
-  const plan = Object.fromEntries(CALLS.map((call) => [call, { mesh: c[call].mesh, dp: c[call].dp, tp: c[call].tp, pp: c[call].pp }]));
+  const plan = Object.fromEntries(Object.entries(c).map(([call, p]) => [call, { mesh: p.mesh, dp: p.dp, tp: p.tp, pp: p.pp }]));
   return stringify({ plan }, { lineWidth: 0 });
 }
 
@@ -23,8 +23,8 @@ function report(strategy: string, ev: Evaluation) {
     ...(ev.why ? { why: ev.why } : {}),
     iteration_seconds: ev.iterationSeconds,
     calls: Object.fromEntries(
-      CALLS.map((call) => {
-        const c = ev.calls[call];
+      Object.keys(ev.calls).map((call) => {
+        const c = ev.calls[call]!;
         return [call, { mesh: c.placement.mesh, dp: c.placement.dp, tp: c.placement.tp, pp: c.placement.pp, seconds: c.seconds, realloc_seconds: c.reallocSeconds, memory_gb_per_device: c.memoryBytes / 1e9 }];
       }),
     ),
@@ -51,7 +51,7 @@ runMain(async () => {
   }
   const budget = Number(values.budget);
   if (!(budget > 0)) throw new UsageError(`--budget: expected seconds > 0, got ${values.budget}`);
-  const scenario = loadScenario(positionals[0]!);
+  const scenario = await loadScenarioFile(positionals[0]!);
   const problem = problemOf(scenario);
   const ev = new Evaluator(problem);
 
@@ -101,8 +101,8 @@ runMain(async () => {
   const pad = (x: string, n: number) => x.padEnd(n);
   console.log(`${problem.name}: ${out.devices} × ${problem.device.name}, strategy ${strategy}${searchInfo ? ` (${searchInfo.evaluated} plans in ${searchInfo.seconds.toFixed(1)} s)` : ''}`);
   console.log(`${pad('call', 22)}${pad('mesh', 10)}${pad('dp/tp/pp', 10)}${pad('seconds', 10)}${pad('realloc', 10)}memory/device`);
-  for (const call of CALLS) {
-    const c = evaluation.calls[call];
+  for (const call of Object.keys(evaluation.calls)) {
+    const c = evaluation.calls[call]!;
     const p = c.placement;
     console.log(`${pad(call, 22)}${pad(p.mesh, 10)}${pad(`${p.dp}/${p.tp}/${p.pp}`, 10)}${pad(c.seconds.toFixed(3), 10)}${pad(c.reallocSeconds.toFixed(3), 10)}${(c.memoryBytes / 1e9).toFixed(2)} GB`);
   }

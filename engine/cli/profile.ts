@@ -87,7 +87,7 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
         const body = { tokens, batch, promptLen: 5, responseLen: 4 };
         const calls: Array<[CallKind, () => Promise<unknown>]> = [
           ['inference', () => d.call(0, 'm', 0, { fn: 'inference', ...body })],
-          ['train', () => d.call(0, 'm', 0, { fn: 'train', ...body, seed: 1, hyper: { epochs: 2, minibatches: 2, clip: 0.2, valueClip: 0.2 }, old: new Float32Array(batch * 4), target: new Float32Array(batch * 4).fill(0.1) })],
+          ['train', () => d.call(0, 'm', 0, { fn: 'train', ...body, seed: 1, epochs: 2, minibatches: 2, loss: { name: 'clip_policy', params: { clip: 0.2 } }, data: { old: new Float32Array(batch * 4), advantages: new Float32Array(batch * 4).fill(0.1) } })],
           ['generate', () => d.call(0, 'm', 0, { fn: 'generate', prompts: tokens.subarray(0, batch * 5), batch, promptLen: 5, responseLen: 4, seeds: new Uint32Array(batch), temperature: 1 })],
         ];
         for (const [kind, call] of calls) {
@@ -165,7 +165,7 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
       };
       for (const [kind, make] of [
         ['inference', () => ({ fn: 'inference', ...body })],
-        ['train', () => ({ fn: 'train', ...body, seed: 1, hyper: { epochs: 2, minibatches: 2, clip: 0.2, valueClip: 0.2 }, old: new Float32Array(batch * 4), target: new Float32Array(batch * 4).fill(0.1) })],
+        ['train', () => ({ fn: 'train', ...body, seed: 1, epochs: 2, minibatches: 2, loss: { name: 'clip_policy', params: { clip: 0.2 } }, data: { old: new Float32Array(batch * 4), advantages: new Float32Array(batch * 4).fill(0.1) } })],
       ] as Array<[CallKind, () => Parameters<typeof d.call>[3]]>) {
         await both(make);
         const times = [await both(make), await both(make), await both(make)];

@@ -10,7 +10,7 @@ export interface Progress {
 
 const fmt = (m: Metrics) => ({
   reward: m.reward_mean.toFixed(3),
-  kl: m.kl.toFixed(3),
+  kl: typeof m.kl === 'number' ? m.kl.toFixed(3) : '-',
   sec: m.seconds.toFixed(2),
 });
 

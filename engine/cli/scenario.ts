@@ -4,7 +4,7 @@
 import { join } from 'node:path';
 import { runId } from '../../mesh/subjects.ts';
 import { BACKENDS } from '../backend.ts';
-import { loadScenario, planOnly } from '../scenario.ts';
+import { loadScenarioFile, planOnly } from '../scenario.ts';
 import { UsageError, args, runMain } from '../../actors/host.ts';
 import { launch } from './launch.ts';
 
@@ -41,7 +41,7 @@ runMain(async () => {
   if (workers !== undefined && !(Number.isInteger(workers) && workers >= 0)) {
     throw new UsageError(`--workers: expected a whole number >= 0, got ${values.workers}`);
   }
-  const scenario = loadScenario(file, values.plan);
+  const scenario = await loadScenarioFile(file, values.plan);
   const planning = planOnly(scenario);
   if (planning) throw new UsageError(`${file} is a scenario to plan, not to run here: ${planning}. Plan it with: npm run plan -- ${file}`);
   const run = runId(scenario.name ?? 'run');

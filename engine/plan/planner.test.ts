@@ -3,7 +3,10 @@
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { deviceCount, parseMesh, type Cluster } from '../../mesh/cluster.ts';
-import { CALLS, loadScenario, modelOf, type CallName } from '../scenario.ts';
+import { ownerCall } from '../algorithms/index.ts';
+import { ppo } from '../algorithms/ppo.ts';
+import { loadScenario, type CallName } from '../scenario.ts';
+import { flowOf } from './simulate.ts';
 import { localShape, type DeviceProfile } from './catalog.ts';
 import { strategyProblem } from './cost.ts';
 import { Evaluator, NAMED, callCandidates, meshes, namedPlan, search, strategies, type Candidate, type Placement, type Problem } from './planner.ts';
@@ -35,11 +38,24 @@ function localProblem(cluster: Cluster = { nodes: 1, devicesPerNode: 4 }, device
       reference: localShape('local-reference', 16, 2, 64, 4),
       reward: undefined,
     },
+    graph: PPO_GRAPH(batch),
     workload: { batch, promptLen: 8, responseLen: 8, epochs: 2, minibatches: 2 },
     cluster,
     device,
   };
 }
+
+/** PPO's graph as the planner sees it, for `batch` rows. */
+function PPO_GRAPH(batch: number): Problem['graph'] {
+  const g = ppo.graph(ppo.options.parse({}), { iterations: 1, batch, epochs: 2, minibatches: 2, clip: 0.2, kl_coef: 0, temperature: 1, lr: 1e-3, clip_norm: 1 });
+  return {
+    calls: g.calls.map((c) => ({ name: c.name, model: c.model, kind: c.fn, rows: batch })),
+    models: g.models.map((m) => ({ name: m.name, valueHead: m.head !== 'policy', trainable: m.trained, owner: ownerCall(g, m.name).name })),
+    flow: flowOf(g),
+  };
+}
+const CALLS = PPO_GRAPH(1).calls.map((c) => c.name);
+const modelOf = (call: string) => call.split('.')[0]!;
 
 /** A plan every call of which is valid for the problem (devices, mesh, dp·tp·pp, model shape). */
 function expectValid(problem: Problem, plan: Candidate) {

@@ -3,15 +3,40 @@
 // published systems, and searches for a faster plan with Metropolis–Hastings.
 import { deviceCount, parseMesh, type Cluster } from '../../mesh/cluster.ts';
 import { layoutKey, type Layout } from '../../mesh/layout.ts';
-import { CALLS, modelOf, type CallName, type ModelName } from '../scenario.ts';
+import type { CallName } from '../scenario.ts';
 import type { DeviceProfile, ModelShape } from './catalog.ts';
 import { callCost, reallocSeconds, strategyProblem, type CallCost, type CallKind, type Workload } from './cost.ts';
-import { simulate, type Simulation, type TaskSpec } from './simulate.ts';
+import { simulate, type Flow, type Simulation, type TaskSpec } from './simulate.ts';
+
+/** A call of the algorithm, as the planner prices it. */
+export interface PlanCall {
+  name: CallName;
+  model: string;
+  kind: CallKind;
+  /** Sequences it processes per iteration (generation: prompts × samples per prompt). */
+  rows: number;
+}
+
+export interface PlanModel {
+  name: string;
+  valueHead: boolean;
+  trainable: boolean;
+  /** The call whose layout holds its weights (a trained model's train call). */
+  owner: CallName;
+}
+
+/** The algorithm's graph as the planner sees it: calls, models, and the order between calls. */
+export interface PlanGraph {
+  calls: PlanCall[];
+  models: PlanModel[];
+  flow: Flow;
+}
 
 export interface Problem {
   name: string;
-  /** Shapes of the four models; a rule reward has none (it costs nothing to speak of). */
-  models: Record<ModelName, ModelShape | undefined>;
+  /** Shapes of the algorithm's models; a rule reward has none (it costs nothing to speak of). */
+  models: Record<string, ModelShape | undefined>;
+  graph: PlanGraph;
   workload: Workload;
   cluster: Cluster;
   device: DeviceProfile;
@@ -45,24 +70,15 @@ export interface Evaluation {
   simulation?: Simulation;
 }
 
-export const OWNER: Record<ModelName, CallName> = {
-  actor: 'actor.train',
-  critic: 'critic.train',
-  reference: 'reference.inference',
-  reward: 'reward.inference',
-};
-
-const KIND: Record<CallName, CallKind> = {
-  'actor.generate': 'generate',
-  'reference.inference': 'inference',
-  'reward.inference': 'inference',
-  'critic.inference': 'inference',
-  'actor.train': 'train',
-  'critic.train': 'train',
-};
-
 const layoutOf = (p: Placement): Layout => ({ devices: p.devices, dp: p.dp, tp: p.tp, pp: p.pp });
-const valueHead = (model: ModelName) => model === 'critic' || model === 'reward';
+
+const callOf = (problem: Problem, call: CallName): PlanCall => {
+  const c = problem.graph.calls.find((x) => x.name === call);
+  if (!c) throw new Error(`'${call}' is not a call of the problem's graph`);
+  return c;
+};
+const modelOf = (problem: Problem, model: string): PlanModel => problem.graph.models.find((m) => m.name === model)!;
+export const callNames = (problem: Problem): CallName[] => problem.graph.calls.map((c) => c.name);
 
 /** Caches of the costs a search asks for over and over. */
 export class Evaluator {
@@ -72,18 +88,18 @@ export class Evaluator {
 
   /** `availableBytes`: device memory left by the models resident on the call's devices. */
   callCost(call: CallName, p: Placement, owner: boolean, availableBytes?: number): CallCost | undefined {
-    const model = modelOf(call);
-    const shape = this.problem.models[model];
+    const info = callOf(this.problem, call);
+    const model = modelOf(this.problem, info.model);
+    const shape = this.problem.models[info.model];
     if (!shape) return undefined;
     const available = availableBytes === undefined ? undefined : Math.max(0, Math.floor(availableBytes / 1e8) * 1e8);
     const key = `${call}|${layoutKey(layoutOf(p))}|${owner}|${available}`;
     let c = this.calls.get(key);
     if (!c) {
-      const trainable = model === 'actor' || model === 'critic';
-      c = callCost(shape, KIND[call], layoutOf(p), this.problem.workload, this.problem.device, this.problem.cluster.devicesPerNode, {
-        valueHead: valueHead(model),
+      c = callCost(shape, info.kind, layoutOf(p), { ...this.problem.workload, batch: info.rows }, this.problem.device, this.problem.cluster.devicesPerNode, {
+        valueHead: model.valueHead,
         owner,
-        trainable,
+        trainable: model.trainable,
         ...(available === undefined ? {} : { availableBytes: available }),
       });
       this.calls.set(key, c);
@@ -91,13 +107,13 @@ export class Evaluator {
     return c;
   }
 
-  realloc(model: ModelName, from: Placement, to: Placement): number {
+  realloc(model: string, from: Placement, to: Placement): number {
     const shape = this.problem.models[model];
     if (!shape) return 0;
     const key = `${model}|${layoutKey(layoutOf(from))}|${layoutKey(layoutOf(to))}`;
     let s = this.moves.get(key);
     if (s === undefined) {
-      s = reallocSeconds(shape, layoutOf(from), layoutOf(to), this.problem.device, this.problem.cluster.devicesPerNode, valueHead(model));
+      s = reallocSeconds(shape, layoutOf(from), layoutOf(to), this.problem.device, this.problem.cluster.devicesPerNode, modelOf(this.problem, model).valueHead);
       this.moves.set(key, s);
     }
     return s;
@@ -106,19 +122,19 @@ export class Evaluator {
   evaluate(c: Candidate, keepTimeline = false): Evaluation {
     const { device } = this.problem;
     const resident = new Map<number, number>();
-    for (const model of Object.keys(OWNER) as ModelName[]) {
-      const owner = c[OWNER[model]];
-      const cost = this.callCost(OWNER[model], owner, true);
+    for (const model of this.problem.graph.models) {
+      const owner = c[model.owner]!;
+      const cost = this.callCost(model.owner, owner, true);
       for (const d of owner.devices) resident.set(d, (resident.get(d) ?? 0) + (cost?.residentBytes ?? 0));
     }
     const calls = {} as Record<CallName, CallReport>;
     const tasks = {} as Record<CallName, TaskSpec>;
     let why: string | undefined;
     let overflow = 0;
-    for (const call of CALLS) {
-      const model = modelOf(call);
-      const p = c[call];
-      const owner = c[OWNER[model]];
+    for (const call of callNames(this.problem)) {
+      const model = callOf(this.problem, call).model;
+      const p = c[call]!;
+      const owner = c[modelOf(this.problem, model).owner]!;
       const isOwner = layoutKey(layoutOf(p)) === layoutKey(layoutOf(owner));
       const problem = this.problem.models[model] ? strategyProblem(this.problem.models[model]!, p) : undefined;
       if (problem) why ??= `${call}: ${problem}`;
@@ -138,7 +154,7 @@ export class Evaluator {
       tasks[call] = { call, segments };
     }
     if (why) return { feasible: false, why, overflowBytes: overflow, iterationSeconds: Infinity, calls };
-    const sim = simulate(tasks, { sharedCores: device.sharedCores });
+    const sim = simulate(tasks, this.problem.graph.flow, { sharedCores: device.sharedCores });
     return { feasible: true, overflowBytes: 0, iterationSeconds: sim.iterationSeconds, calls, ...(keepTimeline ? { simulation: sim } : {}) };
   }
 
@@ -185,16 +201,17 @@ export function placement(cluster: Cluster, mesh: string, s: { dp: number; tp: n
 
 /** The placements a call may take: every mesh and strategy that can run its model at all. */
 export function callCandidates(problem: Problem, call: CallName): Placement[] {
-  const model = modelOf(call);
-  const shape = problem.models[model];
+  const info = callOf(problem, call);
+  const shape = problem.models[info.model];
   const out: Placement[] = [];
   for (const mesh of meshes(problem.cluster)) {
     const size = parseMesh(mesh, problem.cluster).devices.length;
     if (!shape && size > 1) continue; // a rule reward runs on one device
     // A training call sees a mini-batch at a time: every replica needs a row of it.
-    const { batch, minibatches } = problem.workload;
+    const { minibatches } = problem.workload;
+    const batch = info.rows;
     const per = Math.ceil(batch / minibatches);
-    const rows = call.endsWith('.train') ? Math.min(per, batch - (minibatches - 1) * per) : batch;
+    const rows = info.kind === 'train' ? Math.min(per, batch - (minibatches - 1) * per) : batch;
     for (const s of strategies(size, problem.cluster.devicesPerNode)) {
       if (shape && strategyProblem(shape, s)) continue;
       if (s.dp > rows) continue;
@@ -246,25 +263,26 @@ function whole(cluster: Cluster): string {
  * fastest, or closest to fitting), until nothing changes.
  */
 function withBest(ev: Evaluator, meshOf: (call: CallName) => string, alternative?: Candidate): Candidate {
-  let plan = ruleReward(ev, Object.fromEntries(CALLS.map((call) => [call, bestOn(ev, call, meshOf(call))])) as Candidate);
+  const calls = callNames(ev.problem);
+  let plan = ruleReward(ev, Object.fromEntries(calls.map((call) => [call, bestOn(ev, call, meshOf(call))])) as Candidate);
   if (alternative && ev.objective(alternative) < ev.objective(plan)) plan = alternative;
   // Each call tries the few strategies that are fastest on its mesh on their own: on a large
   // mesh there are dozens, and each new pair of layouts costs a transfer plan.
   const options = Object.fromEntries(
-    CALLS.map((call) => [
+    calls.map((call) => [
       call,
       callCandidates(ev.problem, call)
-        .filter((p) => p.mesh === plan[call].mesh)
+        .filter((p) => p.mesh === plan[call]!.mesh)
         .sort((a, b) => (ev.callCost(call, a, true)?.seconds ?? 0) - (ev.callCost(call, b, true)?.seconds ?? 0))
         .slice(0, 8),
     ]),
   ) as Record<CallName, Placement[]>;
   for (let round = 0; round < 3; round++) {
     let changed = false;
-    for (const call of CALLS) {
+    for (const call of calls) {
       let best = plan;
       let bestScore = ev.objective(plan);
-      for (const p of options[call]) {
+      for (const p of options[call]!) {
         const next = { ...plan, [call]: p };
         const score = ev.objective(next);
         if (score < bestScore - 1e-12) [best, bestScore] = [next, score];
@@ -279,12 +297,16 @@ function withBest(ev: Evaluator, meshOf: (call: CallName) => string, alternative
   return plan;
 }
 
-/** A rule reward needs one device: the first of its mesh. */
+/** A model without a shape (the rule reward) runs on one device: the first of each of its calls' meshes. */
 function ruleReward(ev: Evaluator, c: Candidate): Candidate {
-  if (ev.problem.models.reward) return c;
-  const first = c['reward.inference'].devices[0]!;
+  const out = { ...c };
   const per = ev.problem.cluster.devicesPerNode;
-  return { ...c, 'reward.inference': placement(ev.problem.cluster, `${Math.floor(first / per)}:${first % per}`, { dp: 1, tp: 1, pp: 1 }) };
+  for (const call of ev.problem.graph.calls) {
+    if (ev.problem.models[call.model]) continue;
+    const first = c[call.name]!.devices[0]!;
+    out[call.name] = placement(ev.problem.cluster, `${Math.floor(first / per)}:${first % per}`, { dp: 1, tp: 1, pp: 1 });
+  }
+  return out;
 }
 
 export function namedPlan(ev: Evaluator, name: NamedStrategy): Candidate {
@@ -299,7 +321,7 @@ export function namedPlan(ev: Evaluator, name: NamedStrategy): Candidate {
       for (const s of strategies(size, cluster.devicesPerNode)) {
         const shapes = Object.values(ev.problem.models).filter((m): m is ModelShape => m !== undefined);
         if (shapes.some((m) => strategyProblem(m, s))) continue;
-        const c = ruleReward(ev, Object.fromEntries(CALLS.map((call) => [call, placement(cluster, all, s)])) as Candidate);
+        const c = ruleReward(ev, Object.fromEntries(callNames(ev.problem).map((call) => [call, placement(cluster, all, s)])) as Candidate);
         const score = ev.objective(c);
         if (!best || score < bestScore) [best, bestScore] = [c, score];
       }
@@ -310,20 +332,25 @@ export function namedPlan(ev: Evaluator, name: NamedStrategy): Candidate {
       // strategy for all is one such plan, so it is a starting point too.
       return withBest(ev, () => all, namedPlan(ev, 'flattening'));
     case 'interleaving': {
-      // APP: actor and critic on all devices; reference and reward on an exclusive half each.
-      const [a, b] = parts(cluster, 2);
-      return withBest(ev, (call) => (call === 'reference.inference' ? a! : call === 'reward.inference' ? b! : all));
+      // APP: trained models on all devices; the frozen ones each on an exclusive half (alternating).
+      const halves = parts(cluster, 2);
+      const frozen = ev.problem.graph.models.filter((m) => !m.trainable).map((m) => m.name);
+      return withBest(ev, (call) => {
+        const model = callOf(ev.problem, call).model;
+        const i = frozen.indexOf(model);
+        return i < 0 ? all : halves[i % 2]!;
+      });
     }
     case 'separation': {
       // APP: training on one half; shadow copies generate and infer on the other.
       const [train, infer] = parts(cluster, 2);
-      return withBest(ev, (call) => (call.endsWith('.train') ? train! : infer!));
+      return withBest(ev, (call) => (callOf(ev.problem, call).kind === 'train' ? train! : infer!));
     }
     case 'split': {
       // OpenRLHF: every model on its own devices.
-      const q = parts(cluster, 4);
-      const of: Record<ModelName, string> = { actor: q[0]!, critic: q[1] ?? q[0]!, reference: q[2] ?? q[0]!, reward: q[3] ?? q[0]! };
-      return withBest(ev, (call) => of[modelOf(call)]);
+      const models = ev.problem.graph.models.map((m) => m.name);
+      const q = parts(cluster, models.length);
+      return withBest(ev, (call) => q[models.indexOf(callOf(ev.problem, call).model)] ?? q[0]!);
     }
   }
 }
@@ -349,7 +376,7 @@ function random(seed: number) {
   };
 }
 
-const planKey = (c: Candidate) => CALLS.map((call) => `${c[call].mesh}/${c[call].dp}${c[call].tp}${c[call].pp}`).join('|');
+const planKey = (c: Candidate) => Object.keys(c).sort().map((call) => `${c[call]!.mesh}/${c[call]!.dp}${c[call]!.tp}${c[call]!.pp}`).join('|');
 
 /**
  * Metropolis–Hastings over plans: a move gives one call another placement; a worse plan (Δt > 0
@@ -364,8 +391,9 @@ export function search(ev: Evaluator, starts: Candidate[], opts: { budgetSeconds
   // the placements the chains start from): on large clusters most of the thousands of mesh and
   // strategy pairs are hopeless, and every new pair of layouts costs a transfer plan.
   const perCall = opts.perCall ?? 24;
+  const calls = callNames(ev.problem);
   const candidates = Object.fromEntries(
-    CALLS.map((call) => {
+    calls.map((call) => {
       const ranked = callCandidates(ev.problem, call)
         .map((p) => ({ p, c: ev.callCost(call, p, true) }))
         .filter(({ c }) => !c || c.residentBytes + c.transientBytes <= ev.problem.device.memoryBytes)
@@ -373,7 +401,7 @@ export function search(ev: Evaluator, starts: Candidate[], opts: { budgetSeconds
         .slice(0, perCall)
         .map(({ p }) => p);
       const seen = new Set(ranked.map((p) => `${p.mesh}/${p.dp}${p.tp}${p.pp}`));
-      for (const s of starts) if (!seen.has(`${s[call].mesh}/${s[call].dp}${s[call].tp}${s[call].pp}`)) ranked.push(s[call]);
+      for (const s of starts) if (!seen.has(`${s[call]!.mesh}/${s[call]!.dp}${s[call]!.tp}${s[call]!.pp}`)) ranked.push(s[call]!);
       return [call, ranked];
     }),
   ) as Record<CallName, Placement[]>;
@@ -397,8 +425,8 @@ export function search(ev: Evaluator, starts: Candidate[], opts: { budgetSeconds
     const progress = elapsed / budgetMs;
     const temperature = scale * 0.1 * Math.pow(0.01, progress); // seconds
     const chain = chains[step % chains.length]!;
-    const call = CALLS[Math.floor(rand() * CALLS.length)]!;
-    const options = candidates[call];
+    const call = calls[Math.floor(rand() * calls.length)]!;
+    const options = candidates[call]!;
     const next = { ...chain.plan, [call]: options[Math.floor(rand() * options.length)]! } as Candidate;
     const time = ev.objective(next);
     evaluated += 1;

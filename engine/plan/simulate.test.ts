@@ -1,7 +1,13 @@
 // The simulator on hand-built task sets whose schedules can be worked out on paper.
 import { describe, expect, it } from 'vitest';
-import { CALLS, type CallName } from '../scenario.ts';
-import { simulate, type Segment, type Simulation, type TaskSpec } from './simulate.ts';
+import { ppo } from '../algorithms/ppo.ts';
+import type { CallName } from '../scenario.ts';
+import { flowOf, simulate as simulateFlow, type Segment, type Simulation, type TaskSpec } from './simulate.ts';
+
+// PPO's graph: six calls, the train calls of one iteration before the next iteration's calls.
+const FLOW = flowOf(ppo.graph(ppo.options.parse({}), { iterations: 1, batch: 1, epochs: 1, minibatches: 1, clip: 0.2, kl_coef: 0, temperature: 1, lr: 1e-3, clip_norm: 1 }));
+const CALLS = FLOW.order;
+const simulate = (tasks: Record<CallName, TaskSpec>, options?: Parameters<typeof simulateFlow>[2]) => simulateFlow(tasks, FLOW, options);
 
 type Spec = Record<CallName, { devices: number[]; seconds: number; realloc?: { devices: number[]; seconds: number } }>;
 

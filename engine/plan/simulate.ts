@@ -1,10 +1,11 @@
-// The simulator: list-schedules the PPO dataflow graph, unrolled over several iterations, onto
-// the devices of a plan, and returns the steady-state iteration time and a timeline per device.
+// The simulator: list-schedules an algorithm's dataflow graph, unrolled over several iterations,
+// onto the devices of a plan, and returns the steady-state iteration time and a timeline per device.
 //
 // A task (one call of one iteration) starts when its inputs are ready; each of its segments (a
 // reallocation into a view, then the call) starts when every device it needs is free. Where
 // devices share processors (the local machine: worker processes on a few cores), segments that
 // overlap in time share those cores: each progresses at min(1, cores / busy devices).
+import { dependencies, nodeName, nodesOf, type Graph } from '../algorithms/index.ts';
 import type { CallName } from '../scenario.ts';
 
 export interface Segment {
@@ -35,21 +36,29 @@ export interface Simulation {
 }
 
 /**
- * Inputs of each call within an iteration, and from the previous one. The supervisor starts an
- * iteration once both train calls of the last have ended (it does not pipeline iterations), so
- * every call waits for them, not only the calls that read their weights.
+ * The calls of a graph in order, and what each waits for: within an iteration, the calls whose
+ * outputs it reads (through host steps too); from the previous one, every train call — the
+ * supervisor starts an iteration once the last one's training has ended (it does not pipeline
+ * iterations), so every call waits for them, not only the calls that read their weights.
  */
-const AFTER_TRAINING: CallName[] = ['actor.train', 'critic.train'];
-const DEPS: Record<CallName, { same: CallName[]; previous: CallName[] }> = {
-  'actor.generate': { same: [], previous: AFTER_TRAINING },
-  'reference.inference': { same: ['actor.generate'], previous: AFTER_TRAINING },
-  'reward.inference': { same: ['actor.generate'], previous: AFTER_TRAINING },
-  'critic.inference': { same: ['actor.generate'], previous: AFTER_TRAINING },
-  'actor.train': { same: ['actor.generate', 'reference.inference', 'reward.inference', 'critic.inference'], previous: AFTER_TRAINING },
-  'critic.train': { same: ['actor.generate', 'reference.inference', 'reward.inference', 'critic.inference'], previous: AFTER_TRAINING },
-};
+export interface Flow {
+  order: CallName[];
+  same: Record<CallName, CallName[]>;
+  previous: CallName[];
+}
 
-const ORDER: CallName[] = ['actor.generate', 'reference.inference', 'reward.inference', 'critic.inference', 'actor.train', 'critic.train'];
+export function flowOf(g: Graph): Flow {
+  const nodes = nodesOf(g);
+  const deps = dependencies(nodes);
+  const calls = new Set(g.calls.map((c) => c.name));
+  const upstream = (n: string, seen = new Set<string>()): string[] =>
+    (deps.get(n) ?? []).flatMap((d) => (seen.has(d) ? [] : (seen.add(d), calls.has(d) ? [d] : upstream(d, seen))));
+  return {
+    order: g.calls.map((c) => c.name),
+    same: Object.fromEntries(nodes.filter((n) => n.kind === 'call').map((n) => [nodeName(n), [...new Set(upstream(nodeName(n)))]])),
+    previous: g.calls.filter((c) => c.fn === 'train').map((c) => c.name),
+  };
+}
 
 interface Running {
   task: number;
@@ -58,9 +67,10 @@ interface Running {
   start: number;
 }
 
-export function simulate(tasks: Record<CallName, TaskSpec>, options: { iterations?: number; sharedCores?: number } = {}): Simulation {
+export function simulate(tasks: Record<CallName, TaskSpec>, flow: Flow, options: { iterations?: number; sharedCores?: number } = {}): Simulation {
   const K = options.iterations ?? 4;
-  const all = Array.from({ length: K }, (_, it) => ORDER.map((call) => ({ it, call, spec: tasks[call] }))).flat();
+  const ORDER = flow.order;
+  const all = Array.from({ length: K }, (_, it) => ORDER.map((call) => ({ it, call, spec: tasks[call]! }))).flat();
   const index = (it: number, call: CallName) => it * ORDER.length + ORDER.indexOf(call);
   const finished = new Array<number>(all.length).fill(-1);
   const nextSegment = new Array<number>(all.length).fill(0);
@@ -72,8 +82,8 @@ export function simulate(tasks: Record<CallName, TaskSpec>, options: { iteration
   const ready = (i: number) => {
     const { it, call } = all[i]!;
     return (
-      DEPS[call].same.every((c) => finished[index(it, c)]! >= 0) &&
-      (it === 0 || DEPS[call].previous.every((c) => finished[index(it - 1, c)]! >= 0))
+      flow.same[call]!.every((c) => finished[index(it, c)]! >= 0) &&
+      (it === 0 || flow.previous.every((c) => finished[index(it - 1, c)]! >= 0))
     );
   };
 

@@ -1,5 +1,5 @@
 import { describe, it, expect } from 'vitest';
-import { gae, mean, tokenRewards, whiten } from './ppo.ts';
+import { gae, mean, tokenRewards, whiten } from './advantages.ts';
 
 describe('tokenRewards', () => {
   // batch 2, responseLen 2; row-major [b0t0, b0t1, b1t0, b1t1]

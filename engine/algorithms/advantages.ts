@@ -1,0 +1,235 @@
+// Advantage arithmetic: plain JavaScript in float64 over row-major `[rows, responseLen]` arrays,
+// summed in index order so every process gets the same bits. The estimators are a registry
+// (ESTIMATORS): an algorithm's advantage step names one, and a variant is one more function. The
+// losses, which are differentiated, are TensorFlow.js (engine/losses.ts).
+import type { KlEstimator } from '../losses.ts';
+
+/**
+ * Per-token rewards: −β·(log π − log π_ref) at every token, plus the sequence's score on its last
+ * token (the usual RLHF shaping). Returns the rewards and the KL estimate per sequence: the
+ * log-ratio summed over a response's tokens, averaged over the batch.
+ */
+export function tokenRewards(
+  scores: ArrayLike<number>,
+  logprobs: ArrayLike<number>,
+  refLogprobs: ArrayLike<number>,
+  responseLen: number,
+  klCoef: number,
+): { rewards: Float64Array; kl: number } {
+  const n = logprobs.length;
+  const rewards = new Float64Array(n);
+  let klSum = 0;
+  for (let i = 0; i < n; i++) {
+    const kl = logprobs[i]! - refLogprobs[i]!;
+    klSum += kl;
+    rewards[i] = -klCoef * kl;
+  }
+  for (let b = 0; b < scores.length; b++) rewards[b * responseLen + responseLen - 1]! += scores[b]!;
+  return { rewards, kl: n > 0 ? (klSum / n) * responseLen : 0 };
+}
+
+/**
+ * Generalised advantage estimation per sequence, backwards in time, with V after the last token
+ * taken as 0 (the episode ends there). Returns advantages and returns (= advantages + values).
+ */
+export function gae(
+  rewards: ArrayLike<number>,
+  values: ArrayLike<number>,
+  responseLen: number,
+  gamma: number,
+  lambda: number,
+): { advantages: Float64Array; returns: Float64Array } {
+  const n = rewards.length;
+  const advantages = new Float64Array(n);
+  const returns = new Float64Array(n);
+  for (let row = 0; row < n / responseLen; row++) {
+    let next = 0;
+    let nextValue = 0;
+    for (let t = responseLen - 1; t >= 0; t--) {
+      const i = row * responseLen + t;
+      const delta = rewards[i]! + gamma * nextValue - values[i]!;
+      next = delta + gamma * lambda * next;
+      advantages[i] = next;
+      returns[i] = next + values[i]!;
+      nextValue = values[i]!;
+    }
+  }
+  return { advantages, returns };
+}
+
+/** (x − mean) / (std + eps), with the population std; sums in index order. */
+export function whiten(x: ArrayLike<number>, eps = 1e-8): Float64Array {
+  const n = x.length;
+  let sum = 0;
+  for (let i = 0; i < n; i++) sum += x[i]!;
+  const mean = sum / n;
+  let sq = 0;
+  for (let i = 0; i < n; i++) sq += (x[i]! - mean) ** 2;
+  const std = Math.sqrt(sq / n);
+  const out = new Float64Array(n);
+  for (let i = 0; i < n; i++) out[i] = (x[i]! - mean) / (std + eps);
+  return out;
+}
+
+export function mean(x: ArrayLike<number>): number {
+  let s = 0;
+  for (let i = 0; i < x.length; i++) s += x[i]!;
+  return x.length ? s / x.length : 0;
+}
+
+/** Schulman's estimators of KL(π‖π_ref) at one token, from d = log π − log π_ref. */
+export function klOf(d: number, estimator: KlEstimator): number {
+  if (estimator === 'k1') return d;
+  if (estimator === 'k2') return (d * d) / 2;
+  return Math.exp(-d) - 1 + d;
+}
+
+/** Each row's KL summed over its tokens, by the estimator. */
+export function sequenceKl(logprobs: ArrayLike<number>, ref: ArrayLike<number>, responseLen: number, estimator: KlEstimator = 'k1'): Float64Array {
+  const rows = logprobs.length / responseLen;
+  const out = new Float64Array(rows);
+  for (let b = 0; b < rows; b++) {
+    let s = 0;
+    for (let t = 0; t < responseLen; t++) s += klOf(logprobs[b * responseLen + t]! - ref[b * responseLen + t]!, estimator);
+    out[b] = s;
+  }
+  return out;
+}
+
+/** Every token of a row gets that row's value: an outcome advantage, [rows, responseLen]. */
+export function perToken(perRow: ArrayLike<number>, responseLen: number): Float32Array {
+  const out = new Float32Array(perRow.length * responseLen);
+  for (let b = 0; b < perRow.length; b++) out.fill(perRow[b]!, b * responseLen, (b + 1) * responseLen);
+  return out;
+}
+
+/**
+ * GRPO: within each group of G rows (the samples of one prompt), (r − mean) / (std + ε), with the
+ * sample standard deviation (N − 1, as verl's torch.std); `scale: false` leaves out the division
+ * (Dr. GRPO). A group of one sample, or whose rewards are all equal, gets 0.
+ */
+export function groupNormalised(scores: ArrayLike<number>, group: number, scale = true, eps = 1e-6): { advantages: Float64Array; flatGroups: number } {
+  const n = scores.length;
+  const out = new Float64Array(n);
+  let flat = 0;
+  for (let g0 = 0; g0 < n; g0 += group) {
+    let sum = 0;
+    for (let i = g0; i < g0 + group; i++) sum += scores[i]!;
+    const m = sum / group;
+    let sq = 0;
+    for (let i = g0; i < g0 + group; i++) sq += (scores[i]! - m) ** 2;
+    const std = group > 1 ? Math.sqrt(sq / (group - 1)) : 0;
+    if (std === 0) flat += 1;
+    for (let i = g0; i < g0 + group; i++) out[i] = group > 1 ? (scale ? (scores[i]! - m) / (std + eps) : scores[i]! - m) : 0;
+  }
+  return { advantages: out, flatGroups: flat / (n / group) };
+}
+
+/** RLOO: each row's reward less the mean of the other G − 1 rows of its group. */
+export function leaveOneOut(scores: ArrayLike<number>, group: number): Float64Array {
+  if (group < 2) throw new RangeError(`leave-one-out needs at least 2 samples per prompt, got ${group}`);
+  const out = new Float64Array(scores.length);
+  for (let g0 = 0; g0 < scores.length; g0 += group) {
+    let sum = 0;
+    for (let i = g0; i < g0 + group; i++) sum += scores[i]!;
+    for (let i = g0; i < g0 + group; i++) out[i] = scores[i]! - (sum - scores[i]!) / (group - 1);
+  }
+  return out;
+}
+
+/** REINFORCE with γ: each token's return, the sum of its own and later rewards (discounted), per row. */
+export function discountedReturns(rewards: ArrayLike<number>, responseLen: number, gamma = 1): Float64Array {
+  const out = new Float64Array(rewards.length);
+  for (let row = 0; row < rewards.length / responseLen; row++) {
+    let acc = 0;
+    for (let t = responseLen - 1; t >= 0; t--) {
+      const i = row * responseLen + t;
+      acc = rewards[i]! + gamma * acc;
+      out[i] = acc;
+    }
+  }
+  return out;
+}
+
+/** What an advantage estimator reads: the batch's fields, and the shape of the batch. */
+export interface AdvantageInput {
+  /** Each row's reward. */
+  scores: ArrayLike<number>;
+  logprobs: ArrayLike<number>;
+  /** The reference's log-probs; with a KL coefficient, the penalty reads them. */
+  ref?: ArrayLike<number>;
+  values?: ArrayLike<number>;
+  /** Each row's baseline reward (ReMax: the greedy response's). */
+  baseline?: ArrayLike<number>;
+  responseLen: number;
+  group: number;
+}
+
+export interface AdvantageOptions {
+  /** β of the KL penalty in the reward (0: none). */
+  kl_coef: number;
+  kl_estimator?: KlEstimator;
+  gamma?: number;
+  lambda?: number;
+  /** GRPO: divide by the group's standard deviation. */
+  scale?: boolean;
+}
+
+export interface AdvantageOutput {
+  /** Per token, [rows, responseLen]. */
+  advantages: Float32Array;
+  /** A value model's targets, where the estimator has them. */
+  returns?: Float32Array;
+  /** Statistics for the metrics: `kl` (a row's KL summed over its tokens, averaged), and the estimator's own. */
+  stats: Record<string, number>;
+}
+
+const need = <T>(x: T | undefined, what: string, estimator: string): T => {
+  if (x === undefined) throw new RangeError(`the '${estimator}' advantage needs ${what}`);
+  return x;
+};
+
+/** Rewards less β times each row's KL (k1 summed over tokens): a sequence-level penalty. */
+function penalised(inp: AdvantageInput, o: AdvantageOptions): { rewards: Float64Array; kl: number } {
+  const kl = inp.ref ? sequenceKl(inp.logprobs, inp.ref, inp.responseLen, o.kl_estimator ?? 'k1') : new Float64Array(inp.scores.length);
+  const rewards = Float64Array.from(inp.scores, (r, b) => r - o.kl_coef * kl[b]!);
+  return { rewards, kl: inp.ref ? mean(sequenceKl(inp.logprobs, inp.ref, inp.responseLen, 'k1')) : 0 };
+}
+
+/** Advantage estimators by name; an algorithm's advantage step names one. */
+export const ESTIMATORS: Record<string, (inp: AdvantageInput, o: AdvantageOptions) => AdvantageOutput> = {
+  /** PPO: KL-shaped token rewards, GAE over the values, whitened over the batch. */
+  gae(inp, o) {
+    const { rewards, kl } = tokenRewards(inp.scores, inp.logprobs, need(inp.ref, 'reference log-probs', 'gae'), inp.responseLen, o.kl_coef);
+    const { advantages, returns } = gae(rewards, need(inp.values, 'values', 'gae'), inp.responseLen, o.gamma ?? 1, o.lambda ?? 0.95);
+    return { advantages: Float32Array.from(whiten(advantages)), returns: Float32Array.from(returns), stats: { kl } };
+  },
+  /** GRPO: the reward (less a KL penalty, when β > 0) normalised within each prompt's group. */
+  grpo(inp, o) {
+    const { rewards, kl } = penalised(inp, o);
+    const { advantages, flatGroups } = groupNormalised(rewards, inp.group, o.scale ?? true);
+    return { advantages: perToken(advantages, inp.responseLen), stats: { kl, flat_groups: flatGroups } };
+  },
+  /** RLOO: the reward less the mean of the group's other samples. */
+  rloo(inp, o) {
+    const { rewards, kl } = penalised(inp, o);
+    return { advantages: perToken(leaveOneOut(rewards, inp.group), inp.responseLen), stats: { kl } };
+  },
+  /** ReMax: the reward less the greedy response's reward. */
+  remax(inp, o) {
+    const { rewards, kl } = penalised(inp, o);
+    const base = need(inp.baseline, 'baseline rewards', 'remax');
+    return { advantages: perToken(Float64Array.from(rewards, (r, b) => r - base[b]!), inp.responseLen), stats: { kl, baseline_reward: mean(base) } };
+  },
+  /** REINFORCE++: KL-shaped token rewards, returns as suffix sums, z-scored over the whole batch. */
+  reinforce_pp(inp, o) {
+    const { rewards, kl } = tokenRewards(inp.scores, inp.logprobs, need(inp.ref, 'reference log-probs', 'reinforce_pp'), inp.responseLen, o.kl_coef);
+    return { advantages: Float32Array.from(whiten(discountedReturns(rewards, inp.responseLen, o.gamma ?? 1))), stats: { kl } };
+  },
+};
+
+export function estimator(name: string): (inp: AdvantageInput, o: AdvantageOptions) => AdvantageOutput {
+  const fn = ESTIMATORS[name];
+  if (!fn) throw new RangeError(`unknown advantage estimator '${name}'; known: ${Object.keys(ESTIMATORS).join(', ')}`);
+  return fn;
+}
