@@ -34,7 +34,9 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
   search [--iterations N] [--budget S]          measured: the best named strategy against the search's plan
   chaos [--kills N] [--seed S] [--iterations N] [--scenario FILE]
                                                 the soak: N random kills (10% hangs) of every actor kind,
-                                                against the clean run (default 50 kills, scenarios/chaos.yaml)`;
+                                                against the clean run (default 50 kills, scenarios/chaos.yaml)
+  algorithms [--iterations N]                   every algorithm's scenario (quickstart for ppo, scenarios/algorithms/
+                                                for the others) over NATS: s/iteration, tokens/s, reward first 5 -> last 5`;
 
 const quiet = { phase() {}, iteration() {}, stop() {} };
 
@@ -113,7 +115,8 @@ runMain(async () => {
   if (name === 'estimator') return estimator(values);
   if (name === 'search') return searchPlans(values);
   if (name === 'chaos') return chaosSoak(values);
-  if (name !== 'iteration') throw new UsageError(`unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, search, chaos\n${USAGE}`);
+  if (name === 'algorithms') return algorithmsBench(values);
+  if (name !== 'iteration') throw new UsageError(`unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, search, chaos, algorithms\n${USAGE}`);
   let scenario = await loadScenarioFile(values.scenario ?? 'scenarios/quickstart.yaml');
   if (values.iterations !== undefined) {
     const n = Number(values.iterations);
@@ -139,6 +142,46 @@ runMain(async () => {
   }
   return r.digests_equal ? 0 : 1;
 });
+
+/** The scenario of each built-in algorithm: the quickstart for PPO, scenarios/algorithms/<name>.yaml for the others. */
+export const ALGORITHM_SCENARIOS: Record<string, string> = {
+  ppo: 'scenarios/quickstart.yaml',
+  ...Object.fromEntries(['grpo', 'rloo', 'remax', 'reinforce_pp', 'dpo'].map((a) => [a, `scenarios/algorithms/${a}.yaml`])),
+};
+
+/**
+ * Every algorithm's scenario, one after another, over NATS with worker processes: seconds per
+ * iteration (median), generated tokens per second, and the reward of the first and last five
+ * iterations (for DPO, the share of pairs ordered as the rule orders them).
+ */
+async function algorithmsBench(values: { json?: boolean; iterations?: string }): Promise<number> {
+  const log = values.json ? () => {} : (line: string) => console.log(line);
+  const out: Record<string, { seconds_per_iteration: number; tokens_per_s: number; reward_first5: number | null; reward_last5: number | null }> = {};
+  let failed = 0;
+  for (const [name, file] of Object.entries(ALGORITHM_SCENARIOS)) {
+    let scenario = await loadScenarioFile(file);
+    if (values.iterations !== undefined) scenario = { ...scenario, rl: { ...scenario.rl, iterations: whole('iterations', values.iterations, 1) } };
+    const dir = mkdtempSync(join(tmpdir(), `ferry-bench-${name}-`));
+    try {
+      const run = await launch({ scenario, run: runId(`bench-${name}`), out: dir, progress: quiet, say: () => {}, workers: undefined });
+      if (run.code !== 0 || !run.summary) {
+        failed += 1;
+        log(`${name}: failed: ${run.summary?.error ?? `exit ${run.code}`} (logs in ${dir})`);
+        continue;
+      }
+      const history = readFileSync(join(dir, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Metrics);
+      const r = rate(history);
+      out[name] = { seconds_per_iteration: r.seconds_per_iteration, tokens_per_s: r.tokens_per_second, reward_first5: run.summary.reward_first5, reward_last5: run.summary.reward_last5 };
+      log(`${name.padEnd(14)} ${r.seconds_per_iteration.toFixed(3)} s/iteration  ${r.tokens_per_second.toFixed(0).padStart(6)} tokens/s  reward ${run.summary.reward_first5?.toFixed(3)} -> ${run.summary.reward_last5?.toFixed(3)}`);
+      rmSync(dir, { recursive: true, force: true });
+    } catch (e) {
+      failed += 1;
+      log(`${name}: ${(e as Error).message} (logs in ${dir})`);
+    }
+  }
+  if (values.json) console.log(JSON.stringify({ algorithms: out }));
+  return failed ? 1 : 0;
+}
 
 /** The chaos soak: many random kills over a run that reallocates every iteration. */
 async function chaosSoak(values: { json?: boolean; kills?: string; seed?: string; iterations?: string; scenario?: string }): Promise<number> {
