@@ -95,6 +95,9 @@ const RECOVER_ON_LOSS = {
 /** The devices of the plan that have no worker now. */
 const missingDevices = (c: Pick<Context, 'need' | 'joined'>) => c.need.filter((d) => c.joined[d] === undefined);
 
+/** The call or step of the graph that failed (runGraph names it on the error). */
+const failedNode = (e: unknown) => ((e as { node?: unknown })?.node as string | undefined) ?? 'iteration';
+
 const errorText = (e: unknown) => (e instanceof Error ? `${e.name}: ${e.message}` : String(e));
 
 export const supervisorMachine = setup({
@@ -434,9 +437,9 @@ export const supervisorMachine = setup({
               {
                 guard: ({ event }) => (event.error as { fatal?: unknown })?.fatal === true,
                 target: '#supervisor.failed',
-                actions: { type: 'fail', params: ({ context, event }) => ({ stage: `iteration ${context.iteration}`, error: event.error }) },
+                actions: { type: 'fail', params: ({ context, event }) => ({ stage: `iteration ${context.iteration}, ${failedNode(event.error)}`, error: event.error }) },
               },
-              { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'iteration', error: event.error }) } },
+              { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: failedNode(event.error), error: event.error }) } },
             ],
           },
         },

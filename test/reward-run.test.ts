@@ -114,7 +114,7 @@ describe('reward actors in a run', () => {
     const r = await launch({ scenario: loadScenario(file), run: `absent${Date.now()}`, out: join(dir, 'run'), natsUrl: server.url, progress: quiet, say: (l) => said.push(l) });
     expect(r.code).toBe(1);
     expect(r.summary?.status).toBe('failed');
-    expect(r.summary!.error).toMatch(/iteration 0, inference: RewardCallError: no reward actor 'nobody-here' appeared on ferry\.reward\.nobody-here\.hb within 2 s \(its wait_seconds\)/);
+    expect(r.summary!.error).toMatch(/iteration 0, reward\.inference: RewardCallError: no reward actor 'nobody-here' appeared on ferry\.reward\.nobody-here\.hb within 2 s \(its wait_seconds\)/);
     expect(r.summary!.recoveries).toEqual([]);
     expect(said.join('\n')).toMatch(/waiting for a reward actor 'nobody-here'/);
   }, 120_000);

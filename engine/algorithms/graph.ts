@@ -270,6 +270,8 @@ export async function runGraph(g: Graph, initial: Fields, run: (node: Node, inpu
             running -= 1;
             if (!failed) {
               failed = true;
+              // The node that failed, for whoever reports it (the error itself is passed on as it is).
+              if (e instanceof Error && !('node' in e)) Object.assign(e, { node: name });
               reject(e);
             }
           },
