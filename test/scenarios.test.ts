@@ -2,12 +2,16 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { loadScenario, planOnly } from '../engine/scenario.ts';
+import { graphOf, loadScenario, planOnly, rowsOf } from '../engine/scenario.ts';
+import { problemOf } from '../engine/plan/problem.ts';
 import { SCHEMA_FILE, schemaText } from '../engine/cli/schema.ts';
 import { ROOT } from './helpers.ts';
 
 describe('shipped scenarios', () => {
-  const files = readdirSync(join(ROOT, 'scenarios')).filter((f) => f.endsWith('.yaml'));
+  const files = [
+    ...readdirSync(join(ROOT, 'scenarios')).filter((f) => f.endsWith('.yaml')),
+    ...readdirSync(join(ROOT, 'scenarios', 'algorithms')).filter((f) => f.endsWith('.yaml')).map((f) => `algorithms/${f}`),
+  ];
 
   it('include the quickstart', () => {
     expect(files).toContain('quickstart.yaml');
@@ -27,8 +31,24 @@ describe('shipped scenarios', () => {
   it.each(cluster)('cluster/%s is valid, and only for planning', (f) => {
     const s = loadScenario(join(ROOT, 'scenarios', 'cluster', f));
     expect(planOnly(s)).toBeDefined();
-    expect(s.rl.batch).toBe(512);
+    // 512 sequences per iteration: 512 prompts, or 64 prompts × 8 samples for GRPO.
+    expect(rowsOf(s)).toBe(512);
     expect(s.lengths).toEqual({ prompt: 1024, response: 1024 });
+  });
+
+  it('a GRPO cluster scenario plans only its own calls, and prices every sample of every prompt', () => {
+    const s = loadScenario(join(ROOT, 'scenarios', 'cluster', 'grpo-llama7b-8gpu.yaml'));
+    const p = problemOf(s);
+    expect(p.graph.calls.map((c) => c.name)).toEqual(['actor.generate', 'reference.inference', 'reward.inference', 'actor.train']);
+    expect(p.graph.calls.every((c) => c.rows === 64 * 8)).toBe(true);
+    expect(Object.keys(p.models)).toEqual(['actor', 'reference', 'reward']);
+    // The reference starts from the policy, so it takes its shape.
+    expect(p.models.reference).toBe(p.models.actor);
+  });
+
+  it('there is a scenario for every built-in algorithm', () => {
+    const names = files.map((f) => graphOf(loadScenario(join(ROOT, 'scenarios', f))) && (loadScenario(join(ROOT, 'scenarios', f)).algorithm as { name: string }).name);
+    expect(new Set(names)).toEqual(new Set(['ppo', 'grpo', 'rloo', 'remax', 'reinforce_pp', 'dpo']));
   });
 
   it.each(files)('%s runs here (it is not a plan-only scenario)', (f) => {
