@@ -2,10 +2,10 @@
 // checked call by call. At one, the process asks the launcher to kill it and waits: the kill lands
 // while the call is in progress. The launcher kills each point once; asked again (a replayed call,
 // a restarted process), it answers `spare`.
-import { request, type Bus } from '../mesh/bus.ts';
-import { ChaosSpare, PROTOCOL_VERSION } from '../mesh/protocol.ts';
-import type { Subjects } from '../mesh/subjects.ts';
-import { reachedBySupervisor, reachedByWorker, type KillPoint } from '../engine/chaos.ts';
+import { request, type Bus } from '../mesh/wire/index.ts';
+import { ChaosSpare, PROTOCOL_VERSION } from '../mesh/wire/index.ts';
+import type { Subjects } from '../mesh/wire/index.ts';
+import { reachedBySupervisor, reachedByWorker, type KillPoint } from '../engine/runtime/index.ts';
 
 export const CHAOS_ENV = 'FERRY_CHAOS';
 

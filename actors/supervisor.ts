@@ -2,20 +2,20 @@
 // directory. The launcher starts it; it can also be started by hand against an existing server:
 //   npx tsx actors/supervisor.ts --scenario FILE --run RUN_ID --out DIR [--nats URL]
 import { createActor, fromCallback, toPromise } from 'xstate';
-import { connectBus, subscribe } from '../mesh/bus.ts';
-import { encode } from '../mesh/codec.ts';
-import { PROTOCOL_VERSION, RunEvent, type Metrics } from '../mesh/protocol.ts';
-import { subjects } from '../mesh/subjects.ts';
-import { fanOut, readResume, RunDirectory, type Recorder, type Summary } from '../engine/record.ts';
-import { runSpec, type RewardSources } from '../engine/rlhf.ts';
-import { loadScenarioFile } from '../engine/scenario.ts';
-import { BusDispatcher } from './bus-dispatcher.ts';
+import { connectBus, subscribe } from '../mesh/wire/index.ts';
+import { encode } from '../mesh/wire/index.ts';
+import { PROTOCOL_VERSION, RunEvent, type Metrics } from '../mesh/wire/index.ts';
+import { subjects } from '../mesh/wire/index.ts';
+import { fanOut, readResume, RunDirectory, type Recorder, type Summary } from '../engine/runtime/index.ts';
+import { runSpec, type RewardSources } from '../engine/runtime/index.ts';
+import { loadScenarioFile } from '../engine/runtime/index.ts';
+import { BusDispatcher } from '../engine/runtime/index.ts';
 import { DEFAULT_NATS, UsageError, args, logger, runMain } from './host.ts';
 import { ChaosClient } from './chaos-client.ts';
-import { JetStreamStore } from './jetstream-store.ts';
-import { Membership } from './membership.ts';
-import { RewardClient } from './reward-client.ts';
-import { supervisorMachine, type SupervisorEvent } from './supervisor.machine.ts';
+import { JetStreamStore } from '../engine/runtime/index.ts';
+import { Membership } from '../engine/runtime/index.ts';
+import { RewardClient } from '../engine/runtime/index.ts';
+import { supervisorMachine, type SupervisorEvent } from '../engine/runtime/index.ts';
 
 const USAGE = 'usage: supervisor --scenario FILE --run RUN_ID --out DIR [--nats URL] [--resume] [--take-over]';
 

@@ -3,9 +3,9 @@
 // a call it has already answered (same id) gets the same answer again, so a retry is harmless;
 // bytes that do not decode are reported with their subject, and the worker keeps serving.
 import { assign, fromCallback, fromPromise, setup } from 'xstate';
-import { PROTOCOL_VERSION, type Call, type ErrorCode, type Reply } from '../mesh/protocol.ts';
-import type { ProtocolError } from '../mesh/codec.ts';
-import { CallRejected, type Device } from '../engine/device.ts';
+import { PROTOCOL_VERSION, type Call, type ErrorCode, type Reply } from '../mesh/wire/index.ts';
+import type { ProtocolError } from '../mesh/wire/index.ts';
+import { CallRejected, type Device } from '../engine/device/index.ts';
 
 export type Respond = (reply: Reply) => void;
 

@@ -3,12 +3,12 @@
 import { hostname } from 'node:os';
 import { randomUUID } from 'node:crypto';
 import { createActor, fromCallback, fromPromise, toPromise } from 'xstate';
-import { connectBus, request, subscribe, type Msg } from '../mesh/bus.ts';
-import { encode } from '../mesh/codec.ts';
-import { Call, JoinReply, PROTOCOL_VERSION, RunEvent, type Reply } from '../mesh/protocol.ts';
-import { subjects } from '../mesh/subjects.ts';
-import { BACKENDS, initBackend, type BackendChoice } from '../engine/backend.ts';
-import { Device } from '../engine/device.ts';
+import { connectBus, request, subscribe, type Msg } from '../mesh/wire/index.ts';
+import { encode } from '../mesh/wire/index.ts';
+import { Call, JoinReply, PROTOCOL_VERSION, RunEvent, type Reply } from '../mesh/wire/index.ts';
+import { subjects } from '../mesh/wire/index.ts';
+import { BACKENDS, initBackend, type BackendChoice } from '../engine/model/index.ts';
+import { Device } from '../engine/device/index.ts';
 import { DEFAULT_NATS, UsageError, args, logger, runMain } from './host.ts';
 import { ChaosClient } from './chaos-client.ts';
 import { workerMachine, type WorkerEvent } from './worker.machine.ts';

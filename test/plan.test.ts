@@ -7,8 +7,8 @@ import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
-import { parseScenario, planOnly, resolvePlan } from '../engine/scenario.ts';
-import { NAMED } from '../engine/plan/planner.ts';
+import { parseScenario, planOnly, resolvePlan } from '../engine/runtime/scenario.ts';
+import { NAMED } from '../engine/runtime/plan/planner.ts';
 import { ROOT, spawnTs, tempDir } from './helpers.ts';
 
 const CLI = 'engine/cli/plan.ts';

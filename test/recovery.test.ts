@@ -5,12 +5,12 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { JetStreamStore } from '../actors/jetstream-store.ts';
+import { JetStreamStore } from '../engine/runtime/jetstream-store.ts';
 import { launch, type LaunchResult } from '../engine/cli/launch.ts';
-import { loadScenario, type Scenario } from '../engine/scenario.ts';
-import { connectBus } from '../mesh/bus.ts';
-import { startNatsCluster, startNatsServer, type PrivateNatsServer } from '../mesh/nats-server.ts';
-import type { Metrics } from '../mesh/protocol.ts';
+import { loadScenario, type Scenario } from '../engine/runtime/scenario.ts';
+import { connectBus } from '../mesh/wire/bus.ts';
+import { startNatsCluster, startNatsServer, type PrivateNatsServer } from '../mesh/wire/nats-server.ts';
+import type { Metrics } from '../mesh/wire/protocol.ts';
 import { smallScenario, tempDir } from './helpers.ts';
 
 const quiet = { phase() {}, iteration() {}, stop() {} };

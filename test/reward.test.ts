@@ -6,11 +6,11 @@ import { spawn } from 'node:child_process';
 import { pack, unpack } from 'msgpackr';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { serveReward, type RewardActor } from '../actors/reward-actor.ts';
-import { RewardCallError, RewardClient, type RewardClientOptions } from '../actors/reward-client.ts';
-import { connectBus, type NatsConnection } from '../mesh/bus.ts';
-import { encode } from '../mesh/codec.ts';
-import { startNatsServer, type PrivateNatsServer } from '../mesh/nats-server.ts';
-import { REWARD_PROTOCOL_VERSION, rewardSubjects, type RewardItem } from '../mesh/reward-protocol.ts';
+import { RewardCallError, RewardClient, type RewardClientOptions } from '../engine/runtime/reward-client.ts';
+import { connectBus, type NatsConnection } from '../mesh/wire/bus.ts';
+import { encode } from '../mesh/wire/codec.ts';
+import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/nats-server.ts';
+import { REWARD_PROTOCOL_VERSION, rewardSubjects, type RewardItem } from '../mesh/wire/reward-protocol.ts';
 import { ROOT } from './helpers.ts';
 
 function item(id: string, response: number[]): RewardItem {

@@ -3,14 +3,14 @@
 // must equal the unsharded model's; log-probabilities and the parameters after a training call
 // must match it (same tolerance as engine/sharded.test.ts, which explains it).
 import { describe, expect, it } from 'vitest';
-import { rankCoords, shardSlices, type Layout } from '../mesh/layout.ts';
-import type { Optim } from '../mesh/protocol.ts';
-import { cut } from '../mesh/slices.ts';
-import { initBackend } from '../engine/backend.ts';
+import { rankCoords, shardSlices, type Layout } from '../mesh/parallel/layout.ts';
+import type { Optim } from '../mesh/wire/protocol.ts';
+import { cut } from '../mesh/parallel/slices.ts';
+import { initBackend } from '../engine/model/backend.ts';
 import { withWorkers } from '../engine/cli/workers.ts';
-import { modelInfo, type GptSpec } from '../engine/params.ts';
-import { callMesh } from '../engine/rlhf.ts';
-import { GptShard } from '../engine/shard.ts';
+import { modelInfo, type GptSpec } from '../engine/model/params.ts';
+import { callMesh } from '../engine/runtime/run.ts';
+import { GptShard } from '../engine/model/shard.ts';
 
 const spec: GptSpec = { kind: 'policy', vocab: 11, context: 9, layers: 4, width: 16, heads: 4 };
 const optim: Optim = { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-3, clipNorm: 1 };

@@ -2,11 +2,11 @@
 // cut into chunks: they arrive bit-exact, and a chunk with a wrong digest or bad bytes is rejected
 // before anything is handed over.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { connectBus, type NatsConnection } from '../mesh/bus.ts';
-import { encode } from '../mesh/codec.ts';
-import { startNatsServer, type PrivateNatsServer } from '../mesh/nats-server.ts';
-import { subjects } from '../mesh/subjects.ts';
-import { chunkElements, chunksOf, manifestOf, receiveTensors, sendTensors, type Expected, type NamedTensor } from '../mesh/transfer.ts';
+import { connectBus, type NatsConnection } from '../mesh/wire/bus.ts';
+import { encode } from '../mesh/wire/codec.ts';
+import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/nats-server.ts';
+import { subjects } from '../mesh/wire/subjects.ts';
+import { chunkElements, chunksOf, manifestOf, receiveTensors, sendTensors, type Expected, type NamedTensor } from '../mesh/wire/transfer.ts';
 
 const MAX = 64 * 1024;
 let server: PrivateNatsServer;

@@ -2,11 +2,11 @@
 // what it can, refuses what its state does not allow with a typed error, rejects bad bytes with
 // the subject named, and keeps serving throughout.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { connectBus, request, subscribe, type NatsConnection } from '../mesh/bus.ts';
-import { encode } from '../mesh/codec.ts';
-import { startNatsServer, type PrivateNatsServer } from '../mesh/nats-server.ts';
-import { Heartbeat, Hello, PROTOCOL_VERSION, Reply, RunEvent, type CallBody } from '../mesh/protocol.ts';
-import { subjects } from '../mesh/subjects.ts';
+import { connectBus, request, subscribe, type NatsConnection } from '../mesh/wire/bus.ts';
+import { encode } from '../mesh/wire/codec.ts';
+import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/nats-server.ts';
+import { Heartbeat, Hello, PROTOCOL_VERSION, Reply, RunEvent, type CallBody } from '../mesh/wire/protocol.ts';
+import { subjects } from '../mesh/wire/subjects.ts';
 import { spawnTs, type Spawned } from './helpers.ts';
 
 const RUN = 'workertest';
@@ -24,7 +24,7 @@ function call(body: CallBody, model = 'actor', id = `c${seq++}`) {
 
 async function raw(bytes: Uint8Array) {
   const msg = await nc.request(subj.call(0), bytes, { timeout: 20_000 });
-  return Reply.parse((await import('../mesh/codec.ts')).decode('reply', msg.data, Reply));
+  return Reply.parse((await import('../mesh/wire/codec.ts')).decode('reply', msg.data, Reply));
 }
 
 beforeAll(async () => {

@@ -2,7 +2,7 @@
 // summed in index order so every process gets the same bits. The estimators are a registry
 // (ESTIMATORS): an algorithm's advantage step names one, and a variant is one more function. The
 // losses, which are differentiated, are TensorFlow.js (engine/losses.ts).
-import type { KlEstimator } from '../losses.ts';
+import type { KlEstimator } from '../model/index.ts';
 
 /**
  * Per-token rewards: −β·(log π − log π_ref) at every token, plus the sequence's score on its last

@@ -1,7 +1,7 @@
 // The graph the critic-free family shares (GRPO, RLOO, REINFORCE++): G samples of each prompt,
 // reference log-probs and rewards for them, one advantage step, one policy update. Each algorithm
 // picks the estimator, how many samples, and what its policy loss adds.
-import type { LossParams } from '../losses.ts';
+import type { LossParams } from '../model/index.ts';
 import type { RlConfig } from './algorithm.ts';
 import { estimator, type AdvantageOptions } from './advantages.ts';
 import type { CallDecl, Graph } from './graph.ts';

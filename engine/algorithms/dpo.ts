@@ -54,7 +54,7 @@ export const dpo = defineAlgorithm({
         name: 'actor.train',
         model: 'actor',
         fn: 'train',
-        loss: { name: 'dpo', params: { beta: o.beta } },
+        loss: { name: 'pair_sigmoid', params: { beta: o.beta } },
         reads: { tokens: 'pairs', ref: 'ref_logprobs' },
         // The accuracy is measured before the update.
         waits: ['logprobs'],

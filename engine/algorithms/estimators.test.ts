@@ -4,7 +4,7 @@ import { describe, expect, it } from 'vitest';
 import { discountedReturns, estimator, groupNormalised, klOf, leaveOneOut, perToken, sequenceKl } from './advantages.ts';
 import { preferenceStats } from './dpo.ts';
 import { readPairsFile, taskPairs } from './pairs.ts';
-import { makeTask } from '../task.ts';
+import { makeTask } from '../device/task.ts';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';

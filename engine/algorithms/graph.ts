@@ -2,7 +2,7 @@
 // generate, inference, train), and the host-side steps between them (pure functions: reward
 // combination, advantages). Calls and steps read and write named fields of one batch record per
 // iteration; a node runs when every field it reads exists. The runtime runs any such graph.
-import type { LossSpec } from '../../mesh/protocol.ts';
+import type { LossSpec } from '../../mesh/wire/index.ts';
 
 export type Head = 'policy' | 'value' | 'reward';
 

@@ -2,7 +2,7 @@
 // prompt's group, no critic. The KL to the reference is a loss term (k3) or a reward penalty; the
 // loss is aggregated per token, or per sequence first (DAPO and Dr. GRPO discuss the choice).
 import { z } from 'zod';
-import { AGGREGATIONS, KL_ESTIMATORS } from '../losses.ts';
+import { AGGREGATIONS, KL_ESTIMATORS } from '../model/index.ts';
 import { defineAlgorithm } from './algorithm.ts';
 import { criticFree } from './critic-free.ts';
 

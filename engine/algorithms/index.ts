@@ -5,4 +5,4 @@ export * from './algorithm.ts';
 export * from './advantages.ts';
 export * from './registry.ts';
 export { preferenceStats } from './dpo.ts';
-export { taskPairs, readPairsFile, PairsError } from './pairs.ts';
+export { taskPairs, readPairsFile, PairsError, type PairsFile } from './pairs.ts';

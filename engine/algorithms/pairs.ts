@@ -2,8 +2,8 @@
 // graded quality per prompt, the better one chosen), or read from a JSONL file. Either way an
 // iteration's pairs are a pure function of (seed, iteration), so a replay gets the same bits.
 import { readFileSync } from 'node:fs';
-import { Rng, Stream, seedOf } from '../rng.ts';
-import type { Task } from '../task.ts';
+import { Rng, Stream, seedOf } from '../model/index.ts';
+import type { Task } from '../device/index.ts';
 
 export class PairsError extends Error {
   override name = 'PairsError';

@@ -3,13 +3,13 @@
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import type { Metrics } from '../../mesh/protocol.ts';
-import { runId } from '../../mesh/subjects.ts';
-import type { DeviceProfile } from '../plan/catalog.ts';
-import { Evaluator, NAMED, namedPlan, search, type Candidate } from '../plan/planner.ts';
-import { candidateOf, problemOf } from '../plan/problem.ts';
-import { median } from '../record.ts';
-import { parseScenario, type Scenario } from '../scenario.ts';
+import type { Metrics } from '../../mesh/wire/index.ts';
+import { runId } from '../../mesh/wire/index.ts';
+import type { DeviceProfile } from '../runtime/index.ts';
+import { Evaluator, NAMED, namedPlan, search, type Candidate } from '../runtime/index.ts';
+import { candidateOf, problemOf } from '../runtime/index.ts';
+import { median } from '../runtime/index.ts';
+import { parseScenario, type Scenario } from '../runtime/index.ts';
 import { launch } from './launch.ts';
 
 const BASE = `name: estimator

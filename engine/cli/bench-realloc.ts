@@ -2,11 +2,11 @@
 // across worker processes over a private nats-server. In the same run, the same bytes go between
 // the same processes as raw NATS publishes (no slicing, digests or assembly), so the ratio of the
 // two says what ferry's transfer protocol costs over the bus itself.
-import { shardSlices, sliceElements, type Layout } from '../../mesh/layout.ts';
-import { planRealloc } from '../../mesh/realloc.ts';
-import { runExchange } from '../dispatch.ts';
-import { modelInfo, parameterCount, type GptSpec } from '../params.ts';
-import { median } from '../record.ts';
+import { shardSlices, sliceElements, type Layout } from '../../mesh/parallel/index.ts';
+import { planRealloc } from '../../mesh/parallel/index.ts';
+import { runExchange } from '../runtime/index.ts';
+import { modelInfo, parameterCount, type GptSpec } from '../model/index.ts';
+import { median } from '../runtime/index.ts';
 import { withWorkers } from './workers.ts';
 
 export interface ReallocBenchOptions {

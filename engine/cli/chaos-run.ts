@@ -2,9 +2,9 @@
 // npm run chaos and by the chaos soak benchmark).
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
-import { runId } from '../../mesh/subjects.ts';
-import { median } from '../record.ts';
-import type { Scenario } from '../scenario.ts';
+import { runId } from '../../mesh/wire/index.ts';
+import { median } from '../runtime/index.ts';
+import type { Scenario } from '../runtime/index.ts';
 import { launch, type LaunchResult } from './launch.ts';
 
 export interface ChaosReport {

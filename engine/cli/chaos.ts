@@ -5,8 +5,8 @@
 // The kills come from the scenario's `chaos:` section, or from --kills N (random, seeded by --seed).
 import { join } from 'node:path';
 import { UsageError, args, runMain } from '../../actors/host.ts';
-import { runId } from '../../mesh/subjects.ts';
-import { loadScenarioFile, planOnly } from '../scenario.ts';
+import { runId } from '../../mesh/wire/index.ts';
+import { loadScenarioFile, planOnly } from '../runtime/index.ts';
 import { runChaos } from './chaos-run.ts';
 
 const USAGE = `usage: npm run chaos -- FILE [--kills N] [--seed S] [--hang F] [--json] [--out DIR]

@@ -4,10 +4,10 @@
 import { writeFileSync } from 'node:fs';
 import { stringify } from 'yaml';
 import { UsageError, args, runMain } from '../../actors/host.ts';
-import { loadScenarioFile } from '../scenario.ts';
-import { NAMED, Evaluator, namedPlan, search, type Candidate, type Evaluation, type NamedStrategy } from '../plan/planner.ts';
-import { problemOf } from '../plan/problem.ts';
-import { planRows, renderPlan } from '../report.ts';
+import { loadScenarioFile } from '../runtime/index.ts';
+import { NAMED, Evaluator, namedPlan, search, type Candidate, type Evaluation, type NamedStrategy } from '../runtime/index.ts';
+import { problemOf } from '../runtime/index.ts';
+import { planRows, renderPlan } from '../runtime/index.ts';
 
 const USAGE = `usage: npm run plan -- FILE [--strategy search|${NAMED.join('|')}] [--budget SECONDS] [--json] [--write PLAN.yaml] [--html OUT.html]`;
 

@@ -7,13 +7,13 @@
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
 import { dirname } from 'node:path';
-import type { Layout } from '../../mesh/layout.ts';
+import type { Layout } from '../../mesh/parallel/index.ts';
 import { UsageError, args, runMain } from '../../actors/host.ts';
-import { runExchange } from '../dispatch.ts';
-import { median } from '../record.ts';
-import { localShape, type DeviceProfile } from '../plan/catalog.ts';
-import { callCost, type CallKind, type Workload } from '../plan/cost.ts';
-import { LOCAL_PROFILE } from '../plan/problem.ts';
+import { runExchange } from '../runtime/index.ts';
+import { median } from '../runtime/index.ts';
+import { localShape, type DeviceProfile } from '../runtime/index.ts';
+import { callCost, type CallKind, type Workload } from '../runtime/index.ts';
+import { LOCAL_PROFILE } from '../runtime/index.ts';
 import { withWorkers } from './workers.ts';
 
 const USAGE = 'usage: npm run profile [-- --out FILE] [--json]';
@@ -76,7 +76,7 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
     const rows: Array<[number, number, number]> = [];
     const trainRows: Array<[number, number, number]> = [];
     const samples: Array<{ shape: string; kind: CallKind; batch: number; seconds: number }> = [];
-    let tripOverhead: number[] = [];
+    const tripOverhead: number[] = [];
     for (const [layers, width] of [[1, 32], [2, 64], [4, 64], [2, 128]] as const) {
       const shape = localShape('p', 11, layers, width, 4);
       const spec = { kind: 'policy' as const, vocab: 11, context: 9, layers, width, heads: 4 };

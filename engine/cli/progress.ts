@@ -1,6 +1,6 @@
 // Progress on a terminal (a bar) or in a log (one plain line per iteration).
 import { SingleBar, Presets } from 'cli-progress';
-import type { Metrics } from '../../mesh/protocol.ts';
+import type { Metrics } from '../../mesh/wire/index.ts';
 
 export interface Progress {
   phase(phase: string, detail: string): void;

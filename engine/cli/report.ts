@@ -1,7 +1,7 @@
 // npm run report -- RUN_DIR
 // Writes RUN_DIR/report.html again from what the run directory holds (every run writes it at its end).
 import { UsageError, args, runMain } from '../../actors/host.ts';
-import { writeRunReport } from '../run-report.ts';
+import { writeRunReport } from '../runtime/index.ts';
 
 const USAGE = 'usage: npm run report -- RUN_DIR';
 

@@ -2,9 +2,9 @@
 // Runs a scenario: a private NATS server (unless NATS_URL or --nats names one), the supervisor
 // and one worker process per device. Exit code 0 only when the run succeeded.
 import { join } from 'node:path';
-import { runId } from '../../mesh/subjects.ts';
-import { BACKENDS } from '../backend.ts';
-import { loadScenarioFile, planOnly } from '../scenario.ts';
+import { runId } from '../../mesh/wire/index.ts';
+import { BACKENDS } from '../model/index.ts';
+import { loadScenarioFile, planOnly } from '../runtime/index.ts';
 import { UsageError, args, runMain } from '../../actors/host.ts';
 import { launch } from './launch.ts';
 

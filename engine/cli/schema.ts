@@ -4,7 +4,7 @@
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { runMain } from '../../actors/host.ts';
-import { scenarioJsonSchema } from '../scenario.ts';
+import { scenarioJsonSchema } from '../runtime/index.ts';
 
 export const SCHEMA_FILE = join('scenarios', 'scenario.schema.json');
 

@@ -3,11 +3,11 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { connectBus, type NatsConnection } from '../../mesh/bus.ts';
-import { startNatsServer } from '../../mesh/nats-server.ts';
-import { runId, subjects, type Subjects } from '../../mesh/subjects.ts';
-import { BusDispatcher } from '../../actors/bus-dispatcher.ts';
-import { Membership } from '../../actors/membership.ts';
+import { connectBus, type NatsConnection } from '../../mesh/wire/index.ts';
+import { startNatsServer } from '../../mesh/wire/index.ts';
+import { runId, subjects, type Subjects } from '../../mesh/wire/index.ts';
+import { BusDispatcher } from '../runtime/index.ts';
+import { Membership } from '../runtime/index.ts';
 import { exited, startProcess } from './launch.ts';
 
 export interface Workers {

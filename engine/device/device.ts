@@ -1,0 +1,621 @@
+// A device: what one worker process hosts. It holds the shards of the models that the plan puts
+// on it and answers calls about them. The worker process's machine (worker.machine.ts) decides when
+// a call may run; this module decides whether the device's contents allow it and runs it.
+import type { Bus } from '../../mesh/wire/index.ts';
+import { encode } from '../../mesh/wire/index.ts';
+import { checkStrategy, shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../../mesh/parallel/index.ts';
+import { Go, PROTOCOL_VERSION, type LedgerEntry, type Call, type CallBody, type CallFn, type CallOf, type ErrorCode, type Layout, type ModelSpec, type ResultOf } from '../../mesh/wire/index.ts';
+import { cut, paste } from '../../mesh/parallel/index.ts';
+import type { Subjects } from '../../mesh/wire/index.ts';
+import { subscribe } from '../../mesh/wire/index.ts';
+import { manifestOf, modelDigest, receiveTensors, sendTensors, type NamedTensor } from '../../mesh/wire/index.ts';
+import { randomUUID } from 'node:crypto';
+import { serveReward, type RewardActor } from '../../mesh/wire/index.ts';
+import { modelInfo } from '../model/index.ts';
+import { tokensDigest } from './ledger.ts';
+import { Comm } from '../../mesh/parallel/index.ts';
+import { GptShard } from '../model/index.ts';
+import { lossOf, type LossFn } from '../model/index.ts';
+import { ShardedGpt } from '../model/index.ts';
+import { makeTask, TASKS, type Task, type TaskName } from './task.ts';
+
+export class CallRejected extends Error {
+  override name = 'CallRejected';
+  constructor(
+    readonly code: ErrorCode,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/** A rule reward: a model with no parameters whose inference scores whole sequences. */
+class RuleShard {
+  readonly task: Task;
+  constructor(spec: Extract<ModelSpec, { kind: 'rule' }>) {
+    if (!(TASKS as readonly string[]).includes(spec.rule)) {
+      throw new CallRejected('unsupported', `unknown reward rule '${spec.rule}'; expected one of ${TASKS.join(', ')}`);
+    }
+    this.task = makeTask(spec.rule as TaskName, spec.digits, spec.base);
+  }
+  scores(tokens: Int32Array, batch: number, promptLen: number): Float32Array {
+    const width = tokens.length / batch;
+    const out = new Float32Array(batch);
+    for (let b = 0; b < batch; b++) {
+      const row = tokens.subarray(b * width, (b + 1) * width);
+      out[b] = this.task.score(row.subarray(0, promptLen), row.subarray(promptLen));
+    }
+    return out;
+  }
+}
+
+/** What is wrong with a train call's loss and its per-token arrays; undefined when nothing is. */
+function dataProblem(body: CallOf<'train'>): string | undefined {
+  let fn: LossFn;
+  try {
+    fn = lossOf(body.loss.name);
+  } catch (e) {
+    return (e as Error).message;
+  }
+  if (body.batch % fn.rowsPerItem !== 0) return `the loss '${body.loss.name}' takes rows in groups of ${fn.rowsPerItem}; the batch has ${body.batch}`;
+  for (const port of fn.ports(body.loss.params)) {
+    const a = body.data[port];
+    if (!a) return `the loss '${body.loss.name}' reads '${port}'; the call's data has ${Object.keys(body.data).join(', ') || 'nothing'}`;
+    if (a.length !== body.batch * body.responseLen) return `data.${port} has ${a.length} values, expected ${body.batch * body.responseLen}`;
+  }
+  return undefined;
+}
+
+/** What is wrong with a call's arrays, given the model's shape; undefined when nothing is. */
+function shapeProblem(body: CallBody, spec: { vocab: number; context: number } | undefined): string | undefined {
+  const expect = (what: string, got: number, want: number) => (got === want ? undefined : `${what} has ${got} values, expected ${want}`);
+  const tokensIn = (what: string, t: Int32Array) => {
+    if (!spec) return undefined;
+    for (let i = 0; i < t.length; i++) {
+      if (t[i]! < 0 || t[i]! >= spec.vocab) return `${what}[${i}] = ${t[i]} is not a token of a vocabulary of ${spec.vocab}`;
+    }
+    return undefined;
+  };
+  const fits = (len: number) => (spec && len > spec.context ? `sequences of ${len} tokens exceed the model's context of ${spec.context}` : undefined);
+  switch (body.fn) {
+    case 'generate':
+      return (
+        expect('prompts', body.prompts.length, body.batch * body.promptLen) ??
+        expect('seeds', body.seeds.length, body.batch) ??
+        fits(body.promptLen + body.responseLen) ??
+        tokensIn('prompts', body.prompts)
+      );
+    case 'inference':
+    case 'sft':
+    case 'train': {
+      const width = body.promptLen + body.responseLen;
+      return (
+        expect('tokens', body.tokens.length, body.batch * width) ??
+        (body.fn === 'train' ? dataProblem(body) : undefined) ??
+        fits(width) ??
+        tokensIn('tokens', body.tokens)
+      );
+    }
+    default:
+      return undefined;
+  }
+}
+
+type ModelShard = GptShard | ShardedGpt;
+
+interface Hosted {
+  /** The model this shard belongs to. */
+  role: string;
+  layout: Layout;
+  rank: number;
+  shard: ModelShard | RuleShard;
+  /** The training calls this shard's parameters have taken in, oldest first (see LedgerEntry). */
+  ledger: LedgerEntry[];
+  /** A learned reward model served on the bus (load's `serve`). */
+  serving?: RewardActor;
+}
+
+type Body = Record<string, unknown>;
+
+export interface DeviceOptions {
+  /** How long a reallocation may wait for its go and its chunks. */
+  transferTimeoutMs?: number;
+}
+
+export class Device {
+  private readonly hosted = new Map<string, Hosted>();
+  /** Listens for peers' activations and partial sums from the start, so none is missed. */
+  private readonly comm: Comm;
+
+  constructor(
+    readonly index: number,
+    private readonly bus: Bus,
+    private readonly subj: Subjects,
+    private readonly options: DeviceOptions = {},
+  ) {
+    this.comm = new Comm(bus, subj, index, options.transferTimeoutMs);
+  }
+
+  /** Highest RSS sampled since the last `stats` call: the memory a call needed at most. */
+  private rssPeak = process.memoryUsage.rss();
+  private readonly sampler = setInterval(() => {
+    this.rssPeak = Math.max(this.rssPeak, process.memoryUsage.rss());
+  }, 10).unref();
+
+  close(): void {
+    for (const h of this.hosted.values()) void this.drop(h);
+    this.comm.close();
+    clearInterval(this.sampler);
+  }
+
+  /**
+   * Drops every shard and ends every collective in flight, so that a call still running on this
+   * device (abandoned by a reset) fails at its next step instead of changing anything that stays.
+   * Returns the models it held.
+   */
+  reset(why: string): string[] {
+    const dropped = this.models();
+    for (const h of this.hosted.values()) void this.drop(h);
+    this.hosted.clear();
+    this.comm.endAll(why);
+    return dropped;
+  }
+
+  /** Frees a shard, and stops serving it as a reward actor if it was. */
+  private async drop(h: Hosted): Promise<void> {
+    if (!(h.shard instanceof RuleShard)) h.shard.dispose();
+    const serving = h.serving;
+    h.serving = undefined;
+    await serving?.stop();
+  }
+
+  models(): string[] {
+    return [...this.hosted.keys()];
+  }
+
+  /**
+   * Whether this device can take `call` now, decided before anything runs, so that a call it
+   * cannot do is refused whole. Returns the refusal, or undefined.
+   */
+  check(call: Call): CallRejected | undefined {
+    const { body, model } = call;
+    if (body.fn === 'load' || body.fn === 'shutdown' || body.fn === 'stats' || body.fn === 'probe' || body.fn === 'reset') return undefined;
+    if (body.fn === 'realloc') return this.checkRealloc(model, body);
+    const h = this.hosted.get(model);
+    if (!h) return this.notLoaded(model, body.fn);
+    const kind = this.kindOf(h);
+    const allowed: Record<string, readonly CallFn[]> = {
+      policy: ['sft', 'generate', 'inference', 'train', 'manifest', 'weights', 'checkpoint', 'restore', 'release'],
+      value: ['inference', 'train', 'preference', 'manifest', 'weights', 'checkpoint', 'restore', 'release'],
+      rule: ['inference', 'manifest', 'release'],
+    };
+    if (!allowed[kind]!.includes(body.fn)) {
+      return new CallRejected('unsupported', `'${body.fn}' is not a call of a ${kind} model ('${model}' on device ${this.index})`);
+    }
+    if (body.fn === 'preference' && h.shard instanceof ShardedGpt) {
+      return new CallRejected('unsupported', `'preference' trains a reward model on a one-device layout; '${model}' on device ${this.index} is one rank of ${h.layout.devices.length}`);
+    }
+    if ((body.fn === 'train' || body.fn === 'sft' || body.fn === 'preference') && !(h.shard as ModelShard).trainable) {
+      return new CallRejected('invalid_state', `'${model}' on device ${this.index} is not on its training layout (no optimizer); '${body.fn}' is refused`);
+    }
+    if (body.fn === 'restore' && body.optimizer && !(h.shard as ModelShard).trainable) {
+      return new CallRejected('invalid_state', `'${model}' on device ${this.index} holds no optimizer (not its training layout); the checkpoint has optimizer state`);
+    }
+    const bad = shapeProblem(body, h.shard instanceof RuleShard ? undefined : h.shard.spec);
+    return bad ? new CallRejected('malformed', `'${body.fn}' of '${model}': ${bad}`) : undefined;
+  }
+
+  private notLoaded(model: string, fn: string): CallRejected {
+    const held = this.models();
+    return new CallRejected('not_loaded', `device ${this.index} holds no shard of '${model}' (it holds ${held.length ? held.join(', ') : 'none'}); '${fn}' needs one`);
+  }
+
+  private kindOf(h: Hosted): 'policy' | 'value' | 'rule' {
+    return h.shard instanceof RuleShard ? 'rule' : h.shard.spec.kind;
+  }
+
+  private checkRealloc(model: string, body: CallOf<'realloc'>): CallRejected | undefined {
+    const gives = body.sends.length > 0 || body.locals.length > 0;
+    const takes = body.recvs.length > 0 || body.locals.length > 0;
+    for (const [name, needed] of [[body.source, gives], [model, takes]] as const) {
+      if (!needed) continue;
+      const h = this.hosted.get(name);
+      if (!h) return this.notLoaded(name, 'realloc');
+      if (h.shard instanceof RuleShard) return new CallRejected('unsupported', `'${name}' is a rule reward: it has no parameters to move`);
+    }
+    return undefined;
+  }
+
+  async run(call: Call): Promise<Body> {
+    const group = call.group ?? call.id;
+    try {
+      const refused = this.check(call);
+      if (refused) throw refused;
+      const out = await this.dispatch(call, group);
+      if (call.body.fn === 'train') {
+        this.hosted.get(call.model)?.ledger.push({ iteration: call.iteration, rows: call.body.batch, sha256: tokensDigest(call.body.tokens) });
+      }
+      return out;
+    } catch (e) {
+      // The other ranks of a multi-device call would wait for this one: tell them.
+      const h = this.hosted.get(call.model);
+      if (call.group && h && h.layout.devices.length > 1) this.comm.abort(group, h.layout.devices);
+      throw e;
+    } finally {
+      this.comm.forget(group);
+    }
+  }
+
+  private async dispatch(call: Call, group: string): Promise<Body> {
+    const body = call.body;
+    switch (body.fn) {
+      case 'load':
+        return this.load(call.model, body);
+      case 'shutdown':
+        return {};
+      case 'reset':
+        return { dropped: this.reset(`device ${this.index} was reset (recovery ${body.epoch})`) };
+      case 'realloc':
+        return this.realloc(call.model, body);
+      case 'probe':
+        return this.probe(body);
+      case 'stats': {
+        const mb = (bytes: number) => bytes / (1 << 20);
+        const rss = process.memoryUsage.rss();
+        const windowPeak = Math.max(this.rssPeak, rss);
+        this.rssPeak = rss;
+        return { rss_mb: mb(rss), window_peak_rss_mb: mb(windowPeak), peak_rss_mb: process.resourceUsage().maxRSS / 1024, heap_mb: mb(process.memoryUsage().heapUsed) };
+      }
+      case 'release': {
+        await this.drop(this.hosted.get(call.model)!);
+        this.hosted.delete(call.model);
+        return {};
+      }
+      default:
+        return this.runOnShard(this.hosted.get(call.model)!, body, group);
+    }
+  }
+
+  private async load(model: string, body: CallOf<'load'>): Promise<ResultOf<'load'>> {
+    const { layout, rank, spec } = body;
+    const size = layout.dp * layout.tp * layout.pp;
+    if (size !== layout.devices.length) {
+      throw new CallRejected('invalid_state', `layout dp×tp×pp = ${size} does not match its ${layout.devices.length} device(s)`);
+    }
+    if (layout.devices[rank] !== this.index) {
+      throw new CallRejected('invalid_state', `rank ${rank} of layout [${layout.devices}] is device ${layout.devices[rank]}, not this device ${this.index}`);
+    }
+    if (spec.kind === 'rule' && size !== 1) throw new CallRejected('unsupported', `a rule reward runs on one device; got a layout of ${size}`);
+    if (body.serve !== undefined && (spec.kind !== 'value' || size !== 1)) {
+      throw new CallRejected('unsupported', `only a value model on one device can serve as a reward actor; '${model}' is a ${spec.kind} model on ${size} device(s)`);
+    }
+    if (spec.kind !== 'rule' && size > 1) {
+      const problems = checkStrategy(modelInfo(spec), layout);
+      if (spec.heads % layout.tp !== 0) problems.unshift(`tp=${layout.tp} does not divide the ${spec.heads} attention heads`);
+      if (problems.length) throw new CallRejected('unsupported', `layout dp=${layout.dp} tp=${layout.tp} pp=${layout.pp} does not fit the model: ${problems.join('; ')}`);
+    }
+    const previous = this.hosted.get(model);
+    const shard =
+      spec.kind === 'rule'
+        ? new RuleShard(spec)
+        : size === 1
+          ? new GptShard(spec, body.seed, body.optim)
+          : new ShardedGpt(spec, layout, rank, body.seed, body.optim, this.comm);
+    if (previous) await this.drop(previous);
+    const hosted: Hosted = { role: body.role, layout, rank, shard, ledger: [] };
+    this.hosted.set(model, hosted);
+    if (body.serve !== undefined) {
+      // A learned reward model answers the reward protocol like any reward actor on the bus.
+      const rm = shard as GptShard;
+      hosted.serving = await serveReward({
+        nats: this.bus,
+        name: body.serve,
+        instance: `d${this.index}-${randomUUID().slice(0, 6)}`,
+        score: (items) => {
+          const width = items[0] ? items[0].prompt.length + items[0].response.length : 0;
+          const tokens = new Int32Array(items.length * width);
+          items.forEach((it, b) => {
+            if (it.prompt.length + it.response.length !== width) throw new Error(`item ${it.id} has ${it.prompt.length + it.response.length} tokens, the others ${width}`);
+            tokens.set([...it.prompt, ...it.response], b * width);
+          });
+          const bad = shapeProblem({ fn: 'inference', tokens, batch: items.length, promptLen: items[0]?.prompt.length ?? 1, responseLen: items[0]?.response.length ?? 1 }, rm.spec);
+          if (bad) throw new Error(bad);
+          return Array.from(rm.sequenceScores(tokens, items.length));
+        },
+      });
+    }
+    const tensors = shard instanceof RuleShard ? [] : shard.exportTensors();
+    return { parameters: tensors.reduce((n, t) => n + t.data.length, 0), digest: modelDigest(tensors) };
+  }
+
+  /** The slice of each parameter a hosted model holds, by name. */
+  private slicesOf(h: Hosted): Map<string, Slice> {
+    const shard = h.shard as ModelShard;
+    return new Map(shardSlices(modelInfo(shard.spec), h.layout, h.rank).map((s) => [s.name, s]));
+  }
+
+  /**
+   * One device's part of a reallocation: subscribe to what it receives and to the go signal, say
+   * ready, send its pieces on go, and place each piece as it arrives. The target's weights change
+   * only once every piece is in and verified. Pieces to send are cut one parameter at a time, so a
+   * device holds its old shard, its new shard and the chunks in flight, not copies of everything.
+   */
+  private async realloc(model: string, body: CallOf<'realloc'>): Promise<ResultOf<'realloc'>> {
+    const timeout = this.options.transferTimeoutMs ?? 300_000;
+    const sourceHost = body.sends.length || body.locals.length ? this.hosted.get(body.source)! : undefined;
+    const sourceSlices = sourceHost ? this.slicesOf(sourceHost) : new Map<string, Slice>();
+    const targetHost = body.recvs.length || body.locals.length ? this.hosted.get(model)! : undefined;
+    const targetSlices = targetHost ? this.slicesOf(targetHost) : new Map<string, Slice>();
+    // Refuse a request that does not fit before anything moves.
+    for (const p of [...body.sends.flatMap((x) => x.pieces), ...body.locals]) {
+      if (!sourceSlices.has(p.name)) throw new CallRejected('invalid_state', `'${body.source}' on device ${this.index} holds no '${p.name}' to ${body.locals.includes(p) ? 'copy' : 'send'}`);
+    }
+    for (const p of [...body.recvs.flatMap((x) => x.pieces), ...body.locals]) {
+      if (!targetSlices.has(p.name)) throw new CallRejected('invalid_state', `'${model}' on device ${this.index} holds no '${p.name}' to fill`);
+    }
+    // One parameter of the source at a time (pieces of one parameter come together).
+    let cached: { name: string; data: Float32Array } | undefined;
+    const sourceData = (name: string) => {
+      if (cached?.name !== name) cached = { name, data: (sourceHost!.shard as ModelShard).exportTensor(name) };
+      return cached.data;
+    };
+    const built = new Map<string, { slice: Slice; data: Float32Array; filled: number }>();
+    const put = (part: Slice, data: Float32Array) => {
+      let b = built.get(part.name);
+      if (!b) {
+        const slice = targetSlices.get(part.name)!;
+        // A piece that is the whole target slice is used as it is, without a copy.
+        if (sliceKey(part) === sliceKey(slice)) {
+          built.set(part.name, { slice, data, filled: data.length });
+          return;
+        }
+        built.set(part.name, (b = { slice, data: new Float32Array(sliceElements(slice)), filled: 0 }));
+      }
+      paste(b.data, b.slice, part, data);
+      b.filled += data.length;
+    };
+    const byKey = new Map(body.recvs.flatMap((r) => r.pieces.map((p) => [sliceKey(p), p] as const)));
+    const incoming = receiveTensors(
+      this.bus,
+      this.subj,
+      body.recvs.map((r) => ({ transfer: r.transfer, expected: r.pieces.map((p) => ({ name: sliceKey(p), shape: sliceShape(p) })) })),
+      timeout,
+      (t) => put(byKey.get(t.name)!, t.data),
+    );
+    const signal = this.awaitGo(body.realloc, timeout);
+    try {
+      await signal.ready();
+      await signal.go;
+      incoming.arm();
+      let sent = 0;
+      let chunks = 0;
+      for (const s of body.sends) {
+        const pieces = function* (): Generator<NamedTensor> {
+          for (const p of s.pieces) yield { name: sliceKey(p), shape: sliceShape(p), data: cut(sourceData(p.name), sourceSlices.get(p.name)!, p) };
+        };
+        const r = await sendTensors(this.bus, this.subj, s.transfer, pieces(), body.chunkBytes);
+        sent += r.bytes;
+        chunks += r.chunks;
+      }
+      let copied = 0;
+      for (const l of body.locals) {
+        const data = cut(sourceData(l.name), sourceSlices.get(l.name)!, l);
+        put(l, data);
+        copied += data.byteLength;
+      }
+      cached = undefined;
+      await Promise.race([incoming.done, signal.aborted]);
+      if (!targetHost) return { sent_bytes: sent, received_bytes: 0, copied_bytes: 0, chunks };
+      const tensors: NamedTensor[] = [];
+      for (const [name, b] of built) {
+        if (b.filled !== b.data.length) {
+          throw new CallRejected('invalid_state', `reallocation ${body.realloc}: '${name}' of '${model}' got ${b.filled} of ${b.data.length} elements`);
+        }
+        tensors.push({ name, shape: sliceShape(b.slice), data: b.data });
+      }
+      built.clear();
+      const shard = targetHost.shard as ModelShard;
+      shard.importTensors(tensors);
+      return { sent_bytes: sent, received_bytes: incoming.bytes(), copied_bytes: copied, chunks: chunks + incoming.chunks() };
+    } finally {
+      signal.close();
+      incoming.close();
+    }
+  }
+
+  /**
+   * Listens for an exchange's go (or abort) and says ready. Every device of the exchange listens,
+   * receivers too: an abort must reach them.
+   */
+  private awaitGo(id: string, transferTimeout: number) {
+    // Devices of an exchange may be ready long before the others have finished the calls queued
+    // ahead of it; the wait for go gets a longer limit than a transfer.
+    const timeout = transferTimeout * 4;
+    let stop = () => {};
+    let timer: NodeJS.Timeout | undefined;
+    let aborted!: (e: Error) => void;
+    const abort = new Promise<never>((_, reject) => (aborted = reject));
+    abort.catch(() => {});
+    const go = new Promise<void>((resolve, reject) => {
+      timer = setTimeout(() => reject(new CallRejected('timeout', `exchange ${id}: no go within ${timeout} ms`)), timeout);
+      stop = subscribe(this.bus, this.subj.go(id), Go, (m) => {
+        clearTimeout(timer);
+        if (m.abort) {
+          const e = new CallRejected('interrupted', `exchange ${id} was aborted: another device failed`);
+          reject(e);
+          aborted(e);
+        } else resolve();
+      }, () => {});
+    });
+    go.catch(() => {});
+    return {
+      go,
+      aborted: abort,
+      ready: async () => {
+        await this.bus.flush();
+        this.bus.publish(this.subj.ready(id), encode({ type: 'ready', v: PROTOCOL_VERSION, realloc: id, device: this.index }));
+      },
+      close: () => {
+        clearTimeout(timer);
+        stop();
+      },
+    };
+  }
+
+  /** Raw bytes on the same subjects a reallocation would use: the bus's own speed, for benchmarks. */
+  private async probe(body: CallOf<'probe'>): Promise<ResultOf<'probe'>> {
+    const timeout = this.options.transferTimeoutMs ?? 300_000;
+    let received = 0;
+    const want = body.recvs.reduce((n, r) => n + r.bytes, 0);
+    let arrived!: () => void;
+    const all = new Promise<void>((resolve) => (arrived = resolve));
+    if (want === 0) arrived();
+    const subs = body.recvs.map((r) =>
+      this.bus.subscribe(this.subj.chunks(r.transfer), {
+        callback: (_e, msg) => {
+          received += msg.data.length;
+          if (received >= want) arrived();
+        },
+      }),
+    );
+    const signal = this.awaitGo(body.realloc, timeout);
+    try {
+      await signal.ready();
+      await signal.go;
+      let sent = 0;
+      const chunk = new Uint8Array(Math.min(body.chunkBytes, this.bus.info?.max_payload ?? body.chunkBytes)).fill(7);
+      for (const s of body.sends) {
+        for (let left = s.bytes, n = 0; left > 0; n++) {
+          const size = Math.min(left, chunk.length);
+          this.bus.publish(this.subj.chunks(s.transfer), chunk.subarray(0, size));
+          left -= size;
+          sent += size;
+          if (n % 16 === 15) await this.bus.flush();
+        }
+        await this.bus.flush();
+      }
+      await Promise.race([all, signal.aborted]);
+      return { sent_bytes: sent, received_bytes: received };
+    } finally {
+      signal.close();
+      subs.forEach((s) => s.unsubscribe());
+    }
+  }
+
+  private async runOnShard(h: Hosted, body: CallBody, group: string): Promise<Body> {
+    const s = h.shard;
+    if (s instanceof RuleShard) {
+      if (body.fn === 'inference') return { scores: s.scores(body.tokens, body.batch, body.promptLen) };
+      return { manifest: [], digest: modelDigest([]) };
+    }
+    if (body.fn === 'checkpoint') return this.checkpoint(h, body);
+    if (body.fn === 'restore') return this.restore(h, body);
+    if (s instanceof ShardedGpt) return this.runSharded(h, s, body, group);
+    switch (body.fn) {
+      case 'sft':
+        return s.sft(body.tokens, body.batch, body.promptLen, body.steps, body.minibatch, body.lr, body.seed);
+      case 'preference':
+        return s.preference(body.chosen, body.rejected, body.batch, body.steps, body.minibatch, body.lr, body.seed);
+      case 'generate':
+        return s.generate(body.prompts, body.batch, body.promptLen, body.responseLen, body.seeds, body.temperature, body.greedy);
+      case 'inference':
+        return s.spec.kind === 'policy'
+          ? { logprobs: s.logprobs(body.tokens, body.batch, body.promptLen) }
+          : { values: s.values(body.tokens, body.batch, body.promptLen) };
+      case 'train': {
+        const st = await s.train(body.tokens, body.batch, body.promptLen, body.responseLen, body.loss, body.data, body.epochs, body.minibatches, body.seed);
+        return { loss: st.loss, clipfrac: st.clipfrac, grad_norm: st.gradNorm };
+      }
+      default:
+        return this.onWeights(h, body);
+    }
+  }
+
+  /** The same calls on one rank of a multi-device layout; every rank of the mesh runs them together. */
+  private async runSharded(h: Hosted, s: ShardedGpt, body: CallBody, group: string): Promise<Body> {
+    switch (body.fn) {
+      case 'sft':
+        return s.sft(group, body.tokens, body.batch, body.promptLen, body.steps, body.minibatch, body.lr, body.seed);
+      case 'generate':
+        return s.generate(group, body.prompts, body.batch, body.promptLen, body.responseLen, body.seeds, body.temperature, body.greedy);
+      case 'inference': {
+        const out = await s.infer(group, body.tokens, body.batch, body.promptLen);
+        return s.spec.kind === 'policy' ? { logprobs: out } : { values: out };
+      }
+      case 'train': {
+        const st = await s.train(group, body.tokens, body.batch, body.promptLen, body.responseLen, body.loss, body.data, body.epochs, body.minibatches, body.seed);
+        return { loss: st.loss, clipfrac: st.clipfrac, grad_norm: st.gradNorm };
+      }
+      default:
+        return this.onWeights(h, body);
+    }
+  }
+
+  /** Calls about a shard's weights and state, the same whatever its layout. */
+  private onWeights(h: Hosted, body: CallBody): Body {
+    const s = h.shard as ModelShard;
+    switch (body.fn) {
+      case 'manifest': {
+        const tensors = s.exportTensors();
+        return { manifest: manifestOf(tensors), digest: modelDigest(tensors), ledger: h.ledger };
+      }
+      case 'weights':
+        return { tensors: s.exportTensors() };
+      default:
+        throw new CallRejected('unsupported', `'${body.fn}' cannot run on a shard`);
+    }
+  }
+
+  /** Streams the shard's weights (and optimizer moments) on go; see the protocol's `checkpoint`. */
+  private async checkpoint(h: Hosted, body: CallOf<'checkpoint'>): Promise<ResultOf<'checkpoint'>> {
+    const s = h.shard as ModelShard;
+    const tensors = s.exportTensors();
+    const state = s.optimizerState();
+    const signal = this.awaitGo(body.realloc, this.options.transferTimeoutMs ?? 300_000);
+    try {
+      await signal.ready();
+      await signal.go;
+      const out: NamedTensor[] = tensors.map((t) => ({ ...t, name: `w:${t.name}` }));
+      if (state) {
+        // A parameter never stepped has zero moments, exactly what a fresh slot would hold.
+        const moments = new Map(state.moments.map((m) => [m.name, m]));
+        for (const t of tensors) {
+          const m = moments.get(t.name);
+          out.push({ name: `m:${t.name}`, shape: t.shape, data: m?.m ?? new Float32Array(t.data.length) });
+          out.push({ name: `v:${t.name}`, shape: t.shape, data: m?.v ?? new Float32Array(t.data.length) });
+        }
+      }
+      const sent = await sendTensors(this.bus, this.subj, body.transfer, out, body.chunkBytes);
+      return { step: state?.step ?? 0, optimizer: state !== undefined, bytes: sent.bytes, ledger: [...h.ledger] };
+    } finally {
+      signal.close();
+    }
+  }
+
+  /** Receives a streamed checkpoint and puts it back whole, or changes nothing. */
+  private async restore(h: Hosted, body: CallOf<'restore'>): Promise<ResultOf<'restore'>> {
+    const s = h.shard as ModelShard;
+    const slices = shardSlices(modelInfo(s.spec), h.layout, h.rank);
+    const expected = slices.flatMap((sl) => {
+      const shape = sliceShape(sl);
+      return [`w:${sl.name}`, ...(body.optimizer ? [`m:${sl.name}`, `v:${sl.name}`] : [])].map((name) => ({ name, shape }));
+    });
+    const got = new Map<string, NamedTensor>();
+    const incoming = receiveTensors(this.bus, this.subj, [{ transfer: body.transfer, expected }], this.options.transferTimeoutMs ?? 300_000, (t) => got.set(t.name, t));
+    const signal = this.awaitGo(body.realloc, this.options.transferTimeoutMs ?? 300_000);
+    try {
+      await signal.ready();
+      incoming.arm();
+      await Promise.race([incoming.done, signal.aborted]);
+      s.importTensors(slices.map((sl) => ({ ...got.get(`w:${sl.name}`)!, name: sl.name })));
+      if (body.optimizer) {
+        s.loadOptimizerState({ step: body.step, moments: slices.map((sl) => ({ name: sl.name, m: got.get(`m:${sl.name}`)!.data, v: got.get(`v:${sl.name}`)!.data })) });
+      }
+      h.ledger = [...body.ledger];
+      return {};
+    } finally {
+      signal.close();
+      incoming.close();
+    }
+  }
+}

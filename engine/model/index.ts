@@ -1,0 +1,10 @@
+// The model layer: the GPT (one device, and one rank of a mesh), its parameters, Adam, the loss
+// registry, seeded randomness and the TensorFlow.js backend. A loss is named, never an algorithm.
+export * from './adam.ts';
+export * from './backend.ts';
+export * from './gpt.ts';
+export * from './losses.ts';
+export * from './params.ts';
+export * from './rng.ts';
+export * from './shard.ts';
+export * from './sharded.ts';

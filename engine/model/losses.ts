@@ -1,0 +1,174 @@
+// The losses a train call can ask for, by name, in TensorFlow.js over [rows, responseLen] tensors.
+// A train call names one (`loss: { name, params }`) and sends the per-token arrays it reads; the
+// shard computes its head's prediction (log-probs or values) and hands it here. The registry knows
+// nothing of algorithms: an algorithm picks a loss and fills its ports.
+import * as tf from '@tensorflow/tfjs';
+
+export class LossError extends Error {
+  override name = 'LossError';
+}
+
+export type LossParams = Record<string, number | string | boolean>;
+
+export interface LossFn {
+  /** The head whose prediction the loss reads: log-probs of the response (policy) or values. */
+  head: 'policy' | 'value';
+  /** The per-token arrays ([rows, responseLen]) it reads besides the tokens. */
+  ports(params: LossParams): string[];
+  /**
+   * Rows per item: 2 for a loss over pairs, whose call's rows are every chosen row, then every
+   * rejected row (item i is rows i and items + i); mini-batches and replicas split items.
+   */
+  rowsPerItem: 1 | 2;
+  /** The mean loss of a mini-batch. `pred`: [rows, R] in the call's row order (chosen half first for pairs). */
+  loss(pred: tf.Tensor, data: Record<string, tf.Tensor>, params: LossParams): tf.Scalar;
+  /** How many of the mini-batch's tokens (or items) were clipped; 0 where nothing clips. */
+  clipped(pred: tf.Tensor, data: Record<string, tf.Tensor>, params: LossParams): number;
+}
+
+const num = (params: LossParams, key: string, fallback?: number): number => {
+  const v = params[key] ?? fallback;
+  if (typeof v !== 'number' || !Number.isFinite(v)) throw new LossError(`loss parameter '${key}': expected a finite number, got ${JSON.stringify(v)}`);
+  return v;
+};
+const str = <T extends string>(params: LossParams, key: string, allowed: readonly T[], fallback: T): T => {
+  const v = params[key] ?? fallback;
+  if (!allowed.includes(v as T)) throw new LossError(`loss parameter '${key}': expected one of ${allowed.join(', ')}, got ${JSON.stringify(v)}`);
+  return v as T;
+};
+
+/** Clipped surrogate: mean over tokens of −min(r·A, clip(r, 1−ε, 1+ε)·A), r = exp(logp − old). */
+export function policyLoss(logprobs: tf.Tensor, old: tf.Tensor, advantages: tf.Tensor, clip: number, clipHigh = clip): tf.Scalar {
+  return tf.tidy(() => tf.neg(tf.mean(surrogate(logprobs, old, advantages, clip, clipHigh))) as tf.Scalar);
+}
+
+function surrogate(logprobs: tf.Tensor, old: tf.Tensor, advantages: tf.Tensor, clip: number, clipHigh: number): tf.Tensor {
+  const ratio = tf.exp(tf.sub(logprobs, old));
+  const unclipped = tf.mul(ratio, advantages);
+  const clipped = tf.mul(tf.clipByValue(ratio, 1 - clip, 1 + clipHigh), advantages);
+  return tf.minimum(unclipped, clipped);
+}
+
+/** Clipped value loss: ½·mean(max((V − R)², (V_old + clip(V − V_old, ±ε) − R)²)). */
+export function valueLoss(values: tf.Tensor, old: tf.Tensor, returns: tf.Tensor, clip: number): tf.Scalar {
+  return tf.tidy(() => {
+    const clippedValues = tf.add(old, tf.clipByValue(tf.sub(values, old), -clip, clip));
+    const a = tf.square(tf.sub(values, returns));
+    const b = tf.square(tf.sub(clippedValues, returns));
+    return tf.mul(0.5, tf.mean(tf.maximum(a, b))) as tf.Scalar;
+  });
+}
+
+/** Bradley–Terry: mean of −log σ(r_chosen − r_rejected) = softplus(r_rejected − r_chosen). */
+export function preferenceLoss(chosen: tf.Tensor, rejected: tf.Tensor): tf.Scalar {
+  return tf.tidy(() => tf.mean(tf.softplus(tf.sub(rejected, chosen))) as tf.Scalar);
+}
+
+export const KL_ESTIMATORS = ['k1', 'k2', 'k3'] as const;
+export type KlEstimator = (typeof KL_ESTIMATORS)[number];
+
+/** Schulman's per-token estimators of KL(π‖π_ref) from d = log π − log π_ref. */
+export function klTensor(logprobs: tf.Tensor, ref: tf.Tensor, estimator: KlEstimator): tf.Tensor {
+  const d = tf.sub(logprobs, ref);
+  if (estimator === 'k1') return d;
+  if (estimator === 'k2') return tf.mul(0.5, tf.square(d));
+  return tf.add(tf.sub(tf.exp(tf.neg(d)), 1), d);
+}
+
+/**
+ * How a per-token loss becomes one number (the choice matters once responses are ragged):
+ * `token_mean` over every token of the mini-batch; `seq_mean_token_mean` per sequence, then over
+ * sequences (1/|o_i| per sequence); `seq_mean_token_sum_norm` each sequence's sum divided by the
+ * response budget (a constant), then over sequences. While every response has the same
+ * length the three agree; they part once responses are ragged and masked.
+ */
+export const AGGREGATIONS = ['token_mean', 'seq_mean_token_mean', 'seq_mean_token_sum_norm'] as const;
+export type Aggregation = (typeof AGGREGATIONS)[number];
+
+export function aggregate(perToken: tf.Tensor, how: Aggregation): tf.Scalar {
+  if (how === 'token_mean') return tf.mean(perToken) as tf.Scalar;
+  const R = perToken.shape[1]!;
+  if (how === 'seq_mean_token_mean') return tf.mean(tf.mean(perToken, 1)) as tf.Scalar;
+  return tf.mean(tf.div(tf.sum(perToken, 1), R)) as tf.Scalar;
+}
+
+/**
+ * The clipped policy loss with its variants: separate ε_low/ε_high (`clip`, `clip_high`), a KL
+ * term in the loss (`kl_coef` > 0 reads `ref`; `kl` picks the estimator) and the aggregation.
+ * With neither, it is the classic clipped surrogate, op for op.
+ */
+const clipPolicy: LossFn = {
+  head: 'policy',
+  rowsPerItem: 1,
+  ports: (p) => ['old', 'advantages', ...(num(p, 'kl_coef', 0) > 0 ? ['ref'] : [])],
+  loss(pred, data, p) {
+    const clip = num(p, 'clip');
+    const clipHigh = num(p, 'clip_high', clip);
+    const kl = num(p, 'kl_coef', 0);
+    const how = str(p, 'aggregation', AGGREGATIONS, 'token_mean');
+    if (kl === 0 && how === 'token_mean') return policyLoss(pred, data.old!, data.advantages!, clip, clipHigh);
+    return tf.tidy(() => {
+      let perToken = tf.neg(surrogate(pred, data.old!, data.advantages!, clip, clipHigh));
+      if (kl > 0) perToken = tf.add(perToken, tf.mul(kl, klTensor(pred, data.ref!, str(p, 'kl', KL_ESTIMATORS, 'k3'))));
+      return aggregate(perToken, how);
+    });
+  },
+  clipped(pred, data, p) {
+    const clip = num(p, 'clip');
+    const clipHigh = num(p, 'clip_high', clip);
+    return tf.tidy(() => {
+      const ratio = tf.exp(tf.sub(pred, data.old!));
+      // Symmetric clipping counts as it always has (|r − 1| > ε); clip-higher counts each side against its own bound.
+      const out = clipHigh === clip ? tf.greater(tf.abs(tf.sub(ratio, 1)), clip) : tf.logicalOr(tf.greater(ratio, 1 + clipHigh), tf.less(ratio, 1 - clip));
+      return tf.sum(tf.cast(out, 'float32')).arraySync() as number;
+    });
+  },
+};
+
+const clipValue: LossFn = {
+  head: 'value',
+  rowsPerItem: 1,
+  ports: () => ['old', 'returns'],
+  loss: (pred, data, p) => valueLoss(pred, data.old!, data.returns!, num(p, 'clip')),
+  clipped(pred, data, p) {
+    return tf.tidy(() => tf.sum(tf.cast(tf.greater(tf.abs(tf.sub(pred, data.old!)), num(p, 'clip')), 'float32')).arraySync() as number);
+  },
+};
+
+/**
+ * The logistic loss of pairs: with h(y) = Σ_t (log π − log π_ref), loss = mean −log σ(β·(h(y_w) − h(y_l))).
+ * The rows are the chosen responses, then the rejected ones, item for item.
+ */
+const pairSigmoid: LossFn = {
+  head: 'policy',
+  rowsPerItem: 2,
+  ports: () => ['ref'],
+  loss(pred, data, p) {
+    const beta = num(p, 'beta');
+    return tf.tidy(() => {
+      const h = tf.sum(tf.sub(pred, data.ref!), 1); // [2n]
+      const n = h.shape[0]! / 2;
+      const margin = tf.sub(tf.slice(h, [0], [n]), tf.slice(h, [n], [n]));
+      return tf.mean(tf.softplus(tf.neg(tf.mul(beta, margin)))) as tf.Scalar;
+    });
+  },
+  clipped: () => 0,
+};
+
+/** Losses by name. A variant is one more entry. */
+export const LOSSES: Record<string, LossFn> = {
+  clip_policy: clipPolicy,
+  clip_value: clipValue,
+  pair_sigmoid: pairSigmoid,
+};
+
+export function lossOf(name: string): LossFn {
+  const fn = LOSSES[name];
+  if (!fn) throw new LossError(`unknown loss '${name}'; known: ${Object.keys(LOSSES).join(', ')}`);
+  return fn;
+}
+
+/** The rows of items `items` (see LossFn.rowsPerItem): for pairs, their chosen rows then their rejected rows. */
+export function itemRows(items: readonly number[], totalItems: number, rowsPerItem: 1 | 2): number[] {
+  return rowsPerItem === 1 ? [...items] : [...items, ...items.map((i) => totalItems + i)];
+}

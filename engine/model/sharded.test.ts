@@ -1,0 +1,224 @@
+// Every strategy over up to 4 devices against the unsharded model: logits (as log-probabilities
+// and values), generated tokens, and the parameters after a training call. The ranks run as
+// separate Device objects talking over an in-memory bus (test/sharded-nats.test.ts does the same over
+// NATS with worker processes).
+import { beforeAll, describe, expect, it } from 'vitest';
+import { MemoryBus } from '../../mesh/wire/memory-bus.ts';
+import { rankCoords, shardSlices, type Layout } from '../../mesh/parallel/layout.ts';
+import { PROTOCOL_VERSION, type Call, type CallBody, type CallOf, type Optim } from '../../mesh/wire/protocol.ts';
+import { cut } from '../../mesh/parallel/slices.ts';
+import { subjects } from '../../mesh/wire/subjects.ts';
+import { initBackend } from './backend.ts';
+import { Device } from '../device/device.ts';
+import { modelInfo, type GptSpec } from './params.ts';
+import { GptShard } from './shard.ts';
+
+const policy: GptSpec = { kind: 'policy', vocab: 11, context: 9, layers: 4, width: 16, heads: 4 };
+const value: GptSpec = { ...policy, kind: 'value' };
+// eps = 1e-3, not 1e-8: with a tiny eps Adam's first step is lr·sign(g), which turns a last-bit
+// difference in a near-zero gradient (summation order differs across ranks) into a full step;
+// a larger eps keeps parameters linear in the gradients, which is what this test compares.
+const optim: Optim = { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-3, clipNorm: 1 };
+const epochs = 1;
+const minibatches = 1;
+const policyLoss = { name: 'clip_policy', params: { clip: 0.2 } };
+const valueLoss = { name: 'clip_value', params: { clip: 0.2 } };
+const B = 8;
+const P = 5;
+const R = 4;
+
+function strategies(maxDevices: number): Layout[] {
+  const out: Layout[] = [];
+  for (const n of [1, 2, 4].filter((x) => x <= maxDevices)) {
+    for (let dp = 1; dp <= n; dp *= 2) for (let tp = 1; dp * tp <= n; tp *= 2) out.push({ devices: Array.from({ length: n }, (_, i) => i), dp, tp, pp: n / (dp * tp) });
+  }
+  return out;
+}
+
+function prompts(): Int32Array {
+  return Int32Array.from({ length: B * P }, (_, i) => (i % P === P - 1 ? 10 : (i * 7 + 3) % 10));
+}
+const seeds = Uint32Array.from({ length: B }, (_, i) => 1000 + i);
+
+/** A mesh of devices in this process, and a way to run one call on all its ranks. */
+function mesh(layout: Layout) {
+  const bus = new MemoryBus();
+  const subj = subjects('sharded');
+  const devices = layout.devices.map((d) => new Device(d, bus, subj, { transferTimeoutMs: 20_000 }));
+  let seq = 0;
+  const run = async (model: string, body: (rank: number) => CallBody) => {
+    const id = `c${seq++}`;
+    return Promise.all(
+      devices.map((d, rank) => d.run({ type: 'call', v: PROTOCOL_VERSION, id, group: id, model, iteration: 0, body: body(rank) } satisfies Call)),
+    );
+  };
+  const speaking = (layout: Layout) => layout.devices.map((_, r) => r).filter((r) => rankCoords(layout, r).pp === layout.pp - 1 && rankCoords(layout, r).tp === 0);
+  const gather = <T extends Float32Array | Int32Array>(outs: Array<Record<string, unknown>>, key: string): T => {
+    const parts = speaking(layout).map((r) => outs[r]![key] as T);
+    const n = parts.reduce((a, p) => a + p.length, 0);
+    const out = new (parts[0]!.constructor as { new (n: number): T })(n);
+    let at = 0;
+    for (const p of parts) {
+      out.set(p, at);
+      at += p.length;
+    }
+    return out;
+  };
+  return { devices, run, gather };
+}
+
+/**
+ * Worst |a − b| / max(|a|, |b|, 0.01) must be at most 1e-5. The floor is the scale of the model's
+ * initial weights (N(0, 0.02)): biases that start at zero hold values near 1e-5 after one step,
+ * where a relative error would only measure summation order.
+ */
+function expectClose(got: ArrayLike<number>, want: ArrayLike<number>, what: string) {
+  expect(got.length, `${what}: length`).toBe(want.length);
+  let worst = 0;
+  for (let i = 0; i < want.length; i++) {
+    const a = got[i]!;
+    const b = want[i]!;
+    const err = Math.abs(a - b) / Math.max(Math.abs(a), Math.abs(b), 0.01);
+    worst = Math.max(worst, err);
+  }
+  expect(worst, `${what}: worst relative error`).toBeLessThanOrEqual(1e-5);
+}
+
+async function scenario(layout: Layout) {
+  const m = mesh(layout);
+  const load = (spec: GptSpec, role: 'actor' | 'critic') => (rank: number): CallBody => ({ fn: 'load', role, spec, layout, rank, seed: 7, optim });
+  await m.run('actor', load(policy, 'actor'));
+  await m.run('critic', load(value, 'critic'));
+  const gen = await m.run('actor', () => ({ fn: 'generate', prompts: prompts(), batch: B, promptLen: P, responseLen: R, seeds, temperature: 1 }));
+  const tokens = m.gather<Int32Array>(gen, 'tokens');
+  const genLogprobs = m.gather<Float32Array>(gen, 'logprobs');
+  const batch = { tokens, batch: B, promptLen: P, responseLen: R };
+  const logprobs = m.gather<Float32Array>(await m.run('actor', () => ({ fn: 'inference', ...batch })), 'logprobs');
+  const values = m.gather<Float32Array>(await m.run('critic', () => ({ fn: 'inference', ...batch })), 'values');
+  const adv = Float32Array.from({ length: B * R }, (_, i) => Math.sin(i));
+  const ret = Float32Array.from({ length: B * R }, (_, i) => Math.cos(i) * 0.5);
+  const actorTrain = await m.run('actor', () => ({ fn: 'train', ...batch, seed: 11, epochs, minibatches, loss: policyLoss, data: { old: logprobs, advantages: adv } }));
+  const criticTrain = await m.run('critic', () => ({ fn: 'train', ...batch, seed: 12, epochs, minibatches, loss: valueLoss, data: { old: values, returns: ret } }));
+  const sum = (outs: Array<Record<string, unknown>>, k: string) => outs.reduce((a, o) => a + (o[k] as number), 0);
+  const after = async (model: string) => (await m.run(model, () => ({ fn: 'manifest' }))).map((o) => o.digest as string);
+  // The parameters after training, per rank, as the ranks hold them.
+  const slices = (model: string) => m.devices.map((d) => (d as unknown as { hosted: Map<string, { shard: { exportTensors(): Array<{ name: string; data: Float32Array }> } }> }).hosted.get(model)!.shard.exportTensors());
+  return {
+    tokens,
+    genLogprobs,
+    logprobs,
+    values,
+    actorLoss: sum(actorTrain, 'loss'),
+    criticLoss: sum(criticTrain, 'loss'),
+    actorSlices: slices('actor'),
+    criticSlices: slices('critic'),
+    digests: [...(await after('actor')), ...(await after('critic'))],
+  };
+}
+
+async function reference() {
+  const actor = new GptShard(policy, 7, optim);
+  const critic = new GptShard(value, 7, optim);
+  const gen = await actor.generate(prompts(), B, P, R, seeds, 1);
+  const logprobs = actor.logprobs(gen.tokens, B, P);
+  const values = critic.values(gen.tokens, B, P);
+  const adv = Float32Array.from({ length: B * R }, (_, i) => Math.sin(i));
+  const ret = Float32Array.from({ length: B * R }, (_, i) => Math.cos(i) * 0.5);
+  const a = await actor.train(gen.tokens, B, P, R, policyLoss, { old: logprobs, advantages: adv }, epochs, minibatches, 11);
+  const c = await critic.train(gen.tokens, B, P, R, valueLoss, { old: values, returns: ret }, epochs, minibatches, 12);
+  return { tokens: gen.tokens, genLogprobs: gen.logprobs, logprobs, values, actorLoss: a.loss, criticLoss: c.loss, actor: actor.exportTensors(), critic: critic.exportTensors() };
+}
+
+describe('3D-parallel shards against the unsharded model', () => {
+  let ref: Awaited<ReturnType<typeof reference>>;
+  beforeAll(async () => {
+    await initBackend('wasm');
+    ref = await reference();
+  });
+
+  const all = strategies(4).filter((l) => l.devices.length > 1);
+
+  it('covers every dp × tp × pp over 2 and 4 devices', () => {
+    expect(all.map((l) => `${l.dp}${l.tp}${l.pp}`).sort()).toEqual(['112', '114', '121', '122', '141', '211', '212', '221', '411'].sort());
+  });
+
+  it.each(all.map((l) => [`dp=${l.dp} tp=${l.tp} pp=${l.pp}`, l] as const))('%s: same tokens, log-probs, values and trained parameters', async (_, layout) => {
+    const got = await scenario(layout);
+    expect(Array.from(got.tokens)).toEqual(Array.from(ref.tokens));
+    expectClose(got.genLogprobs, ref.genLogprobs, 'generation log-probs');
+    expectClose(got.logprobs, ref.logprobs, 'log-probs');
+    expectClose(got.values, ref.values, 'values');
+    expect(got.actorLoss).toBeCloseTo(ref.actorLoss, 5);
+    expect(got.criticLoss).toBeCloseTo(ref.criticLoss, 5);
+    for (const [model, spec, full, ranks] of [
+      ['actor', policy, ref.actor, got.actorSlices],
+      ['critic', value, ref.critic, got.criticSlices],
+    ] as const) {
+      const info = modelInfo(spec);
+      const byName = new Map(full.map((t) => [t.name, t]));
+      layout.devices.forEach((_, rank) => {
+        const held = new Map(ranks[rank]!.map((t) => [t.name, t.data]));
+        for (const s of shardSlices(info, layout, rank)) {
+          const whole = byName.get(s.name)!;
+          const want = cut(whole.data, { ...s, axis: null, start: 0, end: s.shape[0]! }, s);
+          expectClose(held.get(s.name)!, want, `${model} ${s.name} on rank ${rank}`);
+        }
+      });
+    }
+    // And again from scratch: bit for bit the same.
+    const again = await scenario(layout);
+    expect(again.digests).toEqual(got.digests);
+  }, 60_000);
+});
+
+describe('a loss over pairs (dpo) against the unsharded model', () => {
+  // B = 8 rows are 4 pairs: rows 0..3 chosen, 4..7 rejected (eight different sequences). Replicas
+  // split pairs, not rows: a replica must take rows i and 4 + i together, and a mini-batch needs a
+  // pair for every replica (the scenario checks that), hence one mini-batch for dp = 4.
+  const dpo = { name: 'pair_sigmoid', params: { beta: 0.5 } };
+  const tokens = Int32Array.from({ length: B * (P + R) }, (_, i) => (i * 7 + 3) % 10);
+  const ref = Float32Array.from({ length: B * R }, (_, i) => -2.4 + 0.3 * Math.sin(i));
+
+  it.each([
+    [{ devices: [0, 1], dp: 2, tp: 1, pp: 1 }, 2],
+    [{ devices: [0, 1, 2, 3], dp: 2, tp: 1, pp: 2 }, 2],
+    [{ devices: [0, 1, 2, 3], dp: 2, tp: 2, pp: 1 }, 2],
+    [{ devices: [0, 1, 2, 3], dp: 4, tp: 1, pp: 1 }, 1],
+  ] satisfies Array<[Layout, number]>)('%o, %i mini-batches: same loss and trained parameters', async (layout, minibatches) => {
+    await initBackend('wasm');
+    const whole = new GptShard(policy, 7, optim);
+    const want = await whole.train(tokens, B, P, R, dpo, { ref }, 1, minibatches, 5);
+    const m = mesh(layout);
+    await m.run('actor', (rank) => ({ fn: 'load', role: 'actor', spec: policy, layout, rank, seed: 7, optim }));
+    const outs = await m.run('actor', () => ({ fn: 'train', tokens, batch: B, promptLen: P, responseLen: R, seed: 5, epochs: 1, minibatches, loss: dpo, data: { ref } }));
+    expect(outs.reduce((a, o) => a + (o.loss as number), 0)).toBeCloseTo(want.loss, 5);
+    const trained = new Map(whole.exportTensors().map((t) => [t.name, t.data]));
+    const info = modelInfo(policy);
+    m.devices.forEach((d, rank) => {
+      const held = new Map((d as unknown as { hosted: Map<string, { shard: { exportTensors(): Array<{ name: string; data: Float32Array }> } }> }).hosted.get('actor')!.shard.exportTensors().map((t) => [t.name, t.data]));
+      for (const s of shardSlices(info, layout, rank)) {
+        expectClose(held.get(s.name)!, cut(trained.get(s.name)!, { ...s, axis: null, start: 0, end: s.shape[0]! }, s), `${s.name} on rank ${rank}`);
+      }
+    });
+    whole.dispose();
+  }, 30_000);
+});
+
+describe('a rank that fails', () => {
+  it('makes the other ranks of its call fail at once instead of waiting for it', async () => {
+    await initBackend('wasm');
+    const layout: Layout = { devices: [0, 1], dp: 2, tp: 1, pp: 1 };
+    const m = mesh(layout);
+    await m.run('actor', (rank) => ({ fn: 'load', role: 'actor', spec: policy, layout, rank, seed: 7, optim }));
+    const tokens = Int32Array.from({ length: B * (P + R) }, (_, i) => i % 10);
+    const data = { old: new Float32Array(B * R), advantages: new Float32Array(B * R) };
+    const good: CallOf<'train'> = { fn: 'train', tokens, batch: B, promptLen: P, responseLen: R, seed: 1, epochs, minibatches, loss: policyLoss, data };
+    const outcome = await Promise.allSettled(
+      m.devices.map((d, rank) =>
+        d.run({ type: 'call', v: PROTOCOL_VERSION, id: 'bad', group: 'bad', model: 'actor', iteration: 0, body: rank === 0 ? { ...good, data: { ...data, old: new Float32Array(3) } } : good }),
+      ),
+    );
+    expect(outcome[0]).toMatchObject({ status: 'rejected', reason: { code: 'malformed' } });
+    expect(outcome[1]).toMatchObject({ status: 'rejected', reason: { message: expect.stringMatching(/device 0 failed during call bad/) } });
+  }, 10_000);
+});

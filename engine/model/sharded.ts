@@ -1,0 +1,479 @@
+// One rank's shard of a GPT model under a dp × tp × pp strategy, and the SPMD programs that the
+// ranks of a mesh run together: each rank holds only its slices (its pipeline stage's layers;
+// its tensor-parallel block of QKV, the attention output, and the MLP), activations go forward
+// and gradients back between stages, partial sums are all-reduced inside a tensor group, and
+// gradients are all-reduced across data-parallel replicas — all through Comm, over the bus.
+//
+// Backward runs layer by layer with vector–Jacobian products of small segments (tf.grads with an
+// upstream gradient), recomputing each segment from its saved input. Every sum across ranks runs
+// in rank order, so repeated runs are bit-identical.
+import * as tf from '@tensorflow/tfjs';
+import { rankCoords, rankOf, shardSlices, sliceShape, stageBounds, type Coords, type Layout, type Slice } from '../../mesh/parallel/index.ts';
+import type { LossSpec, Optim } from '../../mesh/wire/index.ts';
+import { cut } from '../../mesh/parallel/index.ts';
+import type { NamedTensor } from '../../mesh/wire/index.ts';
+import type { Comm } from '../../mesh/parallel/index.ts';
+import { itemRows, lossOf, type LossFn } from './losses.ts';
+import { attnPartial, causalMask, embed, headOut, initialParameter, layerNorm, logprobsOf, mlpPartial, valuesOf, type AttnWeights } from './gpt.ts';
+import { modelInfo, parameterShapes, type GptSpec } from './params.ts';
+import { Rng, Stream, argmax, sampleToken, seedOf } from './rng.ts';
+import { Adam, type AdamState } from './adam.ts';
+import { ShardError, ownCopy, pickRows, trainEpochs, yieldToLoop, type TrainStats } from './shard.ts';
+
+let shardCount = 0;
+
+/** Rows [lo, hi) of `n` that data-parallel replica `d` of `dp` takes: contiguous, in order. */
+export function replicaRows(n: number, dp: number, d: number): [number, number] {
+  return [Math.floor((d * n) / dp), Math.floor(((d + 1) * n) / dp)];
+}
+
+/** What a step minimises: the warm-up's cross-entropy, or a named loss over its per-token arrays. */
+type Objective = { kind: 'sft' } | { kind: 'loss'; fn: LossFn; spec: LossSpec; data: Record<string, Float32Array>; responseLen: number };
+
+export class ShardedGpt {
+  readonly coords: Coords;
+  private readonly vars = new Map<string, tf.Variable>();
+  private readonly slices: Slice[];
+  private readonly layers: number[];
+  private readonly first: boolean;
+  private readonly last: boolean;
+  private optimizer: Adam | undefined;
+  /** Devices of this rank's tensor group, data-parallel group and model-parallel group, in rank order. */
+  private readonly tpGroup: number[];
+  private readonly dpGroup: number[];
+  private readonly mpGroup: number[];
+  private readonly prev: number | undefined;
+  private readonly next: number | undefined;
+
+  constructor(
+    readonly spec: GptSpec,
+    readonly layout: Layout,
+    readonly rank: number,
+    seed: number | undefined,
+    private readonly optim: Optim | undefined,
+    private readonly comm: Comm,
+  ) {
+    const c = (this.coords = rankCoords(layout, rank));
+    const info = modelInfo(spec);
+    const bounds = stageBounds(info, layout.pp);
+    this.slices = shardSlices(info, layout, rank, bounds);
+    this.layers = [];
+    for (let l = bounds[c.pp]!; l < bounds[c.pp + 1]!; l++) this.layers.push(l);
+    this.first = c.pp === 0;
+    this.last = c.pp === layout.pp - 1;
+    const dev = (x: Partial<Coords>) => layout.devices[rankOf(layout, { ...c, ...x })]!;
+    this.tpGroup = Array.from({ length: layout.tp }, (_, tp) => dev({ tp }));
+    this.dpGroup = Array.from({ length: layout.dp }, (_, dp) => dev({ dp }));
+    this.mpGroup = Array.from({ length: layout.pp * layout.tp }, (_, i) => dev({ pp: Math.floor(i / layout.tp), tp: i % layout.tp }));
+    this.prev = this.first ? undefined : dev({ pp: c.pp - 1 });
+    this.next = this.last ? undefined : dev({ pp: c.pp + 1 });
+    this.prefix = `sharded${shardCount++}`;
+    const shapes = new Map(parameterShapes(spec).map(([n, s], i) => [n, { shape: s, index: i }]));
+    // A view that a reallocation will fill holds nothing until then: no zeros to replace.
+    if (seed !== undefined) {
+      for (const s of this.slices) {
+        const { shape, index } = shapes.get(s.name)!;
+        // Each parameter has its own random stream, so a rank draws only what it holds.
+        this.create(s, cut(initialParameter(spec, seed, s.name, shape, index).data, { ...s, axis: null, start: 0, end: shape[0]! }, s));
+      }
+    }
+    this.optimizer = optim ? new Adam(optim.lr, optim.beta1, optim.beta2, optim.eps) : undefined;
+  }
+
+  get trainable(): boolean {
+    return this.optimizer !== undefined;
+  }
+
+  /** Whether this rank returns its replica's outputs (the last stage's first tensor rank). */
+  get speaks(): boolean {
+    return this.last && this.coords.tp === 0;
+  }
+
+  private readonly prefix: string;
+
+  private create(s: Slice, data: Float32Array): tf.Variable {
+    const value = tf.tensor(data, sliceShape(s));
+    const v = tf.variable(value, true, `${this.prefix}/${s.name}`);
+    value.dispose();
+    this.vars.set(s.name, v);
+    return v;
+  }
+
+  /** This rank's slice of a parameter; one never filled starts at zero. */
+  private w(name: string): tf.Variable {
+    const v = this.vars.get(name);
+    if (v) return v;
+    const s = this.slices.find((x) => x.name === name);
+    if (!s) throw new ShardError(`rank ${this.rank} holds no parameter '${name}'`);
+    return this.create(s, new Float32Array(sliceShape(s).reduce((a, b) => a * b, 1)));
+  }
+
+  exportTensors(): NamedTensor[] {
+    return this.slices.map((s) => ({ name: s.name, shape: sliceShape(s), data: ownCopy(this.w(s.name)) }));
+  }
+
+  /** One parameter (this shard's slice of it), copied out. */
+  exportTensor(name: string): Float32Array {
+    return ownCopy(this.w(name));
+  }
+
+  importTensors(tensors: readonly NamedTensor[]): void {
+    for (const t of tensors) {
+      const s = this.slices.find((x) => x.name === t.name);
+      if (!s) throw new ShardError(`rank ${this.rank} holds no parameter '${t.name}'`);
+      const shape = sliceShape(s);
+      if (shape.join('x') !== t.shape.join('x') || t.data.length !== shape.reduce((a, b) => a * b, 1)) {
+        throw new ShardError(`parameter '${t.name}': expected a slice of shape [${shape}], got [${t.shape}] with ${t.data.length} values`);
+      }
+    }
+    for (const t of tensors) {
+      const v = this.vars.get(t.name);
+      if (!v) {
+        this.create(this.slices.find((x) => x.name === t.name)!, t.data);
+        continue;
+      }
+      const value = tf.tensor(t.data, t.shape);
+      v.assign(value);
+      value.dispose();
+    }
+    this.optimizer?.dispose();
+    this.optimizer = this.optim ? new Adam(this.optim.lr, this.optim.beta1, this.optim.beta2, this.optim.eps) : undefined;
+  }
+
+  /** The optimizer's state (moments and step), for a checkpoint; undefined off the training layout. */
+  optimizerState(): AdamState | undefined {
+    return this.optimizer?.state();
+  }
+
+  /** Puts an optimizer state back (after importTensors, which starts a fresh one). */
+  loadOptimizerState(state: AdamState): void {
+    if (!this.optimizer) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
+    this.optimizer.load(state, (name) => sliceShape(this.slices.find((s) => s.name === name)!));
+  }
+
+  dispose(): void {
+    for (const v of this.vars.values()) v.dispose();
+    this.optimizer?.dispose();
+  }
+
+  // ---- communication helpers ------------------------------------------------------------------
+
+  private async allReduceTp(group: string, tag: string, t: tf.Tensor): Promise<tf.Tensor> {
+    if (this.layout.tp === 1) return t;
+    const sum = await this.comm.allReduce(group, this.tpGroup, tag, t.dataSync() as Float32Array);
+    const out = tf.tensor(sum, t.shape);
+    t.dispose();
+    return out;
+  }
+
+  private async recvTensor(group: string, from: number, tag: string, shape: number[]): Promise<tf.Tensor> {
+    return tf.tensor(await this.comm.recv(group, from, tag), shape, 'float32');
+  }
+
+  private sendTensor(group: string, to: number, tag: string, t: tf.Tensor): void {
+    this.comm.send(group, to, tag, t.dataSync() as Float32Array);
+  }
+
+  // ---- forward ----------------------------------------------------------------------------------
+
+  private attn(l: number): AttnWeights {
+    const g = (n: string) => this.w(`h${l}.attn.${n}`);
+    return { wq: g('wq'), bq: g('bq'), wk: g('wk'), bk: g('bk'), wv: g('wv'), bv: g('bv'), wo: g('wo') };
+  }
+
+  private get localHeads(): number {
+    return this.spec.heads / this.layout.tp;
+  }
+
+  /**
+   * This stage's part of a forward pass over `tokens` [b, T] (this replica's rows). Returns the
+   * head output on the last stage (undefined elsewhere, after sending the activations on), and
+   * with `keep`, each layer's saved inputs for the backward pass.
+   */
+  private async forwardStage(group: string, tag: string, tokens: Int32Array, b: number, T: number, keep: boolean) {
+    const D = this.spec.width;
+    const saved: Array<{ x: tf.Tensor; h1: tf.Tensor; x1: tf.Tensor; h2: tf.Tensor }> = [];
+    let x: tf.Tensor;
+    let tokensT: tf.Tensor2D | undefined;
+    if (this.first) {
+      tokensT = tf.tensor2d(tokens, [b, T], 'int32');
+      x = tf.tidy(() => embed(tokensT!, this.w('wte'), this.w('wpe'), this.spec.vocab));
+    } else {
+      x = await this.recvTensor(group, this.prev!, `${tag}/act`, [b, T, D]);
+    }
+    const x0 = keep && this.first ? x : undefined;
+    const mask = causalMask(T);
+    for (const l of this.layers) {
+      const h1 = tf.tidy(() => layerNorm(x, this.w(`h${l}.ln1.g`), this.w(`h${l}.ln1.b`)));
+      const a = await this.allReduceTp(group, `${tag}/l${l}/attn`, tf.tidy(() => attnPartial(h1, this.attn(l), this.localHeads, mask)));
+      const x1 = tf.tidy(() => tf.add(tf.add(x, a), this.w(`h${l}.attn.bo`)));
+      a.dispose();
+      const h2 = tf.tidy(() => layerNorm(x1, this.w(`h${l}.ln2.g`), this.w(`h${l}.ln2.b`)));
+      const m = await this.allReduceTp(group, `${tag}/l${l}/mlp`, tf.tidy(() => mlpPartial(h2, this.w(`h${l}.mlp.w1`), this.w(`h${l}.mlp.b1`), this.w(`h${l}.mlp.w2`))));
+      const x2 = tf.tidy(() => tf.add(tf.add(x1, m), this.w(`h${l}.mlp.b2`)));
+      m.dispose();
+      if (keep) saved.push({ x, h1, x1, h2 });
+      else tf.dispose([x, h1, x1, h2]);
+      x = x2;
+    }
+    mask.dispose();
+    if (!this.last) {
+      this.sendTensor(group, this.next!, `${tag}/act`, x);
+      if (!keep) {
+        x.dispose();
+        tokensT?.dispose();
+      }
+      return { out: undefined, saved, top: keep ? x : undefined, x0, tokensT };
+    }
+    const out = tf.tidy(() => headOut(x, this.w('lnf.g'), this.w('lnf.b'), this.w('head.w'), this.w('head.b')));
+    if (!keep) {
+      x.dispose();
+      tokensT?.dispose();
+    }
+    return { out, saved, top: keep ? x : undefined, x0, tokensT };
+  }
+
+  // ---- calls ------------------------------------------------------------------------------------
+
+  /** Log-probabilities (policy) or values (value model) of the response tokens, [b, R] per replica. */
+  async infer(group: string, tokens: Int32Array, batch: number, promptLen: number): Promise<Float32Array> {
+    const T = tokens.length / batch;
+    const [lo, hi] = replicaRows(batch, this.layout.dp, this.coords.dp);
+    const mine = tokens.subarray(lo * T, hi * T);
+    const { out } = await this.forwardStage(group, 'inf', mine, hi - lo, T, false);
+    if (!out) return new Float32Array(0);
+    const t = tf.tidy(() =>
+      this.spec.kind === 'policy' ? logprobsOf(out, tf.tensor2d(mine, [hi - lo, T], 'int32'), promptLen, this.spec.vocab) : valuesOf(out, promptLen),
+    );
+    out.dispose();
+    const res = t.dataSync() as Float32Array;
+    t.dispose();
+    return this.speaks ? res : new Float32Array(0);
+  }
+
+  /**
+   * Samples responses for this replica's prompts. The last stage samples; earlier stages get each
+   * new token from it. Speaking ranks return their rows' tokens and log-probabilities.
+   */
+  async generate(group: string, prompts: Int32Array, batch: number, promptLen: number, responseLen: number, seeds: Uint32Array, temperature: number, greedy = false) {
+    const [lo, hi] = replicaRows(batch, this.layout.dp, this.coords.dp);
+    const b = hi - lo;
+    const width = promptLen + responseLen;
+    const tokens = new Int32Array(b * width);
+    for (let i = 0; i < b; i++) tokens.set(prompts.subarray((lo + i) * promptLen, (lo + i + 1) * promptLen), i * width);
+    const rngs = Array.from(seeds.subarray(lo, hi), (s) => new Rng(s));
+    for (let t = 0; t < responseLen; t++) {
+      await yieldToLoop();
+      const len = promptLen + t;
+      const prefix = new Int32Array(b * len);
+      for (let i = 0; i < b; i++) prefix.set(tokens.subarray(i * width, i * width + len), i * len);
+      const { out } = await this.forwardStage(group, `gen/${t}`, prefix, b, len, false);
+      let next: Int32Array;
+      if (out) {
+        const lastLogits = tf.tidy(() => tf.slice(out, [0, len - 1, 0], [b, 1, this.spec.vocab]));
+        const logits = lastLogits.dataSync() as Float32Array;
+        tf.dispose([out, lastLogits]);
+        next = new Int32Array(b);
+        for (let i = 0; i < b; i++) {
+          const row = logits.subarray(i * this.spec.vocab, (i + 1) * this.spec.vocab);
+          next[i] = greedy ? argmax(row) : sampleToken(row, temperature, rngs[i]!.uniform());
+        }
+        // Earlier stages of this replica, same tensor rank, need the new tokens for the next step.
+        for (let s = 0; s < this.layout.pp - 1; s++) {
+          this.comm.send(group, this.layout.devices[rankOf(this.layout, { ...this.coords, pp: s })]!, `gen/${t}/tok`, next);
+        }
+      } else {
+        const fromLast = this.layout.devices[rankOf(this.layout, { ...this.coords, pp: this.layout.pp - 1 })]!;
+        next = (await this.comm.recv(group, fromLast, `gen/${t}/tok`)) as Int32Array;
+      }
+      for (let i = 0; i < b; i++) tokens[i * width + len] = next[i]!;
+    }
+    // Log-probabilities of the sampled tokens, as training will compute them.
+    const { out } = await this.forwardStage(group, 'gen/logp', tokens, b, width, false);
+    if (!out || !this.speaks) {
+      out?.dispose();
+      return { tokens: new Int32Array(0), logprobs: new Float32Array(0) };
+    }
+    const lp = tf.tidy(() => logprobsOf(out, tf.tensor2d(tokens, [b, width], 'int32'), promptLen, this.spec.vocab));
+    const logprobs = (lp.dataSync() as Float32Array).slice();
+    tf.dispose([out, lp]);
+    return { tokens, logprobs };
+  }
+
+  /** Supervised steps on demonstrations, with a warm-up optimizer of its own. */
+  async sft(group: string, tokens: Int32Array, batch: number, promptLen: number, steps: number, minibatch: number, lr: number, seed: number) {
+    if (!this.optim) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
+    const width = tokens.length / batch;
+    const optimizer = new Adam(lr, this.optim.beta1, this.optim.beta2, this.optim.eps);
+    let first = 0;
+    let loss = 0;
+    for (let step = 0; step < steps; step++) {
+      await yieldToLoop();
+      const rows = new Rng(seedOf(seed, Stream.shuffle, step)).permutation(batch).slice(0, Math.min(minibatch, batch));
+      const st = await this.step(group, `sft/${step}`, { kind: 'sft' }, tokens, width, rows, promptLen, optimizer);
+      if (step === 0) first = st.loss;
+      loss = st.loss;
+    }
+    optimizer.dispose();
+    return { loss, first_loss: first };
+  }
+
+  /** Epochs of the named loss over seeded mini-batches; the same items and order as the unsharded model. */
+  async train(group: string, tokens: Int32Array, batch: number, promptLen: number, responseLen: number, loss: LossSpec, data: Record<string, Float32Array>, epochs: number, minibatches: number, seed: number): Promise<TrainStats> {
+    const fn = lossOf(loss.name);
+    if (fn.head !== this.spec.kind) throw new ShardError(`the loss '${loss.name}' needs a ${fn.head} model; this shard is a ${this.spec.kind} model`);
+    const width = promptLen + responseLen;
+    // Speaking ranks return their replica's share of each mini-batch's loss; the caller sums them.
+    return trainEpochs(batch / fn.rowsPerItem, responseLen * fn.rowsPerItem, epochs, minibatches, seed, (items, tag) =>
+      this.step(group, tag, { kind: 'loss', fn, spec: loss, data, responseLen }, tokens, width, items, promptLen),
+    );
+  }
+
+  /** The head's prediction a loss reads, from the last stage's output: response log-probs or values. */
+  private predict(fn: LossFn, out: tf.Tensor, tokens: tf.Tensor2D, promptLen: number): tf.Tensor {
+    return fn.head === 'policy' ? logprobsOf(out, tokens, promptLen, this.spec.vocab) : valuesOf(out, promptLen);
+  }
+
+  /**
+   * One optimizer step over mini-batch `rows`: forward through the pipeline, the loss on the last
+   * stage, backward through the pipeline, gradient all-reduce across replicas, global-norm
+   * clipping, Adam. Returns the mini-batch loss and clipped-token count (speaking ranks' share).
+   */
+  private async step(
+    group: string,
+    tag: string,
+    objective: Objective,
+    tokens: Int32Array,
+    width: number,
+    rows: number[],
+    promptLen: number,
+    optimizer?: Adam,
+  ): Promise<{ loss: number; clipped: number; gradNorm: number }> {
+    const opt = optimizer ?? this.optimizer;
+    if (!opt || !this.optim) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
+    const R = width - promptLen;
+    // Replicas split the mini-batch's items; a loss over pairs takes both rows of each of its items.
+    const [lo, hi] = replicaRows(rows.length, this.layout.dp, this.coords.dp);
+    const perItem = objective.kind === 'loss' ? objective.fn.rowsPerItem : 1;
+    const items = objective.kind === 'loss' ? objective.data[objective.fn.ports(objective.spec.params)[0]!]!.length / R / perItem : 0;
+    const mine = perItem === 1 ? rows.slice(lo, hi) : itemRows(rows.slice(lo, hi), items, perItem);
+    const b = mine.length;
+    const share = (hi - lo) / rows.length; // this replica's part of the mini-batch mean
+    const myTokens = pickRows(tokens, width, mine);
+    const fwd = await this.forwardStage(group, `${tag}/f`, myTokens, b, width, true);
+    const grads = new Map<string, tf.Tensor>();
+    const add = (name: string, g: tf.Tensor) => {
+      const prev = grads.get(name);
+      grads.set(name, prev ? tf.add(prev, g) : g);
+      if (prev) tf.dispose([prev, g]);
+    };
+    let loss = 0;
+    let clipped = 0;
+    let dx: tf.Tensor;
+    if (this.last) {
+      const tokensT = fwd.tokensT ?? tf.tensor2d(myTokens, [b, width], 'int32');
+      const data = objective.kind === 'loss' ? Object.fromEntries(objective.fn.ports(objective.spec.params).map((port) => [port, tf.tensor2d(pickRows(objective.data[port]!, R, mine), [b, R])])) : {};
+      const lossOf = (out: tf.Tensor): tf.Scalar => {
+        if (objective.kind === 'sft') return tf.mul(tf.neg(tf.mean(logprobsOf(out, tokensT, promptLen, this.spec.vocab))), share) as tf.Scalar;
+        return tf.mul(objective.fn.loss(this.predict(objective.fn, out, tokensT, promptLen), data, objective.spec.params), share) as tf.Scalar;
+      };
+      const headNames = ['lnf.g', 'lnf.b', 'head.w', 'head.b'];
+      const f = (x: tf.Tensor, ...p: tf.Tensor[]) => lossOf(headOut(x, p[0]!, p[1]!, p[2]!, p[3]!));
+      const value = tf.tidy(() => f(fwd.top!, ...headNames.map((n) => this.w(n))));
+      loss = value.dataSync()[0]!;
+      value.dispose();
+      const g = tf.grads(f)([fwd.top!, ...headNames.map((n) => this.w(n))]);
+      dx = g[0]!;
+      headNames.forEach((n, i) => add(n, g[i + 1]!));
+      if (objective.kind === 'loss') {
+        const pred = tf.tidy(() => this.predict(objective.fn, fwd.out!, tokensT, promptLen));
+        clipped = objective.fn.clipped(pred, data, objective.spec.params);
+        pred.dispose();
+      }
+      tf.dispose([fwd.out!, fwd.top!, ...Object.values(data)]);
+      if (!fwd.tokensT) tokensT.dispose();
+    } else {
+      fwd.top?.dispose();
+      dx = await this.recvTensor(group, this.next!, `${tag}/grad`, [b, width, this.spec.width]);
+    }
+    // Backward through this stage's layers, last first.
+    const mask = causalMask(width);
+    for (let i = this.layers.length - 1; i >= 0; i--) {
+      const l = this.layers[i]!;
+      const { x, h1, x1, h2 } = fwd.saved[i]!;
+      const W = (n: string) => this.w(`h${l}.${n}`);
+      // MLP: x2 = x1 + Σtp M(h2) + b2, h2 = LN2(x1)
+      add(`h${l}.mlp.b2`, tf.tidy(() => tf.sum(dx, [0, 1])));
+      const gm = tf.grads((h: tf.Tensor, w1: tf.Tensor, b1: tf.Tensor, w2: tf.Tensor) => mlpPartial(h, w1, b1, w2))([h2, W('mlp.w1'), W('mlp.b1'), W('mlp.w2')], dx);
+      add(`h${l}.mlp.w1`, gm[1]!);
+      add(`h${l}.mlp.b1`, gm[2]!);
+      add(`h${l}.mlp.w2`, gm[3]!);
+      const dh2 = await this.allReduceTp(group, `${tag}/b/l${l}/mlp`, gm[0]!);
+      const gl2 = tf.grads((xx: tf.Tensor, g: tf.Tensor, bb: tf.Tensor) => layerNorm(xx, g, bb))([x1, W('ln2.g'), W('ln2.b')], dh2);
+      add(`h${l}.ln2.g`, gl2[1]!);
+      add(`h${l}.ln2.b`, gl2[2]!);
+      const dx1 = tf.add(dx, gl2[0]!);
+      tf.dispose([dh2, gl2[0]!, dx]);
+      // Attention: x1 = x + Σtp A(h1) + bo, h1 = LN1(x)
+      add(`h${l}.attn.bo`, tf.tidy(() => tf.sum(dx1, [0, 1])));
+      const aw = this.attn(l);
+      const ga = tf.grads((h: tf.Tensor, wq: tf.Tensor, bq: tf.Tensor, wk: tf.Tensor, bk: tf.Tensor, wv: tf.Tensor, bv: tf.Tensor, wo: tf.Tensor) =>
+        attnPartial(h, { wq, bq, wk, bk, wv, bv, wo }, this.localHeads, mask),
+      )([h1, aw.wq, aw.bq, aw.wk, aw.bk, aw.wv, aw.bv, aw.wo], dx1);
+      ['wq', 'bq', 'wk', 'bk', 'wv', 'bv', 'wo'].forEach((n, k) => add(`h${l}.attn.${n}`, ga[k + 1]!));
+      const dh1 = await this.allReduceTp(group, `${tag}/b/l${l}/attn`, ga[0]!);
+      const gl1 = tf.grads((xx: tf.Tensor, g: tf.Tensor, bb: tf.Tensor) => layerNorm(xx, g, bb))([x, W('ln1.g'), W('ln1.b')], dh1);
+      add(`h${l}.ln1.g`, gl1[1]!);
+      add(`h${l}.ln1.b`, gl1[2]!);
+      dx = tf.add(dx1, gl1[0]!);
+      tf.dispose([dh1, gl1[0]!, dx1, h1, x1, h2]);
+      if (!(this.first && i === 0)) x.dispose();
+    }
+    mask.dispose();
+    if (this.first) {
+      const ge = tf.grads((wte: tf.Tensor, wpe: tf.Tensor) => embed(fwd.tokensT!, wte, wpe, this.spec.vocab))([this.w('wte'), this.w('wpe')], dx);
+      add('wte', ge[0]!);
+      add('wpe', ge[1]!);
+      tf.dispose([dx, fwd.tokensT!, fwd.x0!]);
+    } else {
+      this.sendTensor(group, this.prev!, `${tag}/grad`, dx);
+      dx.dispose();
+    }
+    // Gradient all-reduce across replicas, in replica order.
+    const names = this.slices.map((s) => s.name);
+    if (this.layout.dp > 1) {
+      // One message per replica: every gradient of this shard, flattened in parameter order.
+      const flat = new Float32Array(names.reduce((n, name) => n + grads.get(name)!.size, 0));
+      let at = 0;
+      for (const n of names) {
+        flat.set(grads.get(n)!.dataSync() as Float32Array, at);
+        at += grads.get(n)!.size;
+      }
+      const sum = await this.comm.allReduce(group, this.dpGroup, `${tag}/dp`, flat);
+      at = 0;
+      for (const n of names) {
+        const g = grads.get(n)!;
+        grads.set(n, tf.tensor(sum.subarray(at, at + g.size), g.shape));
+        at += g.size;
+        g.dispose();
+      }
+    }
+    // Global norm over the whole model: split slices count on every tensor rank, replicated
+    // parameters once (on tensor rank 0); then summed over the pipeline and tensor ranks.
+    let sq = 0;
+    for (const s of this.slices) {
+      if (s.axis === null && this.coords.tp !== 0 && this.layout.tp > 1) continue;
+      const t = tf.tidy(() => tf.sum(tf.square(grads.get(s.name)!)));
+      sq += t.dataSync()[0]!;
+      t.dispose();
+    }
+    const total = this.mpGroup.length > 1 ? (await this.comm.allReduce(group, this.mpGroup, `${tag}/norm`, new Float32Array([sq])))[0]! : sq;
+    const gradNorm = Math.sqrt(total);
+    const scale = this.optim.clipNorm > 0 && gradNorm > this.optim.clipNorm ? this.optim.clipNorm / (gradNorm + 1e-6) : 1;
+    const list = names.map((n) => ({ name: n, variable: this.w(n), gradient: scale === 1 ? grads.get(n)! : tf.mul(grads.get(n)!, scale) }));
+    opt.apply(list);
+    tf.dispose([...grads.values(), ...(scale === 1 ? [] : list.map((x) => x.gradient))]);
+    // The loss and clip count are the speaking ranks' shares; the caller sums over replicas.
+    return { loss: this.speaks ? loss : 0, clipped: this.speaks ? clipped : 0, gradNorm };
+  }
+}

@@ -1,0 +1,128 @@
+// The run's durable state in NATS JetStream, so that any process, the supervisor included, can die
+// without losing it:
+//   - KV bucket `ferry-<run>` key `progress`: where the supervisor is (engine/store.ts Progress);
+//   - stream `FERRY-<run>` on `ferry.<run>.results.<iteration>.<stage>`: each iteration's rollout
+//     and scores, published with a Nats-Msg-Id so that a repeated publish is stored once;
+//   - Object Store `ferry-<run>-snapshots`: every shard's state after an iteration (the same
+//     record as a run directory's checkpoint.msgpack), the last two kept.
+// All three are file-backed, so they survive a restart of the server.
+import { jetstreamManager, jetstream, type JetStreamClient, type JetStreamManager } from '@nats-io/jetstream';
+import { Kvm, type KV } from '@nats-io/kv';
+import { Objm, type ObjectStore } from '@nats-io/obj';
+import type { NatsConnection } from '@nats-io/transport-node';
+import { decode, encode } from '../../mesh/wire/index.ts';
+import { CheckpointFile, PROTOCOL_VERSION, ProgressRecord, StageRecord } from '../../mesh/wire/index.ts';
+import { subjects, type Subjects } from '../../mesh/wire/index.ts';
+import type { CheckpointSet } from './run.ts';
+import type { Progress, RunStore, Stage } from './store.ts';
+
+export interface JetStreamStoreOptions {
+  /** Copies of each stream (1, 3 or 5); default 3 on a clustered server, else 1. */
+  replicas?: number;
+  /** How long one JetStream request may take before it is tried again. */
+  timeoutMs?: number;
+  /** How long an operation keeps being tried (a cluster electing a leader, a server restarting). */
+  patienceMs?: number;
+}
+
+/** Tries `op` until it succeeds or `patienceMs` has passed; the last error says what failed. */
+async function patiently<T>(what: string, patienceMs: number, op: () => Promise<T>): Promise<T> {
+  const deadline = Date.now() + patienceMs;
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await op();
+    } catch (e) {
+      if (Date.now() > deadline) throw new Error(`JetStream: ${what} failed ${attempt} time(s) over ${patienceMs / 1000} s; last: ${(e as Error).message}`, { cause: e });
+      await new Promise((r) => setTimeout(r, Math.min(1000, 100 * attempt)));
+    }
+  }
+}
+
+export class JetStreamStore implements RunStore {
+  private constructor(
+    private readonly patienceMs: number,
+    private readonly run: string,
+    private readonly subj: Subjects,
+    private readonly js: JetStreamClient,
+    private readonly jsm: JetStreamManager,
+    private readonly stream: string,
+    private readonly kv: KV,
+    private readonly objects: ObjectStore,
+  ) {}
+
+  static async open(nc: NatsConnection, run: string, options: JetStreamStoreOptions = {}): Promise<JetStreamStore> {
+    const subj = subjects(run);
+    const timeout = options.timeoutMs ?? 5_000;
+    const patience = options.patienceMs ?? 60_000;
+    const replicas = options.replicas ?? Number(process.env.FERRY_JS_REPLICAS ?? (nc.info?.cluster ? 3 : 1));
+    const jsm = await patiently('connecting to JetStream', patience, () => jetstreamManager(nc, { timeout }));
+    const js = jetstream(nc, { timeout });
+    const stream = `FERRY-${run}`;
+    await patiently(`creating stream ${stream}`, patience, async () => {
+      try {
+        await jsm.streams.info(stream);
+      } catch {
+        await jsm.streams.add({ name: stream, subjects: [subj.allResults], max_msgs_per_subject: 1, num_replicas: replicas });
+      }
+    });
+    const kv = await patiently(`creating KV bucket ferry-${run}`, patience, () => new Kvm(js).create(`ferry-${run}`, { history: 1, replicas }));
+    const objects = await patiently(`creating object store ferry-${run}-snapshots`, patience, () => new Objm(js).create(`ferry-${run}-snapshots`, { replicas }));
+    return new JetStreamStore(patience, run, subj, js, jsm, stream, kv, objects);
+  }
+
+  async saveProgress(p: Progress): Promise<void> {
+    const bytes = encode({ type: 'progress', v: PROTOCOL_VERSION, ...p });
+    await patiently('saving progress', this.patienceMs, () => this.kv.put('progress', bytes));
+  }
+
+  async loadProgress(): Promise<Progress | undefined> {
+    const entry = await patiently('reading progress', this.patienceMs, () => this.kv.get('progress'));
+    if (entry?.operation !== 'PUT' || entry.value.length === 0) return undefined;
+    const { type: _t, v: _v, ...p } = decode(`KV ferry-${this.run}/progress`, entry.value, ProgressRecord);
+    return p;
+  }
+
+  async saveStage(iteration: number, stage: Stage, value: unknown): Promise<void> {
+    // The id makes a second publish of the same result (a retry, a replayed stage) a no-op.
+    const bytes = encode({ type: 'stage', v: PROTOCOL_VERSION, iteration, stage, value: value as Record<string, unknown> });
+    await patiently(`storing the ${stage} of iteration ${iteration}`, this.patienceMs, () =>
+      this.js.publish(this.subj.results(iteration, stage), bytes, { msgID: `${this.run}.${iteration}.${stage}` }),
+    );
+  }
+
+  async loadStage<T>(iteration: number, stage: Stage): Promise<T | undefined> {
+    const subject = this.subj.results(iteration, stage);
+    const msg = await patiently(`reading the ${stage} of iteration ${iteration}`, this.patienceMs, async () => {
+      try {
+        return await this.jsm.streams.getMessage(this.stream, { last_by_subj: subject });
+      } catch (e) {
+        if (/no message found|not found/i.test((e as Error).message)) return null;
+        throw e;
+      }
+    });
+    if (!msg) return undefined;
+    return decode(subject, msg.data, StageRecord).value as T;
+  }
+
+  async saveSnapshot(iteration: number, set: CheckpointSet): Promise<{ bytes: number }> {
+    const bytes = encode({ type: 'checkpoint', v: PROTOCOL_VERSION, iteration, models: set });
+    await patiently(`storing the snapshot after iteration ${iteration}`, this.patienceMs, () => this.objects.putBlob({ name: `snapshot-${iteration}` }, bytes));
+    // Keep the one before too: a failure while this one was being written leaves that one whole.
+    await patiently('dropping old snapshots', this.patienceMs, async () => {
+      for (const info of await this.objects.list()) {
+        const n = Number(info.name.replace('snapshot-', ''));
+        if (!info.deleted && n < iteration - 1) await this.objects.delete(info.name);
+      }
+    });
+    return { bytes: bytes.length };
+  }
+
+  async loadSnapshot(iteration: number): Promise<CheckpointSet | undefined> {
+    const bytes = await patiently(`reading the snapshot after iteration ${iteration}`, this.patienceMs, () => this.objects.getBlob(`snapshot-${iteration}`));
+    if (!bytes) return undefined;
+    const c = decode(`object ferry-${this.run}-snapshots/snapshot-${iteration}`, bytes, CheckpointFile);
+    return c.models;
+  }
+
+  async close(): Promise<void> {}
+}

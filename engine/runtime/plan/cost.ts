@@ -1,0 +1,296 @@
+// The cost model: for one model function call on one layout, its time on a device profile and the
+// memory it needs per device. All times are seconds, all sizes bytes, all rates per second.
+//
+// Compute is FLOPs over sustained FLOP/s; decoding is bound by reading the weights and the KV
+// cache once per token; tensor-parallel all-reduces and data-parallel gradient all-reduces follow
+// an α–β ring model over the link they cross (inside a node or between nodes); pipelines add a
+// bubble of (pp − 1) / micro-batches; each layer pass pays a fixed overhead. Reallocation time
+// comes from the runtime's own transfer planner (mesh/realloc.ts).
+import type { Layout, ModelInfo, ParamInfo } from '../../../mesh/parallel/index.ts';
+import { planRealloc } from '../../../mesh/parallel/index.ts';
+import type { DeviceProfile, ModelShape } from './catalog.ts';
+
+export type CallKind = 'generate' | 'inference' | 'train';
+
+export interface Workload {
+  /** Prompts per iteration. */
+  batch: number;
+  promptLen: number;
+  responseLen: number;
+  epochs: number;
+  minibatches: number;
+}
+
+export interface CallCost {
+  seconds: number;
+  compute: number;
+  communication: number;
+  bubble: number;
+  /** Memory per device while the call runs, beyond the weights of other models resident there. */
+  transientBytes: number;
+  /** Weights (and, for a trained model's own layout, gradients and optimizer state) per device. */
+  residentBytes: number;
+}
+
+/** Parameters of one layer, of the embedding and of the head. */
+export function parameterCounts(m: ModelShape, valueHead = false) {
+  const kv = (m.width * m.kvHeads) / m.heads;
+  const attn = m.width * m.width * 2 + m.width * kv * 2;
+  const mlp = m.width * m.ffn * (m.gated ? 3 : 2);
+  const layer = attn + mlp + 2 * m.width;
+  const embed = m.vocab * m.width;
+  const head = m.width * (valueHead ? 1 : m.vocab) + m.width;
+  return { layer, embed, head, total: layer * m.layers + embed + head };
+}
+
+const infos = new Map<string, ModelInfo>();
+
+/** The model as the layout and reallocation code sees it (Megatron splits, like engine/params.ts). */
+export function shapeInfo(m: ModelShape, valueHead = false): ModelInfo {
+  const key = `${JSON.stringify(m)}|${valueHead}`;
+  let info = infos.get(key);
+  if (!info) infos.set(key, (info = buildShapeInfo(m, valueHead)));
+  return info;
+}
+
+function buildShapeInfo(m: ModelShape, valueHead: boolean): ModelInfo {
+  const D = m.width;
+  const kv = (D * m.kvHeads) / m.heads;
+  const params: ParamInfo[] = [{ name: 'embed', shape: [m.vocab, D], layer: 'embed', splitAxis: null }];
+  for (let l = 0; l < m.layers; l++) {
+    const p = (name: string, shape: number[], splitAxis: number | null) => params.push({ name: `h${l}.${name}`, shape, layer: l, splitAxis });
+    p('norm1', [D], null);
+    p('wq', [D, D], 1);
+    p('wk', [D, kv], 1);
+    p('wv', [D, kv], 1);
+    p('wo', [D, D], 0);
+    p('norm2', [D], null);
+    p('w1', [D, m.ffn], 1);
+    if (m.gated) p('w3', [D, m.ffn], 1);
+    p('w2', [m.ffn, D], 0);
+  }
+  params.push({ name: 'norm', shape: [D], layer: 'head', splitAxis: null });
+  params.push({ name: 'head', shape: [D, valueHead ? 1 : m.vocab], layer: 'head', splitAxis: null });
+  return { layers: m.layers, params };
+}
+
+/** Why a strategy cannot run a model at all (independent of memory), or undefined. */
+export function strategyProblem(m: ModelShape, s: { dp: number; tp: number; pp: number }): string | undefined {
+  if (m.heads % s.tp !== 0 || m.kvHeads % s.tp !== 0) return `tp=${s.tp} does not divide ${m.heads} heads (${m.kvHeads} key/value heads)`;
+  if (s.pp > m.layers) return `pp=${s.pp} exceeds ${m.layers} layers`;
+  return undefined;
+}
+
+function sameNode(devices: readonly number[], perNode: number): boolean {
+  return Math.floor(devices[0]! / perNode) === Math.floor(devices.at(-1)! / perNode);
+}
+
+/** Ring all-reduce of `bytes` over `n` ranks on links of `bw`: 2(n−1)/n·bytes/bw + 2(n−1)·α. */
+export function allReduceSeconds(bytes: number, n: number, bw: number, latency: number): number {
+  if (n <= 1) return 0;
+  return ((2 * (n - 1)) / n) * (bytes / bw) + 2 * (n - 1) * latency;
+}
+
+/** Devices of one tensor group and of one data-parallel group, to tell which links they cross. */
+function groups(layout: Layout) {
+  const tpGroup = layout.devices.slice(0, layout.tp);
+  const dpGroup = Array.from({ length: layout.dp }, (_, d) => layout.devices[d * layout.tp * layout.pp]!);
+  const ppGroup = Array.from({ length: layout.pp }, (_, p) => layout.devices[p * layout.tp]!);
+  return { tpGroup, dpGroup, ppGroup };
+}
+
+export function callCost(
+  m: ModelShape,
+  kind: CallKind,
+  layout: Layout,
+  wl: Workload,
+  dev: DeviceProfile,
+  perNode: number,
+  opts: {
+    valueHead?: boolean;
+    owner?: boolean;
+    trainable?: boolean;
+    /** Device memory not taken by resident models (this one's own state included, if it owns it). */
+    availableBytes?: number;
+  } = {},
+): CallCost {
+  const { dp, tp, pp } = layout;
+  const counts = parameterCounts(m, opts.valueHead);
+  const bytes = m.dtypeBytes;
+  const D = m.width;
+  const kvWidth = (D * m.kvHeads) / m.heads;
+  const T = wl.promptLen + wl.responseLen;
+  const rows = Math.ceil(wl.batch / dp); // sequences per replica
+  const stageLayers = Math.ceil(m.layers / pp);
+  const bodyFlopsPerToken = 2 * counts.layer * m.layers;
+  const headFlopsPerToken = 2 * (counts.embed + counts.head);
+  const { tpGroup, dpGroup, ppGroup } = groups(layout);
+  const tpBw = sameNode(tpGroup, perNode) ? dev.intraBandwidth : dev.interBandwidth;
+  const dpBw = sameNode(dpGroup, perNode) ? dev.intraBandwidth : dev.interBandwidth;
+  const ppBw = sameNode(ppGroup, perNode) ? dev.intraBandwidth : dev.interBandwidth;
+  const weightsPerDevice = (counts.total / (tp * pp)) * bytes;
+  const trainState = opts.owner && opts.trainable ? (counts.total / (tp * pp)) * (bytes + (bytes === 2 ? 12 : 8)) : 0;
+  // What is left of a device for activations and the KV cache (and a view's weights), with 10%
+  // kept free.
+  const available = opts.availableBytes ?? dev.memoryBytes - (opts.owner ? weightsPerDevice + trainState : 0);
+  const free = Math.max(0, available - dev.memoryBytes * 0.1 - (opts.owner ? 0 : weightsPerDevice));
+
+  /** One forward pass of `seqs` sequences of `len` tokens on one replica; with `backward`, ×3. */
+  const pass = (seqs: number, len: number, backward: boolean, microbatches: number) => {
+    const mult = backward ? (dev.trainFactor ?? 3) : 1;
+    const passMult = backward ? (dev.trainPassFactor ?? 3) : 1;
+    const tokens = seqs * len;
+    // Causal attention: QKᵀ and AV over half the context on average, per layer.
+    const attnFlops = 2 * 2 * m.layers * seqs * ((len * len) / 2) * D;
+    const flops = (tokens * (bodyFlopsPerToken + headFlopsPerToken) + attnFlops) * mult;
+    // The embedding and head weigh about one layer's overhead per pass.
+    const compute = flops / (tp * pp) / dev.flops + (stageLayers + 1) * dev.layerOverhead * passMult * microbatches;
+    // Two all-reduces per layer forward (attention and MLP outputs), two more backward.
+    const tpBytes = tokens * D * bytes;
+    const tpComm = m.layers / pp * 2 * (backward ? 2 : 1) * allReduceSeconds(tpBytes / microbatches, tp, tpBw, dev.latency) * microbatches;
+    const ppComm = pp > 1 ? (pp - 1) * ((tokens * D * bytes) / ppBw + dev.latency) * (backward ? 2 : 1) : 0;
+    const bubble = pp > 1 ? ((compute + tpComm) * (pp - 1)) / microbatches : 0;
+    return { compute, comm: tpComm + ppComm, bubble };
+  };
+
+  let compute = 0;
+  let communication = 0;
+  let bubble = 0;
+  let transient = 0;
+  if (kind === 'inference') {
+    // A forward pass keeps one layer's working set (and the head's outputs) per sequence; the
+    // rows go through in micro-batches that fit, at least pp of them to fill a pipeline.
+    const perSeq = (T * D * bytes * 4) / tp + T * (opts.valueHead ? 1 : m.vocab) * bytes;
+    const fitRows = Math.max(1, Math.floor(free / perSeq));
+    const mb = Math.max(Math.ceil(rows / fitRows), pp > 1 ? Math.min(rows, pp * 2) : 1);
+    const p = pass(rows, T, false, mb);
+    compute = p.compute;
+    communication = p.comm;
+    bubble = p.bubble;
+    transient = perSeq * Math.ceil(rows / mb);
+  } else if (kind === 'train') {
+    const steps = wl.epochs * wl.minibatches;
+    const stepRows = Math.max(1, Math.ceil(rows / wl.minibatches));
+    // Megatron's activation estimate: about 34·s·h bytes per sequence per layer (bf16), split by
+    // tp. Each optimizer step runs in micro-batches small enough that the ones in flight (up to
+    // pp, as in 1F1B) fit; at least pp of them keep the pipeline busy.
+    const perSeq = (stageLayers * T * D * 34 * (bytes / 2)) / tp;
+    const fitRows = Math.max(1, Math.floor(free / (perSeq * pp)));
+    const mb = Math.max(Math.ceil(stepRows / fitRows), Math.min(stepRows, pp));
+    const p = pass(stepRows, T, true, mb);
+    const gradBytes = (counts.total / (tp * pp)) * bytes;
+    compute = p.compute * steps;
+    communication = (p.comm + allReduceSeconds(gradBytes, dp, dpBw, dev.latency)) * steps;
+    bubble = p.bubble * steps;
+    transient = perSeq * Math.ceil(stepRows / mb) * Math.min(pp, mb);
+  } else {
+    // Prefill the prompts, then one token at a time: each step reads the stage's weights and KV
+    // cache from memory, or computes, whichever is slower; a token crosses every stage in turn.
+    // Sequences decode in waves of as many as the KV cache can hold (as a paged-attention engine
+    // would), each wave reading the weights once per token.
+    const kvPerToken = 2 * stageLayers * (kvWidth / tp) * bytes; // per sequence, per device
+    const wave = Math.max(1, Math.min(rows, Math.floor(free / (T * kvPerToken + (T * D * bytes * 4) / tp))));
+    const waves = Math.ceil(rows / wave);
+    const prefill = pass(rows, wl.promptLen, false, 1);
+    let decode = 0;
+    let decodeComm = 0;
+    const stride = Math.max(1, Math.floor(wl.responseLen / 16));
+    if (dev.recomputeDecode) {
+      // Every new token is a forward pass over the whole prefix, then one more over the result
+      // for the log-probabilities.
+      let total = { compute: 0, comm: 0, bubble: 0 };
+      for (let t = 0; t <= wl.responseLen; t++) {
+        const p = pass(rows, wl.promptLen + t, false, 1);
+        total = { compute: total.compute + p.compute, comm: total.comm + p.comm, bubble: total.bubble + p.bubble };
+      }
+      compute = total.compute + (dev.callOverhead ?? 0);
+      return {
+        seconds: compute + total.comm + total.bubble,
+        compute,
+        communication: total.comm,
+        bubble: total.bubble,
+        transientBytes: (rows * T * D * bytes * 4) / tp + (opts.owner ? 0 : weightsPerDevice),
+        residentBytes: opts.owner ? weightsPerDevice + trainState : 0,
+      };
+    }
+    for (let t = 0; t < wl.responseLen; t += stride) {
+      const ctx = wl.promptLen + t;
+      const reads = weightsPerDevice + wave * ctx * kvPerToken;
+      const flops = (wave * (bodyFlopsPerToken + headFlopsPerToken + 4 * m.layers * ctx * D)) / (tp * pp);
+      const stage = Math.max(reads / dev.memBandwidth, flops / dev.flops) + (stageLayers + 1) * dev.layerOverhead;
+      // A token crosses every stage in turn, so it pays every layer's all-reduces.
+      const comm = m.layers * 2 * allReduceSeconds(wave * D * bytes, tp, tpBw, dev.latency) + (pp > 1 ? (pp - 1) * ((wave * D * bytes) / ppBw + dev.latency) : 0);
+      const span = Math.min(stride, wl.responseLen - t);
+      decode += stage * pp * span * waves;
+      decodeComm += comm * span * waves;
+    }
+    compute = prefill.compute + decode;
+    communication = prefill.comm + decodeComm;
+    bubble = prefill.bubble;
+    transient = wave * T * kvPerToken + (wave * T * D * bytes * 4) / tp;
+  }
+  compute += dev.callOverhead ?? 0;
+  return {
+    seconds: compute + communication + bubble,
+    compute,
+    communication,
+    bubble,
+    transientBytes: transient + (opts.owner ? 0 : weightsPerDevice),
+    residentBytes: opts.owner ? weightsPerDevice + trainState : 0,
+  };
+}
+
+/**
+ * The same bytes as shapeInfo, grouped the way layouts cut them: per layer, one block of every
+ * column-split matrix, one of every row-split matrix, one of the replicated vectors. Each rank
+ * holds the same share of a group as of its members, so transfer plans move the same bytes
+ * between the same devices, with a third of the pieces to plan.
+ */
+export function coarseInfo(m: ModelShape, valueHead = false): ModelInfo {
+  const key = `coarse|${JSON.stringify(m)}|${valueHead}`;
+  let info = infos.get(key);
+  if (info) return info;
+  const fine = shapeInfo(m, valueHead);
+  const params: ParamInfo[] = [];
+  for (const p of fine.params) {
+    if (typeof p.layer !== 'number') {
+      params.push(p);
+      continue;
+    }
+    const group = p.splitAxis === null ? 'replicated' : p.splitAxis === 1 ? 'columns' : 'rows';
+    const name = `h${p.layer}.${group}`;
+    const existing = params.find((q) => q.name === name);
+    const size = p.shape.reduce((a, b) => a * b, 1);
+    if (!existing) {
+      // columns: [D, Σcols]; rows: [Σrows, D]; replicated: [Σ]
+      params.push({ name, layer: p.layer, splitAxis: p.splitAxis, shape: p.splitAxis === 1 ? [p.shape[0]!, p.shape[1]!] : p.splitAxis === 0 ? [p.shape[0]!, p.shape[1]!] : [size] });
+    } else if (p.splitAxis === 1) existing.shape[1]! += p.shape[1]!;
+    else if (p.splitAxis === 0) existing.shape[0]! += p.shape[0]!;
+    else existing.shape[0]! += size;
+  }
+  info = { layers: fine.layers, params };
+  infos.set(key, info);
+  return info;
+}
+
+/**
+ * Time to move a model's weights from one layout to another, from the runtime's transfer plan:
+ * the slowest destination's receive time or the slowest source's send time, whichever is larger.
+ */
+export function reallocSeconds(m: ModelShape, from: Layout, to: Layout, dev: DeviceProfile, perNode: number, valueHead = false): number {
+  const plan = planRealloc(coarseInfo(m, valueHead), from, to, (d) => Math.floor(d / perNode));
+  const scale = m.dtypeBytes / 4; // the planner counts 4-byte elements
+  const recv = new Map<number, number>();
+  const send = new Map<number, number>();
+  for (const p of plan.pieces) {
+    const size = p.axis === null ? p.shape.reduce((a, b) => a * b, 1) : (p.shape.reduce((a, b) => a * b, 1) / p.shape[p.axis]!) * (p.end - p.start);
+    const b = size * 4 * scale;
+    for (const d of p.dsts) {
+      const bw = Math.floor(d / perNode) === Math.floor(p.src / perNode) ? dev.intraBandwidth : dev.interBandwidth;
+      recv.set(d, (recv.get(d) ?? 0) + b / bw + dev.latency);
+    }
+    const bw = p.dsts.every((d) => Math.floor(d / perNode) === Math.floor(p.src / perNode)) ? dev.intraBandwidth : dev.interBandwidth;
+    send.set(p.src, (send.get(p.src) ?? 0) + b / bw);
+  }
+  return Math.max(0, ...recv.values(), ...send.values());
+}

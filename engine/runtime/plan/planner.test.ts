@@ -1,0 +1,305 @@
+// The planner: candidate meshes and strategies, the named plans, evaluation with memory
+// feasibility, the search objective, and Metropolis–Hastings under a time budget.
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+import { deviceCount, parseMesh, type Cluster } from '../../../mesh/parallel/cluster.ts';
+import { ownerCall } from '../../algorithms/index.ts';
+import { ppo } from '../../algorithms/ppo.ts';
+import { loadScenario, type CallName } from '../scenario.ts';
+import { flowOf } from './simulate.ts';
+import { localShape, type DeviceProfile } from './catalog.ts';
+import { strategyProblem } from './cost.ts';
+import { Evaluator, NAMED, callCandidates, meshes, namedPlan, search, strategies, type Candidate, type Placement, type Problem } from './planner.ts';
+import { problemOf } from './problem.ts';
+
+const LLAMA7B_8GPU = fileURLToPath(new URL('../../../scenarios/cluster/llama7b-8gpu.yaml', import.meta.url));
+
+/** A device like a worker process of the local machine, written by hand (no profile file). */
+const DEVICE: DeviceProfile = {
+  name: 'test-local',
+  flops: 2e10,
+  memBandwidth: 1e10,
+  memoryBytes: 2e9,
+  intraBandwidth: 1e8,
+  interBandwidth: 2.5e7,
+  latency: 1e-4,
+  layerOverhead: 1e-4,
+  sharedCores: 2,
+  source: 'hand-written for the tests',
+};
+
+/** ferry's small GPT for actor, critic and reference; the rule reward has no shape. */
+function localProblem(cluster: Cluster = { nodes: 1, devicesPerNode: 4 }, device: DeviceProfile = DEVICE, batch = 16): Problem {
+  return {
+    name: 'small-local',
+    models: {
+      actor: localShape('local-actor', 16, 2, 64, 4),
+      critic: localShape('local-critic', 16, 2, 64, 4),
+      reference: localShape('local-reference', 16, 2, 64, 4),
+      reward: undefined,
+    },
+    graph: PPO_GRAPH(batch),
+    workload: { batch, promptLen: 8, responseLen: 8, epochs: 2, minibatches: 2 },
+    cluster,
+    device,
+  };
+}
+
+/** PPO's graph as the planner sees it, for `batch` rows. */
+function PPO_GRAPH(batch: number): Problem['graph'] {
+  const g = ppo.graph(ppo.options.parse({}), { iterations: 1, batch, epochs: 2, minibatches: 2, clip: 0.2, kl_coef: 0, temperature: 1, lr: 1e-3, clip_norm: 1 });
+  return {
+    calls: g.calls.map((c) => ({ name: c.name, model: c.model, kind: c.fn, rows: batch })),
+    models: g.models.map((m) => ({ name: m.name, valueHead: m.head !== 'policy', trainable: m.trained, owner: ownerCall(g, m.name).name })),
+    flow: flowOf(g),
+  };
+}
+const CALLS = PPO_GRAPH(1).calls.map((c) => c.name);
+const modelOf = (call: string) => call.split('.')[0]!;
+
+/** A plan every call of which is valid for the problem (devices, mesh, dp·tp·pp, model shape). */
+function expectValid(problem: Problem, plan: Candidate) {
+  const total = deviceCount(problem.cluster);
+  expect(Object.keys(plan).sort()).toEqual([...CALLS].sort());
+  for (const call of CALLS) {
+    const p = plan[call];
+    expect(p, call).toBeDefined();
+    expect(p.devices.length, call).toBeGreaterThan(0);
+    for (const d of p.devices) {
+      expect(Number.isInteger(d), call).toBe(true);
+      expect(d, call).toBeGreaterThanOrEqual(0);
+      expect(d, call).toBeLessThan(total);
+    }
+    expect(parseMesh(p.mesh, problem.cluster).devices, call).toEqual(p.devices);
+    expect(p.dp * p.tp * p.pp, call).toBe(p.devices.length);
+    const shape = problem.models[modelOf(call)];
+    if (shape) expect(strategyProblem(shape, p), call).toBeUndefined();
+  }
+  if (!problem.models.reward) {
+    const r = plan['reward.inference'];
+    expect(r.devices).toHaveLength(1);
+    expect([r.dp, r.tp, r.pp]).toEqual([1, 1, 1]);
+  }
+}
+
+const key = (p: Placement) => `${p.mesh}/${p.dp}/${p.tp}/${p.pp}`;
+
+describe('meshes', () => {
+  it('of one node of 4: single devices, aligned pairs, the whole node', () => {
+    const out = meshes({ nodes: 1, devicesPerNode: 4 });
+    expect(new Set(out)).toEqual(new Set(['0:0', '0:1', '0:2', '0:3', '0:0-1', '0:2-3', '0:0-3']));
+    expect(out).toHaveLength(7);
+  });
+
+  it('of several nodes: blocks inside each node and aligned runs of whole nodes', () => {
+    const out = meshes({ nodes: 4, devicesPerNode: 2 });
+    expect(new Set(out)).toEqual(
+      new Set(['0:0', '0:1', '0:0-1', '1:0', '1:1', '1:0-1', '2:0', '2:1', '2:0-1', '3:0', '3:1', '3:0-1', '0-1:*', '2-3:*', '0-3:*']),
+    );
+    expect(out).toHaveLength(15);
+    // Every mesh parses against its cluster.
+    for (const m of meshes({ nodes: 16, devicesPerNode: 8 })) expect(() => parseMesh(m, { nodes: 16, devicesPerNode: 8 })).not.toThrow();
+  });
+});
+
+describe('strategies', () => {
+  it('of 4 devices in a node of 4: every dp × tp × pp = 4 with power-of-two degrees', () => {
+    const out = strategies(4, 4);
+    const set = new Set(out.map((s) => `${s.dp}/${s.tp}/${s.pp}`));
+    expect(set).toEqual(new Set(['4/1/1', '2/1/2', '1/1/4', '2/2/1', '1/2/2', '1/4/1']));
+    expect(out).toHaveLength(6);
+  });
+
+  it('keeps tensor groups inside a node and always multiplies out to the mesh size', () => {
+    const out = strategies(16, 8);
+    expect(out.every((s) => s.dp * s.tp * s.pp === 16)).toBe(true);
+    expect(Math.max(...out.map((s) => s.tp))).toBe(8);
+    expect(strategies(1, 8)).toEqual([{ dp: 1, tp: 1, pp: 1 }]);
+  });
+});
+
+describe('callCandidates', () => {
+  it('offers the rule reward only one device, and models only strategies they can run', () => {
+    const problem = localProblem();
+    expect(callCandidates(problem, 'reward.inference').every((p) => p.devices.length === 1)).toBe(true);
+    for (const call of CALLS) {
+      const list = callCandidates(problem, call);
+      expect(list.length).toBeGreaterThan(0);
+      expect(new Set(list.map(key)).size).toBe(list.length);
+      const shape = problem.models[modelOf(call)];
+      for (const p of list) {
+        expect(p.dp * p.tp * p.pp).toBe(p.devices.length);
+        if (shape) expect(strategyProblem(shape, p)).toBeUndefined();
+      }
+    }
+  });
+
+  it('gives a train call no more replicas than rows per minibatch (what resolvePlan accepts)', () => {
+    // Batch 4 in 2 minibatches: each optimizer step sees 2 rows, so dp ≤ 2 for the train calls;
+    // engine/scenario.ts resolvePlan rejects `plan.actor.train: dp=4 replicas need at least 4
+    // rows per batch; this call gets 2`. A plan the planner may choose must be one ferry can run.
+    const problem = localProblem({ nodes: 1, devicesPerNode: 4 }, DEVICE, 4);
+    const rows = Math.floor(problem.workload.batch / problem.workload.minibatches);
+    for (const call of ['actor.train', 'critic.train'] as const) {
+      const over = callCandidates(problem, call).filter((p) => p.dp > rows).map(key);
+      expect(over, call).toEqual([]);
+    }
+  });
+});
+
+describe('named plans', () => {
+  const clusters: Cluster[] = [
+    { nodes: 1, devicesPerNode: 4 },
+    { nodes: 2, devicesPerNode: 2 },
+    { nodes: 1, devicesPerNode: 1 },
+  ];
+  for (const cluster of clusters) {
+    it(`are valid and fit on ${cluster.nodes} × ${cluster.devicesPerNode} devices`, () => {
+      const problem = localProblem(cluster);
+      const ev = new Evaluator(problem);
+      for (const name of NAMED) {
+        const plan = namedPlan(ev, name);
+        expectValid(problem, plan);
+        const e = ev.evaluate(plan);
+        expect(e.feasible, `${name}: ${e.why}`).toBe(true);
+        expect(e.iterationSeconds).toBeGreaterThan(0);
+        expect(Number.isFinite(e.iterationSeconds)).toBe(true);
+      }
+    });
+  }
+
+  it('follow their definitions on one node of 4', () => {
+    const problem = localProblem();
+    const ev = new Evaluator(problem);
+    const flat = namedPlan(ev, 'flattening');
+    // One strategy for every model call, on every device.
+    const models = CALLS.filter((c) => c !== 'reward.inference');
+    for (const c of models) expect(key(flat[c])).toBe(key(flat['actor.generate']));
+    expect(flat['actor.generate'].devices).toEqual([0, 1, 2, 3]);
+    const colocate = namedPlan(ev, 'colocate');
+    for (const c of models) expect(colocate[c].mesh).toBe('0:0-3');
+    const split = namedPlan(ev, 'split');
+    // Each model on its own devices.
+    const of = (c: CallName) => new Set(split[c].devices);
+    expect(of('actor.generate')).toEqual(of('actor.train'));
+    expect(of('critic.inference')).toEqual(of('critic.train'));
+    for (const [a, b] of [['actor.train', 'critic.train'], ['actor.train', 'reference.inference'], ['critic.train', 'reference.inference']] as const) {
+      expect([...of(a)].some((d) => of(b).has(d)), `${a} and ${b}`).toBe(false);
+    }
+    const sep = namedPlan(ev, 'separation');
+    const trainDevices = new Set([...sep['actor.train'].devices, ...sep['critic.train'].devices]);
+    for (const c of ['actor.generate', 'reference.inference', 'critic.inference'] as const) {
+      expect(sep[c].devices.some((d) => trainDevices.has(d)), c).toBe(false);
+    }
+  });
+
+  it('are valid on the 8-GPU cluster scenario', () => {
+    const problem = problemOf(loadScenario(LLAMA7B_8GPU));
+    const ev = new Evaluator(problem);
+    for (const name of NAMED) expectValid(problem, namedPlan(ev, name));
+  });
+});
+
+describe('Evaluator.evaluate', () => {
+  it('returns the simulation it timed, with reallocations only for views', () => {
+    const problem = localProblem();
+    const ev = new Evaluator(problem);
+    const plan = namedPlan(ev, 'separation');
+    const e = ev.evaluate(plan, true);
+    expect(e.feasible).toBe(true);
+    expect(e.simulation).toBeDefined();
+    expect(e.iterationSeconds).toBe(e.simulation!.iterationSeconds);
+    // actor.generate runs away from actor.train: its weights move; owners never move.
+    expect(e.calls['actor.generate'].reallocSeconds).toBeGreaterThan(0);
+    expect(e.calls['actor.train'].reallocSeconds).toBe(0);
+    expect(e.calls['critic.train'].reallocSeconds).toBe(0);
+    expect(e.calls['reference.inference'].reallocSeconds).toBe(0);
+    for (const c of CALLS) expect(e.calls[c].memoryBytes).toBeLessThanOrEqual(DEVICE.memoryBytes);
+    expect(ev.evaluate(plan).simulation).toBeUndefined();
+  });
+
+  it('marks a plan infeasible, with the reason, when memory does not fit', () => {
+    const roomy = new Evaluator(localProblem());
+    const plan = namedPlan(roomy, 'colocate');
+    expect(roomy.evaluate(plan).feasible).toBe(true);
+    const tiny = new Evaluator(localProblem(undefined, { ...DEVICE, memoryBytes: 1e5 }));
+    const e = tiny.evaluate(plan);
+    expect(e.feasible).toBe(false);
+    expect(e.why).toMatch(/needs [\d.]+ GB on a device of/);
+    expect(e.overflowBytes).toBeGreaterThan(0);
+    expect(e.iterationSeconds).toBe(Infinity);
+    expect(tiny.objective(plan)).toBeGreaterThanOrEqual(1e9);
+  });
+
+  it('marks a plan infeasible when a tensor group does not divide the heads', () => {
+    const problem = localProblem({ nodes: 1, devicesPerNode: 8 });
+    const ev = new Evaluator(problem);
+    const plan = namedPlan(ev, 'colocate');
+    const bad: Candidate = { ...plan, 'actor.train': { mesh: '0:0-7', devices: [0, 1, 2, 3, 4, 5, 6, 7], dp: 1, tp: 8, pp: 1 } };
+    const e = ev.evaluate(bad);
+    expect(e.feasible).toBe(false);
+    expect(e.why).toMatch(/actor\.train: tp=8 does not divide 4 heads/);
+  });
+
+  it('ranks every infeasible plan above every feasible one', () => {
+    // Random plans of the 8-GPU cluster scenario, where many do not fit.
+    const problem = problemOf(loadScenario(LLAMA7B_8GPU));
+    const ev = new Evaluator(problem);
+    const options = Object.fromEntries(CALLS.map((c) => [c, callCandidates(problem, c)])) as Record<CallName, Placement[]>;
+    let s = 12345;
+    const rand = () => ((s = (s * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+    const feasible: number[] = [];
+    const infeasible: number[] = [];
+    const plans: Candidate[] = [...NAMED.map((n) => namedPlan(ev, n))];
+    for (let i = 0; i < 300; i++) plans.push(Object.fromEntries(CALLS.map((c) => [c, options[c][Math.floor(rand() * options[c].length)]!])) as Candidate);
+    for (const plan of plans) {
+      const e = ev.evaluate(plan);
+      const o = ev.objective(plan);
+      if (e.feasible) {
+        expect(o).toBe(e.iterationSeconds);
+        feasible.push(o);
+      } else {
+        infeasible.push(o);
+      }
+    }
+    expect(feasible.length).toBeGreaterThan(0);
+    expect(infeasible.length).toBeGreaterThan(0);
+    expect(Math.min(...infeasible)).toBeGreaterThan(Math.max(...feasible));
+  });
+});
+
+describe('search', () => {
+  it('returns feasible, valid plans no slower than the best named plan, within its budget', () => {
+    const problem = localProblem();
+    const ev = new Evaluator(problem);
+    const starts = NAMED.map((n) => namedPlan(ev, n)).sort((a, b) => ev.objective(a) - ev.objective(b));
+    const bestNamed = Math.min(...starts.map((p) => ev.evaluate(p).iterationSeconds));
+    const t0 = performance.now();
+    const r = search(ev, starts, { budgetSeconds: 1, seed: 7 });
+    const wall = (performance.now() - t0) / 1000;
+    expect(wall).toBeLessThan(1.5);
+    expect(r.seconds).toBeGreaterThanOrEqual(1);
+    expect(r.seconds).toBeLessThan(1.5);
+    expect(r.evaluated).toBeGreaterThan(starts.length);
+    expect(r.best.length).toBeGreaterThan(0);
+    expect(r.best.length).toBeLessThanOrEqual(5);
+    expect(r.best[0]!.iterationSeconds).toBeLessThanOrEqual(bestNamed + 1e-12);
+    for (let i = 1; i < r.best.length; i++) expect(r.best[i]!.iterationSeconds).toBeGreaterThanOrEqual(r.best[i - 1]!.iterationSeconds);
+    const fresh = new Evaluator(problem);
+    for (const b of r.best) {
+      expectValid(problem, b.plan);
+      const e = fresh.evaluate(b.plan);
+      expect(e.feasible).toBe(true);
+      expect(e.iterationSeconds).toBeCloseTo(b.iterationSeconds, 12);
+    }
+  });
+
+  it('keeps no infeasible plan, and reports none when nothing fits', () => {
+    const problem = localProblem(undefined, { ...DEVICE, memoryBytes: 1e5 });
+    const ev = new Evaluator(problem);
+    const starts = NAMED.map((n) => namedPlan(ev, n));
+    const r = search(ev, starts, { budgetSeconds: 0.2 });
+    expect(r.best).toEqual([]);
+    expect(r.seconds).toBeLessThan(0.7);
+  });
+});

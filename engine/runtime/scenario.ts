@@ -1,0 +1,399 @@
+// Scenario files: YAML validated against one schema, from which the JSON Schema for editors is
+// generated too (`npm run schema`). Every key has a default or is required; an unknown key is an
+// error naming its path, never a silent no-op.
+import { readFileSync } from 'node:fs';
+import { basename, dirname, extname } from 'node:path';
+import { parseDocument } from 'yaml';
+import { z } from 'zod';
+import { describeValue, formatIssues } from '../../mesh/wire/index.ts';
+import { deviceCount, parseMesh, singleDeviceMesh, MeshError, type Cluster } from '../../mesh/parallel/index.ts';
+import { BACKENDS } from '../model/index.ts';
+import { TASKS } from '../device/index.ts';
+import { DEVICE_NAMES, MODELS as MODEL_PRESETS } from './plan/catalog.ts';
+import { algorithmOf, algorithmPath, isPath, loadAlgorithmFile, ownerCall, validateGraph, type Algorithm, type Graph, type ModelDecl, type RlConfig } from '../algorithms/index.ts';
+
+const PRESETS = Object.keys(MODEL_PRESETS) as [string, ...string[]];
+
+const pos = z.number().int().positive();
+const nat = z.number().int().nonnegative();
+
+export const STRATEGIES = ['one_for_one', 'one_for_all', 'rest_for_one'] as const;
+export const POLICIES = ['permanent', 'transient', 'temporary'] as const;
+/** The calls a kill can land in (for the supervisor: while it sends that call). */
+export const CHAOS_CALLS = ['load', 'sft', 'generate', 'inference', 'train', 'realloc', 'checkpoint', 'restore', 'manifest'] as const;
+
+/** A model function call of the scenario's algorithm, `<model>.<what>`. */
+export type CallName = string;
+
+const Placement = z.strictObject({
+  mesh: z.string().describe('devices, e.g. "0:0" (node 0, device 0), "0:0-3", or "0-1:*" (whole nodes)'),
+  dp: pos.default(1),
+  tp: pos.default(1),
+  pp: pos.default(1),
+});
+
+/** Erlang/OTP's vocabulary: who is restarted, which others with it, and when to give up. */
+export const Supervision = z.strictObject({
+  strategy: z.enum(STRATEGIES).default('one_for_one').describe('one_for_one: restart the dead worker; one_for_all: every worker; rest_for_one: it and the workers started after it'),
+  intensity: nat.default(10).describe('at most this many restarts (and recoveries) ...'),
+  period_seconds: z.number().positive().default(60).describe('... within this many seconds; one more ends the run with an error naming the actor and its failures'),
+  restart: z.strictObject({
+    worker: z.enum(POLICIES).default('permanent'),
+    supervisor: z.enum(POLICIES).default('transient'),
+  }).prefault({}).describe('permanent: always restarted; transient: restarted when it exits abnormally; temporary: never'),
+});
+
+/** A reward actor on the bus, by the name it serves, and how long ferry waits for it. */
+export const RewardActorRef = z.strictObject({
+  name: z.string().regex(/^[A-Za-z0-9_-]+$/, 'letters, digits, - and _ (it is a NATS subject token)'),
+  weight: z.number().default(1),
+  timeout_seconds: z.number().positive().default(10).describe('one request; then it goes to the next instance'),
+  retries: nat.default(2).describe('further attempts after the first'),
+  wait_seconds: z.number().positive().default(60).describe('how long to wait for an instance to appear'),
+});
+
+export const Chaos = z.strictObject({
+  kills: z.array(z.strictObject({
+    actor: z.string().describe("a model of the algorithm whose worker dies (its rank 0 for the call), or 'supervisor'"),
+    call: z.enum(CHAOS_CALLS).describe('the call during which it dies'),
+    iteration: z.number().int().min(-1).describe('-1: during setup'),
+    how: z.enum(['kill', 'hang']).default('kill').describe('kill: SIGKILL; hang: SIGSTOP, found by missed heartbeats, then killed'),
+  })).default([]),
+  random: z.strictObject({
+    kills: nat.describe('how many kills to draw'),
+    seed: nat.default(0),
+    actors: z.array(z.string()).min(1).optional().describe("models (or 'supervisor') to draw from (default: all)"),
+    hang: z.number().min(0).max(1).default(0).describe('the share of kills that are hangs instead'),
+  }).optional(),
+});
+
+export const Scenario = z.strictObject({
+  name: z.string().regex(/^[A-Za-z0-9_-]+$/, 'letters, digits, - and _').optional()
+    .describe('run name; defaults to the file name'),
+  seed: nat.default(1).describe('seeds prompts, sampling, initialisation and shuffling'),
+  backend: z.enum(BACKENDS).default('auto').describe('TensorFlow.js backend; auto tries node-gpu, node, wasm, cpu'),
+  task: z.strictObject({
+    name: z.enum(TASKS).default('sort'),
+    digits: pos.default(4).describe('digits per prompt, and tokens per response'),
+    base: z.number().int().min(2).max(64).default(10),
+  }).prefault({}),
+  model: z.strictObject({
+    layers: pos.default(2),
+    width: pos.default(64),
+    heads: pos.default(4),
+  }).prefault({}).describe('shape of the actor, critic and reference (vocabulary and context come from the task)'),
+  cluster: z.strictObject({
+    nodes: pos.default(1),
+    devices_per_node: pos.default(4),
+    device: z.enum(DEVICE_NAMES).default('local').describe('local: a worker process per device; otherwise a GPU profile that npm run plan plans for'),
+  }).prefault({}).describe('locally, a device is one worker process'),
+  models: z.record(z.string(), z.enum(PRESETS)).default({})
+    .describe("published shapes by model name, for cluster-scale planning (a model without one takes the shape of the model it starts from; a reward without one is the rule); without them the models take `model`"),
+  lengths: z.strictObject({
+    prompt: pos.optional(),
+    response: pos.optional(),
+  }).prefault({}).describe('prompt and response lengths for planning; the task decides them for runs'),
+  algorithm: z.union([z.string().min(1), z.looseObject({ name: z.string().min(1) })]).default('ppo')
+    .describe("ppo, grpo, rloo, remax, reinforce_pp, dpo, or a path to a module of your own; as { name, ...options } with the algorithm's options"),
+  plan: z.record(z.string(), Placement).default({})
+    .describe("mesh and dp/tp/pp per call of the algorithm (e.g. actor.generate); calls left out go to one device per model, in the algorithm's order"),
+  warmup: z.strictObject({
+    steps: nat.default(15).describe('supervised steps on demonstrations before RL (0 to skip)'),
+    demos: pos.default(1024),
+    batch: pos.default(32),
+    lr: z.number().positive().default(3e-3),
+  }).prefault({}),
+  rl: z.strictObject({
+    iterations: pos.default(40),
+    batch: pos.default(64).describe('prompts (or preference pairs) per iteration'),
+    epochs: pos.default(2),
+    minibatches: pos.default(2),
+    clip: z.number().positive().default(0.2).describe('ε of the clipped policy loss'),
+    kl_coef: z.number().nonnegative().default(0.02).describe('β of the KL to the reference, in the reward or the loss as the algorithm puts it'),
+    temperature: z.number().positive().default(1),
+    lr: z.number().positive().default(1e-3).describe("the policy's learning rate"),
+    clip_norm: z.number().nonnegative().default(1).describe('global gradient-norm clip; 0 turns it off'),
+  }).prefault({}).describe("what every algorithm's iteration has; the algorithm's own options go under algorithm:"),
+  reward: z.strictObject({
+    rule: z.enum(TASKS).optional().describe('built-in rule reward; defaults to the task'),
+    weight: z.number().nonnegative().default(1).describe("weight of the reward device's score (the rule); 0: not used"),
+    actors: z.array(RewardActorRef).default([]).describe('reward actors on the bus (docs/reward-protocol.md), combined with the rule: the reward is the weighted sum'),
+    model: z.strictObject({
+      pairs: pos.default(512).describe('preference pairs: two responses of the warmed-up actor to one prompt, labelled by the rule'),
+      steps: pos.default(80),
+      batch: pos.default(64),
+      lr: z.number().positive().default(3e-3),
+      demonstrations: z.boolean().default(true).describe('also compare each first sample with the answer the rule wants (as a labeller who writes demonstrations)'),
+    }).optional().describe("a learned reward model on the reward device: after the warm-up it learns (Bradley–Terry) from pairs the rule labels — the rule plays the human and is hidden from the RL iterations, which get the model's score, over the reward protocol, with the reward's weight"),
+  }).prefault({}),
+  checkpoint: z.strictObject({
+    every: nat.default(1).describe('iterations between checkpoints in the run directory (0: none); the last iteration is always kept'),
+  }).prefault({}).describe('checkpoints let npm run scenario -- --resume RUN_DIR go on with a run'),
+  timeouts: z.strictObject({
+    join_seconds: z.number().positive().default(60).describe('how long to wait for every device to have a worker'),
+    call_seconds: z.number().positive().default(300).describe('how long one model function call may take'),
+    heartbeat_seconds: z.number().positive().default(10).describe('a worker silent this long is hung: it is killed and restarted'),
+    recover_seconds: z.number().positive().default(120).describe('how long a recovery may wait for a worker on every device'),
+  }).prefault({}),
+  supervision: Supervision.prefault({}).describe("restart policies and strategy, in Erlang/OTP's terms"),
+  chaos: Chaos.optional().describe('kills to inject (npm run chaos runs the scenario with and without them)'),
+});
+export type Scenario = z.output<typeof Scenario>;
+export type ScenarioInput = z.input<typeof Scenario>;
+
+export class ScenarioError extends Error {
+  override name = 'ScenarioError';
+}
+
+/** Where each call runs: its mesh's devices and its strategy. */
+export interface Placed {
+  call: CallName;
+  mesh: string;
+  devices: number[];
+  dp: number;
+  tp: number;
+  pp: number;
+}
+
+export type Plan = Record<CallName, Placed>;
+
+/** The scenario's algorithm, resolved: what it is, its options with their defaults, and its graph. */
+export interface AlgorithmSpec {
+  algorithm: Algorithm;
+  /** Its name (a built-in's, or the absolute path of a user's file). */
+  name: string;
+  options: Record<string, unknown>;
+  graph: Graph;
+}
+
+const specs = new WeakMap<Scenario, AlgorithmSpec>();
+
+const algorithmName = (a: Scenario['algorithm']) => (typeof a === 'string' ? a : a.name);
+
+/** The algorithm a (parsed) scenario runs; its options were checked when it was parsed. */
+export function algorithmSpec(s: Scenario): AlgorithmSpec {
+  let spec = specs.get(s);
+  if (!spec) {
+    const name = algorithmName(s.algorithm);
+    const algorithm = algorithmOf(name);
+    const { name: _n, ...given } = typeof s.algorithm === 'string' ? { name } : s.algorithm;
+    const parsed = algorithm.options.safeParse(given);
+    if (!parsed.success) {
+      throw new ScenarioError(`algorithm: ${parsed.error.issues.length} problem(s) with the options of '${algorithm.name}':\n  ${formatIssues(parsed.error.issues, given, () => undefined).map((l) => `algorithm.${l}`).join('\n  ')}`);
+    }
+    const options = parsed.data as Record<string, unknown>;
+    const graph = algorithm.graph(options, s.rl as RlConfig);
+    validateGraph(graph, algorithm.name);
+    spec = { algorithm, name, options, graph };
+    specs.set(s, spec);
+  }
+  return spec;
+}
+
+export const graphOf = (s: Scenario): Graph => algorithmSpec(s).graph;
+
+/** The model a call of the scenario's algorithm runs on. */
+export function modelOf(s: Scenario, call: CallName): string {
+  const c = graphOf(s).calls.find((x) => x.name === call);
+  if (!c) throw new ScenarioError(`'${call}' is not a call of the algorithm; it has ${graphOf(s).calls.map((x) => x.name).join(', ')}`);
+  return c.model;
+}
+
+export function modelDecl(s: Scenario, model: string): ModelDecl {
+  const m = graphOf(s).models.find((x) => x.name === model);
+  if (!m) throw new ScenarioError(`'${model}' is not a model of the algorithm; it has ${graphOf(s).models.map((x) => x.name).join(', ')}`);
+  return m;
+}
+
+/** The preset a model takes, if any: its own, else that of the model it starts from (a reward: its own only). */
+export function presetOf(s: Scenario, model: string): string | undefined {
+  const own = s.models[model];
+  if (own) return own;
+  const m = modelDecl(s, model);
+  return m.from !== undefined && m.head !== 'reward' ? presetOf(s, m.from) : undefined;
+}
+
+/** A model's attention heads and layers: its preset's, or `model:`'s (a rule reward has none). */
+function shapeOf(s: Scenario, model: string): { heads: number; layers: number } | undefined {
+  const preset = presetOf(s, model);
+  if (preset) return MODEL_PRESETS[preset]!;
+  return modelDecl(s, model).head === 'reward' ? undefined : { heads: s.model.heads, layers: s.model.layers };
+}
+
+/** Whether `npm run scenario` can run this here, or it describes a cluster for `npm run plan`. */
+export function planOnly(s: Scenario): string | undefined {
+  if (s.cluster.device !== 'local') return `its cluster is of ${s.cluster.device} devices`;
+  const preset = Object.values(s.models)[0];
+  if (preset) return `it uses the ${preset} preset`;
+  return undefined;
+}
+
+/** Rows a call of the graph sees per iteration: a generation's samples, pairs' two rows. */
+export function rowsOf(s: Scenario): number {
+  const g = graphOf(s);
+  return g.source === 'pairs' ? 2 * s.rl.batch : s.rl.batch * g.group;
+}
+
+/** Fills in the default placement and checks the plan against the algorithm, the cluster and the model. */
+export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
+  const cluster: Cluster = { nodes: s.cluster.nodes, devicesPerNode: s.cluster.devices_per_node };
+  const total = deviceCount(cluster);
+  const graph = graphOf(s);
+  const calls = graph.calls.map((c) => c.name);
+  const models = graph.models.map((m) => m.name);
+  const errors: string[] = [];
+  for (const key of Object.keys(s.plan)) {
+    if (!calls.includes(key)) errors.push(`plan.${key}: '${algorithmSpec(s).algorithm.name}' has no call '${key}'; its calls are ${calls.join(', ')}`);
+  }
+  for (const key of Object.keys(s.models)) {
+    if (!models.includes(key)) errors.push(`models.${key}: '${algorithmSpec(s).algorithm.name}' has no model '${key}'; its models are ${models.join(', ')}`);
+  }
+  const plan = {} as Plan;
+  for (const call of calls) {
+    const model = modelOf(s, call);
+    const given = s.plan[call];
+    const placement = given ?? { mesh: singleDeviceMesh(models.indexOf(model) % total, cluster), dp: 1, tp: 1, pp: 1 };
+    try {
+      const mesh = parseMesh(placement.mesh, cluster);
+      const product = placement.dp * placement.tp * placement.pp;
+      if (product !== mesh.devices.length) {
+        errors.push(`plan.${call}: dp×tp×pp = ${placement.dp}×${placement.tp}×${placement.pp} = ${product}, but mesh "${mesh.name}" has ${mesh.devices.length} device(s)`);
+      }
+      // Megatron splits attention by heads: each tensor-parallel rank takes whole heads.
+      const heads = shapeOf(s, model)?.heads;
+      if (heads !== undefined && heads % placement.tp !== 0) {
+        errors.push(`plan.${call}: tp=${placement.tp} must divide the model's ${heads} attention heads`);
+      }
+      plan[call] = { call, mesh: mesh.name, devices: mesh.devices, dp: placement.dp, tp: placement.tp, pp: placement.pp };
+    } catch (e) {
+      if (e instanceof MeshError) errors.push(`plan.${call}: ${e.message}`);
+      else throw e;
+    }
+  }
+  if (errors.length === 0) {
+    const rows = rowsOf(s);
+    for (const c of graph.calls) {
+      const p = plan[c.name]!;
+      const m = modelDecl(s, c.model);
+      if (m.head === 'reward' && !s.models[c.model] && p.devices.length !== 1) {
+        errors.push(`plan.${c.name}: the rule reward runs on one device; mesh "${p.mesh}" has ${p.devices.length}`);
+      }
+      const layers = shapeOf(s, c.model)?.layers;
+      if (layers !== undefined && p.pp > layers) errors.push(`plan.${c.name}: pp=${p.pp} needs at least ${p.pp} layers; the model has ${layers}`);
+      // Every data-parallel replica needs at least one row (or pair) of each batch it sees.
+      // Mini-batches hold ceil(items / minibatches) items; the last holds what is left.
+      const items = c.fn === 'train' && graph.source === 'pairs' ? s.rl.batch : rows;
+      const size = Math.ceil(items / s.rl.minibatches);
+      const got = c.fn === 'train' ? Math.min(size, items - (s.rl.minibatches - 1) * size) : rows;
+      if (got < p.dp) errors.push(`plan.${c.name}: dp=${p.dp} replicas need at least ${p.dp} rows per batch; this call gets ${got}`);
+      if (c.fn === 'train' && m.head === 'policy' && m.from === undefined && s.warmup.steps > 0 && Math.min(s.warmup.batch, s.warmup.demos) < p.dp) {
+        errors.push(`plan.${c.name}: dp=${p.dp} replicas need at least ${p.dp} rows per warm-up batch; warmup.batch is ${s.warmup.batch}`);
+      }
+    }
+    // A model's calls all see one shape: its owner's layout decides how its weights are split.
+    for (const m of graph.models) {
+      if (!graph.calls.some((c) => c.model === m.name)) errors.push(`model '${m.name}' has no call in the algorithm`);
+      else ownerCall(graph, m.name);
+    }
+  }
+  if (s.model.width % s.model.heads !== 0) errors.push(`model.width: ${s.model.width} is not divisible by model.heads = ${s.model.heads}`);
+  if (errors.length) throw new ScenarioError(`${where}: the plan does not fit:\n  ${errors.join('\n  ')}`);
+  return plan;
+}
+
+/** The keys a scenario allows at `path` (through defaults and optionals), for typo hints. */
+function keysAt(path: readonly PropertyKey[]): string[] | undefined {
+  let schema: z.core.$ZodType = Scenario;
+  for (const key of [...path, undefined]) {
+    for (;;) {
+      const def = schema._zod.def as { type: string; innerType?: z.core.$ZodType };
+      if (!def.innerType || def.type === 'object') break;
+      schema = def.innerType;
+    }
+    const shape = (schema._zod.def as { shape?: Record<string, z.core.$ZodType> }).shape;
+    if (!shape) return undefined;
+    if (key === undefined) return Object.keys(shape);
+    schema = shape[String(key)]!;
+    if (!schema) return undefined;
+  }
+  return undefined;
+}
+
+/** Parses and validates scenario text. `where` names the source in every error; `baseDir` resolves an algorithm's path. */
+export function parseScenario(text: string, where: string, baseDir = '.'): Scenario {
+  const doc = parseDocument(text, { prettyErrors: true });
+  if (doc.errors.length) {
+    throw new ScenarioError(`${where}: not valid YAML:\n  ${doc.errors.map((e) => e.message.split('\n')[0]).join('\n  ')}`);
+  }
+  const raw: unknown = doc.toJS() ?? {};
+  const parsed = Scenario.safeParse(raw);
+  if (!parsed.success) {
+    throw new ScenarioError(`${where}: ${parsed.error.issues.length} problem(s):\n  ${formatIssues(parsed.error.issues, raw, keysAt).join('\n  ')}`);
+  }
+  const name = algorithmName(parsed.data.algorithm);
+  const absolute = isPath(name) ? algorithmPath(name, baseDir) : name;
+  // Written back with its options' defaults filled in (and a file's path made absolute), so that
+  // scenario.json says exactly what ran.
+  const scenario: Scenario = { ...parsed.data, algorithm: { ...(typeof parsed.data.algorithm === 'string' ? {} : parsed.data.algorithm), name: absolute } };
+  try {
+    const spec = algorithmSpec(scenario);
+    scenario.algorithm = { ...spec.options, name: absolute };
+    specs.set(scenario, spec);
+  } catch (e) {
+    if (e instanceof Error && !(e instanceof ScenarioError)) throw new ScenarioError(`${where}: ${e.message}`, { cause: e });
+    throw e instanceof ScenarioError ? new ScenarioError(`${where}: ${e.message}`) : e;
+  }
+  resolvePlan(scenario, where);
+  return scenario;
+}
+
+function readText(file: string, what: string): string {
+  try {
+    return readFileSync(file, 'utf8');
+  } catch (e) {
+    throw new ScenarioError(`cannot read ${what} ${file}: ${(e as Error).message}`);
+  }
+}
+
+/**
+ * Reads and validates a scenario file. With `planFile` (a `plan:` as `npm run plan --write`
+ * writes it), that plan replaces the scenario's before validation.
+ */
+export function loadScenario(file: string, planFile?: string): Scenario {
+  let text = readText(file, 'scenario file');
+  let where = file;
+  if (planFile) {
+    const doc = parseDocument(text);
+    const plan = parseDocument(readText(planFile, 'plan file')).toJS() as unknown;
+    if (plan === null || typeof plan !== 'object' || !('plan' in plan)) {
+      throw new ScenarioError(`${planFile}: expected a YAML map with a 'plan' key (as npm run plan --write writes it), got ${describeValue(plan)}`);
+    }
+    doc.set('plan', (plan as { plan: unknown }).plan);
+    text = doc.toString();
+    where = `${file} with the plan of ${planFile}`;
+  }
+  const s = parseScenario(text, where, dirname(file));
+  const named = { ...s, name: s.name ?? basename(file, extname(file)) };
+  specs.set(named, algorithmSpec(s));
+  return named;
+}
+
+/**
+ * loadScenario for a file whose algorithm may be a module of the user's: that module is imported
+ * first. Every entry point (scenario, chaos, plan, the supervisor process) reads scenarios this way.
+ */
+export async function loadScenarioFile(file: string, planFile?: string): Promise<Scenario> {
+  const raw = parseDocument(readText(file, 'scenario file')).toJS() as { algorithm?: unknown } | null;
+  const a = raw?.algorithm;
+  const name = typeof a === 'string' ? a : typeof a === 'object' && a !== null && typeof (a as { name?: unknown }).name === 'string' ? (a as { name: string }).name : undefined;
+  if (name !== undefined && isPath(name)) await loadAlgorithmFile(algorithmPath(name, dirname(file)));
+  return loadScenario(file, planFile);
+}
+
+/** The JSON Schema of scenario files, for editors (yaml-language-server, VS Code). */
+export function scenarioJsonSchema(): object {
+  return {
+    ...z.toJSONSchema(Scenario, { io: 'input', unrepresentable: 'any' }),
+    title: 'ferry scenario',
+  };
+}

@@ -1,0 +1,446 @@
+// The messages of ferry's bus, as schemas. Each message is a msgpack map with a `type` and the
+// protocol version `v`; decoding (mesh/codec.ts) is the one place where bytes become these types.
+import { z } from 'zod';
+
+export const PROTOCOL_VERSION = 1;
+const v = z.literal(PROTOCOL_VERSION);
+
+const typed = <T>(ctor: new (...a: never[]) => T, name: string) =>
+  z.custom<T>((x) => x instanceof ctor, { message: `expected a ${name}` });
+const f32 = typed<Float32Array>(Float32Array, 'Float32Array');
+const i32 = typed<Int32Array>(Int32Array, 'Int32Array');
+const u32 = typed<Uint32Array>(Uint32Array, 'Uint32Array');
+const nat = z.number().int().nonnegative();
+const pos = z.number().int().positive();
+
+/** A model's name in a run (as the algorithm names it: `policy`, `value`, …); a view adds `@<call>`. */
+export const ModelName = z.string().regex(/^[A-Za-z][A-Za-z0-9_-]*$/, 'a letter, then letters, digits, - and _');
+
+/** A model's shape. `policy` has a token head, `value` a scalar head, `rule` has no parameters. */
+export const ModelSpec = z.discriminatedUnion('kind', [
+  z.strictObject({
+    kind: z.enum(['policy', 'value']),
+    vocab: pos,
+    context: pos,
+    layers: pos,
+    width: pos,
+    heads: pos,
+  }),
+  z.strictObject({ kind: z.literal('rule'), rule: z.string(), digits: pos, base: pos }),
+]);
+export type ModelSpec = z.infer<typeof ModelSpec>;
+
+/**
+ * Where one model function call runs: a mesh of devices and a dp × tp × pp strategy over it.
+ * Ranks are laid out tp fastest, then pp, then dp, so tensor groups sit on neighbouring devices.
+ */
+export const Layout = z.strictObject({
+  devices: z.array(nat).min(1),
+  dp: pos,
+  tp: pos,
+  pp: pos,
+});
+export type Layout = z.infer<typeof Layout>;
+
+export const Optim = z.strictObject({
+  lr: z.number().positive(),
+  beta1: z.number().min(0).max(1),
+  beta2: z.number().min(0).max(1),
+  eps: z.number().positive(),
+  clipNorm: z.number().nonnegative(),
+});
+export type Optim = z.infer<typeof Optim>;
+
+/** A batch of sequences: `tokens` holds `batch` rows of `promptLen + responseLen` tokens. */
+const Batch = {
+  tokens: i32,
+  batch: pos,
+  promptLen: pos,
+  responseLen: pos,
+};
+
+/** A loss by name (engine/losses.ts's registry) and its parameters. */
+export const LossSpec = z.strictObject({
+  name: z.string().min(1),
+  params: z.record(z.string(), z.union([z.number(), z.string(), z.boolean()])),
+});
+export type LossSpec = z.infer<typeof LossSpec>;
+
+/** A range along one axis of a parameter (axis null: the whole parameter). */
+const SliceSpec = z.strictObject({
+  name: z.string(),
+  shape: z.array(nat),
+  axis: nat.nullable(),
+  start: nat,
+  end: nat,
+});
+
+/**
+ * One training call a shard applied: the iteration, how many prompts (rows) it trained on, and the
+ * SHA-256 of their tokens. It travels with the shard's state (checkpoints and restores), so after
+ * any recovery the ledger says which rollouts the parameters have really been trained on.
+ */
+export const LedgerEntry = z.strictObject({ iteration: nat, rows: nat, sha256: z.string() });
+export type LedgerEntry = z.infer<typeof LedgerEntry>;
+
+/** A shard as a plain record: its weight slices, its optimizer's step and moments, and its ledger. */
+export const Checkpoint = z.strictObject({
+  tensors: z.array(z.strictObject({ name: z.string(), shape: z.array(nat), data: f32 })),
+  optimizer: z
+    .strictObject({ step: nat, moments: z.array(z.strictObject({ name: z.string(), m: f32, v: f32 })) })
+    .optional(),
+  ledger: z.array(LedgerEntry).optional(),
+});
+export type Checkpoint = z.infer<typeof Checkpoint>;
+
+/** A run's checkpoint file: every rank of the kept models (those with parameters) after `iteration`. */
+export const CheckpointFile = z.strictObject({
+  type: z.literal('checkpoint'),
+  v,
+  /** -1: taken after setup, before the first iteration. */
+  iteration: z.number().int().min(-1),
+  models: z.record(z.string(), z.array(Checkpoint)),
+});
+
+const TensorManifest = z.strictObject({ name: z.string(), shape: z.array(nat), sha256: z.string() });
+export type TensorManifest = z.infer<typeof TensorManifest>;
+
+/** What a caller may ask of a device. Every call names the model whose shard it concerns. */
+export const CallBody = z.discriminatedUnion('fn', [
+  z.strictObject({
+    fn: z.literal('load'),
+    /** The model this shard belongs to (a view's owner: the name without `@<call>`). */
+    role: ModelName,
+    spec: ModelSpec,
+    layout: Layout,
+    rank: nat,
+    /** Seeds the initial weights; a view that a reallocation will fill has none and starts at zero. */
+    seed: nat.optional(),
+    /** Only the training layout owns an optimizer; generation or inference views do not. */
+    optim: Optim.optional(),
+    /** A learned reward model: serve it on the bus as the reward actor of this name (docs/reward-protocol.md). */
+    serve: z.string().regex(/^[A-Za-z0-9_-]+$/).optional(),
+  }),
+  /** A reward model learns from preference pairs (Bradley–Terry); `chosen` and `rejected` are whole sequences, row for row. */
+  z.strictObject({
+    fn: z.literal('preference'),
+    chosen: i32,
+    rejected: i32,
+    batch: pos,
+    promptLen: pos,
+    responseLen: pos,
+    steps: pos,
+    minibatch: pos,
+    lr: z.number().positive(),
+    seed: nat,
+  }),
+  z.strictObject({ fn: z.literal('sft'), ...Batch, steps: pos, minibatch: pos, lr: z.number().positive(), seed: nat }),
+  z.strictObject({
+    fn: z.literal('generate'),
+    prompts: i32,
+    batch: pos,
+    promptLen: pos,
+    responseLen: pos,
+    /** One sampling seed per row, derived from (run seed, iteration, prompt, sample). */
+    seeds: u32,
+    temperature: z.number().positive(),
+    /** The most likely token at every step instead of a sample (a baseline to compare samples with). */
+    greedy: z.boolean().optional(),
+  }),
+  z.strictObject({ fn: z.literal('inference'), ...Batch }),
+  z.strictObject({
+    fn: z.literal('train'),
+    ...Batch,
+    seed: nat,
+    /** Passes over the batch, each in seeded mini-batches. */
+    epochs: pos,
+    minibatches: pos,
+    loss: LossSpec,
+    /** The loss's per-token arrays by port (`old`, `advantages`, `returns`, `ref`, …), [batch, responseLen] each. */
+    data: z.record(z.string(), f32),
+  }),
+  z.strictObject({
+    fn: z.literal('realloc'),
+    /** The reallocation this is part of: its ready and go subjects, and its transfers' prefix. */
+    realloc: z.string(),
+    /** The model whose parameters this device sends or copies (the call's model receives). */
+    source: z.string(),
+    /** Transfers this device publishes: each a set of slices of the source. */
+    sends: z.array(z.strictObject({ transfer: z.string(), pieces: z.array(SliceSpec) })),
+    /** Transfers this device receives into the call's model. */
+    recvs: z.array(z.strictObject({ transfer: z.string(), pieces: z.array(SliceSpec) })),
+    /** Slices it copies from the source's shard on this same device. */
+    locals: z.array(SliceSpec),
+    chunkBytes: pos,
+  }),
+  /**
+   * A raw exchange for measurement: on go, publish `bytes` of plain payload per send transfer; for
+   * each receive transfer, count bytes until `bytes` have come. The same ready/go as a realloc.
+   */
+  z.strictObject({
+    fn: z.literal('probe'),
+    realloc: z.string(),
+    sends: z.array(z.strictObject({ transfer: z.string(), bytes: nat })),
+    recvs: z.array(z.strictObject({ transfer: z.string(), bytes: nat })),
+    chunkBytes: pos,
+  }),
+  /** The process's memory, for benchmarks and reports. */
+  z.strictObject({ fn: z.literal('stats') }),
+  z.strictObject({ fn: z.literal('manifest') }),
+  /** The shard's own slices of the weights, as they are (for inspection and tests; small models). */
+  z.strictObject({ fn: z.literal('weights') }),
+  /**
+   * A checkpoint of the shard, streamed as chunks on `transfer` once `go` comes (an exchange, as a
+   * reallocation): its weight slices as `w:<name>`, and on the training layout its optimizer's
+   * moments as `m:<name>` and `v:<name>`. The reply carries the optimizer's step.
+   */
+  z.strictObject({ fn: z.literal('checkpoint'), realloc: z.string(), transfer: z.string(), chunkBytes: pos }),
+  /** Puts a streamed checkpoint (as `checkpoint` sends it) back into a loaded shard of the same layout and rank. */
+  z.strictObject({ fn: z.literal('restore'), realloc: z.string(), transfer: z.string(), step: nat, optimizer: z.boolean(), ledger: z.array(LedgerEntry).default([]) }),
+  z.strictObject({ fn: z.literal('release') }),
+  /**
+   * Back to a fresh device, whatever it was doing: the running call is abandoned (its askers get
+   * `interrupted`), every shard is dropped, remembered answers are forgotten. The supervisor sends
+   * it to every device before it restores a snapshot; `epoch` names that recovery.
+   */
+  z.strictObject({ fn: z.literal('reset'), epoch: nat }),
+  z.strictObject({ fn: z.literal('shutdown') }),
+]);
+export type CallBody = z.infer<typeof CallBody>;
+export type CallFn = CallBody['fn'];
+
+export const Call = z.strictObject({
+  type: z.literal('call'),
+  v,
+  /** Unique per attempt-independent call: handling the same id twice is harmless. */
+  id: z.string().min(1),
+  model: z.string().min(1),
+  iteration: z.number().int(),
+  /**
+   * Shared by the calls that the ranks of one mesh run together: it names their collective
+   * messages, so that ranks of one call never mix with another's.
+   */
+  group: z.string().optional(),
+  /**
+   * The supervisor's recovery epoch when it made the call. A device that has been reset for a
+   * later epoch refuses it (`interrupted`): work abandoned by a recovery never reaches the state
+   * the recovery restored.
+   */
+  epoch: nat.optional(),
+  body: CallBody,
+});
+export type Call = z.infer<typeof Call>;
+
+/** Activations, gradients and partial sums between the ranks of one call. */
+export const Collective = z.strictObject({
+  type: z.literal('coll'),
+  v,
+  group: z.string(),
+  tag: z.string(),
+  from: nat,
+  /** Large tensors travel in parts no larger than the server's max payload. */
+  part: nat,
+  parts: pos,
+  data: z.union([f32, i32]),
+});
+export type Collective = z.infer<typeof Collective>;
+
+export const ERROR_CODES = [
+  'malformed',
+  'busy',
+  'not_loaded',
+  'unsupported',
+  'invalid_state',
+  'digest_mismatch',
+  'timeout',
+  'unreachable',
+  'too_large',
+  'interrupted',
+  'failed',
+] as const;
+export type ErrorCode = (typeof ERROR_CODES)[number];
+
+export const Result = z.strictObject({
+  type: z.literal('result'),
+  v,
+  id: z.string(),
+  body: z.record(z.string(), z.unknown()),
+  /** Milliseconds the device spent running the call, to tell compute from transport. */
+  ms: z.number().nonnegative().optional(),
+});
+export type Result = z.infer<typeof Result>;
+
+export const ErrorReply = z.strictObject({
+  type: z.literal('error'),
+  v,
+  id: z.string().optional(),
+  code: z.enum(ERROR_CODES),
+  message: z.string(),
+  /** The subject the offending message came on, when there was one. */
+  subject: z.string().optional(),
+});
+export type ErrorReply = z.infer<typeof ErrorReply>;
+
+export const Reply = z.discriminatedUnion('type', [Result, ErrorReply]);
+export type Reply = z.infer<typeof Reply>;
+
+export const Chunk = z.strictObject({
+  type: z.literal('chunk'),
+  v,
+  transfer: z.string(),
+  tensor: z.string(),
+  /** Offset and total length in elements of the tensor this chunk belongs to. */
+  offset: nat,
+  total: nat,
+  data: f32,
+  /** The chunk's digest: SHA-256 (hex) of the SHA-256s of its 16 KiB blocks (mesh/transfer.ts). */
+  sha256: z.string(),
+  /** The whole tensor's digest, by the same scheme over all its blocks; checked once it is complete. */
+  whole: z.string(),
+});
+export type Chunk = z.infer<typeof Chunk>;
+
+/** A device of a reallocation is subscribed to everything it will receive, and listens for go. */
+export const Ready = z.strictObject({ type: z.literal('ready'), v, realloc: z.string(), device: nat });
+export type Ready = z.infer<typeof Ready>;
+/** Everyone is ready: send. With `abort`, a device failed: stop waiting and give up. */
+export const Go = z.strictObject({ type: z.literal('go'), v, realloc: z.string(), abort: z.boolean().optional() });
+
+export const Hello = z.strictObject({
+  type: z.literal('hello'),
+  v,
+  worker: z.string(),
+  /** The device slot this worker asks for; any free one when absent. */
+  device: nat.optional(),
+  pid: nat,
+  host: z.string(),
+  backend: z.string(),
+});
+export type Hello = z.infer<typeof Hello>;
+
+export const Welcome = z.strictObject({ type: z.literal('welcome'), v, device: nat, run: z.string() });
+export type Welcome = z.infer<typeof Welcome>;
+export const JoinReply = z.discriminatedUnion('type', [Welcome, ErrorReply]);
+
+export const Heartbeat = z.strictObject({
+  type: z.literal('heartbeat'),
+  v,
+  device: nat,
+  worker: z.string(),
+  state: z.string(),
+  at: z.number(),
+  /** So that a supervisor started later can adopt a worker from its beats alone. */
+  pid: nat.optional(),
+  backend: z.string().optional(),
+});
+export type Heartbeat = z.infer<typeof Heartbeat>;
+
+/** The supervisor is alive (every second); `pid` tells the launcher which process beats. */
+export const SupervisorBeat = z.strictObject({ type: z.literal('beat'), v, pid: nat, at: z.number() });
+
+/**
+ * Chaos testing: a process that has reached a scheduled kill point asks the launcher to kill it
+ * (and waits, so the kill lands inside the call); the launcher kills it, or answers `spare` when
+ * that kill has already been done (a replayed call).
+ */
+export const ChaosAsk = z.strictObject({ type: z.literal('chaos'), v, target: z.string(), pid: nat, where: z.string() });
+export type ChaosAsk = z.infer<typeof ChaosAsk>;
+export const ChaosSpare = z.strictObject({ type: z.literal('spare'), v, target: z.string() });
+
+/** Where a supervisor is in its run (see engine/store.ts), as the JetStream KV bucket keeps it. */
+export const ProgressRecord = z.strictObject({
+  type: z.literal('progress'),
+  v,
+  epoch: nat,
+  iteration: nat,
+  snapshot: z.number().int().min(-1).optional(),
+  history: z.array(z.lazy(() => Metrics)),
+  /** When the run started (ms since the epoch), and its recoveries so far. */
+  startedAt: z.number(),
+  recoveries: z.array(z.strictObject({ epoch: nat, reason: z.string(), snapshot: z.number().int(), iteration: z.number().int(), seconds: z.number() })),
+});
+
+/** One stage result of one iteration, as the run's JetStream stream keeps it. */
+export const StageRecord = z.strictObject({ type: z.literal('stage'), v, iteration: nat, stage: z.string(), value: z.record(z.string(), z.unknown()) });
+
+/**
+ * One iteration's figures: the ones every algorithm has, then the algorithm's own statistics
+ * (losses, KL, accuracy: every number its calls and steps produced), by name.
+ */
+export const Metrics = z.object({
+  iteration: nat,
+  reward_mean: z.number(),
+  seconds: z.number(),
+  tokens: nat,
+  tokens_per_second: z.number(),
+  /** Parameter reallocations this iteration: seconds spent and bytes received. */
+  realloc_seconds: z.number(),
+  realloc_bytes: nat,
+  /** The task's rule, scored on the rollout whatever the reward is (the hidden human's view). */
+  rule_score: z.number().optional(),
+  /** Each reward source's mean score on the rollout (`rule` for the reward device, reward actors by name). */
+  rewards: z.record(z.string(), z.number()).optional(),
+}).catchall(z.union([z.number(), z.record(z.string(), z.number())]));
+export type Metrics = z.infer<typeof Metrics>;
+
+/** What the supervisor tells observers (the launcher's progress bar, a report, a user's tool). */
+export const RunEvent = z.discriminatedUnion('type', [
+  z.strictObject({ type: z.literal('phase'), v, phase: z.string(), detail: z.string() }),
+  z.strictObject({ type: z.literal('progress'), v, iterations: pos, metrics: Metrics }),
+  z.strictObject({
+    type: z.literal('log'),
+    v,
+    level: z.enum(['info', 'warn', 'error']),
+    source: z.string(),
+    message: z.string(),
+  }),
+  z.strictObject({ type: z.literal('done'), v, status: z.enum(['succeeded', 'failed']), message: z.string() }),
+  /** The supervisor gave a device up (no heartbeat, or its process exited): whoever started it stops it. */
+  z.strictObject({ type: z.literal('lost'), v, device: nat, worker: z.string(), pid: nat.optional(), reason: z.string() }),
+  /** The launcher saw a process it started exit, and whether its restart policy restarts it. */
+  z.strictObject({
+    type: z.literal('exit'),
+    v,
+    kind: z.enum(['worker', 'supervisor']),
+    pid: nat,
+    code: z.number().int().nullable(),
+    signal: z.string().nullable(),
+    restart: z.boolean(),
+  }),
+  /** The supervisor put every device back to its last snapshot and goes on from `iteration`. */
+  z.strictObject({ type: z.literal('recovered'), v, epoch: nat, iteration: z.number().int(), snapshot: z.number().int(), seconds: z.number(), reason: z.string() }),
+]);
+export type RunEvent = z.infer<typeof RunEvent>;
+
+/** What each call returns, checked by the caller when the reply arrives. */
+export const ResultBodies = {
+  load: z.strictObject({ parameters: nat, digest: z.string() }),
+  sft: z.strictObject({ loss: z.number(), first_loss: z.number() }),
+  preference: z.strictObject({ loss: z.number(), first_loss: z.number(), accuracy: z.number() }),
+  generate: z.strictObject({ tokens: i32, logprobs: f32 }),
+  inference: z.union([
+    z.strictObject({ logprobs: f32 }),
+    z.strictObject({ values: f32 }),
+    z.strictObject({ scores: f32 }),
+  ]),
+  train: z.strictObject({ loss: z.number(), clipfrac: z.number(), grad_norm: z.number() }),
+  realloc: z.strictObject({ sent_bytes: nat, received_bytes: nat, copied_bytes: nat, chunks: nat }),
+  probe: z.strictObject({ sent_bytes: nat, received_bytes: nat }),
+  stats: z.strictObject({
+    rss_mb: z.number(),
+    /** The highest RSS sampled (every 10 ms) since the previous stats call. */
+    window_peak_rss_mb: z.number(),
+    /** The process's highest RSS over its lifetime. */
+    peak_rss_mb: z.number(),
+    heap_mb: z.number(),
+  }),
+  manifest: z.strictObject({ manifest: z.array(TensorManifest), digest: z.string(), ledger: z.array(LedgerEntry).default([]) }),
+  weights: z.strictObject({ tensors: z.array(z.strictObject({ name: z.string(), shape: z.array(nat), data: f32 })) }),
+  checkpoint: z.strictObject({ step: nat, optimizer: z.boolean(), bytes: nat, ledger: z.array(LedgerEntry).default([]) }),
+  restore: z.strictObject({}),
+  reset: z.strictObject({ dropped: z.array(z.string()), interrupted: z.string().optional() }),
+  release: z.strictObject({}),
+  shutdown: z.strictObject({}),
+} satisfies Record<CallFn, z.ZodType>;
+export type ResultOf<F extends CallFn> = z.infer<(typeof ResultBodies)[F]>;
+export type CallOf<F extends CallFn> = Extract<CallBody, { fn: F }>;
