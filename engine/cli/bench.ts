@@ -38,6 +38,12 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
   algorithms [--iterations N]                   every algorithm's scenario (quickstart for ppo, scenarios/algorithms/
                                                 for the others) over NATS: s/iteration, tokens/s, reward first 5 -> last 5`;
 
+/** The scenario of each built-in algorithm: the quickstart for PPO, scenarios/algorithms/<name>.yaml for the others. */
+export const ALGORITHM_SCENARIOS: Record<string, string> = {
+  ppo: 'scenarios/quickstart.yaml',
+  ...Object.fromEntries(['grpo', 'rloo', 'remax', 'reinforce_pp', 'dpo'].map((a) => [a, `scenarios/algorithms/${a}.yaml`])),
+};
+
 const quiet = { phase() {}, iteration() {}, stop() {} };
 
 function rate(history: readonly Metrics[]) {
@@ -142,12 +148,6 @@ runMain(async () => {
   }
   return r.digests_equal ? 0 : 1;
 });
-
-/** The scenario of each built-in algorithm: the quickstart for PPO, scenarios/algorithms/<name>.yaml for the others. */
-export const ALGORITHM_SCENARIOS: Record<string, string> = {
-  ppo: 'scenarios/quickstart.yaml',
-  ...Object.fromEntries(['grpo', 'rloo', 'remax', 'reinforce_pp', 'dpo'].map((a) => [a, `scenarios/algorithms/${a}.yaml`])),
-};
 
 /**
  * Every algorithm's scenario, one after another, over NATS with worker processes: seconds per

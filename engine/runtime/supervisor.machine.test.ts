@@ -144,7 +144,7 @@ function startSupervisor(o: Options = {}) {
       recover: fromPromise<{ parameters: Record<string, number>; snapshot: number }, In<'recover'>>(async ({ input }) => {
         calls.recover.push(input);
         if (o.recover) return o.recover(input, calls.recover.length - 1);
-        return { parameters: { actor: 10 }, snapshot: input.snapshot ?? -1 };
+        return { parameters: { actor: 10 }, snapshot: input.snapshot ?? input.resume?.iteration ?? -1 };
       }),
       checkpoint: fromPromise<{ bytes: number; fetch_seconds: number; store_seconds: number } | undefined, In<'checkpoint'>>(async ({ input }) => {
         calls.checkpoint.push(input);
@@ -574,7 +574,7 @@ describe('supervisor machine', () => {
       recover: async (input, attempt) => {
         times.push(Date.now());
         if (attempt === 0) throw new Error('reset refused');
-        return { parameters: { actor: 10 }, snapshot: input.snapshot ?? -1 };
+        return { parameters: { actor: 10 }, snapshot: input.snapshot ?? input.resume?.iteration ?? -1 };
       },
     });
     s.join();
@@ -621,11 +621,9 @@ describe('supervisor machine', () => {
     expect(s.summary()).toMatchObject({ status: 'succeeded', iterations: 3, recoveries: [{ epoch: 1, reason: 'device 1 (worker w-1): exited with code 137', snapshot: -1, iteration: 0 }] });
   });
 
-  // BUG (actors/supervisor.machine.ts, action stageFailed): the reason is meant to name no
-  // iteration for setup (`context.iteration < 0 ? '' : ...`), but context.iteration is never
-  // negative (it is 0 during setup; setup's *stage input* is the one with iteration -1), so a setup
-  // failure reads "iteration 0, setup: ..." as though iteration 0 had failed.
-  it.fails('a failed setup recovers, and its reason names setup, not an iteration', async () => {
+  // Found by this test: context.iteration is 0 during setup, so a setup failure used to read
+  // "iteration 0, setup: …" as though iteration 0 had failed.
+  it('a failed setup recovers, and its reason names setup, not an iteration', async () => {
     const s = startSupervisor({
       setup: async (attempt) => {
         if (attempt === 0) throw new Error('warm-up diverged');
@@ -679,11 +677,10 @@ describe('supervisor machine', () => {
     expect(s.summary()).toMatchObject({ status: 'succeeded', iterations: 3, digests: { actor: 'a' } });
   });
 
-  // BUG? (actors/supervisor.machine.ts): a resumed run's snapshot is only set once setup is done,
-  // so a loss during its setup recovers with no snapshot: `recover` sets up from scratch, the run
-  // restarts at iteration 0 and rewinds the resumed metrics to nothing. The resume is silently
-  // lost (the run still completes, training everything again).
-  it.fails("a loss during a resumed run's setup goes back to the resumed checkpoint, not to scratch", async () => {
+  // Found by this test: a resumed run has no snapshot in the store until its setup is done, and a
+  // loss during that setup used to set up from scratch, losing the resume (the run started again
+  // at iteration 0). Recovery now sets up again from the checkpoint the run resumed from.
+  it("a loss during a resumed run's setup goes back to the resumed checkpoint, not to scratch", async () => {
     const setting = deferred<{ parameters: Record<string, number> }>();
     const s = startSupervisor({
       input: { resume: { iteration: 0, checkpoint: {}, history: [pastMetrics(0)] } },

@@ -119,9 +119,10 @@ export const supervisorMachine = setup({
     }),
     /**
      * Back to the last snapshot on every device: reset them all (whatever they were running),
-     * then load and restore; with no snapshot yet, set up from scratch.
+     * then load and restore; with no snapshot yet, set up again: from the checkpoint a resumed
+     * run started from, else from scratch.
      */
-    recover: fromPromise(async ({ input }: { input: StageInput & { devices: number[]; snapshot?: number } }) => {
+    recover: fromPromise(async ({ input }: { input: StageInput & { devices: number[]; snapshot?: number; resume?: SupervisorInput['resume'] } }) => {
       const { d, r, store } = input;
       // A worker that has just reconnected (a server restart) may not be subscribed again yet.
       const deadline = Date.now() + r.scenario.timeouts.recover_seconds * 1000;
@@ -136,9 +137,10 @@ export const supervisorMachine = setup({
       };
       await Promise.all(input.devices.map(reset));
       if (input.snapshot === undefined) {
-        const out = await setupModels(d, r);
-        await store.saveSnapshot(-1, await takeCheckpoint(d, r, -1));
-        return { ...out, snapshot: -1 };
+        const after = input.resume?.iteration ?? -1;
+        const out = await setupModels(d, r, input.resume?.checkpoint);
+        await store.saveSnapshot(after, await takeCheckpoint(d, r, after));
+        return { ...out, snapshot: after };
       }
       const set = await store.loadSnapshot(input.snapshot);
       if (!set) throw new Error(`the run store has no snapshot after iteration ${input.snapshot} to recover from`);
@@ -193,7 +195,8 @@ export const supervisorMachine = setup({
     })),
     /** What a stage's failure becomes: a reason to recover, naming the stage (unless a loss came first). */
     stageFailed: assign(({ context }, params: { stage: string; error: unknown }) => ({
-      failure: context.failure ?? { reason: `${context.iteration < 0 ? '' : `iteration ${context.iteration}, `}${params.stage}: ${errorText(params.error)}`, at: Date.now() },
+      // Setup comes before any iteration: its failures name no iteration.
+      failure: context.failure ?? { reason: `${params.stage === 'setup' ? '' : `iteration ${context.iteration}, `}${params.stage}: ${errorText(params.error)}`, at: Date.now() },
     })),
     phase: ({ context }, params: { phase: string; detail: string }) => context.recorder.phase(params.phase, params.detail),
     join: assign({
@@ -389,7 +392,7 @@ export const supervisorMachine = setup({
         restoring: {
           invoke: {
             src: 'recover',
-            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: -1, devices: context.need, snapshot: context.snapshot }),
+            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: -1, devices: context.need, snapshot: context.snapshot, resume: context.resume }),
             onDone: [
               { guard: ({ context, event }) => event.output.snapshot + 1 >= context.spec.scenario.rl.iterations, target: '#supervisor.finishing', actions: [{ type: 'recovered', params: ({ event }) => event.output }, assign({ iteration: ({ context }) => context.iteration - 1 })] },
               { target: '#supervisor.saving', actions: { type: 'recovered', params: ({ event }) => event.output } },
