@@ -78,7 +78,8 @@ runMain(async () => {
   const store = await JetStreamStore.open(nc, values.run);
   // --take-over: the previous supervisor of this run died; its progress is in the store.
   const takeOver = values['take-over'] ? await store.loadProgress() : undefined;
-  if (values['take-over']) log(takeOver ? `taking the run over at iteration ${takeOver.iteration} (last snapshot after ${takeOver.snapshot})` : 'taking the run over before it saved any progress: starting it again');
+  if (values['take-over'])
+    log(takeOver ? `taking the run over at iteration ${takeOver.iteration} (last snapshot after ${takeOver.snapshot})` : 'taking the run over before it saved any progress: starting it again');
   const chaos = ChaosClient.fromEnv(nc, subj, log);
   // --resume: go on from the run directory's last checkpoint, keeping the metrics up to it.
   const resume = values.resume && !takeOver ? readResume(values.out) : undefined;
@@ -128,9 +129,15 @@ runMain(async () => {
     process.once(signal, () => actor.send({ type: 'interrupt', reason: `interrupted: the supervisor received ${signal}` }));
   }
   // The launcher gives up on a run whose processes keep dying (its restart intensity).
-  const stopEscalations = subscribe(nc, subj.events, RunEvent, (e) => {
-    if (e.type === 'log' && e.level === 'error' && e.source === 'launcher') actor.send({ type: 'interrupt', reason: e.message });
-  }, () => {});
+  const stopEscalations = subscribe(
+    nc,
+    subj.events,
+    RunEvent,
+    (e) => {
+      if (e.type === 'log' && e.level === 'error' && e.source === 'launcher') actor.send({ type: 'interrupt', reason: e.message });
+    },
+    () => {},
+  );
   actorRef = actor;
   // Alive: the launcher kills (and replaces) a supervisor whose beats stop.
   const beat = () => nc.publish(subj.supervisorBeat, encode({ type: 'beat', v: PROTOCOL_VERSION, pid: process.pid, at: Date.now() }));

@@ -9,10 +9,7 @@ import { CallRejected, type Device } from '../engine/device/index.ts';
 
 export type Respond = (reply: Reply) => void;
 
-export type WorkerEvent =
-  | { type: 'call'; call: Call; respond: Respond }
-  | { type: 'malformed'; error: ProtocolError; respond?: Respond }
-  | { type: 'stop' };
+export type WorkerEvent = { type: 'call'; call: Call; respond: Respond } | { type: 'malformed'; error: ProtocolError; respond?: Respond } | { type: 'stop' };
 
 export interface WorkerInput {
   worker: string;
@@ -192,11 +189,17 @@ export const workerMachine = setup({
               {
                 guard: 'wasShutdown',
                 target: '#worker.stopped',
-                actions: { type: 'finishCall', params: ({ context, event }) => ({ reply: { type: 'result', v: PROTOCOL_VERSION, id: context.current!.call.id, body: event.output.body, ms: event.output.ms } }) },
+                actions: {
+                  type: 'finishCall',
+                  params: ({ context, event }) => ({ reply: { type: 'result', v: PROTOCOL_VERSION, id: context.current!.call.id, body: event.output.body, ms: event.output.ms } }),
+                },
               },
               {
                 target: 'idle',
-                actions: { type: 'finishCall', params: ({ context, event }) => ({ reply: { type: 'result', v: PROTOCOL_VERSION, id: context.current!.call.id, body: event.output.body, ms: event.output.ms } }) },
+                actions: {
+                  type: 'finishCall',
+                  params: ({ context, event }) => ({ reply: { type: 'result', v: PROTOCOL_VERSION, id: context.current!.call.id, body: event.output.body, ms: event.output.ms } }),
+                },
               },
             ],
             onError: {

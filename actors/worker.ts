@@ -98,7 +98,10 @@ runMain(async () => {
       heartbeat: fromCallback<WorkerEvent, { index: number; worker: string }>(({ input }) => {
         device = input.index;
         const beat = () =>
-          nc.publish(subj.heartbeat(input.index), encode({ type: 'heartbeat', v: PROTOCOL_VERSION, device: input.index, worker: input.worker, state: 'serving', at: Date.now(), pid: process.pid, backend }));
+          nc.publish(
+            subj.heartbeat(input.index),
+            encode({ type: 'heartbeat', v: PROTOCOL_VERSION, device: input.index, worker: input.worker, state: 'serving', at: Date.now(), pid: process.pid, backend }),
+          );
         beat();
         const timer = setInterval(beat, 1000);
         return () => clearInterval(timer);
@@ -111,8 +114,7 @@ runMain(async () => {
     input: {
       worker,
       log,
-      reportRejected: (problem) =>
-        nc.publish(subj.events, encode({ type: 'log', v: PROTOCOL_VERSION, level: 'warn', source: `worker ${worker}`, message: `rejected ${problem}` })),
+      reportRejected: (problem) => nc.publish(subj.events, encode({ type: 'log', v: PROTOCOL_VERSION, level: 'warn', source: `worker ${worker}`, message: `rejected ${problem}` })),
       makeDevice: (index) => new Device(index, nc, subj, { transferTimeoutMs: transferMs }),
       ...(chaos ? { beforeRun: (call: Call, device: number) => chaos.workerCall(device, call.model, call.body.fn, call.iteration) } : {}),
     },
@@ -121,17 +123,23 @@ runMain(async () => {
   process.once('SIGTERM', stop);
   process.once('SIGINT', stop);
   // A run that ends, well or badly, says so on its events subject: its workers leave with it.
-  const stopEvents = subscribe(nc, subj.events, RunEvent, (e) => {
-    if (e.type === 'done') {
-      log(`the run is over (${e.status}): leaving`);
-      stop();
-    } else if (e.type === 'lost' && e.worker === worker) {
-      // The supervisor gave this worker up (it thought it hung): another takes its device, so
-      // this one must not answer another call.
-      log(`the supervisor gave this worker up (${e.reason}): leaving`);
-      process.exit(3);
-    }
-  }, () => {});
+  const stopEvents = subscribe(
+    nc,
+    subj.events,
+    RunEvent,
+    (e) => {
+      if (e.type === 'done') {
+        log(`the run is over (${e.status}): leaving`);
+        stop();
+      } else if (e.type === 'lost' && e.worker === worker) {
+        // The supervisor gave this worker up (it thought it hung): another takes its device, so
+        // this one must not answer another call.
+        log(`the supervisor gave this worker up (${e.reason}): leaving`);
+        process.exit(3);
+      }
+    },
+    () => {},
+  );
   // A bus that stays away longer than a join may take means the run is gone.
   void (async () => {
     let timer: NodeJS.Timeout | undefined;

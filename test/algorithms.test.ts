@@ -44,12 +44,21 @@ function scenario(dir: string, algorithm: string, kill: { actor: string; call: s
 
 describe('every algorithm under chaos', () => {
   for (const c of CASES) {
-    const name = c.algorithm.match(/name: ([^,}]+)/)![1]!.trim().split('/').pop();
+    const name = c.algorithm
+      .match(/name: ([^,}]+)/)![1]!
+      .trim()
+      .split('/')
+      .pop();
     it(`${name}: three kills (one of them the supervisor's), the clean run's digests, no rollout lost or doubled`, async () => {
       const dir = tempDir();
       const p = spawnTs('engine/cli/chaos.ts', [scenario(dir, c.algorithm, c.kill), '--json', '--out', join(dir, 'runs')]);
       const code = await p.exited;
-      const line = p.output().trim().split('\n').filter((l) => l.startsWith('{')).pop();
+      const line = p
+        .output()
+        .trim()
+        .split('\n')
+        .filter((l) => l.startsWith('{'))
+        .pop();
       expect(line, p.output()).toBeDefined();
       const report = JSON.parse(line!);
       expect(report.chaos.error, p.output()).toBeUndefined();

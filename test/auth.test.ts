@@ -120,7 +120,15 @@ describe('a run on a closed bus', () => {
   it('refuses --auth with an existing server', async () => {
     const dir = tempDir();
     await expect(
-      launch({ scenario: loadScenario(smallScenario(dir)), run: `auth${Date.now()}`, out: join(dir, 'x'), auth: true, natsUrl: 'nats://127.0.0.1:4222', progress: { phase() {}, iteration() {}, stop() {} }, say: () => {} }),
+      launch({
+        scenario: loadScenario(smallScenario(dir)),
+        run: `auth${Date.now()}`,
+        out: join(dir, 'x'),
+        auth: true,
+        natsUrl: 'nats://127.0.0.1:4222',
+        progress: { phase() {}, iteration() {}, stop() {} },
+        say: () => {},
+      }),
     ).rejects.toThrow(/cannot be combined with an existing server/);
   });
 });

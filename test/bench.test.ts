@@ -7,7 +7,12 @@ describe('npm run bench -- iteration --json', () => {
   it('prints tokens per second and the processes-over-NATS / one-process ratio', async () => {
     const child = spawnTs('engine/cli/bench.ts', ['iteration', '--json', '--iterations', '2']);
     expect(await child.exited).toBe(0);
-    const line = child.output().trim().split('\n').filter((l) => l.startsWith('{')).at(-1)!;
+    const line = child
+      .output()
+      .trim()
+      .split('\n')
+      .filter((l) => l.startsWith('{'))
+      .at(-1)!;
     const r = JSON.parse(line);
     expect(r).toMatchObject({ bench: 'iteration', scenario: 'quickstart', iterations: 2, digests_equal: true });
     for (const key of ['tokens_per_second', 'tokens_per_second_in_process', 'overhead_ratio', 'bus_ms_per_call']) {
@@ -27,7 +32,14 @@ describe('npm run bench -- realloc --json', () => {
     // A small model keeps the test short; the benchmark's default is 72 MiB.
     const child = spawnTs('engine/cli/bench.ts', ['realloc', '--json', '--width', '64', '--layers', '2', '--repeats', '1']);
     expect(await child.exited).toBe(0);
-    const r = JSON.parse(child.output().trim().split('\n').filter((l) => l.startsWith('{')).at(-1)!);
+    const r = JSON.parse(
+      child
+        .output()
+        .trim()
+        .split('\n')
+        .filter((l) => l.startsWith('{'))
+        .at(-1)!,
+    );
     expect(r.bytes_ratio).toBe(1);
     for (const key of ['realloc_mb_s', 'raw_mb_s', 'ratio', 'peak_worker_mb']) expect(r[key]).toBeGreaterThan(0);
     expect(r.workers).toHaveLength(4);

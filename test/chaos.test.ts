@@ -10,7 +10,12 @@ describe('npm run chaos', () => {
     const dir = tempDir();
     const p = spawnTs('engine/cli/chaos.ts', ['scenarios/chaos.yaml', '--json', '--out', dir]);
     const code = await p.exited;
-    const line = p.output().trim().split('\n').filter((l) => l.startsWith('{')).pop();
+    const line = p
+      .output()
+      .trim()
+      .split('\n')
+      .filter((l) => l.startsWith('{'))
+      .pop();
     expect(line, p.output()).toBeDefined();
     const report = JSON.parse(line!);
     expect(report.chaos.error).toBeUndefined();

@@ -22,7 +22,9 @@ describe('report.html', () => {
     browser = await chromium.launch({ executablePath: ensureChromium(), args: ['--no-sandbox'] });
     dir = tempDir();
     const file = join(dir, 'reported.yaml');
-    const text = readFileSync('scenarios/chaos.yaml', 'utf8').replace(/chaos:\n(.|\n)*$/, 'chaos:\n  kills:\n    - { actor: critic, call: train, iteration: 1 }\n').replace('iterations: 6', 'iterations: 4');
+    const text = readFileSync('scenarios/chaos.yaml', 'utf8')
+      .replace(/chaos:\n(.|\n)*$/, 'chaos:\n  kills:\n    - { actor: critic, call: train, iteration: 1 }\n')
+      .replace('iterations: 6', 'iterations: 4');
     (await import('node:fs')).writeFileSync(file, text);
     run = await launch({ scenario: loadScenario(file), run: `report${Date.now()}`, out: out(), progress: { phase() {}, iteration() {}, stop() {} }, say: () => {} });
   }, 180_000);

@@ -9,7 +9,11 @@ import { loadScenario } from '../engine/runtime/scenario.ts';
 import { smallScenario, tempDir } from './helpers.ts';
 
 const quiet = { phase() {}, iteration() {}, stop() {} };
-const rewards = (dir: string) => readFileSync(join(dir, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l).reward_mean as number);
+const rewards = (dir: string) =>
+  readFileSync(join(dir, 'metrics.jsonl'), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l).reward_mean as number);
 
 function withIterations(dir: string, name: string, n: number, extra = ''): string {
   const file = smallScenario(dir, extra, name);

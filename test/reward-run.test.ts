@@ -12,7 +12,11 @@ import type { Metrics } from '../mesh/wire/protocol.ts';
 import { ROOT, spawnTs, tempDir } from './helpers.ts';
 
 const quiet = { phase() {}, iteration() {}, stop() {} };
-const metrics = (dir: string) => readFileSync(join(dir, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Metrics);
+const metrics = (dir: string) =>
+  readFileSync(join(dir, 'metrics.jsonl'), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as Metrics);
 
 describe('reward actors in a run', () => {
   let server: PrivateNatsServer;
@@ -96,7 +100,14 @@ describe('reward actors in a run', () => {
     );
     const p = spawnTs('engine/cli/chaos.ts', [file, '--json', '--out', join(dir, 'out')]);
     expect(await p.exited, p.output()).toBe(0);
-    const report = JSON.parse(p.output().trim().split('\n').filter((l) => l.startsWith('{')).pop()!);
+    const report = JSON.parse(
+      p
+        .output()
+        .trim()
+        .split('\n')
+        .filter((l) => l.startsWith('{'))
+        .pop()!,
+    );
     expect(report.kills).toBe(3);
     expect(report.recovered).toBe(3);
     expect(report.digests_equal).toBe(true);
@@ -108,7 +119,9 @@ describe('reward actors in a run', () => {
     const file = join(dir, 'absent.yaml');
     writeFileSync(
       file,
-      ['name: absent', 'seed: 2', 'warmup: { steps: 2, demos: 32, batch: 16 }', 'rl: { iterations: 2, batch: 16 }', 'reward:', '  actors:', '    - { name: nobody-here, wait_seconds: 2 }', ''].join('\n'),
+      ['name: absent', 'seed: 2', 'warmup: { steps: 2, demos: 32, batch: 16 }', 'rl: { iterations: 2, batch: 16 }', 'reward:', '  actors:', '    - { name: nobody-here, wait_seconds: 2 }', ''].join(
+        '\n',
+      ),
     );
     const said: string[] = [];
     const r = await launch({ scenario: loadScenario(file), run: `absent${Date.now()}`, out: join(dir, 'run'), natsUrl: server.url, progress: quiet, say: (l) => said.push(l) });

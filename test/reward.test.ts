@@ -94,8 +94,6 @@ afterAll(async () => {
 });
 
 describe('scoring through serveReward, and waiting for an actor', () => {
-
-
   it('a serveReward actor scores a batch: one score per item, in the request order', async () => {
     const calls: Array<{ run: string; iteration: number; ids: string[] }> = [];
     const actor = await serveReward({
@@ -191,8 +189,6 @@ async function slowInstance(url: string, name: string, instance: string) {
 }
 
 describe('a slow instance: the request times out there and is retried on another', () => {
-
-
   it('every call resolves with scores from the fast instance; the timeouts name the slow one', async () => {
     // The slow instance holds each request 3 s (or until the test releases it at the end).
     const slow = await slowInstance(server.url, 'two', 'a-slow');
@@ -372,9 +368,7 @@ describe('replies that break the contract are refused, naming the actor, the ins
 
   it('with only bad instances, every attempt fails and the error lists each one', async () => {
     const name = 'all-bad';
-    const one = rawActor(actors, name, 'a-short', (req) =>
-      pack({ type: 'reward.reply', v: 1, id: req.id, instance: 'a-short', scores: [{ id: 'i0', score: 1 }] }),
-    );
+    const one = rawActor(actors, name, 'a-short', (req) => pack({ type: 'reward.reply', v: 1, id: req.id, instance: 'a-short', scores: [{ id: 'i0', score: 1 }] }));
     const two = rawActor(actors, name, 'b-error', (req) => pack({ type: 'reward.error', v: 1, id: req.id, instance: 'b-error', message: 'no GPU' }));
     const client = new RewardClient(nc, name, { timeoutMs: 2000, retries: 1, waitMs: 5000 });
     try {
@@ -383,7 +377,7 @@ describe('replies that break the contract are refused, naming the actor, the ins
       expect(err).toBeInstanceOf(RewardCallError);
       expect(err.message).toContain("reward 'all-bad': 2 attempt(s) failed");
       expect(err.message).toContain('(instance a-short) sent 1 scores for 4 items');
-      expect(err.message).toContain("(instance b-error) could not score: no GPU");
+      expect(err.message).toContain('(instance b-error) could not score: no GPU');
     } finally {
       client.close();
       one.stop();
@@ -417,8 +411,7 @@ describe('serveReward refuses requests it cannot read or score, and keeps servin
   });
 
   const subject = () => rewardSubjects('picky').instance('p-1');
-  const request = (run: string, patch: Record<string, unknown> = {}) =>
-    pack({ type: 'reward.request', v: 1, id: `req-${run}`, run, iteration: 0, items: ITEMS, ...patch });
+  const request = (run: string, patch: Record<string, unknown> = {}) => pack({ type: 'reward.request', v: 1, id: `req-${run}`, run, iteration: 0, items: ITEMS, ...patch });
 
   it('answers a well-formed raw request', async () => {
     const r = unpack((await nc.request(subject(), request('ok'), { timeout: 5000 })).data);
@@ -482,8 +475,6 @@ describe('serveReward refuses requests it cannot read or score, and keeps servin
 });
 
 describe('the external example actor (examples/reward-actor/ascending.mjs) as a real process', () => {
-
-
   it('serves "ascending": scores sorted responses 1, reversed 0; stops cleanly on SIGTERM', async () => {
     const child = spawn(process.execPath, ['examples/reward-actor/ascending.mjs', '--nats', server.url, '--name', 'asc-test'], {
       cwd: ROOT,

@@ -29,7 +29,10 @@ describe('a PPO run over NATS with worker processes', () => {
 
   it('succeeds and writes metrics.jsonl and summary.json', () => {
     expect(first.code).toBe(0);
-    const lines = readFileSync(join(dir, 'run1', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    const lines = readFileSync(join(dir, 'run1', 'metrics.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
     expect(lines).toHaveLength(3);
     for (const [i, m] of lines.entries()) {
       expect(m.iteration).toBe(i);
@@ -53,8 +56,12 @@ describe('a PPO run over NATS with worker processes', () => {
     const second = await runOverBus(file, join(dir, 'run2'));
     expect(second.code).toBe(0);
     expect(second.summary!.digests).toEqual(first.summary!.digests);
-    const m1 = readFileSync(join(dir, 'run1', 'metrics.jsonl'), 'utf8').split('\n').map((l) => l && JSON.parse(l).reward_mean);
-    const m2 = readFileSync(join(dir, 'run2', 'metrics.jsonl'), 'utf8').split('\n').map((l) => l && JSON.parse(l).reward_mean);
+    const m1 = readFileSync(join(dir, 'run1', 'metrics.jsonl'), 'utf8')
+      .split('\n')
+      .map((l) => l && JSON.parse(l).reward_mean);
+    const m2 = readFileSync(join(dir, 'run2', 'metrics.jsonl'), 'utf8')
+      .split('\n')
+      .map((l) => l && JSON.parse(l).reward_mean);
     expect(m2).toEqual(m1);
   }, 120_000);
 
@@ -82,11 +89,17 @@ describe('a PPO run over NATS with worker processes', () => {
     expect(run.code).toBe(0);
     // The same weights, moved: nothing about the arithmetic changes.
     expect(run.summary!.digests).toEqual(first.summary!.digests);
-    const metrics = readFileSync(join(dir, 'moved', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    const metrics = readFileSync(join(dir, 'moved', 'metrics.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
     const [actor, critic] = [run.summary!.parameters.actor!, run.summary!.parameters.critic!];
     // Each iteration fills an actor view for generation and a critic view for inference.
     for (const m of metrics) expect(m.realloc_bytes).toBe((actor + critic) * 4);
-    const still = readFileSync(join(dir, 'run1', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    const still = readFileSync(join(dir, 'run1', 'metrics.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
     for (const m of still) expect(m.realloc_bytes).toBe(0);
   }, 120_000);
 

@@ -10,7 +10,9 @@ import { ROOT } from './helpers.ts';
 describe('shipped scenarios', () => {
   const files = [
     ...readdirSync(join(ROOT, 'scenarios')).filter((f) => f.endsWith('.yaml')),
-    ...readdirSync(join(ROOT, 'scenarios', 'algorithms')).filter((f) => f.endsWith('.yaml')).map((f) => `algorithms/${f}`),
+    ...readdirSync(join(ROOT, 'scenarios', 'algorithms'))
+      .filter((f) => f.endsWith('.yaml'))
+      .map((f) => `algorithms/${f}`),
   ];
 
   it('include the quickstart', () => {

@@ -57,7 +57,18 @@ describe('3D-parallel shards as worker processes over NATS', () => {
         expect(Array.from(g.tokens), what).toEqual(Array.from(gen.tokens));
         const inf = await callMesh(d, layout, name, 0, { fn: 'inference', tokens: g.tokens, batch: B, promptLen: P, responseLen: R });
         expect(worstRelative((inf as { logprobs: Float32Array }).logprobs, logprobs), `${what}: log-probs`).toBeLessThanOrEqual(1e-5);
-        await callMesh(d, layout, name, 0, { fn: 'train', tokens: g.tokens, batch: B, promptLen: P, responseLen: R, seed: 11, epochs: 1, minibatches: 1, loss, data: { old: logprobs, advantages: adv } });
+        await callMesh(d, layout, name, 0, {
+          fn: 'train',
+          tokens: g.tokens,
+          batch: B,
+          promptLen: P,
+          responseLen: R,
+          seed: 11,
+          epochs: 1,
+          minibatches: 1,
+          loss,
+          data: { old: logprobs, advantages: adv },
+        });
         for (const [rank, dev] of layout.devices.entries()) {
           const { tensors } = await d.call(dev, name, 0, { fn: 'weights' });
           const held = new Map(tensors.map((t) => [t.name, t.data]));

@@ -29,7 +29,10 @@ describe('a run whose calls use different 3D-parallel layouts', () => {
     const scenario = loadScenario(file);
     const bus = await launch({ scenario, run: `layouts${Date.now()}`, out: join(dir, 'bus'), progress: { phase() {}, iteration() {}, stop() {} }, say: () => {} });
     expect(bus.code).toBe(0);
-    const metrics = readFileSync(join(dir, 'bus', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    const metrics = readFileSync(join(dir, 'bus', 'metrics.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
     expect(metrics).toHaveLength(3);
     for (const m of metrics) expect(m.realloc_bytes).toBeGreaterThan(0);
     expect(new Set(metrics.map((m) => m.realloc_bytes)).size).toBe(1);

@@ -31,11 +31,23 @@ beforeAll(async () => {
   server = await startNatsServer();
   nc = await connectBus(server.url, 'test-supervisor');
   const beat = new Promise<void>((resolve) => {
-    subscribe(nc, subj.heartbeats, Heartbeat, () => resolve(), () => {});
+    subscribe(
+      nc,
+      subj.heartbeats,
+      Heartbeat,
+      () => resolve(),
+      () => {},
+    );
   });
-  subscribe(nc, subj.join, Hello, (hello, msg) => {
-    msg.respond(encode({ type: 'welcome', v: PROTOCOL_VERSION, device: hello.device ?? 0, run: RUN }));
-  }, () => {});
+  subscribe(
+    nc,
+    subj.join,
+    Hello,
+    (hello, msg) => {
+      msg.respond(encode({ type: 'welcome', v: PROTOCOL_VERSION, device: hello.device ?? 0, run: RUN }));
+    },
+    () => {},
+  );
   await nc.flush();
   worker = spawnTs('actors/worker.ts', ['--run', RUN, '--nats', server.url, '--device', '0', '--backend', 'cpu']);
   await beat;
@@ -56,10 +68,16 @@ describe('a worker process', () => {
 
   it('rejects garbage bytes, naming the subject, tells the run, and keeps serving', async () => {
     const event = new Promise<RunEvent>((resolve) => {
-      const stop = subscribe(nc, subj.events, RunEvent, (e) => {
-        stop();
-        resolve(e);
-      }, () => {});
+      const stop = subscribe(
+        nc,
+        subj.events,
+        RunEvent,
+        (e) => {
+          stop();
+          resolve(e);
+        },
+        () => {},
+      );
     });
     await nc.flush();
     const reply = await raw(new Uint8Array([0xc1, 0xff, 0x00, 0x13]));

@@ -9,13 +9,7 @@ import type { KlEstimator } from '../model/index.ts';
  * token (the usual RLHF shaping). Returns the rewards and the KL estimate per sequence: the
  * log-ratio summed over a response's tokens, averaged over the batch.
  */
-export function tokenRewards(
-  scores: ArrayLike<number>,
-  logprobs: ArrayLike<number>,
-  refLogprobs: ArrayLike<number>,
-  responseLen: number,
-  klCoef: number,
-): { rewards: Float64Array; kl: number } {
+export function tokenRewards(scores: ArrayLike<number>, logprobs: ArrayLike<number>, refLogprobs: ArrayLike<number>, responseLen: number, klCoef: number): { rewards: Float64Array; kl: number } {
   const n = logprobs.length;
   const rewards = new Float64Array(n);
   let klSum = 0;
@@ -32,13 +26,7 @@ export function tokenRewards(
  * Generalised advantage estimation per sequence, backwards in time, with V after the last token
  * taken as 0 (the episode ends there). Returns advantages and returns (= advantages + values).
  */
-export function gae(
-  rewards: ArrayLike<number>,
-  values: ArrayLike<number>,
-  responseLen: number,
-  gamma: number,
-  lambda: number,
-): { advantages: Float64Array; returns: Float64Array } {
+export function gae(rewards: ArrayLike<number>, values: ArrayLike<number>, responseLen: number, gamma: number, lambda: number): { advantages: Float64Array; returns: Float64Array } {
   const n = rewards.length;
   const advantages = new Float64Array(n);
   const returns = new Float64Array(n);
@@ -219,7 +207,13 @@ export const ESTIMATORS: Record<string, (inp: AdvantageInput, o: AdvantageOption
   remax(inp, o) {
     const { rewards, kl } = penalised(inp, o);
     const base = need(inp.baseline, 'baseline rewards', 'remax');
-    return { advantages: perToken(Float64Array.from(rewards, (r, b) => r - base[b]!), inp.responseLen), stats: { kl, baseline_reward: mean(base) } };
+    return {
+      advantages: perToken(
+        Float64Array.from(rewards, (r, b) => r - base[b]!),
+        inp.responseLen,
+      ),
+      stats: { kl, baseline_reward: mean(base) },
+    };
   },
   /** REINFORCE++: KL-shaped token rewards, returns as suffix sums, z-scored over the whole batch. */
   reinforce_pp(inp, o) {

@@ -43,7 +43,7 @@ describe('GRPO: group-normalised advantages', () => {
     close(groupNormalised([1, 0, 0, 1], 4, false).advantages, [0.5, -0.5, -0.5, 0.5]);
   });
 
-  it('the estimator puts a row\'s advantage on every token, and a KL penalty lowers the reward first', () => {
+  it("the estimator puts a row's advantage on every token, and a KL penalty lowers the reward first", () => {
     // G = 2, R = 2. Rewards [1, 0]; KL rows (k1): [0.5, 0] → with β = 1: [0.5, 0] → advantages ±0.7071
     const out = estimator('grpo')({ scores: [1, 0], logprobs: [-1, -2, -0.5, -1], ref: [-1.5, -2, -1, -0.5], responseLen: 2, group: 2 }, { kl_coef: 1 });
     // mean 0.25, sample std √((0.0625·2)/1) = 0.35355 → (0.5 − 0.25)/0.35355 = 0.7071

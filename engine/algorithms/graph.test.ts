@@ -47,7 +47,14 @@ describe('validateGraph', () => {
     expect(refusal(g)).toContain("model 'actor' is trained but no call trains it");
     const h = grpo();
     h.models[1]!.trained = false;
-    h.calls.push({ name: 'reference.train', model: 'reference', fn: 'train', loss: { name: 'clip_policy', params: { clip: 0.2 } }, reads: { tokens: 'tokens', old: 'logprobs', advantages: 'advantages' }, writes: { loss: 'ref_loss' } });
+    h.calls.push({
+      name: 'reference.train',
+      model: 'reference',
+      fn: 'train',
+      loss: { name: 'clip_policy', params: { clip: 0.2 } },
+      reads: { tokens: 'tokens', old: 'logprobs', advantages: 'advantages' },
+      writes: { loss: 'ref_loss' },
+    });
     expect(refusal(h)).toContain("call 'reference.train' trains 'reference', which the algorithm declares frozen");
   });
 
@@ -96,8 +103,10 @@ describe('runGraph', () => {
   it('fails with the first error and names a node that did not produce its field', async () => {
     const g = grpo();
     await expect(runGraph(g, { prompts: new Int32Array(4) }, async () => ({}))).rejects.toThrow("'actor.generate' did not produce field 'tokens'");
-    await expect(runGraph(g, { prompts: new Int32Array(4) }, async () => {
-      throw new Error('device 3 is gone');
-    })).rejects.toThrow('device 3 is gone');
+    await expect(
+      runGraph(g, { prompts: new Int32Array(4) }, async () => {
+        throw new Error('device 3 is gone');
+      }),
+    ).rejects.toThrow('device 3 is gone');
   });
 });

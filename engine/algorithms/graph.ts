@@ -138,7 +138,10 @@ export function validateGraph(g: Graph, algorithm: string): void {
       seen.add(n);
     }
   };
-  dup(g.models.map((m) => m.name), 'models');
+  dup(
+    g.models.map((m) => m.name),
+    'models',
+  );
   dup([...g.calls.map((c) => c.name), ...g.steps.map((s) => s.name)], 'calls or steps');
   if (!Number.isInteger(g.group) || g.group < 1) problems.push(`group: expected a whole number of samples per prompt ≥ 1, got ${g.group}`);
   for (const m of g.models) {
@@ -163,7 +166,8 @@ export function validateGraph(g: Graph, algorithm: string): void {
       if (!allowed.includes(p)) problems.push(`call '${c.name}' writes port '${p}'; a ${c.fn} call of a ${m.head} model has ${allowed.join(', ')}`);
     }
     for (const p of ports.reads) if (!(p in c.reads)) problems.push(`call '${c.name}' must read port '${p}'`);
-    if (c.fn !== 'train') for (const p of Object.keys(c.reads)) if (!(ports.reads as readonly string[]).includes(p)) problems.push(`call '${c.name}' reads port '${p}'; a ${c.fn} call has ${ports.reads.join(', ')}`);
+    if (c.fn !== 'train')
+      for (const p of Object.keys(c.reads)) if (!(ports.reads as readonly string[]).includes(p)) problems.push(`call '${c.name}' reads port '${p}'; a ${c.fn} call has ${ports.reads.join(', ')}`);
   }
   for (const m of g.models) {
     if (m.trained && !g.calls.some((c) => c.fn === 'train' && c.model === m.name)) problems.push(`model '${m.name}' is trained but no call trains it`);
@@ -195,7 +199,18 @@ export function validateGraph(g: Graph, algorithm: string): void {
 export function dependencies(nodes: readonly Node[]): Map<string, string[]> {
   const writer = new Map<string, string>();
   for (const n of nodes) for (const f of nodeWrites(n)) writer.set(f, nodeName(n));
-  return new Map(nodes.map((n) => [nodeName(n), [...new Set(nodeReads(n).map((f) => writer.get(f)).filter((w): w is string => w !== undefined))]]));
+  return new Map(
+    nodes.map((n) => [
+      nodeName(n),
+      [
+        ...new Set(
+          nodeReads(n)
+            .map((f) => writer.get(f))
+            .filter((w): w is string => w !== undefined),
+        ),
+      ],
+    ]),
+  );
 }
 
 function findCycle(nodes: readonly Node[]): string[] | undefined {

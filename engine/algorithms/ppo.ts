@@ -53,7 +53,14 @@ export const ppo = defineAlgorithm({
         writes: ['advantages', 'returns', 'kl'],
         run: (f, ctx) => {
           const out = estimator('gae')(
-            { scores: f.scores as Float32Array, logprobs: f.logprobs as Float32Array, ref: f.ref_logprobs as Float32Array, values: f.values as Float32Array, responseLen: ctx.responseLen, group: ctx.group },
+            {
+              scores: f.scores as Float32Array,
+              logprobs: f.logprobs as Float32Array,
+              ref: f.ref_logprobs as Float32Array,
+              values: f.values as Float32Array,
+              responseLen: ctx.responseLen,
+              group: ctx.group,
+            },
             { kl_coef: rl.kl_coef, gamma: o.gamma, lambda: o.lambda },
           );
           return { advantages: out.advantages, returns: out.returns!, kl: out.stats.kl! };

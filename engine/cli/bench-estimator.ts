@@ -69,7 +69,10 @@ export async function estimatorBench(profile: DeviceProfile, iterations: number,
     try {
       const r = await launch({ scenario, run: runId(`est-${name}`), out: dir, progress: { phase() {}, iteration() {}, stop() {} }, say: () => {} });
       if (r.code !== 0) throw new Error(`plan ${name} failed: ${r.summary?.error ?? `exit ${r.code}`}`);
-      const metrics = readFileSync(join(dir, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Metrics);
+      const metrics = readFileSync(join(dir, 'metrics.jsonl'), 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l) as Metrics);
       // The first iteration warms caches and compiles; the rest are the steady state the simulator estimates.
       const measured = median(metrics.slice(1).map((m) => m.seconds))!;
       const error = (estimated.iterationSeconds - measured) / measured;
@@ -90,7 +93,10 @@ async function measure(scenario: Scenario, plan: Candidate, name: string): Promi
   try {
     const r = await launch({ scenario: withPlan, run: runId(`search-${name}`), out: dir, progress: { phase() {}, iteration() {}, stop() {} }, say: () => {} });
     if (r.code !== 0) throw new Error(`plan ${name} failed: ${r.summary?.error ?? `exit ${r.code}`}`);
-    const metrics = readFileSync(join(dir, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Metrics);
+    const metrics = readFileSync(join(dir, 'metrics.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Metrics);
     return median(metrics.slice(1).map((m) => m.seconds))!;
   } finally {
     rmSync(dir, { recursive: true, force: true });
@@ -106,7 +112,11 @@ export async function searchBench(profile: DeviceProfile, iterations: number, bu
   const ev = new Evaluator(problemOf(scenario, profile));
   const named = NAMED.map((n) => ({ name: n, plan: namedPlan(ev, n) })).map((x) => ({ ...x, estimated: ev.evaluate(x.plan).iterationSeconds }));
   named.sort((a, b) => a.estimated - b.estimated);
-  const found = search(ev, named.map((n) => n.plan), { budgetSeconds: budget });
+  const found = search(
+    ev,
+    named.map((n) => n.plan),
+    { budgetSeconds: budget },
+  );
   const best = named[0]!;
   const searched = found.best[0]!;
   log(`  estimated: best named (${best.name}) ${best.estimated.toFixed(3)} s/it, search ${searched.iterationSeconds.toFixed(3)} s/it`);

@@ -47,16 +47,26 @@ export async function reallocBench(o: ReallocBenchOptions) {
       received = out.received_bytes;
       const t1 = performance.now();
       const tid = (index: number) => `p${i}-${index}`;
-      const groupBytes = (g: (typeof plan.transfers)[number]) => g.pieces.reduce((n, p) => n + (p.axis === null ? p.shape : p.shape.map((x, k) => (k === p.axis ? p.end - p.start : x))).reduce((a, b) => a * b, 1) * 4, 0);
-      await runExchange<'probe'>(nc, subj, (dev, m, it, body) => d.call(dev, m, it, body), `p${i}`, 0, 'dst', plan.devices, (dev) => ({
-        fn: 'probe',
-        realloc: `p${i}`,
-        sends: plan.transfers.filter((g) => g.src === dev).map((g) => ({ transfer: tid(g.index), bytes: groupBytes(g) })),
-        recvs: plan.transfers.filter((g) => g.dsts.includes(dev)).map((g) => ({ transfer: tid(g.index), bytes: groupBytes(g) })),
-        chunkBytes,
-      }));
+      const groupBytes = (g: (typeof plan.transfers)[number]) =>
+        g.pieces.reduce((n, p) => n + (p.axis === null ? p.shape : p.shape.map((x, k) => (k === p.axis ? p.end - p.start : x))).reduce((a, b) => a * b, 1) * 4, 0);
+      await runExchange<'probe'>(
+        nc,
+        subj,
+        (dev, m, it, body) => d.call(dev, m, it, body),
+        `p${i}`,
+        0,
+        'dst',
+        plan.devices,
+        (dev) => ({
+          fn: 'probe',
+          realloc: `p${i}`,
+          sends: plan.transfers.filter((g) => g.src === dev).map((g) => ({ transfer: tid(g.index), bytes: groupBytes(g) })),
+          recvs: plan.transfers.filter((g) => g.dsts.includes(dev)).map((g) => ({ transfer: tid(g.index), bytes: groupBytes(g) })),
+          chunkBytes,
+        }),
+      );
       rawSeconds.push((performance.now() - t1) / 1000);
-      o.log(`  round ${i + 1}: realloc ${((plan.minimumBytes / MB) / reallocSeconds.at(-1)!).toFixed(1)} MB/s, raw ${((plan.receivedBytes / MB) / rawSeconds.at(-1)!).toFixed(1)} MB/s`);
+      o.log(`  round ${i + 1}: realloc ${(plan.minimumBytes / MB / reallocSeconds.at(-1)!).toFixed(1)} MB/s, raw ${(plan.receivedBytes / MB / rawSeconds.at(-1)!).toFixed(1)} MB/s`);
     }
     const after = await stats();
     const info = modelInfo(spec);

@@ -59,7 +59,10 @@ async function iterationBench(scenario: Scenario) {
     const bus = await launch({ scenario, run: runId(`bench-${scenario.name}`), out: dir, progress: quiet, say: () => {}, workers: undefined });
     const busWall = (performance.now() - t0) / 1000;
     if (bus.code !== 0 || !bus.summary) throw new Error(`the run over NATS failed: ${bus.summary?.error ?? `exit ${bus.code}`} (logs in ${dir})`);
-    const busHistory = readFileSync(join(dir, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Metrics);
+    const busHistory = readFileSync(join(dir, 'metrics.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Metrics);
 
     const backend = await initBackend(scenario.backend);
     const local: Metrics[] = [];
@@ -84,12 +87,8 @@ async function iterationBench(scenario: Scenario) {
       wall_seconds: busWall,
       wall_seconds_in_process: localWall,
       /** Per call over NATS: round trip minus the device's own time (encoding, the bus, queueing). */
-      bus_ms_per_call: bus.summary.transport
-        ? ((bus.summary.transport.round_trip_seconds - bus.summary.transport.device_seconds) / bus.summary.transport.calls) * 1000
-        : null,
-      bus_share_of_call_time: bus.summary.transport
-        ? 1 - bus.summary.transport.device_seconds / bus.summary.transport.round_trip_seconds
-        : null,
+      bus_ms_per_call: bus.summary.transport ? ((bus.summary.transport.round_trip_seconds - bus.summary.transport.device_seconds) / bus.summary.transport.calls) * 1000 : null,
+      bus_share_of_call_time: bus.summary.transport ? 1 - bus.summary.transport.device_seconds / bus.summary.transport.round_trip_seconds : null,
       digests_equal: JSON.stringify(bus.summary.digests) === JSON.stringify(localSummary?.digests),
       reward_first5: bus.summary.reward_first5,
       reward_last5: bus.summary.reward_last5,
@@ -169,10 +168,15 @@ async function algorithmsBench(values: { json?: boolean; iterations?: string }):
         log(`${name}: failed: ${run.summary?.error ?? `exit ${run.code}`} (logs in ${dir})`);
         continue;
       }
-      const history = readFileSync(join(dir, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Metrics);
+      const history = readFileSync(join(dir, 'metrics.jsonl'), 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l) as Metrics);
       const r = rate(history);
       out[name] = { seconds_per_iteration: r.seconds_per_iteration, tokens_per_s: r.tokens_per_second, reward_first5: run.summary.reward_first5, reward_last5: run.summary.reward_last5 };
-      log(`${name.padEnd(14)} ${r.seconds_per_iteration.toFixed(3)} s/iteration  ${r.tokens_per_second.toFixed(0).padStart(6)} tokens/s  reward ${run.summary.reward_first5?.toFixed(3)} -> ${run.summary.reward_last5?.toFixed(3)}`);
+      log(
+        `${name.padEnd(14)} ${r.seconds_per_iteration.toFixed(3)} s/iteration  ${r.tokens_per_second.toFixed(0).padStart(6)} tokens/s  reward ${run.summary.reward_first5?.toFixed(3)} -> ${run.summary.reward_last5?.toFixed(3)}`,
+      );
       rmSync(dir, { recursive: true, force: true });
     } catch (e) {
       failed += 1;

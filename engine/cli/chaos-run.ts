@@ -68,4 +68,3 @@ export async function runChaos(scenario: Scenario, out: string, say: (line: stri
   const b = await launch({ scenario, run: runId(`${name}-chaos`), out: runs.chaos, progress: quiet, say: (l) => (l.startsWith('chaos:') || l.startsWith('recovered') ? say(`  ${l}`) : undefined) });
   return chaosReport(name, a, b, runs);
 }
-

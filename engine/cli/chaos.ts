@@ -50,8 +50,7 @@ runMain(async () => {
     // N kills come faster than real failures would: the intensity must not end the run for them.
     const supervision = { ...scenario.supervision, intensity: Math.max(scenario.supervision.intensity, 2 * kills) };
     scenario = { ...scenario, supervision, chaos: { kills: [], random: { kills, seed, hang } } };
-  }
-  else if (values.seed !== undefined || values.hang !== undefined) throw new UsageError('--seed and --hang go with --kills');
+  } else if (values.seed !== undefined || values.hang !== undefined) throw new UsageError('--seed and --hang go with --kills');
   if (!scenario.chaos || (scenario.chaos.kills.length === 0 && !scenario.chaos.random?.kills)) {
     throw new UsageError(`${file} has no chaos: section with kills; add one, or pass --kills N`);
   }
@@ -66,7 +65,9 @@ runMain(async () => {
     console.log(`recovered: ${report.recovered} of ${report.kills}; ${report.recoveries} recoveries, ${report.restarts} process restarts`);
     console.log(`recovery time: median ${s(report.recovery_seconds_median)}, max ${s(report.recovery_seconds_max)}`);
     console.log(`digests equal to the clean run's: ${report.digests_equal}; rollouts lost: ${report.rollouts_lost ?? 'n/a'}, trained twice: ${report.rollouts_duplicated ?? 'n/a'}`);
-    console.log(`clean: ${report.clean.status} in ${report.clean.wall_seconds.toFixed(1)} s; chaos: ${report.chaos.status} in ${report.chaos.wall_seconds.toFixed(1)} s${report.chaos.error ? ` (${report.chaos.error})` : ''}`);
+    console.log(
+      `clean: ${report.clean.status} in ${report.clean.wall_seconds.toFixed(1)} s; chaos: ${report.chaos.status} in ${report.chaos.wall_seconds.toFixed(1)} s${report.chaos.error ? ` (${report.chaos.error})` : ''}`,
+    );
   }
   const good = report.digests_equal && report.rollouts_lost === 0 && report.rollouts_duplicated === 0;
   return good ? 0 : 1;

@@ -69,10 +69,7 @@ export function startProcess(script: string, argv: string[], logFile: string, en
   return child;
 }
 
-export const exited = (c: ChildProcess) =>
-  c.exitCode !== null || c.signalCode !== null
-    ? Promise.resolve()
-    : new Promise<void>((r) => c.once('exit', () => r()));
+export const exited = (c: ChildProcess) => (c.exitCode !== null || c.signalCode !== null ? Promise.resolve() : new Promise<void>((r) => c.once('exit', () => r())));
 
 function tail(file: string, lines = 15): string {
   try {
@@ -190,25 +187,43 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     );
     // Chaos: a process at a kill point asks to be killed; each point is done once.
     const done = new Set<string>();
-    const stopChaos = subscribe(nc, subj.chaos, ChaosAsk, (ask, msg) => {
-      const k = points.find((p) => p.id === ask.target);
-      const slot = slots.find((s) => s.child.pid === ask.pid && s.child.exitCode === null);
-      if (!k || done.has(k.id) || !slot) {
-        msg.respond(encode({ type: 'spare', v: PROTOCOL_VERSION, target: ask.target }));
-        return;
-      }
-      done.add(k.id);
-      chaos.kills.push({ ...k, at: Date.now(), pid: ask.pid, where: ask.where });
-      say(`chaos: ${k.how === 'hang' ? 'hanging' : 'killing'} ${slot.kind === 'supervisor' ? 'the supervisor' : `worker ${slot.index}`} (pid ${ask.pid}) in ${ask.where}`);
-      slot.child.kill(k.how === 'hang' ? 'SIGSTOP' : 'SIGKILL');
-    }, (err) => say(`ignored chaos request: ${err.message}`));
+    const stopChaos = subscribe(
+      nc,
+      subj.chaos,
+      ChaosAsk,
+      (ask, msg) => {
+        const k = points.find((p) => p.id === ask.target);
+        const slot = slots.find((s) => s.child.pid === ask.pid && s.child.exitCode === null);
+        if (!k || done.has(k.id) || !slot) {
+          msg.respond(encode({ type: 'spare', v: PROTOCOL_VERSION, target: ask.target }));
+          return;
+        }
+        done.add(k.id);
+        chaos.kills.push({ ...k, at: Date.now(), pid: ask.pid, where: ask.where });
+        say(`chaos: ${k.how === 'hang' ? 'hanging' : 'killing'} ${slot.kind === 'supervisor' ? 'the supervisor' : `worker ${slot.index}`} (pid ${ask.pid}) in ${ask.where}`);
+        slot.child.kill(k.how === 'hang' ? 'SIGSTOP' : 'SIGKILL');
+      },
+      (err) => say(`ignored chaos request: ${err.message}`),
+    );
     // A supervisor that stops beating is hung: kill it, and its restart policy replaces it.
     let supervisorBeat = { pid: 0, at: 0 };
-    const stopBeats = subscribe(nc, subj.supervisorBeat, SupervisorBeat, (b) => (supervisorBeat = { pid: b.pid, at: Date.now() }), () => {});
+    const stopBeats = subscribe(
+      nc,
+      subj.supervisorBeat,
+      SupervisorBeat,
+      (b) => (supervisorBeat = { pid: b.pid, at: Date.now() }),
+      () => {},
+    );
     // Workers too: the supervisor gives up a silent worker it knows, but one it has never heard
     // (a worker that hung while a new supervisor was taking over) only its launcher can find.
     const workerBeats = new Map<number, number>();
-    const stopWorkerBeats = subscribe(nc, subj.heartbeats, Heartbeat, (b) => b.pid !== undefined && workerBeats.set(b.pid, Date.now()), () => {});
+    const stopWorkerBeats = subscribe(
+      nc,
+      subj.heartbeats,
+      Heartbeat,
+      (b) => b.pid !== undefined && workerBeats.set(b.pid, Date.now()),
+      () => {},
+    );
     let pausedUntil = 0;
     const hungAfterMs = o.scenario.timeouts.heartbeat_seconds * 1000;
     void (async () => {
@@ -252,7 +267,12 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
               join(logs, again ? `supervisor.${Date.now()}.log` : 'supervisor.log'),
               roleEnv('supervisor'),
             )
-          : startProcess('actors/worker.ts', ['--run', o.run, '--nats', spread(url!, index), '--backend', o.backend ?? o.scenario.backend], join(logs, again ? `worker-${index}.${Date.now()}.log` : `worker-${index}.log`), roleEnv('worker'));
+          : startProcess(
+              'actors/worker.ts',
+              ['--run', o.run, '--nats', spread(url!, index), '--backend', o.backend ?? o.scenario.backend],
+              join(logs, again ? `worker-${index}.${Date.now()}.log` : `worker-${index}.log`),
+              roleEnv('worker'),
+            );
       const slot: Slot = { kind, index, child };
       child.once('exit', (code, signal) => onExit(slot, { code, signal }));
       return slot;

@@ -25,7 +25,10 @@ function report(strategy: string, ev: Evaluation) {
     calls: Object.fromEntries(
       Object.keys(ev.calls).map((call) => {
         const c = ev.calls[call]!;
-        return [call, { mesh: c.placement.mesh, dp: c.placement.dp, tp: c.placement.tp, pp: c.placement.pp, seconds: c.seconds, realloc_seconds: c.reallocSeconds, memory_gb_per_device: c.memoryBytes / 1e9 }];
+        return [
+          call,
+          { mesh: c.placement.mesh, dp: c.placement.dp, tp: c.placement.tp, pp: c.placement.pp, seconds: c.seconds, realloc_seconds: c.reallocSeconds, memory_gb_per_device: c.memoryBytes / 1e9 },
+        ];
       }),
     ),
   };

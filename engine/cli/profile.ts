@@ -22,7 +22,18 @@ const USAGE = 'usage: npm run profile [-- --out FILE] [--json]';
 function features(kind: CallKind, shape: ReturnType<typeof localShape>, wl: Workload): [number, number] {
   const one: Layout = { devices: [0], dp: 1, tp: 1, pp: 1 };
   // trainFactor 1: a training call's features are those of its forward passes; its own factor is fitted apart.
-  const base = { name: 'unit', memBandwidth: 1e30, memoryBytes: 1e15, intraBandwidth: 1e30, interBandwidth: 1e30, latency: 0, trainFactor: 1, trainPassFactor: 1, recomputeDecode: true, source: 'fit' };
+  const base = {
+    name: 'unit',
+    memBandwidth: 1e30,
+    memoryBytes: 1e15,
+    intraBandwidth: 1e30,
+    interBandwidth: 1e30,
+    latency: 0,
+    trainFactor: 1,
+    trainPassFactor: 1,
+    recomputeDecode: true,
+    source: 'fit',
+  };
   const flops = callCost(shape, kind, one, wl, { ...base, flops: 1, layerOverhead: 0 }, 4, { owner: true, trainable: true }).compute;
   const passes = callCost(shape, kind, one, wl, { ...base, flops: 1e30, layerOverhead: 1 }, 4, { owner: true, trainable: true }).compute;
   return [flops, passes];
@@ -52,7 +63,11 @@ export function fit3(rows: Array<[number, number, number]>): [number, number, nu
 
 /** Least squares for t ≈ a·x + b·y (no intercept). */
 export function fit2(rows: Array<[number, number, number]>): [number, number] {
-  let xx = 0, xy = 0, yy = 0, xt = 0, yt = 0;
+  let xx = 0,
+    xy = 0,
+    yy = 0,
+    xt = 0,
+    yt = 0;
   for (const [x, y, t] of rows) {
     xx += x * x;
     xy += x * y;
@@ -77,17 +92,42 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
     const trainRows: Array<[number, number, number]> = [];
     const samples: Array<{ shape: string; kind: CallKind; batch: number; seconds: number }> = [];
     const tripOverhead: number[] = [];
-    for (const [layers, width] of [[1, 32], [2, 64], [4, 64], [2, 128]] as const) {
+    for (const [layers, width] of [
+      [1, 32],
+      [2, 64],
+      [4, 64],
+      [2, 128],
+    ] as const) {
       const shape = localShape('p', 11, layers, width, 4);
       const spec = { kind: 'policy' as const, vocab: 11, context: 9, layers, width, heads: 4 };
-      await d.call(0, 'm', 0, { fn: 'load', role: 'actor', spec, layout: { devices: [0], dp: 1, tp: 1, pp: 1 }, rank: 0, seed: 1, optim: { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 } });
+      await d.call(0, 'm', 0, {
+        fn: 'load',
+        role: 'actor',
+        spec,
+        layout: { devices: [0], dp: 1, tp: 1, pp: 1 },
+        rank: 0,
+        seed: 1,
+        optim: { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 },
+      });
       for (const batch of [16, 64]) {
         const wl: Workload = { batch, promptLen: 5, responseLen: 4, epochs: 2, minibatches: 2 };
         const tokens = Int32Array.from({ length: batch * 9 }, (_, i) => i % 10);
         const body = { tokens, batch, promptLen: 5, responseLen: 4 };
         const calls: Array<[CallKind, () => Promise<unknown>]> = [
           ['inference', () => d.call(0, 'm', 0, { fn: 'inference', ...body })],
-          ['train', () => d.call(0, 'm', 0, { fn: 'train', ...body, seed: 1, epochs: 2, minibatches: 2, loss: { name: 'clip_policy', params: { clip: 0.2 } }, data: { old: new Float32Array(batch * 4), advantages: new Float32Array(batch * 4).fill(0.1) } })],
+          [
+            'train',
+            () =>
+              d.call(0, 'm', 0, {
+                fn: 'train',
+                ...body,
+                seed: 1,
+                epochs: 2,
+                minibatches: 2,
+                loss: { name: 'clip_policy', params: { clip: 0.2 } },
+                data: { old: new Float32Array(batch * 4), advantages: new Float32Array(batch * 4).fill(0.1) },
+              }),
+          ],
           ['generate', () => d.call(0, 'm', 0, { fn: 'generate', prompts: tokens.subarray(0, batch * 5), batch, promptLen: 5, responseLen: 4, seeds: new Uint32Array(batch), temperature: 1 })],
         ];
         for (const [kind, call] of calls) {
@@ -129,29 +169,54 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
     const latency = median(pings)! / 2;
     const bytes = 32 << 20;
     const t0 = performance.now();
-    await runExchange<'probe'>(nc, subj, (dev, m, it, body) => d.call(dev, m, it, body), 'bw', 0, '*', [0, 1], (dev) => ({
-      fn: 'probe',
-      realloc: 'bw',
-      sends: dev === 0 ? [{ transfer: 'bw-0', bytes }] : [],
-      recvs: dev === 1 ? [{ transfer: 'bw-0', bytes }] : [],
-      chunkBytes: nc.info?.max_payload ?? 1 << 20,
-    }));
+    await runExchange<'probe'>(
+      nc,
+      subj,
+      (dev, m, it, body) => d.call(dev, m, it, body),
+      'bw',
+      0,
+      '*',
+      [0, 1],
+      (dev) => ({
+        fn: 'probe',
+        realloc: 'bw',
+        sends: dev === 0 ? [{ transfer: 'bw-0', bytes }] : [],
+        recvs: dev === 1 ? [{ transfer: 'bw-0', bytes }] : [],
+        chunkBytes: nc.info?.max_payload ?? 1 << 20,
+      }),
+    );
     const bandwidth = bytes / ((performance.now() - t0) / 1000);
     log(`bus: ${(latency * 1e3).toFixed(2)} ms one way, ${(bandwidth / 1e6).toFixed(0)} MB/s between workers`);
     // Calls across two workers (tensor- and data-parallel): their collectives cost more than a
     // ping — each step encodes, crosses the bus, decodes and sums — so the cost of one collective
     // step is fitted to them: measured = prediction without it + α·(steps the model counts).
     const partial: DeviceProfile = {
-      name: 'local', flops: 1 / a, memBandwidth: 1e30, memoryBytes: 1e15, intraBandwidth: bandwidth, interBandwidth: bandwidth,
-      latency: 0, layerOverhead: Math.max(0, b), callOverhead: Math.max(0, c) + median(tripOverhead)!, trainFactor: u, trainPassFactor: v, recomputeDecode: true, source: 'fit',
+      name: 'local',
+      flops: 1 / a,
+      memBandwidth: 1e30,
+      memoryBytes: 1e15,
+      intraBandwidth: bandwidth,
+      interBandwidth: bandwidth,
+      latency: 0,
+      layerOverhead: Math.max(0, b),
+      callOverhead: Math.max(0, c) + median(tripOverhead)!,
+      trainFactor: u,
+      trainPassFactor: v,
+      recomputeDecode: true,
+      source: 'fit',
     };
     const alphaRows: Array<[number, number]> = []; // [collective steps, seconds left to explain]
     let g = 0; // groups name one call each: never reused
     const shape = localShape('p', 11, 2, 64, 4);
     const spec = { kind: 'policy' as const, vocab: 11, context: 9, layers: 2, width: 64, heads: 4 };
-    for (const s of [{ dp: 1, tp: 2, pp: 1 }, { dp: 2, tp: 1, pp: 1 }, { dp: 1, tp: 1, pp: 2 }]) {
+    for (const s of [
+      { dp: 1, tp: 2, pp: 1 },
+      { dp: 2, tp: 1, pp: 1 },
+      { dp: 1, tp: 1, pp: 2 },
+    ]) {
       const layout: Layout = { devices: [0, 1], ...s };
-      const load = (rank: number) => d.call(layout.devices[rank]!, 'mesh', 0, { fn: 'load', role: 'actor', spec, layout, rank, seed: 1, optim: { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 } });
+      const load = (rank: number) =>
+        d.call(layout.devices[rank]!, 'mesh', 0, { fn: 'load', role: 'actor', spec, layout, rank, seed: 1, optim: { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 } });
       await Promise.all([load(0), load(1)]);
       const batch = 64;
       const wl: Workload = { batch, promptLen: 5, responseLen: 4, epochs: 2, minibatches: 2 };
@@ -165,7 +230,18 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
       };
       for (const [kind, make] of [
         ['inference', () => ({ fn: 'inference', ...body })],
-        ['train', () => ({ fn: 'train', ...body, seed: 1, epochs: 2, minibatches: 2, loss: { name: 'clip_policy', params: { clip: 0.2 } }, data: { old: new Float32Array(batch * 4), advantages: new Float32Array(batch * 4).fill(0.1) } })],
+        [
+          'train',
+          () => ({
+            fn: 'train',
+            ...body,
+            seed: 1,
+            epochs: 2,
+            minibatches: 2,
+            loss: { name: 'clip_policy', params: { clip: 0.2 } },
+            data: { old: new Float32Array(batch * 4), advantages: new Float32Array(batch * 4).fill(0.1) },
+          }),
+        ],
       ] as Array<[CallKind, () => Parameters<typeof d.call>[3]]>) {
         await both(make);
         const times = [await both(make), await both(make), await both(make)];

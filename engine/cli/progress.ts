@@ -32,10 +32,7 @@ export function progress(stream: NodeJS.WriteStream = process.stdout): Progress 
     },
     iteration: (m, total) => {
       if (!bar) {
-        bar = new SingleBar(
-          { format: 'PPO {bar} {value}/{total} | reward {reward} | kl {kl} | {sec} s/it | eta {eta_formatted}', hideCursor: true, stream },
-          Presets.shades_classic,
-        );
+        bar = new SingleBar({ format: 'PPO {bar} {value}/{total} | reward {reward} | kl {kl} | {sec} s/it | eta {eta_formatted}', hideCursor: true, stream }, Presets.shades_classic);
         bar.start(total, 0, fmt(m));
       }
       bar.update(m.iteration + 1, fmt(m));

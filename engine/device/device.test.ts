@@ -93,7 +93,12 @@ describe('Device.check refusals', () => {
   it('unsupported for train or generate on a rule model', async () => {
     const d = new Device(0, ...noLink);
     await d.run(call('reward', load({ kind: 'rule', rule: 'copy', digits: 2, base: 4 }, { role: 'reward' })));
-    expectRefusal(d, call('reward', { fn: 'train', ...batch, ...trainArgs, data: { old: new Float32Array(4), advantages: new Float32Array(4) } }), 'unsupported', /'train' is not a call of a rule model/);
+    expectRefusal(
+      d,
+      call('reward', { fn: 'train', ...batch, ...trainArgs, data: { old: new Float32Array(4), advantages: new Float32Array(4) } }),
+      'unsupported',
+      /'train' is not a call of a rule model/,
+    );
   });
 
   it('invalid_state for train and sft on a model loaded without optim', async () => {
@@ -245,8 +250,18 @@ describe('Device.check refuses arrays that do not fit, before anything runs', ()
     expectRefusal(d, call('actor', { ...train, data: { old: new Float32Array(3), advantages: new Float32Array(4) } }), 'malformed', "'train' of 'actor': data.old has 3 values, expected 4");
     expectRefusal(d, call('actor', { ...train, data: { old: new Float32Array(4), advantages: new Float32Array(5) } }), 'malformed', "'train' of 'actor': data.advantages has 5 values, expected 4");
     expectRefusal(d, call('actor', { fn: 'inference', tokens: tokens(8, 5), ...batch }), 'malformed', "'inference' of 'actor': tokens[0] = 5 is not a token of a vocabulary of 5");
-    expectRefusal(d, call('actor', { fn: 'inference', tokens: tokens(8), batch: 1, promptLen: 4, responseLen: 4 }), 'malformed', "'inference' of 'actor': sequences of 8 tokens exceed the model's context of 6");
-    expectRefusal(d, call('actor', { fn: 'generate', prompts: tokens(4), batch: 2, promptLen: 2, responseLen: 2, seeds: new Uint32Array(1), temperature: 1 }), 'malformed', "'generate' of 'actor': seeds has 1 values, expected 2");
+    expectRefusal(
+      d,
+      call('actor', { fn: 'inference', tokens: tokens(8), batch: 1, promptLen: 4, responseLen: 4 }),
+      'malformed',
+      "'inference' of 'actor': sequences of 8 tokens exceed the model's context of 6",
+    );
+    expectRefusal(
+      d,
+      call('actor', { fn: 'generate', prompts: tokens(4), batch: 2, promptLen: 2, responseLen: 2, seeds: new Uint32Array(1), temperature: 1 }),
+      'malformed',
+      "'generate' of 'actor': seeds has 1 values, expected 2",
+    );
   });
 
   it('a train call whose data lacks a port its loss reads, names an unknown loss, or splits a pair', async () => {
@@ -258,7 +273,12 @@ describe('Device.check refuses arrays that do not fit, before anything runs', ()
     expectRefusal(d, call('actor', { ...train, data: {} }), 'malformed', "'train' of 'actor': the loss 'clip_policy' reads 'old'; the call's data has nothing");
     // kl_coef > 0 adds the reference log-probs to what clip_policy reads
     const kl = { ...train, loss: { name: 'clip_policy', params: { clip: 0.2, kl_coef: 0.1 } } };
-    expectRefusal(d, call('actor', { ...kl, data: { old: new Float32Array(4), advantages: new Float32Array(4) } }), 'malformed', "'train' of 'actor': the loss 'clip_policy' reads 'ref'; the call's data has old, advantages");
+    expectRefusal(
+      d,
+      call('actor', { ...kl, data: { old: new Float32Array(4), advantages: new Float32Array(4) } }),
+      'malformed',
+      "'train' of 'actor': the loss 'clip_policy' reads 'ref'; the call's data has old, advantages",
+    );
     expectRefusal(d, call('actor', { ...train, loss: { name: 'nope', params: {} }, data: {} }), 'malformed', "'train' of 'actor': unknown loss 'nope'; known: clip_policy, clip_value, pair_sigmoid");
     // dpo takes rows in pairs (chosen, rejected): an odd batch cannot be one
     const odd = { fn: 'train', tokens: tokens(12), batch: 3, promptLen: 2, responseLen: 2, ...trainArgs, loss: { name: 'pair_sigmoid', params: { beta: 0.1 } } } as const;

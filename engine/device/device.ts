@@ -89,12 +89,7 @@ function shapeProblem(body: CallBody, spec: { vocab: number; context: number } |
     case 'sft':
     case 'train': {
       const width = body.promptLen + body.responseLen;
-      return (
-        expect('tokens', body.tokens.length, body.batch * width) ??
-        (body.fn === 'train' ? dataProblem(body) : undefined) ??
-        fits(width) ??
-        tokensIn('tokens', body.tokens)
-      );
+      return expect('tokens', body.tokens.length, body.batch * width) ?? (body.fn === 'train' ? dataProblem(body) : undefined) ?? fits(width) ?? tokensIn('tokens', body.tokens);
     }
     default:
       return undefined;
@@ -217,7 +212,10 @@ export class Device {
   private checkRealloc(model: string, body: CallOf<'realloc'>): CallRejected | undefined {
     const gives = body.sends.length > 0 || body.locals.length > 0;
     const takes = body.recvs.length > 0 || body.locals.length > 0;
-    for (const [name, needed] of [[body.source, gives], [model, takes]] as const) {
+    for (const [name, needed] of [
+      [body.source, gives],
+      [model, takes],
+    ] as const) {
       if (!needed) continue;
       const h = this.hosted.get(name);
       if (!h) return this.notLoaded(name, 'realloc');
@@ -295,12 +293,7 @@ export class Device {
       if (problems.length) throw new CallRejected('unsupported', `layout dp=${layout.dp} tp=${layout.tp} pp=${layout.pp} does not fit the model: ${problems.join('; ')}`);
     }
     const previous = this.hosted.get(model);
-    const shard =
-      spec.kind === 'rule'
-        ? new RuleShard(spec)
-        : size === 1
-          ? new GptShard(spec, body.seed, body.optim)
-          : new ShardedGpt(spec, layout, rank, body.seed, body.optim, this.comm);
+    const shard = spec.kind === 'rule' ? new RuleShard(spec) : size === 1 ? new GptShard(spec, body.seed, body.optim) : new ShardedGpt(spec, layout, rank, body.seed, body.optim, this.comm);
     if (previous) await this.drop(previous);
     const hosted: Hosted = { role: body.role, layout, rank, shard, ledger: [] };
     this.hosted.set(model, hosted);
@@ -438,14 +431,20 @@ export class Device {
     abort.catch(() => {});
     const go = new Promise<void>((resolve, reject) => {
       timer = setTimeout(() => reject(new CallRejected('timeout', `exchange ${id}: no go within ${timeout} ms`)), timeout);
-      stop = subscribe(this.bus, this.subj.go(id), Go, (m) => {
-        clearTimeout(timer);
-        if (m.abort) {
-          const e = new CallRejected('interrupted', `exchange ${id} was aborted: another device failed`);
-          reject(e);
-          aborted(e);
-        } else resolve();
-      }, () => {});
+      stop = subscribe(
+        this.bus,
+        this.subj.go(id),
+        Go,
+        (m) => {
+          clearTimeout(timer);
+          if (m.abort) {
+            const e = new CallRejected('interrupted', `exchange ${id} was aborted: another device failed`);
+            reject(e);
+            aborted(e);
+          } else resolve();
+        },
+        () => {},
+      );
     });
     go.catch(() => {});
     return {
@@ -519,9 +518,7 @@ export class Device {
       case 'generate':
         return s.generate(body.prompts, body.batch, body.promptLen, body.responseLen, body.seeds, body.temperature, body.greedy);
       case 'inference':
-        return s.spec.kind === 'policy'
-          ? { logprobs: s.logprobs(body.tokens, body.batch, body.promptLen) }
-          : { values: s.values(body.tokens, body.batch, body.promptLen) };
+        return s.spec.kind === 'policy' ? { logprobs: s.logprobs(body.tokens, body.batch, body.promptLen) } : { values: s.values(body.tokens, body.batch, body.promptLen) };
       case 'train': {
         const st = await s.train(body.tokens, body.batch, body.promptLen, body.responseLen, body.loss, body.data, body.epochs, body.minibatches, body.seed);
         return { loss: st.loss, clipfrac: st.clipfrac, grad_norm: st.gradNorm };

@@ -49,7 +49,12 @@ describe('accountRollouts', () => {
   });
 
   it('counts an iteration as lost, not duplicated, when one rank missed it and another took it twice', () => {
-    const ledgers = { actor: [[entry(0), entry(2)], [...complete(), entry(1)]] };
+    const ledgers = {
+      actor: [
+        [entry(0), entry(2)],
+        [...complete(), entry(1)],
+      ],
+    };
     expect(accountRollouts(ledgers, rollouts)).toEqual({ prompts: 24, lost: ROWS, duplicated: 0 });
   });
 
@@ -73,7 +78,7 @@ describe('accountRollouts', () => {
 });
 
 describe('tokensDigest', () => {
-  it('is the SHA-256 of the tokens\' bytes, in hex', () => {
+  it("is the SHA-256 of the tokens' bytes, in hex", () => {
     const tokens = Int32Array.from([1, 2, 3, -4]);
     const expected = createHash('sha256').update(Buffer.from(tokens.buffer)).digest('hex');
     expect(tokensDigest(tokens)).toBe(expected);

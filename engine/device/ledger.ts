@@ -36,6 +36,7 @@ export function accountRollouts(ledgers: Record<string, LedgerEntry[][]>, rollou
 
 /** The SHA-256 a ledger entry holds for a rollout's tokens. */
 export function tokensDigest(tokens: Int32Array): string {
-  return createHash('sha256').update(new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength)).digest('hex');
+  return createHash('sha256')
+    .update(new Uint8Array(tokens.buffer, tokens.byteOffset, tokens.byteLength))
+    .digest('hex');
 }
-

@@ -45,11 +45,19 @@ describe('reallocation between real devices', () => {
         const held = await Promise.all(to.devices.map((dev) => d.call(dev, 'dst', 0, { fn: 'manifest' })));
         to.devices.forEach((dev, rank) => {
           const device = (d as unknown as { devices: Array<{ hosted: Map<string, { shard: { exportTensors(): Array<{ name: string; data: Float32Array }> } }> }> }).devices[dev]!;
-          const got = new Map(device.hosted.get('dst')!.shard.exportTensors().map((t) => [t.name, t.data]));
+          const got = new Map(
+            device.hosted
+              .get('dst')!
+              .shard.exportTensors()
+              .map((t) => [t.name, t.data]),
+          );
           for (const s of shardSlices(info, to, rank)) {
             const whole = truth.get(s.name)!;
             const want = cut(whole.data, { ...s, axis: null, start: 0, end: s.shape[0]! }, s);
-            expect(Buffer.from(got.get(s.name)!.buffer, got.get(s.name)!.byteOffset, got.get(s.name)!.byteLength).equals(Buffer.from(want.buffer, want.byteOffset, want.byteLength)), `${s.name} on rank ${rank}`).toBe(true);
+            expect(
+              Buffer.from(got.get(s.name)!.buffer, got.get(s.name)!.byteOffset, got.get(s.name)!.byteLength).equals(Buffer.from(want.buffer, want.byteOffset, want.byteLength)),
+              `${s.name} on rank ${rank}`,
+            ).toBe(true);
           }
         });
         expect(held).toHaveLength(to.devices.length);

@@ -1,8 +1,7 @@
 import { describe, it, expect } from 'vitest';
 import { TASKS, demonstrations, makeTask } from './task.ts';
 
-const rows = (flat: Int32Array, width: number): number[][] =>
-  Array.from({ length: flat.length / width }, (_, i) => Array.from(flat.subarray(i * width, (i + 1) * width)));
+const rows = (flat: Int32Array, width: number): number[][] => Array.from({ length: flat.length / width }, (_, i) => Array.from(flat.subarray(i * width, (i + 1) * width)));
 
 describe('makeTask', () => {
   it('shapes: vocab is base + 1 (the separator), prompt is digits + 1, response is digits', () => {

@@ -63,7 +63,10 @@ export class Adam {
     this.step = state.step;
     for (const { name, m, v } of state.moments) {
       const shape = shapeOf(name);
-      for (const [slots, data] of [[this.m, m], [this.v, v]] as const) {
+      for (const [slots, data] of [
+        [this.m, m],
+        [this.v, v],
+      ] as const) {
         const t = tf.tensor(data, shape);
         slots.set(name, tf.variable(t, false));
         t.dispose();

@@ -11,18 +11,33 @@ beforeAll(async () => {
   await initBackend('cpu');
 });
 
-const weightsOf = (spec: GptSpec, seed: number): Weights =>
-  Object.fromEntries(initialWeights(spec, seed).map((t) => [t.name, tf.tensor(t.data, t.shape)]));
+const weightsOf = (spec: GptSpec, seed: number): Weights => Object.fromEntries(initialWeights(spec, seed).map((t) => [t.name, tf.tensor(t.data, t.shape)]));
 
 describe('parameterShapes and parameterCount', () => {
   it('lists the tensors in canonical order', () => {
     expect(parameterShapes(policy).map(([n]) => n)).toEqual([
-      'wte', 'wpe',
-      'h0.ln1.g', 'h0.ln1.b',
-      'h0.attn.wq', 'h0.attn.bq', 'h0.attn.wk', 'h0.attn.bk', 'h0.attn.wv', 'h0.attn.bv', 'h0.attn.wo', 'h0.attn.bo',
-      'h0.ln2.g', 'h0.ln2.b',
-      'h0.mlp.w1', 'h0.mlp.b1', 'h0.mlp.w2', 'h0.mlp.b2',
-      'lnf.g', 'lnf.b', 'head.w', 'head.b',
+      'wte',
+      'wpe',
+      'h0.ln1.g',
+      'h0.ln1.b',
+      'h0.attn.wq',
+      'h0.attn.bq',
+      'h0.attn.wk',
+      'h0.attn.bk',
+      'h0.attn.wv',
+      'h0.attn.bv',
+      'h0.attn.wo',
+      'h0.attn.bo',
+      'h0.ln2.g',
+      'h0.ln2.b',
+      'h0.mlp.w1',
+      'h0.mlp.b1',
+      'h0.mlp.w2',
+      'h0.mlp.b2',
+      'lnf.g',
+      'lnf.b',
+      'head.w',
+      'head.b',
     ]);
     expect(Object.fromEntries(parameterShapes(policy))['h0.mlp.w1']).toEqual([8, 32]);
     expect(Object.fromEntries(parameterShapes(policy))['head.w']).toEqual([8, 5]);
@@ -51,7 +66,11 @@ describe('parameterShapes and parameterCount', () => {
   });
 
   it('isHead tells the head from the shared body', () => {
-    expect(parameterShapes(policy).filter(([n]) => isHead(n)).map(([n]) => n)).toEqual(['head.w', 'head.b']);
+    expect(
+      parameterShapes(policy)
+        .filter(([n]) => isHead(n))
+        .map(([n]) => n),
+    ).toEqual(['head.w', 'head.b']);
   });
 });
 
@@ -85,7 +104,14 @@ describe('initialWeights', () => {
 
 describe('forward', () => {
   it('policy gives [B, T, V], value gives [B, T, 1]', () => {
-    const tokens = tf.tensor2d([[0, 1, 2], [4, 3, 2]], [2, 3], 'int32');
+    const tokens = tf.tensor2d(
+      [
+        [0, 1, 2],
+        [4, 3, 2],
+      ],
+      [2, 3],
+      'int32',
+    );
     const p = forward(policy, weightsOf(policy, 1), tokens);
     const v = forward(value, weightsOf(value, 1), tokens);
     expect(p.shape).toEqual([2, 3, 5]);
@@ -101,7 +127,18 @@ describe('forward', () => {
 
   it('is causal: a later token does not change earlier outputs', () => {
     const w = weightsOf(policy, 2);
-    const out = forward(policy, w, tf.tensor2d([[1, 2, 3, 0], [1, 2, 3, 4]], [2, 4], 'int32'));
+    const out = forward(
+      policy,
+      w,
+      tf.tensor2d(
+        [
+          [1, 2, 3, 0],
+          [1, 2, 3, 4],
+        ],
+        [2, 4],
+        'int32',
+      ),
+    );
     const [a, b] = out.arraySync() as number[][][];
     for (let t = 0; t < 3; t++) a![t]!.forEach((x, k) => expect(b![t]![k]).toBeCloseTo(x, 6));
     expect(a![3]).not.toEqual(b![3]);
@@ -137,7 +174,14 @@ describe('responseLogprobs and responseValues', () => {
 
   it('values of the states before each response token, [B, R]', () => {
     const w = weightsOf(value, 5);
-    const tokens = tf.tensor2d([[0, 1, 2, 3, 4], [4, 3, 2, 1, 0]], [2, 5], 'int32');
+    const tokens = tf.tensor2d(
+      [
+        [0, 1, 2, 3, 4],
+        [4, 3, 2, 1, 0],
+      ],
+      [2, 5],
+      'int32',
+    );
     const v = responseValues(value, w, tokens, 3);
     expect(v.shape).toEqual([2, 2]);
     const out = forward(value, w, tokens).arraySync();

@@ -201,7 +201,9 @@ describe("the registry's clip_policy", () => {
   it('refuses a missing clip, an unknown aggregation or estimator', () => {
     expect(() => named('clip_policy', logp(), ports(), {})).toThrow(LossError);
     expect(() => named('clip_policy', logp(), ports(), {})).toThrow("loss parameter 'clip': expected a finite number, got undefined");
-    expect(() => named('clip_policy', logp(), ports(), { clip: 0.2, aggregation: 'sum' })).toThrow(/loss parameter 'aggregation': expected one of token_mean, seq_mean_token_mean, seq_mean_token_sum_norm, got "sum"/);
+    expect(() => named('clip_policy', logp(), ports(), { clip: 0.2, aggregation: 'sum' })).toThrow(
+      /loss parameter 'aggregation': expected one of token_mean, seq_mean_token_mean, seq_mean_token_sum_norm, got "sum"/,
+    );
     const withRef = () => ({ ...ports(), ref: tf.zeros([2, 3]) });
     expect(() => named('clip_policy', logp(), withRef(), { clip: 0.2, kl_coef: 0.1, kl: 'k4' })).toThrow(/loss parameter 'kl': expected one of k1, k2, k3/);
   });

@@ -22,14 +22,22 @@ export function parameterShapes(spec: GptSpec): Array<[string, number[]]> {
   for (let l = 0; l < L; l++) {
     const h = `h${l}`;
     out.push(
-      [`${h}.ln1.g`, [D]], [`${h}.ln1.b`, [D]],
-      [`${h}.attn.wq`, [D, D]], [`${h}.attn.bq`, [D]],
-      [`${h}.attn.wk`, [D, D]], [`${h}.attn.bk`, [D]],
-      [`${h}.attn.wv`, [D, D]], [`${h}.attn.bv`, [D]],
-      [`${h}.attn.wo`, [D, D]], [`${h}.attn.bo`, [D]],
-      [`${h}.ln2.g`, [D]], [`${h}.ln2.b`, [D]],
-      [`${h}.mlp.w1`, [D, 4 * D]], [`${h}.mlp.b1`, [4 * D]],
-      [`${h}.mlp.w2`, [4 * D, D]], [`${h}.mlp.b2`, [D]],
+      [`${h}.ln1.g`, [D]],
+      [`${h}.ln1.b`, [D]],
+      [`${h}.attn.wq`, [D, D]],
+      [`${h}.attn.bq`, [D]],
+      [`${h}.attn.wk`, [D, D]],
+      [`${h}.attn.bk`, [D]],
+      [`${h}.attn.wv`, [D, D]],
+      [`${h}.attn.bv`, [D]],
+      [`${h}.attn.wo`, [D, D]],
+      [`${h}.attn.bo`, [D]],
+      [`${h}.ln2.g`, [D]],
+      [`${h}.ln2.b`, [D]],
+      [`${h}.mlp.w1`, [D, 4 * D]],
+      [`${h}.mlp.b1`, [4 * D]],
+      [`${h}.mlp.w2`, [4 * D, D]],
+      [`${h}.mlp.b2`, [D]],
     );
   }
   const out_ = spec.kind === 'policy' ? V : 1;
@@ -45,7 +53,6 @@ export function parameterCount(spec: GptSpec): number {
 export function isHead(name: string): boolean {
   return name.startsWith('head.');
 }
-
 
 /**
  * The model as the mesh layer sees it: each parameter's layer and the axis that tensor

@@ -135,7 +135,10 @@ describe('importTensors', () => {
   it('a subset (the body) leaves the rest alone', () => {
     const p = new GptShard(policy, 1);
     const v = new GptShard(value, 2);
-    const headBefore = v.exportTensors().filter((t) => t.name.startsWith('head.')).map((t) => Array.from(t.data));
+    const headBefore = v
+      .exportTensors()
+      .filter((t) => t.name.startsWith('head.'))
+      .map((t) => Array.from(t.data));
     v.importTensors(snapshot(p).filter((t) => !t.name.startsWith('head.')));
     const after = v.exportTensors();
     expect(Array.from(after.find((t) => t.name === 'wte')!.data)).toEqual(Array.from(p.exportTensors()[0]!.data));

@@ -299,7 +299,17 @@ export class GptShard {
    * Epochs of the named loss over shuffled mini-batches. `data` holds the loss's per-token arrays
    * by port, row for row with `tokens` (for a loss over pairs: chosen rows, then rejected rows).
    */
-  async train(tokens: Int32Array, batch: number, promptLen: number, responseLen: number, loss: LossSpec, data: Record<string, Float32Array>, epochs: number, minibatches: number, seed: number): Promise<TrainStats> {
+  async train(
+    tokens: Int32Array,
+    batch: number,
+    promptLen: number,
+    responseLen: number,
+    loss: LossSpec,
+    data: Record<string, Float32Array>,
+    epochs: number,
+    minibatches: number,
+    seed: number,
+  ): Promise<TrainStats> {
     const fn = lossOf(loss.name);
     this.expect(fn.head, `the loss '${loss.name}'`);
     const width = promptLen + responseLen;
@@ -349,7 +359,6 @@ export class GptShard {
   private input(tokens: Int32Array, batch: number): tf.Tensor2D {
     return tf.tensor2d(tokens, [batch, tokens.length / batch], 'int32');
   }
-
 }
 
 /** Rows `rows` of a row-major array of rows `width` long, gathered in that order. */

@@ -48,9 +48,7 @@ function mesh(layout: Layout) {
   let seq = 0;
   const run = async (model: string, body: (rank: number) => CallBody) => {
     const id = `c${seq++}`;
-    return Promise.all(
-      devices.map((d, rank) => d.run({ type: 'call', v: PROTOCOL_VERSION, id, group: id, model, iteration: 0, body: body(rank) } satisfies Call)),
-    );
+    return Promise.all(devices.map((d, rank) => d.run({ type: 'call', v: PROTOCOL_VERSION, id, group: id, model, iteration: 0, body: body(rank) } satisfies Call)));
   };
   const speaking = (layout: Layout) => layout.devices.map((_, r) => r).filter((r) => rankCoords(layout, r).pp === layout.pp - 1 && rankCoords(layout, r).tp === 0);
   const gather = <T extends Float32Array | Int32Array>(outs: Array<Record<string, unknown>>, key: string): T => {
@@ -86,7 +84,9 @@ function expectClose(got: ArrayLike<number>, want: ArrayLike<number>, what: stri
 
 async function scenario(layout: Layout) {
   const m = mesh(layout);
-  const load = (spec: GptSpec, role: 'actor' | 'critic') => (rank: number): CallBody => ({ fn: 'load', role, spec, layout, rank, seed: 7, optim });
+  const load =
+    (spec: GptSpec, role: 'actor' | 'critic') =>
+    (rank: number): CallBody => ({ fn: 'load', role, spec, layout, rank, seed: 7, optim });
   await m.run('actor', load(policy, 'actor'));
   await m.run('critic', load(value, 'critic'));
   const gen = await m.run('actor', () => ({ fn: 'generate', prompts: prompts(), batch: B, promptLen: P, responseLen: R, seeds, temperature: 1 }));
@@ -102,7 +102,8 @@ async function scenario(layout: Layout) {
   const sum = (outs: Array<Record<string, unknown>>, k: string) => outs.reduce((a, o) => a + (o[k] as number), 0);
   const after = async (model: string) => (await m.run(model, () => ({ fn: 'manifest' }))).map((o) => o.digest as string);
   // The parameters after training, per rank, as the ranks hold them.
-  const slices = (model: string) => m.devices.map((d) => (d as unknown as { hosted: Map<string, { shard: { exportTensors(): Array<{ name: string; data: Float32Array }> } }> }).hosted.get(model)!.shard.exportTensors());
+  const slices = (model: string) =>
+    m.devices.map((d) => (d as unknown as { hosted: Map<string, { shard: { exportTensors(): Array<{ name: string; data: Float32Array }> } }> }).hosted.get(model)!.shard.exportTensors());
   return {
     tokens,
     genLogprobs,
@@ -142,33 +143,37 @@ describe('3D-parallel shards against the unsharded model', () => {
     expect(all.map((l) => `${l.dp}${l.tp}${l.pp}`).sort()).toEqual(['112', '114', '121', '122', '141', '211', '212', '221', '411'].sort());
   });
 
-  it.each(all.map((l) => [`dp=${l.dp} tp=${l.tp} pp=${l.pp}`, l] as const))('%s: same tokens, log-probs, values and trained parameters', async (_, layout) => {
-    const got = await scenario(layout);
-    expect(Array.from(got.tokens)).toEqual(Array.from(ref.tokens));
-    expectClose(got.genLogprobs, ref.genLogprobs, 'generation log-probs');
-    expectClose(got.logprobs, ref.logprobs, 'log-probs');
-    expectClose(got.values, ref.values, 'values');
-    expect(got.actorLoss).toBeCloseTo(ref.actorLoss, 5);
-    expect(got.criticLoss).toBeCloseTo(ref.criticLoss, 5);
-    for (const [model, spec, full, ranks] of [
-      ['actor', policy, ref.actor, got.actorSlices],
-      ['critic', value, ref.critic, got.criticSlices],
-    ] as const) {
-      const info = modelInfo(spec);
-      const byName = new Map(full.map((t) => [t.name, t]));
-      layout.devices.forEach((_, rank) => {
-        const held = new Map(ranks[rank]!.map((t) => [t.name, t.data]));
-        for (const s of shardSlices(info, layout, rank)) {
-          const whole = byName.get(s.name)!;
-          const want = cut(whole.data, { ...s, axis: null, start: 0, end: s.shape[0]! }, s);
-          expectClose(held.get(s.name)!, want, `${model} ${s.name} on rank ${rank}`);
-        }
-      });
-    }
-    // And again from scratch: bit for bit the same.
-    const again = await scenario(layout);
-    expect(again.digests).toEqual(got.digests);
-  }, 60_000);
+  it.each(all.map((l) => [`dp=${l.dp} tp=${l.tp} pp=${l.pp}`, l] as const))(
+    '%s: same tokens, log-probs, values and trained parameters',
+    async (_, layout) => {
+      const got = await scenario(layout);
+      expect(Array.from(got.tokens)).toEqual(Array.from(ref.tokens));
+      expectClose(got.genLogprobs, ref.genLogprobs, 'generation log-probs');
+      expectClose(got.logprobs, ref.logprobs, 'log-probs');
+      expectClose(got.values, ref.values, 'values');
+      expect(got.actorLoss).toBeCloseTo(ref.actorLoss, 5);
+      expect(got.criticLoss).toBeCloseTo(ref.criticLoss, 5);
+      for (const [model, spec, full, ranks] of [
+        ['actor', policy, ref.actor, got.actorSlices],
+        ['critic', value, ref.critic, got.criticSlices],
+      ] as const) {
+        const info = modelInfo(spec);
+        const byName = new Map(full.map((t) => [t.name, t]));
+        layout.devices.forEach((_, rank) => {
+          const held = new Map(ranks[rank]!.map((t) => [t.name, t.data]));
+          for (const s of shardSlices(info, layout, rank)) {
+            const whole = byName.get(s.name)!;
+            const want = cut(whole.data, { ...s, axis: null, start: 0, end: s.shape[0]! }, s);
+            expectClose(held.get(s.name)!, want, `${model} ${s.name} on rank ${rank}`);
+          }
+        });
+      }
+      // And again from scratch: bit for bit the same.
+      const again = await scenario(layout);
+      expect(again.digests).toEqual(got.digests);
+    },
+    60_000,
+  );
 });
 
 describe('a loss over pairs (dpo) against the unsharded model', () => {
@@ -184,24 +189,33 @@ describe('a loss over pairs (dpo) against the unsharded model', () => {
     [{ devices: [0, 1, 2, 3], dp: 2, tp: 1, pp: 2 }, 2],
     [{ devices: [0, 1, 2, 3], dp: 2, tp: 2, pp: 1 }, 2],
     [{ devices: [0, 1, 2, 3], dp: 4, tp: 1, pp: 1 }, 1],
-  ] satisfies Array<[Layout, number]>)('%o, %i mini-batches: same loss and trained parameters', async (layout, minibatches) => {
-    await initBackend('wasm');
-    const whole = new GptShard(policy, 7, optim);
-    const want = await whole.train(tokens, B, P, R, dpo, { ref }, 1, minibatches, 5);
-    const m = mesh(layout);
-    await m.run('actor', (rank) => ({ fn: 'load', role: 'actor', spec: policy, layout, rank, seed: 7, optim }));
-    const outs = await m.run('actor', () => ({ fn: 'train', tokens, batch: B, promptLen: P, responseLen: R, seed: 5, epochs: 1, minibatches, loss: dpo, data: { ref } }));
-    expect(outs.reduce((a, o) => a + (o.loss as number), 0)).toBeCloseTo(want.loss, 5);
-    const trained = new Map(whole.exportTensors().map((t) => [t.name, t.data]));
-    const info = modelInfo(policy);
-    m.devices.forEach((d, rank) => {
-      const held = new Map((d as unknown as { hosted: Map<string, { shard: { exportTensors(): Array<{ name: string; data: Float32Array }> } }> }).hosted.get('actor')!.shard.exportTensors().map((t) => [t.name, t.data]));
-      for (const s of shardSlices(info, layout, rank)) {
-        expectClose(held.get(s.name)!, cut(trained.get(s.name)!, { ...s, axis: null, start: 0, end: s.shape[0]! }, s), `${s.name} on rank ${rank}`);
-      }
-    });
-    whole.dispose();
-  }, 30_000);
+  ] satisfies Array<[Layout, number]>)(
+    '%o, %i mini-batches: same loss and trained parameters',
+    async (layout, minibatches) => {
+      await initBackend('wasm');
+      const whole = new GptShard(policy, 7, optim);
+      const want = await whole.train(tokens, B, P, R, dpo, { ref }, 1, minibatches, 5);
+      const m = mesh(layout);
+      await m.run('actor', (rank) => ({ fn: 'load', role: 'actor', spec: policy, layout, rank, seed: 7, optim }));
+      const outs = await m.run('actor', () => ({ fn: 'train', tokens, batch: B, promptLen: P, responseLen: R, seed: 5, epochs: 1, minibatches, loss: dpo, data: { ref } }));
+      expect(outs.reduce((a, o) => a + (o.loss as number), 0)).toBeCloseTo(want.loss, 5);
+      const trained = new Map(whole.exportTensors().map((t) => [t.name, t.data]));
+      const info = modelInfo(policy);
+      m.devices.forEach((d, rank) => {
+        const held = new Map(
+          (d as unknown as { hosted: Map<string, { shard: { exportTensors(): Array<{ name: string; data: Float32Array }> } }> }).hosted
+            .get('actor')!
+            .shard.exportTensors()
+            .map((t) => [t.name, t.data]),
+        );
+        for (const s of shardSlices(info, layout, rank)) {
+          expectClose(held.get(s.name)!, cut(trained.get(s.name)!, { ...s, axis: null, start: 0, end: s.shape[0]! }, s), `${s.name} on rank ${rank}`);
+        }
+      });
+      whole.dispose();
+    },
+    30_000,
+  );
 });
 
 describe('a rank that fails', () => {

@@ -205,11 +205,19 @@ export class ShardedGpt {
     const mask = causalMask(T);
     for (const l of this.layers) {
       const h1 = tf.tidy(() => layerNorm(x, this.w(`h${l}.ln1.g`), this.w(`h${l}.ln1.b`)));
-      const a = await this.allReduceTp(group, `${tag}/l${l}/attn`, tf.tidy(() => attnPartial(h1, this.attn(l), this.localHeads, mask)));
+      const a = await this.allReduceTp(
+        group,
+        `${tag}/l${l}/attn`,
+        tf.tidy(() => attnPartial(h1, this.attn(l), this.localHeads, mask)),
+      );
       const x1 = tf.tidy(() => tf.add(tf.add(x, a), this.w(`h${l}.attn.bo`)));
       a.dispose();
       const h2 = tf.tidy(() => layerNorm(x1, this.w(`h${l}.ln2.g`), this.w(`h${l}.ln2.b`)));
-      const m = await this.allReduceTp(group, `${tag}/l${l}/mlp`, tf.tidy(() => mlpPartial(h2, this.w(`h${l}.mlp.w1`), this.w(`h${l}.mlp.b1`), this.w(`h${l}.mlp.w2`))));
+      const m = await this.allReduceTp(
+        group,
+        `${tag}/l${l}/mlp`,
+        tf.tidy(() => mlpPartial(h2, this.w(`h${l}.mlp.w1`), this.w(`h${l}.mlp.b1`), this.w(`h${l}.mlp.w2`))),
+      );
       const x2 = tf.tidy(() => tf.add(tf.add(x1, m), this.w(`h${l}.mlp.b2`)));
       m.dispose();
       if (keep) saved.push({ x, h1, x1, h2 });
@@ -242,9 +250,7 @@ export class ShardedGpt {
     const mine = tokens.subarray(lo * T, hi * T);
     const { out } = await this.forwardStage(group, 'inf', mine, hi - lo, T, false);
     if (!out) return new Float32Array(0);
-    const t = tf.tidy(() =>
-      this.spec.kind === 'policy' ? logprobsOf(out, tf.tensor2d(mine, [hi - lo, T], 'int32'), promptLen, this.spec.vocab) : valuesOf(out, promptLen),
-    );
+    const t = tf.tidy(() => (this.spec.kind === 'policy' ? logprobsOf(out, tf.tensor2d(mine, [hi - lo, T], 'int32'), promptLen, this.spec.vocab) : valuesOf(out, promptLen)));
     out.dispose();
     const res = t.dataSync() as Float32Array;
     t.dispose();
@@ -319,7 +325,18 @@ export class ShardedGpt {
   }
 
   /** Epochs of the named loss over seeded mini-batches; the same items and order as the unsharded model. */
-  async train(group: string, tokens: Int32Array, batch: number, promptLen: number, responseLen: number, loss: LossSpec, data: Record<string, Float32Array>, epochs: number, minibatches: number, seed: number): Promise<TrainStats> {
+  async train(
+    group: string,
+    tokens: Int32Array,
+    batch: number,
+    promptLen: number,
+    responseLen: number,
+    loss: LossSpec,
+    data: Record<string, Float32Array>,
+    epochs: number,
+    minibatches: number,
+    seed: number,
+  ): Promise<TrainStats> {
     const fn = lossOf(loss.name);
     if (fn.head !== this.spec.kind) throw new ShardError(`the loss '${loss.name}' needs a ${fn.head} model; this shard is a ${this.spec.kind} model`);
     const width = promptLen + responseLen;
@@ -403,7 +420,10 @@ export class ShardedGpt {
       const { x, h1, x1, h2 } = fwd.saved[i]!;
       const W = (n: string) => this.w(`h${l}.${n}`);
       // MLP: x2 = x1 + Σtp M(h2) + b2, h2 = LN2(x1)
-      add(`h${l}.mlp.b2`, tf.tidy(() => tf.sum(dx, [0, 1])));
+      add(
+        `h${l}.mlp.b2`,
+        tf.tidy(() => tf.sum(dx, [0, 1])),
+      );
       const gm = tf.grads((h: tf.Tensor, w1: tf.Tensor, b1: tf.Tensor, w2: tf.Tensor) => mlpPartial(h, w1, b1, w2))([h2, W('mlp.w1'), W('mlp.b1'), W('mlp.w2')], dx);
       add(`h${l}.mlp.w1`, gm[1]!);
       add(`h${l}.mlp.b1`, gm[2]!);
@@ -415,7 +435,10 @@ export class ShardedGpt {
       const dx1 = tf.add(dx, gl2[0]!);
       tf.dispose([dh2, gl2[0]!, dx]);
       // Attention: x1 = x + Σtp A(h1) + bo, h1 = LN1(x)
-      add(`h${l}.attn.bo`, tf.tidy(() => tf.sum(dx1, [0, 1])));
+      add(
+        `h${l}.attn.bo`,
+        tf.tidy(() => tf.sum(dx1, [0, 1])),
+      );
       const aw = this.attn(l);
       const ga = tf.grads((h: tf.Tensor, wq: tf.Tensor, bq: tf.Tensor, wk: tf.Tensor, bk: tf.Tensor, wv: tf.Tensor, bv: tf.Tensor, wo: tf.Tensor) =>
         attnPartial(h, { wq, bq, wk, bk, wv, bv, wo }, this.localHeads, mask),

@@ -6,7 +6,19 @@ import { BusError, request } from '../../mesh/wire/index.ts';
 import { ProtocolError } from '../../mesh/wire/index.ts';
 import { PROTOCOL_VERSION, Reply, type CallFn, type CallOf, type Checkpoint, type ResultOf } from '../../mesh/wire/index.ts';
 import type { Subjects } from '../../mesh/wire/index.ts';
-import { CallError, InFlight, PerDeviceQueue, checkResult, fetchCheckpoint, pushCheckpoint, runRealloc, type Dispatcher, type ReallocOutcome, type ReallocRequest, type TransportStats } from './dispatch.ts';
+import {
+  CallError,
+  InFlight,
+  PerDeviceQueue,
+  checkResult,
+  fetchCheckpoint,
+  pushCheckpoint,
+  runRealloc,
+  type Dispatcher,
+  type ReallocOutcome,
+  type ReallocRequest,
+  type TransportStats,
+} from './dispatch.ts';
 
 export interface BusDispatcherOptions {
   /** The epoch to start in: a supervisor that takes over a run starts past its predecessor's. */
@@ -67,30 +79,32 @@ export class BusDispatcher implements Dispatcher {
     this.counts.set(prefix, n + 1);
     const id = `${prefix}.${n}`;
     const epoch = this.epoch;
-    return this.inFlight.track(this.queue.run(device, async () => {
-      // Queued behind a call when a recovery began: abandoned, never sent.
-      if (this.epoch !== epoch) throw new CallError('interrupted', `abandoned before it was sent: call ${id} belongs to epoch ${epoch}, the run is in epoch ${this.epoch}`);
-      await this.options.beforeCall?.(device, model, iteration, body.fn);
-      const where = `device ${device}, '${body.fn}' of ${model}`;
-      let reply: Reply;
-      const t0 = performance.now();
-      const sent = Date.now();
-      const span = (ok: boolean, ms = 0) => this.options.onSpan?.({ device, model, fn: body.fn, iteration, epoch: this.epoch, sent, device_ms: ms, replied: Date.now(), ok });
-      try {
-        reply = await request(this.nc, this.subj.call(device), { type: 'call', v: PROTOCOL_VERSION, id, model, iteration, epoch, ...(group ? { group } : {}), body }, Reply, this.callTimeoutMs);
-      } catch (cause) {
-        span(false);
-        const code = cause instanceof BusError ? cause.reason : cause instanceof ProtocolError ? 'malformed' : 'failed';
-        throw new CallError(code, `${where}: ${(cause as Error).message}`, { cause });
-      }
-      span(reply.type === 'result', reply.type === 'result' ? (reply.ms ?? 0) : 0);
-      if (reply.type === 'error') throw new CallError(reply.code, `${where}: ${reply.message}`);
-      this.totals.calls += 1;
-      this.totals.round_trip_seconds += (performance.now() - t0) / 1000;
-      this.totals.device_seconds += (reply.ms ?? 0) / 1000;
-      if (reply.id !== id) throw new CallError('malformed', `${where}: reply is for call ${reply.id}, expected ${id}`);
-      return checkResult(body.fn as F, reply.body, where);
-    }));
+    return this.inFlight.track(
+      this.queue.run(device, async () => {
+        // Queued behind a call when a recovery began: abandoned, never sent.
+        if (this.epoch !== epoch) throw new CallError('interrupted', `abandoned before it was sent: call ${id} belongs to epoch ${epoch}, the run is in epoch ${this.epoch}`);
+        await this.options.beforeCall?.(device, model, iteration, body.fn);
+        const where = `device ${device}, '${body.fn}' of ${model}`;
+        let reply: Reply;
+        const t0 = performance.now();
+        const sent = Date.now();
+        const span = (ok: boolean, ms = 0) => this.options.onSpan?.({ device, model, fn: body.fn, iteration, epoch: this.epoch, sent, device_ms: ms, replied: Date.now(), ok });
+        try {
+          reply = await request(this.nc, this.subj.call(device), { type: 'call', v: PROTOCOL_VERSION, id, model, iteration, epoch, ...(group ? { group } : {}), body }, Reply, this.callTimeoutMs);
+        } catch (cause) {
+          span(false);
+          const code = cause instanceof BusError ? cause.reason : cause instanceof ProtocolError ? 'malformed' : 'failed';
+          throw new CallError(code, `${where}: ${(cause as Error).message}`, { cause });
+        }
+        span(reply.type === 'result', reply.type === 'result' ? (reply.ms ?? 0) : 0);
+        if (reply.type === 'error') throw new CallError(reply.code, `${where}: ${reply.message}`);
+        this.totals.calls += 1;
+        this.totals.round_trip_seconds += (performance.now() - t0) / 1000;
+        this.totals.device_seconds += (reply.ms ?? 0) / 1000;
+        if (reply.id !== id) throw new CallError('malformed', `${where}: reply is for call ${reply.id}, expected ${id}`);
+        return checkResult(body.fn as F, reply.body, where);
+      }),
+    );
   }
 
   realloc(r: ReallocRequest): Promise<ReallocOutcome> {

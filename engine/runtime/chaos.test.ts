@@ -109,7 +109,7 @@ describe('killPoints: explicit kills', () => {
     expect(points.map((k) => k.device)).toEqual([2, 0, 3, 0, 2, undefined]);
   });
 
-  it('uses each model\'s own device when every model has one', () => {
+  it("uses each model's own device when every model has one", () => {
     const points = kills(SINGLE_PLAN, [
       { actor: 'actor', call: 'generate', iteration: 0 },
       { actor: 'actor', call: 'train', iteration: 1 },
@@ -133,10 +133,12 @@ describe('killPoints: explicit kills', () => {
   });
 
   it('refuses a kill in a call the model never runs, naming the kill and the reason', () => {
-    expect(refusal(CHAOS_PLAN, [
-      { actor: 'actor', call: 'train', iteration: 0 },
-      { actor: 'reward', call: 'train', iteration: 0 },
-    ])).toMatch(/^chaos\.kills\[1\]: reward never dies in 'train' of iteration 0: 'reward' has no train call/);
+    expect(
+      refusal(CHAOS_PLAN, [
+        { actor: 'actor', call: 'train', iteration: 0 },
+        { actor: 'reward', call: 'train', iteration: 0 },
+      ]),
+    ).toMatch(/^chaos\.kills\[1\]: reward never dies in 'train' of iteration 0: 'reward' has no train call/);
     expect(refusal(CHAOS_PLAN, [{ actor: 'critic', call: 'sft', iteration: -1 }])).toMatch(/chaos\.kills\[0\]: .*only 'actor' runs 'sft'/);
     expect(refusal(CHAOS_PLAN, [{ actor: 'actor', call: 'sft', iteration: 0 }])).toMatch(/chaos\.kills\[0\]: .*during setup/);
     expect(refusal(CHAOS_PLAN, [{ actor: 'reference', call: 'generate', iteration: 1 }])).toMatch(/chaos\.kills\[0\]: .*'reference' has no generate call/);
@@ -172,23 +174,30 @@ describe('killPoints: explicit kills', () => {
     expect(refusal(SINGLE_PLAN, [{ actor: 'critic', call: 'realloc', iteration: 2 }])).toMatch(/chaos\.kills\[0\]: .*'critic' is never reallocated/);
   });
 
-  it('refuses an iteration past the run\'s last, for workers and the supervisor alike', () => {
+  it("refuses an iteration past the run's last, for workers and the supervisor alike", () => {
     expect(refusal(CHAOS_PLAN, [{ actor: 'actor', call: 'train', iteration: 6 }])).toBe("chaos.kills[0]: iteration 6 is past the run's last (5)");
-    expect(refusal(CHAOS_PLAN, [
-      { actor: 'actor', call: 'train', iteration: 5 },
-      { actor: 'supervisor', call: 'train', iteration: 9 },
-    ])).toBe("chaos.kills[1]: iteration 9 is past the run's last (5)");
+    expect(
+      refusal(CHAOS_PLAN, [
+        { actor: 'actor', call: 'train', iteration: 5 },
+        { actor: 'supervisor', call: 'train', iteration: 9 },
+      ]),
+    ).toBe("chaos.kills[1]: iteration 9 is past the run's last (5)");
     expect(refusal(SINGLE_PLAN, [{ actor: 'reward', call: 'inference', iteration: 4 }])).toContain("past the run's last (3)");
   });
 });
 
 describe('killPoints: random kills', () => {
   it('draws the requested number, numbered after the explicit kills', () => {
-    const points = killPoints(spec(CHAOS_PLAN, `chaos:
+    const points = killPoints(
+      spec(
+        CHAOS_PLAN,
+        `chaos:
   kills:
     - { actor: supervisor, call: train, iteration: 1 }
   random: { kills: 7, seed: 3 }
-`));
+`,
+      ),
+    );
     expect(points).toHaveLength(8);
     expect(points.map((k) => k.id)).toEqual(['k0', 'k1', 'k2', 'k3', 'k4', 'k5', 'k6', 'k7']);
     expect(points[0]).toEqual({ id: 'k0', actor: 'supervisor', call: 'train', iteration: 1, how: 'kill' });
@@ -206,7 +215,10 @@ describe('killPoints: random kills', () => {
   });
 
   it('draws only valid kills: iterations of the run, calls the actor runs, its device', () => {
-    for (const [plan, iterations] of [[CHAOS_PLAN, 6], [SINGLE_PLAN, 4]] as const) {
+    for (const [plan, iterations] of [
+      [CHAOS_PLAN, 6],
+      [SINGLE_PLAN, 4],
+    ] as const) {
       for (let seed = 0; seed < 5; seed++) {
         const points = random(plan, `kills: 20, seed: ${seed}`);
         expect(points).toHaveLength(20);
@@ -296,7 +308,7 @@ describe('reachedBySupervisor', () => {
     expect(reachedBySupervisor(sup, 'train', 2)).toBe(false);
   });
 
-  it('never matches a worker\'s kill point', () => {
+  it("never matches a worker's kill point", () => {
     expect(reachedBySupervisor(worker, 'inference', 2)).toBe(false);
   });
 });

@@ -93,7 +93,8 @@ export function killPoints(r: RunSpec): KillPoint[] {
   if (chaos.random) {
     const rng = new Rng(seedOf(chaos.random.seed, 0xc4a05));
     const drawFrom = chaos.random.actors ?? kinds;
-    for (const a of drawFrom) if (!kinds.includes(a)) throw new ScenarioError(`chaos.random.actors: '${a}' is neither a model of the algorithm nor the supervisor; expected one of ${kinds.join(', ')}`);
+    for (const a of drawFrom)
+      if (!kinds.includes(a)) throw new ScenarioError(`chaos.random.actors: '${a}' is neither a model of the algorithm nor the supervisor; expected one of ${kinds.join(', ')}`);
     for (let n = 0; n < chaos.random.kills; n++) {
       const actor = drawFrom[rng.int(drawFrom.length)]!;
       const calls = randomCalls(r, actor).filter((c) => actor === 'supervisor' || typeof deviceFor(r, actor, c, 0) === 'number');

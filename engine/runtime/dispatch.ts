@@ -110,7 +110,10 @@ export class PerDeviceQueue {
   run<T>(device: number, job: () => Promise<T>): Promise<T> {
     const prev = this.tails.get(device) ?? Promise.resolve();
     const next = prev.then(job, job);
-    this.tails.set(device, next.catch(() => {}));
+    this.tails.set(
+      device,
+      next.catch(() => {}),
+    );
     return next;
   }
 }
@@ -152,10 +155,16 @@ export async function runExchange<F extends 'realloc' | 'probe' | 'checkpoint' |
   const waiting = new Set(devices);
   let allReady!: () => void;
   const ready = new Promise<void>((resolve) => (allReady = resolve));
-  const stop = subscribe(bus, subj.ready(id), Ready, (m) => {
-    waiting.delete(m.device);
-    if (waiting.size === 0) allReady();
-  }, () => {});
+  const stop = subscribe(
+    bus,
+    subj.ready(id),
+    Ready,
+    (m) => {
+      waiting.delete(m.device);
+      if (waiting.size === 0) allReady();
+    },
+    () => {},
+  );
   try {
     await bus.flush();
     const replies = devices.map((device) => call(device, model, iteration, bodyFor(device)) as Promise<ResultOf<F>>);
@@ -177,13 +186,7 @@ export async function runExchange<F extends 'realloc' | 'probe' | 'checkpoint' |
 }
 
 /** Carries out a reallocation plan (see runExchange): each device sends, receives and copies its part. */
-export async function runRealloc(
-  bus: Bus,
-  subj: Subjects,
-  call: Dispatcher['call'],
-  r: ReallocRequest,
-  chunkBytes: number,
-): Promise<ReallocOutcome> {
+export async function runRealloc(bus: Bus, subj: Subjects, call: Dispatcher['call'], r: ReallocRequest, chunkBytes: number): Promise<ReallocOutcome> {
   const t0 = performance.now();
   const { plan } = r;
   const tid = (index: number) => `${r.id}-${index}`;
@@ -228,7 +231,8 @@ export async function fetchCheckpoint(
     await bus.flush();
     incoming.arm();
     const [reply] = await runExchange<'checkpoint'>(bus, subj, call, id, iteration, model, [device], () => ({ fn: 'checkpoint', realloc: id, transfer: id, chunkBytes }));
-    if (reply!.optimizer !== optimizer) throw new CallError('invalid_state', `device ${device}, '${model}': expected ${optimizer ? 'an' : 'no'} optimizer state, the shard has ${reply!.optimizer ? 'one' : 'none'}`);
+    if (reply!.optimizer !== optimizer)
+      throw new CallError('invalid_state', `device ${device}, '${model}': expected ${optimizer ? 'an' : 'no'} optimizer state, the shard has ${reply!.optimizer ? 'one' : 'none'}`);
     await incoming.done;
     return {
       tensors: shapes.map((s) => ({ name: s.name, shape: [...s.shape], data: got.get(`w:${s.name}`)! })),

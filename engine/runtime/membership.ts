@@ -68,9 +68,13 @@ export class Membership {
         Hello,
         (hello, msg) => {
           const answer = this.join(hello);
-          msg.respond(encode(typeof answer === 'string'
-            ? { type: 'error', v: PROTOCOL_VERSION, code: 'invalid_state', message: answer, subject: msg.subject }
-            : { type: 'welcome', v: PROTOCOL_VERSION, device: answer, run }));
+          msg.respond(
+            encode(
+              typeof answer === 'string'
+                ? { type: 'error', v: PROTOCOL_VERSION, code: 'invalid_state', message: answer, subject: msg.subject }
+                : { type: 'welcome', v: PROTOCOL_VERSION, device: answer, run },
+            ),
+          );
         },
         (error, msg) => {
           rejected(error);
@@ -79,10 +83,16 @@ export class Membership {
       ),
     );
     this.stops.push(
-      subscribe(nc, subj.events, RunEvent, (e) => {
-        if (e.type !== 'exit' || e.kind !== 'worker') return;
-        for (const [device, m] of this.members) if (m.pid === e.pid) this.lose(device, `its process (pid ${e.pid}) ${describeExit(e)}`, false);
-      }, () => {}),
+      subscribe(
+        nc,
+        subj.events,
+        RunEvent,
+        (e) => {
+          if (e.type !== 'exit' || e.kind !== 'worker') return;
+          for (const [device, m] of this.members) if (m.pid === e.pid) this.lose(device, `its process (pid ${e.pid}) ${describeExit(e)}`, false);
+        },
+        () => {},
+      ),
     );
     const timer = setInterval(() => this.check(), Math.min(1000, o.heartbeatMs / 4));
     this.stops.push(() => clearInterval(timer));

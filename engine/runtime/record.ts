@@ -40,7 +40,6 @@ export interface Summary {
   error?: string;
 }
 
-
 /** Observers of a run: the run directory, the bus's event subject, a progress bar. */
 export interface Recorder {
   phase(phase: string, detail: string): void;

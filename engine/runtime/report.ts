@@ -118,14 +118,20 @@ function timelineSvg(rows: string[], bars: Bar[], opts: { bands?: Bar[]; marks?:
   for (const b of bars) {
     const w = Math.max(0.5, x(b.end) - x(b.start));
     const paint = b.failed ? `fill="none" stroke="${b.color}" stroke-dasharray="3,2"` : `fill="${b.color}"`;
-    parts.push(`<rect class="span${b.failed ? ' failed' : ''}" x="${x(b.start).toFixed(2)}" y="${top + b.row * rowH + 2}" width="${w.toFixed(2)}" height="${rowH - 4}" ${paint}><title>${esc(b.title)}</title></rect>`);
+    parts.push(
+      `<rect class="span${b.failed ? ' failed' : ''}" x="${x(b.start).toFixed(2)}" y="${top + b.row * rowH + 2}" width="${w.toFixed(2)}" height="${rowH - 4}" ${paint}><title>${esc(b.title)}</title></rect>`,
+    );
   }
   for (const b of opts.bands ?? []) {
-    parts.push(`<rect class="band" x="${x(b.start).toFixed(2)}" y="${top}" width="${Math.max(1, x(b.end) - x(b.start)).toFixed(2)}" height="${rows.length * rowH}" fill="${b.color}"><title>${esc(b.title)}</title></rect>`);
+    parts.push(
+      `<rect class="band" x="${x(b.start).toFixed(2)}" y="${top}" width="${Math.max(1, x(b.end) - x(b.start)).toFixed(2)}" height="${rows.length * rowH}" fill="${b.color}"><title>${esc(b.title)}</title></rect>`,
+    );
   }
   for (const m of opts.marks ?? []) {
     const mx = x(m.at).toFixed(2);
-    parts.push(`<g class="mark"><line x1="${mx}" x2="${mx}" y1="${top - 4}" y2="${top + rows.length * rowH}" stroke="#d62728" stroke-dasharray="3,2"/><path d="M${mx},${top} l-5,-9 h10 z" fill="#d62728"/><title>${esc(m.title)}</title></g>`);
+    parts.push(
+      `<g class="mark"><line x1="${mx}" x2="${mx}" y1="${top - 4}" y2="${top + rows.length * rowH}" stroke="#d62728" stroke-dasharray="3,2"/><path d="M${mx},${top} l-5,-9 h10 z" fill="#d62728"/><title>${esc(m.title)}</title></g>`,
+    );
   }
   const ticks = 8;
   for (let k = 0; k < ticks; k++) {
@@ -158,7 +164,8 @@ function chartSvg(title: string, series: Array<{ name: string; color: string; va
     return `<polyline class="series" fill="none" stroke="${s.color}" stroke-width="1.8" points="${pts.join(' ')}"><title>${esc(s.name)}</title></polyline>`;
   });
   const names = series.map((s, i) => `<text x="${pad.l + 6 + i * 120}" y="14" class="lbl" fill="${s.color}">${esc(s.name)}</text>`).join('');
-  const axis = `<line x1="${pad.l}" y1="${h - pad.b}" x2="${w - pad.r}" y2="${h - pad.b}" stroke="#999"/><line x1="${pad.l}" y1="${pad.t}" x2="${pad.l}" y2="${h - pad.b}" stroke="#999"/>` +
+  const axis =
+    `<line x1="${pad.l}" y1="${h - pad.b}" x2="${w - pad.r}" y2="${h - pad.b}" stroke="#999"/><line x1="${pad.l}" y1="${pad.t}" x2="${pad.l}" y2="${h - pad.b}" stroke="#999"/>` +
     `<text x="4" y="${pad.t + 8}" class="tick">${fmt(hi, 3)}</text><text x="4" y="${h - pad.b}" class="tick">${fmt(lo, 3)}</text>` +
     `<text x="${pad.l}" y="${h - 6}" class="tick">iteration 0</text><text x="${w - pad.r - 70}" y="${h - 6}" class="tick">iteration ${n - 1}</text>`;
   return { svg: `<figure><figcaption>${esc(title)}</figcaption><svg xmlns="http://www.w3.org/2000/svg" width="${w}" height="${h}">${axis}${names}${lines.join('')}</svg></figure>`, points };
@@ -174,22 +181,29 @@ function planSection(r: ReportInput): string {
   const parts: string[] = [];
   for (let d = 0; d < cols; d++) {
     const node = Math.floor(d / r.devicesPerNode);
-    if (d % r.devicesPerNode === 0) parts.push(`<rect x="${left + d * cw}" y="2" width="${r.devicesPerNode * cw - 2}" height="${height - 4}" fill="${node % 2 ? '#f7f7f7' : '#fbfbfb'}" stroke="#ddd"/><text x="${left + d * cw + 3}" y="13" class="tick">node ${node}</text>`);
+    if (d % r.devicesPerNode === 0)
+      parts.push(
+        `<rect x="${left + d * cw}" y="2" width="${r.devicesPerNode * cw - 2}" height="${height - 4}" fill="${node % 2 ? '#f7f7f7' : '#fbfbfb'}" stroke="#ddd"/><text x="${left + d * cw + 3}" y="13" class="tick">node ${node}</text>`,
+      );
     if (cols <= 64) parts.push(`<text x="${left + d * cw + 3}" y="26" class="tick">${d}</text>`);
   }
   r.plan.forEach((p, i) => {
     const y = 30 + i * rowH;
     parts.push(`<text x="4" y="${y + 17}" class="lbl">${esc(p.call)}</text>`);
     for (const d of p.devices) {
-      parts.push(`<rect class="cell" x="${left + d * cw + 1}" y="${y + 3}" width="${cw - 3}" height="${rowH - 6}" fill="${KIND_COLORS[CALL_KINDS[p.call]]}"><title>${esc(`${p.call} on device ${d}: mesh ${p.mesh}, dp ${p.dp} tp ${p.tp} pp ${p.pp}`)}</title></rect>`);
+      parts.push(
+        `<rect class="cell" x="${left + d * cw + 1}" y="${y + 3}" width="${cw - 3}" height="${rowH - 6}" fill="${KIND_COLORS[CALL_KINDS[p.call]]}"><title>${esc(`${p.call} on device ${d}: mesh ${p.mesh}, dp ${p.dp} tp ${p.tp} pp ${p.pp}`)}</title></rect>`,
+      );
     }
     const first = Math.min(...p.devices);
     parts.push(`<text x="${left + first * cw + 4}" y="${y + 17}" class="cellt">dp${p.dp} tp${p.tp} pp${p.pp}</text>`);
   });
   const rows = r.plan.map((p) => `<tr><td>${esc(p.call)}</td><td>${esc(p.mesh)}</td><td>${p.devices.length}</td><td>${p.dp}</td><td>${p.tp}</td><td>${p.pp}</td></tr>`).join('');
-  return `<section id="plan" data-items="${r.plan.length}"><h2>Plan</h2><p>Which devices run each call, and with which data (dp), tensor (tp) and pipeline (pp) parallelism.</p>` +
+  return (
+    `<section id="plan" data-items="${r.plan.length}"><h2>Plan</h2><p>Which devices run each call, and with which data (dp), tensor (tp) and pipeline (pp) parallelism.</p>` +
     `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}">${parts.join('')}</svg>` +
-    `<table><tr><th>call</th><th>mesh</th><th>devices</th><th>dp</th><th>tp</th><th>pp</th></tr>${rows}</table></section>`;
+    `<table><tr><th>call</th><th>mesh</th><th>devices</th><th>dp</th><th>tp</th><th>pp</th></tr>${rows}</table></section>`
+  );
 }
 
 function measuredSection(r: ReportInput): string {
@@ -212,10 +226,18 @@ function measuredSection(r: ReportInput): string {
   });
   const bands: Bar[] = (r.recoveries ?? []).map((x) => ({ row: 0, start: (x.start - t0) / 1000, end: (x.end - t0) / 1000, color: KIND_COLORS.recovery, title: `recovery ${x.epoch}: ${x.reason}` }));
   const marks = (r.kills ?? []).map((k) => ({ at: (k.at - t0) / 1000, title: `chaos: ${k.how} ${k.actor} in ${k.where}` }));
-  const svg = timelineSvg(devices.map((d) => `device ${d}`), bars, { bands, marks });
-  return `<section id="timeline" data-items="${bars.length}"><h2>Measured timeline</h2>` +
+  const svg = timelineSvg(
+    devices.map((d) => `device ${d}`),
+    bars,
+    { bands, marks },
+  );
+  return (
+    `<section id="timeline" data-items="${bars.length}"><h2>Measured timeline</h2>` +
     `<p>Every call each device ran, from its own clock (the bus and queueing are the rest of each round trip). Grey: waiting. Dashed outlines: calls that failed or were abandoned. Red bands: recoveries; red markers: kills.</p>` +
-    legend(['generation', 'inference', 'training', 'reallocation', 'checkpoint', 'other', 'waiting', 'recovery']) + svg + `</section>`;
+    legend(['generation', 'inference', 'training', 'reallocation', 'checkpoint', 'other', 'waiting', 'recovery']) +
+    svg +
+    `</section>`
+  );
 }
 
 function estimateSection(r: ReportInput, measuredIteration?: number | null): string {
@@ -233,10 +255,17 @@ function estimateSection(r: ReportInput, measuredIteration?: number | null): str
   }));
   const rows = devices.length > 64 ? devices.filter((_, i) => i % Math.ceil(devices.length / 64) === 0) : devices;
   const shown = new Set(rows);
-  const svg = timelineSvg(rows.map((d) => `device ${d}`), bars.filter((b) => shown.has(devices[b.row]!)).map((b) => ({ ...b, row: rows.indexOf(devices[b.row]!) })));
-  return `<section id="estimate" data-items="${bars.length}"><h2>Estimated timeline</h2>` +
+  const svg = timelineSvg(
+    rows.map((d) => `device ${d}`),
+    bars.filter((b) => shown.has(devices[b.row]!)).map((b) => ({ ...b, row: rows.indexOf(devices[b.row]!) })),
+  );
+  return (
+    `<section id="estimate" data-items="${bars.length}"><h2>Estimated timeline</h2>` +
     `<p>The planner's simulation of this plan (profile: ${esc(e.profile)}): ${fmt(e.iterationSeconds, 3)} s per iteration${measuredIteration ? `, against ${fmt(measuredIteration, 3)} s measured (median)` : ''}.${rows.length < devices.length ? ` Every ${Math.ceil(devices.length / 64)}th device is drawn.` : ''}</p>` +
-    legend(['generation', 'inference', 'training', 'reallocation', 'waiting']) + svg + `</section>`;
+    legend(['generation', 'inference', 'training', 'reallocation', 'waiting']) +
+    svg +
+    `</section>`
+  );
 }
 
 function curvesSection(r: ReportInput): string {
@@ -276,13 +305,17 @@ function chaosSection(r: ReportInput): string {
   const kills = r.kills ?? [];
   const recoveries = r.recoveries ?? [];
   const items = kills.length + recoveries.length;
-  const killRows = kills.map((k) => `<tr><td>${esc(k.how)}</td><td>${esc(k.actor)}</td><td>${esc(k.call)}</td><td>${k.iteration}</td><td>${esc(k.where)}</td><td>${fmt(k.recovery_seconds, 2)}</td></tr>`).join('');
+  const killRows = kills
+    .map((k) => `<tr><td>${esc(k.how)}</td><td>${esc(k.actor)}</td><td>${esc(k.call)}</td><td>${k.iteration}</td><td>${esc(k.where)}</td><td>${fmt(k.recovery_seconds, 2)}</td></tr>`)
+    .join('');
   const recRows = recoveries.map((x) => `<tr><td>${x.epoch}</td><td>${esc(x.reason)}</td><td>${fmt((x.end - x.start) / 1000, 2)}</td></tr>`).join('');
-  return `<section id="chaos" data-items="${items}"><h2>Chaos and recovery</h2>` +
+  return (
+    `<section id="chaos" data-items="${items}"><h2>Chaos and recovery</h2>` +
     (items === 0 ? '<p>No kills and no recoveries in this run.</p>' : '') +
     (kills.length ? `<h3>Kills</h3><table><tr><th>how</th><th>actor</th><th>call</th><th>iteration</th><th>where</th><th>recovered in (s)</th></tr>${killRows}</table>` : '') +
     (recoveries.length ? `<h3>Recoveries</h3><table><tr><th>epoch</th><th>cause</th><th>seconds</th></tr>${recRows}</table>` : '') +
-    `</section>`;
+    `</section>`
+  );
 }
 
 function summarySection(r: ReportInput): string {
@@ -313,16 +346,28 @@ table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:
 /** The whole report for a run. */
 export function renderReport(r: ReportInput): string {
   const measuredIteration = r.metrics?.length ? [...r.metrics.map((m) => m.seconds)].sort((a, b) => a - b)[Math.floor(r.metrics.length / 2)] : null;
-  return `<!doctype html><html lang="en"><head><meta charset="utf-8"><title>${esc(r.title)}</title><style>${STYLE}</style></head><body>` +
+  return (
+    `<!doctype html><html lang="en"><head><meta charset="utf-8"><title>${esc(r.title)}</title><style>${STYLE}</style></head><body>` +
     `<h1>${esc(r.title)}</h1>` +
-    summarySection(r) + planSection(r) + measuredSection(r) + estimateSection(r, measuredIteration) + curvesSection(r) + chaosSection(r) +
-    `</body></html>\n`;
+    summarySection(r) +
+    planSection(r) +
+    measuredSection(r) +
+    estimateSection(r, measuredIteration) +
+    curvesSection(r) +
+    chaosSection(r) +
+    `</body></html>\n`
+  );
 }
 
 /** A plan and its estimated timeline, before any run (npm run plan --html). */
 export function renderPlan(r: ReportInput & { caption: string }): string {
-  return `<!doctype html><html lang="en"><head><meta charset="utf-8"><title>${esc(r.title)}</title><style>${STYLE}</style></head><body>` +
-    `<h1>${esc(r.title)}</h1><p>${esc(r.caption)}</p>` + planSection(r) + estimateSection(r) + `</body></html>\n`;
+  return (
+    `<!doctype html><html lang="en"><head><meta charset="utf-8"><title>${esc(r.title)}</title><style>${STYLE}</style></head><body>` +
+    `<h1>${esc(r.title)}</h1><p>${esc(r.caption)}</p>` +
+    planSection(r) +
+    estimateSection(r) +
+    `</body></html>\n`
+  );
 }
 
 /** Plan rows in the calls' order. */

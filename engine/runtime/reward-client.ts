@@ -63,7 +63,10 @@ export class RewardClient {
   /** Instances heard from recently, in a fixed order. */
   instances(): string[] {
     const fresh = Date.now() - (this.o.presenceMs ?? 3000);
-    return [...this.seen].filter(([, at]) => at >= fresh).map(([id]) => id).sort();
+    return [...this.seen]
+      .filter(([, at]) => at >= fresh)
+      .map(([id]) => id)
+      .sort();
   }
 
   close(): void {

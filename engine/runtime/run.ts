@@ -294,7 +294,12 @@ export async function setupModels(d: Dispatcher, r: RunSpec, resume?: Checkpoint
 async function copyModel(d: Dispatcher, r: RunSpec, from: string, to: string, id: string): Promise<Moved> {
   const fromSpec = modelSpec(r, from) as GptSpec;
   const toSpec = modelSpec(r, to) as GptSpec;
-  const names = fromSpec.kind === toSpec.kind ? undefined : parameterShapes(fromSpec).map(([n]) => n).filter((n) => !isHead(n));
+  const names =
+    fromSpec.kind === toSpec.kind
+      ? undefined
+      : parameterShapes(fromSpec)
+          .map(([n]) => n)
+          .filter((n) => !isHead(n));
   // A value head weighs less than a token head: the stages of the copy may split elsewhere.
   return reallocate(d, r, id, -1, { model: from, layout: layoutOf(r, ownerOf(r, from)) }, { model: to, layout: layoutOf(r, ownerOf(r, to)) }, fromSpec, names, toSpec);
 }
@@ -395,7 +400,14 @@ export function rewardItems(r: RunSpec, iteration: number, tokens: Int32Array): 
  * reward actors on the bus, each reached over the reward protocol, summed by weight in a fixed
  * order (the rule, then the actors as listed) in float64. Also each source's mean.
  */
-async function rewardScores(d: Dispatcher, r: RunSpec, call: CallDecl, iteration: number, tokens: Int32Array, sources?: RewardSources): Promise<{ scores: Float32Array; sources: Record<string, number> }> {
+async function rewardScores(
+  d: Dispatcher,
+  r: RunSpec,
+  call: CallDecl,
+  iteration: number,
+  tokens: Int32Array,
+  sources?: RewardSources,
+): Promise<{ scores: Float32Array; sources: Record<string, number> }> {
   const rows = tokens.length / (r.task.promptLen + r.task.responseLen);
   const { weight, model: learned } = r.scenario.reward;
   // A learned reward model is reached like any reward actor: over the reward protocol.
@@ -520,7 +532,11 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
       const key = declOf(r, c.model).head === 'policy' ? 'logprobs' : 'values';
       return { [key]: pick(out, key, c.name) };
     }
-    const data = Object.fromEntries(Object.entries(c.reads).filter(([p]) => p !== 'tokens').map(([p, f]) => [p, inputs[f] as Float32Array]));
+    const data = Object.fromEntries(
+      Object.entries(c.reads)
+        .filter(([p]) => p !== 'tokens')
+        .map(([p, f]) => [p, inputs[f] as Float32Array]),
+    );
     const out = await callMesh(d, layoutOf(r, c.name), c.model, iteration, {
       fn: 'train',
       ...batchOf(port('tokens') as Int32Array),

@@ -136,26 +136,18 @@ describe('plan checks', () => {
   });
 
   it('a mesh outside the cluster', () => {
-    expect(scenarioError('plan: {actor.generate: {mesh: "1:0"}}')).toContain(
-      'plan.actor.generate: mesh "1:0": node 1 is outside the cluster of 1 node(s)',
-    );
-    expect(scenarioError('plan: {critic.train: {mesh: "0:4"}}')).toContain(
-      'plan.critic.train: mesh "0:4": device 4 is outside a node of 4 device(s)',
-    );
+    expect(scenarioError('plan: {actor.generate: {mesh: "1:0"}}')).toContain('plan.actor.generate: mesh "1:0": node 1 is outside the cluster of 1 node(s)');
+    expect(scenarioError('plan: {critic.train: {mesh: "0:4"}}')).toContain('plan.critic.train: mesh "0:4": device 4 is outside a node of 4 device(s)');
   });
 
   it('a malformed or misaligned mesh names the call', () => {
-    expect(scenarioError('plan: {reward.inference: {mesh: "0:1-2", dp: 2}}')).toContain(
-      'plan.reward.inference: mesh "0:1-2": expected an aligned power-of-two block',
-    );
+    expect(scenarioError('plan: {reward.inference: {mesh: "0:1-2", dp: 2}}')).toContain('plan.reward.inference: mesh "0:1-2": expected an aligned power-of-two block');
     expect(scenarioError('plan: {reward.inference: {mesh: "zero"}}')).toContain('plan.reward.inference: mesh "zero": expected');
   });
 
   it('tp that does not divide the heads is refused (4 heads cannot be split over 8 ranks)', () => {
     // width 64, heads 4, tp 8: Megatron splits heads over tp ranks, 4 % 8 ≠ 0.
-    const m = scenarioError(
-      'cluster: {devices_per_node: 8}\nmodel: {heads: 4, width: 64}\nplan: {actor.generate: {mesh: "0:0-7", tp: 8}, actor.train: {mesh: "0:0-7", tp: 8}}',
-    );
+    const m = scenarioError('cluster: {devices_per_node: 8}\nmodel: {heads: 4, width: 64}\nplan: {actor.generate: {mesh: "0:0-7", tp: 8}, actor.train: {mesh: "0:0-7", tp: 8}}');
     expect(m).toContain("plan.actor.generate: tp=8 must divide the model's 4 attention heads");
   });
 
@@ -169,7 +161,9 @@ describe('plan checks', () => {
     expect(resolvePlan(s)['actor.train']).toMatchObject({ devices: [0, 1, 2, 3], dp: 2, tp: 1, pp: 2 });
     expect(scenarioError('plan: {reward.inference: {mesh: "0:2-3", dp: 2}}')).toContain('plan.reward.inference: the rule reward runs on one device; mesh "0:2-3" has 2');
     expect(scenarioError('model: {layers: 2}\nplan: {critic.train: {mesh: "0:0-3", pp: 4}}')).toContain('plan.critic.train: pp=4 needs at least 4 layers; the model has 2');
-    expect(scenarioError('rl: {batch: 4, minibatches: 2}\nwarmup: {batch: 4}\nplan: {critic.train: {mesh: "0:0-3", dp: 4}}')).toContain('plan.critic.train: dp=4 replicas need at least 4 rows per batch; this call gets 2');
+    expect(scenarioError('rl: {batch: 4, minibatches: 2}\nwarmup: {batch: 4}\nplan: {critic.train: {mesh: "0:0-3", dp: 4}}')).toContain(
+      'plan.critic.train: dp=4 replicas need at least 4 rows per batch; this call gets 2',
+    );
   });
 
   it("a model's calls may use different meshes (the supervisor reallocates between them)", () => {
@@ -209,9 +203,7 @@ describe('scenarioJsonSchema', () => {
     expect(schema.title).toBe('ferry scenario');
     expect(schema.type).toBe('object');
     expect(schema.additionalProperties).toBe(false);
-    expect(Object.keys(schema.properties)).toEqual(
-      expect.arrayContaining(['name', 'seed', 'backend', 'task', 'model', 'cluster', 'algorithm', 'plan', 'warmup', 'rl', 'reward', 'timeouts']),
-    );
+    expect(Object.keys(schema.properties)).toEqual(expect.arrayContaining(['name', 'seed', 'backend', 'task', 'model', 'cluster', 'algorithm', 'plan', 'warmup', 'rl', 'reward', 'timeouts']));
   });
 
   it('describes rl, closed, with its defaults', () => {

@@ -37,10 +37,13 @@ export const Supervision = z.strictObject({
   strategy: z.enum(STRATEGIES).default('one_for_one').describe('one_for_one: restart the dead worker; one_for_all: every worker; rest_for_one: it and the workers started after it'),
   intensity: nat.default(10).describe('at most this many restarts (and recoveries) ...'),
   period_seconds: z.number().positive().default(60).describe('... within this many seconds; one more ends the run with an error naming the actor and its failures'),
-  restart: z.strictObject({
-    worker: z.enum(POLICIES).default('permanent'),
-    supervisor: z.enum(POLICIES).default('transient'),
-  }).prefault({}).describe('permanent: always restarted; transient: restarted when it exits abnormally; temporary: never'),
+  restart: z
+    .strictObject({
+      worker: z.enum(POLICIES).default('permanent'),
+      supervisor: z.enum(POLICIES).default('transient'),
+    })
+    .prefault({})
+    .describe('permanent: always restarted; transient: restarted when it exits abnormally; temporary: never'),
 });
 
 /** A reward actor on the bus, by the name it serves, and how long ferry waits for it. */
@@ -53,88 +56,130 @@ export const RewardActorRef = z.strictObject({
 });
 
 export const Chaos = z.strictObject({
-  kills: z.array(z.strictObject({
-    actor: z.string().describe("a model of the algorithm whose worker dies (its rank 0 for the call), or 'supervisor'"),
-    call: z.enum(CHAOS_CALLS).describe('the call during which it dies'),
-    iteration: z.number().int().min(-1).describe('-1: during setup'),
-    how: z.enum(['kill', 'hang']).default('kill').describe('kill: SIGKILL; hang: SIGSTOP, found by missed heartbeats, then killed'),
-  })).default([]),
-  random: z.strictObject({
-    kills: nat.describe('how many kills to draw'),
-    seed: nat.default(0),
-    actors: z.array(z.string()).min(1).optional().describe("models (or 'supervisor') to draw from (default: all)"),
-    hang: z.number().min(0).max(1).default(0).describe('the share of kills that are hangs instead'),
-  }).optional(),
+  kills: z
+    .array(
+      z.strictObject({
+        actor: z.string().describe("a model of the algorithm whose worker dies (its rank 0 for the call), or 'supervisor'"),
+        call: z.enum(CHAOS_CALLS).describe('the call during which it dies'),
+        iteration: z.number().int().min(-1).describe('-1: during setup'),
+        how: z.enum(['kill', 'hang']).default('kill').describe('kill: SIGKILL; hang: SIGSTOP, found by missed heartbeats, then killed'),
+      }),
+    )
+    .default([]),
+  random: z
+    .strictObject({
+      kills: nat.describe('how many kills to draw'),
+      seed: nat.default(0),
+      actors: z.array(z.string()).min(1).optional().describe("models (or 'supervisor') to draw from (default: all)"),
+      hang: z.number().min(0).max(1).default(0).describe('the share of kills that are hangs instead'),
+    })
+    .optional(),
 });
 
 export const Scenario = z.strictObject({
-  name: z.string().regex(/^[A-Za-z0-9_-]+$/, 'letters, digits, - and _').optional()
+  name: z
+    .string()
+    .regex(/^[A-Za-z0-9_-]+$/, 'letters, digits, - and _')
+    .optional()
     .describe('run name; defaults to the file name'),
   seed: nat.default(1).describe('seeds prompts, sampling, initialisation and shuffling'),
   backend: z.enum(BACKENDS).default('auto').describe('TensorFlow.js backend; auto tries node-gpu, node, wasm, cpu'),
-  task: z.strictObject({
-    name: z.enum(TASKS).default('sort'),
-    digits: pos.default(4).describe('digits per prompt, and tokens per response'),
-    base: z.number().int().min(2).max(64).default(10),
-  }).prefault({}),
-  model: z.strictObject({
-    layers: pos.default(2),
-    width: pos.default(64),
-    heads: pos.default(4),
-  }).prefault({}).describe('shape of the actor, critic and reference (vocabulary and context come from the task)'),
-  cluster: z.strictObject({
-    nodes: pos.default(1),
-    devices_per_node: pos.default(4),
-    device: z.enum(DEVICE_NAMES).default('local').describe('local: a worker process per device; otherwise a GPU profile that npm run plan plans for'),
-  }).prefault({}).describe('locally, a device is one worker process'),
-  models: z.record(z.string(), z.enum(PRESETS)).default({})
-    .describe("published shapes by model name, for cluster-scale planning (a model without one takes the shape of the model it starts from; a reward without one is the rule); without them the models take `model`"),
-  lengths: z.strictObject({
-    prompt: pos.optional(),
-    response: pos.optional(),
-  }).prefault({}).describe('prompt and response lengths for planning; the task decides them for runs'),
-  algorithm: z.union([z.string().min(1), z.looseObject({ name: z.string().min(1) })]).default('ppo')
+  task: z
+    .strictObject({
+      name: z.enum(TASKS).default('sort'),
+      digits: pos.default(4).describe('digits per prompt, and tokens per response'),
+      base: z.number().int().min(2).max(64).default(10),
+    })
+    .prefault({}),
+  model: z
+    .strictObject({
+      layers: pos.default(2),
+      width: pos.default(64),
+      heads: pos.default(4),
+    })
+    .prefault({})
+    .describe('shape of the actor, critic and reference (vocabulary and context come from the task)'),
+  cluster: z
+    .strictObject({
+      nodes: pos.default(1),
+      devices_per_node: pos.default(4),
+      device: z.enum(DEVICE_NAMES).default('local').describe('local: a worker process per device; otherwise a GPU profile that npm run plan plans for'),
+    })
+    .prefault({})
+    .describe('locally, a device is one worker process'),
+  models: z
+    .record(z.string(), z.enum(PRESETS))
+    .default({})
+    .describe(
+      'published shapes by model name, for cluster-scale planning (a model without one takes the shape of the model it starts from; a reward without one is the rule); without them the models take `model`',
+    ),
+  lengths: z
+    .strictObject({
+      prompt: pos.optional(),
+      response: pos.optional(),
+    })
+    .prefault({})
+    .describe('prompt and response lengths for planning; the task decides them for runs'),
+  algorithm: z
+    .union([z.string().min(1), z.looseObject({ name: z.string().min(1) })])
+    .default('ppo')
     .describe("ppo, grpo, rloo, remax, reinforce_pp, dpo, or a path to a module of your own; as { name, ...options } with the algorithm's options"),
-  plan: z.record(z.string(), Placement).default({})
-    .describe("mesh and dp/tp/pp per call of the algorithm (e.g. actor.generate); calls left out go to one device per model, in the algorithm's order"),
-  warmup: z.strictObject({
-    steps: nat.default(15).describe('supervised steps on demonstrations before RL (0 to skip)'),
-    demos: pos.default(1024),
-    batch: pos.default(32),
-    lr: z.number().positive().default(3e-3),
-  }).prefault({}),
-  rl: z.strictObject({
-    iterations: pos.default(40),
-    batch: pos.default(64).describe('prompts (or preference pairs) per iteration'),
-    epochs: pos.default(2),
-    minibatches: pos.default(2),
-    clip: z.number().positive().default(0.2).describe('ε of the clipped policy loss'),
-    kl_coef: z.number().nonnegative().default(0.02).describe('β of the KL to the reference, in the reward or the loss as the algorithm puts it'),
-    temperature: z.number().positive().default(1),
-    lr: z.number().positive().default(1e-3).describe("the policy's learning rate"),
-    clip_norm: z.number().nonnegative().default(1).describe('global gradient-norm clip; 0 turns it off'),
-  }).prefault({}).describe("what every algorithm's iteration has; the algorithm's own options go under algorithm:"),
-  reward: z.strictObject({
-    rule: z.enum(TASKS).optional().describe('built-in rule reward; defaults to the task'),
-    weight: z.number().nonnegative().default(1).describe("weight of the reward device's score (the rule); 0: not used"),
-    actors: z.array(RewardActorRef).default([]).describe('reward actors on the bus (docs/reward-protocol.md), combined with the rule: the reward is the weighted sum'),
-    model: z.strictObject({
-      pairs: pos.default(512).describe('preference pairs: two responses of the warmed-up actor to one prompt, labelled by the rule'),
-      steps: pos.default(80),
-      batch: pos.default(64),
+  plan: z.record(z.string(), Placement).default({}).describe("mesh and dp/tp/pp per call of the algorithm (e.g. actor.generate); calls left out go to one device per model, in the algorithm's order"),
+  warmup: z
+    .strictObject({
+      steps: nat.default(15).describe('supervised steps on demonstrations before RL (0 to skip)'),
+      demos: pos.default(1024),
+      batch: pos.default(32),
       lr: z.number().positive().default(3e-3),
-      demonstrations: z.boolean().default(true).describe('also compare each first sample with the answer the rule wants (as a labeller who writes demonstrations)'),
-    }).optional().describe("a learned reward model on the reward device: after the warm-up it learns (Bradley–Terry) from pairs the rule labels — the rule plays the human and is hidden from the RL iterations, which get the model's score, over the reward protocol, with the reward's weight"),
-  }).prefault({}),
-  checkpoint: z.strictObject({
-    every: nat.default(1).describe('iterations between checkpoints in the run directory (0: none); the last iteration is always kept'),
-  }).prefault({}).describe('checkpoints let npm run scenario -- --resume RUN_DIR go on with a run'),
-  timeouts: z.strictObject({
-    join_seconds: z.number().positive().default(60).describe('how long to wait for every device to have a worker'),
-    call_seconds: z.number().positive().default(300).describe('how long one model function call may take'),
-    heartbeat_seconds: z.number().positive().default(10).describe('a worker silent this long is hung: it is killed and restarted'),
-    recover_seconds: z.number().positive().default(120).describe('how long a recovery may wait for a worker on every device'),
-  }).prefault({}),
+    })
+    .prefault({}),
+  rl: z
+    .strictObject({
+      iterations: pos.default(40),
+      batch: pos.default(64).describe('prompts (or preference pairs) per iteration'),
+      epochs: pos.default(2),
+      minibatches: pos.default(2),
+      clip: z.number().positive().default(0.2).describe('ε of the clipped policy loss'),
+      kl_coef: z.number().nonnegative().default(0.02).describe('β of the KL to the reference, in the reward or the loss as the algorithm puts it'),
+      temperature: z.number().positive().default(1),
+      lr: z.number().positive().default(1e-3).describe("the policy's learning rate"),
+      clip_norm: z.number().nonnegative().default(1).describe('global gradient-norm clip; 0 turns it off'),
+    })
+    .prefault({})
+    .describe("what every algorithm's iteration has; the algorithm's own options go under algorithm:"),
+  reward: z
+    .strictObject({
+      rule: z.enum(TASKS).optional().describe('built-in rule reward; defaults to the task'),
+      weight: z.number().nonnegative().default(1).describe("weight of the reward device's score (the rule); 0: not used"),
+      actors: z.array(RewardActorRef).default([]).describe('reward actors on the bus (docs/reward-protocol.md), combined with the rule: the reward is the weighted sum'),
+      model: z
+        .strictObject({
+          pairs: pos.default(512).describe('preference pairs: two responses of the warmed-up actor to one prompt, labelled by the rule'),
+          steps: pos.default(80),
+          batch: pos.default(64),
+          lr: z.number().positive().default(3e-3),
+          demonstrations: z.boolean().default(true).describe('also compare each first sample with the answer the rule wants (as a labeller who writes demonstrations)'),
+        })
+        .optional()
+        .describe(
+          "a learned reward model on the reward device: after the warm-up it learns (Bradley–Terry) from pairs the rule labels — the rule plays the human and is hidden from the RL iterations, which get the model's score, over the reward protocol, with the reward's weight",
+        ),
+    })
+    .prefault({}),
+  checkpoint: z
+    .strictObject({
+      every: nat.default(1).describe('iterations between checkpoints in the run directory (0: none); the last iteration is always kept'),
+    })
+    .prefault({})
+    .describe('checkpoints let npm run scenario -- --resume RUN_DIR go on with a run'),
+  timeouts: z
+    .strictObject({
+      join_seconds: z.number().positive().default(60).describe('how long to wait for every device to have a worker'),
+      call_seconds: z.number().positive().default(300).describe('how long one model function call may take'),
+      heartbeat_seconds: z.number().positive().default(10).describe('a worker silent this long is hung: it is killed and restarted'),
+      recover_seconds: z.number().positive().default(120).describe('how long a recovery may wait for a worker on every device'),
+    })
+    .prefault({}),
   supervision: Supervision.prefault({}).describe("restart policies and strategy, in Erlang/OTP's terms"),
   chaos: Chaos.optional().describe('kills to inject (npm run chaos runs the scenario with and without them)'),
 });
@@ -179,7 +224,11 @@ export function algorithmSpec(s: Scenario): AlgorithmSpec {
     const { name: _n, ...given } = typeof s.algorithm === 'string' ? { name } : s.algorithm;
     const parsed = algorithm.options.safeParse(given);
     if (!parsed.success) {
-      throw new ScenarioError(`algorithm: ${parsed.error.issues.length} problem(s) with the options of '${algorithm.name}':\n  ${formatIssues(parsed.error.issues, given, () => undefined).map((l) => `algorithm.${l}`).join('\n  ')}`);
+      throw new ScenarioError(
+        `algorithm: ${parsed.error.issues.length} problem(s) with the options of '${algorithm.name}':\n  ${formatIssues(parsed.error.issues, given, () => undefined)
+          .map((l) => `algorithm.${l}`)
+          .join('\n  ')}`,
+      );
     }
     const options = parsed.data as Record<string, unknown>;
     const graph = algorithm.graph(options, s.rl as RlConfig);
@@ -195,13 +244,23 @@ export const graphOf = (s: Scenario): Graph => algorithmSpec(s).graph;
 /** The model a call of the scenario's algorithm runs on. */
 export function modelOf(s: Scenario, call: CallName): string {
   const c = graphOf(s).calls.find((x) => x.name === call);
-  if (!c) throw new ScenarioError(`'${call}' is not a call of the algorithm; it has ${graphOf(s).calls.map((x) => x.name).join(', ')}`);
+  if (!c)
+    throw new ScenarioError(
+      `'${call}' is not a call of the algorithm; it has ${graphOf(s)
+        .calls.map((x) => x.name)
+        .join(', ')}`,
+    );
   return c.model;
 }
 
 export function modelDecl(s: Scenario, model: string): ModelDecl {
   const m = graphOf(s).models.find((x) => x.name === model);
-  if (!m) throw new ScenarioError(`'${model}' is not a model of the algorithm; it has ${graphOf(s).models.map((x) => x.name).join(', ')}`);
+  if (!m)
+    throw new ScenarioError(
+      `'${model}' is not a model of the algorithm; it has ${graphOf(s)
+        .models.map((x) => x.name)
+        .join(', ')}`,
+    );
   return m;
 }
 

@@ -57,7 +57,7 @@ describe('toRestart', () => {
     expect(toRestart('rest_for_one', children, 'd')).toEqual(['d']);
   });
 
-  it('gives a copy, not the caller\'s array', () => {
+  it("gives a copy, not the caller's array", () => {
     const list = ['x', 'y'];
     const out = toRestart('one_for_all', list, 'y');
     expect(out).toEqual(list);
@@ -137,7 +137,10 @@ describe('Intensity', () => {
     let message: string | undefined;
     for (let i = 0; i < 8; i++) message = limit.record({ at: i, actor: `w${i}`, reason: `r${i}` });
     expect(message).toContain('8 failures within 100 s');
-    const listed = message!.split('Last failures:\n')[1]!.split('\n').map((l) => l.trim());
+    const listed = message!
+      .split('Last failures:\n')[1]!
+      .split('\n')
+      .map((l) => l.trim());
     expect(listed).toEqual(['w3: r3', 'w4: r4', 'w5: r5', 'w6: r6', 'w7: r7']);
   });
 

@@ -57,8 +57,7 @@ export class Intensity {
     if (recent.length <= this.intensity) return undefined;
     const last = recent.slice(-5).map((x) => `${x.actor}: ${x.reason}`);
     return (
-      `${f.actor} failed, and that is ${recent.length} failures within ${this.periodSeconds} s ` +
-      `(supervision.intensity allows ${this.intensity}); giving up. Last failures:\n  ${last.join('\n  ')}`
+      `${f.actor} failed, and that is ${recent.length} failures within ${this.periodSeconds} s ` + `(supervision.intensity allows ${this.intensity}); giving up. Last failures:\n  ${last.join('\n  ')}`
     );
   }
 

@@ -169,7 +169,10 @@ export const supervisorMachine = setup({
       const { digests, ledgers } = await finalDigests(input.d, input.r, input.iteration);
       const rollouts = await trainedRollouts(input.r, input.store, input.r.scenario.rl.iterations);
       const accounts = Object.entries(ledgers).map(([model, ranks]) => accountRollouts({ [model]: ranks }, rollouts[model] ?? []));
-      return { digests, rollouts: accounts.reduce((a, b) => ({ prompts: a.prompts + b.prompts, lost: a.lost + b.lost, duplicated: a.duplicated + b.duplicated }), { prompts: 0, lost: 0, duplicated: 0 }) };
+      return {
+        digests,
+        rollouts: accounts.reduce((a, b) => ({ prompts: a.prompts + b.prompts, lost: a.lost + b.lost, duplicated: a.duplicated + b.duplicated }), { prompts: 0, lost: 0, duplicated: 0 }),
+      };
     }),
     stopWorkers: fromPromise(async ({ input }: { input: StageInput }) => {
       await Promise.all(planDevices(input.r).map((dev) => input.d.call(dev, '*', input.iteration, { fn: 'shutdown' })));
@@ -234,7 +237,16 @@ export const supervisorMachine = setup({
       const entry = { epoch: context.dispatcher.epoch, reason: context.failure?.reason ?? 'unknown', snapshot: out.snapshot, iteration: out.snapshot + 1, seconds };
       context.recorder.rewind?.(history);
       context.onRecovered?.(entry);
-      return { attempts: 0, parameters: out.parameters, rewardModel: out.rewardModel ?? context.rewardModel, snapshot: out.snapshot, iteration: out.snapshot + 1, history, failure: undefined, recoveries: [...context.recoveries, entry] };
+      return {
+        attempts: 0,
+        parameters: out.parameters,
+        rewardModel: out.rewardModel ?? context.rewardModel,
+        snapshot: out.snapshot,
+        iteration: out.snapshot + 1,
+        history,
+        failure: undefined,
+        recoveries: [...context.recoveries, entry],
+      };
     }),
     /** The iteration's metrics: the reward, every statistic the graph produced, time, tokens, moves. */
     recordIteration: assign(({ context }, out: IterationResult) => {
@@ -394,7 +406,11 @@ export const supervisorMachine = setup({
             src: 'recover',
             input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: -1, devices: context.need, snapshot: context.snapshot, resume: context.resume }),
             onDone: [
-              { guard: ({ context, event }) => event.output.snapshot + 1 >= context.spec.scenario.rl.iterations, target: '#supervisor.finishing', actions: [{ type: 'recovered', params: ({ event }) => event.output }, assign({ iteration: ({ context }) => context.iteration - 1 })] },
+              {
+                guard: ({ context, event }) => event.output.snapshot + 1 >= context.spec.scenario.rl.iterations,
+                target: '#supervisor.finishing',
+                actions: [{ type: 'recovered', params: ({ event }) => event.output }, assign({ iteration: ({ context }) => context.iteration - 1 })],
+              },
               { target: '#supervisor.saving', actions: { type: 'recovered', params: ({ event }) => event.output } },
             ],
             onError: {
@@ -411,7 +427,9 @@ export const supervisorMachine = setup({
       on: RECOVER_ON_LOSS,
       invoke: {
         src: 'saveProgress',
-        input: ({ context }) => ({ store: context.store, progress: {
+        input: ({ context }) => ({
+          store: context.store,
+          progress: {
             epoch: context.dispatcher.epoch,
             iteration: context.iteration,
             snapshot: context.snapshot,
@@ -470,10 +488,7 @@ export const supervisorMachine = setup({
           },
         },
         advancing: {
-          always: [
-            { guard: 'moreIterations', target: '#supervisor.saving', actions: assign({ iteration: ({ context }) => context.iteration + 1 }) },
-            { target: '#supervisor.finishing' },
-          ],
+          always: [{ guard: 'moreIterations', target: '#supervisor.saving', actions: assign({ iteration: ({ context }) => context.iteration + 1 }) }, { target: '#supervisor.finishing' }],
         },
       },
     },

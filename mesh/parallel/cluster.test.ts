@@ -80,9 +80,7 @@ describe('parseMesh: errors', () => {
   });
 
   it.each(['', '0', ':0', '0:', 'a:b', '0:1-', '0:-1', '0:*-1', '0.0', '0:0,1', '-1:0', '0:1.5'])('bad syntax %j', (text) => {
-    expect(meshError(text)).toBe(
-      `mesh ${JSON.stringify(text)}: expected "NODE:DEVICE", "NODE:FIRST-LAST" or "FIRSTNODE-LASTNODE:*"`,
-    );
+    expect(meshError(text)).toBe(`mesh ${JSON.stringify(text)}: expected "NODE:DEVICE", "NODE:FIRST-LAST" or "FIRSTNODE-LASTNODE:*"`);
   });
 });
 

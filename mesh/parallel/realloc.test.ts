@@ -23,9 +23,7 @@ const model: ModelInfo = {
   ],
 };
 
-const truth = new Map(
-  model.params.map((p, i) => [p.name, Float32Array.from({ length: p.shape.reduce((a, b) => a * b, 1) }, (_, j) => i * 1000 + j + 0.5)]),
-);
+const truth = new Map(model.params.map((p, i) => [p.name, Float32Array.from({ length: p.shape.reduce((a, b) => a * b, 1) }, (_, j) => i * 1000 + j + 0.5)]));
 
 /** The bytes of an array or of a view, exactly. */
 const bytesOf = (a: Float32Array) => Buffer.from(a.buffer, a.byteOffset, a.byteLength);
@@ -34,10 +32,11 @@ function layouts(devices: number[][]): Layout[] {
   const out: Layout[] = [];
   for (const d of devices) {
     const n = d.length;
-    for (let dp = 1; dp <= n; dp *= 2) for (let tp = 1; dp * tp <= n; tp *= 2) {
-      const pp = n / (dp * tp);
-      if (Number.isInteger(pp) && pp <= model.layers) out.push({ devices: d, dp, tp, pp });
-    }
+    for (let dp = 1; dp <= n; dp *= 2)
+      for (let tp = 1; dp * tp <= n; tp *= 2) {
+        const pp = n / (dp * tp);
+        if (Number.isInteger(pp) && pp <= model.layers) out.push({ devices: d, dp, tp, pp });
+      }
   }
   return out;
 }
@@ -134,26 +133,34 @@ describe('reallocation plans', () => {
 
   it(`round-trips every pair of ${four.length} layouts over 4 devices bit-exact, with minimum bytes`, () => {
     expect(four.length).toBe(4 + 2 * 3 + 6);
-    for (const a of four) for (const b of four) {
-      const there = check(a, b, () => 0);
-      const back = check(b, a, () => 0);
-      if (layoutKey(a) === layoutKey(b)) expect(there.minimumBytes + back.minimumBytes).toBe(0);
-    }
+    for (const a of four)
+      for (const b of four) {
+        const there = check(a, b, () => 0);
+        const back = check(b, a, () => 0);
+        if (layoutKey(a) === layoutKey(b)) expect(there.minimumBytes + back.minimumBytes).toBe(0);
+      }
   });
 
   it('round-trips a sample of layouts over 8 devices in 2 nodes, preferring senders on the same node', () => {
     const nodeOf = (d: number) => Math.floor(d / 4);
-    const eight = layouts([[0, 1], [4, 5], [0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 3, 4, 5, 6, 7]]);
+    const eight = layouts([
+      [0, 1],
+      [4, 5],
+      [0, 1, 2, 3],
+      [4, 5, 6, 7],
+      [0, 1, 2, 3, 4, 5, 6, 7],
+    ]);
     let n = 0;
-    for (const [i, a] of eight.entries()) for (const [j, b] of eight.entries()) {
-      if ((i * 7 + j * 3) % 5 !== 0) continue; // a fixed, spread-out sample
-      const plan = check(a, b, nodeOf);
-      for (const p of plan.pieces) {
-        const sameNodeHolder = a.devices.some((d) => nodeOf(d) === nodeOf(p.dsts[0]!));
-        if (sameNodeHolder && a.dp * a.tp === 1 && a.devices.length === 1) expect(nodeOf(p.src)).toBe(nodeOf(p.dsts[0]!));
+    for (const [i, a] of eight.entries())
+      for (const [j, b] of eight.entries()) {
+        if ((i * 7 + j * 3) % 5 !== 0) continue; // a fixed, spread-out sample
+        const plan = check(a, b, nodeOf);
+        for (const p of plan.pieces) {
+          const sameNodeHolder = a.devices.some((d) => nodeOf(d) === nodeOf(p.dsts[0]!));
+          if (sameNodeHolder && a.dp * a.tp === 1 && a.devices.length === 1) expect(nodeOf(p.src)).toBe(nodeOf(p.dsts[0]!));
+        }
+        n += 1;
       }
-      n += 1;
-    }
     expect(n).toBeGreaterThan(20);
   });
 

@@ -97,14 +97,7 @@ function pieceSlice(p: ParamInfo, lo: number, hi: number): Slice {
  * when it differs from the source (a value model filled from a policy's body: the same parameters,
  * but another head, so its pipeline stages may fall elsewhere).
  */
-export function planRealloc(
-  model: ModelInfo,
-  from: Layout,
-  to: Layout,
-  nodeOf: (device: number) => number,
-  names?: readonly string[],
-  target: ModelInfo = model,
-): ReallocPlan {
+export function planRealloc(model: ModelInfo, from: Layout, to: Layout, nodeOf: (device: number) => number, names?: readonly string[], target: ModelInfo = model): ReallocPlan {
   const wanted = names ? new Set(names) : undefined;
   const held = holdings(model, from, wanted);
   const needed = holdings(target, to, wanted);

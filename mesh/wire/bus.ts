@@ -65,13 +65,7 @@ export async function connectBus(url: string, name: string, credentials: Credent
 }
 
 /** Sends `message` and decodes the reply with `schema`; a timeout or no responder is a BusError. */
-export async function request<S extends z.ZodType>(
-  nc: Bus,
-  subject: string,
-  message: { type: string; v: number; [key: string]: unknown },
-  schema: S,
-  timeoutMs: number,
-): Promise<z.infer<S>> {
+export async function request<S extends z.ZodType>(nc: Bus, subject: string, message: { type: string; v: number; [key: string]: unknown }, schema: S, timeoutMs: number): Promise<z.infer<S>> {
   let reply: Msg;
   const bytes = encode(message);
   const max = nc.info?.max_payload;

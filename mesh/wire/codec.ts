@@ -38,10 +38,7 @@ export function decode<S extends z.ZodType>(subject: string, bytes: Uint8Array, 
   }
   const version = (raw as { v?: unknown }).v;
   if (version !== expectVersion) {
-    throw new ProtocolError(
-      subject,
-      `expected protocol version v=${expectVersion}, got ${JSON.stringify(version) ?? 'none'}`,
-    );
+    throw new ProtocolError(subject, `expected protocol version v=${expectVersion}, got ${JSON.stringify(version) ?? 'none'}`);
   }
   const parsed = schema.safeParse(raw);
   if (!parsed.success) {

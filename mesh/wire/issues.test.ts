@@ -60,9 +60,7 @@ describe('formatIssues', () => {
   });
 
   it('array indices appear in brackets', () => {
-    expect(lines(Schema, { ppo: { epochs: 1, clip: 0 }, list: [{ n: 1 }, { n: 'x' }] })).toEqual([
-      'list[1].n: expected number, received string (got "x")',
-    ]);
+    expect(lines(Schema, { ppo: { epochs: 1, clip: 0 }, list: [{ n: 1 }, { n: 'x' }] })).toEqual(['list[1].n: expected number, received string (got "x")']);
   });
 
   it('a problem at the top level says so', () => {

@@ -22,26 +22,18 @@ function valueAt(root: unknown, path: readonly PropertyKey[]): unknown {
 
 export function pathString(path: readonly PropertyKey[]): string {
   if (path.length === 0) return '(top level)';
-  return path
-    .map((k, i) => (typeof k === 'number' ? `[${k}]` : i === 0 ? String(k) : `.${String(k)}`))
-    .join('');
+  return path.map((k, i) => (typeof k === 'number' ? `[${k}]` : i === 0 ? String(k) : `.${String(k)}`)).join('');
 }
 
 /**
  * One line per issue, e.g. `rl.epochs: expected number, received string (got "two")`.
  * `expectedKeys` names the keys allowed at a path, to hint at a typo behind an unknown key.
  */
-export function formatIssues(
-  issues: readonly z.core.$ZodIssue[],
-  input: unknown,
-  expectedKeys?: (path: readonly PropertyKey[]) => string[] | undefined,
-): string[] {
+export function formatIssues(issues: readonly z.core.$ZodIssue[], input: unknown, expectedKeys?: (path: readonly PropertyKey[]) => string[] | undefined): string[] {
   return issues.map((issue) => {
     if (issue.code === 'unrecognized_keys') {
       const known = expectedKeys?.(issue.path);
-      return issue.keys
-        .map((k) => `${pathString([...issue.path, k])}: unknown key${known?.length ? ` (expected one of: ${known.join(', ')})` : ''}`)
-        .join('; ');
+      return issue.keys.map((k) => `${pathString([...issue.path, k])}: unknown key${known?.length ? ` (expected one of: ${known.join(', ')})` : ''}`).join('; ');
     }
     const got = describeValue(valueAt(input, issue.path));
     return `${pathString(issue.path)}: ${issue.message.replace(/^Invalid input: /, '')} (got ${got})`;

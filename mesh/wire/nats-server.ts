@@ -11,9 +11,7 @@ export class NatsServerError extends Error {
   override name = 'NatsServerError';
 }
 
-const INSTALL_HINT =
-  "install Debian's package (apt-get install nats-server), set FERRY_NATS_SERVER to a nats-server " +
-  'binary, or set NATS_URL to a server that is already running';
+const INSTALL_HINT = "install Debian's package (apt-get install nats-server), set FERRY_NATS_SERVER to a nats-server " + 'binary, or set NATS_URL to a server that is already running';
 
 /** The nats-server binary: $FERRY_NATS_SERVER, then PATH, then Debian's /usr/sbin. */
 export function findNatsServer(): string | undefined {
@@ -151,8 +149,7 @@ function spawnServer(bin: string, dir: string, args: string[], options: NatsServ
   });
 }
 
-const gone = (child: ChildProcess) =>
-  child.exitCode !== null || child.signalCode !== null ? Promise.resolve() : new Promise<void>((r) => child.once('exit', () => r()));
+const gone = (child: ChildProcess) => (child.exitCode !== null || child.signalCode !== null ? Promise.resolve() : new Promise<void>((r) => child.once('exit', () => r())));
 
 function handle(url: string, port: number, storeDir: string, dir: string, first: ChildProcess, launch: () => Promise<ChildProcess>): PrivateNatsServer {
   let stopping: Promise<void> | undefined;

@@ -5,8 +5,7 @@ import { z } from 'zod';
 export const PROTOCOL_VERSION = 1;
 const v = z.literal(PROTOCOL_VERSION);
 
-const typed = <T>(ctor: new (...a: never[]) => T, name: string) =>
-  z.custom<T>((x) => x instanceof ctor, { message: `expected a ${name}` });
+const typed = <T>(ctor: new (...a: never[]) => T, name: string) => z.custom<T>((x) => x instanceof ctor, { message: `expected a ${name}` });
 const f32 = typed<Float32Array>(Float32Array, 'Float32Array');
 const i32 = typed<Int32Array>(Int32Array, 'Int32Array');
 const u32 = typed<Uint32Array>(Uint32Array, 'Uint32Array');
@@ -86,9 +85,7 @@ export type LedgerEntry = z.infer<typeof LedgerEntry>;
 /** A shard as a plain record: its weight slices, its optimizer's step and moments, and its ledger. */
 export const Checkpoint = z.strictObject({
   tensors: z.array(z.strictObject({ name: z.string(), shape: z.array(nat), data: f32 })),
-  optimizer: z
-    .strictObject({ step: nat, moments: z.array(z.strictObject({ name: z.string(), m: f32, v: f32 })) })
-    .optional(),
+  optimizer: z.strictObject({ step: nat, moments: z.array(z.strictObject({ name: z.string(), m: f32, v: f32 })) }).optional(),
   ledger: z.array(LedgerEntry).optional(),
 });
 export type Checkpoint = z.infer<typeof Checkpoint>;
@@ -119,7 +116,10 @@ export const CallBody = z.discriminatedUnion('fn', [
     /** Only the training layout owns an optimizer; generation or inference views do not. */
     optim: Optim.optional(),
     /** A learned reward model: serve it on the bus as the reward actor of this name (docs/reward-protocol.md). */
-    serve: z.string().regex(/^[A-Za-z0-9_-]+$/).optional(),
+    serve: z
+      .string()
+      .regex(/^[A-Za-z0-9_-]+$/)
+      .optional(),
   }),
   /** A reward model learns from preference pairs (Bradley–Terry); `chosen` and `rejected` are whole sequences, row for row. */
   z.strictObject({
@@ -245,19 +245,7 @@ export const Collective = z.strictObject({
 });
 export type Collective = z.infer<typeof Collective>;
 
-export const ERROR_CODES = [
-  'malformed',
-  'busy',
-  'not_loaded',
-  'unsupported',
-  'invalid_state',
-  'digest_mismatch',
-  'timeout',
-  'unreachable',
-  'too_large',
-  'interrupted',
-  'failed',
-] as const;
+export const ERROR_CODES = ['malformed', 'busy', 'not_loaded', 'unsupported', 'invalid_state', 'digest_mismatch', 'timeout', 'unreachable', 'too_large', 'interrupted', 'failed'] as const;
 export type ErrorCode = (typeof ERROR_CODES)[number];
 
 export const Result = z.strictObject({
@@ -367,20 +355,22 @@ export const StageRecord = z.strictObject({ type: z.literal('stage'), v, iterati
  * One iteration's figures: the ones every algorithm has, then the algorithm's own statistics
  * (losses, KL, accuracy: every number its calls and steps produced), by name.
  */
-export const Metrics = z.object({
-  iteration: nat,
-  reward_mean: z.number(),
-  seconds: z.number(),
-  tokens: nat,
-  tokens_per_second: z.number(),
-  /** Parameter reallocations this iteration: seconds spent and bytes received. */
-  realloc_seconds: z.number(),
-  realloc_bytes: nat,
-  /** The task's rule, scored on the rollout whatever the reward is (the hidden human's view). */
-  rule_score: z.number().optional(),
-  /** Each reward source's mean score on the rollout (`rule` for the reward device, reward actors by name). */
-  rewards: z.record(z.string(), z.number()).optional(),
-}).catchall(z.union([z.number(), z.record(z.string(), z.number())]));
+export const Metrics = z
+  .object({
+    iteration: nat,
+    reward_mean: z.number(),
+    seconds: z.number(),
+    tokens: nat,
+    tokens_per_second: z.number(),
+    /** Parameter reallocations this iteration: seconds spent and bytes received. */
+    realloc_seconds: z.number(),
+    realloc_bytes: nat,
+    /** The task's rule, scored on the rollout whatever the reward is (the hidden human's view). */
+    rule_score: z.number().optional(),
+    /** Each reward source's mean score on the rollout (`rule` for the reward device, reward actors by name). */
+    rewards: z.record(z.string(), z.number()).optional(),
+  })
+  .catchall(z.union([z.number(), z.record(z.string(), z.number())]));
 export type Metrics = z.infer<typeof Metrics>;
 
 /** What the supervisor tells observers (the launcher's progress bar, a report, a user's tool). */
@@ -418,11 +408,7 @@ export const ResultBodies = {
   sft: z.strictObject({ loss: z.number(), first_loss: z.number() }),
   preference: z.strictObject({ loss: z.number(), first_loss: z.number(), accuracy: z.number() }),
   generate: z.strictObject({ tokens: i32, logprobs: f32 }),
-  inference: z.union([
-    z.strictObject({ logprobs: f32 }),
-    z.strictObject({ values: f32 }),
-    z.strictObject({ scores: f32 }),
-  ]),
+  inference: z.union([z.strictObject({ logprobs: f32 }), z.strictObject({ values: f32 }), z.strictObject({ scores: f32 })]),
   train: z.strictObject({ loss: z.number(), clipfrac: z.number(), grad_norm: z.number() }),
   realloc: z.strictObject({ sent_bytes: nat, received_bytes: nat, copied_bytes: nat, chunks: nat }),
   probe: z.strictObject({ sent_bytes: nat, received_bytes: nat }),

@@ -66,10 +66,7 @@ export async function serveReward(o: ServeRewardOptions): Promise<RewardActor> {
       reply(msg, { type: 'reward.error', id: request.id, instance, message: `reward actor '${o.name}' (${instance}): ${(e as Error).message}` });
     }
   };
-  const subs = [
-    nc.subscribe(subj.request, { queue: subj.queue, callback: (_e, m) => void handle(m) }),
-    nc.subscribe(subj.instance(instance), { callback: (_e, m) => void handle(m) }),
-  ];
+  const subs = [nc.subscribe(subj.request, { queue: subj.queue, callback: (_e, m) => void handle(m) }), nc.subscribe(subj.instance(instance), { callback: (_e, m) => void handle(m) })];
   const hello = () => nc.publish(subj.presence, encode({ type: 'reward.hello', v: REWARD_PROTOCOL_VERSION, name: o.name, instance }));
   await nc.flush();
   hello();

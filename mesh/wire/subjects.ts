@@ -11,9 +11,7 @@ export class SubjectError extends Error {
 export function token(kind: string, value: string | number): string {
   const s = String(value);
   if (!TOKEN.test(s)) {
-    throw new SubjectError(
-      `${kind} must be letters, digits, '-' or '_' to fit in a NATS subject; got ${JSON.stringify(s)}`,
-    );
+    throw new SubjectError(`${kind} must be letters, digits, '-' or '_' to fit in a NATS subject; got ${JSON.stringify(s)}`);
   }
   return s;
 }

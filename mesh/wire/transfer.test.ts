@@ -2,20 +2,7 @@ import { describe, it, expect } from 'vitest';
 import { createHash } from 'node:crypto';
 import { decode, encode } from './codec.ts';
 import { Chunk, PROTOCOL_VERSION } from './protocol.ts';
-import {
-  Assembler,
-  BLOCK,
-  TransferError,
-  blockDigests,
-  chunkElements,
-  chunksOf,
-  listDigest,
-  manifestOf,
-  modelDigest,
-  sha256,
-  tensorDigest,
-  type NamedTensor,
-} from './transfer.ts';
+import { Assembler, BLOCK, TransferError, blockDigests, chunkElements, chunksOf, listDigest, manifestOf, modelDigest, sha256, tensorDigest, type NamedTensor } from './transfer.ts';
 
 /** Deterministic, non-trivial float data (no two neighbours equal). */
 function tensor(name: string, shape: number[], salt = 0): NamedTensor {
@@ -74,7 +61,9 @@ describe('sha256', () => {
   it('hashes exactly the bytes of a view, not its whole buffer', () => {
     const whole = new Float32Array([1, 2, 3, 4]);
     const view = whole.subarray(1, 3);
-    const expected = createHash('sha256').update(Buffer.from(new Float32Array([2, 3]).buffer)).digest('hex');
+    const expected = createHash('sha256')
+      .update(Buffer.from(new Float32Array([2, 3]).buffer))
+      .digest('hex');
     expect(sha256(view)).toBe(expected);
   });
 });
@@ -91,7 +80,9 @@ describe('tensorDigest', () => {
     const d1 = createHash('sha256').update(bytes.subarray(16384, 32768)).digest();
     const d2 = createHash('sha256').update(bytes.subarray(32768, 49152)).digest();
     const d3 = createHash('sha256').update(bytes.subarray(49152, 49644)).digest();
-    const expected = createHash('sha256').update(Buffer.concat([d0, d1, d2, d3])).digest('hex');
+    const expected = createHash('sha256')
+      .update(Buffer.concat([d0, d1, d2, d3]))
+      .digest('hex');
     expect(blockDigests(data)).toEqual([d0, d1, d2, d3]);
     expect(tensorDigest(data)).toBe(expected);
     expect(listDigest([d0, d1, d2, d3])).toBe(expected);

@@ -23,7 +23,9 @@ export class TransferError extends Error {
 }
 
 export function sha256(data: Float32Array | Uint8Array): string {
-  return createHash('sha256').update(new Uint8Array(data.buffer, data.byteOffset, data.byteLength)).digest('hex');
+  return createHash('sha256')
+    .update(new Uint8Array(data.buffer, data.byteOffset, data.byteLength))
+    .digest('hex');
 }
 
 /** SHA-256 over a whole model, tensor by tensor in the order given (names and shapes included). */
@@ -43,7 +45,12 @@ export const BLOCK = 4096;
 export function blockDigests(data: Float32Array): Buffer[] {
   const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
   const out: Buffer[] = [];
-  for (let o = 0; o < bytes.length || out.length === 0; o += BLOCK * 4) out.push(createHash('sha256').update(bytes.subarray(o, o + BLOCK * 4)).digest());
+  for (let o = 0; o < bytes.length || out.length === 0; o += BLOCK * 4)
+    out.push(
+      createHash('sha256')
+        .update(bytes.subarray(o, o + BLOCK * 4))
+        .digest(),
+    );
   return out;
 }
 
@@ -190,7 +197,7 @@ export class Assembler {
 
   get complete(): boolean {
     return this.pending.size === 0;
-}
+  }
 
   /** The tensors, in the order expected, once each matches its digest. */
   finish(): NamedTensor[] {
@@ -215,13 +222,7 @@ export class Assembler {
 }
 
 /** Publishes every chunk of `tensors` on the transfer's subject; resolves once the server has them. */
-export async function sendTensors(
-  nc: Bus,
-  subj: Subjects,
-  transfer: string,
-  tensors: Iterable<NamedTensor>,
-  chunkBytes: number,
-): Promise<{ bytes: number; chunks: number }> {
+export async function sendTensors(nc: Bus, subj: Subjects, transfer: string, tensors: Iterable<NamedTensor>, chunkBytes: number): Promise<{ bytes: number; chunks: number }> {
   const subject = subj.chunks(transfer);
   let bytes = 0;
   let chunks = 0;

@@ -147,7 +147,7 @@ export function callCost(
     const compute = flops / (tp * pp) / dev.flops + (stageLayers + 1) * dev.layerOverhead * passMult * microbatches;
     // Two all-reduces per layer forward (attention and MLP outputs), two more backward.
     const tpBytes = tokens * D * bytes;
-    const tpComm = m.layers / pp * 2 * (backward ? 2 : 1) * allReduceSeconds(tpBytes / microbatches, tp, tpBw, dev.latency) * microbatches;
+    const tpComm = (m.layers / pp) * 2 * (backward ? 2 : 1) * allReduceSeconds(tpBytes / microbatches, tp, tpBw, dev.latency) * microbatches;
     const ppComm = pp > 1 ? (pp - 1) * ((tokens * D * bytes) / ppBw + dev.latency) * (backward ? 2 : 1) : 0;
     const bubble = pp > 1 ? ((compute + tpComm) * (pp - 1)) / microbatches : 0;
     return { compute, comm: tpComm + ppComm, bubble };

@@ -93,9 +93,7 @@ describe('meshes', () => {
 
   it('of several nodes: blocks inside each node and aligned runs of whole nodes', () => {
     const out = meshes({ nodes: 4, devicesPerNode: 2 });
-    expect(new Set(out)).toEqual(
-      new Set(['0:0', '0:1', '0:0-1', '1:0', '1:1', '1:0-1', '2:0', '2:1', '2:0-1', '3:0', '3:1', '3:0-1', '0-1:*', '2-3:*', '0-3:*']),
-    );
+    expect(new Set(out)).toEqual(new Set(['0:0', '0:1', '0:0-1', '1:0', '1:1', '1:0-1', '2:0', '2:1', '2:0-1', '3:0', '3:1', '3:0-1', '0-1:*', '2-3:*', '0-3:*']));
     expect(out).toHaveLength(15);
     // Every mesh parses against its cluster.
     for (const m of meshes({ nodes: 16, devicesPerNode: 8 })) expect(() => parseMesh(m, { nodes: 16, devicesPerNode: 8 })).not.toThrow();
@@ -141,7 +139,9 @@ describe('callCandidates', () => {
     const problem = localProblem({ nodes: 1, devicesPerNode: 4 }, DEVICE, 4);
     const rows = Math.floor(problem.workload.batch / problem.workload.minibatches);
     for (const call of ['actor.train', 'critic.train'] as const) {
-      const over = callCandidates(problem, call).filter((p) => p.dp > rows).map(key);
+      const over = callCandidates(problem, call)
+        .filter((p) => p.dp > rows)
+        .map(key);
       expect(over, call).toEqual([]);
     }
   });
@@ -183,13 +183,23 @@ describe('named plans', () => {
     const of = (c: CallName) => new Set(split[c].devices);
     expect(of('actor.generate')).toEqual(of('actor.train'));
     expect(of('critic.inference')).toEqual(of('critic.train'));
-    for (const [a, b] of [['actor.train', 'critic.train'], ['actor.train', 'reference.inference'], ['critic.train', 'reference.inference']] as const) {
-      expect([...of(a)].some((d) => of(b).has(d)), `${a} and ${b}`).toBe(false);
+    for (const [a, b] of [
+      ['actor.train', 'critic.train'],
+      ['actor.train', 'reference.inference'],
+      ['critic.train', 'reference.inference'],
+    ] as const) {
+      expect(
+        [...of(a)].some((d) => of(b).has(d)),
+        `${a} and ${b}`,
+      ).toBe(false);
     }
     const sep = namedPlan(ev, 'separation');
     const trainDevices = new Set([...sep['actor.train'].devices, ...sep['critic.train'].devices]);
     for (const c of ['actor.generate', 'reference.inference', 'critic.inference'] as const) {
-      expect(sep[c].devices.some((d) => trainDevices.has(d)), c).toBe(false);
+      expect(
+        sep[c].devices.some((d) => trainDevices.has(d)),
+        c,
+      ).toBe(false);
     }
   });
 
@@ -247,7 +257,7 @@ describe('Evaluator.evaluate', () => {
     const ev = new Evaluator(problem);
     const options = Object.fromEntries(CALLS.map((c) => [c, callCandidates(problem, c)])) as Record<CallName, Placement[]>;
     let s = 12345;
-    const rand = () => ((s = (s * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+    const rand = () => (s = (s * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
     const feasible: number[] = [];
     const infeasible: number[] = [];
     const plans: Candidate[] = [...NAMED.map((n) => namedPlan(ev, n))];

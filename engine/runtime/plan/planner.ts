@@ -376,7 +376,11 @@ function random(seed: number) {
   };
 }
 
-const planKey = (c: Candidate) => Object.keys(c).sort().map((call) => `${c[call]!.mesh}/${c[call]!.dp}${c[call]!.tp}${c[call]!.pp}`).join('|');
+const planKey = (c: Candidate) =>
+  Object.keys(c)
+    .sort()
+    .map((call) => `${c[call]!.mesh}/${c[call]!.dp}${c[call]!.tp}${c[call]!.pp}`)
+    .join('|');
 
 /**
  * Metropolis–Hastings over plans: a move gives one call another placement; a worse plan (Δt > 0

@@ -51,8 +51,7 @@ export function flowOf(g: Graph): Flow {
   const nodes = nodesOf(g);
   const deps = dependencies(nodes);
   const calls = new Set(g.calls.map((c) => c.name));
-  const upstream = (n: string, seen = new Set<string>()): string[] =>
-    (deps.get(n) ?? []).flatMap((d) => (seen.has(d) ? [] : (seen.add(d), calls.has(d) ? [d] : upstream(d, seen))));
+  const upstream = (n: string, seen = new Set<string>()): string[] => (deps.get(n) ?? []).flatMap((d) => (seen.has(d) ? [] : (seen.add(d), calls.has(d) ? [d] : upstream(d, seen))));
   return {
     order: g.calls.map((c) => c.name),
     same: Object.fromEntries(nodes.filter((n) => n.kind === 'call').map((n) => [nodeName(n), [...new Set(upstream(nodeName(n)))]])),
@@ -81,10 +80,7 @@ export function simulate(tasks: Record<CallName, TaskSpec>, flow: Flow, options:
 
   const ready = (i: number) => {
     const { it, call } = all[i]!;
-    return (
-      flow.same[call]!.every((c) => finished[index(it, c)]! >= 0) &&
-      (it === 0 || flow.previous.every((c) => finished[index(it - 1, c)]! >= 0))
-    );
+    return flow.same[call]!.every((c) => finished[index(it, c)]! >= 0) && (it === 0 || flow.previous.every((c) => finished[index(it - 1, c)]! >= 0));
   };
 
   const startWhatCan = () => {
