@@ -8,7 +8,7 @@ import { pathToFileURL } from 'node:url';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
 import { parseScenario, planOnly, resolvePlan } from '../engine/runtime/scenario.ts';
-import { NAMED } from '../engine/runtime/plan/planner.ts';
+import { PLACEMENTS } from '../engine/runtime/plan/planner.ts';
 import { ROOT, spawnTs, tempDir } from './helpers.ts';
 
 const CLI = 'engine/cli/plan.ts';
@@ -51,7 +51,7 @@ interface PlanJson {
   scenario: string;
   device: string;
   devices: number;
-  strategy: string;
+  placement: string;
   feasible: boolean;
   why?: string;
   iteration_seconds: number;
@@ -78,9 +78,9 @@ function expectShape(out: PlanJson) {
     expect(c.realloc_seconds).toBeGreaterThanOrEqual(0);
     expect(c.memory_gb_per_device).toBeGreaterThanOrEqual(0);
   }
-  expect(Object.keys(out.baselines).sort()).toEqual([...NAMED].sort());
+  expect(Object.keys(out.baselines).sort()).toEqual([...PLACEMENTS].sort());
   // Infeasible baselines have no time (Infinity, written as null in JSON).
-  for (const n of NAMED) {
+  for (const n of PLACEMENTS) {
     const t = out.baselines[n];
     expect(t === null || (typeof t === 'number' && t > 0 && Number.isFinite(t)), `${n}: ${t}`).toBe(true);
   }
@@ -104,11 +104,11 @@ function expectWritten(file: string, out: PlanJson) {
 }
 
 describe('npm run plan', () => {
-  it('--budget 2 --json prints one JSON object: strategy, times, all six calls, all five baselines', async () => {
+  it('--budget 2 --json prints one JSON object: placement, times, all six calls, all five baselines', async () => {
     const r = await plan([LLAMA7B, '--budget', '2', '--json']);
     expect(r.code, r.stderr).toBe(0);
     const out = json(r);
-    expect(out.strategy).toBe('search');
+    expect(out.placement).toBe('search');
     expect(out.scenario).toBe('llama7b-8gpu');
     expect(out.devices).toBe(8);
     expect(out.feasible).toBe(true);
@@ -116,19 +116,19 @@ describe('npm run plan', () => {
     expect(Number.isFinite(out.iteration_seconds)).toBe(true);
     expect(out.search_seconds).toBeGreaterThan(0);
     expect(out.search_seconds).toBeLessThanOrEqual(2 + 1);
-    expect(out.plans_evaluated).toBeGreaterThan(NAMED.length);
+    expect(out.plans_evaluated).toBeGreaterThan(PLACEMENTS.length);
     expectShape(out);
     // The search starts from the named plans: it is never slower than the best of them.
     expect(out.iteration_seconds).toBeLessThanOrEqual(bestBaseline(out) * (1 + 1e-9));
   });
 
-  it('--strategy colocate --json --write returns the colocate plan and writes it as a scenario plan', async () => {
+  it('--placement colocate --json --write returns the colocate plan and writes it as a scenario plan', async () => {
     const dir = tempDir('ferry-plan-');
     const file = join(dir, 'colocate.yaml');
-    const r = await plan([LLAMA7B, '--strategy', 'colocate', '--json', '--write', file]);
+    const r = await plan([LLAMA7B, '--placement', 'colocate', '--json', '--write', file]);
     expect(r.code, r.stderr).toBe(0);
     const out = json(r);
-    expect(out.strategy).toBe('colocate');
+    expect(out.placement).toBe('colocate');
     expect(out.feasible).toBe(true);
     expect(out.iteration_seconds).toBe(out.baselines.colocate);
     expect(out.search_seconds).toBe(0);
@@ -146,13 +146,13 @@ describe('npm run plan', () => {
     }
   });
 
-  it('prints a table per call, the iteration time and every named strategy', async () => {
-    const r = await plan([LLAMA7B, '--strategy', 'interleaving']);
+  it('prints a table per call, the iteration time and every named placement', async () => {
+    const r = await plan([LLAMA7B, '--placement', 'interleaving']);
     expect(r.code, r.stderr).toBe(0);
-    expect(r.stdout).toMatch(/strategy interleaving/);
+    expect(r.stdout).toMatch(/placement interleaving/);
     for (const call of CALLS) expect(r.stdout).toMatch(new RegExp(`^${call.replace('.', '\\.')}\\s+\\S+\\s+\\d+/\\d+/\\d+\\s+[\\d.]+\\s+[\\d.]+\\s+[\\d.]+ GB$`, 'm'));
     expect(r.stdout).toMatch(/^iteration: [\d.]+ s \(estimated\)$/m);
-    for (const n of NAMED) expect(r.stdout).toMatch(new RegExp(`^  ${n}\\s+(?:[\\d.]+ s|infeasible: .+)`, 'm'));
+    for (const n of PLACEMENTS) expect(r.stdout).toMatch(new RegExp(`^  ${n}\\s+(?:[\\d.]+ s|infeasible: .+)`, 'm'));
   });
 
   it('--write on a local scenario writes a plan that the scenario accepts and can run', async () => {
@@ -198,17 +198,17 @@ describe('npm run plan', () => {
     const dir = tempDir('ferry-plan-noprofile-');
     const scenario = join(dir, 'small-local.yaml');
     writeFileSync(scenario, 'cluster: { nodes: 1, devices_per_node: 4, device: local }\n');
-    const r = await plan([scenario, '--strategy', 'colocate', '--json'], dir);
+    const r = await plan([scenario, '--placement', 'colocate', '--json'], dir);
     expect(r.code).toBe(1);
     expect(r.stderr).toMatch(/ProfileError: .*profiles\/local\.json.*npm run profile/);
     expect(r.stdout).toBe('');
   });
 
-  it('a bad --strategy exits with code 2 and names the allowed ones', async () => {
-    const r = await plan([LLAMA7B, '--strategy', 'bogus', '--json']);
+  it('a bad --placement exits with code 2 and names the allowed ones', async () => {
+    const r = await plan([LLAMA7B, '--placement', 'bogus', '--json']);
     expect(r.code).toBe(2);
     expect(r.stderr).toMatch(/bogus/);
-    for (const n of ['search', ...NAMED]) expect(r.stderr).toContain(n);
+    for (const n of ['search', ...PLACEMENTS]) expect(r.stderr).toContain(n);
     expect(r.stdout).toBe('');
   });
 

@@ -81,7 +81,7 @@ describe('report.html', () => {
 
   it('npm run plan -- FILE --html OUT.html draws a cluster-scale plan and its estimated timeline', async () => {
     const html = join(dir, 'plan.html');
-    const p = spawnTs('engine/cli/plan.ts', ['scenarios/cluster/llama70b-64gpu-h100.yaml', '--strategy', 'colocate', '--html', html]);
+    const p = spawnTs('engine/cli/plan.ts', ['scenarios/cluster/llama70b-64gpu-h100.yaml', '--placement', 'colocate', '--html', html]);
     expect(await p.exited).toBe(0);
     expect(existsSync(html)).toBe(true);
     const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });

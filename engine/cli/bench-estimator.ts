@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import type { Metrics } from '../../mesh/wire/index.ts';
 import { runId } from '../../mesh/wire/index.ts';
 import type { DeviceProfile } from '../runtime/index.ts';
-import { Evaluator, NAMED, namedPlan, search, type Candidate } from '../runtime/index.ts';
+import { Evaluator, PLACEMENTS, namedPlan, search, type Candidate } from '../runtime/index.ts';
 import { candidateOf, problemOf } from '../runtime/index.ts';
 import { median } from '../runtime/index.ts';
 import { parseScenario, type Scenario } from '../runtime/index.ts';
@@ -104,13 +104,13 @@ async function measure(scenario: Scenario, plan: Candidate, name: string): Promi
 }
 
 /**
- * On this machine, measured: the named strategy the planner rates best, against the plan its
+ * On this machine, measured: the named placement the planner rates best, against the plan its
  * search finds. Both run for real over NATS.
  */
 export async function searchBench(profile: DeviceProfile, iterations: number, budget: number, log: (line: string) => void) {
   const scenario = { ...parseScenario(`${BASE}ppo: { iterations: ${iterations}, batch: 64 }\n`, 'search'), name: 'search' };
   const ev = new Evaluator(problemOf(scenario, profile));
-  const named = NAMED.map((n) => ({ name: n, plan: namedPlan(ev, n) })).map((x) => ({ ...x, estimated: ev.evaluate(x.plan).iterationSeconds }));
+  const named = PLACEMENTS.map((n) => ({ name: n, plan: namedPlan(ev, n) })).map((x) => ({ ...x, estimated: ev.evaluate(x.plan).iterationSeconds }));
   named.sort((a, b) => a.estimated - b.estimated);
   const found = search(
     ev,

@@ -31,7 +31,7 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
   iteration [--scenario FILE] [--iterations N]   tokens/s over NATS, and the ratio to one process
   realloc [--width W] [--layers L] [--repeats R]  reallocation MB/s against raw NATS, bytes, memory
   estimator [--iterations N] [--profile]        planner estimates against measured runs of 6 local plans
-  search [--iterations N] [--budget S]          measured: the best named strategy against the search's plan
+  search [--iterations N] [--budget S]          measured: the best named placement against the search's plan
   chaos [--kills N] [--seed S] [--iterations N] [--scenario FILE]
                                                 the soak: N random kills (10% hangs) of every actor kind,
                                                 against the clean run (default 50 kills, scenarios/chaos.yaml)
@@ -263,7 +263,7 @@ async function searchPlans(values: { json?: boolean; iterations?: string; profil
   const iterations = values.iterations === undefined ? 8 : whole('iterations', values.iterations, 3);
   const budget = Number(values.budget);
   if (!(budget > 0)) throw new UsageError(`--budget: expected seconds > 0, got ${values.budget}`);
-  log(`bench search: the planner's best named strategy and its search's plan, ${iterations} iterations each`);
+  log(`bench search: the planner's best named placement and its search's plan, ${iterations} iterations each`);
   const r = await searchBench(profile, iterations, budget, log);
   if (values.json) console.log(JSON.stringify(r));
   else console.log(`measured speed-up of the searched plan over the best named one: ${r.speedup_measured.toFixed(2)}×`);

@@ -1,24 +1,24 @@
-// npm run plan -- FILE [--strategy NAME] [--budget SECONDS] [--json] [--write PLAN.yaml] [--html OUT.html]
+// npm run plan -- FILE [--placement NAME] [--budget SECONDS] [--json] [--write PLAN.yaml] [--html OUT.html]
 // Plans a scenario: every named placement and (by default) a search, each evaluated with the cost
 // model and the simulator; prints the chosen plan call by call and how it compares.
 import { writeFileSync } from 'node:fs';
 import { stringify } from 'yaml';
 import { UsageError, args, runMain } from '../../actors/host.ts';
 import { loadScenarioFile } from '../runtime/index.ts';
-import { NAMED, Evaluator, namedPlan, search, type Candidate, type Evaluation, type NamedStrategy } from '../runtime/index.ts';
+import { PLACEMENTS, Evaluator, namedPlan, search, type Candidate, type Evaluation, type NamedPlacement } from '../runtime/index.ts';
 import { problemOf } from '../runtime/index.ts';
 import { planRows, renderPlan } from '../runtime/index.ts';
 
-const USAGE = `usage: npm run plan -- FILE [--strategy search|${NAMED.join('|')}] [--budget SECONDS] [--json] [--write PLAN.yaml] [--html OUT.html]`;
+const USAGE = `usage: npm run plan -- FILE [--placement search|${PLACEMENTS.join('|')}] [--budget SECONDS] [--json] [--write PLAN.yaml] [--html OUT.html]`;
 
 export function planYaml(c: Candidate): string {
   const plan = Object.fromEntries(Object.entries(c).map(([call, p]) => [call, { mesh: p.mesh, dp: p.dp, tp: p.tp, pp: p.pp }]));
   return stringify({ plan }, { lineWidth: 0 });
 }
 
-function report(strategy: string, ev: Evaluation) {
+function report(placement: string, ev: Evaluation) {
   return {
-    strategy,
+    placement,
     feasible: ev.feasible,
     ...(ev.why ? { why: ev.why } : {}),
     iteration_seconds: ev.iterationSeconds,
@@ -36,7 +36,7 @@ function report(strategy: string, ev: Evaluation) {
 
 runMain(async () => {
   const { values, positionals } = args(USAGE, {
-    strategy: { type: 'string', default: 'search' },
+    placement: { type: 'string', default: 'search' },
     budget: { type: 'string', default: '10' },
     json: { type: 'boolean', default: false },
     write: { type: 'string' },
@@ -48,9 +48,9 @@ runMain(async () => {
     return 0;
   }
   if (positionals.length !== 1) throw new UsageError(`expected one scenario file\n${USAGE}`);
-  const strategy = values.strategy!;
-  if (strategy !== 'search' && !(NAMED as readonly string[]).includes(strategy)) {
-    throw new UsageError(`--strategy: expected search or one of ${NAMED.join(', ')}, got ${strategy}`);
+  const placement = values.placement!;
+  if (placement !== 'search' && !(PLACEMENTS as readonly string[]).includes(placement)) {
+    throw new UsageError(`--placement: expected search or one of ${PLACEMENTS.join(', ')}, got ${placement}`);
   }
   const budget = Number(values.budget);
   if (!(budget > 0)) throw new UsageError(`--budget: expected seconds > 0, got ${values.budget}`);
@@ -58,25 +58,25 @@ runMain(async () => {
   const problem = problemOf(scenario);
   const ev = new Evaluator(problem);
 
-  const named = Object.fromEntries(NAMED.map((n) => [n, namedPlan(ev, n)])) as Record<NamedStrategy, Candidate>;
-  const baselines = Object.fromEntries(NAMED.map((n) => [n, ev.evaluate(named[n]).iterationSeconds]));
+  const named = Object.fromEntries(PLACEMENTS.map((n) => [n, namedPlan(ev, n)])) as Record<NamedPlacement, Candidate>;
+  const baselines = Object.fromEntries(PLACEMENTS.map((n) => [n, ev.evaluate(named[n]).iterationSeconds]));
   let chosen: Candidate;
   let searchInfo: { seconds: number; evaluated: number; accepted: number } | undefined;
-  if (strategy === 'search') {
-    const starts = NAMED.map((n) => named[n]).sort((a, b) => ev.evaluate(a).iterationSeconds - ev.evaluate(b).iterationSeconds);
+  if (placement === 'search') {
+    const starts = PLACEMENTS.map((n) => named[n]).sort((a, b) => ev.evaluate(a).iterationSeconds - ev.evaluate(b).iterationSeconds);
     const r = search(ev, starts, { budgetSeconds: budget, seed: Number(values.seed) });
-    if (r.best.length === 0) throw new Error(`no feasible plan found for ${problem.name} in ${budget} s (every named plan: ${NAMED.map((n) => ev.evaluate(named[n]).why).join('; ')})`);
+    if (r.best.length === 0) throw new Error(`no feasible plan found for ${problem.name} in ${budget} s (every named plan: ${PLACEMENTS.map((n) => ev.evaluate(named[n]).why).join('; ')})`);
     chosen = r.best[0]!.plan;
     searchInfo = { seconds: r.seconds, evaluated: r.evaluated, accepted: r.accepted };
   } else {
-    chosen = named[strategy as NamedStrategy];
+    chosen = named[placement as NamedPlacement];
   }
   const evaluation = ev.evaluate(chosen, true);
   const out = {
     scenario: problem.name,
     device: problem.device.name,
     devices: problem.cluster.nodes * problem.cluster.devicesPerNode,
-    ...report(strategy, evaluation),
+    ...report(placement, evaluation),
     search_seconds: searchInfo?.seconds ?? 0,
     plans_evaluated: searchInfo?.evaluated ?? 0,
     baselines,
@@ -87,7 +87,7 @@ runMain(async () => {
       values.html,
       renderPlan({
         title: `ferry plan: ${problem.name}`,
-        caption: `${scenario.cluster.nodes * scenario.cluster.devices_per_node} × ${problem.device.name}, strategy ${strategy}: ${evaluation.iterationSeconds.toFixed(3)} s per iteration (estimated).`,
+        caption: `${scenario.cluster.nodes * scenario.cluster.devices_per_node} × ${problem.device.name}, placement ${placement}: ${evaluation.iterationSeconds.toFixed(3)} s per iteration (estimated).`,
         plan: planRows(chosen),
         devices: scenario.cluster.nodes * scenario.cluster.devices_per_node,
         devicesPerNode: scenario.cluster.devices_per_node,
@@ -102,7 +102,7 @@ runMain(async () => {
     return evaluation.feasible ? 0 : 1;
   }
   const pad = (x: string, n: number) => x.padEnd(n);
-  console.log(`${problem.name}: ${out.devices} × ${problem.device.name}, strategy ${strategy}${searchInfo ? ` (${searchInfo.evaluated} plans in ${searchInfo.seconds.toFixed(1)} s)` : ''}`);
+  console.log(`${problem.name}: ${out.devices} × ${problem.device.name}, placement ${placement}${searchInfo ? ` (${searchInfo.evaluated} plans in ${searchInfo.seconds.toFixed(1)} s)` : ''}`);
   console.log(`${pad('call', 22)}${pad('mesh', 10)}${pad('dp/tp/pp', 10)}${pad('seconds', 10)}${pad('realloc', 10)}memory/device`);
   for (const call of Object.keys(evaluation.calls)) {
     const c = evaluation.calls[call]!;
@@ -111,7 +111,7 @@ runMain(async () => {
   }
   if (!evaluation.feasible) console.log(`not feasible: ${evaluation.why}`);
   console.log(`iteration: ${evaluation.iterationSeconds.toFixed(3)} s (estimated)`);
-  for (const n of NAMED) {
+  for (const n of PLACEMENTS) {
     const t = baselines[n]!;
     console.log(`  ${pad(n, 14)}${Number.isFinite(t) ? `${t.toFixed(3)} s  (${(t / evaluation.iterationSeconds).toFixed(2)}× the chosen plan)` : `infeasible: ${ev.evaluate(named[n]).why}`}`);
   }

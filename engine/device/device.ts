@@ -14,9 +14,9 @@ import { serveReward, type RewardActor } from '../../mesh/wire/index.ts';
 import { modelInfo } from '../model/index.ts';
 import { tokensDigest } from './ledger.ts';
 import { Comm } from '../../mesh/parallel/index.ts';
-import { GptShard } from '../model/index.ts';
+import { WholeGpt } from '../model/index.ts';
 import { lossOf, type LossFn } from '../model/index.ts';
-import { ShardedGpt } from '../model/index.ts';
+import { GptRank } from '../model/index.ts';
 import { makeTask, TASKS, type Task, type TaskName } from './task.ts';
 
 export class CallRejected extends Error {
@@ -96,7 +96,7 @@ function shapeProblem(body: CallBody, spec: { vocab: number; context: number } |
   }
 }
 
-type ModelShard = GptShard | ShardedGpt;
+type ModelShard = WholeGpt | GptRank;
 
 interface Hosted {
   /** The model this shard belongs to. */
@@ -187,7 +187,7 @@ export class Device {
     if (!allowed[kind]!.includes(body.fn)) {
       return new CallRejected('unsupported', `'${body.fn}' is not a call of a ${kind} model ('${model}' on device ${this.index})`);
     }
-    if (body.fn === 'preference' && h.shard instanceof ShardedGpt) {
+    if (body.fn === 'preference' && h.shard instanceof GptRank) {
       return new CallRejected('unsupported', `'preference' trains a reward model on a one-device layout; '${model}' on device ${this.index} is one rank of ${h.layout.devices.length}`);
     }
     if ((body.fn === 'train' || body.fn === 'sft' || body.fn === 'preference') && !(h.shard as ModelShard).trainable) {
@@ -293,13 +293,13 @@ export class Device {
       if (problems.length) throw new CallRejected('unsupported', `layout dp=${layout.dp} tp=${layout.tp} pp=${layout.pp} does not fit the model: ${problems.join('; ')}`);
     }
     const previous = this.hosted.get(model);
-    const shard = spec.kind === 'rule' ? new RuleShard(spec) : size === 1 ? new GptShard(spec, body.seed, body.optim) : new ShardedGpt(spec, layout, rank, body.seed, body.optim, this.comm);
+    const shard = spec.kind === 'rule' ? new RuleShard(spec) : size === 1 ? new WholeGpt(spec, body.seed, body.optim) : new GptRank(spec, layout, rank, body.seed, body.optim, this.comm);
     if (previous) await this.drop(previous);
     const hosted: Hosted = { role: body.role, layout, rank, shard, ledger: [] };
     this.hosted.set(model, hosted);
     if (body.serve !== undefined) {
       // A learned reward model answers the reward protocol like any reward actor on the bus.
-      const rm = shard as GptShard;
+      const rm = shard as WholeGpt;
       hosted.serving = await serveReward({
         nats: this.bus,
         name: body.serve,
@@ -509,7 +509,7 @@ export class Device {
     }
     if (body.fn === 'checkpoint') return this.checkpoint(h, body);
     if (body.fn === 'restore') return this.restore(h, body);
-    if (s instanceof ShardedGpt) return this.runSharded(h, s, body, group);
+    if (s instanceof GptRank) return this.runSharded(h, s, body, group);
     switch (body.fn) {
       case 'sft':
         return s.sft(body.tokens, body.batch, body.promptLen, body.steps, body.minibatch, body.lr, body.seed);
@@ -529,7 +529,7 @@ export class Device {
   }
 
   /** The same calls on one rank of a multi-device layout; every rank of the mesh runs them together. */
-  private async runSharded(h: Hosted, s: ShardedGpt, body: CallBody, group: string): Promise<Body> {
+  private async runSharded(h: Hosted, s: GptRank, body: CallBody, group: string): Promise<Body> {
     switch (body.fn) {
       case 'sft':
         return s.sft(group, body.tokens, body.batch, body.promptLen, body.steps, body.minibatch, body.lr, body.seed);

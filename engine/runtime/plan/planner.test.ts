@@ -9,7 +9,7 @@ import { loadScenario, type CallName } from '../scenario.ts';
 import { flowOf } from './simulate.ts';
 import { localShape, type DeviceProfile } from './catalog.ts';
 import { strategyProblem } from './cost.ts';
-import { Evaluator, NAMED, callCandidates, meshes, namedPlan, search, strategies, type Candidate, type Placement, type Problem } from './planner.ts';
+import { Evaluator, PLACEMENTS, callCandidates, meshes, namedPlan, search, strategies, type Candidate, type Placement, type Problem } from './planner.ts';
 import { problemOf } from './problem.ts';
 
 const LLAMA7B_8GPU = fileURLToPath(new URL('../../../scenarios/cluster/llama7b-8gpu.yaml', import.meta.url));
@@ -157,7 +157,7 @@ describe('named plans', () => {
     it(`are valid and fit on ${cluster.nodes} × ${cluster.devicesPerNode} devices`, () => {
       const problem = localProblem(cluster);
       const ev = new Evaluator(problem);
-      for (const name of NAMED) {
+      for (const name of PLACEMENTS) {
         const plan = namedPlan(ev, name);
         expectValid(problem, plan);
         const e = ev.evaluate(plan);
@@ -206,7 +206,7 @@ describe('named plans', () => {
   it('are valid on the 8-GPU cluster scenario', () => {
     const problem = problemOf(loadScenario(LLAMA7B_8GPU));
     const ev = new Evaluator(problem);
-    for (const name of NAMED) expectValid(problem, namedPlan(ev, name));
+    for (const name of PLACEMENTS) expectValid(problem, namedPlan(ev, name));
   });
 });
 
@@ -260,7 +260,7 @@ describe('Evaluator.evaluate', () => {
     const rand = () => (s = (s * 1103515245 + 12345) % 2 ** 31) / 2 ** 31;
     const feasible: number[] = [];
     const infeasible: number[] = [];
-    const plans: Candidate[] = [...NAMED.map((n) => namedPlan(ev, n))];
+    const plans: Candidate[] = [...PLACEMENTS.map((n) => namedPlan(ev, n))];
     for (let i = 0; i < 300; i++) plans.push(Object.fromEntries(CALLS.map((c) => [c, options[c][Math.floor(rand() * options[c].length)]!])) as Candidate);
     for (const plan of plans) {
       const e = ev.evaluate(plan);
@@ -282,7 +282,7 @@ describe('search', () => {
   it('returns feasible, valid plans no slower than the best named plan, within its budget', () => {
     const problem = localProblem();
     const ev = new Evaluator(problem);
-    const starts = NAMED.map((n) => namedPlan(ev, n)).sort((a, b) => ev.objective(a) - ev.objective(b));
+    const starts = PLACEMENTS.map((n) => namedPlan(ev, n)).sort((a, b) => ev.objective(a) - ev.objective(b));
     const bestNamed = Math.min(...starts.map((p) => ev.evaluate(p).iterationSeconds));
     const t0 = performance.now();
     const r = search(ev, starts, { budgetSeconds: 1, seed: 7 });
@@ -307,7 +307,7 @@ describe('search', () => {
   it('keeps no infeasible plan, and reports none when nothing fits', () => {
     const problem = localProblem(undefined, { ...DEVICE, memoryBytes: 1e5 });
     const ev = new Evaluator(problem);
-    const starts = NAMED.map((n) => namedPlan(ev, n));
+    const starts = PLACEMENTS.map((n) => namedPlan(ev, n));
     const r = search(ev, starts, { budgetSeconds: 0.2 });
     expect(r.best).toEqual([]);
     expect(r.seconds).toBeLessThan(0.7);

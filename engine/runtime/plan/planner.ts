@@ -221,10 +221,11 @@ export function callCandidates(problem: Problem, call: CallName): Placement[] {
   return out;
 }
 
-// ---- named strategies ----------------------------------------------------------------------------
+// ---- named placements ----------------------------------------------------------------------------
 
-export const NAMED = ['flattening', 'interleaving', 'separation', 'colocate', 'split'] as const;
-export type NamedStrategy = (typeof NAMED)[number];
+/** The published systems' placements of the calls over the devices (each call's dp × tp × pp strategy tuned for the whole plan). */
+export const PLACEMENTS = ['flattening', 'interleaving', 'separation', 'colocate', 'split'] as const;
+export type NamedPlacement = (typeof PLACEMENTS)[number];
 
 /** The cheapest strategy for one call on a mesh, as if the call ran alone there. */
 function bestOn(ev: Evaluator, call: CallName, mesh: string): Placement {
@@ -309,7 +310,7 @@ function ruleReward(ev: Evaluator, c: Candidate): Candidate {
   return out;
 }
 
-export function namedPlan(ev: Evaluator, name: NamedStrategy): Candidate {
+export function namedPlan(ev: Evaluator, name: NamedPlacement): Candidate {
   const { cluster } = ev.problem;
   const all = whole(cluster);
   switch (name) {

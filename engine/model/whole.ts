@@ -1,4 +1,4 @@
-// One model's shard on one device: its weights as TensorFlow.js variables, and (on the training
+// WholeGpt: a whole model on one device (a layout of one rank): its weights as TensorFlow.js variables, and (on the training
 // layout only) its optimizer. Every method is deterministic given its inputs and seeds.
 import * as tf from '@tensorflow/tfjs';
 import type { NamedTensor } from '../../mesh/wire/index.ts';
@@ -79,7 +79,7 @@ export async function trainEpochs(
 /** tfjs registers variables by a process-wide name, so every shard gets its own prefix. */
 let shardCount = 0;
 
-export class GptShard {
+export class WholeGpt {
   private readonly vars: Map<string, tf.Variable>;
   private optimizer: Adam | undefined;
   private optim: Optim | undefined;

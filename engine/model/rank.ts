@@ -1,4 +1,4 @@
-// One rank's shard of a GPT model under a dp × tp × pp strategy, and the SPMD programs that the
+// GptRank: one rank of a GPT model split over a mesh under a dp × tp × pp strategy, and the SPMD programs that the
 // ranks of a mesh run together: each rank holds only its slices (its pipeline stage's layers;
 // its tensor-parallel block of QKV, the attention output, and the MLP), activations go forward
 // and gradients back between stages, partial sums are all-reduced inside a tensor group, and
@@ -18,7 +18,7 @@ import { attnPartial, causalMask, embed, headOut, initialParameter, layerNorm, l
 import { modelInfo, parameterShapes, type GptSpec } from './params.ts';
 import { Rng, Stream, argmax, sampleToken, seedOf } from './rng.ts';
 import { Adam, type AdamState } from './adam.ts';
-import { ShardError, ownCopy, pickRows, trainEpochs, yieldToLoop, type TrainStats } from './shard.ts';
+import { ShardError, ownCopy, pickRows, trainEpochs, yieldToLoop, type TrainStats } from './whole.ts';
 
 let shardCount = 0;
 
@@ -30,7 +30,7 @@ export function replicaRows(n: number, dp: number, d: number): [number, number] 
 /** What a step minimises: the warm-up's cross-entropy, or a named loss over its per-token arrays. */
 type Objective = { kind: 'sft' } | { kind: 'loss'; fn: LossFn; spec: LossSpec; data: Record<string, Float32Array>; responseLen: number };
 
-export class ShardedGpt {
+export class GptRank {
   readonly coords: Coords;
   private readonly vars = new Map<string, tf.Variable>();
   private readonly slices: Slice[];

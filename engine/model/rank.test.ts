@@ -11,7 +11,7 @@ import { subjects } from '../../mesh/wire/subjects.ts';
 import { initBackend } from './backend.ts';
 import { Device } from '../device/device.ts';
 import { modelInfo, type GptSpec } from './params.ts';
-import { GptShard } from './shard.ts';
+import { WholeGpt } from './whole.ts';
 
 const policy: GptSpec = { kind: 'policy', vocab: 11, context: 9, layers: 4, width: 16, heads: 4 };
 const value: GptSpec = { ...policy, kind: 'value' };
@@ -118,8 +118,8 @@ async function scenario(layout: Layout) {
 }
 
 async function reference() {
-  const actor = new GptShard(policy, 7, optim);
-  const critic = new GptShard(value, 7, optim);
+  const actor = new WholeGpt(policy, 7, optim);
+  const critic = new WholeGpt(value, 7, optim);
   const gen = await actor.generate(prompts(), B, P, R, seeds, 1);
   const logprobs = actor.logprobs(gen.tokens, B, P);
   const values = critic.values(gen.tokens, B, P);
@@ -193,7 +193,7 @@ describe('a loss over pairs (dpo) against the unsharded model', () => {
     '%o, %i mini-batches: same loss and trained parameters',
     async (layout, minibatches) => {
       await initBackend('wasm');
-      const whole = new GptShard(policy, 7, optim);
+      const whole = new WholeGpt(policy, 7, optim);
       const want = await whole.train(tokens, B, P, R, dpo, { ref }, 1, minibatches, 5);
       const m = mesh(layout);
       await m.run('actor', (rank) => ({ fn: 'load', role: 'actor', spec: policy, layout, rank, seed: 7, optim }));

@@ -1,9 +1,9 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import * as tf from '@tensorflow/tfjs';
 import { initBackend } from './backend.ts';
-import { GptShard } from './shard.ts';
+import { WholeGpt } from './whole.ts';
 
-describe('GptShard memory', () => {
+describe('WholeGpt memory', () => {
   beforeAll(async () => {
     await initBackend('cpu');
   });
@@ -11,7 +11,7 @@ describe('GptShard memory', () => {
   it('frees everything it made: load, replace the weights, generate, train, dispose', async () => {
     const spec = { kind: 'policy' as const, vocab: 5, context: 6, layers: 1, width: 8, heads: 2 };
     const before = tf.memory().numTensors;
-    const shard = new GptShard(spec, 1, { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 });
+    const shard = new WholeGpt(spec, 1, { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 });
     for (let i = 0; i < 5; i++) shard.importTensors(shard.exportTensors());
     const prompts = new Int32Array([1, 2, 3, 4]);
     const g = await shard.generate(prompts, 2, 2, 2, new Uint32Array([1, 2]), 1);
