@@ -9,7 +9,7 @@ import { launch } from '../engine/cli/launch.ts';
 import { loadScenario } from '../engine/runtime/scenario.ts';
 import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/nats-server.ts';
 import type { Summary } from '../engine/runtime/record.ts';
-import { portOpen, smallScenario, spawnTs, tempDir } from './helpers.ts';
+import { ROOT, portOpen, smallScenario, spawnTs, tempDir } from './helpers.ts';
 
 const quiet = { phase() {}, iteration() {}, stop() {} };
 const dir = tempDir();
@@ -60,6 +60,36 @@ describe('npm run scenario', () => {
     expect(child.output()).toMatch(/typo\.yaml: 1 problem\(s\):\n\s+rl\.kl_coeff: unknown key \(expected one of: .*kl_coef/);
     expect(child.output()).not.toMatch(/nats-server on/);
   }, 30_000);
+
+  it('refuses an unknown algorithm, listing the known ones, and a user graph with a cycle, naming it, before starting anything', async () => {
+    const unknown = join(dir, 'unknown.yaml');
+    writeFileSync(unknown, 'algorithm: ppo2\n');
+    const a = spawnTs('engine/cli/scenario.ts', [unknown]);
+    expect(await a.exited).not.toBe(0);
+    expect(a.output()).toMatch(/unknown algorithm 'ppo2'; known: ppo, grpo, rloo, remax, reinforce_pp, dpo/);
+    expect(a.output()).not.toMatch(/nats-server on/);
+    // A user's GRPO whose advantage step also reads the train call's loss: advantages → train → advantages.
+    const algo = join(dir, 'loop.ts');
+    writeFileSync(
+      algo,
+      [
+        `import { BUILTIN, defineAlgorithm } from ${JSON.stringify(join(ROOT, 'engine/algorithms/index.ts'))};`,
+        'const grpo = BUILTIN.grpo!;',
+        'export default defineAlgorithm({ name: "loop", summary: "a cycle", options: grpo.options, graph: (o, rl) => {',
+        '  const g = grpo.graph(o, rl);',
+        '  g.steps[0]!.reads.push("actor_loss");',
+        '  return g;',
+        '} });',
+        '',
+      ].join('\n'),
+    );
+    const looped = join(dir, 'loop.yaml');
+    writeFileSync(looped, 'algorithm: ./loop.ts\n');
+    const b = spawnTs('engine/cli/scenario.ts', [looped]);
+    expect(await b.exited).not.toBe(0);
+    expect(b.output()).toMatch(/algorithm 'loop' cannot run:\n\s+a cycle: .*(advantages.*actor\.train|actor\.train.*advantages)/);
+    expect(b.output()).not.toMatch(/nats-server on/);
+  }, 60_000);
 });
 
 describe('a run on a server it is given, with a worker started by hand', () => {

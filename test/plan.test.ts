@@ -103,6 +103,31 @@ function expectWritten(file: string, out: PlanJson) {
   }
 }
 
+describe('npm run plan for other algorithms', () => {
+  it('plans a GRPO cluster scenario: its four calls only, every named placement, and a page drawn with --html', async () => {
+    const dir = tempDir();
+    const html = join(dir, 'grpo.html');
+    const r = await plan([join(ROOT, 'scenarios/cluster/grpo-llama7b-8gpu.yaml'), '--budget', '1', '--json', '--html', html]);
+    expect(r.code, r.stderr).toBe(0);
+    const out = JSON.parse(r.stdout) as { calls: Record<string, unknown>; baselines: Record<string, number | null>; feasible: boolean };
+    expect(Object.keys(out.calls)).toEqual(['actor.generate', 'reference.inference', 'reward.inference', 'actor.train']);
+    expect(Object.keys(out.baselines).sort()).toEqual([...PLACEMENTS].sort());
+    expect(out.feasible).toBe(true);
+    const page = readFileSync(html, 'utf8');
+    for (const call of Object.keys(out.calls)) expect(page).toContain(call);
+    expect(page).not.toContain('critic');
+  }, 120_000);
+
+  it('refuses a plan key the algorithm lacks, listing the calls it has', async () => {
+    const dir = tempDir();
+    const file = join(dir, 'grpo.yaml');
+    writeFileSync(file, 'algorithm: grpo\nplan:\n  critic.train: { mesh: "0:1" }\n');
+    const r = await plan([file, '--placement', 'colocate', '--json']);
+    expect(r.code).not.toBe(0);
+    expect(r.stderr).toContain("plan.critic.train: 'grpo' has no call 'critic.train'; its calls are actor.generate, reference.inference, reward.inference, actor.train");
+  }, 60_000);
+});
+
 describe('npm run plan', () => {
   it('--budget 2 --json prints one JSON object: placement, times, all six calls, all five baselines', async () => {
     const r = await plan([LLAMA7B, '--budget', '2', '--json']);
