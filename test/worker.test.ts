@@ -18,8 +18,8 @@ let seq = 0;
 
 const spec = { kind: 'policy' as const, vocab: 11, context: 9, layers: 1, width: 16, heads: 2 };
 
-function call(body: CallBody, model = 'actor', id = `c${seq++}`) {
-  return request(nc, subj.call(0), { type: 'call', v: PROTOCOL_VERSION, id, model, iteration: 0, body }, Reply, 20_000);
+function call(body: CallBody, model = 'actor', id = `c${seq++}`, timeoutMs = 20_000) {
+  return request(nc, subj.call(0), { type: 'call', v: PROTOCOL_VERSION, id, model, iteration: 0, body }, Reply, timeoutMs);
 }
 
 async function raw(bytes: Uint8Array) {
@@ -115,9 +115,10 @@ describe('a worker process', () => {
     expect(await call({ fn: 'manifest' })).toMatchObject({ type: 'result', body: { digest } });
   });
 
-  it('answers busy while a long call runs, then finishes it', async () => {
+  it('answers busy while a long call runs, then finishes it', { timeout: 150_000 }, async () => {
     const tokens = new Int32Array(64 * 9).map((_, i) => i % 10);
-    const long = call({ fn: 'sft', tokens, batch: 64, promptLen: 5, responseLen: 4, steps: 40, minibatch: 64, lr: 1e-3, seed: 1 });
+    // Long enough to be caught running; on a loaded machine it may take a while, which is not what this tests.
+    const long = call({ fn: 'sft', tokens, batch: 64, promptLen: 5, responseLen: 4, steps: 40, minibatch: 64, lr: 1e-3, seed: 1 }, 'actor', `c${seq++}`, 120_000);
     await new Promise((r) => setTimeout(r, 200));
     const busy = await call({ fn: 'manifest' });
     expect(busy).toMatchObject({ type: 'error', code: 'busy' });
