@@ -73,7 +73,7 @@ describe('reward actors in a run', () => {
     const rule = m.map((x) => x.rule_score!);
     expect(avg(learned.slice(-5))).toBeGreaterThan(avg(learned.slice(0, 5)) + 0.5);
     expect(avg(rule.slice(-5))).toBeGreaterThan(avg(rule.slice(0, 5)) + 0.02);
-  }, 240_000);
+  }, 420_000);
 
   it('a learned reward model survives kills of its device (in setup and at a checkpoint) and of the supervisor: the digests equal a clean run', async () => {
     const dir = tempDir();

@@ -10,7 +10,7 @@ import { initBackend } from '../engine/model/backend.ts';
 import { withWorkers } from '../engine/cli/workers.ts';
 import { modelInfo, type GptSpec } from '../engine/model/params.ts';
 import { callMesh } from '../engine/runtime/run.ts';
-import { WholeGpt } from '../engine/model/whole.ts';
+import { ReferenceGpt } from './reference-gpt.ts';
 
 const spec: GptSpec = { kind: 'policy', vocab: 11, context: 9, layers: 4, width: 16, heads: 4 };
 const optim: Optim = { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-3, clipNorm: 1 };
@@ -39,7 +39,7 @@ function worstRelative(got: ArrayLike<number>, want: ArrayLike<number>): number 
 describe('3D-parallel shards as worker processes over NATS', () => {
   it('match the unsharded model for every strategy over 2 and 4 devices', async () => {
     await initBackend('wasm');
-    const ref = new WholeGpt(spec, 7, optim);
+    const ref = new ReferenceGpt(spec, 7, optim);
     const gen = await ref.generate(prompts, B, P, R, seeds, 1);
     const logprobs = ref.logprobs(gen.tokens, B, P);
     await ref.train(gen.tokens, B, P, R, loss, { old: logprobs, advantages: adv }, 1, 1, 11);

@@ -14,7 +14,6 @@ import { serveReward, type RewardActor } from '../../mesh/wire/index.ts';
 import { modelInfo } from '../model/index.ts';
 import { tokensDigest } from './ledger.ts';
 import { Comm } from '../../mesh/parallel/index.ts';
-import { WholeGpt } from '../model/index.ts';
 import { lossOf, type LossFn } from '../model/index.ts';
 import { GptRank } from '../model/index.ts';
 import { makeTask, TASKS, type Task, type TaskName } from './task.ts';
@@ -96,7 +95,8 @@ function shapeProblem(body: CallBody, spec: { vocab: number; context: number } |
   }
 }
 
-type ModelShard = WholeGpt | GptRank;
+/** A model's shard: one rank of its layout (the whole model, on a one-device layout). */
+type ModelShard = GptRank;
 
 interface Hosted {
   /** The model this shard belongs to. */
@@ -187,7 +187,7 @@ export class Device {
     if (!allowed[kind]!.includes(body.fn)) {
       return new CallRejected('unsupported', `'${body.fn}' is not a call of a ${kind} model ('${model}' on device ${this.index})`);
     }
-    if (body.fn === 'preference' && h.shard instanceof GptRank) {
+    if (body.fn === 'preference' && h.layout.devices.length > 1) {
       return new CallRejected('unsupported', `'preference' trains a reward model on a one-device layout; '${model}' on device ${this.index} is one rank of ${h.layout.devices.length}`);
     }
     if ((body.fn === 'train' || body.fn === 'sft' || body.fn === 'preference') && !(h.shard as ModelShard).trainable) {
@@ -293,18 +293,19 @@ export class Device {
       if (problems.length) throw new CallRejected('unsupported', `layout dp=${layout.dp} tp=${layout.tp} pp=${layout.pp} does not fit the model: ${problems.join('; ')}`);
     }
     const previous = this.hosted.get(model);
-    const shard = spec.kind === 'rule' ? new RuleShard(spec) : size === 1 ? new WholeGpt(spec, body.seed, body.optim) : new GptRank(spec, layout, rank, body.seed, body.optim, this.comm);
+    const shard = spec.kind === 'rule' ? new RuleShard(spec) : new GptRank(spec, layout, rank, body.seed, body.optim, this.comm);
     if (previous) await this.drop(previous);
     const hosted: Hosted = { role: body.role, layout, rank, shard, ledger: [] };
     this.hosted.set(model, hosted);
     if (body.serve !== undefined) {
       // A learned reward model answers the reward protocol like any reward actor on the bus.
-      const rm = shard as WholeGpt;
+      const rm = shard as GptRank;
+      let scored = 0;
       hosted.serving = await serveReward({
         nats: this.bus,
         name: body.serve,
         instance: `d${this.index}-${randomUUID().slice(0, 6)}`,
-        score: (items) => {
+        score: async (items) => {
           const width = items[0] ? items[0].prompt.length + items[0].response.length : 0;
           const tokens = new Int32Array(items.length * width);
           items.forEach((it, b) => {
@@ -313,7 +314,7 @@ export class Device {
           });
           const bad = shapeProblem({ fn: 'inference', tokens, batch: items.length, promptLen: items[0]?.prompt.length ?? 1, responseLen: items[0]?.response.length ?? 1 }, rm.spec);
           if (bad) throw new Error(bad);
-          return Array.from(rm.sequenceScores(tokens, items.length));
+          return Array.from(await rm.sequenceScores(`serve-${model}-${scored++}`, tokens, items.length));
         },
       });
     }
@@ -509,28 +510,14 @@ export class Device {
     }
     if (body.fn === 'checkpoint') return this.checkpoint(h, body);
     if (body.fn === 'restore') return this.restore(h, body);
-    if (s instanceof GptRank) return this.runSharded(h, s, body, group);
-    switch (body.fn) {
-      case 'sft':
-        return s.sft(body.tokens, body.batch, body.promptLen, body.steps, body.minibatch, body.lr, body.seed);
-      case 'preference':
-        return s.preference(body.chosen, body.rejected, body.batch, body.steps, body.minibatch, body.lr, body.seed);
-      case 'generate':
-        return s.generate(body.prompts, body.batch, body.promptLen, body.responseLen, body.seeds, body.temperature, body.greedy);
-      case 'inference':
-        return s.spec.kind === 'policy' ? { logprobs: s.logprobs(body.tokens, body.batch, body.promptLen) } : { values: s.values(body.tokens, body.batch, body.promptLen) };
-      case 'train': {
-        const st = await s.train(body.tokens, body.batch, body.promptLen, body.responseLen, body.loss, body.data, body.epochs, body.minibatches, body.seed);
-        return { loss: st.loss, clipfrac: st.clipfrac, grad_norm: st.gradNorm };
-      }
-      default:
-        return this.onWeights(h, body);
-    }
+    return this.runRank(h, s, body, group);
   }
 
-  /** The same calls on one rank of a multi-device layout; every rank of the mesh runs them together. */
-  private async runSharded(h: Hosted, s: GptRank, body: CallBody, group: string): Promise<Body> {
+  /** A call on one rank of the model's layout; every rank of the mesh runs it together. */
+  private async runRank(h: Hosted, s: GptRank, body: CallBody, group: string): Promise<Body> {
     switch (body.fn) {
+      case 'preference':
+        return s.preference(group, body.chosen, body.rejected, body.batch, body.steps, body.minibatch, body.lr, body.seed);
       case 'sft':
         return s.sft(group, body.tokens, body.batch, body.promptLen, body.steps, body.minibatch, body.lr, body.seed);
       case 'generate':

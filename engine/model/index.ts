@@ -6,5 +6,5 @@ export * from './gpt.ts';
 export * from './losses.ts';
 export * from './params.ts';
 export * from './rng.ts';
-export * from './whole.ts';
+export * from './steps.ts';
 export * from './rank.ts';

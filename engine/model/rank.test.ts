@@ -11,7 +11,7 @@ import { subjects } from '../../mesh/wire/subjects.ts';
 import { initBackend } from './backend.ts';
 import { Device } from '../device/device.ts';
 import { modelInfo, type GptSpec } from './params.ts';
-import { WholeGpt } from './whole.ts';
+import { ReferenceGpt } from '../../test/reference-gpt.ts';
 
 const policy: GptSpec = { kind: 'policy', vocab: 11, context: 9, layers: 4, width: 16, heads: 4 };
 const value: GptSpec = { ...policy, kind: 'value' };
@@ -118,8 +118,8 @@ async function scenario(layout: Layout) {
 }
 
 async function reference() {
-  const actor = new WholeGpt(policy, 7, optim);
-  const critic = new WholeGpt(value, 7, optim);
+  const actor = new ReferenceGpt(policy, 7, optim);
+  const critic = new ReferenceGpt(value, 7, optim);
   const gen = await actor.generate(prompts(), B, P, R, seeds, 1);
   const logprobs = actor.logprobs(gen.tokens, B, P);
   const values = critic.values(gen.tokens, B, P);
@@ -130,17 +130,18 @@ async function reference() {
   return { tokens: gen.tokens, genLogprobs: gen.logprobs, logprobs, values, actorLoss: a.loss, criticLoss: c.loss, actor: actor.exportTensors(), critic: critic.exportTensors() };
 }
 
-describe('3D-parallel shards against the unsharded model', () => {
+describe('every layout, one device included, against the reference (automatic differentiation)', () => {
   let ref: Awaited<ReturnType<typeof reference>>;
   beforeAll(async () => {
     await initBackend('wasm');
     ref = await reference();
   });
 
-  const all = strategies(4).filter((l) => l.devices.length > 1);
+  // One device is the one-rank case of a mesh: it is checked like every other layout.
+  const all = strategies(4);
 
-  it('covers every dp × tp × pp over 2 and 4 devices', () => {
-    expect(all.map((l) => `${l.dp}${l.tp}${l.pp}`).sort()).toEqual(['112', '114', '121', '122', '141', '211', '212', '221', '411'].sort());
+  it('covers one device and every dp × tp × pp over 2 and 4 devices', () => {
+    expect(all.map((l) => `${l.dp}${l.tp}${l.pp}`).sort()).toEqual(['111', '112', '114', '121', '122', '141', '211', '212', '221', '411'].sort());
   });
 
   it.each(all.map((l) => [`dp=${l.dp} tp=${l.tp} pp=${l.pp}`, l] as const))(
@@ -185,6 +186,7 @@ describe('a loss over pairs (dpo) against the unsharded model', () => {
   const ref = Float32Array.from({ length: B * R }, (_, i) => -2.4 + 0.3 * Math.sin(i));
 
   it.each([
+    [{ devices: [0], dp: 1, tp: 1, pp: 1 }, 2],
     [{ devices: [0, 1], dp: 2, tp: 1, pp: 1 }, 2],
     [{ devices: [0, 1, 2, 3], dp: 2, tp: 1, pp: 2 }, 2],
     [{ devices: [0, 1, 2, 3], dp: 2, tp: 2, pp: 1 }, 2],
@@ -193,7 +195,7 @@ describe('a loss over pairs (dpo) against the unsharded model', () => {
     '%o, %i mini-batches: same loss and trained parameters',
     async (layout, minibatches) => {
       await initBackend('wasm');
-      const whole = new WholeGpt(policy, 7, optim);
+      const whole = new ReferenceGpt(policy, 7, optim);
       const want = await whole.train(tokens, B, P, R, dpo, { ref }, 1, minibatches, 5);
       const m = mesh(layout);
       await m.run('actor', (rank) => ({ fn: 'load', role: 'actor', spec: policy, layout, rank, seed: 7, optim }));

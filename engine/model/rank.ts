@@ -13,14 +13,20 @@ import type { LossSpec, Optim } from '../../mesh/wire/index.ts';
 import { cut } from '../../mesh/parallel/index.ts';
 import type { NamedTensor } from '../../mesh/wire/index.ts';
 import type { Comm } from '../../mesh/parallel/index.ts';
-import { itemRows, lossOf, type LossFn } from './losses.ts';
+import { itemRows, lossOf, preferenceLoss, type LossFn } from './losses.ts';
 import { attnPartial, causalMask, embed, headOut, initialParameter, layerNorm, logprobsOf, mlpPartial, valuesOf, type AttnWeights } from './gpt.ts';
 import { modelInfo, parameterShapes, type GptSpec } from './params.ts';
 import { Rng, Stream, argmax, sampleToken, seedOf } from './rng.ts';
 import { Adam, type AdamState } from './adam.ts';
-import { ShardError, ownCopy, pickRows, trainEpochs, yieldToLoop, type TrainStats } from './whole.ts';
+import { ShardError, ownCopy, pickRows, trainEpochs, yieldToLoop, type TrainStats } from './steps.ts';
 
 let shardCount = 0;
+
+/** The value head after each row's last token, from a head output [b, T, 1]: [b]. */
+function lastValuesOf(out: tf.Tensor): tf.Tensor1D {
+  const [b, T] = out.shape as [number, number, number];
+  return tf.reshape(tf.slice(out, [0, T - 1, 0], [b, 1, 1]), [b]) as tf.Tensor1D;
+}
 
 /** Rows [lo, hi) of `n` that data-parallel replica `d` of `dp` takes: contiguous, in order. */
 export function replicaRows(n: number, dp: number, d: number): [number, number] {
@@ -28,7 +34,11 @@ export function replicaRows(n: number, dp: number, d: number): [number, number] 
 }
 
 /** What a step minimises: the warm-up's cross-entropy, or a named loss over its per-token arrays. */
-type Objective = { kind: 'sft' } | { kind: 'loss'; fn: LossFn; spec: LossSpec; data: Record<string, Float32Array>; responseLen: number };
+type Objective =
+  | { kind: 'sft' }
+  | { kind: 'loss'; fn: LossFn; spec: LossSpec; data: Record<string, Float32Array>; responseLen: number }
+  /** Bradley–Terry on whole sequences: `items` pairs, every chosen row, then every rejected one. */
+  | { kind: 'preference'; items: number };
 
 export class GptRank {
   readonly coords: Coords;
@@ -306,6 +316,53 @@ export class GptRank {
     return { tokens, logprobs };
   }
 
+  /** A reward model's score of each whole sequence: the value head after its last token, [b] per replica (speaking ranks). */
+  async sequenceScores(group: string, tokens: Int32Array, batch: number): Promise<Float32Array> {
+    this.expect('value', 'sequence scores');
+    const T = tokens.length / batch;
+    const [lo, hi] = replicaRows(batch, this.layout.dp, this.coords.dp);
+    const { out } = await this.forwardStage(group, 'score', tokens.subarray(lo * T, hi * T), hi - lo, T, false);
+    if (!out) return new Float32Array(0);
+    const t = tf.tidy(() => lastValuesOf(out));
+    out.dispose();
+    const res = (t.dataSync() as Float32Array).slice();
+    t.dispose();
+    return this.speaks ? res : new Float32Array(0);
+  }
+
+  /**
+   * A reward model from preference pairs, by the Bradley–Terry loss −log σ(r(chosen) − r(rejected))
+   * over seeded mini-batches of pairs, with an optimizer of its own (as the warm-up has). Returns
+   * the first and last losses and the share of pairs ordered rightly after training.
+   */
+  async preference(group: string, chosen: Int32Array, rejected: Int32Array, batch: number, steps: number, minibatch: number, lr: number, seed: number) {
+    this.expect('value', 'preference training');
+    if (!this.optim) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
+    const width = chosen.length / batch;
+    const both = new Int32Array(chosen.length + rejected.length);
+    both.set(chosen, 0);
+    both.set(rejected, chosen.length);
+    const optimizer = new Adam(lr, this.optim.beta1, this.optim.beta2, this.optim.eps);
+    let first = 0;
+    let loss = 0;
+    for (let step = 0; step < steps; step++) {
+      await yieldToLoop();
+      const rows = new Rng(seedOf(seed, Stream.shuffle, step)).permutation(batch).slice(0, Math.min(minibatch, batch));
+      const st = await this.step(group, `pref/${step}`, { kind: 'preference', items: batch }, both, width, rows, 0, optimizer);
+      if (step === 0) first = st.loss;
+      loss = st.loss;
+    }
+    optimizer.dispose();
+    const scores = await this.sequenceScores(`${group}/acc`, both, 2 * batch);
+    let right = 0;
+    for (let b = 0; b < batch; b++) if (scores[b]! > scores[batch + b]!) right += 1;
+    return { loss, first_loss: first, accuracy: right / batch };
+  }
+
+  private expect(kind: GptSpec['kind'], what: string) {
+    if (this.spec.kind !== kind) throw new ShardError(`${what} needs a ${kind} model; this shard is a ${this.spec.kind} model`);
+  }
+
   /** Supervised steps on demonstrations, with a warm-up optimizer of its own. */
   async sft(group: string, tokens: Int32Array, batch: number, promptLen: number, steps: number, minibatch: number, lr: number, seed: number) {
     if (!this.optim) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
@@ -371,8 +428,8 @@ export class GptRank {
     const R = width - promptLen;
     // Replicas split the mini-batch's items; a loss over pairs takes both rows of each of its items.
     const [lo, hi] = replicaRows(rows.length, this.layout.dp, this.coords.dp);
-    const perItem = objective.kind === 'loss' ? objective.fn.rowsPerItem : 1;
-    const items = objective.kind === 'loss' ? objective.data[objective.fn.ports(objective.spec.params)[0]!]!.length / R / perItem : 0;
+    const perItem = objective.kind === 'loss' ? objective.fn.rowsPerItem : objective.kind === 'preference' ? 2 : 1;
+    const items = objective.kind === 'loss' ? objective.data[objective.fn.ports(objective.spec.params)[0]!]!.length / R / perItem : objective.kind === 'preference' ? objective.items : 0;
     const mine = perItem === 1 ? rows.slice(lo, hi) : itemRows(rows.slice(lo, hi), items, perItem);
     const b = mine.length;
     const share = (hi - lo) / rows.length; // this replica's part of the mini-batch mean
@@ -392,6 +449,11 @@ export class GptRank {
       const data = objective.kind === 'loss' ? Object.fromEntries(objective.fn.ports(objective.spec.params).map((port) => [port, tf.tensor2d(pickRows(objective.data[port]!, R, mine), [b, R])])) : {};
       const lossOf = (out: tf.Tensor): tf.Scalar => {
         if (objective.kind === 'sft') return tf.mul(tf.neg(tf.mean(logprobsOf(out, tokensT, promptLen, this.spec.vocab))), share) as tf.Scalar;
+        if (objective.kind === 'preference') {
+          const v = lastValuesOf(out); // [2n]: chosen, then rejected
+          const n = v.shape[0]! / 2;
+          return tf.mul(preferenceLoss(tf.slice(v, [0], [n]), tf.slice(v, [n], [n])), share) as tf.Scalar;
+        }
         return tf.mul(objective.fn.loss(this.predict(objective.fn, out, tokensT, promptLen), data, objective.spec.params), share) as tf.Scalar;
       };
       const headNames = ['lnf.g', 'lnf.b', 'head.w', 'head.b'];

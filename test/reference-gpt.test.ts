@@ -1,11 +1,12 @@
 import { describe, it, expect, beforeAll } from 'vitest';
-import { initBackend } from './backend.ts';
-import { WholeGpt, ShardError } from './whole.ts';
-import type { GptSpec } from './gpt.ts';
-import { demonstrations, makeTask } from '../device/task.ts';
-import { seedOf } from './rng.ts';
-import { modelDigest, type NamedTensor } from '../../mesh/wire/transfer.ts';
-import type { LossSpec, Optim } from '../../mesh/wire/protocol.ts';
+import { initBackend } from '../engine/model/backend.ts';
+import { ShardError } from '../engine/model/steps.ts';
+import { ReferenceGpt } from './reference-gpt.ts';
+import type { GptSpec } from '../engine/model/gpt.ts';
+import { demonstrations, makeTask } from '../engine/device/task.ts';
+import { seedOf } from '../engine/model/rng.ts';
+import { modelDigest, type NamedTensor } from '../mesh/wire/transfer.ts';
+import type { LossSpec, Optim } from '../mesh/wire/protocol.ts';
 
 const policy: GptSpec = { kind: 'policy', vocab: 5, context: 6, layers: 1, width: 8, heads: 2 };
 const value: GptSpec = { ...policy, kind: 'value' };
@@ -19,18 +20,18 @@ beforeAll(async () => {
   await initBackend('cpu');
 });
 
-const digest = (s: WholeGpt) => modelDigest(s.exportTensors());
+const digest = (s: ReferenceGpt) => modelDigest(s.exportTensors());
 /** Copies, so that later changes to a shard cannot reach what a test holds. */
-const snapshot = (s: WholeGpt): NamedTensor[] => s.exportTensors().map((t) => ({ ...t, shape: [...t.shape], data: t.data.slice() }));
+const snapshot = (s: ReferenceGpt): NamedTensor[] => s.exportTensors().map((t) => ({ ...t, shape: [...t.shape], data: t.data.slice() }));
 /** Runs `fn` so that a synchronous throw and a rejection look the same (sync or async methods). */
 const attempt = (fn: () => unknown): Promise<unknown> => (async () => fn())();
 const seedsFor = (base: number, n: number) => Uint32Array.from({ length: n }, (_, i) => seedOf(base, 3, 0, i));
 
-describe('WholeGpt construction and export', () => {
+describe('ReferenceGpt construction and export', () => {
   it('starts from initialWeights(seed): same seed, same digest', () => {
-    const a = new WholeGpt(policy, 11);
-    const b = new WholeGpt(policy, 11, optim);
-    const c = new WholeGpt(policy, 12);
+    const a = new ReferenceGpt(policy, 11);
+    const b = new ReferenceGpt(policy, 11, optim);
+    const c = new ReferenceGpt(policy, 12);
     expect(digest(a)).toBe(digest(b));
     expect(digest(a)).not.toBe(digest(c));
     expect(a.trainable).toBe(false);
@@ -42,7 +43,7 @@ describe('WholeGpt construction and export', () => {
 
 describe('sft', () => {
   it('lowers the loss on a trivial copy task', async () => {
-    const shard = new WholeGpt(policy, 1, optim);
+    const shard = new ReferenceGpt(policy, 1, optim);
     const demos = demonstrations(task, 1, 32); // 32 rows of 5 tokens
     const { loss, first_loss } = await shard.sft(demos, 32, task.promptLen, 40, 16, 1e-2, 0);
     // an untrained model is near uniform over 5 tokens: cross-entropy ≈ ln 5 = 1.609
@@ -53,7 +54,7 @@ describe('sft', () => {
   });
 
   it('is refused without an optimizer, and changes nothing', async () => {
-    const shard = new WholeGpt(policy, 1);
+    const shard = new ReferenceGpt(policy, 1);
     const before = digest(shard);
     await expect(attempt(() => shard.sft(demonstrations(task, 1, 4), 4, 3, 1, 4, 1e-2, 0))).rejects.toThrow(ShardError);
     expect(digest(shard)).toBe(before);
@@ -66,7 +67,7 @@ describe('generate', () => {
   const prompts = task.prompts(3, 0, batch); // [8, 3]
 
   it('keeps the prompts, samples in-vocabulary tokens, and returns their log-probs', async () => {
-    const shard = new WholeGpt(policy, 2);
+    const shard = new ReferenceGpt(policy, 2);
     const { tokens, logprobs } = await shard.generate(prompts, batch, 3, 3, seedsFor(1, batch), 1);
     expect(tokens).toBeInstanceOf(Int32Array);
     expect(tokens.length).toBe(batch * 6);
@@ -85,7 +86,7 @@ describe('generate', () => {
   });
 
   it('the same seeds give identical tokens; different seeds give different tokens', async () => {
-    const shard = new WholeGpt(policy, 2);
+    const shard = new ReferenceGpt(policy, 2);
     const a = (await shard.generate(prompts, batch, 3, 3, seedsFor(1, batch), 1)).tokens;
     const b = (await shard.generate(prompts, batch, 3, 3, seedsFor(1, batch), 1)).tokens;
     const c = (await shard.generate(prompts, batch, 3, 3, seedsFor(2, batch), 1)).tokens;
@@ -93,14 +94,14 @@ describe('generate', () => {
     // 24 near-uniform draws over 5 tokens: all equal by chance has probability ≈ 0.2^24
     expect(c).not.toEqual(a);
     // another shard with the same weights samples the same tokens (no hidden state)
-    const other = new WholeGpt(policy, 2);
+    const other = new ReferenceGpt(policy, 2);
     expect((await other.generate(prompts, batch, 3, 3, seedsFor(1, batch), 1)).tokens).toEqual(a);
     shard.dispose();
     other.dispose();
   });
 
   it('row b depends only on its own seed', async () => {
-    const shard = new WholeGpt(policy, 2);
+    const shard = new ReferenceGpt(policy, 2);
     const seeds = seedsFor(1, batch);
     const a = (await shard.generate(prompts, batch, 3, 3, seeds, 1)).tokens;
     const changed = seeds.slice();
@@ -114,7 +115,7 @@ describe('generate', () => {
   });
 
   it('is a policy call: a value shard refuses it', async () => {
-    const shard = new WholeGpt(value, 2);
+    const shard = new ReferenceGpt(value, 2);
     const run = () => attempt(() => shard.generate(prompts, batch, 3, 3, seedsFor(1, batch), 1));
     await expect(run()).rejects.toThrow(ShardError);
     await expect(run()).rejects.toThrow('generate needs a policy model; this shard is a value model');
@@ -124,8 +125,8 @@ describe('generate', () => {
 
 describe('importTensors', () => {
   it('copies another shard’s weights (digests then agree)', () => {
-    const a = new WholeGpt(policy, 1);
-    const b = new WholeGpt(policy, 2);
+    const a = new ReferenceGpt(policy, 1);
+    const b = new ReferenceGpt(policy, 2);
     b.importTensors(snapshot(a));
     expect(digest(b)).toBe(digest(a));
     a.dispose();
@@ -133,8 +134,8 @@ describe('importTensors', () => {
   });
 
   it('a subset (the body) leaves the rest alone', () => {
-    const p = new WholeGpt(policy, 1);
-    const v = new WholeGpt(value, 2);
+    const p = new ReferenceGpt(policy, 1);
+    const v = new ReferenceGpt(value, 2);
     const headBefore = v
       .exportTensors()
       .filter((t) => t.name.startsWith('head.'))
@@ -148,8 +149,8 @@ describe('importTensors', () => {
   });
 
   it('a wrong shape throws and changes nothing, even after valid tensors in the same set', () => {
-    const a = new WholeGpt(policy, 1);
-    const b = new WholeGpt(policy, 2);
+    const a = new ReferenceGpt(policy, 1);
+    const b = new ReferenceGpt(policy, 2);
     const before = digest(b);
     const bad = snapshot(a).map((t) => (t.name === 'head.w' ? { ...t, shape: [5, 8] } : t)); // [8, 5] expected
     expect(() => b.importTensors(bad)).toThrow(ShardError);
@@ -160,8 +161,8 @@ describe('importTensors', () => {
   });
 
   it('an unknown name throws and changes nothing', () => {
-    const a = new WholeGpt(policy, 1);
-    const v = new WholeGpt(value, 2);
+    const a = new ReferenceGpt(policy, 1);
+    const v = new ReferenceGpt(value, 2);
     const before = digest(v);
     const set = [...snapshot(a).slice(0, 3), { name: 'h9.attn.wq', shape: [8, 8], data: new Float32Array(64) }];
     expect(() => v.importTensors(set)).toThrow("no parameter 'h9.attn.wq' in a value model");
@@ -173,8 +174,8 @@ describe('importTensors', () => {
   it('a tensor whose data does not fill its shape throws and changes nothing', () => {
     // "Shapes are checked first, so a bad set changes nothing": a set whose first tensor is
     // valid and whose second has the right shape but too few values must leave the shard as it was.
-    const a = new WholeGpt(policy, 1);
-    const b = new WholeGpt(policy, 2);
+    const a = new ReferenceGpt(policy, 1);
+    const b = new ReferenceGpt(policy, 2);
     const before = digest(b);
     const good = snapshot(a);
     const bad = [good[0]!, { ...good[1]!, data: good[1]!.data.subarray(0, 10) }]; // wpe [6, 8] needs 48 values
@@ -187,7 +188,7 @@ describe('importTensors', () => {
 
 describe('train', () => {
   /** A rollout of 8 rows from the policy itself, with made-up advantages. */
-  async function rollout(shard: WholeGpt) {
+  async function rollout(shard: ReferenceGpt) {
     const batch = 8;
     const { tokens, logprobs } = await shard.generate(task.prompts(5, 0, batch), batch, 3, 2, seedsFor(9, batch), 1);
     const advantages = Float32Array.from({ length: batch * 2 }, (_, i) => (i % 3) - 1);
@@ -196,7 +197,7 @@ describe('train', () => {
 
   it('a policy with an optimizer changes its parameters, reproducibly', async () => {
     const run = async () => {
-      const shard = new WholeGpt(policy, 3, optim);
+      const shard = new ReferenceGpt(policy, 3, optim);
       const before = digest(shard);
       const r = await rollout(shard);
       const stats = await shard.train(r.tokens, r.batch, 3, 2, clipPolicy, { old: r.logprobs, advantages: r.advantages }, 2, 2, 17);
@@ -219,7 +220,7 @@ describe('train', () => {
     // ratio is 1 everywhere, so it is −mean(A) and clipfrac is 0.
     // A = [(i mod 3) − 1] for i = 0..15 = [−1, 0, 1, −1, 0, 1, …, −1]: five full cycles sum to 0,
     // plus A_15 = −1 → sum −1 → −mean = 1/16 = 0.0625
-    const shard = new WholeGpt(policy, 3, optim);
+    const shard = new ReferenceGpt(policy, 3, optim);
     const r = await rollout(shard);
     const stats = await shard.train(r.tokens, r.batch, 3, 2, clipPolicy, { old: r.logprobs, advantages: r.advantages }, 1, 1, 1);
     expect(stats.loss).toBeCloseTo(0.0625, 5);
@@ -228,8 +229,8 @@ describe('train', () => {
   });
 
   it('a value model with an optimizer changes its parameters', async () => {
-    const p = new WholeGpt(policy, 3);
-    const v = new WholeGpt(value, 3, optim);
+    const p = new ReferenceGpt(policy, 3);
+    const v = new ReferenceGpt(value, 3, optim);
     const r = await rollout(p);
     const before = digest(v);
     const old = v.values(r.tokens, r.batch, 3);
@@ -243,8 +244,8 @@ describe('train', () => {
   });
 
   it('a loss for the other head is refused with a ShardError, and changes nothing', async () => {
-    const p = new WholeGpt(policy, 3, optim);
-    const v = new WholeGpt(value, 3, optim);
+    const p = new ReferenceGpt(policy, 3, optim);
+    const v = new ReferenceGpt(value, 3, optim);
     const r = await rollout(p);
     const [pBefore, vBefore] = [digest(p), digest(v)];
     const zeros = new Float32Array(r.batch * 2);
@@ -260,7 +261,7 @@ describe('train', () => {
   it('dpo at the reference, one mini-batch of every pair: loss ln 2, and the parameters move', async () => {
     // ref = the policy's own log-probs, so every h = Σ(logp − ref) is 0 before the step and the
     // loss is softplus(0) = ln 2 = 0.6931472. Rows 0..3 are the chosen halves, 4..7 the rejected.
-    const shard = new WholeGpt(policy, 3, optim);
+    const shard = new ReferenceGpt(policy, 3, optim);
     const r = await rollout(shard);
     const before = digest(shard);
     const ref = shard.logprobs(r.tokens, r.batch, 3);
@@ -272,7 +273,7 @@ describe('train', () => {
   });
 
   it('a shard built without an optimizer refuses train with a ShardError and changes nothing', async () => {
-    const shard = new WholeGpt(policy, 3);
+    const shard = new ReferenceGpt(policy, 3);
     const r = await rollout(shard);
     const before = digest(shard);
     const run = () => attempt(() => shard.train(r.tokens, r.batch, 3, 2, clipPolicy, { old: r.logprobs, advantages: r.advantages }, 2, 2, 1));

@@ -1,38 +1,36 @@
-// WholeGpt: a whole model on one device (a layout of one rank): its weights as TensorFlow.js variables, and (on the training
-// layout only) its optimizer. Every method is deterministic given its inputs and seeds.
+// The reference the model's programs are checked against: the whole GPT on one device, trained
+// by TensorFlow.js's automatic differentiation (no layer-by-layer backward, no collectives). ferry
+// runs GptRank everywhere, a one-device layout being its one-rank case; this class exists so that
+// tests can compare GptRank, on every layout, with an independent computation of the same math.
 import * as tf from '@tensorflow/tfjs';
-import type { NamedTensor } from '../../mesh/wire/index.ts';
-import type { LossSpec, Optim } from '../../mesh/wire/index.ts';
-import { forward, initialWeights, lastValues, parameterShapes, responseLogprobs, responseValues, type GptSpec, type Weights } from './gpt.ts';
-import { Adam, type AdamState } from './adam.ts';
-import { itemRows, lossOf, preferenceLoss, type LossFn } from './losses.ts';
-import { Rng, Stream, argmax, seedOf, sampleToken } from './rng.ts';
-
-export class ShardError extends Error {
-  override name = 'ShardError';
-}
-
-export interface TrainStats {
-  loss: number;
-  /** Fraction of tokens whose ratio (policy) or value change (value model) was clipped, last epoch. */
-  clipfrac: number;
-  gradNorm: number;
-}
-
-/**
- * Lets the event loop run between steps: a long call must not silence the device's heartbeats
- * or keep it from answering "busy" to other callers.
- */
-export const yieldToLoop = () => new Promise<void>((resolve) => setImmediate(resolve));
-
-/**
- * A tensor's values as an array the caller owns. The cpu backend's dataSync() hands out the
- * tensor's own storage; the others already return a fresh copy, which is not copied again.
- */
-export function ownCopy(t: tf.Tensor): Float32Array {
-  const data = t.dataSync() as Float32Array;
-  return tf.getBackend() === 'cpu' ? data.slice() : data;
-}
+import type { LossSpec, NamedTensor, Optim } from '../mesh/wire/index.ts';
+import {
+  Adam,
+  argmax,
+  forward,
+  initialWeights,
+  itemRows,
+  lastValues,
+  lossOf,
+  parameterShapes,
+  pickRows,
+  preferenceLoss,
+  responseLogprobs,
+  responseValues,
+  Rng,
+  sampleToken,
+  seedOf,
+  ShardError,
+  Stream,
+  trainEpochs,
+  yieldToLoop,
+  ownCopy,
+  type AdamState,
+  type GptSpec,
+  type LossFn,
+  type TrainStats,
+  type Weights,
+} from '../engine/model/index.ts';
 
 /** A trainable variable holding `t`; the temporary tensor it was made from is freed. */
 function toVariable(t: NamedTensor, name: string): tf.Variable {
@@ -42,44 +40,10 @@ function toVariable(t: NamedTensor, name: string): tf.Variable {
   return v;
 }
 
-/**
- * Epochs over seeded mini-batches of `batch` items, the same items in the same order wherever the
- * model lives: `step` trains on one mini-batch and returns its mean loss, its clipped-token count
- * and the gradient norm. Returns the last epoch's mean loss, clip fraction and norm.
- */
-export async function trainEpochs(
-  batch: number,
-  responseLen: number,
-  epochs: number,
-  minibatches: number,
-  seed: number,
-  step: (rows: number[], tag: string) => Promise<{ loss: number; clipped: number; gradNorm: number }>,
-): Promise<TrainStats> {
-  const size = Math.ceil(batch / minibatches);
-  let stats: TrainStats = { loss: 0, clipfrac: 0, gradNorm: 0 };
-  for (let epoch = 0; epoch < epochs; epoch++) {
-    const order = new Rng(seedOf(seed, Stream.shuffle, epoch)).permutation(batch);
-    let lossSum = 0;
-    let clipped = 0;
-    let norm = 0;
-    for (let m = 0; m < minibatches; m++) {
-      const rows = order.slice(m * size, (m + 1) * size);
-      if (rows.length === 0) continue;
-      await yieldToLoop();
-      const st = await step(rows, `e${epoch}/m${m}`);
-      lossSum += st.loss * rows.length;
-      clipped += st.clipped;
-      norm = st.gradNorm;
-    }
-    stats = { loss: lossSum / batch, clipfrac: clipped / (batch * responseLen), gradNorm: norm };
-  }
-  return stats;
-}
-
 /** tfjs registers variables by a process-wide name, so every shard gets its own prefix. */
 let shardCount = 0;
 
-export class WholeGpt {
+export class ReferenceGpt {
   private readonly vars: Map<string, tf.Variable>;
   private optimizer: Adam | undefined;
   private optim: Optim | undefined;
@@ -359,11 +323,4 @@ export class WholeGpt {
   private input(tokens: Int32Array, batch: number): tf.Tensor2D {
     return tf.tensor2d(tokens, [batch, tokens.length / batch], 'int32');
   }
-}
-
-/** Rows `rows` of a row-major array of rows `width` long, gathered in that order. */
-export function pickRows<T extends Int32Array | Float32Array>(data: T, width: number, rows: readonly number[]): T {
-  const out = new (data.constructor as { new (n: number): T })(rows.length * width);
-  rows.forEach((r, i) => out.set(data.subarray(r * width, (r + 1) * width), i * width));
-  return out;
 }
