@@ -41,6 +41,8 @@ export interface CallSpan {
   device_ms: number;
   replied: number;
   ok: boolean;
+  /** The collective group of a mesh call; it names the graph's call (`g<epoch>-<iteration>-[<call>]-<n>`). */
+  group?: string;
 }
 
 export class BusDispatcher implements Dispatcher {
@@ -88,7 +90,8 @@ export class BusDispatcher implements Dispatcher {
         let reply: Reply;
         const t0 = performance.now();
         const sent = Date.now();
-        const span = (ok: boolean, ms = 0) => this.options.onSpan?.({ device, model, fn: body.fn, iteration, epoch: this.epoch, sent, device_ms: ms, replied: Date.now(), ok });
+        const span = (ok: boolean, ms = 0) =>
+          this.options.onSpan?.({ device, model, fn: body.fn, iteration, epoch: this.epoch, sent, device_ms: ms, replied: Date.now(), ok, ...(group ? { group } : {}) });
         try {
           reply = await request(this.nc, this.subj.call(device), { type: 'call', v: PROTOCOL_VERSION, id, model, iteration, epoch, ...(group ? { group } : {}), body }, Reply, this.callTimeoutMs);
         } catch (cause) {

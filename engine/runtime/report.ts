@@ -19,6 +19,13 @@ export interface CallRecord {
   device_ms: number;
   replied: number;
   ok: boolean;
+  /** The collective group, which names the algorithm's call when the call was one of its graph's. */
+  group?: string;
+}
+
+/** The graph's call a recorded call was part of (`actor.generate_greedy`), if it was one. */
+export function graphCallOf(c: Pick<CallRecord, 'group'>): string | undefined {
+  return c.group?.match(/-\[([^\]]+)\]-\d+$/)?.[1];
 }
 
 export interface RecoveryRecord {
@@ -221,7 +228,7 @@ function measuredSection(r: ReportInput): string {
       end: (c.replied - t0) / 1000,
       color: KIND_COLORS[kind],
       failed: !c.ok,
-      title: `${c.fn} of ${c.model}, iteration ${c.iteration}, device ${c.device}: ${(c.device_ms / 1000).toFixed(3)} s on the device, ${((c.replied - c.sent) / 1000).toFixed(3)} s round trip${c.ok ? '' : ' (failed)'}`,
+      title: `${graphCallOf(c) ? `${graphCallOf(c)}: ` : ''}${c.fn} of ${c.model}, iteration ${c.iteration}, device ${c.device}: ${(c.device_ms / 1000).toFixed(3)} s on the device, ${((c.replied - c.sent) / 1000).toFixed(3)} s round trip${c.ok ? '' : ' (failed)'}`,
     };
   });
   const bands: Bar[] = (r.recoveries ?? []).map((x) => ({ row: 0, start: (x.start - t0) / 1000, end: (x.end - t0) / 1000, color: KIND_COLORS.recovery, title: `recovery ${x.epoch}: ${x.reason}` }));

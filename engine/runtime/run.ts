@@ -76,9 +76,11 @@ export async function callMesh<F extends 'generate' | 'inference' | 'train' | 's
   model: string,
   iteration: number,
   body: CallOf<F>,
+  /** The graph's call this is (it names the group, so the timeline can show it). */
+  call?: CallName,
 ): Promise<ResultOf<F>> {
   const fn = (body as CallBody).fn;
-  const group = `g${d.epoch}-${iteration < 0 ? 'setup' : iteration}-${model.replace('@', '-')}-${fn}-${groups++}`;
+  const group = `g${d.epoch}-${iteration < 0 ? 'setup' : iteration}-${call === undefined ? `${model.replace('@', '-')}-${fn}` : `[${call}]`}-${groups++}`;
   const outs = (await Promise.all(layout.devices.map((device) => d.call(device, model, iteration, body, group)))) as Array<Record<string, unknown>>;
   if (outs.length === 1) return outs[0] as ResultOf<F>;
   if (fn === 'manifest') {
@@ -416,7 +418,7 @@ async function rewardScores(
   const items = actors.length ? rewardItems(r, iteration, tokens) : [];
   const [rule, ...fromActors] = await Promise.all([
     weight > 0 && !learned
-      ? callMesh(d, layoutOf(r, call.name), call.model, iteration, { fn: 'inference', tokens, batch: rows, promptLen: r.task.promptLen, responseLen: r.task.responseLen })
+      ? callMesh(d, layoutOf(r, call.name), call.model, iteration, { fn: 'inference', tokens, batch: rows, promptLen: r.task.promptLen, responseLen: r.task.responseLen }, call.name)
       : Promise.resolve(undefined),
     ...actors.map((a) => sources!.score(a.name, iteration, items)),
   ]);
@@ -505,16 +507,23 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
       const rows = prompts.length / task.promptLen;
       const seeds = Uint32Array.from({ length: rows }, (_, i) => seedOf(s.seed, Stream.sample, iteration, i));
       const out = await onLayout(d, r, c.name, iteration, (name) =>
-        callMesh(d, layoutOf(r, c.name), name, iteration, {
-          fn: 'generate',
-          prompts,
-          batch: rows,
-          promptLen: task.promptLen,
-          responseLen: task.responseLen,
-          seeds,
-          temperature: s.rl.temperature,
-          ...(c.greedy ? { greedy: true } : {}),
-        }),
+        callMesh(
+          d,
+          layoutOf(r, c.name),
+          name,
+          iteration,
+          {
+            fn: 'generate',
+            prompts,
+            batch: rows,
+            promptLen: task.promptLen,
+            responseLen: task.responseLen,
+            seeds,
+            temperature: s.rl.temperature,
+            ...(c.greedy ? { greedy: true } : {}),
+          },
+          c.name,
+        ),
       );
       if (out.moved) moved.push(out.moved);
       generated += rows * task.responseLen;
@@ -527,7 +536,7 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
         callSources.set(c.name, out.sources);
         return { scores: out.scores };
       }
-      const out = await onLayout(d, r, c.name, iteration, (name) => callMesh(d, layoutOf(r, c.name), name, iteration, { fn: 'inference', ...batchOf(tokens) }));
+      const out = await onLayout(d, r, c.name, iteration, (name) => callMesh(d, layoutOf(r, c.name), name, iteration, { fn: 'inference', ...batchOf(tokens) }, c.name));
       if (out.moved) moved.push(out.moved);
       const key = declOf(r, c.model).head === 'policy' ? 'logprobs' : 'values';
       return { [key]: pick(out, key, c.name) };
@@ -537,15 +546,22 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
         .filter(([p]) => p !== 'tokens')
         .map(([p, f]) => [p, inputs[f] as Float32Array]),
     );
-    const out = await callMesh(d, layoutOf(r, c.name), c.model, iteration, {
-      fn: 'train',
-      ...batchOf(port('tokens') as Int32Array),
-      seed: seedOf(s.seed, Stream.shuffle, iteration, trainIndex.get(c.name)!),
-      epochs: s.rl.epochs,
-      minibatches: s.rl.minibatches,
-      loss: c.loss,
-      data,
-    });
+    const out = await callMesh(
+      d,
+      layoutOf(r, c.name),
+      c.model,
+      iteration,
+      {
+        fn: 'train',
+        ...batchOf(port('tokens') as Int32Array),
+        seed: seedOf(s.seed, Stream.shuffle, iteration, trainIndex.get(c.name)!),
+        epochs: s.rl.epochs,
+        minibatches: s.rl.minibatches,
+        loss: c.loss,
+        data,
+      },
+      c.name,
+    );
     return { loss: out.loss, clipfrac: out.clipfrac, grad_norm: out.grad_norm };
   };
   const fields = await runGraph(r.graph, sourceOf(r, iteration), async (node, inputs) => {
