@@ -346,7 +346,7 @@ export const supervisorMachine = setup({
       },
     },
     settingUp: {
-      entry: { type: 'phase', params: { phase: 'setup', detail: 'loading models, warm-up, copying the reference and critic' } },
+      entry: { type: 'phase', params: { phase: 'setup', detail: 'loading models, warm-up, copying the models that start from another' } },
       on: RECOVER_ON_LOSS,
       invoke: {
         src: 'setupModels',
