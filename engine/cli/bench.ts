@@ -23,6 +23,7 @@ import type { DeviceProfile } from '../runtime/index.ts';
 import { LOCAL_PROFILE, loadLocalProfile } from '../runtime/index.ts';
 import { estimatorBench, PLANS, searchBench } from './bench-estimator.ts';
 import { reallocBench } from './bench-realloc.ts';
+import { computeBench } from './bench-compute.ts';
 import { runChaos } from './chaos-run.ts';
 import { profileLocal } from './profile.ts';
 import { launch } from './launch.ts';
@@ -35,6 +36,8 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
   chaos [--kills N] [--seed S] [--iterations N] [--scenario FILE]
                                                 the soak: N random kills (10% hangs) of every actor kind,
                                                 against the clean run (default 50 kills, scenarios/chaos.yaml)
+  compute [--repeats N]                         GFLOP/s of a plain matrix product (the reference), and of a 4-layer, width-256
+                                                model's forward pass and training step on one device and on tp=2, as shares of it
   algorithms [--iterations N]                   every algorithm's scenario (quickstart for ppo, scenarios/algorithms/
                                                 for the others) over NATS: s/iteration, tokens/s, reward first 5 -> last 5`;
 
@@ -121,7 +124,8 @@ runMain(async () => {
   if (name === 'search') return searchPlans(values);
   if (name === 'chaos') return chaosSoak(values);
   if (name === 'algorithms') return algorithmsBench(values);
-  if (name !== 'iteration') throw new UsageError(`unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, search, chaos, algorithms\n${USAGE}`);
+  if (name === 'compute') return compute(values);
+  if (name !== 'iteration') throw new UsageError(`unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, search, chaos, algorithms, compute\n${USAGE}`);
   let scenario = await loadScenarioFile(values.scenario ?? 'scenarios/quickstart.yaml');
   if (values.iterations !== undefined) {
     const n = Number(values.iterations);
@@ -185,6 +189,16 @@ async function algorithmsBench(values: { json?: boolean; iterations?: string }):
   }
   if (values.json) console.log(JSON.stringify({ algorithms: out }));
   return failed ? 1 : 0;
+}
+
+/** The compute benchmark (bench-compute.ts) on the backend the scenarios would use. */
+async function compute(values: { json?: boolean; repeats?: string }): Promise<number> {
+  const log = values.json ? () => {} : (line: string) => console.log(line);
+  const backend = await initBackend('auto');
+  log(`bench compute on ${backend}: a plain matrix product, then the model's forward pass and training step`);
+  const r = await computeBench({ layers: 4, width: 256, heads: 4, vocab: 256, batch: 16, tokens: 128, repeats: whole('repeats', values.repeats, 1), log });
+  if (values.json) console.log(JSON.stringify(r));
+  return 0;
 }
 
 /** The chaos soak: many random kills over a run that reallocates every iteration. */
