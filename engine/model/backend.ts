@@ -1,6 +1,7 @@
 // Picks the TensorFlow.js backend. `node-gpu` and `node` are optional peer dependencies (their
 // install downloads libtensorflow, which fails without internet), so they are loaded only if a
 // user has installed them; `wasm` is the default that always works; `cpu` is the pure-JS fallback.
+import { installWasmKernels } from './wasm-kernels.ts';
 
 export const BACKENDS = ['auto', 'wasm', 'cpu', 'node', 'node-gpu'] as const;
 export type BackendChoice = (typeof BACKENDS)[number];
@@ -27,7 +28,9 @@ async function tryBackend(tf: Tf, name: Exclude<BackendChoice, 'auto'>, threads:
     const wasm = await import('@tensorflow/tfjs-backend-wasm');
     // One thread: several workers share the cores, and a fixed thread count keeps results fixed.
     wasm.setThreadsCount(threads);
-    return (await tf.setBackend('wasm')) ? 'wasm' : undefined;
+    if (!(await tf.setBackend('wasm'))) return undefined;
+    installWasmKernels();
+    return 'wasm';
   }
   return (await tf.setBackend('cpu')) ? 'cpu' : undefined;
 }

@@ -4,9 +4,9 @@
 // and gradients back between stages, partial sums are all-reduced inside a tensor group, and
 // gradients are all-reduced across data-parallel replicas — all through Comm, over the bus.
 //
-// Backward runs layer by layer with vector–Jacobian products of small segments (tf.grads with an
-// upstream gradient), recomputing each segment from its saved input. Every sum across ranks runs
-// in rank order, so repeated runs are bit-identical.
+// Backward runs layer by layer through the written-out backward passes of blocks.ts, from what the
+// forward pass of a training step kept; automatic differentiation is left only the loss on the
+// head's output. Every sum across ranks runs in rank order, so repeated runs are bit-identical.
 import * as tf from '@tensorflow/tfjs';
 import { rankCoords, rankOf, shardSlices, sliceShape, stageBounds, type Coords, type Layout, type Slice } from '../../mesh/parallel/index.ts';
 import type { LossSpec, Optim } from '../../mesh/wire/index.ts';
@@ -14,13 +14,42 @@ import { cut } from '../../mesh/parallel/index.ts';
 import type { NamedTensor } from '../../mesh/wire/index.ts';
 import type { Comm } from '../../mesh/parallel/index.ts';
 import { itemRows, lossOf, preferenceLoss, type LossFn } from './losses.ts';
-import { attnPartial, causalMask, embed, headOut, initialParameter, layerNorm, logprobsOf, mlpPartial, valuesOf, type AttnWeights } from './gpt.ts';
+import { causalMask, initialParameter, logprobsOf, valuesOf } from './gpt.ts';
+import {
+  attention,
+  attentionBackward,
+  embedBackward,
+  embedRows,
+  layerNorm,
+  layerNormBackward,
+  linear,
+  linearBackward,
+  mlp,
+  mlpBackward,
+  sumRows,
+  type AttnCache,
+  type AttnWeights,
+  type MlpCache,
+  type NormCache,
+} from './blocks.ts';
 import { modelInfo, parameterShapes, type GptSpec } from './params.ts';
 import { Rng, Stream, argmax, sampleToken, seedOf } from './rng.ts';
 import { Adam, type AdamState } from './adam.ts';
 import { ShardError, ownCopy, pickRows, trainEpochs, yieldToLoop, type TrainStats } from './steps.ts';
 
 let shardCount = 0;
+
+/** What one layer's backward pass reads, kept by the forward pass of a training step. */
+interface LayerCache {
+  ln1: NormCache;
+  attn: AttnCache;
+  ln2: NormCache;
+  mlp: MlpCache;
+}
+
+function disposeLayerCache(c: LayerCache): void {
+  tf.dispose([...Object.values(c.ln1), ...Object.values(c.attn), ...Object.values(c.ln2), ...Object.values(c.mlp)]);
+}
 
 /** The value head after each row's last token, from a head output [b, T, 1]: [b]. */
 function lastValuesOf(out: tf.Tensor): tf.Tensor1D {
@@ -197,58 +226,50 @@ export class GptRank {
 
   /**
    * This stage's part of a forward pass over `tokens` [b, T] (this replica's rows). Returns the
-   * head output on the last stage (undefined elsewhere, after sending the activations on), and
-   * with `keep`, each layer's saved inputs for the backward pass.
+   * head output [b, T, V or 1] on the last stage (undefined elsewhere, after sending the
+   * activations on), and with `keep`, what each layer's and the head's backward passes read.
    */
   private async forwardStage(group: string, tag: string, tokens: Int32Array, b: number, T: number, keep: boolean) {
     const D = this.spec.width;
-    const saved: Array<{ x: tf.Tensor; h1: tf.Tensor; x1: tf.Tensor; h2: tf.Tensor }> = [];
-    let x: tf.Tensor;
+    const saved: LayerCache[] = [];
+    let x: tf.Tensor; // the residual stream as rows, [b·T, D]
     let tokensT: tf.Tensor2D | undefined;
     if (this.first) {
       tokensT = tf.tensor2d(tokens, [b, T], 'int32');
-      x = tf.tidy(() => embed(tokensT!, this.w('wte'), this.w('wpe'), this.spec.vocab));
+      x = embedRows(tokensT, this.w('wte'), this.w('wpe'));
     } else {
-      x = await this.recvTensor(group, this.prev!, `${tag}/act`, [b, T, D]);
+      x = await this.recvTensor(group, this.prev!, `${tag}/act`, [b * T, D]);
     }
-    const x0 = keep && this.first ? x : undefined;
     const mask = causalMask(T);
     for (const l of this.layers) {
-      const h1 = tf.tidy(() => layerNorm(x, this.w(`h${l}.ln1.g`), this.w(`h${l}.ln1.b`)));
-      const a = await this.allReduceTp(
-        group,
-        `${tag}/l${l}/attn`,
-        tf.tidy(() => attnPartial(h1, this.attn(l), this.localHeads, mask)),
-      );
-      const x1 = tf.tidy(() => tf.add(tf.add(x, a), this.w(`h${l}.attn.bo`)));
-      a.dispose();
-      const h2 = tf.tidy(() => layerNorm(x1, this.w(`h${l}.ln2.g`), this.w(`h${l}.ln2.b`)));
-      const m = await this.allReduceTp(
-        group,
-        `${tag}/l${l}/mlp`,
-        tf.tidy(() => mlpPartial(h2, this.w(`h${l}.mlp.w1`), this.w(`h${l}.mlp.b1`), this.w(`h${l}.mlp.w2`))),
-      );
-      const x2 = tf.tidy(() => tf.add(tf.add(x1, m), this.w(`h${l}.mlp.b2`)));
-      m.dispose();
-      if (keep) saved.push({ x, h1, x1, h2 });
-      else tf.dispose([x, h1, x1, h2]);
-      x = x2;
+      const W = (n: string) => this.w(`h${l}.${n}`);
+      const n1 = layerNorm(x, W('ln1.g'), W('ln1.b'), keep);
+      const at = attention(n1.y, this.attn(l), b, T, this.localHeads, mask, keep);
+      const a = await this.allReduceTp(group, `${tag}/l${l}/attn`, at.out);
+      const x1 = tf.tidy(() => tf.add(tf.add(x, a), W('attn.bo')));
+      tf.dispose([a, n1.y, x]); // the norm's cache is all its backward pass reads
+      const n2 = layerNorm(x1, W('ln2.g'), W('ln2.b'), keep);
+      const mm = mlp(n2.y, W('mlp.w1'), W('mlp.b1'), W('mlp.w2'), keep);
+      const m = await this.allReduceTp(group, `${tag}/l${l}/mlp`, mm.out);
+      x = tf.tidy(() => tf.add(tf.add(x1, m), W('mlp.b2')));
+      tf.dispose([m, n2.y, x1]);
+      if (keep) saved.push({ ln1: n1.cache!, attn: at.cache!, ln2: n2.cache!, mlp: mm.cache! });
     }
     mask.dispose();
+    if (!keep && tokensT) {
+      tokensT.dispose();
+      tokensT = undefined;
+    }
     if (!this.last) {
       this.sendTensor(group, this.next!, `${tag}/act`, x);
-      if (!keep) {
-        x.dispose();
-        tokensT?.dispose();
-      }
-      return { out: undefined, saved, top: keep ? x : undefined, x0, tokensT };
-    }
-    const out = tf.tidy(() => headOut(x, this.w('lnf.g'), this.w('lnf.b'), this.w('head.w'), this.w('head.b')));
-    if (!keep) {
       x.dispose();
-      tokensT?.dispose();
+      return { out: undefined, saved, head: undefined, tokensT };
     }
-    return { out, saved, top: keep ? x : undefined, x0, tokensT };
+    const n = layerNorm(x, this.w('lnf.g'), this.w('lnf.b'), keep);
+    x.dispose();
+    const out = tf.tidy(() => tf.reshape(linear(n.y, this.w('head.w'), this.w('head.b')), [b, T, this.w('head.w').shape[1]!]));
+    if (!keep) n.y.dispose();
+    return { out, saved, head: keep ? { ln: n.cache!, y: n.y } : undefined, tokensT };
   }
 
   // ---- calls ------------------------------------------------------------------------------------
@@ -443,7 +464,7 @@ export class GptRank {
     };
     let loss = 0;
     let clipped = 0;
-    let dx: tf.Tensor;
+    let dx: tf.Tensor; // the gradient of the residual stream, rows [b·width, D]
     if (this.last) {
       const tokensT = fwd.tokensT ?? tf.tensor2d(myTokens, [b, width], 'int32');
       const data = objective.kind === 'loss' ? Object.fromEntries(objective.fn.ports(objective.spec.params).map((port) => [port, tf.tensor2d(pickRows(objective.data[port]!, R, mine), [b, R])])) : {};
@@ -456,70 +477,63 @@ export class GptRank {
         }
         return tf.mul(objective.fn.loss(this.predict(objective.fn, out, tokensT, promptLen), data, objective.spec.params), share) as tf.Scalar;
       };
-      const headNames = ['lnf.g', 'lnf.b', 'head.w', 'head.b'];
-      const f = (x: tf.Tensor, ...p: tf.Tensor[]) => lossOf(headOut(x, p[0]!, p[1]!, p[2]!, p[3]!));
-      const value = tf.tidy(() => f(fwd.top!, ...headNames.map((n) => this.w(n))));
+      // Automatic differentiation only for the loss itself (elementwise work on the head's output);
+      // the head and the layers below run the written-out backward passes.
+      const { value, grads: g } = tf.valueAndGrads(lossOf)([fwd.out!]);
       loss = value.dataSync()[0]!;
-      value.dispose();
-      const g = tf.grads(f)([fwd.top!, ...headNames.map((n) => this.w(n))]);
-      dx = g[0]!;
-      headNames.forEach((n, i) => add(n, g[i + 1]!));
+      const head = fwd.head!;
+      const gh = tf.tidy(() => linearBackward(head.y, this.w('head.w'), tf.reshape(g[0]!, [b * width, -1])));
+      add('head.w', gh.dw);
+      add('head.b', gh.db);
+      const gn = layerNormBackward(head.ln, this.w('lnf.g'), gh.dx);
+      add('lnf.g', gn.dg);
+      add('lnf.b', gn.db);
+      dx = gn.dx;
+      tf.dispose([value, g[0]!, gh.dx, head.y, ...Object.values(head.ln)]);
       if (objective.kind === 'loss') {
         const pred = tf.tidy(() => this.predict(objective.fn, fwd.out!, tokensT, promptLen));
         clipped = objective.fn.clipped(pred, data, objective.spec.params);
         pred.dispose();
       }
-      tf.dispose([fwd.out!, fwd.top!, ...Object.values(data)]);
+      tf.dispose([fwd.out!, ...Object.values(data)]);
       if (!fwd.tokensT) tokensT.dispose();
     } else {
-      fwd.top?.dispose();
-      dx = await this.recvTensor(group, this.next!, `${tag}/grad`, [b, width, this.spec.width]);
+      dx = await this.recvTensor(group, this.next!, `${tag}/grad`, [b * width, this.spec.width]);
     }
     // Backward through this stage's layers, last first.
-    const mask = causalMask(width);
     for (let i = this.layers.length - 1; i >= 0; i--) {
       const l = this.layers[i]!;
-      const { x, h1, x1, h2 } = fwd.saved[i]!;
+      const c = fwd.saved[i]!;
       const W = (n: string) => this.w(`h${l}.${n}`);
       // MLP: x2 = x1 + Σtp M(h2) + b2, h2 = LN2(x1)
-      add(
-        `h${l}.mlp.b2`,
-        tf.tidy(() => tf.sum(dx, [0, 1])),
-      );
-      const gm = tf.grads((h: tf.Tensor, w1: tf.Tensor, b1: tf.Tensor, w2: tf.Tensor) => mlpPartial(h, w1, b1, w2))([h2, W('mlp.w1'), W('mlp.b1'), W('mlp.w2')], dx);
-      add(`h${l}.mlp.w1`, gm[1]!);
-      add(`h${l}.mlp.b1`, gm[2]!);
-      add(`h${l}.mlp.w2`, gm[3]!);
-      const dh2 = await this.allReduceTp(group, `${tag}/b/l${l}/mlp`, gm[0]!);
-      const gl2 = tf.grads((xx: tf.Tensor, g: tf.Tensor, bb: tf.Tensor) => layerNorm(xx, g, bb))([x1, W('ln2.g'), W('ln2.b')], dh2);
-      add(`h${l}.ln2.g`, gl2[1]!);
-      add(`h${l}.ln2.b`, gl2[2]!);
-      const dx1 = tf.add(dx, gl2[0]!);
-      tf.dispose([dh2, gl2[0]!, dx]);
+      add(`h${l}.mlp.b2`, sumRows(dx));
+      const gm = mlpBackward(c.mlp, W('mlp.w1'), W('mlp.w2'), dx);
+      add(`h${l}.mlp.w1`, gm.dw1);
+      add(`h${l}.mlp.b1`, gm.db1);
+      add(`h${l}.mlp.w2`, gm.dw2);
+      const dh2 = await this.allReduceTp(group, `${tag}/b/l${l}/mlp`, gm.dh);
+      const gl2 = layerNormBackward(c.ln2, W('ln2.g'), dh2);
+      add(`h${l}.ln2.g`, gl2.dg);
+      add(`h${l}.ln2.b`, gl2.db);
+      const dx1 = tf.add(dx, gl2.dx);
+      tf.dispose([dh2, gl2.dx, dx]);
       // Attention: x1 = x + Σtp A(h1) + bo, h1 = LN1(x)
-      add(
-        `h${l}.attn.bo`,
-        tf.tidy(() => tf.sum(dx1, [0, 1])),
-      );
-      const aw = this.attn(l);
-      const ga = tf.grads((h: tf.Tensor, wq: tf.Tensor, bq: tf.Tensor, wk: tf.Tensor, bk: tf.Tensor, wv: tf.Tensor, bv: tf.Tensor, wo: tf.Tensor) =>
-        attnPartial(h, { wq, bq, wk, bk, wv, bv, wo }, this.localHeads, mask),
-      )([h1, aw.wq, aw.bq, aw.wk, aw.bk, aw.wv, aw.bv, aw.wo], dx1);
-      ['wq', 'bq', 'wk', 'bk', 'wv', 'bv', 'wo'].forEach((n, k) => add(`h${l}.attn.${n}`, ga[k + 1]!));
-      const dh1 = await this.allReduceTp(group, `${tag}/b/l${l}/attn`, ga[0]!);
-      const gl1 = tf.grads((xx: tf.Tensor, g: tf.Tensor, bb: tf.Tensor) => layerNorm(xx, g, bb))([x, W('ln1.g'), W('ln1.b')], dh1);
-      add(`h${l}.ln1.g`, gl1[1]!);
-      add(`h${l}.ln1.b`, gl1[2]!);
-      dx = tf.add(dx1, gl1[0]!);
-      tf.dispose([dh1, gl1[0]!, dx1, h1, x1, h2]);
-      if (!(this.first && i === 0)) x.dispose();
+      add(`h${l}.attn.bo`, sumRows(dx1));
+      const ga = attentionBackward(c.attn, this.attn(l), b, width, this.localHeads, dx1);
+      for (const [n, t] of Object.entries(ga.grads)) add(`h${l}.attn.${n}`, t);
+      const dh1 = await this.allReduceTp(group, `${tag}/b/l${l}/attn`, ga.dh);
+      const gl1 = layerNormBackward(c.ln1, W('ln1.g'), dh1);
+      add(`h${l}.ln1.g`, gl1.dg);
+      add(`h${l}.ln1.b`, gl1.db);
+      dx = tf.add(dx1, gl1.dx);
+      tf.dispose([dh1, gl1.dx, dx1]);
+      disposeLayerCache(c);
     }
-    mask.dispose();
     if (this.first) {
-      const ge = tf.grads((wte: tf.Tensor, wpe: tf.Tensor) => embed(fwd.tokensT!, wte, wpe, this.spec.vocab))([this.w('wte'), this.w('wpe')], dx);
-      add('wte', ge[0]!);
-      add('wpe', ge[1]!);
-      tf.dispose([dx, fwd.tokensT!, fwd.x0!]);
+      const ge = embedBackward(myTokens, width, this.spec.vocab, this.spec.context, dx);
+      add('wte', ge.dwte);
+      add('wpe', ge.dwpe);
+      tf.dispose([dx, fwd.tokensT!]);
     } else {
       this.sendTensor(group, this.prev!, `${tag}/grad`, dx);
       dx.dispose();

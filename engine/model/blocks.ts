@@ -1,0 +1,260 @@
+// The transformer's blocks as GptRank runs them: each forward pass can keep what its backward
+// pass needs, and each backward pass is written out by hand. The point is speed: the products a
+// backward pass is made of (xᵀ·dy, dy·wᵀ, pᵀ·dy, …) are slow on the wasm backend when asked for
+// with a transposed operand (0.4 GFLOP/s against 10–17 for the plain product), so every product
+// here is a plain one, on operands transposed explicitly first. Rows are 2-D, [N, D] with
+// N = batch × tokens; attention reshapes to [B, H, T, hd] inside.
+//
+// The reference these are checked against is gpt.ts's forward, differentiated by TensorFlow.js.
+import * as tf from '@tensorflow/tfjs';
+
+/** Transposes the last two axes. */
+const swap = (t: tf.Tensor): tf.Tensor => {
+  const r = t.rank;
+  return tf.transpose(t, [...Array.from({ length: r - 2 }, (_, i) => i), r - 1, r - 2]);
+};
+
+/**
+ * Multiply-adds per matrix from which the wasm backend's 2-D products, one per matrix, beat its
+ * batched product (measured here: at 16K the batched one is twice as fast, at 32K they are
+ * even, at 1M the 2-D ones are 6 times as fast; the batched one is a generic loop at about
+ * 1.6 GFLOP/s, the 2-D one XNNPACK's at 10–19, less a fixed cost per call).
+ */
+const SLICED_MACS = 32 * 1024;
+
+/**
+ * a·b over a leading batch axis: [n, M, K] by [n, K, N] → [n, M, N]. On wasm, matrices of at
+ * least SLICED_MACS multiply-adds run as n 2-D products; other backends batch natively.
+ */
+export function batchMatMul(a: tf.Tensor, b: tf.Tensor): tf.Tensor {
+  const [n, M, K] = a.shape as [number, number, number];
+  const N = b.shape[2]!;
+  if (tf.getBackend() !== 'wasm' || M * K * N < SLICED_MACS) return tf.matMul(a as tf.Tensor3D, b as tf.Tensor3D);
+  return tf.tidy(() => {
+    const outs: tf.Tensor[] = [];
+    for (let i = 0; i < n; i++) outs.push(tf.matMul(tf.reshape(tf.slice(a, [i, 0, 0], [1, M, K]), [M, K]), tf.reshape(tf.slice(b, [i, 0, 0], [1, K, N]), [K, N])));
+    return tf.reshape(tf.concat(outs, 0), [n, M, N]);
+  });
+}
+
+/** x·w (+ b): x [N, D], w [D, O] → [N, O]. */
+export function linear(x: tf.Tensor, w: tf.Tensor, b?: tf.Tensor): tf.Tensor2D {
+  return (b ? tf.fused.matMul({ a: x as tf.Tensor2D, b: w as tf.Tensor2D, bias: b }) : tf.matMul(x as tf.Tensor2D, w as tf.Tensor2D)) as tf.Tensor2D;
+}
+
+export type LinearGrads = {
+  dx: tf.Tensor;
+  dw: tf.Tensor;
+  db: tf.Tensor;
+};
+
+/**
+ * Σ over the rows of t [N, O] → [O], as the product of a row of ones with t: the wasm backend
+ * reduces a leading axis by transposing it last first, about 30 times slower.
+ */
+export function sumRows(t: tf.Tensor): tf.Tensor {
+  return tf.tidy(() => tf.reshape(tf.matMul(tf.ones([1, t.shape[0]!]), t as tf.Tensor2D), [t.shape[1]!]));
+}
+
+/**
+ * Rows per partial product of a weight gradient: XNNPACK's product (the wasm backend's) slows
+ * down once the shared dimension passes about a thousand (2048 rows: 11 GFLOP/s, 1024: 17, here),
+ * so longer ones are summed from pieces of this many rows, in order.
+ */
+const GRAD_ROWS = 1024;
+
+/**
+ * The gradient of a weight, xᵀ·dy, for x [N, D] and dy [N, O], with plain products only: the
+ * narrower of x and dy is the one transposed (a transpose costs its size), and N is cut into
+ * pieces of at most GRAD_ROWS rows.
+ */
+export function weightGrad(x: tf.Tensor, dy: tf.Tensor, xT?: tf.Tensor): tf.Tensor {
+  return tf.tidy(() => {
+    const [N, D] = x.shape as [number, number];
+    const O = dy.shape[1]!;
+    const pieces = Math.ceil(N / GRAD_ROWS);
+    if (pieces === 1) return D <= O ? tf.matMul((xT ?? swap(x)) as tf.Tensor2D, dy as tf.Tensor2D) : swap(tf.matMul(swap(dy) as tf.Tensor2D, x as tf.Tensor2D));
+    let sum: tf.Tensor | undefined;
+    for (let i = 0; i < pieces; i++) {
+      const lo = Math.floor((i * N) / pieces);
+      const n = Math.floor(((i + 1) * N) / pieces) - lo;
+      const xi = tf.slice(x, [lo, 0], [n, D]);
+      const dyi = tf.slice(dy, [lo, 0], [n, O]);
+      // Products of the transposed gradient are transposed back once, after the sum.
+      const part = D <= O ? tf.matMul(swap(xi) as tf.Tensor2D, dyi as tf.Tensor2D) : tf.matMul(swap(dyi) as tf.Tensor2D, xi as tf.Tensor2D);
+      sum = sum ? tf.add(sum, part) : part;
+    }
+    return D <= O ? sum! : swap(sum!);
+  });
+}
+
+/** The vector–Jacobian product of x·w + b for upstream dy [N, O]: dx = dy·wᵀ, dw = xᵀ·dy, db = Σ dy. */
+export function linearBackward(x: tf.Tensor, w: tf.Tensor, dy: tf.Tensor, xT?: tf.Tensor): LinearGrads {
+  return { dx: tf.matMul(dy as tf.Tensor2D, swap(w) as tf.Tensor2D), dw: weightGrad(x, dy, xT), db: sumRows(dy) };
+}
+
+// ---- layer norm ---------------------------------------------------------------------------------
+
+export type NormCache = {
+  xhat: tf.Tensor;
+  rstd: tf.Tensor;
+};
+
+/** Layer norm over the last axis; with `keep`, what its backward pass reads. */
+export function layerNorm(x: tf.Tensor, g: tf.Tensor, b: tf.Tensor, keep: boolean): { y: tf.Tensor; cache?: NormCache } {
+  return tf.tidy(() => {
+    const centred = tf.sub(x, tf.mean(x, -1, true));
+    const rstd = tf.rsqrt(tf.add(tf.mean(tf.square(centred), -1, true), 1e-5));
+    const xhat = tf.mul(centred, rstd);
+    const y = tf.add(tf.mul(xhat, g), b);
+    return keep ? { y, cache: { xhat, rstd } } : { y };
+  });
+}
+
+/** dx = rstd·(dx̂ − mean(dx̂) − x̂·mean(dx̂·x̂)), dx̂ = dy·g; dg = Σ dy·x̂, db = Σ dy over rows. dy: [N, D]. */
+export function layerNormBackward(c: NormCache, g: tf.Tensor, dy: tf.Tensor): { dx: tf.Tensor; dg: tf.Tensor; db: tf.Tensor } {
+  return tf.tidy(() => {
+    const dxhat = tf.mul(dy, g);
+    const dx = tf.mul(c.rstd, tf.sub(tf.sub(dxhat, tf.mean(dxhat, -1, true)), tf.mul(c.xhat, tf.mean(tf.mul(dxhat, c.xhat), -1, true))));
+    return { dx, dg: sumRows(tf.mul(dy, c.xhat)), db: sumRows(dy) };
+  });
+}
+
+// ---- MLP ----------------------------------------------------------------------------------------
+
+const GELU_C = Math.sqrt(2 / Math.PI);
+
+export type MlpCache = {
+  h: tf.Tensor;
+  u: tf.Tensor;
+  /** σ(2z), z = c·(u + 0.044715u³): GPT-2's GELU is ½u(1 + tanh z) = u·σ(2z). */
+  s: tf.Tensor;
+  a: tf.Tensor;
+};
+
+/**
+ * gelu(h·w1 + b1)·w2 with GPT-2's tanh GELU, without the output bias (column, then row, blocks
+ * under tp). The GELU is written with a sigmoid, which the wasm backend runs about 6 times as
+ * fast as tanh.
+ */
+export function mlp(h: tf.Tensor, w1: tf.Tensor, b1: tf.Tensor, w2: tf.Tensor, keep: boolean): { out: tf.Tensor; cache?: MlpCache } {
+  return tf.tidy(() => {
+    const u = linear(h, w1, b1);
+    const s = tf.sigmoid(tf.mul(tf.add(u, tf.mul(tf.mul(tf.square(u), u), 0.044715)), 2 * GELU_C));
+    const a = tf.mul(u, s);
+    const out = linear(a, w2);
+    return keep ? { out, cache: { h: h.clone(), u, s, a } } : { out };
+  });
+}
+
+export function mlpBackward(c: MlpCache, w1: tf.Tensor, w2: tf.Tensor, dout: tf.Tensor) {
+  return tf.tidy(() => {
+    const g2 = linearBackward(c.a, w2, dout);
+    // d(u·σ(2z))/du = s + 2u·s(1 − s)·c·(1 + 3·0.044715·u²), s = σ(2z)
+    const slope = tf.add(c.s, tf.mul(tf.mul(tf.mul(c.u, 2 * GELU_C), tf.mul(c.s, tf.sub(1, c.s))), tf.add(1, tf.mul(tf.square(c.u), 3 * 0.044715))));
+    const g1 = linearBackward(c.h, w1, tf.mul(g2.dx, slope));
+    return { dh: g1.dx, dw1: g1.dw, db1: g1.db, dw2: g2.dw };
+  });
+}
+
+// ---- attention ----------------------------------------------------------------------------------
+
+export type AttnWeights = {
+  wq: tf.Tensor;
+  bq: tf.Tensor;
+  wk: tf.Tensor;
+  bk: tf.Tensor;
+  wv: tf.Tensor;
+  bv: tf.Tensor;
+  wo: tf.Tensor;
+};
+
+export type AttnCache = {
+  h: tf.Tensor;
+  /** Queries already scaled by 1/√hd, one matrix per (row, head): [B·H, T, hd]. */
+  q: tf.Tensor;
+  /** Keys, transposed: [B·H, hd, T]. */
+  kT: tf.Tensor;
+  v: tf.Tensor;
+  /** Attention weights, [B·H, T, T]. */
+  p: tf.Tensor;
+  /** The heads' outputs merged back to rows, [N, heads · hd]. */
+  y: tf.Tensor;
+};
+
+/**
+ * Causal self-attention of rows h [B·T, D] over `heads` heads, projected by (a row block of) the
+ * output matrix, without its bias: → [B·T, D]. Under tensor parallelism each rank passes its own
+ * heads' columns of wq/wk/wv and rows of wo, and the ranks' results sum to the whole.
+ */
+export function attention(h: tf.Tensor, w: AttnWeights, B: number, T: number, heads: number, mask: tf.Tensor, keep: boolean): { out: tf.Tensor; cache?: AttnCache } {
+  return tf.tidy(() => {
+    const local = w.wq.shape[1]!;
+    const hd = local / heads;
+    // Rows [B·T, H·hd] → one matrix per (row, head): [B·H, T, hd], or transposed, [B·H, hd, T].
+    const split = (t: tf.Tensor, order: number[]) => tf.reshape(tf.transpose(tf.reshape(t, [B, T, heads, hd]), order), order[2] === 1 ? [B * heads, T, hd] : [B * heads, hd, T]);
+    const q = tf.mul(split(linear(h, w.wq, w.bq), [0, 2, 1, 3]), 1 / Math.sqrt(hd));
+    const kT = split(linear(h, w.wk, w.bk), [0, 2, 3, 1]);
+    const v = split(linear(h, w.wv, w.bv), [0, 2, 1, 3]);
+    const p = tf.softmax(tf.add(batchMatMul(q, kT), mask)); // [B·H, T, T]
+    const y = tf.reshape(tf.transpose(tf.reshape(batchMatMul(p, v), [B, heads, T, hd]), [0, 2, 1, 3]), [B * T, local]);
+    const out = linear(y, w.wo);
+    return keep ? { out, cache: { h: h.clone(), q, kT, v, p, y } } : { out };
+  });
+}
+
+export function attentionBackward(c: AttnCache, w: AttnWeights, B: number, T: number, heads: number, dout: tf.Tensor) {
+  return tf.tidy(() => {
+    const local = w.wq.shape[1]!;
+    const hd = local / heads;
+    const go = linearBackward(c.y, w.wo, dout);
+    const dy = tf.reshape(tf.transpose(tf.reshape(go.dx, [B, T, heads, hd]), [0, 2, 1, 3]), [B * heads, T, hd]);
+    const dv = batchMatMul(swap(c.p), dy);
+    const dp = batchMatMul(dy, swap(c.v));
+    const ds = tf.mul(c.p, tf.sub(dp, tf.sum(tf.mul(dp, c.p), -1, true))); // softmax's backward
+    const merge = (t: tf.Tensor) => tf.reshape(tf.transpose(tf.reshape(t, [B, heads, T, hd]), [0, 2, 1, 3]), [B * T, local]);
+    const dq = merge(tf.mul(batchMatMul(ds, swap(c.kT)), 1 / Math.sqrt(hd)));
+    const dk = merge(batchMatMul(swap(ds), c.q));
+    const gq = linearBackward(c.h, w.wq, dq);
+    const gk = linearBackward(c.h, w.wk, dk);
+    const gv = linearBackward(c.h, w.wv, merge(dv));
+    return {
+      dh: tf.add(tf.add(gq.dx, gk.dx), gv.dx),
+      grads: { wq: gq.dw, bq: gq.db, wk: gk.dw, bk: gk.db, wv: gv.dw, bv: gv.db, wo: go.dw } as AttnWeights,
+    };
+  });
+}
+
+// ---- embedding ----------------------------------------------------------------------------------
+
+/** Token and position embeddings of tokens [B, T] as rows [B·T, D]. */
+export function embedRows(tokens: tf.Tensor2D, wte: tf.Tensor, wpe: tf.Tensor): tf.Tensor2D {
+  return tf.tidy(() => {
+    const [B, T] = tokens.shape;
+    const D = wte.shape[1]!;
+    const tok = tf.reshape(tf.gather(wte, tf.reshape(tokens, [B * T])), [B, T, D]);
+    return tf.reshape(tf.add(tok, tf.slice(wpe, [0, 0], [T, D])), [B * T, D]) as tf.Tensor2D;
+  });
+}
+
+/**
+ * The embeddings' gradients from dx [B·T, D], for tokens [B·T] of sequences of T: each row of dx
+ * is added to its token's row of dwte and its position's row of dwpe, in row order (a scatter-add
+ * on the host: fixed order, and no one-hot product of the vocabulary's size); dwpe is zero past T.
+ */
+export function embedBackward(tokens: Int32Array, T: number, vocab: number, context: number, dx: tf.Tensor): { dwte: tf.Tensor; dwpe: tf.Tensor } {
+  const D = dx.shape[1]!;
+  const g = dx.dataSync() as Float32Array;
+  const dwte = new Float32Array(vocab * D);
+  const dwpe = new Float32Array(context * D);
+  for (let i = 0; i < tokens.length; i++) {
+    const row = i * D;
+    const tok = tokens[i]! * D;
+    const pos = (i % T) * D;
+    for (let j = 0; j < D; j++) {
+      dwte[tok + j]! += g[row + j]!;
+      dwpe[pos + j]! += g[row + j]!;
+    }
+  }
+  return { dwte: tf.tensor2d(dwte, [vocab, D]), dwpe: tf.tensor2d(dwpe, [context, D]) };
+}
