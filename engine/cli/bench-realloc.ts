@@ -39,12 +39,14 @@ export async function reallocBench(o: ReallocBenchOptions) {
     const reallocSeconds: number[] = [];
     const rawSeconds: number[] = [];
     let received = 0;
+    const times: Record<string, number> = {};
     for (let i = 0; i < o.repeats; i++) {
       // Alternate, so that drift on a shared machine touches both alike.
       const t0 = performance.now();
       const out = await d.realloc({ id: `r${i}`, iteration: 0, from: { model: 'src', layout: o.from }, to: { model: 'dst', layout: o.to }, plan });
       reallocSeconds.push((performance.now() - t0) / 1000);
       received = out.received_bytes;
+      for (const [k, ms] of Object.entries(out.times)) times[k] = (times[k] ?? 0) + ms;
       const t1 = performance.now();
       const tid = (index: number) => `p${i}-${index}`;
       const groupBytes = (g: (typeof plan.transfers)[number]) =>
@@ -87,6 +89,13 @@ export async function reallocBench(o: ReallocBenchOptions) {
       /** What the moves needed beyond the loaded shards. */
       moving_mb: after[dev]!.window_peak_rss_mb - loaded[dev]!.rss_mb,
     }));
+    // Where the devices' time went from go to done, summed over devices and rounds, as shares:
+    // the rest is waiting, on the bus or on the other devices.
+    const wall = times.wall_ms ?? 0;
+    const share = (ms: number) => (wall > 0 ? ms / wall : 0);
+    const kinds = ['export', 'hash', 'encode', 'publish', 'decode', 'place'] as const;
+    const breakdown = Object.fromEntries(kinds.map((k) => [k, share(times[k] ?? 0)])) as Record<(typeof kinds)[number], number>;
+    const time_shares = { ...breakdown, waiting: Math.max(0, 1 - kinds.reduce((a, k) => a + breakdown[k], 0)) };
     const reallocMbS = plan.minimumBytes / MB / median(reallocSeconds)!;
     const rawMbS = plan.receivedBytes / MB / median(rawSeconds)!;
     return {
@@ -102,6 +111,8 @@ export async function reallocBench(o: ReallocBenchOptions) {
       minimum_mb: plan.minimumBytes / MB,
       published_mb: plan.publishedBytes / MB,
       chunk_bytes: chunkBytes,
+      /** Shares of the devices' time from go to done: reading and cutting, hashing, encoding, publishing (the bus), decoding, placing, and waiting. */
+      time_shares,
       peak_worker_mb: Math.max(...perWorker.map((w) => w.peak_mb)),
       workers: perWorker,
     };

@@ -5,10 +5,10 @@ import type { Bus } from '../../mesh/wire/index.ts';
 import { encode } from '../../mesh/wire/index.ts';
 import { checkStrategy, shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../../mesh/parallel/index.ts';
 import { Go, PROTOCOL_VERSION, type LedgerEntry, type Call, type CallBody, type CallFn, type CallOf, type ErrorCode, type Layout, type ModelSpec, type ResultOf } from '../../mesh/wire/index.ts';
-import { cut, paste } from '../../mesh/parallel/index.ts';
+import { cut, pasteRange } from '../../mesh/parallel/index.ts';
 import type { Subjects } from '../../mesh/wire/index.ts';
 import { subscribe } from '../../mesh/wire/index.ts';
-import { manifestOf, modelDigest, receiveTensors, sendTensors, type NamedTensor } from '../../mesh/wire/index.ts';
+import { manifestOf, modelDigest, noTimes, receiveTensors, sendTensors, timed, type NamedTensor } from '../../mesh/wire/index.ts';
 import { randomUUID } from 'node:crypto';
 import { serveReward, type RewardActor } from '../../mesh/wire/index.ts';
 import { modelInfo } from '../model/index.ts';
@@ -330,12 +330,15 @@ export class Device {
 
   /**
    * One device's part of a reallocation: subscribe to what it receives and to the go signal, say
-   * ready, send its pieces on go, and place each piece as it arrives. The target's weights change
-   * only once every piece is in and verified. Pieces to send are cut one parameter at a time, so a
-   * device holds its old shard, its new shard and the chunks in flight, not copies of everything.
+   * ready, send its pieces on go, and place each chunk as it arrives, checked, straight into the
+   * new slices' memory in the backend. The target's weights change only once every piece is in and
+   * verified. Pieces to send are cut one parameter at a time, so a device holds its old shard, its
+   * new shard and the chunks in flight, not copies of everything.
    */
   private async realloc(model: string, body: CallOf<'realloc'>): Promise<ResultOf<'realloc'>> {
     const timeout = this.options.transferTimeoutMs ?? 300_000;
+    const t0 = performance.now();
+    const times = noTimes();
     const sourceHost = body.sends.length || body.locals.length ? this.hosted.get(body.source)! : undefined;
     const sourceSlices = sourceHost ? this.slicesOf(sourceHost) : new Map<string, Slice>();
     const targetHost = body.recvs.length || body.locals.length ? this.hosted.get(model)! : undefined;
@@ -344,7 +347,8 @@ export class Device {
     for (const p of [...body.sends.flatMap((x) => x.pieces), ...body.locals]) {
       if (!sourceSlices.has(p.name)) throw new CallRejected('invalid_state', `'${body.source}' on device ${this.index} holds no '${p.name}' to ${body.locals.includes(p) ? 'copy' : 'send'}`);
     }
-    for (const p of [...body.recvs.flatMap((x) => x.pieces), ...body.locals]) {
+    const incomingPieces = [...body.recvs.flatMap((x) => x.pieces), ...body.locals];
+    for (const p of incomingPieces) {
       if (!targetSlices.has(p.name)) throw new CallRejected('invalid_state', `'${model}' on device ${this.index} holds no '${p.name}' to fill`);
     }
     // One parameter of the source at a time (pieces of one parameter come together).
@@ -353,20 +357,12 @@ export class Device {
       if (cached?.name !== name) cached = { name, data: (sourceHost!.shard as ModelShard).exportTensor(name) };
       return cached.data;
     };
-    const built = new Map<string, { slice: Slice; data: Float32Array; filled: number }>();
-    const put = (part: Slice, data: Float32Array) => {
-      let b = built.get(part.name);
-      if (!b) {
-        const slice = targetSlices.get(part.name)!;
-        // A piece that is the whole target slice is used as it is, without a copy.
-        if (sliceKey(part) === sliceKey(slice)) {
-          built.set(part.name, { slice, data, filled: data.length });
-          return;
-        }
-        built.set(part.name, (b = { slice, data: new Float32Array(sliceElements(slice)), filled: 0 }));
-      }
-      paste(b.data, b.slice, part, data);
-      b.filled += data.length;
+    const target = targetHost?.shard as ModelShard | undefined;
+    const staging = target?.stage(new Set(incomingPieces.map((p) => p.name)));
+    const filled = new Map<string, number>();
+    const put = (part: Slice, offset: number, data: Float32Array) => {
+      pasteRange(staging!.view(part.name), targetSlices.get(part.name)!, part, offset, data);
+      filled.set(part.name, (filled.get(part.name) ?? 0) + data.length);
     };
     const byKey = new Map(body.recvs.flatMap((r) => r.pieces.map((p) => [sliceKey(p), p] as const)));
     const incoming = receiveTensors(
@@ -374,44 +370,45 @@ export class Device {
       this.subj,
       body.recvs.map((r) => ({ transfer: r.transfer, expected: r.pieces.map((p) => ({ name: sliceKey(p), shape: sliceShape(p) })) })),
       timeout,
-      (t) => put(byKey.get(t.name)!, t.data),
+      { place: (key, offset, data) => put(byKey.get(key)!, offset, data) },
+      times,
     );
     const signal = this.awaitGo(body.realloc, timeout);
+    let committed = false;
     try {
       await signal.ready();
       await signal.go;
+      const started = performance.now();
       incoming.arm();
       let sent = 0;
       let chunks = 0;
       for (const s of body.sends) {
         const pieces = function* (): Generator<NamedTensor> {
-          for (const p of s.pieces) yield { name: sliceKey(p), shape: sliceShape(p), data: cut(sourceData(p.name), sourceSlices.get(p.name)!, p) };
+          for (const p of s.pieces) yield { name: sliceKey(p), shape: sliceShape(p), data: timed(times, 'export', () => cut(sourceData(p.name), sourceSlices.get(p.name)!, p)) };
         };
-        const r = await sendTensors(this.bus, this.subj, s.transfer, pieces(), body.chunkBytes);
+        const r = await sendTensors(this.bus, this.subj, s.transfer, pieces(), body.chunkBytes, times);
         sent += r.bytes;
         chunks += r.chunks;
       }
       let copied = 0;
       for (const l of body.locals) {
-        const data = cut(sourceData(l.name), sourceSlices.get(l.name)!, l);
-        put(l, data);
+        const data = timed(times, 'export', () => cut(sourceData(l.name), sourceSlices.get(l.name)!, l));
+        timed(times, 'place', () => put(l, 0, data));
         copied += data.byteLength;
       }
       cached = undefined;
       await Promise.race([incoming.done, signal.aborted]);
-      if (!targetHost) return { sent_bytes: sent, received_bytes: 0, copied_bytes: 0, chunks };
-      const tensors: NamedTensor[] = [];
-      for (const [name, b] of built) {
-        if (b.filled !== b.data.length) {
-          throw new CallRejected('invalid_state', `reallocation ${body.realloc}: '${name}' of '${model}' got ${b.filled} of ${b.data.length} elements`);
-        }
-        tensors.push({ name, shape: sliceShape(b.slice), data: b.data });
+      const wall = { ready_ms: started - t0, wall_ms: performance.now() - started };
+      if (!target) return { sent_bytes: sent, received_bytes: 0, copied_bytes: 0, chunks, times: { ...times, ...wall } };
+      for (const name of staging!.names) {
+        const want = sliceElements(targetSlices.get(name)!);
+        if (filled.get(name) !== want) throw new CallRejected('invalid_state', `reallocation ${body.realloc}: '${name}' of '${model}' got ${filled.get(name) ?? 0} of ${want} elements`);
       }
-      built.clear();
-      const shard = targetHost.shard as ModelShard;
-      shard.importTensors(tensors);
-      return { sent_bytes: sent, received_bytes: incoming.bytes(), copied_bytes: copied, chunks: chunks + incoming.chunks() };
+      timed(times, 'place', () => target.commit(staging!));
+      committed = true;
+      return { sent_bytes: sent, received_bytes: incoming.bytes(), copied_bytes: copied, chunks: chunks + incoming.chunks(), times: { ...times, ...wall, wall_ms: performance.now() - started } };
     } finally {
+      if (!committed) staging?.dispose();
       signal.close();
       incoming.close();
     }

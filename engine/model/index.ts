@@ -8,3 +8,4 @@ export * from './params.ts';
 export * from './rng.ts';
 export * from './steps.ts';
 export * from './rank.ts';
+export * from './staging.ts';

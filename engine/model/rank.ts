@@ -35,6 +35,7 @@ import {
 import { modelInfo, parameterShapes, type GptSpec } from './params.ts';
 import { Rng, Stream, argmax, sampleToken, seedOf } from './rng.ts';
 import { Adam, type AdamState } from './adam.ts';
+import { Staging } from './staging.ts';
 import { ShardError, ownCopy, pickRows, trainEpochs, yieldToLoop, type TrainStats } from './steps.ts';
 
 let shardCount = 0;
@@ -174,6 +175,32 @@ export class GptRank {
       const value = tf.tensor(t.data, t.shape);
       v.assign(value);
       value.dispose();
+    }
+    this.optimizer?.dispose();
+    this.optimizer = this.optim ? new Adam(this.optim.lr, this.optim.beta1, this.optim.beta2, this.optim.eps) : undefined;
+  }
+
+  /** Fresh slices for `names`, to fill in place (a reallocation's receiver) and then `commit`. */
+  stage(names: Iterable<string>): Staging {
+    const shapes = new Map<string, number[]>();
+    for (const name of names) {
+      const s = this.slices.find((x) => x.name === name);
+      if (!s) throw new ShardError(`rank ${this.rank} holds no parameter '${name}'`);
+      shapes.set(name, sliceShape(s));
+    }
+    return new Staging(shapes);
+  }
+
+  /**
+   * Makes staged slices this rank's weights, as importTensors does (the optimizer starts afresh),
+   * without a copy: each variable takes over the staged tensor's memory.
+   */
+  commit(staging: Staging): void {
+    for (const [name, t] of staging.take()) {
+      const v = this.vars.get(name);
+      if (v) v.assign(t);
+      else this.vars.set(name, tf.variable(t, true, `${this.prefix}/${name}`));
+      t.dispose();
     }
     this.optimizer?.dispose();
     this.optimizer = this.optim ? new Adam(this.optim.lr, this.optim.beta1, this.optim.beta2, this.optim.eps) : undefined;

@@ -132,6 +132,8 @@ export interface ReallocOutcome {
   copied_bytes: number;
   minimum_bytes: number;
   seconds: number;
+  /** Each device's milliseconds per kind of work (and from go to done, `wall_ms`), summed over the devices. */
+  times: Record<string, number>;
 }
 
 /**
@@ -199,11 +201,12 @@ export async function runRealloc(bus: Bus, subj: Subjects, call: Dispatcher['cal
     locals: plan.locals.filter((l) => l.device === device).map(({ device: _d, ...slice }) => slice),
     chunkBytes,
   }));
-  const outcome: ReallocOutcome = { received_bytes: 0, sent_bytes: 0, copied_bytes: 0, minimum_bytes: plan.minimumBytes, seconds: 0 };
+  const outcome: ReallocOutcome = { received_bytes: 0, sent_bytes: 0, copied_bytes: 0, minimum_bytes: plan.minimumBytes, seconds: 0, times: {} };
   for (const res of results) {
     outcome.received_bytes += res.received_bytes;
     outcome.sent_bytes += res.sent_bytes;
     outcome.copied_bytes += res.copied_bytes;
+    for (const [k, ms] of Object.entries(res.times ?? {})) outcome.times[k] = (outcome.times[k] ?? 0) + ms;
   }
   outcome.seconds = (performance.now() - t0) / 1000;
   return outcome;

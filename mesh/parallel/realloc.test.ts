@@ -4,7 +4,7 @@
 import { describe, expect, it } from 'vitest';
 import { layoutKey, shardSlices, sliceShape, type Layout, type ModelInfo, type Slice } from './layout.ts';
 import { planRealloc } from './realloc.ts';
-import { cut, paste } from './slices.ts';
+import { cut, paste, pasteRange } from './slices.ts';
 
 // A GPT-shaped model: 4 layers of column/row-split matrices, replicated norms, embeddings, head.
 const D = 8;
@@ -65,11 +65,16 @@ function execute(from: Layout, to: Layout, nodeOf: (d: number) => number) {
     const src = held.get(l.device)!.get(l.name)!;
     put(l.device, l, cut(src.data, src.slice, l));
   }
+  // Transfers arrive in chunks, each placed as it comes (pasteRange); 7 elements cut rows anywhere.
   for (const g of plan.transfers) {
     for (const piece of g.pieces) {
       const src = held.get(g.src)!.get(piece.name)!;
       const bytes = cut(src.data, src.slice, piece);
-      for (const dst of g.dsts) put(dst, piece, bytes);
+      for (const dst of g.dsts) {
+        const target = built.get(dst)!.get(piece.name)!;
+        for (let at = 0; at < bytes.length; at += 7) pasteRange(target.data, target.slice, piece, at, bytes.subarray(at, at + 7));
+        target.filled += bytes.length;
+      }
     }
   }
   return { plan, built };

@@ -61,3 +61,30 @@ export function paste(targetData: Float32Array, target: Slice, part: Slice, part
   const offset = target.axis === null ? 0 : target.start;
   insert(targetData, sliceShape(target), part.axis, part.start - offset, partData);
 }
+
+/**
+ * Writes elements [offset, offset + data.length) of piece `part`, in the piece's own row-major
+ * order, into a tensor held as slice `target`: what `paste` does for a whole piece, for the part
+ * of it that one chunk carries.
+ */
+export function pasteRange(targetData: Float32Array, target: Slice, part: Slice, offset: number, data: Float32Array): void {
+  if (part.axis === null) {
+    if (target.axis !== null) throw new RangeError(`'${part.name}': a whole tensor cannot go into a slice`);
+    if (offset + data.length > targetData.length) throw new RangeError(`'${part.name}': elements ${offset}-${offset + data.length} run past its ${targetData.length}`);
+    targetData.set(data, offset);
+    return;
+  }
+  const [outer, len, inner] = around(sliceShape(target), part.axis);
+  const at = part.start - (target.axis === null ? 0 : target.start);
+  const width = (part.end - part.start) * inner; // one row of the piece
+  if (at < 0 || at * inner + width > len * inner || offset + data.length > outer * width) {
+    throw new RangeError(`'${part.name}': elements ${offset}-${offset + data.length} of range ${part.start}-${part.end} do not fit the held slice`);
+  }
+  for (let i = 0; i < data.length; ) {
+    const row = Math.floor((offset + i) / width);
+    const col = (offset + i) % width;
+    const n = Math.min(width - col, data.length - i);
+    targetData.set(data.subarray(i, i + n), row * len * inner + at * inner + col);
+    i += n;
+  }
+}

@@ -96,15 +96,17 @@ export function subscribe<S extends z.ZodType>(
   schema: S,
   onMessage: (message: z.infer<S>, msg: Msg) => void,
   onMalformed: (error: ProtocolError, msg: Msg) => void,
-  options: { queue?: string } = {},
+  options: { queue?: string; onDecoded?: (ms: number) => void } = {},
 ): () => void {
   const sub = nc.subscribe(subject, {
     queue: options.queue,
     callback: (err, msg) => {
       if (err) return;
       let decoded: z.infer<S>;
+      const t0 = options.onDecoded ? performance.now() : 0;
       try {
         decoded = decode(msg.subject, msg.data, schema);
+        options.onDecoded?.(performance.now() - t0);
       } catch (e) {
         onMalformed(e instanceof ProtocolError ? e : new ProtocolError(msg.subject, String(e)), msg);
         return;

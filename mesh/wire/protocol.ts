@@ -410,7 +410,19 @@ export const ResultBodies = {
   generate: z.strictObject({ tokens: i32, logprobs: f32 }),
   inference: z.union([z.strictObject({ logprobs: f32 }), z.strictObject({ values: f32 }), z.strictObject({ scores: f32 })]),
   train: z.strictObject({ loss: z.number(), clipfrac: z.number(), grad_norm: z.number() }),
-  realloc: z.strictObject({ sent_bytes: nat, received_bytes: nat, copied_bytes: nat, chunks: nat }),
+  realloc: z.strictObject({
+    sent_bytes: nat,
+    received_bytes: nat,
+    copied_bytes: nat,
+    chunks: nat,
+    /**
+     * Where this device's time went, in ms (transfer.ts's TransferTimes), with `ready_ms` from the
+     * call to its go and `wall_ms` from go to done.
+     */
+    times: z
+      .strictObject({ export: z.number(), hash: z.number(), encode: z.number(), publish: z.number(), decode: z.number(), place: z.number(), ready_ms: z.number(), wall_ms: z.number() })
+      .optional(),
+  }),
   probe: z.strictObject({ sent_bytes: nat, received_bytes: nat }),
   stats: z.strictObject({
     rss_mb: z.number(),

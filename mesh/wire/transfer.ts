@@ -18,6 +18,38 @@ export interface NamedTensor {
   data: Float32Array;
 }
 
+/**
+ * Milliseconds an exchange spent on each kind of work, summed over its chunks: what the transfer
+ * benchmark reports as where the time goes. Whatever a caller passes is added to.
+ */
+export interface TransferTimes {
+  /** Reading parameters out of the model and cutting the pieces to send. */
+  export: number;
+  /** SHA-256 of blocks, on either side. */
+  hash: number;
+  /** msgpack encoding of chunks. */
+  encode: number;
+  /** Handing chunks to the client and flushing: the bus. */
+  publish: number;
+  /** msgpack decoding and the schema check of chunks received. */
+  decode: number;
+  /** Writing received and local pieces into the new weights, and making them the model's. */
+  place: number;
+}
+
+export const noTimes = (): TransferTimes => ({ export: 0, hash: 0, encode: 0, publish: 0, decode: 0, place: 0 });
+
+/** Runs `f`, adding its milliseconds to `times[key]` when there are times to keep. */
+export function timed<T>(times: TransferTimes | undefined, key: keyof TransferTimes, f: () => T): T {
+  if (!times) return f();
+  const t0 = performance.now();
+  try {
+    return f();
+  } finally {
+    times[key] += performance.now() - t0;
+  }
+}
+
 export class TransferError extends Error {
   override name = 'TransferError';
 }
@@ -80,11 +112,11 @@ export function chunkElements(maxPayload: number): number {
   return blocks * BLOCK;
 }
 
-export function* chunksOf(transfer: string, tensors: Iterable<NamedTensor>, chunkBytes: number): Generator<Chunk> {
+export function* chunksOf(transfer: string, tensors: Iterable<NamedTensor>, chunkBytes: number, times?: TransferTimes): Generator<Chunk> {
   const per = chunkElements(chunkBytes);
   const perChunk = per / BLOCK;
   for (const t of tensors) {
-    const blocks = blockDigests(t.data);
+    const blocks = timed(times, 'hash', () => blockDigests(t.data));
     const whole = listDigest(blocks);
     let offset = 0;
     let b = 0;
@@ -107,7 +139,10 @@ export interface Expected {
 interface Buffered {
   spec: Expected;
   size: number;
-  /** Allocated when the first chunk comes, so a receiver holds only the tensors in flight. */
+  /**
+   * Allocated when the first chunk comes, so a receiver holds only the tensors in flight; never,
+   * when the assembler places each chunk where it belongs instead.
+   */
   data?: Float32Array;
   filled: number;
   seen: Set<number>;
@@ -116,7 +151,17 @@ interface Buffered {
   whole?: string;
 }
 
-/** Collects the chunks of one transfer and checks them. */
+/**
+ * Where a receiver that places chunks as they come puts one: elements [offset, offset + its
+ * length) of tensor `name`, already checked against the chunk's digest.
+ */
+export type Place = (name: string, offset: number, data: Float32Array) => void;
+
+/**
+ * Collects the chunks of one transfer and checks them. With `place`, each checked chunk goes
+ * straight to the receiver instead of into a buffer of the whole tensor, and a completed tensor is
+ * checked against its digest from its blocks' digests alone.
+ */
 export class Assembler {
   private readonly buffers = new Map<string, Buffered>();
   /** Tensors not yet complete (an empty tensor counts until its one empty chunk comes). */
@@ -127,6 +172,8 @@ export class Assembler {
   constructor(
     readonly transfer: string,
     expected: readonly Expected[],
+    private readonly place?: Place,
+    private readonly times?: TransferTimes,
   ) {
     for (const spec of expected) {
       const size = spec.shape.reduce((a, b) => a * b, 1);
@@ -170,7 +217,7 @@ export class Assembler {
     if (chunk.data.length % BLOCK !== 0 && chunk.offset + chunk.data.length !== chunk.total) {
       throw new TransferError(`${where}: only a tensor's last chunk may end between blocks; this one has ${chunk.data.length} elements`);
     }
-    const blocks = blockDigests(chunk.data);
+    const blocks = timed(this.times, 'hash', () => blockDigests(chunk.data));
     const digest = listDigest(blocks);
     if (digest !== chunk.sha256) throw new TransferError(`${where}: chunk digest ${digest} does not match ${chunk.sha256}`);
     if (buf.whole !== undefined && buf.whole !== chunk.whole) {
@@ -186,8 +233,11 @@ export class Assembler {
       throw new TransferError(`${where}: overlaps blocks that an earlier chunk already filled`);
     }
     buf.seen.add(chunk.offset);
-    buf.data ??= new Float32Array(buf.size);
-    buf.data.set(chunk.data, chunk.offset);
+    if (this.place) timed(this.times, 'place', () => this.place!(chunk.tensor, chunk.offset, chunk.data));
+    else {
+      buf.data ??= new Float32Array(buf.size);
+      buf.data.set(chunk.data, chunk.offset);
+    }
     blocks.forEach((d, i) => (buf.blocks[first + i] = d));
     buf.filled += chunk.data.length;
     if (buf.filled === buf.size) this.pending.delete(chunk.tensor);
@@ -206,7 +256,9 @@ export class Assembler {
 
   private verify(buffers: Buffered[]): NamedTensor[] {
     const out: NamedTensor[] = [];
-    for (const { spec, size, data = new Float32Array(size), filled, whole, blocks } of buffers) {
+    for (const { spec, size, data: held, filled, whole, blocks } of buffers) {
+      // A placed tensor's elements are with the receiver: what comes back is its name and shape.
+      const data = held ?? new Float32Array(this.place ? 0 : size);
       if (filled !== size) throw new TransferError(`transfer ${this.transfer}: tensor '${spec.name}' has ${filled} of ${size} elements`);
       // Every block was checked on arrival; the tensor's digest follows from theirs.
       const digest = listDigest(blocks.length ? blocks : blockDigests(data));
@@ -222,18 +274,24 @@ export class Assembler {
 }
 
 /** Publishes every chunk of `tensors` on the transfer's subject; resolves once the server has them. */
-export async function sendTensors(nc: Bus, subj: Subjects, transfer: string, tensors: Iterable<NamedTensor>, chunkBytes: number): Promise<{ bytes: number; chunks: number }> {
+export async function sendTensors(nc: Bus, subj: Subjects, transfer: string, tensors: Iterable<NamedTensor>, chunkBytes: number, times?: TransferTimes): Promise<{ bytes: number; chunks: number }> {
   const subject = subj.chunks(transfer);
   let bytes = 0;
   let chunks = 0;
-  for (const chunk of chunksOf(transfer, tensors, Math.min(chunkBytes, nc.info?.max_payload ?? chunkBytes))) {
-    nc.publish(subject, encode(chunk));
+  const flush = async () => {
+    const t0 = performance.now();
+    await nc.flush();
+    if (times) times.publish += performance.now() - t0;
+  };
+  for (const chunk of chunksOf(transfer, tensors, Math.min(chunkBytes, nc.info?.max_payload ?? chunkBytes), times)) {
+    const message = timed(times, 'encode', () => encode(chunk));
+    timed(times, 'publish', () => nc.publish(subject, message));
     bytes += chunk.data.byteLength;
     chunks += 1;
     // Let the socket drain now and then instead of buffering a whole model in the client.
-    if (chunks % 16 === 0) await nc.flush();
+    if (chunks % 16 === 0) await flush();
   }
-  await nc.flush();
+  await flush();
   return { bytes, chunks };
 }
 
@@ -249,17 +307,21 @@ export interface Incoming {
 
 /**
  * Subscribes to the chunks of several transfers at once and hands each tensor to `onTensor` as
- * soon as it is complete and matches its digest. `done` settles when all have arrived, or at the
- * first error. Call `close` when done.
+ * soon as it is complete and matches its digest, or, with a `Place` function instead, each chunk
+ * as soon as it is checked (the tensor's digest is still checked once it is complete). `done`
+ * settles when all have arrived, or at the first error. Call `close` when done.
  */
 export function receiveTensors(
   nc: Bus,
   subj: Subjects,
   transfers: ReadonlyArray<{ transfer: string; expected: readonly Expected[] }>,
   timeoutMs: number,
-  onTensor: (t: NamedTensor) => void,
+  deliver: ((t: NamedTensor) => void) | { place: Place },
+  times?: TransferTimes,
 ): Incoming {
-  const assemblers = transfers.map((t) => new Assembler(t.transfer, t.expected));
+  const place = typeof deliver === 'function' ? undefined : deliver.place;
+  const onTensor = typeof deliver === 'function' ? deliver : () => {};
+  const assemblers = transfers.map((t) => new Assembler(t.transfer, t.expected, place, times));
   const stops: Array<() => void> = [];
   let timer: NodeJS.Timeout | undefined;
   let arm = () => {};
@@ -297,6 +359,7 @@ export function receiveTensors(
             clearTimeout(timer);
             reject(new TransferError(err.message, { cause: err }));
           },
+          { onDecoded: times && ((ms) => (times.decode += ms)) },
         ),
       );
     }
