@@ -66,7 +66,7 @@ describe('a closed bus', () => {
       expect(refused).toEqual([]);
 
       // A parameter chunk, a call to a device, and a run event: each refused by the server.
-      const [chunk] = [...chunksOf('t1', [{ name: 'w', shape: [4], data: Float32Array.from([1, 2, 3, 4]) }], 1 << 16)];
+      const [chunk] = [...chunksOf('t1', [{ name: 'w', shape: [4], data: Float32Array.from([1, 2, 3, 4]) }], 1 << 20)];
       rewardNc.publish(subj.chunks('t1'), encode(chunk!));
       await until(() => refused.length >= 1);
       rewardNc.publish(subj.call(0), encode({ type: 'call', v: PROTOCOL_VERSION, id: 'c', model: 'actor', iteration: 0, body: { fn: 'shutdown' } }));
@@ -93,7 +93,7 @@ describe('a closed bus', () => {
       const incoming = receiveTensors(receiver, subj, [{ transfer: 't2', expected: [{ name: 'w', shape: [4] }] }], 10_000, () => {});
       await receiver.flush();
       incoming.arm();
-      const [chunk] = [...chunksOf('t2', [{ name: 'w', shape: [4], data: Float32Array.from([1, 2, 3, 4]) }], 1 << 16)];
+      const [chunk] = [...chunksOf('t2', [{ name: 'w', shape: [4], data: Float32Array.from([1, 2, 3, 4]) }], 1 << 20)];
       const forged = { ...chunk!, data: Float32Array.from([1, 2, 3, 5]) };
       sender.publish(subj.chunks('t2'), encode(forged));
       await expect(incoming.done).rejects.toThrow(/digest/i);

@@ -8,7 +8,9 @@ import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/nats-serve
 import { subjects } from '../mesh/wire/subjects.ts';
 import { chunkElements, chunksOf, manifestOf, receiveTensors, sendTensors, type Expected, type NamedTensor } from '../mesh/wire/transfer.ts';
 
-const MAX = 64 * 1024;
+// Room for 3 whole 64 KiB blocks of parameters and part of a fourth: (256 KiB − 1024) / 64 KiB
+// = 3.98 → 3 blocks = 49152 elements per chunk, so the 300000-element tensor travels as 7 chunks.
+const MAX = 256 * 1024;
 let server: PrivateNatsServer;
 let a: NatsConnection;
 let b: NatsConnection;

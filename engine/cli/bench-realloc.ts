@@ -8,6 +8,8 @@ import { runExchange } from '../runtime/index.ts';
 import { modelInfo, parameterCount, type GptSpec } from '../model/index.ts';
 import { median } from '../runtime/index.ts';
 import { withWorkers } from './workers.ts';
+import { readFileSync } from 'node:fs';
+import { cpus } from 'node:os';
 
 export interface ReallocBenchOptions {
   width: number;
@@ -20,10 +22,34 @@ export interface ReallocBenchOptions {
 
 const MB = 1e6;
 
+/**
+ * CPU seconds (user + system) a process has used, from /proc/PID/stat; undefined where there is
+ * no /proc (the benchmark then reports no CPU figures).
+ */
+export function cpuSeconds(pid: number): number | undefined {
+  try {
+    // Fields after the command's closing parenthesis: state is the 3rd field, utime the 14th, stime the 15th.
+    const rest = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ').at(-1)!.split(' ');
+    return (Number(rest[11]) + Number(rest[12])) / CLOCK_TICKS;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Linux's USER_HZ: /proc counts CPU time in hundredths of a second on every architecture it runs on. */
+const CLOCK_TICKS = 100;
+
 export async function reallocBench(o: ReallocBenchOptions) {
   const spec: GptSpec = { kind: 'policy', vocab: 11, context: 9, layers: o.layers, width: o.width, heads: 8 };
   const devices = [...new Set([...o.from.devices, ...o.to.devices])].sort((a, b) => a - b);
-  return withWorkers(devices.length, 'bench-realloc', async ({ nc, subj, d }) => {
+  return withWorkers(devices.length, 'bench-realloc', async ({ nc, subj, d, pids }) => {
+    // CPU seconds of the server and of the workers, to tell work from waiting.
+    const cpu = () => ({ server: cpuSeconds(pids.server), workers: pids.workers.reduce<number | undefined>((a, p) => (a === undefined ? undefined : (cpuSeconds(p) ?? Number.NaN) + a), 0) });
+    const spent = { realloc: { server: 0, workers: 0 }, raw: { server: 0, workers: 0 } };
+    const addSpent = (into: { server: number; workers: number }, a: ReturnType<typeof cpu>, b: ReturnType<typeof cpu>) => {
+      into.server += (b.server ?? Number.NaN) - (a.server ?? Number.NaN);
+      into.workers += (b.workers ?? Number.NaN) - (a.workers ?? Number.NaN);
+    };
     const stats = async () => Object.fromEntries(await Promise.all(devices.map(async (dev) => [dev, await d.call(dev, '*', 0, { fn: 'stats' })] as const)));
     const baseline = await stats();
     const bytes = parameterCount(spec) * 4;
@@ -42,9 +68,12 @@ export async function reallocBench(o: ReallocBenchOptions) {
     const times: Record<string, number> = {};
     for (let i = 0; i < o.repeats; i++) {
       // Alternate, so that drift on a shared machine touches both alike.
+      const c0 = cpu();
       const t0 = performance.now();
       const out = await d.realloc({ id: `r${i}`, iteration: 0, from: { model: 'src', layout: o.from }, to: { model: 'dst', layout: o.to }, plan });
       reallocSeconds.push((performance.now() - t0) / 1000);
+      const c1 = cpu();
+      addSpent(spent.realloc, c0, c1);
       received = out.received_bytes;
       for (const [k, ms] of Object.entries(out.times)) times[k] = (times[k] ?? 0) + ms;
       const t1 = performance.now();
@@ -68,6 +97,7 @@ export async function reallocBench(o: ReallocBenchOptions) {
         }),
       );
       rawSeconds.push((performance.now() - t1) / 1000);
+      addSpent(spent.raw, c1, cpu());
       o.log(`  round ${i + 1}: realloc ${(plan.minimumBytes / MB / reallocSeconds.at(-1)!).toFixed(1)} MB/s, raw ${(plan.receivedBytes / MB / rawSeconds.at(-1)!).toFixed(1)} MB/s`);
     }
     const after = await stats();
@@ -96,6 +126,19 @@ export async function reallocBench(o: ReallocBenchOptions) {
     const kinds = ['export', 'hash', 'encode', 'publish', 'decode', 'place'] as const;
     const breakdown = Object.fromEntries(kinds.map((k) => [k, share(times[k] ?? 0)])) as Record<(typeof kinds)[number], number>;
     const time_shares = { ...breakdown, waiting: Math.max(0, 1 - kinds.reduce((a, k) => a + breakdown[k], 0)) };
+    // CPU per megabyte moved, and how much of the machine's cores each phase kept busy: where both
+    // phases fill the cores, the ratio is the ratio of CPU per megabyte.
+    const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
+    const perMb = (s: { server: number; workers: number }, bytesPerRound: number) => {
+      const mb = (bytesPerRound * o.repeats) / MB;
+      return { server_ms_per_mb: (1000 * s.server) / mb, workers_ms_per_mb: (1000 * s.workers) / mb };
+    };
+    const cores = cpus().length;
+    const cpu_per_mb = {
+      cores,
+      realloc: { ...perMb(spent.realloc, plan.minimumBytes), cores_busy: (spent.realloc.server + spent.realloc.workers) / sum(reallocSeconds) },
+      raw: { ...perMb(spent.raw, plan.receivedBytes), cores_busy: (spent.raw.server + spent.raw.workers) / sum(rawSeconds) },
+    };
     const reallocMbS = plan.minimumBytes / MB / median(reallocSeconds)!;
     const rawMbS = plan.receivedBytes / MB / median(rawSeconds)!;
     return {
@@ -113,6 +156,8 @@ export async function reallocBench(o: ReallocBenchOptions) {
       chunk_bytes: chunkBytes,
       /** Shares of the devices' time from go to done: reading and cutting, hashing, encoding, publishing (the bus), decoding, placing, and waiting. */
       time_shares,
+      /** CPU milliseconds per megabyte moved, of the nats-server and of the workers together, and the cores each phase kept busy on average. */
+      cpu_per_mb,
       peak_worker_mb: Math.max(...perWorker.map((w) => w.peak_mb)),
       workers: perWorker,
     };

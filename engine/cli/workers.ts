@@ -15,6 +15,8 @@ export interface Workers {
   subj: Subjects;
   run: string;
   d: BusDispatcher;
+  /** Process ids of the nats-server and of the workers, in device order (benchmarks read their CPU time). */
+  pids: { server: number; workers: number[] };
 }
 
 export async function withWorkers<T>(count: number, label: string, fn: (w: Workers) => Promise<T>): Promise<T> {
@@ -44,7 +46,7 @@ export async function withWorkers<T>(count: number, label: string, fn: (w: Worke
       });
     });
     const d = new BusDispatcher(nc, subj, run, 600_000);
-    const out = await fn({ nc, subj, run, d });
+    const out = await fn({ nc, subj, run, d, pids: { server: server.process.pid!, workers: workers.map((w) => w.pid!) } });
     await Promise.all(devices.map((dev) => d.call(dev, '*', 0, { fn: 'shutdown' }).catch(() => undefined)));
     return out;
   } finally {

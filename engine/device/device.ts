@@ -8,7 +8,7 @@ import { Go, PROTOCOL_VERSION, type LedgerEntry, type Call, type CallBody, type 
 import { cut, pasteRange } from '../../mesh/parallel/index.ts';
 import type { Subjects } from '../../mesh/wire/index.ts';
 import { subscribe } from '../../mesh/wire/index.ts';
-import { manifestOf, modelDigest, noTimes, receiveTensors, sendTensors, timed, type NamedTensor } from '../../mesh/wire/index.ts';
+import { manifestOf, modelDigest, noTimes, pacer, receiveTensors, sendTensors, timed, type NamedTensor } from '../../mesh/wire/index.ts';
 import { randomUUID } from 'node:crypto';
 import { serveReward, type RewardActor } from '../../mesh/wire/index.ts';
 import { modelInfo } from '../model/index.ts';
@@ -481,15 +481,17 @@ export class Device {
       await signal.go;
       let sent = 0;
       const chunk = new Uint8Array(Math.min(body.chunkBytes, this.bus.info?.max_payload ?? body.chunkBytes)).fill(7);
+      // The same flow control as a reallocation's sends.
       for (const s of body.sends) {
-        for (let left = s.bytes, n = 0; left > 0; n++) {
+        const pace = pacer(this.bus);
+        for (let left = s.bytes; left > 0; ) {
           const size = Math.min(left, chunk.length);
           this.bus.publish(this.subj.chunks(s.transfer), chunk.subarray(0, size));
           left -= size;
           sent += size;
-          if (n % 16 === 15) await this.bus.flush();
+          await pace.published();
         }
-        await this.bus.flush();
+        await pace.end();
       }
       await Promise.race([all, signal.aborted]);
       return { sent_bytes: sent, received_bytes: received };

@@ -281,7 +281,7 @@ export const Chunk = z.strictObject({
   offset: nat,
   total: nat,
   data: f32,
-  /** The chunk's digest: SHA-256 (hex) of the SHA-256s of its 16 KiB blocks (mesh/transfer.ts). */
+  /** The chunk's digest: SHA-256 (hex) of the SHA-256s of its 64 KiB blocks (mesh/transfer.ts). */
   sha256: z.string(),
   /** The whole tensor's digest, by the same scheme over all its blocks; checked once it is complete. */
   whole: z.string(),

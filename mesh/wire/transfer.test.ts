@@ -2,7 +2,8 @@ import { describe, it, expect } from 'vitest';
 import { createHash } from 'node:crypto';
 import { decode, encode } from './codec.ts';
 import { Chunk, PROTOCOL_VERSION } from './protocol.ts';
-import { Assembler, BLOCK, TransferError, blockDigests, chunkElements, chunksOf, listDigest, manifestOf, modelDigest, sha256, tensorDigest, type NamedTensor } from './transfer.ts';
+import { Assembler, BLOCK, FLUSH_EVERY, pacer, TransferError, blockDigests, chunkElements, chunksOf, listDigest, manifestOf, modelDigest, sha256, tensorDigest, type NamedTensor } from './transfer.ts';
+import type { Bus } from './bus.ts';
 
 /** Deterministic, non-trivial float data (no two neighbours equal). */
 function tensor(name: string, shape: number[], salt = 0): NamedTensor {
@@ -31,19 +32,19 @@ function rejection(fn: () => unknown): TransferError {
   throw new Error('expected a TransferError');
 }
 
-/** Bytes in one hashed block: 4096 float32 elements × 4 bytes = 16 KiB. */
-const BLOCK_BYTES = 16 * 1024;
-/** Max payloads: 1024 bytes of room for the chunk's other fields, plus whole 16 KiB blocks. */
-const ONE_BLOCK = BLOCK_BYTES + 1024; // 17408: exactly 1 block (4096 elements) per chunk
-const TWO_BLOCKS = 2 * BLOCK_BYTES + 1024; // 33792: 2 blocks (8192 elements) per chunk
-const FOUR_BLOCKS = 64 * 1024 + 1024; // 66560: 4 blocks (16384 elements) per chunk
+/** Bytes in one hashed block: 16384 float32 elements × 4 bytes = 64 KiB. */
+const BLOCK_BYTES = 64 * 1024;
+/** Max payloads: 1024 bytes of room for the chunk's other fields, plus whole 64 KiB blocks. */
+const ONE_BLOCK = BLOCK_BYTES + 1024; // 66560: exactly 1 block (16384 elements) per chunk
+const TWO_BLOCKS = 2 * BLOCK_BYTES + 1024; // 132096: 2 blocks (32768 elements) per chunk
+const FOUR_BLOCKS = 256 * 1024 + 1024; // 263168: 4 blocks (65536 elements) per chunk
 
 /** Raw SHA-256 of some bytes, by hand. */
 const H = (bytes: Uint8Array): Buffer => createHash('sha256').update(bytes).digest();
 
 /**
  * The digest scheme computed independently of the module: SHA-256 over the concatenation of the
- * raw SHA-256s of consecutive 16 KiB slices of the bytes (the last slice may be shorter; no bytes
+ * raw SHA-256s of consecutive 64 KiB slices of the bytes (the last slice may be shorter; no bytes
  * at all count as one empty slice).
  */
 function byHand(data: Float32Array): string {
@@ -54,8 +55,8 @@ function byHand(data: Float32Array): string {
   return H(Buffer.concat(digests)).toString('hex');
 }
 
-// wte: 11 × 2048 = 22528 elements = 5 blocks + 2048; wq: 70 × 70 = 4900 = 1 block + 804; head.b: 5.
-const model = (): NamedTensor[] => [tensor('wte', [11, 2048]), tensor('h0.attn.wq', [70, 70], 1), tensor('head.b', [5], 2)];
+// wte: 41 × 2048 = 83968 elements = 5 blocks + 2048; wq: 131 × 131 = 17161 = 1 block + 777; head.b: 5.
+const model = (): NamedTensor[] => [tensor('wte', [41, 2048]), tensor('h0.attn.wq', [131, 131], 1), tensor('head.b', [5], 2)];
 
 describe('sha256', () => {
   it('hashes exactly the bytes of a view, not its whole buffer', () => {
@@ -69,17 +70,17 @@ describe('sha256', () => {
 });
 
 describe('tensorDigest', () => {
-  it('is SHA-256 over the raw SHA-256s of the 16 KiB blocks, computed by hand', () => {
-    expect(BLOCK).toBe(4096); // 4096 float32 = 16384 bytes
+  it('is SHA-256 over the raw SHA-256s of the 64 KiB blocks, computed by hand', () => {
+    expect(BLOCK).toBe(16384); // 16384 float32 = 65536 bytes
     // 3 full blocks and 123 elements more, as a view into a larger buffer (one element each side).
-    const n = 3 * 4096 + 123;
+    const n = 3 * 16384 + 123;
     const data = tensor('x', [n + 2]).data.subarray(1, n + 1);
-    const bytes = Buffer.from(data.buffer, data.byteOffset, data.byteLength); // 49644 bytes
-    // Blocks are bytes [0, 16384), [16384, 32768), [32768, 49152), [49152, 49644).
-    const d0 = createHash('sha256').update(bytes.subarray(0, 16384)).digest();
-    const d1 = createHash('sha256').update(bytes.subarray(16384, 32768)).digest();
-    const d2 = createHash('sha256').update(bytes.subarray(32768, 49152)).digest();
-    const d3 = createHash('sha256').update(bytes.subarray(49152, 49644)).digest();
+    const bytes = Buffer.from(data.buffer, data.byteOffset, data.byteLength); // 49275 × 4 = 197100 bytes
+    // Blocks are bytes [0, 65536), [65536, 131072), [131072, 196608), [196608, 197100).
+    const d0 = createHash('sha256').update(bytes.subarray(0, 65536)).digest();
+    const d1 = createHash('sha256').update(bytes.subarray(65536, 131072)).digest();
+    const d2 = createHash('sha256').update(bytes.subarray(131072, 196608)).digest();
+    const d3 = createHash('sha256').update(bytes.subarray(196608, 197100)).digest();
     const expected = createHash('sha256')
       .update(Buffer.concat([d0, d1, d2, d3]))
       .digest('hex');
@@ -91,10 +92,10 @@ describe('tensorDigest', () => {
   });
 
   it('a tensor of exactly whole blocks has no trailing empty block', () => {
-    // 2 × 4096 elements = bytes [0, 16384) and [16384, 32768): two digests, nothing after.
-    const data = tensor('x', [2 * 4096]).data;
+    // 2 × 16384 elements = bytes [0, 65536) and [65536, 131072): two digests, nothing after.
+    const data = tensor('x', [2 * 16384]).data;
     const bytes = Buffer.from(data.buffer);
-    const expected = H(Buffer.concat([H(bytes.subarray(0, 16384)), H(bytes.subarray(16384, 32768))])).toString('hex');
+    const expected = H(Buffer.concat([H(bytes.subarray(0, 65536)), H(bytes.subarray(65536, 131072))])).toString('hex');
     expect(blockDigests(data)).toHaveLength(2);
     expect(tensorDigest(data)).toBe(expected);
   });
@@ -106,29 +107,31 @@ describe('tensorDigest', () => {
 });
 
 describe('chunkElements', () => {
-  it('leaves 1024 bytes of room and counts whole blocks of 4096 4-byte elements', () => {
-    // (17408 − 1024) / 16384 = 1 block = 4096 elements
-    expect(chunkElements(ONE_BLOCK)).toBe(4096);
-    // (33791 − 1024) / 16384 = 1.99… → 1 block: never part of a block
-    expect(chunkElements(TWO_BLOCKS - 1)).toBe(4096);
-    expect(chunkElements(TWO_BLOCKS)).toBe(8192);
-    expect(chunkElements(FOUR_BLOCKS)).toBe(16384);
-    // (1 MiB − 1024) / 16384 = 63.94 → 63 blocks = 258048 elements
-    expect(chunkElements(1 << 20)).toBe(258048);
+  it('leaves 1024 bytes of room and counts whole blocks of 16384 4-byte elements', () => {
+    // (66560 − 1024) / 65536 = 1 block = 16384 elements
+    expect(chunkElements(ONE_BLOCK)).toBe(16384);
+    // (132095 − 1024) / 65536 = 1.99… → 1 block: never part of a block
+    expect(chunkElements(TWO_BLOCKS - 1)).toBe(16384);
+    expect(chunkElements(TWO_BLOCKS)).toBe(32768);
+    expect(chunkElements(FOUR_BLOCKS)).toBe(65536);
+    // (1 MiB − 1024) / 65536 = 15.98 → 15 blocks = 245760 elements
+    expect(chunkElements(1 << 20)).toBe(245760);
   });
 
   it('refuses a payload with no room for one block', () => {
-    // 17407 − 1024 = 16383 bytes < one 16 KiB block
+    // 66559 − 1024 = 65535 bytes < one 64 KiB block
     expect(() => chunkElements(ONE_BLOCK - 1)).toThrow(TransferError);
-    expect(() => chunkElements(ONE_BLOCK - 1)).toThrow(/max payload 17407 is too small for one block of 16384 bytes/);
+    expect(() => chunkElements(ONE_BLOCK - 1)).toThrow(/max payload 66559 is too small for one block of 65536 bytes/);
     expect(() => chunkElements(1024)).toThrow(TransferError);
   });
 });
 
 describe('chunksOf', () => {
   it('every encoded chunk fits the max payload it was cut for', () => {
-    const tensors = [tensor('wte', [33, 1024]), tensor('wpe', [16, 1024]), tensor('lnf.g', [1000])];
-    for (const chunkBytes of [ONE_BLOCK, ONE_BLOCK + 100, TWO_BLOCKS, FOUR_BLOCKS, 100_000]) {
+    // wte: 33 × 4096 = 135168 elements = 8 blocks + 4096; wpe: 16 × 4096 = 65536 = 4 blocks;
+    // lnf.g: 1000, less than a block. (400000 − 1024) / 65536 = 6.09 → 6 blocks per chunk.
+    const tensors = [tensor('wte', [33, 4096]), tensor('wpe', [16, 4096]), tensor('lnf.g', [1000])];
+    for (const chunkBytes of [ONE_BLOCK, ONE_BLOCK + 100, TWO_BLOCKS, FOUR_BLOCKS, 400_000]) {
       let n = 0;
       for (const chunk of chunksOf('xfer-123456', tensors, chunkBytes)) {
         expect(encode(chunk).length).toBeLessThanOrEqual(chunkBytes);
@@ -139,14 +142,14 @@ describe('chunksOf', () => {
   });
 
   it('cuts tensors in order, at offsets of chunkElements, with the right totals and digests', () => {
-    const tensors = [tensor('a', [5 * 4096 + 100]), tensor('b', [8192], 1), tensor('c', [1], 2)];
-    const chunks = [...chunksOf('t1', tensors, TWO_BLOCKS)]; // 8192 elements (2 blocks) per chunk
-    // a: 20580 = 8192 + 8192 + 4196 → 3 chunks; b: exactly 1 chunk; c: 1 chunk
+    const tensors = [tensor('a', [5 * 16384 + 100]), tensor('b', [32768], 1), tensor('c', [1], 2)];
+    const chunks = [...chunksOf('t1', tensors, TWO_BLOCKS)]; // 32768 elements (2 blocks) per chunk
+    // a: 82020 = 32768 + 32768 + 16484 → 3 chunks; b: exactly 1 chunk; c: 1 chunk
     expect(chunks.map((c) => [c.tensor, c.offset, c.data.length, c.total])).toEqual([
-      ['a', 0, 8192, 20580],
-      ['a', 8192, 8192, 20580],
-      ['a', 16384, 4196, 20580],
-      ['b', 0, 8192, 8192],
+      ['a', 0, 32768, 82020],
+      ['a', 32768, 32768, 82020],
+      ['a', 65536, 16484, 82020],
+      ['b', 0, 32768, 32768],
       ['c', 0, 1, 1],
     ]);
     for (const c of chunks) {
@@ -162,10 +165,10 @@ describe('chunksOf', () => {
       expect(c.whole).toBe(tensorDigest(t.data));
       expect(c.whole).toBe(byHand(t.data));
     }
-    // The last chunk of a, by hand: one full block (bytes [0, 16384)) and 100 elements (400 bytes).
+    // The last chunk of a, by hand: one full block (bytes [0, 65536)) and 100 elements (400 bytes).
     const last = Buffer.from(chunks[2]!.data.buffer, chunks[2]!.data.byteOffset, chunks[2]!.data.byteLength);
-    expect(last.length).toBe(16384 + 400);
-    expect(chunks[2]!.sha256).toBe(H(Buffer.concat([H(last.subarray(0, 16384)), H(last.subarray(16384))])).toString('hex'));
+    expect(last.length).toBe(65536 + 400);
+    expect(chunks[2]!.sha256).toBe(H(Buffer.concat([H(last.subarray(0, 65536)), H(last.subarray(65536))])).toString('hex'));
     // The tensor digest of a is not the list of its chunk digests but of all 6 of its blocks.
     expect(chunks[0]!.whole).not.toBe(listDigest(chunks.slice(0, 3).map((c) => Buffer.from(c.sha256, 'hex'))));
     expect(blockDigests(tensors[0]!.data)).toHaveLength(6);
@@ -183,7 +186,7 @@ describe('chunksOf', () => {
   });
 
   it("a tensor's digest does not depend on the chunk size", () => {
-    const t = tensor('w', [5 * 4096 + 300]); // 6 blocks, the last of 300 elements
+    const t = tensor('w', [5 * 16384 + 300]); // 6 blocks, the last of 300 elements
     const small = [...chunksOf('t', [t], ONE_BLOCK)]; // 1 block per chunk: 6 chunks
     const large = [...chunksOf('t', [t], FOUR_BLOCKS)]; // 4 blocks per chunk: 4 + 2 → 2 chunks
     expect(small).toHaveLength(6);
@@ -231,8 +234,8 @@ describe('Assembler', () => {
     const tensors = model();
     const asm = new Assembler('t', manifestOf(tensors));
     let n = 0;
-    // (40000 − 1024) / 16384 = 2.38 → 2 blocks per chunk: 3 + 1 + 1 chunks
-    for (const c of chunksOf('t', tensors, 40_000)) {
+    // (160000 − 1024) / 65536 = 2.43 → 2 blocks per chunk: 3 + 1 + 1 chunks
+    for (const c of chunksOf('t', tensors, 160_000)) {
       asm.accept(decode('s', encode(c), Chunk));
       n += 1;
     }
@@ -247,12 +250,12 @@ describe('Assembler', () => {
   });
 
   describe('rejects a chunk', () => {
-    const tensors = [tensor('w', [2 * 4096 + 10])]; // 8202 elements
-    const good = (): Chunk => [...chunksOf('t', tensors, TWO_BLOCKS)][0]!; // elements [0, 8192): 2 blocks
+    const tensors = [tensor('w', [2 * 16384 + 10])]; // 32778 elements
+    const good = (): Chunk => [...chunksOf('t', tensors, TWO_BLOCKS)][0]!; // elements [0, 32768): 2 blocks
 
     it('whose data does not match its digest', () => {
       // A flipped bit in the first and in the second block of the chunk.
-      for (const i of [3, 4096 + 3]) {
+      for (const i of [3, 16384 + 3]) {
         const asm = new Assembler('t', manifestOf(tensors));
         const c = good();
         const e = rejection(() => asm.accept({ ...c, data: flipBit(c.data, i) }));
@@ -276,29 +279,29 @@ describe('Assembler', () => {
 
     it('with the wrong total', () => {
       const asm = new Assembler('t', manifestOf(tensors));
-      const e = rejection(() => asm.accept({ ...good(), total: 8203 }));
-      expect(e.message).toContain('expected a tensor of 8202 elements, chunk says 8203');
+      const e = rejection(() => asm.accept({ ...good(), total: 32779 }));
+      expect(e.message).toContain('expected a tensor of 32778 elements, chunk says 32779');
     });
 
     it('that runs past the end of its tensor', () => {
       const asm = new Assembler('t', manifestOf(tensors));
       const c = good();
-      // offset 4096 (a block boundary) + 8192 elements = 12288 > 8202; the digest itself is right
-      const e = rejection(() => asm.accept({ ...c, offset: 4096 }));
-      expect(e.message).toBe("transfer t, tensor 'w' at offset 4096: 8192 elements run past the end (8202)");
+      // offset 16384 (a block boundary) + 32768 elements = 49152 > 32778; the digest itself is right
+      const e = rejection(() => asm.accept({ ...c, offset: 16384 }));
+      expect(e.message).toBe("transfer t, tensor 'w' at offset 16384: 32768 elements run past the end (32778)");
       expect(asm.complete).toBe(false);
       expect(asm.chunks).toBe(0);
     });
 
     it('whose offset is not on a block boundary', () => {
-      // The second one-block chunk, elements [4096, 8192), moved by one element either way:
-      // still inside the tensor (4097 + 4096 = 8193 ≤ 8202) and with a right digest.
+      // The second one-block chunk, elements [16384, 32768), moved by one element either way:
+      // still inside the tensor (16385 + 16384 = 32769 ≤ 32778) and with a right digest.
       const c = [...chunksOf('t', tensors, ONE_BLOCK)][1]!;
-      expect([c.offset, c.data.length]).toEqual([4096, 4096]);
-      for (const offset of [4095, 4097, 10]) {
+      expect([c.offset, c.data.length]).toEqual([16384, 16384]);
+      for (const offset of [16383, 16385, 10]) {
         const asm = new Assembler('t', manifestOf(tensors));
         const e = rejection(() => asm.accept({ ...c, offset }));
-        expect(e.message).toBe(`transfer t, tensor 'w' at offset ${offset}: a chunk must start on a block boundary (4096 elements)`);
+        expect(e.message).toBe(`transfer t, tensor 'w' at offset ${offset}: a chunk must start on a block boundary (16384 elements)`);
         expect(asm.chunks).toBe(0);
         expect(asm.bytes).toBe(0);
       }
@@ -311,10 +314,10 @@ describe('Assembler', () => {
 
   describe('finish', () => {
     it('rejects a whole tensor whose digest differs from the manifest (chunks themselves fine)', () => {
-      const tensors = [tensor('a', [4]), tensor('b', [4096 + 6], 3)];
+      const tensors = [tensor('a', [4]), tensor('b', [16384 + 6], 3)];
       const manifest = manifestOf(tensors);
       // A flipped bit in b's second block.
-      const tampered = [tensors[0]!, { ...tensors[1]!, data: flipBit(tensors[1]!.data, 4096 + 5) }];
+      const tampered = [tensors[0]!, { ...tensors[1]!, data: flipBit(tensors[1]!.data, 16384 + 5) }];
       const asm = new Assembler('t', manifest);
       for (const c of chunksOf('t', tampered, ONE_BLOCK)) asm.accept(c); // each chunk carries its own, valid digest
       expect(asm.complete).toBe(true);
@@ -324,14 +327,14 @@ describe('Assembler', () => {
     });
 
     it('rejects incomplete tensors', () => {
-      const tensors = [tensor('a', [5 * 4096 + 100])]; // 20580 elements
+      const tensors = [tensor('a', [5 * 16384 + 100])]; // 82020 elements
       const asm = new Assembler('t', manifestOf(tensors));
-      const chunks = [...chunksOf('t', tensors, TWO_BLOCKS)]; // 8192 + 8192 + 4196
+      const chunks = [...chunksOf('t', tensors, TWO_BLOCKS)]; // 32768 + 32768 + 16484
       asm.accept(chunks[0]!);
       asm.accept(chunks[2]!);
       expect(asm.complete).toBe(false);
-      // 8192 + 4196 = 12388
-      expect(rejection(() => asm.finish()).message).toBe("transfer t: tensor 'a' has 12388 of 20580 elements");
+      // 32768 + 16484 = 49252
+      expect(rejection(() => asm.finish()).message).toBe("transfer t: tensor 'a' has 49252 of 82020 elements");
     });
 
     it('rejects a tensor that no chunk was sent for', () => {
@@ -346,8 +349,8 @@ describe('Assembler', () => {
     // Delivery may repeat a message (a retry, a redelivery). A chunk is identified by its offset,
     // so accepting it again must be harmless: with chunks A, A, B the tensor is complete only
     // after B, and finishes with the right bytes.
-    const tensors = [tensor('w', [2 * 4096])];
-    const [a, b] = [...chunksOf('t', tensors, ONE_BLOCK)]; // 4096 + 4096
+    const tensors = [tensor('w', [2 * 16384])];
+    const [a, b] = [...chunksOf('t', tensors, ONE_BLOCK)]; // 16384 + 16384
     const asm = new Assembler('t', manifestOf(tensors));
     asm.accept(a!);
     try {
@@ -364,14 +367,14 @@ describe('Assembler', () => {
 
   describe('take', () => {
     it('hands each tensor over exactly once, when its last chunk arrives, and undefined for a repeat', () => {
-      const tensors = [tensor('a', [3 * 4096 + 7]), tensor('b', [5], 1)];
+      const tensors = [tensor('a', [3 * 16384 + 7]), tensor('b', [5], 1)];
       const chunks = [...chunksOf('t', tensors, ONE_BLOCK)];
-      // a: 12295 = 4096 × 3 + 7 → 4 chunks; b: 1 chunk
+      // a: 49159 = 16384 × 3 + 7 → 4 chunks; b: 1 chunk
       expect(chunks.map((c) => [c.tensor, c.offset])).toEqual([
         ['a', 0],
-        ['a', 4096],
-        ['a', 8192],
-        ['a', 12288],
+        ['a', 16384],
+        ['a', 32768],
+        ['a', 49152],
         ['b', 0],
       ]);
       const [a0, a1, a2, a3, b0] = chunks as [Chunk, Chunk, Chunk, Chunk, Chunk];
@@ -388,20 +391,20 @@ describe('Assembler', () => {
       expect(asm.complete).toBe(false);
       const a = asm.take(a1); // a's last missing chunk
       expect(a?.name).toBe('a');
-      expect(a?.shape).toEqual([3 * 4096 + 7]);
+      expect(a?.shape).toEqual([3 * 16384 + 7]);
       expect(bits(a!.data)).toBe(bits(tensors[0]!.data));
       expect(asm.complete).toBe(true);
       // Every chunk again: nothing is handed over twice, nothing is counted twice.
       for (const c of chunks) expect(asm.take(c)).toBeUndefined();
       expect(asm.chunks).toBe(5);
-      expect(asm.bytes).toBe((3 * 4096 + 7 + 5) * 4);
+      expect(asm.bytes).toBe((3 * 16384 + 7 + 5) * 4);
     });
 
     it('does not hand over a complete tensor whose digest differs from the manifest', () => {
-      const tensors = [tensor('a', [2 * 4096 + 1])];
+      const tensors = [tensor('a', [2 * 16384 + 1])];
       const manifest = manifestOf(tensors);
-      const tampered = { ...tensors[0]!, data: flipBit(tensors[0]!.data, 8192) }; // the last element
-      const [c0, c1, c2] = [...chunksOf('t', [tampered], ONE_BLOCK)]; // 4096 + 4096 + 1, each valid
+      const tampered = { ...tensors[0]!, data: flipBit(tensors[0]!.data, 32768) }; // the last element
+      const [c0, c1, c2] = [...chunksOf('t', [tampered], ONE_BLOCK)]; // 16384 + 16384 + 1, each valid
       const asm = new Assembler('t', manifest);
       expect(asm.take(c0!)).toBeUndefined();
       expect(asm.take(c2!)).toBeUndefined();
@@ -417,17 +420,17 @@ describe('manifestOf and modelDigest', () => {
     const tensors = model();
     const m = manifestOf(tensors);
     expect(m.map((e) => e.name)).toEqual(['wte', 'h0.attn.wq', 'head.b']);
-    expect(m[0]!.shape).toEqual([11, 2048]);
+    expect(m[0]!.shape).toEqual([41, 2048]);
     expect(m[0]!.shape).not.toBe(tensors[0]!.shape);
     m.forEach((e, i) => {
       expect(e.sha256).toBe(tensorDigest(tensors[i]!.data));
       expect(e.sha256).toBe(byHand(tensors[i]!.data));
       expect(e.sha256).toMatch(/^[0-9a-f]{64}$/);
     });
-    // h0.attn.wq is 4900 elements: blocks of bytes [0, 16384) and [16384, 19600).
+    // h0.attn.wq is 17161 elements = 68644 bytes: blocks of bytes [0, 65536) and [65536, 68644).
     const wq = Buffer.from(tensors[1]!.data.buffer);
-    expect(wq.length).toBe(19600);
-    expect(m[1]!.sha256).toBe(H(Buffer.concat([H(wq.subarray(0, 16384)), H(wq.subarray(16384))])).toString('hex'));
+    expect(wq.length).toBe(68644);
+    expect(m[1]!.sha256).toBe(H(Buffer.concat([H(wq.subarray(0, 65536)), H(wq.subarray(65536))])).toString('hex'));
   });
 
   it('modelDigest is deterministic and changes when one bit changes', () => {
@@ -447,5 +450,29 @@ describe('manifestOf and modelDigest', () => {
     expect(modelDigest([{ ...a, name: 'x' }, b])).not.toBe(d);
     expect(modelDigest([{ ...a, shape: [3, 2] }, b])).not.toBe(d);
     expect(modelDigest([b, a])).not.toBe(d);
+  });
+});
+
+describe('pacer', () => {
+  it('flushes every FLUSH_EVERY publishes and waits for the window before the last, never more', async () => {
+    const flushes: Array<() => void> = [];
+    const bus = { flush: () => new Promise<void>((resolve) => flushes.push(resolve)) } as unknown as Bus;
+    const pace = pacer(bus);
+    for (let i = 0; i < FLUSH_EVERY; i++) await pace.published();
+    expect(flushes.length).toBe(1); // window 1 is flushing; window 2 may be built meanwhile
+    for (let i = 0; i < FLUSH_EVERY - 1; i++) await pace.published();
+    let through = false;
+    const last = pace.published().then(() => (through = true));
+    await Promise.resolve();
+    expect(through).toBe(false); // the end of window 2 waits for window 1
+    flushes[0]!();
+    await last;
+    expect(flushes.length).toBe(2);
+    const end = pace.end();
+    flushes[1]!();
+    await new Promise((r) => setImmediate(r));
+    flushes[2]!();
+    await end;
+    expect(flushes.length).toBe(3);
   });
 });
