@@ -24,6 +24,7 @@ import { LOCAL_PROFILE, loadLocalProfile } from '../runtime/index.ts';
 import { estimatorBench, PLANS, searchBench } from './bench-estimator.ts';
 import { reallocBench } from './bench-realloc.ts';
 import { computeBench } from './bench-compute.ts';
+import { generateBench } from './bench-generate.ts';
 import { runChaos } from './chaos-run.ts';
 import { profileLocal } from './profile.ts';
 import { launch } from './launch.ts';
@@ -39,7 +40,9 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
   compute [--repeats N]                         GFLOP/s of a plain matrix product (the reference), and of a 4-layer, width-256
                                                 model's forward pass and training step on one device and on tp=2, as shares of it
   algorithms [--iterations N]                   every algorithm's scenario (quickstart for ppo, scenarios/algorithms/
-                                                for the others) over NATS: s/iteration, tokens/s, reward first 5 -> last 5`;
+                                                for the others) over NATS: s/iteration, tokens/s, reward first 5 -> last 5
+  generate                                      a 4-layer, width-256 model samples 16 responses of 16, 64 and 256 tokens,
+                                                with the KV cache and without: tokens/s, speedup, growth of the time per token`;
 
 /** The scenario of each built-in algorithm: the quickstart for PPO, scenarios/algorithms/<name>.yaml for the others. */
 export const ALGORITHM_SCENARIOS: Record<string, string> = {
@@ -125,7 +128,8 @@ runMain(async () => {
   if (name === 'chaos') return chaosSoak(values);
   if (name === 'algorithms') return algorithmsBench(values);
   if (name === 'compute') return compute(values);
-  if (name !== 'iteration') throw new UsageError(`unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, search, chaos, algorithms, compute\n${USAGE}`);
+  if (name === 'generate') return generate(values);
+  if (name !== 'iteration') throw new UsageError(`unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, search, chaos, algorithms, compute, generate\n${USAGE}`);
   let scenario = await loadScenarioFile(values.scenario ?? 'scenarios/quickstart.yaml');
   if (values.iterations !== undefined) {
     const n = Number(values.iterations);
@@ -201,6 +205,21 @@ async function compute(values: { json?: boolean; repeats?: string }): Promise<nu
   return 0;
 }
 
+/** The generation benchmark (bench-generate.ts) on the backend the scenarios would use. */
+async function generate(values: { json?: boolean }): Promise<number> {
+  const log = values.json ? () => {} : (line: string) => console.log(line);
+  const backend = await initBackend('auto');
+  log(`bench generate on ${backend}: 16 responses per length, with the KV cache and by running the prefix again for every token`);
+  const r = await generateBench({ layers: 4, width: 256, heads: 4, vocab: 256, batch: 16, promptLen: 16, lengths: [16, 64, 256], log });
+  if (values.json) console.log(JSON.stringify(r));
+  else {
+    const f = (x: number) => x.toFixed(1);
+    log(`speedup of the cache: ${Object.entries(r.speedup).map(([k, v]) => `${k} tokens ${f(v)}×`).join(', ')}`);
+    log(`growth (time per token at 256 over at 16, with the cache): ${r.growth.toFixed(2)}`);
+  }
+  return 0;
+}
+
 /** The chaos soak: many random kills over a run that reallocates every iteration. */
 async function chaosSoak(values: { json?: boolean; kills?: string; seed?: string; iterations?: string; scenario?: string }): Promise<number> {
   const log = values.json ? () => {} : (line: string) => console.log(line);
@@ -252,6 +271,15 @@ async function realloc(values: { json?: boolean; width?: string; layers?: string
     console.log(`raw NATS pub/sub    ${f(r.raw_mb_s)} MB/s, same bytes, same processes`);
     console.log(`ratio               ${f(r.ratio, 2)}`);
     console.log(`bytes / minimum     ${f(r.bytes_ratio, 2)}  (${f(r.minimum_mb)} MB received; ${f(r.published_mb)} MB published)`);
+    console.log(
+      `where the devices' time went, go to done: ${Object.entries(r.time_shares)
+        .map(([k, v]) => `${k} ${f(100 * v, 0)}%`)
+        .join(', ')}`,
+    );
+    const c = r.cpu_per_mb;
+    console.log(
+      `CPU per MB moved    realloc: server ${f(c.realloc.server_ms_per_mb)} ms + workers ${f(c.realloc.workers_ms_per_mb)} ms, ${f(c.realloc.cores_busy, 2)} of ${c.cores} cores busy; raw: server ${f(c.raw.server_ms_per_mb)} ms + workers ${f(c.raw.workers_ms_per_mb)} ms, ${f(c.raw.cores_busy, 2)} cores busy`,
+    );
     for (const w of r.workers) {
       console.log(
         `worker ${w.device}: peak ${f(w.peak_mb)} MB RSS during the moves; idle ${f(w.idle_mb)} MB, loaded ${f(w.loaded_mb)} MB, so the moves took ${f(w.moving_mb)} MB more (old shard ${f(w.old_shard_mb)} MB, new shard ${f(w.new_shard_mb)} MB)`,

@@ -7,6 +7,7 @@
 //
 // The reference these are checked against is gpt.ts's forward, differentiated by TensorFlow.js.
 import * as tf from '@tensorflow/tfjs';
+import type { KvCache } from './kv-cache.ts';
 
 /** Transposes the last two axes. */
 const swap = (t: tf.Tensor): tf.Tensor => {
@@ -225,15 +226,34 @@ export function attentionBackward(c: AttnCache, w: AttnWeights, B: number, T: nu
   });
 }
 
+/**
+ * Attention of the new positions [start, start + T) of each row (h: [B·T, D]) during decoding:
+ * their keys and values go into `cache` (layer `l`), and their queries attend to every cached
+ * position up to their own. Without its output bias, like `attention`.
+ */
+export function attentionCached(h: tf.Tensor, w: AttnWeights, B: number, T: number, heads: number, start: number, cache: KvCache, l: number): tf.Tensor {
+  return tf.tidy(() => {
+    const local = w.wq.shape[1]!;
+    const hd = local / heads;
+    const split = (t: tf.Tensor, order: number[]) => tf.reshape(tf.transpose(tf.reshape(t, [B, T, heads, hd]), order), order[2] === 1 ? [B * heads, T, hd] : [B * heads, hd, T]);
+    const q = tf.mul(split(linear(h, w.wq, w.bq), [0, 2, 1, 3]), 1 / Math.sqrt(hd));
+    const layer = cache.write(l, start, split(linear(h, w.wk, w.bk), [0, 2, 3, 1]), split(linear(h, w.wv, w.bv), [0, 2, 1, 3]));
+    const p = tf.softmax(tf.add(batchMatMul(q, layer.kT), cache.mask(start, T))); // [B·H, T, cached]
+    const y = tf.reshape(tf.transpose(tf.reshape(batchMatMul(p, layer.v), [B, heads, T, hd]), [0, 2, 1, 3]), [B * T, local]);
+    return linear(y, w.wo);
+  });
+}
+
 // ---- embedding ----------------------------------------------------------------------------------
 
-/** Token and position embeddings of tokens [B, T] as rows [B·T, D]. */
-export function embedRows(tokens: tf.Tensor2D, wte: tf.Tensor, wpe: tf.Tensor): tf.Tensor2D {
+/** Token and position embeddings of tokens [B, T] at positions [start, start + T), as rows [B·T, D]. */
+export function embedRows(tokens: tf.Tensor2D, wte: tf.Tensor, wpe: tf.Tensor, start = 0): tf.Tensor2D {
   return tf.tidy(() => {
     const [B, T] = tokens.shape;
     const D = wte.shape[1]!;
+    if (start + T > wpe.shape[0]!) throw new RangeError(`positions ${start}-${start + T} exceed the context of ${wpe.shape[0]}`);
     const tok = tf.reshape(tf.gather(wte, tf.reshape(tokens, [B * T])), [B, T, D]);
-    return tf.reshape(tf.add(tok, tf.slice(wpe, [0, 0], [T, D])), [B * T, D]) as tf.Tensor2D;
+    return tf.reshape(tf.add(tok, tf.slice(wpe, [start, 0], [T, D])), [B * T, D]) as tf.Tensor2D;
   });
 }
 

@@ -18,6 +18,7 @@ import { causalMask, initialParameter, logprobsOf, valuesOf } from './gpt.ts';
 import {
   attention,
   attentionBackward,
+  attentionCached,
   embedBackward,
   embedRows,
   layerNorm,
@@ -36,6 +37,7 @@ import { modelInfo, parameterShapes, type GptSpec } from './params.ts';
 import { Rng, Stream, argmax, sampleToken, seedOf } from './rng.ts';
 import { Adam, type AdamState } from './adam.ts';
 import { Staging } from './staging.ts';
+import { KvCache } from './kv-cache.ts';
 import { ShardError, ownCopy, pickRows, trainEpochs, yieldToLoop, type TrainStats } from './steps.ts';
 
 let shardCount = 0;
@@ -316,41 +318,111 @@ export class GptRank {
   }
 
   /**
-   * Samples responses for this replica's prompts. The last stage samples; earlier stages get each
-   * new token from it. Speaking ranks return their rows' tokens and log-probabilities.
+   * This stage's part of one decoding pass: positions [start, start + T) of `b` rows (`tokens`
+   * [b, T] on the first stage), attending through `cache`. Returns, on the last stage, the
+   * logits of each row's last position [b, V]; elsewhere undefined, after sending the activations on.
    */
-  async generate(group: string, prompts: Int32Array, batch: number, promptLen: number, responseLen: number, seeds: Uint32Array, temperature: number, greedy = false) {
+  private async decodeStage(group: string, tag: string, tokens: Int32Array, b: number, T: number, start: number, cache: KvCache): Promise<tf.Tensor | undefined> {
+    const D = this.spec.width;
+    let x: tf.Tensor;
+    if (this.first) {
+      const tokensT = tf.tensor2d(tokens, [b, T], 'int32');
+      x = embedRows(tokensT, this.w('wte'), this.w('wpe'), start);
+      tokensT.dispose();
+    } else {
+      x = await this.recvTensor(group, this.prev!, `${tag}/act`, [b * T, D]);
+    }
+    for (const l of this.layers) {
+      const W = (n: string) => this.w(`h${l}.${n}`);
+      const n1 = layerNorm(x, W('ln1.g'), W('ln1.b'), false);
+      const a = await this.allReduceTp(group, `${tag}/l${l}/attn`, attentionCached(n1.y, this.attn(l), b, T, this.localHeads, start, cache, l));
+      const x1 = tf.tidy(() => tf.add(tf.add(x, a), W('attn.bo')));
+      tf.dispose([a, n1.y, x]);
+      const n2 = layerNorm(x1, W('ln2.g'), W('ln2.b'), false);
+      const m = await this.allReduceTp(group, `${tag}/l${l}/mlp`, mlp(n2.y, W('mlp.w1'), W('mlp.b1'), W('mlp.w2'), false).out);
+      x = tf.tidy(() => tf.add(tf.add(x1, m), W('mlp.b2')));
+      tf.dispose([m, n2.y, x1]);
+    }
+    if (!this.last) {
+      this.sendTensor(group, this.next!, `${tag}/act`, x);
+      x.dispose();
+      return undefined;
+    }
+    // The head only where a token is sampled: each row's last position.
+    const logits = tf.tidy(() => {
+      const last = T === 1 ? x : tf.reshape(tf.slice(tf.reshape(x, [b, T, D]), [0, T - 1, 0], [b, 1, D]), [b, D]);
+      return linear(layerNorm(last, this.w('lnf.g'), this.w('lnf.b'), false).y, this.w('head.w'), this.w('head.b'));
+    });
+    x.dispose();
+    return logits;
+  }
+
+  /**
+   * Samples responses for this replica's prompts: the prompts in one pass, then one position per
+   * step, with each layer's keys and values cached (this rank's heads, this stage's layers, this
+   * replica's rows). `cache: false` runs the whole prefix again for every token instead (what
+   * the generation benchmark compares with; same tokens). The last stage samples; earlier stages
+   * get each new token from it. Speaking ranks return their rows' tokens and log-probabilities.
+   */
+  async generate(
+    group: string,
+    prompts: Int32Array,
+    batch: number,
+    promptLen: number,
+    responseLen: number,
+    seeds: Uint32Array,
+    temperature: number,
+    greedy = false,
+    cache = true,
+  ) {
     const [lo, hi] = replicaRows(batch, this.layout.dp, this.coords.dp);
     const b = hi - lo;
     const width = promptLen + responseLen;
+    if (width > this.spec.context) throw new ShardError(`a prompt of ${promptLen} and a response of ${responseLen} tokens exceed the context of ${this.spec.context}`);
     const tokens = new Int32Array(b * width);
     for (let i = 0; i < b; i++) tokens.set(prompts.subarray((lo + i) * promptLen, (lo + i + 1) * promptLen), i * width);
     const rngs = Array.from(seeds.subarray(lo, hi), (s) => new Rng(s));
-    for (let t = 0; t < responseLen; t++) {
-      await yieldToLoop();
-      const len = promptLen + t;
+    const kv = cache ? new KvCache(b * this.localHeads, this.spec.width / this.spec.heads, width) : undefined;
+    /** The logits [b, V] that predict position `len` (last stage), from the tokens up to it. */
+    const logitsAt = async (t: number, len: number, next?: Int32Array): Promise<tf.Tensor | undefined> => {
+      if (kv) return this.decodeStage(group, `gen/${t}`, next ?? prompts.subarray(lo * promptLen, hi * promptLen), b, next ? 1 : promptLen, next ? len - 1 : 0, kv);
       const prefix = new Int32Array(b * len);
       for (let i = 0; i < b; i++) prefix.set(tokens.subarray(i * width, i * width + len), i * len);
       const { out } = await this.forwardStage(group, `gen/${t}`, prefix, b, len, false);
-      let next: Int32Array;
-      if (out) {
-        const lastLogits = tf.tidy(() => tf.slice(out, [0, len - 1, 0], [b, 1, this.spec.vocab]));
-        const logits = lastLogits.dataSync() as Float32Array;
-        tf.dispose([out, lastLogits]);
-        next = new Int32Array(b);
-        for (let i = 0; i < b; i++) {
-          const row = logits.subarray(i * this.spec.vocab, (i + 1) * this.spec.vocab);
-          next[i] = greedy ? argmax(row) : sampleToken(row, temperature, rngs[i]!.uniform());
+      if (!out) return undefined;
+      const last = tf.tidy(() => tf.reshape(tf.slice(out, [0, len - 1, 0], [b, 1, this.spec.vocab]), [b, this.spec.vocab]));
+      out.dispose();
+      return last;
+    };
+    let logits: tf.Tensor | undefined;
+    try {
+      logits = await logitsAt(0, promptLen);
+      for (let t = 0; t < responseLen; t++) {
+        await yieldToLoop();
+        let next: Int32Array;
+        if (this.last) {
+          const values = logits!.dataSync() as Float32Array;
+          logits!.dispose();
+          logits = undefined;
+          next = new Int32Array(b);
+          for (let i = 0; i < b; i++) {
+            const row = values.subarray(i * this.spec.vocab, (i + 1) * this.spec.vocab);
+            next[i] = greedy ? argmax(row) : sampleToken(row, temperature, rngs[i]!.uniform());
+          }
+          // Earlier stages of this replica, same tensor rank, need the new tokens for the next step.
+          for (let s = 0; s < this.layout.pp - 1; s++) {
+            this.comm.send(group, this.layout.devices[rankOf(this.layout, { ...this.coords, pp: s })]!, `gen/${t}/tok`, next);
+          }
+        } else {
+          const fromLast = this.layout.devices[rankOf(this.layout, { ...this.coords, pp: this.layout.pp - 1 })]!;
+          next = (await this.comm.recv(group, fromLast, `gen/${t}/tok`)) as Int32Array;
         }
-        // Earlier stages of this replica, same tensor rank, need the new tokens for the next step.
-        for (let s = 0; s < this.layout.pp - 1; s++) {
-          this.comm.send(group, this.layout.devices[rankOf(this.layout, { ...this.coords, pp: s })]!, `gen/${t}/tok`, next);
-        }
-      } else {
-        const fromLast = this.layout.devices[rankOf(this.layout, { ...this.coords, pp: this.layout.pp - 1 })]!;
-        next = (await this.comm.recv(group, fromLast, `gen/${t}/tok`)) as Int32Array;
+        for (let i = 0; i < b; i++) tokens[i * width + promptLen + t] = next[i]!;
+        logits = t + 1 < responseLen ? await logitsAt(t + 1, promptLen + t + 1, next) : undefined;
       }
-      for (let i = 0; i < b; i++) tokens[i * width + len] = next[i]!;
+    } finally {
+      logits?.dispose();
+      kv?.dispose();
     }
     // Log-probabilities of the sampled tokens, as training will compute them.
     const { out } = await this.forwardStage(group, 'gen/logp', tokens, b, width, false);

@@ -1,0 +1,94 @@
+// Keys and values of every position decoded so far, per layer, for the rows and heads a rank
+// generates: prefill the prompt in one pass, then one position per step, each attending to what
+// is cached. Where the backend's memory is in the host's reach (wasm, cpu) the cache is allocated
+// once, for the whole sequence, and each step writes its position in place, so a step costs the
+// same at position 16 as at position 256; the attention runs over the whole capacity with the
+// positions not yet written masked out. Elsewhere each step appends by concatenation.
+import * as tf from '@tensorflow/tfjs';
+import { hostView } from './staging.ts';
+
+/** Bytes a cache of `rows` sequences (× heads), `headSize`, `capacity` positions and `layers` layers holds: keys and values, float32. */
+export function kvCacheBytes(rows: number, headSize: number, capacity: number, layers: number): number {
+  return 2 * rows * headSize * capacity * layers * 4;
+}
+
+interface LayerCache {
+  /** Keys, transposed: [rows, hd, capacity] (in place) or [rows, hd, length] (appended). */
+  kT: tf.Tensor;
+  /** Values: [rows, capacity, hd] or [rows, length, hd]. */
+  v: tf.Tensor;
+}
+
+export class KvCache {
+  private readonly layers = new Map<number, LayerCache>();
+  /** Positions written so far. */
+  length = 0;
+  private readonly inPlace: boolean;
+
+  /**
+   * `rows`: sequences × this rank's heads; `headSize`: elements per head; `capacity`: prompt plus
+   * response, the most positions it will hold.
+   */
+  constructor(
+    readonly rows: number,
+    readonly headSize: number,
+    readonly capacity: number,
+  ) {
+    const probe = tf.zeros([1]);
+    this.inPlace = hostView(probe) !== undefined;
+    probe.dispose();
+  }
+
+  /**
+   * Writes the keys (kT [rows, hd, n]) and values (v [rows, n, hd]) of positions
+   * [start, start + n) of layer `l`, then returns the layer's keys and values to attend to: all
+   * of the capacity when written in place (later positions masked by `mask`), else what is
+   * cached. The caller keeps nothing it got from an earlier step.
+   */
+  write(l: number, start: number, kT: tf.Tensor, v: tf.Tensor): LayerCache {
+    const n = v.shape[1]!;
+    if (start + n > this.capacity) throw new RangeError(`the KV cache holds ${this.capacity} positions; positions ${start}-${start + n} do not fit`);
+    const { rows, headSize: hd, capacity: C } = this;
+    let layer = this.layers.get(l);
+    if (!this.inPlace) {
+      // Kept: a caller's tf.tidy must not take the cache with it.
+      if (!layer) layer = { kT: tf.keep(kT.clone()), v: tf.keep(v.clone()) };
+      else {
+        const next = { kT: tf.keep(tf.concat([layer.kT, kT], 2)), v: tf.keep(tf.concat([layer.v, v], 1)) };
+        tf.dispose([layer.kT, layer.v]);
+        layer = next;
+      }
+      this.layers.set(l, layer);
+      return layer;
+    }
+    if (!layer) {
+      layer = { kT: tf.keep(tf.zeros([rows, hd, C])), v: tf.keep(tf.zeros([rows, C, hd])) };
+      this.layers.set(l, layer);
+    }
+    const [k, vv] = [kT.dataSync() as Float32Array, v.dataSync() as Float32Array];
+    // Views taken after the reads: a read may grow the heap, which moves it.
+    const [kc, vc] = [hostView(layer.kT)!, hostView(layer.v)!];
+    for (let r = 0; r < rows; r++) {
+      for (let d = 0; d < hd; d++) kc.set(k.subarray((r * hd + d) * n, (r * hd + d + 1) * n), (r * hd + d) * C + start);
+      vc.set(vv.subarray(r * n * hd, (r + 1) * n * hd), (r * C + start) * hd);
+    }
+    return layer;
+  }
+
+  /**
+   * The additive mask of queries at positions [start, start + n) over the keys the cache hands
+   * out: a query sees its own position and every earlier one, nothing later (nor, in place, any
+   * position not yet written).
+   */
+  mask(start: number, n: number): tf.Tensor {
+    const width = this.inPlace ? this.capacity : start + n;
+    const m = new Float32Array(n * width);
+    for (let i = 0; i < n; i++) for (let j = start + i + 1; j < width; j++) m[i * width + j] = -1e9;
+    return tf.tensor2d(m, [n, width]);
+  }
+
+  dispose(): void {
+    for (const layer of this.layers.values()) tf.dispose([layer.kT, layer.v]);
+    this.layers.clear();
+  }
+}
