@@ -214,7 +214,11 @@ async function generate(values: { json?: boolean }): Promise<number> {
   if (values.json) console.log(JSON.stringify(r));
   else {
     const f = (x: number) => x.toFixed(1);
-    log(`speedup of the cache: ${Object.entries(r.speedup).map(([k, v]) => `${k} tokens ${f(v)}×`).join(', ')}`);
+    log(
+      `speedup of the cache: ${Object.entries(r.speedup)
+        .map(([k, v]) => `${k} tokens ${f(v)}×`)
+        .join(', ')}`,
+    );
     log(`growth (time per token at 256 over at 16, with the cache): ${r.growth.toFixed(2)}`);
   }
   return 0;

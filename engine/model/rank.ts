@@ -364,17 +364,7 @@ export class GptRank {
    * the generation benchmark compares with; same tokens). The last stage samples; earlier stages
    * get each new token from it. Speaking ranks return their rows' tokens and log-probabilities.
    */
-  async generate(
-    group: string,
-    prompts: Int32Array,
-    batch: number,
-    promptLen: number,
-    responseLen: number,
-    seeds: Uint32Array,
-    temperature: number,
-    greedy = false,
-    cache = true,
-  ) {
+  async generate(group: string, prompts: Int32Array, batch: number, promptLen: number, responseLen: number, seeds: Uint32Array, temperature: number, greedy = false, cache = true) {
     const [lo, hi] = replicaRows(batch, this.layout.dp, this.coords.dp);
     const b = hi - lo;
     const width = promptLen + responseLen;
