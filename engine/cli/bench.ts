@@ -25,6 +25,7 @@ import { estimatorBench, PLANS, searchBench } from './bench-estimator.ts';
 import { reallocBench } from './bench-realloc.ts';
 import { computeBench } from './bench-compute.ts';
 import { generateBench } from './bench-generate.ts';
+import { searchQualityBench } from './bench-search-quality.ts';
 import { runChaos } from './chaos-run.ts';
 import { profileLocal } from './profile.ts';
 import { launch } from './launch.ts';
@@ -34,6 +35,8 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
   realloc [--width W] [--layers L] [--repeats R]  reallocation MB/s against raw NATS, bytes, memory
   estimator [--iterations N] [--profile]        planner estimates against measured runs of 6 local plans
   search [--iterations N] [--budget S]          measured: the best named placement against the search's plan
+  search-quality [--budget S] [--reference S] [--seeds N] [--scenario FILE]
+                                                estimated: searches of 10 s (5 seeds) against one of 120 s, per cluster scenario
   chaos [--kills N] [--seed S] [--iterations N] [--scenario FILE]
                                                 the soak: N random kills (10% hangs) of every actor kind,
                                                 against the clean run (default 50 kills, scenarios/chaos.yaml)
@@ -105,6 +108,7 @@ async function iterationBench(scenario: Scenario) {
 }
 
 runMain(async () => {
+  if (process.argv[2] === 'search-quality') return searchQualityBench(); // it parses its own options
   const { values, positionals } = args(USAGE, {
     json: { type: 'boolean', default: false },
     scenario: { type: 'string' },
@@ -129,7 +133,8 @@ runMain(async () => {
   if (name === 'algorithms') return algorithmsBench(values);
   if (name === 'compute') return compute(values);
   if (name === 'generate') return generate(values);
-  if (name !== 'iteration') throw new UsageError(`unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, search, chaos, algorithms, compute, generate\n${USAGE}`);
+  if (name !== 'iteration')
+    throw new UsageError(`unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, search, search-quality, chaos, algorithms, compute, generate\n${USAGE}`);
   let scenario = await loadScenarioFile(values.scenario ?? 'scenarios/quickstart.yaml');
   if (values.iterations !== undefined) {
     const n = Number(values.iterations);

@@ -1,15 +1,17 @@
-// npm run plan -- FILE [--placement NAME] [--budget SECONDS] [--json] [--write PLAN.yaml] [--html OUT.html]
+// npm run plan -- FILE [--placement NAME] [--budget SECONDS] [--seed N] [--json] [--write PLAN.yaml] [--html OUT.html]
 // Plans a scenario: every named placement and (by default) a search, each evaluated with the cost
-// model and the simulator; prints the chosen plan call by call and how it compares.
+// model and the simulator; prints the chosen plan call by call and how it compares. The budget is
+// a number of plan evaluations (SECONDS × EVALUATIONS_PER_SECOND), so a seed gives the same plan
+// on any machine.
 import { writeFileSync } from 'node:fs';
 import { stringify } from 'yaml';
 import { UsageError, args, runMain } from '../../actors/host.ts';
 import { loadScenarioFile } from '../runtime/index.ts';
-import { PLACEMENTS, Evaluator, namedPlan, search, type Candidate, type Evaluation, type NamedPlacement } from '../runtime/index.ts';
+import { PLACEMENTS, Evaluator, evaluationsFor, namedPlan, search, type Candidate, type Evaluation, type NamedPlacement } from '../runtime/index.ts';
 import { problemOf } from '../runtime/index.ts';
 import { planRows, renderPlan } from '../runtime/index.ts';
 
-const USAGE = `usage: npm run plan -- FILE [--placement search|${PLACEMENTS.join('|')}] [--budget SECONDS] [--json] [--write PLAN.yaml] [--html OUT.html]`;
+const USAGE = `usage: npm run plan -- FILE [--placement search|${PLACEMENTS.join('|')}] [--budget SECONDS] [--seed N] [--json] [--write PLAN.yaml] [--html OUT.html]`;
 
 export function planYaml(c: Candidate): string {
   const plan = Object.fromEntries(Object.entries(c).map(([call, p]) => [call, { mesh: p.mesh, dp: p.dp, tp: p.tp, pp: p.pp }]));
@@ -54,6 +56,8 @@ runMain(async () => {
   }
   const budget = Number(values.budget);
   if (!(budget > 0)) throw new UsageError(`--budget: expected seconds > 0, got ${values.budget}`);
+  const seed = Number(values.seed);
+  if (!Number.isInteger(seed)) throw new UsageError(`--seed: expected a whole number, got ${values.seed}`);
   const scenario = await loadScenarioFile(positionals[0]!);
   const problem = problemOf(scenario);
   const ev = new Evaluator(problem);
@@ -61,13 +65,13 @@ runMain(async () => {
   const named = Object.fromEntries(PLACEMENTS.map((n) => [n, namedPlan(ev, n)])) as Record<NamedPlacement, Candidate>;
   const baselines = Object.fromEntries(PLACEMENTS.map((n) => [n, ev.evaluate(named[n]).iterationSeconds]));
   let chosen: Candidate;
-  let searchInfo: { seconds: number; evaluated: number; accepted: number } | undefined;
+  let searchInfo: { seed: number; seconds: number; evaluated: number; accepted: number } | undefined;
   if (placement === 'search') {
-    const starts = PLACEMENTS.map((n) => named[n]).sort((a, b) => ev.evaluate(a).iterationSeconds - ev.evaluate(b).iterationSeconds);
-    const r = search(ev, starts, { budgetSeconds: budget, seed: Number(values.seed) });
-    if (r.best.length === 0) throw new Error(`no feasible plan found for ${problem.name} in ${budget} s (every named plan: ${PLACEMENTS.map((n) => ev.evaluate(named[n]).why).join('; ')})`);
+    const starts = PLACEMENTS.map((n) => named[n]).sort((a, b) => ev.objective(a) - ev.objective(b));
+    const r = search(ev, starts, { evaluations: evaluationsFor(budget), seed });
+    if (r.best.length === 0) throw new Error(`no feasible plan found for ${problem.name} in ${r.evaluated} plans (every named plan: ${PLACEMENTS.map((n) => ev.evaluate(named[n]).why).join('; ')})`);
     chosen = r.best[0]!.plan;
-    searchInfo = { seconds: r.seconds, evaluated: r.evaluated, accepted: r.accepted };
+    searchInfo = { seed: r.seed, seconds: r.seconds, evaluated: r.evaluated, accepted: r.accepted };
   } else {
     chosen = named[placement as NamedPlacement];
   }
@@ -78,6 +82,7 @@ runMain(async () => {
     devices: problem.cluster.nodes * problem.cluster.devicesPerNode,
     ...report(placement, evaluation),
     search_seconds: searchInfo?.seconds ?? 0,
+    search_seed: searchInfo?.seed ?? null,
     plans_evaluated: searchInfo?.evaluated ?? 0,
     baselines,
   };
@@ -102,7 +107,9 @@ runMain(async () => {
     return evaluation.feasible ? 0 : 1;
   }
   const pad = (x: string, n: number) => x.padEnd(n);
-  console.log(`${problem.name}: ${out.devices} × ${problem.device.name}, placement ${placement}${searchInfo ? ` (${searchInfo.evaluated} plans in ${searchInfo.seconds.toFixed(1)} s)` : ''}`);
+  console.log(
+    `${problem.name}: ${out.devices} × ${problem.device.name}, placement ${placement}${searchInfo ? ` (seed ${searchInfo.seed}: ${searchInfo.evaluated} plans in ${searchInfo.seconds.toFixed(1)} s)` : ''}`,
+  );
   console.log(`${pad('call', 22)}${pad('mesh', 10)}${pad('dp/tp/pp', 10)}${pad('seconds', 10)}${pad('realloc', 10)}memory/device`);
   for (const call of Object.keys(evaluation.calls)) {
     const c = evaluation.calls[call]!;

@@ -21,4 +21,5 @@ export * from './plan/catalog.ts';
 export * from './plan/cost.ts';
 export * from './plan/planner.ts';
 export * from './plan/problem.ts';
+export * from './plan/search.ts';
 export * from './plan/simulate.ts';

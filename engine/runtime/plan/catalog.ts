@@ -58,8 +58,8 @@ export interface DeviceProfile {
   /** The same for the fixed per-layer costs (kernel launches, framework overhead); 3 unless fitted. */
   trainPassFactor?: number;
   /**
-   * Generation recomputes the whole prefix for every new token (no KV cache), as ferry's own
-   * TensorFlow.js runtime does; GPU serving engines keep a KV cache.
+   * Generation recomputes the whole prefix for every new token (no KV cache). Neither ferry's
+   * runtime (engine/model/kv-cache.ts) nor GPU serving engines do; it prices a runtime that does.
    */
   recomputeDecode?: boolean;
   /**

@@ -1,12 +1,13 @@
 // Plans: every model function call on a mesh with a dp × tp × pp strategy. This module evaluates a
-// plan (cost model + simulator, with memory feasibility), generates the named placements of the
-// published systems, and searches for a faster plan with Metropolis–Hastings.
+// plan (cost model + simulator, with memory feasibility) and generates the named placements of the
+// published systems; search.ts searches for a faster plan from them.
 import { deviceCount, parseMesh, type Cluster } from '../../../mesh/parallel/index.ts';
 import { layoutKey, type Layout } from '../../../mesh/parallel/index.ts';
 import type { CallName } from '../scenario.ts';
 import type { DeviceProfile, ModelShape } from './catalog.ts';
-import { callCost, reallocSeconds, strategyProblem, type CallCost, type CallKind, type Workload } from './cost.ts';
+import { callCost, strategyProblem, type CallCost, type CallKind, type Workload } from './cost.ts';
 import { simulate, type Flow, type Simulation, type TaskSpec } from './simulate.ts';
+import { transferSeconds } from './transfer.ts';
 
 /** A call of the algorithm, as the planner prices it. */
 export interface PlanCall {
@@ -80,11 +81,67 @@ const callOf = (problem: Problem, call: CallName): PlanCall => {
 const modelOf = (problem: Problem, model: string): PlanModel => problem.graph.models.find((m) => m.name === model)!;
 export const callNames = (problem: Problem): CallName[] => problem.graph.calls.map((c) => c.name);
 
-/** Caches of the costs a search asks for over and over. */
+/** A call as the evaluator prices it: its place in the graph, its model and the model's shape. */
+interface CallInfo {
+  name: CallName;
+  model: PlanModel;
+  shape: ModelShape | undefined;
+}
+
+/** A plan priced call by call, before the simulator: costs, memory, and whether it fits. */
+interface Priced {
+  why?: string;
+  overflow: number;
+  /** In the graph's call order; `owner` is the model's own placement when the call runs on a view. */
+  calls: Array<{ info: CallInfo; placement: Placement; owner?: Placement; seconds: number; memoryBytes: number }>;
+}
+
+/**
+ * The same move between fewer, lower-numbered devices: the nodes the two layouts touch numbered
+ * 0, 1, … in order, and on each node the slots they touch likewise. A transfer plan compares
+ * devices only by their order and by their node (mesh/parallel/realloc.ts: a sender on the
+ * receiver's node, else the least loaded, ties to the lower device), and a move's time only asks
+ * whether two devices share a node, so every pair of layouts with the same pattern costs exactly
+ * the same: one transfer plan serves them all.
+ */
+export function compactLayouts(from: Layout, to: Layout, perNode: number): [Layout, Layout] {
+  const used = [...new Set([...from.devices, ...to.devices])].sort((a, b) => a - b);
+  const renumbered = new Map<number, number>();
+  let node = -1;
+  let lastNode = -1;
+  let slot = 0;
+  for (const d of used) {
+    const n = Math.floor(d / perNode);
+    if (n !== lastNode) [node, lastNode, slot] = [node + 1, n, 0];
+    renumbered.set(d, node * perNode + slot++);
+  }
+  const remap = (l: Layout): Layout => ({ ...l, devices: l.devices.map((d) => renumbered.get(d)!) });
+  return [remap(from), remap(to)];
+}
+
+/**
+ * Prices plans, with caches of the costs a search asks for over and over. A call's cost is not a
+ * function of its own placement alone: it depends on whether the call runs on its model's own
+ * layout (the owner call's placement), and on the memory that the models resident on its devices
+ * leave it (their owners' placements), which sets its micro-batches and decoding waves; a view's
+ * move depends on the owner's placement too. The caches are keyed by all of that, so a hit is
+ * exactly what a fresh computation gives. Placements are treated as immutable values.
+ */
 export class Evaluator {
   private readonly calls = new Map<string, CallCost>();
   private readonly moves = new Map<string, number>();
-  constructor(readonly problem: Problem) {}
+  private readonly compactMoves = new Map<string, number>();
+  private readonly keys = new WeakMap<Placement, string>();
+  private readonly infos: CallInfo[];
+  constructor(readonly problem: Problem) {
+    this.infos = problem.graph.calls.map((c) => ({ name: c.name, model: modelOf(problem, c.model), shape: problem.models[c.model] }));
+  }
+
+  private key(p: Placement): string {
+    let k = this.keys.get(p);
+    if (k === undefined) this.keys.set(p, (k = layoutKey(layoutOf(p))));
+    return k;
+  }
 
   /** `availableBytes`: device memory left by the models resident on the call's devices. */
   callCost(call: CallName, p: Placement, owner: boolean, availableBytes?: number): CallCost | undefined {
@@ -93,7 +150,7 @@ export class Evaluator {
     const shape = this.problem.models[info.model];
     if (!shape) return undefined;
     const available = availableBytes === undefined ? undefined : Math.max(0, Math.floor(availableBytes / 1e8) * 1e8);
-    const key = `${call}|${layoutKey(layoutOf(p))}|${owner}|${available}`;
+    const key = `${call}|${this.key(p)}|${owner}|${available}`;
     let c = this.calls.get(key);
     if (!c) {
       c = callCost(shape, info.kind, layoutOf(p), { ...this.problem.workload, batch: info.rows }, this.problem.device, this.problem.cluster.devicesPerNode, {
@@ -110,16 +167,23 @@ export class Evaluator {
   realloc(model: string, from: Placement, to: Placement): number {
     const shape = this.problem.models[model];
     if (!shape) return 0;
-    const key = `${model}|${layoutKey(layoutOf(from))}|${layoutKey(layoutOf(to))}`;
+    const key = `${model}|${this.key(from)}|${this.key(to)}`;
     let s = this.moves.get(key);
     if (s === undefined) {
-      s = reallocSeconds(shape, layoutOf(from), layoutOf(to), this.problem.device, this.problem.cluster.devicesPerNode, modelOf(this.problem, model).valueHead);
+      const { devicesPerNode } = this.problem.cluster;
+      const [a, b] = compactLayouts(layoutOf(from), layoutOf(to), devicesPerNode);
+      const compact = `${model}|${layoutKey(a)}|${layoutKey(b)}`;
+      s = this.compactMoves.get(compact);
+      if (s === undefined) {
+        s = transferSeconds(shape, a, b, this.problem.device, devicesPerNode, modelOf(this.problem, model).valueHead);
+        this.compactMoves.set(compact, s);
+      }
       this.moves.set(key, s);
     }
     return s;
   }
 
-  evaluate(c: Candidate, keepTimeline = false): Evaluation {
+  private price(c: Candidate): Priced {
     const { device } = this.problem;
     const resident = new Map<number, number>();
     for (const model of this.problem.graph.models) {
@@ -127,44 +191,74 @@ export class Evaluator {
       const cost = this.callCost(model.owner, owner, true);
       for (const d of owner.devices) resident.set(d, (resident.get(d) ?? 0) + (cost?.residentBytes ?? 0));
     }
-    const calls = {} as Record<CallName, CallReport>;
-    const tasks = {} as Record<CallName, TaskSpec>;
+    const calls: Priced['calls'] = [];
     let why: string | undefined;
     let overflow = 0;
-    for (const call of callNames(this.problem)) {
-      const model = callOf(this.problem, call).model;
-      const p = c[call]!;
-      const owner = c[modelOf(this.problem, model).owner]!;
-      const isOwner = layoutKey(layoutOf(p)) === layoutKey(layoutOf(owner));
-      const problem = this.problem.models[model] ? strategyProblem(this.problem.models[model]!, p) : undefined;
-      if (problem) why ??= `${call}: ${problem}`;
-      const residentHere = Math.max(...p.devices.map((d) => resident.get(d) ?? 0));
-      const cost = this.callCost(call, p, isOwner, device.memoryBytes - residentHere);
-      // A view is loaded, filled and released: two calls more than the move itself.
-      const moveSeconds = isOwner ? 0 : this.realloc(model, owner, p) + 2 * (device.callOverhead ?? 0);
-      const memory = Math.max(...p.devices.map((d) => (resident.get(d) ?? 0) + (cost?.transientBytes ?? 0)));
+    for (const info of this.infos) {
+      const p = c[info.name]!;
+      const owner = c[info.model.owner]!;
+      const isOwner = this.key(p) === this.key(owner);
+      const problem = info.shape ? strategyProblem(info.shape, p) : undefined;
+      if (problem) why ??= `${info.name}: ${problem}`;
+      let residentHere = 0;
+      for (const d of p.devices) residentHere = Math.max(residentHere, resident.get(d) ?? 0);
+      const cost = this.callCost(info.name, p, isOwner, device.memoryBytes - residentHere);
+      const memory = residentHere + (cost?.transientBytes ?? 0);
       if (memory > device.memoryBytes) {
-        why ??= `${call} needs ${(memory / 1e9).toFixed(1)} GB on a device of ${(device.memoryBytes / 1e9).toFixed(0)} GB`;
+        why ??= `${info.name} needs ${(memory / 1e9).toFixed(1)} GB on a device of ${(device.memoryBytes / 1e9).toFixed(0)} GB`;
         overflow = Math.max(overflow, memory - device.memoryBytes);
       }
-      calls[call] = { placement: p, seconds: cost?.seconds ?? 0, reallocSeconds: moveSeconds, memoryBytes: memory };
-      const segments: TaskSpec['segments'] = [];
-      if (moveSeconds > 0) segments.push({ kind: 'realloc', devices: [...new Set([...owner.devices, ...p.devices])].sort((a, b) => a - b), seconds: moveSeconds });
-      segments.push({ kind: 'compute', devices: p.devices, seconds: cost?.seconds ?? 0 });
-      tasks[call] = { call, segments };
+      calls.push({ info, placement: p, ...(isOwner ? {} : { owner }), seconds: cost?.seconds ?? 0, memoryBytes: memory });
     }
-    if (why) return { feasible: false, why, overflowBytes: overflow, iterationSeconds: Infinity, calls };
-    const sim = simulate(tasks, this.problem.graph.flow, { sharedCores: device.sharedCores });
+    return { ...(why ? { why } : {}), overflow, calls };
+  }
+
+  /** A view is loaded, filled and released: two calls more than the move itself. */
+  private moveSeconds(x: Priced['calls'][number]): number {
+    return x.owner ? this.realloc(x.info.model.name, x.owner, x.placement) + 2 * (this.problem.device.callOverhead ?? 0) : 0;
+  }
+
+  /** The simulated iteration; without `moves`, as if every view were already filled. */
+  private simulate(priced: Priced, moves: boolean, timeline = false): Simulation {
+    const tasks = {} as Record<CallName, TaskSpec>;
+    for (const x of priced.calls) {
+      const segments: TaskSpec['segments'] = [];
+      const move = moves ? this.moveSeconds(x) : 0;
+      if (move > 0) segments.push({ kind: 'realloc', devices: [...new Set([...x.owner!.devices, ...x.placement.devices])].sort((a, b) => a - b), seconds: move });
+      segments.push({ kind: 'compute', devices: x.placement.devices, seconds: x.seconds });
+      tasks[x.info.name] = { call: x.info.name, segments };
+    }
+    return simulate(tasks, this.problem.graph.flow, { sharedCores: this.problem.device.sharedCores, timeline });
+  }
+
+  evaluate(c: Candidate, keepTimeline = false): Evaluation {
+    const priced = this.price(c);
+    const calls = {} as Record<CallName, CallReport>;
+    for (const x of priced.calls) calls[x.info.name] = { placement: x.placement, seconds: x.seconds, reallocSeconds: this.moveSeconds(x), memoryBytes: x.memoryBytes };
+    if (priced.why) return { feasible: false, why: priced.why, overflowBytes: priced.overflow, iterationSeconds: Infinity, calls };
+    const sim = this.simulate(priced, true, keepTimeline);
     return { feasible: true, overflowBytes: 0, iterationSeconds: sim.iterationSeconds, calls, ...(keepTimeline ? { simulation: sim } : {}) };
   }
 
   /**
    * What a search minimises: the iteration time of a feasible plan; for one that does not fit,
    * a penalty above every feasible time that shrinks as the plan comes closer to fitting.
+   *
+   * With a `bound`, for a search that only asks whether a plan comes within it: a plan with views
+   * is first simulated as if its views were filled for free, and when even that is above the
+   * bound, that figure is the answer (above the bound, not the plan's time). Most plans a search
+   * tries are turned down so, without the transfer plans of their moves. (A move only adds work,
+   * so this almost always is a lower bound; a list schedule can be anomalous, and then a plan
+   * that would just have made it is turned down: the same way for every run, cache or not.)
    */
-  objective(c: Candidate): number {
-    const e = this.evaluate(c);
-    return e.feasible ? e.iterationSeconds : 1e9 + e.overflowBytes / 1e6;
+  objective(c: Candidate, bound = Infinity): number {
+    const priced = this.price(c);
+    if (priced.why) return 1e9 + priced.overflow / 1e6;
+    if (bound < Infinity && priced.calls.some((x) => x.owner)) {
+      const free = this.simulate(priced, false).iterationSeconds;
+      if (free > bound) return free;
+    }
+    return this.simulate(priced, true).iterationSeconds;
   }
 }
 
@@ -356,93 +450,7 @@ export function namedPlan(ev: Evaluator, name: NamedPlacement): Candidate {
   }
 }
 
-// ---- search --------------------------------------------------------------------------------------
-
-export interface SearchResult {
-  best: Array<{ plan: Candidate; iterationSeconds: number }>;
-  evaluated: number;
-  accepted: number;
-  seconds: number;
-}
-
-/** A small, seeded generator for the search (mulberry32). */
-function random(seed: number) {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 2 ** 32;
-  };
-}
-
-const planKey = (c: Candidate) =>
-  Object.keys(c)
-    .sort()
-    .map((call) => `${c[call]!.mesh}/${c[call]!.dp}${c[call]!.tp}${c[call]!.pp}`)
-    .join('|');
-
-/**
- * Metropolis–Hastings over plans: a move gives one call another placement; a worse plan (Δt > 0
- * seconds) is accepted with probability exp(−Δt / T), T in seconds too, cooled geometrically from
- * 10% to 0.1% of the starting plan's time over the budget. Several chains start from the named
- * plans; the best few feasible plans are kept.
- */
-export function search(ev: Evaluator, starts: Candidate[], opts: { budgetSeconds: number; chains?: number; seed?: number; keep?: number; perCall?: number }): SearchResult {
-  const t0 = performance.now();
-  const rand = random(opts.seed ?? 1);
-  // Each call's moves are drawn from its `perCall` fastest placements that fit on their own (and
-  // the placements the chains start from): on large clusters most of the thousands of mesh and
-  // strategy pairs are hopeless, and every new pair of layouts costs a transfer plan.
-  const perCall = opts.perCall ?? 24;
-  const calls = callNames(ev.problem);
-  const candidates = Object.fromEntries(
-    calls.map((call) => {
-      const ranked = callCandidates(ev.problem, call)
-        .map((p) => ({ p, c: ev.callCost(call, p, true) }))
-        .filter(({ c }) => !c || c.residentBytes + c.transientBytes <= ev.problem.device.memoryBytes)
-        .sort((a, b) => (a.c?.seconds ?? 0) - (b.c?.seconds ?? 0))
-        .slice(0, perCall)
-        .map(({ p }) => p);
-      const seen = new Set(ranked.map((p) => `${p.mesh}/${p.dp}${p.tp}${p.pp}`));
-      for (const s of starts) if (!seen.has(`${s[call]!.mesh}/${s[call]!.dp}${s[call]!.tp}${s[call]!.pp}`)) ranked.push(s[call]!);
-      return [call, ranked];
-    }),
-  ) as Record<CallName, Placement[]>;
-  const chains = Array.from({ length: opts.chains ?? 4 }, (_, i) => {
-    const plan = starts[i % starts.length]!;
-    return { plan, time: ev.objective(plan) };
-  });
-  const feasibleTimes = chains.map((c) => c.time).filter((t) => t < 1e9);
-  const scale = feasibleTimes.length ? Math.min(...feasibleTimes) : 1;
-  const best = new Map<string, { plan: Candidate; iterationSeconds: number }>();
-  const remember = (plan: Candidate, t: number) => {
-    if (t < 1e9) best.set(planKey(plan), { plan, iterationSeconds: t });
-  };
-  chains.forEach((c) => remember(c.plan, c.time));
-  let evaluated = chains.length;
-  let accepted = 0;
-  const budgetMs = opts.budgetSeconds * 1000;
-  for (let step = 0; ; step++) {
-    const elapsed = performance.now() - t0;
-    if (elapsed >= budgetMs) break;
-    const progress = elapsed / budgetMs;
-    const temperature = scale * 0.1 * 0.01 ** progress; // seconds
-    const chain = chains[step % chains.length]!;
-    const call = calls[Math.floor(rand() * calls.length)]!;
-    const options = candidates[call]!;
-    const next = { ...chain.plan, [call]: options[Math.floor(rand() * options.length)]! } as Candidate;
-    const time = ev.objective(next);
-    evaluated += 1;
-    const delta = time - chain.time;
-    if (delta <= 0 || rand() < Math.exp(-delta / temperature)) {
-      chain.plan = next;
-      chain.time = time;
-      accepted += 1;
-      remember(next, time);
-    }
-  }
-  const ranked = [...best.values()].sort((a, b) => a.iterationSeconds - b.iterationSeconds).slice(0, opts.keep ?? 5);
-  return { best: ranked, evaluated, accepted, seconds: (performance.now() - t0) / 1000 };
+/** The named plans, fastest first (infeasible ones last, the closest to fitting first): where a search starts. */
+export function namedStarts(ev: Evaluator): Candidate[] {
+  return PLACEMENTS.map((n) => namedPlan(ev, n)).sort((a, b) => ev.objective(a) - ev.objective(b));
 }

@@ -66,55 +66,73 @@ interface Running {
   start: number;
 }
 
-export function simulate(tasks: Record<CallName, TaskSpec>, flow: Flow, options: { iterations?: number; sharedCores?: number } = {}): Simulation {
+/**
+ * `timeline: false` leaves the timeline empty: a search asks only for the iteration time, and one
+ * entry per device per segment is most of the work on a large cluster.
+ */
+export function simulate(tasks: Record<CallName, TaskSpec>, flow: Flow, options: { iterations?: number; sharedCores?: number; timeline?: boolean } = {}): Simulation {
   const K = options.iterations ?? 4;
+  const keepTimeline = options.timeline ?? true;
   const ORDER = flow.order;
-  const all = Array.from({ length: K }, (_, it) => ORDER.map((call) => ({ it, call, spec: tasks[call]! }))).flat();
-  const index = (it: number, call: CallName) => it * ORDER.length + ORDER.indexOf(call);
-  const finished = new Array<number>(all.length).fill(-1);
-  const nextSegment = new Array<number>(all.length).fill(0);
-  const busy = new Map<number, number>(); // device → running task
+  const n = ORDER.length;
+  // Task i is call i % n of iteration ⌊i / n⌋.
+  const position = new Map(ORDER.map((c, i) => [c, i]));
+  const same = ORDER.map((c) => flow.same[c]!.map((d) => position.get(d)!));
+  const previous = flow.previous.map((c) => position.get(c)!);
+  const specs = ORDER.map((c) => tasks[c]!);
+  const total = K * n;
+  const finished = new Array<number>(total).fill(-1);
+  const nextSegment = new Array<number>(total).fill(0);
+  const isRunning = new Array<boolean>(total).fill(false);
+  let devices = 0;
+  for (const spec of specs) for (const seg of spec.segments) for (const d of seg.devices) devices = Math.max(devices, d + 1);
+  const busy = new Uint8Array(devices);
   const running: Running[] = [];
   const timeline: TimelineEntry[] = [];
   let now = 0;
 
   const ready = (i: number) => {
-    const { it, call } = all[i]!;
-    return flow.same[call]!.every((c) => finished[index(it, c)]! >= 0) && (it === 0 || flow.previous.every((c) => finished[index(it - 1, c)]! >= 0));
+    const base = i - (i % n);
+    if (!same[i % n]!.every((c) => finished[base + c]! >= 0)) return false;
+    return base === 0 || previous.every((c) => finished[base - n + c]! >= 0);
   };
 
   const startWhatCan = () => {
     // In priority order (iteration, then call order): a task's next segment starts when its
     // inputs are done and all of its devices are free.
-    for (let i = 0; i < all.length; i++) {
-      if (finished[i]! >= 0 || running.some((r) => r.task === i) || !ready(i)) continue;
-      const seg = all[i]!.spec.segments[nextSegment[i]!]!;
-      if (seg.devices.some((d) => busy.has(d))) continue;
-      for (const d of seg.devices) busy.set(d, i);
+    for (let i = 0; i < total; i++) {
+      if (finished[i]! >= 0 || isRunning[i] || !ready(i)) continue;
+      const seg = specs[i % n]!.segments[nextSegment[i]!]!;
+      if (seg.devices.some((d) => busy[d] === 1)) continue;
+      for (const d of seg.devices) busy[d] = 1;
+      isRunning[i] = true;
       running.push({ task: i, segment: nextSegment[i]!, remaining: seg.seconds, start: now });
     }
   };
 
   const rate = () => {
     if (options.sharedCores === undefined) return 1;
-    const load = running.reduce((n, r) => n + all[r.task]!.spec.segments[r.segment]!.devices.length, 0);
+    const load = running.reduce((sum, r) => sum + specs[r.task % n]!.segments[r.segment]!.devices.length, 0);
     return Math.min(1, options.sharedCores / Math.max(1, load));
   };
 
   startWhatCan();
   while (running.length) {
     const r = rate();
-    const step = Math.min(...running.map((x) => x.remaining / r));
+    let step = Infinity;
+    for (const x of running) step = Math.min(step, x.remaining / r);
     now += step;
     for (const x of running) x.remaining -= step * r;
     const done = running.filter((x) => x.remaining <= 1e-12);
     for (const x of done) {
       running.splice(running.indexOf(x), 1);
-      const { it, call, spec } = all[x.task]!;
+      isRunning[x.task] = false;
+      const call = ORDER[x.task % n]!;
+      const spec = specs[x.task % n]!;
       const seg = spec.segments[x.segment]!;
       for (const d of seg.devices) {
-        busy.delete(d);
-        timeline.push({ device: d, call, iteration: it, kind: seg.kind, start: x.start, end: now });
+        busy[d] = 0;
+        if (keepTimeline) timeline.push({ device: d, call, iteration: Math.floor(x.task / n), kind: seg.kind, start: x.start, end: now });
       }
       nextSegment[x.task] = x.segment + 1;
       if (nextSegment[x.task] === spec.segments.length) finished[x.task] = now;
@@ -122,7 +140,7 @@ export function simulate(tasks: Record<CallName, TaskSpec>, flow: Flow, options:
     startWhatCan();
   }
   if (finished.some((f) => f < 0)) throw new Error('simulation stalled: a task never became ready');
-  const iterationEnd = (it: number) => Math.max(...ORDER.map((c) => finished[index(it, c)]!));
+  const iterationEnd = (it: number) => Math.max(...finished.slice(it * n, (it + 1) * n));
   // Steady state: the time between the ends of the first and the last iteration, per iteration.
   const iterationSeconds = K > 1 ? (iterationEnd(K - 1) - iterationEnd(0)) / (K - 1) : iterationEnd(0);
   return { iterationSeconds, makespan: now, timeline };
