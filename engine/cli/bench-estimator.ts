@@ -63,7 +63,7 @@ export const PLANS: Record<string, string> = {
 export async function estimatorBench(profile: DeviceProfile, iterations: number, log: (line: string) => void) {
   const rows = [];
   for (const [name, plan] of Object.entries(PLANS)) {
-    const scenario = { ...parseScenario(`${BASE}ppo: { iterations: ${iterations}, batch: 64 }\n${plan}\n`, `estimator/${name}`), name: `estimator-${name}` };
+    const scenario = { ...parseScenario(`${BASE}rl: { iterations: ${iterations}, batch: 64 }\n${plan}\n`, `estimator/${name}`), name: `estimator-${name}` };
     const estimated = new Evaluator(problemOf(scenario, profile)).evaluate(candidateOf(scenario));
     const dir = mkdtempSync(join(tmpdir(), 'ferry-estimator-'));
     try {
@@ -108,7 +108,7 @@ async function measure(scenario: Scenario, plan: Candidate, name: string): Promi
  * search finds. Both run for real over NATS.
  */
 export async function searchBench(profile: DeviceProfile, iterations: number, budget: number, log: (line: string) => void) {
-  const scenario = { ...parseScenario(`${BASE}ppo: { iterations: ${iterations}, batch: 64 }\n`, 'search'), name: 'search' };
+  const scenario = { ...parseScenario(`${BASE}rl: { iterations: ${iterations}, batch: 64 }\n`, 'search'), name: 'search' };
   const ev = new Evaluator(problemOf(scenario, profile));
   const named = PLACEMENTS.map((n) => ({ name: n, plan: namedPlan(ev, n) })).map((x) => ({ ...x, estimated: ev.evaluate(x.plan).iterationSeconds }));
   named.sort((a, b) => a.estimated - b.estimated);

@@ -31,7 +31,7 @@ function features(kind: CallKind, shape: ReturnType<typeof localShape>, wl: Work
     latency: 0,
     trainFactor: 1,
     trainPassFactor: 1,
-    recomputeDecode: true,
+    recomputeDecode: false, // generation decodes with a KV cache (engine/model/kv-cache.ts)
     source: 'fit',
   };
   const flops = callCost(shape, kind, one, wl, { ...base, flops: 1, layerOverhead: 0 }, 4, { owner: true, trainable: true }).compute;
@@ -202,7 +202,7 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
       callOverhead: Math.max(0, c) + median(tripOverhead)!,
       trainFactor: u,
       trainPassFactor: v,
-      recomputeDecode: true,
+      recomputeDecode: false, // generation decodes with a KV cache (engine/model/kv-cache.ts)
       source: 'fit',
     };
     const alphaRows: Array<[number, number]> = []; // [collective steps, seconds left to explain]
@@ -266,7 +266,7 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
       callOverhead: Math.max(0, c) + median(tripOverhead)!,
       trainFactor: u,
       trainPassFactor: v,
-      recomputeDecode: true,
+      recomputeDecode: false, // generation decodes with a KV cache (engine/model/kv-cache.ts)
       sharedCores: cpus().length,
       source: `npm run profile on ${new Date().toISOString()}: ${rows.length + trainRows.length} calls of 4 shapes on one worker, ${alphaRows.length} across two, a ping and a 32 MiB exchange`,
       fit: { samples, median_relative_error: median(residuals) },
