@@ -5,6 +5,7 @@
 import { shardSlices, sliceElements, type Layout } from '../../mesh/parallel/index.ts';
 import { planRealloc } from '../../mesh/parallel/index.ts';
 import { runExchange } from '../runtime/index.ts';
+import { FLUSH_EVERY } from '../../mesh/wire/index.ts';
 import { modelInfo, parameterCount, type GptSpec } from '../model/index.ts';
 import { median } from '../runtime/index.ts';
 import { withWorkers } from './workers.ts';
@@ -66,6 +67,7 @@ export async function reallocBench(o: ReallocBenchOptions) {
     const rawSeconds: number[] = [];
     let received = 0;
     const times: Record<string, number> = {};
+    const held = new Map<number, number>();
     for (let i = 0; i < o.repeats; i++) {
       // Alternate, so that drift on a shared machine touches both alike.
       const c0 = cpu();
@@ -76,6 +78,7 @@ export async function reallocBench(o: ReallocBenchOptions) {
       addSpent(spent.realloc, c0, c1);
       received = out.received_bytes;
       for (const [k, ms] of Object.entries(out.times)) times[k] = (times[k] ?? 0) + ms;
+      for (const [dev, mb] of Object.entries(out.held_mb)) held.set(Number(dev), Math.max(held.get(Number(dev)) ?? 0, mb));
       const t1 = performance.now();
       const tid = (index: number) => `p${i}-${index}`;
       const groupBytes = (g: (typeof plan.transfers)[number]) =>
@@ -118,6 +121,10 @@ export async function reallocBench(o: ReallocBenchOptions) {
       new_shard_mb: shardMb(o.to, dev),
       /** What the moves needed beyond the loaded shards. */
       moving_mb: after[dev]!.window_peak_rss_mb - loaded[dev]!.rss_mb,
+      /** The device's own count of what a move made it hold at most (tensors and JavaScript buffers), the worst round. */
+      held_mb: ((held.get(dev) ?? 0) * (1 << 20)) / MB,
+      /** The chunks a receiver can have in flight from each sender: two flush windows (mesh/wire/transfer.ts). */
+      in_flight_bound_mb: (2 * FLUSH_EVERY * chunkBytes * plan.transfers.filter((g) => g.dsts.includes(dev)).reduce((n, g) => n.add(g.src), new Set<number>()).size) / MB,
     }));
     // Where the devices' time went from go to done, summed over devices and rounds, as shares:
     // the rest is waiting, on the bus or on the other devices.

@@ -291,7 +291,7 @@ async function realloc(values: { json?: boolean; width?: string; layers?: string
     );
     for (const w of r.workers) {
       console.log(
-        `worker ${w.device}: peak ${f(w.peak_mb)} MB RSS during the moves; idle ${f(w.idle_mb)} MB, loaded ${f(w.loaded_mb)} MB, so the moves took ${f(w.moving_mb)} MB more (old shard ${f(w.old_shard_mb)} MB, new shard ${f(w.new_shard_mb)} MB)`,
+        `worker ${w.device}: peak ${f(w.peak_mb)} MB RSS during the moves; idle ${f(w.idle_mb)} MB, loaded ${f(w.loaded_mb)} MB, so the moves took ${f(w.moving_mb)} MB more (old shard ${f(w.old_shard_mb)} MB, new shard ${f(w.new_shard_mb)} MB); by its own count it held at most ${f(w.held_mb)} MB more (chunks in flight: at most ${f(w.in_flight_bound_mb)} MB)`,
       );
     }
   }

@@ -15,7 +15,7 @@ import { modelInfo } from '../model/index.ts';
 import { tokensDigest } from './ledger.ts';
 import { Comm } from '../../mesh/parallel/index.ts';
 import { lossOf, type LossFn } from '../model/index.ts';
-import { GptRank } from '../model/index.ts';
+import { GptRank, heldBytes } from '../model/index.ts';
 import { makeTask, TASKS, type Task, type TaskName } from './task.ts';
 
 export class CallRejected extends Error {
@@ -357,12 +357,17 @@ export class Device {
       if (cached?.name !== name) cached = { name, data: (sourceHost!.shard as ModelShard).exportTensor(name) };
       return cached.data;
     };
+    // What this exchange makes the device hold beyond what it held before: sampled as chunks are placed.
+    const held0 = heldBytes();
+    let heldPeak = 0;
+    const sampleHeld = () => (heldPeak = Math.max(heldPeak, heldBytes() - held0));
     const target = targetHost?.shard as ModelShard | undefined;
     const staging = target?.stage(new Set(incomingPieces.map((p) => p.name)));
     const filled = new Map<string, number>();
     const put = (part: Slice, offset: number, data: Float32Array) => {
       pasteRange(staging!.view(part.name), targetSlices.get(part.name)!, part, offset, data);
       filled.set(part.name, (filled.get(part.name) ?? 0) + data.length);
+      sampleHeld();
     };
     const byKey = new Map(body.recvs.flatMap((r) => r.pieces.map((p) => [sliceKey(p), p] as const)));
     const incoming = receiveTensors(
@@ -396,17 +401,27 @@ export class Device {
         timed(times, 'place', () => put(l, 0, data));
         copied += data.byteLength;
       }
+      sampleHeld();
       cached = undefined;
       await Promise.race([incoming.done, signal.aborted]);
+      sampleHeld();
       const wall = { ready_ms: started - t0, wall_ms: performance.now() - started };
-      if (!target) return { sent_bytes: sent, received_bytes: 0, copied_bytes: 0, chunks, times: { ...times, ...wall } };
+      const held_mb = heldPeak / (1 << 20);
+      if (!target) return { sent_bytes: sent, received_bytes: 0, copied_bytes: 0, chunks, times: { ...times, ...wall }, held_mb };
       for (const name of staging!.names) {
         const want = sliceElements(targetSlices.get(name)!);
         if (filled.get(name) !== want) throw new CallRejected('invalid_state', `reallocation ${body.realloc}: '${name}' of '${model}' got ${filled.get(name) ?? 0} of ${want} elements`);
       }
       timed(times, 'place', () => target.commit(staging!));
       committed = true;
-      return { sent_bytes: sent, received_bytes: incoming.bytes(), copied_bytes: copied, chunks: chunks + incoming.chunks(), times: { ...times, ...wall, wall_ms: performance.now() - started } };
+      return {
+        sent_bytes: sent,
+        received_bytes: incoming.bytes(),
+        copied_bytes: copied,
+        chunks: chunks + incoming.chunks(),
+        times: { ...times, ...wall, wall_ms: performance.now() - started },
+        held_mb,
+      };
     } finally {
       if (!committed) staging?.dispose();
       signal.close();

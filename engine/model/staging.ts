@@ -67,3 +67,11 @@ export class Staging {
     this.slots.clear();
   }
 }
+
+/**
+ * Bytes this process holds in tensors and in JavaScript ArrayBuffers (message buffers, decoded
+ * chunks, host copies, garbage not yet collected), the wasm heap's unused reserve not counted.
+ */
+export function heldBytes(): number {
+  return tf.memory().numBytes + process.memoryUsage().arrayBuffers;
+}

@@ -134,6 +134,8 @@ export interface ReallocOutcome {
   seconds: number;
   /** Each device's milliseconds per kind of work (and from go to done, `wall_ms`), summed over the devices. */
   times: Record<string, number>;
+  /** What the exchange made each device hold at most, in MiB, by device. */
+  held_mb: Record<number, number>;
 }
 
 /**
@@ -201,7 +203,10 @@ export async function runRealloc(bus: Bus, subj: Subjects, call: Dispatcher['cal
     locals: plan.locals.filter((l) => l.device === device).map(({ device: _d, ...slice }) => slice),
     chunkBytes,
   }));
-  const outcome: ReallocOutcome = { received_bytes: 0, sent_bytes: 0, copied_bytes: 0, minimum_bytes: plan.minimumBytes, seconds: 0, times: {} };
+  const outcome: ReallocOutcome = { received_bytes: 0, sent_bytes: 0, copied_bytes: 0, minimum_bytes: plan.minimumBytes, seconds: 0, times: {}, held_mb: {} };
+  results.forEach((res, i) => {
+    if (res.held_mb !== undefined) outcome.held_mb[plan.devices[i]!] = res.held_mb;
+  });
   for (const res of results) {
     outcome.received_bytes += res.received_bytes;
     outcome.sent_bytes += res.sent_bytes;

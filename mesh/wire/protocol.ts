@@ -422,6 +422,11 @@ export const ResultBodies = {
     times: z
       .strictObject({ export: z.number(), hash: z.number(), encode: z.number(), publish: z.number(), decode: z.number(), place: z.number(), ready_ms: z.number(), wall_ms: z.number() })
       .optional(),
+    /**
+     * The most this exchange made the device hold beyond what it held before, in MiB: tensors
+     * (the new slices) and JavaScript buffers (chunks in flight, copies), sampled as chunks land.
+     */
+    held_mb: z.number().optional(),
   }),
   probe: z.strictObject({ sent_bytes: nat, received_bytes: nat }),
   stats: z.strictObject({
