@@ -8,6 +8,7 @@
 // The reference these are checked against is gpt.ts's forward, differentiated by TensorFlow.js.
 import * as tf from '@tensorflow/tfjs';
 import type { KvCache } from './kv-cache.ts';
+import type { AttnWeights } from './gpt.ts';
 
 /** Transposes the last two axes. */
 const swap = (t: tf.Tensor): tf.Tensor => {
@@ -160,15 +161,7 @@ export function mlpBackward(c: MlpCache, w1: tf.Tensor, w2: tf.Tensor, dout: tf.
 
 // ---- attention ----------------------------------------------------------------------------------
 
-export type AttnWeights = {
-  wq: tf.Tensor;
-  bq: tf.Tensor;
-  wk: tf.Tensor;
-  bk: tf.Tensor;
-  wv: tf.Tensor;
-  bv: tf.Tensor;
-  wo: tf.Tensor;
-};
+export type { AttnWeights };
 
 export type AttnCache = {
   h: tf.Tensor;

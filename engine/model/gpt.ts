@@ -74,7 +74,8 @@ export function embed(tokens: tf.Tensor2D, wte: tf.Tensor, wpe: tf.Tensor, vocab
   return tf.add(tok, tf.slice(wpe, [0, 0], [T, D])); // [B, T, D]
 }
 
-export interface AttnWeights {
+/** One block's attention weights (a type, not an interface, so tf.tidy can return it). */
+export type AttnWeights = {
   wq: tf.Tensor;
   bq: tf.Tensor;
   wk: tf.Tensor;
@@ -82,7 +83,7 @@ export interface AttnWeights {
   wv: tf.Tensor;
   bv: tf.Tensor;
   wo: tf.Tensor;
-}
+};
 
 /**
  * Causal self-attention over `heads` heads, projected by (a row block of) the output matrix,
