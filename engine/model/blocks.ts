@@ -70,12 +70,12 @@ const GRAD_ROWS = 1024;
  * narrower of x and dy is the one transposed (a transpose costs its size), and N is cut into
  * pieces of at most GRAD_ROWS rows.
  */
-export function weightGrad(x: tf.Tensor, dy: tf.Tensor, xT?: tf.Tensor): tf.Tensor {
+export function weightGrad(x: tf.Tensor, dy: tf.Tensor): tf.Tensor {
   return tf.tidy(() => {
     const [N, D] = x.shape as [number, number];
     const O = dy.shape[1]!;
     const pieces = Math.ceil(N / GRAD_ROWS);
-    if (pieces === 1) return D <= O ? tf.matMul((xT ?? swap(x)) as tf.Tensor2D, dy as tf.Tensor2D) : swap(tf.matMul(swap(dy) as tf.Tensor2D, x as tf.Tensor2D));
+    if (pieces === 1) return D <= O ? tf.matMul(swap(x) as tf.Tensor2D, dy as tf.Tensor2D) : swap(tf.matMul(swap(dy) as tf.Tensor2D, x as tf.Tensor2D));
     let sum: tf.Tensor | undefined;
     for (let i = 0; i < pieces; i++) {
       const lo = Math.floor((i * N) / pieces);
@@ -91,8 +91,8 @@ export function weightGrad(x: tf.Tensor, dy: tf.Tensor, xT?: tf.Tensor): tf.Tens
 }
 
 /** The vector–Jacobian product of x·w + b for upstream dy [N, O]: dx = dy·wᵀ, dw = xᵀ·dy, db = Σ dy. */
-export function linearBackward(x: tf.Tensor, w: tf.Tensor, dy: tf.Tensor, xT?: tf.Tensor): LinearGrads {
-  return { dx: tf.matMul(dy as tf.Tensor2D, swap(w) as tf.Tensor2D), dw: weightGrad(x, dy, xT), db: sumRows(dy) };
+export function linearBackward(x: tf.Tensor, w: tf.Tensor, dy: tf.Tensor): LinearGrads {
+  return { dx: tf.matMul(dy as tf.Tensor2D, swap(w) as tf.Tensor2D), dw: weightGrad(x, dy), db: sumRows(dy) };
 }
 
 // ---- layer norm ---------------------------------------------------------------------------------
@@ -176,6 +176,29 @@ export type AttnCache = {
   y: tf.Tensor;
 };
 
+/** Rows [B·T, H·hd] → one matrix per (row, head): [B·H, T, hd], or with `transposed`, [B·H, hd, T]. */
+function toHeads(t: tf.Tensor, B: number, T: number, heads: number, transposed = false): tf.Tensor {
+  const hd = t.shape[1]! / heads;
+  const order = transposed ? [0, 2, 3, 1] : [0, 2, 1, 3];
+  return tf.reshape(tf.transpose(tf.reshape(t, [B, T, heads, hd]), order), transposed ? [B * heads, hd, T] : [B * heads, T, hd]);
+}
+
+/** One matrix per (row, head), [B·H, T, hd] → rows [B·T, H·hd]: the inverse of toHeads. */
+function fromHeads(t: tf.Tensor, B: number, T: number, heads: number): tf.Tensor {
+  const hd = t.shape[2]!;
+  return tf.reshape(tf.transpose(tf.reshape(t, [B, heads, T, hd]), [0, 2, 1, 3]), [B * T, heads * hd]);
+}
+
+/** Queries (scaled by 1/√hd), transposed keys and values of rows h, one matrix per (row, head). */
+function project(h: tf.Tensor, w: AttnWeights, B: number, T: number, heads: number) {
+  const hd = w.wq.shape[1]! / heads;
+  return {
+    q: tf.mul(toHeads(linear(h, w.wq, w.bq), B, T, heads), 1 / Math.sqrt(hd)),
+    kT: toHeads(linear(h, w.wk, w.bk), B, T, heads, true),
+    v: toHeads(linear(h, w.wv, w.bv), B, T, heads),
+  };
+}
+
 /**
  * Causal self-attention of rows h [B·T, D] over `heads` heads, projected by (a row block of) the
  * output matrix, without its bias: → [B·T, D]. Under tensor parallelism each rank passes its own
@@ -183,15 +206,9 @@ export type AttnCache = {
  */
 export function attention(h: tf.Tensor, w: AttnWeights, B: number, T: number, heads: number, mask: tf.Tensor, keep: boolean): { out: tf.Tensor; cache?: AttnCache } {
   return tf.tidy(() => {
-    const local = w.wq.shape[1]!;
-    const hd = local / heads;
-    // Rows [B·T, H·hd] → one matrix per (row, head): [B·H, T, hd], or transposed, [B·H, hd, T].
-    const split = (t: tf.Tensor, order: number[]) => tf.reshape(tf.transpose(tf.reshape(t, [B, T, heads, hd]), order), order[2] === 1 ? [B * heads, T, hd] : [B * heads, hd, T]);
-    const q = tf.mul(split(linear(h, w.wq, w.bq), [0, 2, 1, 3]), 1 / Math.sqrt(hd));
-    const kT = split(linear(h, w.wk, w.bk), [0, 2, 3, 1]);
-    const v = split(linear(h, w.wv, w.bv), [0, 2, 1, 3]);
+    const { q, kT, v } = project(h, w, B, T, heads);
     const p = tf.softmax(tf.add(batchMatMul(q, kT), mask)); // [B·H, T, T]
-    const y = tf.reshape(tf.transpose(tf.reshape(batchMatMul(p, v), [B, heads, T, hd]), [0, 2, 1, 3]), [B * T, local]);
+    const y = fromHeads(batchMatMul(p, v), B, T, heads);
     const out = linear(y, w.wo);
     return keep ? { out, cache: { h: h.clone(), q, kT, v, p, y } } : { out };
   });
@@ -199,14 +216,13 @@ export function attention(h: tf.Tensor, w: AttnWeights, B: number, T: number, he
 
 export function attentionBackward(c: AttnCache, w: AttnWeights, B: number, T: number, heads: number, dout: tf.Tensor) {
   return tf.tidy(() => {
-    const local = w.wq.shape[1]!;
-    const hd = local / heads;
+    const hd = w.wq.shape[1]! / heads;
     const go = linearBackward(c.y, w.wo, dout);
-    const dy = tf.reshape(tf.transpose(tf.reshape(go.dx, [B, T, heads, hd]), [0, 2, 1, 3]), [B * heads, T, hd]);
+    const dy = toHeads(go.dx, B, T, heads);
     const dv = batchMatMul(swap(c.p), dy);
     const dp = batchMatMul(dy, swap(c.v));
     const ds = tf.mul(c.p, tf.sub(dp, tf.sum(tf.mul(dp, c.p), -1, true))); // softmax's backward
-    const merge = (t: tf.Tensor) => tf.reshape(tf.transpose(tf.reshape(t, [B, heads, T, hd]), [0, 2, 1, 3]), [B * T, local]);
+    const merge = (t: tf.Tensor) => fromHeads(t, B, T, heads);
     const dq = merge(tf.mul(batchMatMul(ds, swap(c.kT)), 1 / Math.sqrt(hd)));
     const dk = merge(batchMatMul(swap(ds), c.q));
     const gq = linearBackward(c.h, w.wq, dq);
@@ -226,14 +242,10 @@ export function attentionBackward(c: AttnCache, w: AttnWeights, B: number, T: nu
  */
 export function attentionCached(h: tf.Tensor, w: AttnWeights, B: number, T: number, heads: number, start: number, cache: KvCache, l: number): tf.Tensor {
   return tf.tidy(() => {
-    const local = w.wq.shape[1]!;
-    const hd = local / heads;
-    const split = (t: tf.Tensor, order: number[]) => tf.reshape(tf.transpose(tf.reshape(t, [B, T, heads, hd]), order), order[2] === 1 ? [B * heads, T, hd] : [B * heads, hd, T]);
-    const q = tf.mul(split(linear(h, w.wq, w.bq), [0, 2, 1, 3]), 1 / Math.sqrt(hd));
-    const layer = cache.write(l, start, split(linear(h, w.wk, w.bk), [0, 2, 3, 1]), split(linear(h, w.wv, w.bv), [0, 2, 1, 3]));
+    const { q, kT, v } = project(h, w, B, T, heads);
+    const layer = cache.write(l, start, kT, v);
     const p = tf.softmax(tf.add(batchMatMul(q, layer.kT), cache.mask(start, T))); // [B·H, T, cached]
-    const y = tf.reshape(tf.transpose(tf.reshape(batchMatMul(p, layer.v), [B, heads, T, hd]), [0, 2, 1, 3]), [B * T, local]);
-    return linear(y, w.wo);
+    return linear(fromHeads(batchMatMul(p, layer.v), B, T, heads), w.wo);
   });
 }
 

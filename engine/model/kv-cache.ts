@@ -68,10 +68,9 @@ export class KvCache {
     const [k, vv] = [kT.dataSync() as Float32Array, v.dataSync() as Float32Array];
     // Views taken after the reads: a read may grow the heap, which moves it.
     const [kc, vc] = [hostView(layer.kT)!, hostView(layer.v)!];
-    for (let r = 0; r < rows; r++) {
-      for (let d = 0; d < hd; d++) kc.set(k.subarray((r * hd + d) * n, (r * hd + d + 1) * n), (r * hd + d) * C + start);
-      vc.set(vv.subarray(r * n * hd, (r + 1) * n * hd), (r * C + start) * hd);
-    }
+    // Keys go in column by column (a step writes one element per row of kT: no subarray per element).
+    for (let rd = 0; rd < rows * hd; rd++) for (let j = 0; j < n; j++) kc[rd * C + start + j] = k[rd * n + j]!;
+    for (let r = 0; r < rows; r++) vc.set(vv.subarray(r * n * hd, (r + 1) * n * hd), (r * C + start) * hd);
     return layer;
   }
 

@@ -254,6 +254,26 @@ export class GptRank {
   }
 
   /**
+   * Layer `l` over the residual stream x [b·T, D], which it disposes: x1 = x + Σtp attend(LN1(x)) + bo,
+   * then x1 + Σtp MLP(LN2(x1)) + b2. With `keep`, also what the layer's backward pass reads.
+   */
+  private async layer(group: string, tag: string, l: number, x: tf.Tensor, attend: (h: tf.Tensor) => { out: tf.Tensor; cache?: AttnCache }, keep: boolean) {
+    const W = (n: string) => this.w(`h${l}.${n}`);
+    const n1 = layerNorm(x, W('ln1.g'), W('ln1.b'), keep);
+    const at = attend(n1.y);
+    const a = await this.allReduceTp(group, `${tag}/l${l}/attn`, at.out);
+    const x1 = tf.tidy(() => tf.add(tf.add(x, a), W('attn.bo')));
+    tf.dispose([a, n1.y, x]); // the norm's cache is all its backward pass reads
+    const n2 = layerNorm(x1, W('ln2.g'), W('ln2.b'), keep);
+    const mm = mlp(n2.y, W('mlp.w1'), W('mlp.b1'), W('mlp.w2'), keep);
+    const m = await this.allReduceTp(group, `${tag}/l${l}/mlp`, mm.out);
+    const x2 = tf.tidy(() => tf.add(tf.add(x1, m), W('mlp.b2')));
+    tf.dispose([m, n2.y, x1]);
+    const cache: LayerCache | undefined = keep ? { ln1: n1.cache!, attn: at.cache!, ln2: n2.cache!, mlp: mm.cache! } : undefined;
+    return { x: x2, cache };
+  }
+
+  /**
    * This stage's part of a forward pass over `tokens` [b, T] (this replica's rows). Returns the
    * head output [b, T, V or 1] on the last stage (undefined elsewhere, after sending the
    * activations on), and with `keep`, what each layer's and the head's backward passes read.
@@ -271,18 +291,9 @@ export class GptRank {
     }
     const mask = causalMask(T);
     for (const l of this.layers) {
-      const W = (n: string) => this.w(`h${l}.${n}`);
-      const n1 = layerNorm(x, W('ln1.g'), W('ln1.b'), keep);
-      const at = attention(n1.y, this.attn(l), b, T, this.localHeads, mask, keep);
-      const a = await this.allReduceTp(group, `${tag}/l${l}/attn`, at.out);
-      const x1 = tf.tidy(() => tf.add(tf.add(x, a), W('attn.bo')));
-      tf.dispose([a, n1.y, x]); // the norm's cache is all its backward pass reads
-      const n2 = layerNorm(x1, W('ln2.g'), W('ln2.b'), keep);
-      const mm = mlp(n2.y, W('mlp.w1'), W('mlp.b1'), W('mlp.w2'), keep);
-      const m = await this.allReduceTp(group, `${tag}/l${l}/mlp`, mm.out);
-      x = tf.tidy(() => tf.add(tf.add(x1, m), W('mlp.b2')));
-      tf.dispose([m, n2.y, x1]);
-      if (keep) saved.push({ ln1: n1.cache!, attn: at.cache!, ln2: n2.cache!, mlp: mm.cache! });
+      const done = await this.layer(group, tag, l, x, (h) => attention(h, this.attn(l), b, T, this.localHeads, mask, keep), keep);
+      x = done.x;
+      if (keep) saved.push(done.cache!);
     }
     mask.dispose();
     if (!keep && tokensT) {
@@ -333,15 +344,7 @@ export class GptRank {
       x = await this.recvTensor(group, this.prev!, `${tag}/act`, [b * T, D]);
     }
     for (const l of this.layers) {
-      const W = (n: string) => this.w(`h${l}.${n}`);
-      const n1 = layerNorm(x, W('ln1.g'), W('ln1.b'), false);
-      const a = await this.allReduceTp(group, `${tag}/l${l}/attn`, attentionCached(n1.y, this.attn(l), b, T, this.localHeads, start, cache, l));
-      const x1 = tf.tidy(() => tf.add(tf.add(x, a), W('attn.bo')));
-      tf.dispose([a, n1.y, x]);
-      const n2 = layerNorm(x1, W('ln2.g'), W('ln2.b'), false);
-      const m = await this.allReduceTp(group, `${tag}/l${l}/mlp`, mlp(n2.y, W('mlp.w1'), W('mlp.b1'), W('mlp.w2'), false).out);
-      x = tf.tidy(() => tf.add(tf.add(x1, m), W('mlp.b2')));
-      tf.dispose([m, n2.y, x1]);
+      x = (await this.layer(group, tag, l, x, (h) => ({ out: attentionCached(h, this.attn(l), b, T, this.localHeads, start, cache, l) }), false)).x;
     }
     if (!this.last) {
       this.sendTensor(group, this.next!, `${tag}/act`, x);
