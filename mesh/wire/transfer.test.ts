@@ -475,4 +475,22 @@ describe('pacer', () => {
     await end;
     expect(flushes.length).toBe(3);
   });
+
+  it('a flush that fails reaches the sender at its next wait, not as an unhandled rejection', async () => {
+    const bus = { flush: () => Promise.reject(new Error('connection closed')) } as unknown as Bus;
+    const unhandled: unknown[] = [];
+    const onUnhandled = (e: unknown) => unhandled.push(e);
+    process.on('unhandledRejection', onUnhandled);
+    try {
+      const pace = pacer(bus);
+      for (let i = 0; i < FLUSH_EVERY; i++) await pace.published(); // window 1's flush fails, unseen yet
+      await new Promise((r) => setImmediate(r));
+      for (let i = 0; i < FLUSH_EVERY - 1; i++) await pace.published();
+      await expect(pace.published()).rejects.toThrow('connection closed');
+      await new Promise((r) => setImmediate(r));
+      expect(unhandled).toEqual([]);
+    } finally {
+      process.off('unhandledRejection', onUnhandled);
+    }
+  });
 });

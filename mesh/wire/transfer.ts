@@ -295,6 +295,8 @@ export function pacer(nc: Bus, every = FLUSH_EVERY) {
       if (++n % every !== 0) return;
       await pending;
       pending = nc.flush();
+      // Awaited at the next window or at the end; a failure meanwhile must not count as unhandled.
+      pending.catch(() => {});
     },
     /** Resolves once the server has every publish. */
     async end(): Promise<void> {
