@@ -44,12 +44,13 @@ export async function reallocBench(o: ReallocBenchOptions) {
   const spec: GptSpec = { kind: 'policy', vocab: 11, context: 9, layers: o.layers, width: o.width, heads: 8 };
   const devices = [...new Set([...o.from.devices, ...o.to.devices])].sort((a, b) => a - b);
   return withWorkers(devices.length, 'bench-realloc', async ({ nc, subj, d, pids }) => {
-    // CPU seconds of the server and of the workers, to tell work from waiting.
-    const cpu = () => ({ server: cpuSeconds(pids.server), workers: pids.workers.reduce<number | undefined>((a, p) => (a === undefined ? undefined : (cpuSeconds(p) ?? Number.NaN) + a), 0) });
+    // CPU seconds of the server and of the workers, to tell work from waiting (NaN without /proc).
+    const seconds = (pid: number) => cpuSeconds(pid) ?? Number.NaN;
+    const cpu = () => ({ server: seconds(pids.server), workers: pids.workers.reduce((a, p) => a + seconds(p), 0) });
     const spent = { realloc: { server: 0, workers: 0 }, raw: { server: 0, workers: 0 } };
     const addSpent = (into: { server: number; workers: number }, a: ReturnType<typeof cpu>, b: ReturnType<typeof cpu>) => {
-      into.server += (b.server ?? Number.NaN) - (a.server ?? Number.NaN);
-      into.workers += (b.workers ?? Number.NaN) - (a.workers ?? Number.NaN);
+      into.server += b.server - a.server;
+      into.workers += b.workers - a.workers;
     };
     const stats = async () => Object.fromEntries(await Promise.all(devices.map(async (dev) => [dev, await d.call(dev, '*', 0, { fn: 'stats' })] as const)));
     const baseline = await stats();
