@@ -7,6 +7,8 @@ import type { LossSpec, NamedTensor, Optim } from '../mesh/wire/index.ts';
 import {
   Adam,
   argmax,
+  masked,
+  responseMask,
   forward,
   initialWeights,
   itemRows,
@@ -148,13 +150,18 @@ export class ReferenceGpt {
     this.optimizer?.dispose();
   }
 
-  /** Samples `responseLen` tokens after each prompt (or takes the likeliest, `greedy`); one seeded stream per row. */
-  async generate(prompts: Int32Array, batch: number, promptLen: number, responseLen: number, seeds: Uint32Array, temperature: number, greedy = false) {
+  /**
+   * Samples `responseLen` tokens after each prompt (or takes the likeliest, `greedy`); one seeded
+   * stream per row. With `eos`, a row stops at its first end token and the rest is that token
+   * again, with log-probability 0.
+   */
+  async generate(prompts: Int32Array, batch: number, promptLen: number, responseLen: number, seeds: Uint32Array, temperature: number, greedy = false, eos?: number) {
     this.expect('policy', 'generate');
     const width = promptLen + responseLen;
     const tokens = new Int32Array(batch * width);
     for (let b = 0; b < batch; b++) tokens.set(prompts.subarray(b * promptLen, (b + 1) * promptLen), b * width);
     const rngs = Array.from(seeds, (s) => new Rng(s));
+    const done = new Array<boolean>(batch).fill(false);
     const w = this.weights();
     for (let t = 0; t < responseLen; t++) {
       await yieldToLoop();
@@ -169,10 +176,12 @@ export class ReferenceGpt {
       last.dispose();
       for (let b = 0; b < batch; b++) {
         const row = logits.subarray(b * this.spec.vocab, (b + 1) * this.spec.vocab);
-        tokens[b * width + len] = greedy ? argmax(row) : sampleToken(row, temperature, rngs[b]!.uniform());
+        tokens[b * width + len] = done[b] ? eos! : greedy ? argmax(row) : sampleToken(row, temperature, rngs[b]!.uniform());
+        if (tokens[b * width + len] === eos) done[b] = true;
       }
     }
-    return { tokens, logprobs: this.logprobs(tokens, batch, promptLen) };
+    const logprobs = this.logprobs(tokens, batch, promptLen);
+    return { tokens, logprobs: masked(logprobs, responseMask(tokens, promptLen, responseLen, eos)) };
   }
 
   /** Log-probabilities of the response tokens, row-major [batch, responseLen]. */
@@ -278,10 +287,11 @@ export class ReferenceGpt {
     this.expect(fn.head, `the loss '${loss.name}'`);
     const width = promptLen + responseLen;
     const items = batch / fn.rowsPerItem;
-    return trainEpochs(items, responseLen * fn.rowsPerItem, epochs, minibatches, seed, async (picked) => {
+    const ports = [...fn.ports(loss.params), ...(data.mask ? ['mask'] : [])];
+    return trainEpochs(items, data.mask ? data.mask.reduce((n, m) => n + m, 0) : batch * responseLen, epochs, minibatches, seed, async (picked) => {
       const rows = itemRows(picked, items, fn.rowsPerItem);
       const mbTokens = tf.tensor2d(pickRows(tokens, width, rows), [rows.length, width], 'int32');
-      const mbData = Object.fromEntries(fn.ports(loss.params).map((port) => [port, tf.tensor2d(pickRows(data[port]!, responseLen, rows), [rows.length, responseLen])]));
+      const mbData = Object.fromEntries(ports.map((port) => [port, tf.tensor2d(pickRows(data[port]!, responseLen, rows), [rows.length, responseLen])]));
       let clipCount = 0;
       const { loss: value, gradNorm } = this.step(() => {
         const pred = this.predict(fn, mbTokens, promptLen);

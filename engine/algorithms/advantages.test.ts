@@ -1,5 +1,5 @@
 import { describe, it, expect } from 'vitest';
-import { gae, mean, tokenRewards, whiten } from './advantages.ts';
+import { ESTIMATORS, discountedReturns, estimator, gae, mean, perToken, sequenceKl, tokenRewards, whiten } from './advantages.ts';
 
 describe('tokenRewards', () => {
   // batch 2, responseLen 2; row-major [b0t0, b0t1, b1t0, b1t1]
@@ -111,5 +111,62 @@ describe('mean', () => {
     expect(mean([1, 2, 3, 4])).toBe(2.5);
     expect(mean(new Float32Array([0.5, -0.5, 1]))).toBeCloseTo(1 / 3, 12);
     expect(mean([])).toBe(0);
+  });
+});
+
+describe('ragged rows: each response counts up to its own end', () => {
+  // R = 3; row 0 has 2 tokens, row 1 all 3. Padded values are absurd on purpose.
+  const lengths = [2, 3];
+
+  it('tokenRewards: the KL only on real tokens, the score on each row’s last real token', () => {
+    const logprobs = [-1, -2, 50, -1, -1, -1];
+    const ref = [-1.5, -2, -9, -2, -1, -1];
+    // kl: row 0 [0.5, 0], row 1 [1, 0, 0]; β = 0.5
+    const { rewards, kl } = tokenRewards([1, 2], logprobs, ref, 3, 0.5, lengths);
+    expect(Array.from(rewards)).toEqual([-0.25, 1, 0, -0.5, -0, 2]); // −β·0 is −0
+    expect(kl).toBe(0.75); // (0.5 + 1) / 2
+  });
+
+  it('gae stops at each end: V after the last real token is 0, padding gets 0', () => {
+    // row 0: rewards [1, 2], values [0.5, 1]; γ = λ = 1: A1 = 2 − 1 = 1, A0 = (1 + 1 − 0.5) + 1 = 2.5
+    const { advantages, returns } = gae([1, 2, 99, 0, 0, 1], [0.5, 1, 99, 0, 0, 0], 3, 1, 1, lengths);
+    expect(Array.from(advantages.subarray(0, 3))).toEqual([2.5, 1, 0]);
+    expect(Array.from(returns.subarray(0, 3))).toEqual([3, 2, 0]);
+    // γ = λ = 0.5: A1 = 1, δ0 = 1 + 0.5·1 − 0.5 = 1, A0 = 1 + 0.25·1 = 1.25
+    expect(Array.from(gae([1, 2, 99], [0.5, 1, 99], 3, 0.5, 0.5, [2]).advantages)).toEqual([1.25, 1, 0]);
+  });
+
+  it('whiten over the real entries only; padding comes out 0', () => {
+    // real [1, 3, 5]: mean 3, population std √(8/3)
+    const out = whiten([1, 3, 99, 5], 0, [1, 1, 0, 1]);
+    const s = Math.sqrt(8 / 3);
+    expect(Array.from(out)).toEqual([-2 / s, 0, 0, 2 / s]);
+  });
+
+  it('sequenceKl, perToken and discountedReturns stop at each end', () => {
+    expect(Array.from(sequenceKl([-1, -2, 50, -1, -1, -1], [-1.5, -2, -9, -2, -1, -1], 3, 'k1', lengths))).toEqual([0.5, 1]);
+    expect(Array.from(perToken([7, -1], 3, lengths))).toEqual([7, 7, 0, -1, -1, -1]);
+    expect(Array.from(discountedReturns([1, 2, 99, 1, 1, 1], 3, 1, lengths))).toEqual([3, 2, 0, 3, 2, 1]);
+  });
+
+  it('every estimator ignores what the padding holds and writes 0 there', () => {
+    const base = { scores: [1, 0, 0.5, 0.25], responseLen: 3, group: 2, mask: [1, 1, 0, 1, 1, 1, 1, 0, 0, 1, 1, 0] };
+    const fields = (pad: number) => {
+      const fill = (xs: number[]) => xs.map((x, i) => (base.mask[i] ? x : pad));
+      return {
+        logprobs: fill([-1, -2, 0, -1, -1, -1, -3, 0, 0, -2, -1, 0]),
+        ref: fill([-1.5, -2, 0, -2, -1, -1, -2, 0, 0, -2, -2, 0]),
+        values: fill([0.5, 1, 0, 0, 0.2, 0.1, 0.3, 0, 0, 0.1, 0.4, 0]),
+      };
+    };
+    for (const name of Object.keys(ESTIMATORS)) {
+      const run = (pad: number) => estimator(name)({ ...base, ...fields(pad), baseline: [0.5, 0.5, 0.5, 0.5] }, { kl_coef: 0.1 });
+      const [a, b] = [run(0), run(123)];
+      expect(Array.from(b.advantages), name).toEqual(Array.from(a.advantages));
+      expect(b.stats, name).toEqual(a.stats);
+      base.mask.forEach((m, i) => {
+        if (!m) expect(a.advantages[i], `${name} at padding ${i}`).toBe(0);
+      });
+    }
   });
 });

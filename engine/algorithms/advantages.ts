@@ -2,38 +2,61 @@
 // summed in index order so every process gets the same bits. The estimators are a registry
 // (ESTIMATORS): an algorithm's advantage step names one, and a variant is one more function. The
 // losses, which are differentiated, are TensorFlow.js (engine/losses.ts).
-import type { KlEstimator } from '../model/index.ts';
+import { lengthsOfMask, type KlEstimator } from '../model/index.ts';
 
-/**
- * Per-token rewards: −β·(log π − log π_ref) at every token, plus the sequence's score on its last
- * token (the usual RLHF shaping). Returns the rewards and the KL estimate per sequence: the
- * log-ratio summed over a response's tokens, averaged over the batch.
- */
-export function tokenRewards(scores: ArrayLike<number>, logprobs: ArrayLike<number>, refLogprobs: ArrayLike<number>, responseLen: number, klCoef: number): { rewards: Float64Array; kl: number } {
-  const n = logprobs.length;
-  const rewards = new Float64Array(n);
-  let klSum = 0;
-  for (let i = 0; i < n; i++) {
-    const kl = logprobs[i]! - refLogprobs[i]!;
-    klSum += kl;
-    rewards[i] = -klCoef * kl;
-  }
-  for (let b = 0; b < scores.length; b++) rewards[b * responseLen + responseLen - 1]! += scores[b]!;
-  return { rewards, kl: n > 0 ? (klSum / n) * responseLen : 0 };
+/** Each row's length: from a response mask (its ones, a prefix of the row), or the whole budget. */
+export function rowLengths(rows: number, responseLen: number, mask?: ArrayLike<number>): Int32Array {
+  return mask ? lengthsOfMask(mask, responseLen) : new Int32Array(rows).fill(responseLen);
 }
 
 /**
- * Generalised advantage estimation per sequence, backwards in time, with V after the last token
- * taken as 0 (the episode ends there). Returns advantages and returns (= advantages + values).
+ * Per-token rewards: −β·(log π − log π_ref) at every token a response has, plus the sequence's
+ * score on its last token (the usual RLHF shaping); 0 after the end. Returns the rewards and the
+ * KL estimate per sequence: the log-ratio summed over a response's tokens, averaged over the batch.
  */
-export function gae(rewards: ArrayLike<number>, values: ArrayLike<number>, responseLen: number, gamma: number, lambda: number): { advantages: Float64Array; returns: Float64Array } {
+export function tokenRewards(
+  scores: ArrayLike<number>,
+  logprobs: ArrayLike<number>,
+  refLogprobs: ArrayLike<number>,
+  responseLen: number,
+  klCoef: number,
+  lengths: ArrayLike<number> = rowLengths(scores.length, responseLen),
+): { rewards: Float64Array; kl: number } {
+  const rewards = new Float64Array(logprobs.length);
+  let klSum = 0;
+  for (let b = 0; b < scores.length; b++) {
+    const L = lengths[b]!;
+    for (let t = 0; t < L; t++) {
+      const i = b * responseLen + t;
+      const kl = logprobs[i]! - refLogprobs[i]!;
+      klSum += kl;
+      rewards[i] = -klCoef * kl;
+    }
+    if (L > 0) rewards[b * responseLen + L - 1]! += scores[b]!;
+  }
+  return { rewards, kl: scores.length > 0 ? klSum / scores.length : 0 };
+}
+
+/**
+ * Generalised advantage estimation per sequence, backwards in time from its last token, with V
+ * after it taken as 0 (the episode ends there). Returns advantages and returns (= advantages +
+ * values), 0 after each sequence's end.
+ */
+export function gae(
+  rewards: ArrayLike<number>,
+  values: ArrayLike<number>,
+  responseLen: number,
+  gamma: number,
+  lambda: number,
+  lengths: ArrayLike<number> = rowLengths(rewards.length / responseLen, responseLen),
+): { advantages: Float64Array; returns: Float64Array } {
   const n = rewards.length;
   const advantages = new Float64Array(n);
   const returns = new Float64Array(n);
   for (let row = 0; row < n / responseLen; row++) {
     let next = 0;
     let nextValue = 0;
-    for (let t = responseLen - 1; t >= 0; t--) {
+    for (let t = lengths[row]! - 1; t >= 0; t--) {
       const i = row * responseLen + t;
       const delta = rewards[i]! + gamma * nextValue - values[i]!;
       next = delta + gamma * lambda * next;
@@ -45,17 +68,26 @@ export function gae(rewards: ArrayLike<number>, values: ArrayLike<number>, respo
   return { advantages, returns };
 }
 
-/** (x − mean) / (std + eps), with the population std; sums in index order. */
-export function whiten(x: ArrayLike<number>, eps = 1e-8): Float64Array {
-  const n = x.length;
+/**
+ * (x − mean) / (std + eps), with the population std, over the entries `mask` keeps (all, without
+ * one); the others come out 0. Sums in index order.
+ */
+export function whiten(x: ArrayLike<number>, eps = 1e-8, mask?: ArrayLike<number>): Float64Array {
+  const keep = (i: number) => !mask || mask[i]! > 0;
+  let n = 0;
   let sum = 0;
-  for (let i = 0; i < n; i++) sum += x[i]!;
+  for (let i = 0; i < x.length; i++) {
+    if (!keep(i)) continue;
+    sum += x[i]!;
+    n += 1;
+  }
+  const out = new Float64Array(x.length);
+  if (n === 0) return out;
   const mean = sum / n;
   let sq = 0;
-  for (let i = 0; i < n; i++) sq += (x[i]! - mean) ** 2;
+  for (let i = 0; i < x.length; i++) if (keep(i)) sq += (x[i]! - mean) ** 2;
   const std = Math.sqrt(sq / n);
-  const out = new Float64Array(n);
-  for (let i = 0; i < n; i++) out[i] = (x[i]! - mean) / (std + eps);
+  for (let i = 0; i < x.length; i++) if (keep(i)) out[i] = (x[i]! - mean) / (std + eps);
   return out;
 }
 
@@ -72,22 +104,28 @@ export function klOf(d: number, estimator: KlEstimator): number {
   return Math.exp(-d) - 1 + d;
 }
 
-/** Each row's KL summed over its tokens, by the estimator. */
-export function sequenceKl(logprobs: ArrayLike<number>, ref: ArrayLike<number>, responseLen: number, estimator: KlEstimator = 'k1'): Float64Array {
+/** Each row's KL summed over the tokens it has, by the estimator. */
+export function sequenceKl(
+  logprobs: ArrayLike<number>,
+  ref: ArrayLike<number>,
+  responseLen: number,
+  estimator: KlEstimator = 'k1',
+  lengths: ArrayLike<number> = rowLengths(logprobs.length / responseLen, responseLen),
+): Float64Array {
   const rows = logprobs.length / responseLen;
   const out = new Float64Array(rows);
   for (let b = 0; b < rows; b++) {
     let s = 0;
-    for (let t = 0; t < responseLen; t++) s += klOf(logprobs[b * responseLen + t]! - ref[b * responseLen + t]!, estimator);
+    for (let t = 0; t < lengths[b]!; t++) s += klOf(logprobs[b * responseLen + t]! - ref[b * responseLen + t]!, estimator);
     out[b] = s;
   }
   return out;
 }
 
-/** Every token of a row gets that row's value: an outcome advantage, [rows, responseLen]. */
-export function perToken(perRow: ArrayLike<number>, responseLen: number): Float32Array {
+/** Every token a row has gets that row's value (0 after its end): an outcome advantage, [rows, responseLen]. */
+export function perToken(perRow: ArrayLike<number>, responseLen: number, lengths: ArrayLike<number> = rowLengths(perRow.length, responseLen)): Float32Array {
   const out = new Float32Array(perRow.length * responseLen);
-  for (let b = 0; b < perRow.length; b++) out.fill(perRow[b]!, b * responseLen, (b + 1) * responseLen);
+  for (let b = 0; b < perRow.length; b++) out.fill(perRow[b]!, b * responseLen, b * responseLen + lengths[b]!);
   return out;
 }
 
@@ -125,12 +163,12 @@ export function leaveOneOut(scores: ArrayLike<number>, group: number): Float64Ar
   return out;
 }
 
-/** REINFORCE with γ: each token's return, the sum of its own and later rewards (discounted), per row. */
-export function discountedReturns(rewards: ArrayLike<number>, responseLen: number, gamma = 1): Float64Array {
+/** REINFORCE with γ: each token's return, the sum of its own and later rewards (discounted) up to its row's end. */
+export function discountedReturns(rewards: ArrayLike<number>, responseLen: number, gamma = 1, lengths: ArrayLike<number> = rowLengths(rewards.length / responseLen, responseLen)): Float64Array {
   const out = new Float64Array(rewards.length);
   for (let row = 0; row < rewards.length / responseLen; row++) {
     let acc = 0;
-    for (let t = responseLen - 1; t >= 0; t--) {
+    for (let t = lengths[row]! - 1; t >= 0; t--) {
       const i = row * responseLen + t;
       acc = rewards[i]! + gamma * acc;
       out[i] = acc;
@@ -151,6 +189,11 @@ export interface AdvantageInput {
   baseline?: ArrayLike<number>;
   responseLen: number;
   group: number;
+  /**
+   * The response mask [rows, responseLen]: 1 at the tokens a response has, then 0 (a prefix of
+   * each row). Absent: every response has all `responseLen` tokens.
+   */
+  mask?: ArrayLike<number>;
 }
 
 export interface AdvantageOptions {
@@ -164,7 +207,7 @@ export interface AdvantageOptions {
 }
 
 export interface AdvantageOutput {
-  /** Per token, [rows, responseLen]. */
+  /** Per token, [rows, responseLen]; 0 after each response's end. */
   advantages: Float32Array;
   /** A value model's targets, where the estimator has them. */
   returns?: Float32Array;
@@ -177,48 +220,56 @@ const need = <T>(x: T | undefined, what: string, estimator: string): T => {
   return x;
 };
 
-/** Rewards less β times each row's KL (k1 summed over tokens): a sequence-level penalty. */
-function penalised(inp: AdvantageInput, o: AdvantageOptions): { rewards: Float64Array; kl: number } {
-  const kl = inp.ref ? sequenceKl(inp.logprobs, inp.ref, inp.responseLen, o.kl_estimator ?? 'k1') : new Float64Array(inp.scores.length);
+/** Rewards less β times each row's KL (summed over its tokens by the estimator): a sequence-level penalty. */
+function penalised(inp: AdvantageInput, o: AdvantageOptions, lengths: Int32Array): { rewards: Float64Array; kl: number } {
+  const kl = inp.ref ? sequenceKl(inp.logprobs, inp.ref, inp.responseLen, o.kl_estimator ?? 'k1', lengths) : new Float64Array(inp.scores.length);
   const rewards = Float64Array.from(inp.scores, (r, b) => r - o.kl_coef * kl[b]!);
-  return { rewards, kl: inp.ref ? mean(sequenceKl(inp.logprobs, inp.ref, inp.responseLen, 'k1')) : 0 };
+  return { rewards, kl: inp.ref ? mean(sequenceKl(inp.logprobs, inp.ref, inp.responseLen, 'k1', lengths)) : 0 };
 }
 
-/** Advantage estimators by name; an algorithm's advantage step names one. */
+const lengthsOf = (inp: AdvantageInput) => rowLengths(inp.scores.length, inp.responseLen, inp.mask);
+
+/** Advantage estimators by name; an algorithm's advantage step names one. Each counts only the tokens a response has. */
 export const ESTIMATORS: Record<string, (inp: AdvantageInput, o: AdvantageOptions) => AdvantageOutput> = {
-  /** PPO: KL-shaped token rewards, GAE over the values, whitened over the batch. */
+  /** PPO: KL-shaped token rewards, GAE over the values (stopping at each end), whitened over the batch's real tokens. */
   gae(inp, o) {
-    const { rewards, kl } = tokenRewards(inp.scores, inp.logprobs, need(inp.ref, 'reference log-probs', 'gae'), inp.responseLen, o.kl_coef);
-    const { advantages, returns } = gae(rewards, need(inp.values, 'values', 'gae'), inp.responseLen, o.gamma ?? 1, o.lambda ?? 0.95);
-    return { advantages: Float32Array.from(whiten(advantages)), returns: Float32Array.from(returns), stats: { kl } };
+    const lengths = lengthsOf(inp);
+    const { rewards, kl } = tokenRewards(inp.scores, inp.logprobs, need(inp.ref, 'reference log-probs', 'gae'), inp.responseLen, o.kl_coef, lengths);
+    const { advantages, returns } = gae(rewards, need(inp.values, 'values', 'gae'), inp.responseLen, o.gamma ?? 1, o.lambda ?? 0.95, lengths);
+    return { advantages: Float32Array.from(whiten(advantages, 1e-8, inp.mask)), returns: Float32Array.from(returns), stats: { kl } };
   },
   /** GRPO: the reward (less a KL penalty, when β > 0) normalised within each prompt's group. */
   grpo(inp, o) {
-    const { rewards, kl } = penalised(inp, o);
+    const lengths = lengthsOf(inp);
+    const { rewards, kl } = penalised(inp, o, lengths);
     const { advantages, flatGroups } = groupNormalised(rewards, inp.group, o.scale ?? true);
-    return { advantages: perToken(advantages, inp.responseLen), stats: { kl, flat_groups: flatGroups } };
+    return { advantages: perToken(advantages, inp.responseLen, lengths), stats: { kl, flat_groups: flatGroups } };
   },
   /** RLOO: the reward less the mean of the group's other samples. */
   rloo(inp, o) {
-    const { rewards, kl } = penalised(inp, o);
-    return { advantages: perToken(leaveOneOut(rewards, inp.group), inp.responseLen), stats: { kl } };
+    const lengths = lengthsOf(inp);
+    const { rewards, kl } = penalised(inp, o, lengths);
+    return { advantages: perToken(leaveOneOut(rewards, inp.group), inp.responseLen, lengths), stats: { kl } };
   },
   /** ReMax: the reward less the greedy response's reward. */
   remax(inp, o) {
-    const { rewards, kl } = penalised(inp, o);
+    const lengths = lengthsOf(inp);
+    const { rewards, kl } = penalised(inp, o, lengths);
     const base = need(inp.baseline, 'baseline rewards', 'remax');
     return {
       advantages: perToken(
         Float64Array.from(rewards, (r, b) => r - base[b]!),
         inp.responseLen,
+        lengths,
       ),
       stats: { kl, baseline_reward: mean(base) },
     };
   },
-  /** REINFORCE++: KL-shaped token rewards, returns as suffix sums, z-scored over the whole batch. */
+  /** REINFORCE++: KL-shaped token rewards, returns as suffix sums to each end, z-scored over the batch's real tokens. */
   reinforce_pp(inp, o) {
-    const { rewards, kl } = tokenRewards(inp.scores, inp.logprobs, need(inp.ref, 'reference log-probs', 'reinforce_pp'), inp.responseLen, o.kl_coef);
-    return { advantages: Float32Array.from(whiten(discountedReturns(rewards, inp.responseLen, o.gamma ?? 1))), stats: { kl } };
+    const lengths = lengthsOf(inp);
+    const { rewards, kl } = tokenRewards(inp.scores, inp.logprobs, need(inp.ref, 'reference log-probs', 'reinforce_pp'), inp.responseLen, o.kl_coef, lengths);
+    return { advantages: Float32Array.from(whiten(discountedReturns(rewards, inp.responseLen, o.gamma ?? 1, lengths), 1e-8, inp.mask)), stats: { kl } };
   },
 };
 

@@ -26,7 +26,7 @@ export function criticFree(rl: RlConfig, o: { group: number; estimator: string; 
       { name: 'reward', head: 'reward', trained: false },
     ],
     calls: [
-      { name: 'actor.generate', model: 'actor', fn: 'generate', reads: { prompts: 'prompts' }, writes: { tokens: 'tokens', logprobs: 'logprobs' } },
+      { name: 'actor.generate', model: 'actor', fn: 'generate', reads: { prompts: 'prompts' }, writes: { tokens: 'tokens', logprobs: 'logprobs', mask: 'mask' } },
       { name: 'reference.inference', model: 'reference', fn: 'inference', reads: { tokens: 'tokens' }, writes: { logprobs: 'ref_logprobs' } },
       { name: 'reward.inference', model: 'reward', fn: 'inference', reads: { tokens: 'tokens' }, writes: { scores: 'scores' } },
       train,
@@ -34,11 +34,18 @@ export function criticFree(rl: RlConfig, o: { group: number; estimator: string; 
     steps: [
       {
         name: 'advantages',
-        reads: ['scores', 'logprobs', 'ref_logprobs'],
+        reads: ['scores', 'logprobs', 'ref_logprobs', 'mask'],
         writes: ['advantages', 'kl'],
         run: (f, ctx) => {
           const out = advantage(
-            { scores: f.scores as Float32Array, logprobs: f.logprobs as Float32Array, ref: f.ref_logprobs as Float32Array, responseLen: ctx.responseLen, group: ctx.group },
+            {
+              scores: f.scores as Float32Array,
+              logprobs: f.logprobs as Float32Array,
+              ref: f.ref_logprobs as Float32Array,
+              responseLen: ctx.responseLen,
+              group: ctx.group,
+              mask: f.mask as Float32Array,
+            },
             o.advantage,
           );
           return { advantages: out.advantages, ...out.stats };

@@ -26,7 +26,12 @@ export interface ModelDecl {
   lr?: number;
 }
 
-/** Generated rows, one per (prompt, sample): `tokens` [rows, P+R], `logprobs` [rows, R]. */
+/**
+ * Generated rows, one per (prompt, sample): `tokens` [rows, P+R], `logprobs` [rows, R], and
+ * `mask` [rows, R] (1 at the tokens each response has, 0 at the padding after its end). Device
+ * calls need no mask bound: each gets the mask of the tokens it reads. Host steps that count
+ * tokens read `mask`.
+ */
 export interface GenerateCall {
   fn: 'generate';
   /** Take the likeliest token at every step (a baseline) instead of sampling. */
@@ -98,7 +103,7 @@ export interface Graph {
 
 /** The ports each function has; a train call's are its loss's (checked by the device). */
 export const PORTS = {
-  generate: { reads: ['prompts'], writes: ['tokens', 'logprobs'] },
+  generate: { reads: ['prompts'], writes: ['tokens', 'logprobs', 'mask'] },
   inference: { reads: ['tokens'], writes: ['logprobs', 'values', 'scores'] },
   train: { reads: ['tokens'], writes: ['loss', 'clipfrac', 'grad_norm'] },
 } as const;

@@ -3,7 +3,7 @@
 // iteration's pairs are a pure function of (seed, iteration), so a replay gets the same bits.
 import { readFileSync } from 'node:fs';
 import { Rng, Stream, seedOf } from '../model/index.ts';
-import type { Task } from '../device/index.ts';
+import { padded, type Task } from '../device/index.ts';
 
 export class PairsError extends Error {
   override name = 'PairsError';
@@ -29,7 +29,8 @@ function assemble(pairs: ReadonlyArray<{ prompt: ArrayLike<number>; chosen: Arra
  */
 export function taskPairs(task: Task, seed: number, iteration: number, n: number): Int32Array {
   const prompts = task.prompts(seed, iteration, n);
-  const base = task.vocab - 1;
+  // Noise draws digits only (not the separator, nor the end token).
+  const base = task.eos === undefined ? task.vocab - 1 : task.vocab - 2;
   const pairs = [];
   for (let i = 0; i < n; i++) {
     const prompt = prompts.subarray(i * task.promptLen, (i + 1) * task.promptLen);
@@ -49,6 +50,11 @@ export function taskPairs(task: Task, seed: number, iteration: number, n: number
     }
     pairs.push(pair ?? { prompt, chosen: target, rejected: noisy(task.responseLen * 4) });
   }
+  // Answers of a task with an end token are shorter than the budget: padded after it.
+  for (const p of pairs) {
+    p.chosen = padded(task, p.chosen.slice(0, task.responseLen));
+    p.rejected = padded(task, p.rejected.slice(0, task.responseLen));
+  }
   return assemble(pairs, task.promptLen + task.responseLen);
 }
 
@@ -63,7 +69,7 @@ export interface PairsFile {
  * Reads a JSONL file of `{ "prompt": [ids], "chosen": [ids], "rejected": [ids] }`, checking every
  * line against the task's lengths and vocabulary; an error names the file, the line and the field.
  */
-export function readPairsFile(file: string, task: Pick<Task, 'promptLen' | 'responseLen' | 'vocab'>): PairsFile {
+export function readPairsFile(file: string, task: Task): PairsFile {
   let text: string;
   try {
     text = readFileSync(file, 'utf8');
@@ -80,14 +86,17 @@ export function readPairsFile(file: string, task: Pick<Task, 'promptLen' | 'resp
     } catch (e) {
       throw new PairsError(`${where}: not JSON (${(e as Error).message})`);
     }
-    const ids = (key: string, len: number): number[] => {
+    // A response of a task with an end token may be shorter than the budget: it is padded with that token.
+    const ids = (key: string, len: number, shorter: boolean): number[] => {
       const v = (row as Record<string, unknown> | null)?.[key];
-      if (!Array.isArray(v) || v.length !== len || !v.every((t) => Number.isInteger(t) && t >= 0 && t < task.vocab)) {
-        throw new PairsError(`${where}: '${key}' must be ${len} token ids below ${task.vocab}, got ${JSON.stringify(v)?.slice(0, 80)}`);
+      const fits = Array.isArray(v) && (shorter ? v.length >= 1 && v.length <= len : v.length === len);
+      if (!fits || !v.every((t) => Number.isInteger(t) && t >= 0 && t < task.vocab)) {
+        throw new PairsError(`${where}: '${key}' must be ${shorter ? `1 to ${len}` : len} token ids below ${task.vocab}, got ${JSON.stringify(v)?.slice(0, 80)}`);
       }
       return v as number[];
     };
-    pairs.push({ prompt: ids('prompt', task.promptLen), chosen: ids('chosen', task.responseLen), rejected: ids('rejected', task.responseLen) });
+    const response = (key: string) => padded(task, ids(key, task.responseLen, task.eos !== undefined));
+    pairs.push({ prompt: ids('prompt', task.promptLen, false), chosen: response('chosen'), rejected: response('rejected') });
   });
   if (pairs.length === 0) throw new PairsError(`${file}: no pairs`);
   const width = task.promptLen + task.responseLen;

@@ -19,7 +19,7 @@ export const remax = defineAlgorithm({
       { name: 'reward', head: 'reward', trained: false },
     ],
     calls: [
-      { name: 'actor.generate', model: 'actor', fn: 'generate', reads: { prompts: 'prompts' }, writes: { tokens: 'tokens', logprobs: 'logprobs' } },
+      { name: 'actor.generate', model: 'actor', fn: 'generate', reads: { prompts: 'prompts' }, writes: { tokens: 'tokens', logprobs: 'logprobs', mask: 'mask' } },
       { name: 'actor.generate_greedy', model: 'actor', fn: 'generate', greedy: true, reads: { prompts: 'prompts' }, writes: { tokens: 'greedy_tokens' } },
       { name: 'reference.inference', model: 'reference', fn: 'inference', reads: { tokens: 'tokens' }, writes: { logprobs: 'ref_logprobs' } },
       { name: 'reward.inference', model: 'reward', fn: 'inference', reads: { tokens: 'tokens' }, writes: { scores: 'scores' } },
@@ -36,7 +36,7 @@ export const remax = defineAlgorithm({
     steps: [
       {
         name: 'advantages',
-        reads: ['scores', 'greedy_scores', 'logprobs', 'ref_logprobs'],
+        reads: ['scores', 'greedy_scores', 'logprobs', 'ref_logprobs', 'mask'],
         writes: ['advantages', 'kl', 'baseline_reward'],
         run: (f, ctx) => {
           const out = estimator('remax')(
@@ -47,6 +47,7 @@ export const remax = defineAlgorithm({
               ref: f.ref_logprobs as Float32Array,
               responseLen: ctx.responseLen,
               group: ctx.group,
+              mask: f.mask as Float32Array,
             },
             { kl_coef: rl.kl_coef },
           );

@@ -35,12 +35,12 @@ export async function generateBench(o: GenerateBenchOptions) {
   let n = 0;
   try {
     // One warm-up call of each kind, so that neither pays for the backend's first use.
-    await rank.generate(`w${n++}`, prompts, o.batch, o.promptLen, Math.min(...o.lengths), seeds, 1, false, true);
-    await rank.generate(`w${n++}`, prompts, o.batch, o.promptLen, Math.min(...o.lengths), seeds, 1, false, false);
+    await rank.generate(`w${n++}`, prompts, o.batch, o.promptLen, Math.min(...o.lengths), seeds, { temperature: 1, cache: true });
+    await rank.generate(`w${n++}`, prompts, o.batch, o.promptLen, Math.min(...o.lengths), seeds, { temperature: 1, cache: false });
     for (const R of o.lengths) {
       for (const kind of ['cache', 'nocache'] as const) {
         const t0 = performance.now();
-        const out = await rank.generate(`g${n++}`, prompts, o.batch, o.promptLen, R, seeds, 1, false, kind === 'cache');
+        const out = await rank.generate(`g${n++}`, prompts, o.batch, o.promptLen, R, seeds, { temperature: 1, cache: kind === 'cache' });
         const seconds = (performance.now() - t0) / 1000;
         if (out.tokens.length !== o.batch * (o.promptLen + R)) throw new Error(`generate returned ${out.tokens.length} tokens, expected ${o.batch * (o.promptLen + R)}`);
         perToken[kind][String(R)] = seconds / (o.batch * R);

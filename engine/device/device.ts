@@ -15,7 +15,7 @@ import { modelInfo } from '../model/index.ts';
 import { tokensDigest } from './ledger.ts';
 import { Comm } from '../../mesh/parallel/index.ts';
 import { lossOf, type LossFn } from '../model/index.ts';
-import { GptRank, heldBytes } from '../model/index.ts';
+import { GptRank, heldBytes, kvCacheProblem } from '../model/index.ts';
 import { makeTask, TASKS, type Task, type TaskName } from './task.ts';
 
 export class CallRejected extends Error {
@@ -62,6 +62,13 @@ function dataProblem(body: CallOf<'train'>): string | undefined {
     if (!a) return `the loss '${body.loss.name}' reads '${port}'; the call's data has ${Object.keys(body.data).join(', ') || 'nothing'}`;
     if (a.length !== body.batch * body.responseLen) return `data.${port} has ${a.length} values, expected ${body.batch * body.responseLen}`;
   }
+  const mask = body.data.mask;
+  if (mask) {
+    if (mask.length !== body.batch * body.responseLen) return `data.mask has ${mask.length} values, expected ${body.batch * body.responseLen}`;
+    for (let i = 0; i < mask.length; i++) {
+      if (mask[i] !== 0 && mask[i] !== 1) return `data.mask[${i}] = ${mask[i]}; a response mask holds 1 (a token the response has) or 0 (padding)`;
+    }
+  }
   return undefined;
 }
 
@@ -82,7 +89,8 @@ function shapeProblem(body: CallBody, spec: { vocab: number; context: number } |
         expect('prompts', body.prompts.length, body.batch * body.promptLen) ??
         expect('seeds', body.seeds.length, body.batch) ??
         fits(body.promptLen + body.responseLen) ??
-        tokensIn('prompts', body.prompts)
+        tokensIn('prompts', body.prompts) ??
+        (body.eos !== undefined ? tokensIn('eos', Int32Array.of(body.eos)) : undefined)
       );
     case 'inference':
     case 'sft':
@@ -115,6 +123,8 @@ type Body = Record<string, unknown>;
 export interface DeviceOptions {
   /** How long a reallocation may wait for its go and its chunks. */
   transferTimeoutMs?: number;
+  /** The bytes this device may hold in tensors (default: its backend's limit; see kvCacheProblem). */
+  memoryBytes?: number;
 }
 
 export class Device {
@@ -197,7 +207,14 @@ export class Device {
       return new CallRejected('invalid_state', `'${model}' on device ${this.index} holds no optimizer (not its training layout); the checkpoint has optimizer state`);
     }
     const bad = shapeProblem(body, h.shard instanceof RuleShard ? undefined : h.shard.spec);
-    return bad ? new CallRejected('malformed', `'${body.fn}' of '${model}': ${bad}`) : undefined;
+    if (bad) return new CallRejected('malformed', `'${body.fn}' of '${model}': ${bad}`);
+    if (body.fn === 'generate') {
+      // The KV cache is sized from the batch and the budget before anything is allocated.
+      const shard = h.shard as ModelShard;
+      const full = kvCacheProblem(shard.cacheBytes(body.batch, body.promptLen + body.responseLen), this.options.memoryBytes);
+      if (full) return new CallRejected('too_large', `'generate' of '${model}' on device ${this.index}: ${body.batch} sequences of ${body.promptLen} + ${body.responseLen} tokens: ${full}`);
+    }
+    return undefined;
   }
 
   private notLoaded(model: string, fn: string): CallRejected {
@@ -533,9 +550,11 @@ export class Device {
       case 'preference':
         return s.preference(group, body.chosen, body.rejected, body.batch, body.steps, body.minibatch, body.lr, body.seed);
       case 'sft':
-        return s.sft(group, body.tokens, body.batch, body.promptLen, body.steps, body.minibatch, body.lr, body.seed);
-      case 'generate':
-        return s.generate(group, body.prompts, body.batch, body.promptLen, body.responseLen, body.seeds, body.temperature, body.greedy);
+        return s.sft(group, body.tokens, body.batch, body.promptLen, body.steps, body.minibatch, body.lr, body.seed, body.eos);
+      case 'generate': {
+        const out = await s.generate(group, body.prompts, body.batch, body.promptLen, body.responseLen, body.seeds, { ...body, memoryBytes: this.options.memoryBytes });
+        return { tokens: out.tokens, logprobs: out.logprobs };
+      }
       case 'inference': {
         const out = await s.infer(group, body.tokens, body.batch, body.promptLen);
         return s.spec.kind === 'policy' ? { logprobs: out } : { values: out };

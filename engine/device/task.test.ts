@@ -1,5 +1,7 @@
 import { describe, it, expect } from 'vitest';
-import { TASKS, demonstrations, makeTask } from './task.ts';
+import { TASKS, TaskError, demonstrations, makeTask, padded } from './task.ts';
+
+const DIGIT_TASKS = TASKS.filter((t) => t !== 'count');
 
 const rows = (flat: Int32Array, width: number): number[][] => Array.from({ length: flat.length / width }, (_, i) => Array.from(flat.subarray(i * width, (i + 1) * width)));
 
@@ -45,7 +47,7 @@ describe('makeTask', () => {
 });
 
 describe('prompts', () => {
-  for (const name of TASKS) {
+  for (const name of DIGIT_TASKS) {
     it(`${name}: rows of digits in [0, base) ending with the separator`, () => {
       const t = makeTask(name, 5, 7);
       const p = t.prompts(3, 0, 50);
@@ -86,7 +88,7 @@ describe('prompts', () => {
 });
 
 describe('demonstrations', () => {
-  for (const name of TASKS) {
+  for (const name of DIGIT_TASKS) {
     it(`${name}: each row is a prompt followed by its target`, () => {
       const t = makeTask(name, 4, 10);
       const d = demonstrations(t, 1, 20);
@@ -107,5 +109,67 @@ describe('demonstrations', () => {
     expect(demonstrations(t, 2, 8)).not.toEqual(demonstrations(t, 1, 8));
     const demoPrompts = rows(demonstrations(t, 1, 8), 9).map((r) => r.slice(0, 5));
     expect(demoPrompts).not.toEqual(rows(t.prompts(1, 0, 8), 5));
+  });
+});
+
+describe('count: answers of different lengths that end with an end token', () => {
+  const t = makeTask('count', 4, 10);
+
+  it('shapes: prompt [a, b, separator], vocabulary of digits, separator and EOS, budget base + 1', () => {
+    expect(t.promptLen).toBe(3);
+    expect(t.vocab).toBe(12);
+    expect(t.eos).toBe(11);
+    expect(t.responseLen).toBe(11); // 0 … 9, then EOS
+    expect(makeTask('count', 4, 10, 32).responseLen).toBe(32);
+  });
+
+  it('targets count up, down, or just say a, each ending with EOS', () => {
+    expect(t.target([3, 6, 10])).toEqual([3, 4, 5, 6, 11]);
+    expect(t.target([6, 3, 10])).toEqual([6, 5, 4, 3, 11]);
+    expect(t.target([5, 5, 10])).toEqual([5, 11]);
+    expect(t.target([0, 9, 10])).toHaveLength(11);
+  });
+
+  it('score: matching positions over the longer of the answer and the response, the response read to its first EOS', () => {
+    const prompt = [3, 6, 10]; // wants 3 4 5 6 EOS
+    expect(t.score(prompt, [3, 4, 5, 6, 11, 11, 11])).toBe(1);
+    expect(t.score(prompt, [3, 4, 5, 6, 11, 7, 7])).toBe(1); // nothing after the end counts
+    expect(t.score(prompt, [3, 4, 5, 6, 7, 11, 11])).toBe(4 / 6); // one too many: 4 of 6
+    expect(t.score(prompt, [3, 4, 11, 11, 11])).toBe(2 / 5); // stopped early: 2 of 5
+    expect(t.score(prompt, [3, 4, 5, 6, 7, 8, 9, 9, 9, 9, 9])).toBe(4 / 11); // never ends: the whole budget
+    expect(t.score(prompt, [11])).toBe(0);
+  });
+
+  it('prompts hold two numbers below base and the separator; answers run from 2 to base + 1 tokens', () => {
+    const p = t.prompts(1, 0, 200);
+    const lengths = new Set<number>();
+    for (const row of rows(p, 3)) {
+      expect(row[2]).toBe(10);
+      expect(row[0]).toBeLessThan(10);
+      expect(row[1]).toBeLessThan(10);
+      lengths.add(t.target(row).length);
+    }
+    expect(Math.min(...lengths)).toBe(2);
+    expect(Math.max(...lengths)).toBe(11);
+    expect(lengths.size).toBe(10);
+  });
+
+  it('demonstrations are the answers, padded with EOS to the budget', () => {
+    const d = demonstrations(t, 1, 20);
+    expect(d.length).toBe(20 * 14);
+    for (const row of rows(d, 14)) {
+      const want = t.target(row.slice(0, 3));
+      expect(row.slice(3, 3 + want.length)).toEqual(want);
+      expect(row.slice(3 + want.length).every((x) => x === 11)).toBe(true);
+      expect(t.score(row.slice(0, 3), row.slice(3))).toBe(1);
+    }
+  });
+
+  it('a budget for a fixed-length task must be its length; padding refuses a response longer than the budget', () => {
+    expect(() => makeTask('sort', 4, 10, 6)).toThrow(TaskError);
+    expect(() => makeTask('sort', 4, 10, 6)).toThrow("the 'sort' task answers with exactly 4 tokens (its digits) and has no end-of-sequence token; max_new_tokens must be 4 or left out, got 6");
+    expect(makeTask('sort', 4, 10, 4).responseLen).toBe(4);
+    expect(padded(makeTask('count', 4, 10, 4), [1, 11])).toEqual([1, 11, 11, 11]);
+    expect(() => padded(makeTask('count', 4, 10, 4), [1, 2, 3, 4, 11])).toThrow("a response of the 'count' task has 4 tokens at most, got 5");
   });
 });

@@ -9,3 +9,5 @@ export * from './rng.ts';
 export * from './steps.ts';
 export * from './rank.ts';
 export * from './staging.ts';
+export * from './mask.ts';
+export * from './kv-cache.ts';

@@ -35,12 +35,12 @@ describe('KV cache', () => {
     const prompts = Int32Array.from({ length: 3 * 4 }, (_, i) => (i * 5) % 7);
     const seeds = new Uint32Array([1, 2, 3]);
     const before = tf.memory().numTensors;
-    const cached = await rank.generate('a', prompts, 3, 4, 20, seeds, 1, false, true);
+    const cached = await rank.generate('a', prompts, 3, 4, 20, seeds, { temperature: 1, cache: true });
     expect(tf.memory().numTensors).toBe(before);
-    const recomputed = await rank.generate('b', prompts, 3, 4, 20, seeds, 1, false, false);
+    const recomputed = await rank.generate('b', prompts, 3, 4, 20, seeds, { temperature: 1, cache: false });
     expect(Array.from(cached.tokens)).toEqual(Array.from(recomputed.tokens));
     expect(Array.from(cached.logprobs)).toEqual(Array.from(recomputed.logprobs));
-    await expect(rank.generate('c', prompts, 3, 4, 21, seeds, 1)).rejects.toThrow('a prompt of 4 and a response of 21 tokens exceed the context of 24');
+    await expect(rank.generate('c', prompts, 3, 4, 21, seeds, { temperature: 1 })).rejects.toThrow('a prompt of 4 and a response of 21 tokens exceed the context of 24');
     rank.dispose();
     comm.close();
   });

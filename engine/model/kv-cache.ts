@@ -5,11 +5,41 @@
 // same at position 16 as at position 256; the attention runs over the whole capacity with the
 // positions not yet written masked out. Elsewhere each step appends by concatenation.
 import * as tf from '@tensorflow/tfjs';
+import { totalmem } from 'node:os';
 import { hostView } from './staging.ts';
 
-/** Bytes a cache of `rows` sequences (× heads), `headSize`, `capacity` positions and `layers` layers holds: keys and values, float32. */
-export function kvCacheBytes(rows: number, headSize: number, capacity: number, layers: number): number {
-  return 2 * rows * headSize * capacity * layers * 4;
+/**
+ * Bytes a cache of `rows` sequences (× heads), `headSize`, `capacity` positions and `layers` layers
+ * holds: keys and values, of `bytes` each (4: float32, what the runtime keeps). The runtime sizes
+ * and refuses its caches by it, and the planner prices decoding memory and traffic by it.
+ */
+export function kvCacheBytes(rows: number, headSize: number, capacity: number, layers: number, bytes = 4): number {
+  return 2 * rows * headSize * capacity * layers * bytes;
+}
+
+/** The wasm backend's heap cannot grow past this (emscripten's getHeapMax in tfjs-backend-wasm). */
+const WASM_HEAP_MAX = 4294901760;
+
+/**
+ * The most bytes this process's backend can hold in tensors, and what sets it: the wasm heap's
+ * maximum on wasm; the host's memory elsewhere (a GPU's own memory is not visible to TensorFlow.js).
+ */
+export function backendMemoryLimit(): { bytes: number; what: string } {
+  if (tf.getBackend() === 'wasm') return { bytes: WASM_HEAP_MAX, what: "the wasm heap's maximum" };
+  return { bytes: totalmem(), what: "the host's memory" };
+}
+
+const gib = (n: number) => `${(n / 2 ** 30).toFixed(2)} GiB`;
+
+/**
+ * Why a cache of `need` bytes cannot be allocated now, or undefined: it must fit beside what the
+ * backend already holds, under `limit` bytes (default: backendMemoryLimit()).
+ */
+export function kvCacheProblem(need: number, limit?: number): string | undefined {
+  const cap = limit === undefined ? backendMemoryLimit() : { bytes: limit, what: 'the memory given to the call' };
+  const held = tf.memory().numBytes;
+  if (need <= cap.bytes - held) return undefined;
+  return `its KV cache needs ${gib(need)}, and the device has ${gib(Math.max(0, cap.bytes - held))} free (${gib(held)} held of ${gib(cap.bytes)}, ${cap.what}); generate fewer sequences at once or shorter responses`;
 }
 
 interface LayerCache {

@@ -284,3 +284,59 @@ describe('lossOf and itemRows', () => {
     expect(itemRows([], 3, 2)).toEqual([]);
   });
 });
+
+describe('masks: ragged mini-batches (2 rows, R = 3; row 0 has 2 tokens, row 1 has 1)', () => {
+  const mask = () => tf.tensor2d([1, 1, 0, 1, 0, 0], [2, 3]);
+  const zeros = () => tf.zeros([2, 3]);
+  // Ratio 1 everywhere, so every token's loss is −A; the padded advantages are absurd on purpose.
+  const adv = (pad = 1000) => tf.tensor2d([1, 2, pad, 4, pad, pad], [2, 3]);
+  const policy = (aggregation: string, pad?: number) => scalar(lossOf('clip_policy').loss(zeros(), { old: zeros(), advantages: adv(pad), mask: mask() }, { clip: 0.2, aggregation }));
+
+  it('token_mean: −(1 + 2 + 4)/3 over the three real tokens', () => {
+    expect(policy('token_mean')).toBeCloseTo(-7 / 3, 6);
+  });
+
+  it('seq_mean_token_mean: each row over its own length, −((1 + 2)/2 + 4/1)/2', () => {
+    expect(policy('seq_mean_token_mean')).toBeCloseTo(-2.75, 6);
+  });
+
+  it('seq_mean_token_sum_norm: each row’s sum over the budget R, −(3/3 + 4/3)/2', () => {
+    expect(policy('seq_mean_token_sum_norm')).toBeCloseTo(-7 / 6, 6);
+  });
+
+  it('padding changes nothing: not the value, and it gets no gradient', () => {
+    for (const how of AGGREGATIONS) expect(policy(how, -55)).toBeCloseTo(policy(how, 1000), 6);
+    const g = tf.grad((x: tf.Tensor) => lossOf('clip_policy').loss(x, { old: zeros(), advantages: adv(), mask: mask() }, { clip: 0.2 }))(zeros());
+    // d/dlogp of −r·A/3 at r = 1 is −A/3 on real tokens, 0 on padding.
+    const got = Array.from(g.dataSync());
+    [-1 / 3, -2 / 3, 0, -4 / 3, 0, 0].forEach((want, i) => expect(got[i]).toBeCloseTo(want, 6));
+  });
+
+  it('parts of a mini-batch divided by the whole mini-batch’s totals add up to its loss', () => {
+    const norm = { tokens: 3, rows: 2 };
+    for (const aggregation of AGGREGATIONS) {
+      const part = (row: number) => {
+        const pick = (t: tf.Tensor) => tf.slice(t, [row, 0], [1, 3]);
+        return scalar(lossOf('clip_policy').loss(pick(zeros()), { old: pick(zeros()), advantages: pick(adv()), mask: pick(mask()) }, { clip: 0.2, aggregation }, norm));
+      };
+      expect(part(0) + part(1)).toBeCloseTo(policy(aggregation), 6);
+    }
+  });
+
+  it('clipped counts only real tokens: ratio 1.5 everywhere clips 3, not 6', () => {
+    const p = tf.fill([2, 3], Math.log(1.5));
+    expect(lossOf('clip_policy').clipped(p, { old: zeros(), advantages: adv(), mask: mask() }, { clip: 0.2 })).toBe(3);
+    expect(lossOf('clip_value').clipped(tf.fill([2, 3], 1), { old: zeros(), returns: zeros(), mask: mask() }, { clip: 0.2 })).toBe(3);
+  });
+
+  it('clip_value: ½·(1² + 2² + 4²)/3 over the real tokens', () => {
+    const v = tf.tensor2d([1, 2, 50, 4, 60, 70], [2, 3]);
+    expect(scalar(lossOf('clip_value').loss(v, { old: v, returns: zeros(), mask: mask() }, { clip: 0.2 }))).toBeCloseTo(3.5, 5);
+  });
+
+  it('pair_sigmoid sums each response’s own tokens: h_w = 1 + 1, h_l = 0, loss softplus(−2)', () => {
+    const pred = tf.tensor2d([1, 1, 1000, 0, 0, 0], [2, 3]); // chosen, then rejected
+    const m = tf.tensor2d([1, 1, 0, 1, 1, 1], [2, 3]);
+    expect(scalar(lossOf('pair_sigmoid').loss(pred, { ref: zeros(), mask: m }, { beta: 1 }))).toBeCloseTo(Math.log(1 + Math.exp(-2)), 6);
+  });
+});

@@ -18,7 +18,7 @@ describe('GptRank memory (one device)', () => {
     const shard = new GptRank(spec, { devices: [0], dp: 1, tp: 1, pp: 1 }, 0, 1, { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 }, comm);
     for (let i = 0; i < 5; i++) shard.importTensors(shard.exportTensors());
     const prompts = new Int32Array([1, 2, 3, 4]);
-    const g = await shard.generate('g0', prompts, 2, 2, 2, new Uint32Array([1, 2]), 1);
+    const g = await shard.generate('g0', prompts, 2, 2, 2, new Uint32Array([1, 2]), { temperature: 1 });
     const loss = { name: 'clip_policy', params: { clip: 0.2 } };
     const afterFirst = tf.memory().numTensors;
     await shard.train('g1', g.tokens, 2, 2, 2, loss, { old: g.logprobs, advantages: new Float32Array(4).fill(0.5) }, 2, 2, 1);

@@ -11,6 +11,7 @@ import { subjects } from '../../mesh/wire/subjects.ts';
 import { initBackend } from './backend.ts';
 import { Device } from '../device/device.ts';
 import { modelInfo, type GptSpec } from './params.ts';
+import { maskOfLengths, responseLengths, responseMask } from './mask.ts';
 import { ReferenceGpt } from '../../test/reference-gpt.ts';
 
 const policy: GptSpec = { kind: 'policy', vocab: 11, context: 9, layers: 4, width: 16, heads: 4 };
@@ -26,6 +27,8 @@ const valueLoss = { name: 'clip_value', params: { clip: 0.2 } };
 const B = 8;
 const P = 5;
 const R = 4;
+/** An end token the untrained model draws often enough that the seeded rollout is ragged (checked below). */
+const EOS = 6;
 
 function strategies(maxDevices: number): Layout[] {
   const out: Layout[] = [];
@@ -89,16 +92,17 @@ async function scenario(layout: Layout) {
     (rank: number): CallBody => ({ fn: 'load', role, spec, layout, rank, seed: 7, optim });
   await m.run('actor', load(policy, 'actor'));
   await m.run('critic', load(value, 'critic'));
-  const gen = await m.run('actor', () => ({ fn: 'generate', prompts: prompts(), batch: B, promptLen: P, responseLen: R, seeds, temperature: 1 }));
+  const gen = await m.run('actor', () => ({ fn: 'generate', prompts: prompts(), batch: B, promptLen: P, responseLen: R, seeds, temperature: 1, eos: EOS }));
   const tokens = m.gather<Int32Array>(gen, 'tokens');
+  const mask = responseMask(tokens, P, R, EOS);
   const genLogprobs = m.gather<Float32Array>(gen, 'logprobs');
   const batch = { tokens, batch: B, promptLen: P, responseLen: R };
   const logprobs = m.gather<Float32Array>(await m.run('actor', () => ({ fn: 'inference', ...batch })), 'logprobs');
   const values = m.gather<Float32Array>(await m.run('critic', () => ({ fn: 'inference', ...batch })), 'values');
   const adv = Float32Array.from({ length: B * R }, (_, i) => Math.sin(i));
   const ret = Float32Array.from({ length: B * R }, (_, i) => Math.cos(i) * 0.5);
-  const actorTrain = await m.run('actor', () => ({ fn: 'train', ...batch, seed: 11, epochs, minibatches, loss: policyLoss, data: { old: logprobs, advantages: adv } }));
-  const criticTrain = await m.run('critic', () => ({ fn: 'train', ...batch, seed: 12, epochs, minibatches, loss: valueLoss, data: { old: values, returns: ret } }));
+  const actorTrain = await m.run('actor', () => ({ fn: 'train', ...batch, seed: 11, epochs, minibatches, loss: policyLoss, data: { old: logprobs, advantages: adv, mask } }));
+  const criticTrain = await m.run('critic', () => ({ fn: 'train', ...batch, seed: 12, epochs, minibatches, loss: valueLoss, data: { old: values, returns: ret, mask } }));
   const sum = (outs: Array<Record<string, unknown>>, k: string) => outs.reduce((a, o) => a + (o[k] as number), 0);
   const after = async (model: string) => (await m.run(model, () => ({ fn: 'manifest' }))).map((o) => o.digest as string);
   // The parameters after training, per rank, as the ranks hold them.
@@ -120,13 +124,14 @@ async function scenario(layout: Layout) {
 async function reference() {
   const actor = new ReferenceGpt(policy, 7, optim);
   const critic = new ReferenceGpt(value, 7, optim);
-  const gen = await actor.generate(prompts(), B, P, R, seeds, 1);
+  const gen = await actor.generate(prompts(), B, P, R, seeds, 1, false, EOS);
+  const mask = responseMask(gen.tokens, P, R, EOS);
   const logprobs = actor.logprobs(gen.tokens, B, P);
   const values = critic.values(gen.tokens, B, P);
   const adv = Float32Array.from({ length: B * R }, (_, i) => Math.sin(i));
   const ret = Float32Array.from({ length: B * R }, (_, i) => Math.cos(i) * 0.5);
-  const a = await actor.train(gen.tokens, B, P, R, policyLoss, { old: logprobs, advantages: adv }, epochs, minibatches, 11);
-  const c = await critic.train(gen.tokens, B, P, R, valueLoss, { old: values, returns: ret }, epochs, minibatches, 12);
+  const a = await actor.train(gen.tokens, B, P, R, policyLoss, { old: logprobs, advantages: adv, mask }, epochs, minibatches, 11);
+  const c = await critic.train(gen.tokens, B, P, R, valueLoss, { old: values, returns: ret, mask }, epochs, minibatches, 12);
   return { tokens: gen.tokens, genLogprobs: gen.logprobs, logprobs, values, actorLoss: a.loss, criticLoss: c.loss, actor: actor.exportTensors(), critic: critic.exportTensors() };
 }
 
@@ -139,6 +144,19 @@ describe('every layout, one device included, against the reference (automatic di
 
   // One device is the one-rank case of a mesh: it is checked like every other layout.
   const all = strategies(4);
+
+  it('generates a ragged rollout: some rows end early at EOS, some run to the budget', () => {
+    const lengths = Array.from(responseLengths(ref.tokens, P, R, EOS));
+    expect(lengths.some((l) => l < R)).toBe(true);
+    expect(lengths.some((l) => l === R)).toBe(true);
+    // After its end a row holds EOS, with log-probability 0.
+    lengths.forEach((l, b) => {
+      for (let t = l; t < R; t++) {
+        expect(ref.tokens[b * (P + R) + P + t]).toBe(EOS);
+        expect(ref.genLogprobs[b * R + t]).toBe(0);
+      }
+    });
+  });
 
   it('covers one device and every dp × tp × pp over 2 and 4 devices', () => {
     expect(all.map((l) => `${l.dp}${l.tp}${l.pp}`).sort()).toEqual(['111', '112', '114', '121', '122', '141', '211', '212', '221', '411'].sort());
@@ -184,6 +202,8 @@ describe('a loss over pairs (dpo) against the unsharded model', () => {
   const dpo = { name: 'pair_sigmoid', params: { beta: 0.5 } };
   const tokens = Int32Array.from({ length: B * (P + R) }, (_, i) => (i * 7 + 3) % 10);
   const ref = Float32Array.from({ length: B * R }, (_, i) => -2.4 + 0.3 * Math.sin(i));
+  // Responses of 1 to 4 tokens: the loss sums each response's own tokens only.
+  const pairMask = maskOfLengths([4, 1, 2, 3, 3, 4, 1, 2], R);
 
   it.each([
     [{ devices: [0], dp: 1, tp: 1, pp: 1 }, 2],
@@ -196,10 +216,10 @@ describe('a loss over pairs (dpo) against the unsharded model', () => {
     async (layout, minibatches) => {
       await initBackend('wasm');
       const whole = new ReferenceGpt(policy, 7, optim);
-      const want = await whole.train(tokens, B, P, R, dpo, { ref }, 1, minibatches, 5);
+      const want = await whole.train(tokens, B, P, R, dpo, { ref, mask: pairMask }, 1, minibatches, 5);
       const m = mesh(layout);
       await m.run('actor', (rank) => ({ fn: 'load', role: 'actor', spec: policy, layout, rank, seed: 7, optim }));
-      const outs = await m.run('actor', () => ({ fn: 'train', tokens, batch: B, promptLen: P, responseLen: R, seed: 5, epochs: 1, minibatches, loss: dpo, data: { ref } }));
+      const outs = await m.run('actor', () => ({ fn: 'train', tokens, batch: B, promptLen: P, responseLen: R, seed: 5, epochs: 1, minibatches, loss: dpo, data: { ref, mask: pairMask } }));
       expect(outs.reduce((a, o) => a + (o.loss as number), 0)).toBeCloseTo(want.loss, 5);
       const trained = new Map(whole.exportTensors().map((t) => [t.name, t.data]));
       const info = modelInfo(policy);

@@ -13,7 +13,7 @@ import type { LossSpec, Optim } from '../../mesh/wire/index.ts';
 import { cut } from '../../mesh/parallel/index.ts';
 import type { NamedTensor } from '../../mesh/wire/index.ts';
 import type { Comm } from '../../mesh/parallel/index.ts';
-import { itemRows, lossOf, preferenceLoss, type LossFn } from './losses.ts';
+import { itemRows, lossOf, preferenceLoss, type LossFn, type LossNorm } from './losses.ts';
 import { causalMask, initialParameter, logprobsOf, valuesOf } from './gpt.ts';
 import {
   attention,
@@ -34,13 +34,24 @@ import {
   type NormCache,
 } from './blocks.ts';
 import { modelInfo, parameterShapes, type GptSpec } from './params.ts';
-import { Rng, Stream, argmax, sampleToken, seedOf } from './rng.ts';
+import { Rng, Stream, sampleToken, samplingProblem, seedOf, type Sampling } from './rng.ts';
+import { masked, responseMask } from './mask.ts';
 import { Adam, type AdamState } from './adam.ts';
 import { Staging } from './staging.ts';
-import { KvCache } from './kv-cache.ts';
+import { KvCache, kvCacheBytes, kvCacheProblem } from './kv-cache.ts';
 import { ShardError, ownCopy, pickRows, trainEpochs, yieldToLoop, type TrainStats } from './steps.ts';
 
 let shardCount = 0;
+
+/** How `generate` draws tokens and when a response ends. */
+export interface GenerateOptions extends Sampling {
+  /** The end-of-sequence token: a row stops after it (none: every row runs to the budget). */
+  eos?: number;
+  /** Decode with a KV cache (default) or run the whole prefix again for every token. */
+  cache?: boolean;
+  /** The bytes this device may hold in tensors (default: its backend's limit; see kvCacheProblem). */
+  memoryBytes?: number;
+}
 
 /** What one layer's backward pass reads, kept by the forward pass of a training step. */
 interface LayerCache {
@@ -67,7 +78,8 @@ export function replicaRows(n: number, dp: number, d: number): [number, number] 
 
 /** What a step minimises: the warm-up's cross-entropy, or a named loss over its per-token arrays. */
 type Objective =
-  | { kind: 'sft' }
+  /** Cross-entropy of the response tokens `mask` keeps ([rows, R]; all of them without one). */
+  | { kind: 'sft'; mask?: Float32Array }
   | { kind: 'loss'; fn: LossFn; spec: LossSpec; data: Record<string, Float32Array>; responseLen: number }
   /** Bradley–Terry on whole sequences: `items` pairs, every chosen row, then every rejected one. */
   | { kind: 'preference'; items: number };
@@ -360,18 +372,35 @@ export class GptRank {
     return logits;
   }
 
+  /** Bytes of the KV cache this rank would hold to generate `batch` sequences of `capacity` positions. */
+  cacheBytes(batch: number, capacity: number): number {
+    const [lo, hi] = replicaRows(batch, this.layout.dp, this.coords.dp);
+    return kvCacheBytes((hi - lo) * this.localHeads, this.spec.width / this.spec.heads, capacity, this.layers.length);
+  }
+
   /**
    * Samples responses for this replica's prompts: the prompts in one pass, then one position per
    * step, with each layer's keys and values cached (this rank's heads, this stage's layers, this
-   * replica's rows). `cache: false` runs the whole prefix again for every token instead (what
-   * the generation benchmark compares with; same tokens). The last stage samples; earlier stages
-   * get each new token from it. Speaking ranks return their rows' tokens and log-probabilities.
+   * replica's rows). A row stops at its first `eos` (the positions after it are `eos` again, with
+   * log-probability 0) or at `responseLen`; once every row of the replica has stopped, so does
+   * the decoding. `cache: false` runs the whole prefix again for every token instead (what the
+   * generation benchmark compares with; same tokens). The last stage samples; earlier stages get
+   * each new token from it. Speaking ranks return their rows' tokens and log-probabilities.
    */
-  async generate(group: string, prompts: Int32Array, batch: number, promptLen: number, responseLen: number, seeds: Uint32Array, temperature: number, greedy = false, cache = true) {
+  async generate(group: string, prompts: Int32Array, batch: number, promptLen: number, responseLen: number, seeds: Uint32Array, opts: GenerateOptions) {
+    const { eos, cache = true } = opts;
+    const bad = samplingProblem(opts);
+    if (bad) throw new ShardError(bad);
     const [lo, hi] = replicaRows(batch, this.layout.dp, this.coords.dp);
     const b = hi - lo;
     const width = promptLen + responseLen;
     if (width > this.spec.context) throw new ShardError(`a prompt of ${promptLen} and a response of ${responseLen} tokens exceed the context of ${this.spec.context}`);
+    if (eos !== undefined && !(Number.isInteger(eos) && eos >= 0 && eos < this.spec.vocab))
+      throw new ShardError(`the end-of-sequence token ${eos} is not a token of a vocabulary of ${this.spec.vocab}`);
+    if (cache) {
+      const problem = kvCacheProblem(this.cacheBytes(batch, width), opts.memoryBytes);
+      if (problem) throw new ShardError(`generating ${b} sequences of ${promptLen} + ${responseLen} tokens: ${problem}`);
+    }
     const tokens = new Int32Array(b * width);
     for (let i = 0; i < b; i++) tokens.set(prompts.subarray((lo + i) * promptLen, (lo + i + 1) * promptLen), i * width);
     const rngs = Array.from(seeds.subarray(lo, hi), (s) => new Rng(s));
@@ -387,11 +416,15 @@ export class GptRank {
       out.dispose();
       return last;
     };
+    const done = new Uint8Array(b);
+    let finished = 0;
+    let steps = 0;
     let logits: tf.Tensor | undefined;
     try {
       logits = await logitsAt(0, promptLen);
       for (let t = 0; t < responseLen; t++) {
         await yieldToLoop();
+        steps += 1;
         let next: Int32Array;
         if (this.last) {
           const values = logits!.dataSync() as Float32Array;
@@ -399,8 +432,8 @@ export class GptRank {
           logits = undefined;
           next = new Int32Array(b);
           for (let i = 0; i < b; i++) {
-            const row = values.subarray(i * this.spec.vocab, (i + 1) * this.spec.vocab);
-            next[i] = greedy ? argmax(row) : sampleToken(row, temperature, rngs[i]!.uniform());
+            // A finished row draws nothing more: its stream stays where its response ended.
+            next[i] = done[i] ? eos! : sampleToken(values.subarray(i * this.spec.vocab, (i + 1) * this.spec.vocab), opts, opts.greedy ? 0 : rngs[i]!.uniform());
           }
           // Earlier stages of this replica, same tensor rank, need the new tokens for the next step.
           for (let s = 0; s < this.layout.pp - 1; s++) {
@@ -410,23 +443,35 @@ export class GptRank {
           const fromLast = this.layout.devices[rankOf(this.layout, { ...this.coords, pp: this.layout.pp - 1 })]!;
           next = (await this.comm.recv(group, fromLast, `gen/${t}/tok`)) as Int32Array;
         }
-        for (let i = 0; i < b; i++) tokens[i * width + promptLen + t] = next[i]!;
+        for (let i = 0; i < b; i++) {
+          tokens[i * width + promptLen + t] = next[i]!;
+          if (!done[i] && next[i] === eos) {
+            done[i] = 1;
+            finished += 1;
+          }
+        }
+        // Every rank of the replica sees the same tokens, so they all stop at the same step.
+        if (finished === b) {
+          for (let i = 0; i < b; i++) tokens.fill(eos!, i * width + promptLen + t + 1, (i + 1) * width);
+          break;
+        }
         logits = t + 1 < responseLen ? await logitsAt(t + 1, promptLen + t + 1, next) : undefined;
       }
     } finally {
       logits?.dispose();
       kv?.dispose();
     }
-    // Log-probabilities of the sampled tokens, as training will compute them.
+    // Log-probabilities of the sampled tokens, as training will compute them; 0 after each end.
     const { out } = await this.forwardStage(group, 'gen/logp', tokens, b, width, false);
     if (!out || !this.speaks) {
       out?.dispose();
-      return { tokens: new Int32Array(0), logprobs: new Float32Array(0) };
+      return { tokens: new Int32Array(0), logprobs: new Float32Array(0), steps };
     }
     const lp = tf.tidy(() => logprobsOf(out, tf.tensor2d(tokens, [b, width], 'int32'), promptLen, this.spec.vocab));
-    const logprobs = (lp.dataSync() as Float32Array).slice();
+    const logprobs = masked(lp.dataSync() as Float32Array, responseMask(tokens, promptLen, responseLen, eos));
     tf.dispose([out, lp]);
-    return { tokens, logprobs };
+    /** `steps`: the positions decoded (fewer than `responseLen` when every row ended early). */
+    return { tokens, logprobs, steps };
   }
 
   /** A reward model's score of each whole sequence: the value head after its last token, [b] per replica (speaking ranks). */
@@ -476,17 +521,18 @@ export class GptRank {
     if (this.spec.kind !== kind) throw new ShardError(`${what} needs a ${kind} model; this shard is a ${this.spec.kind} model`);
   }
 
-  /** Supervised steps on demonstrations, with a warm-up optimizer of its own. */
-  async sft(group: string, tokens: Int32Array, batch: number, promptLen: number, steps: number, minibatch: number, lr: number, seed: number) {
+  /** Supervised steps on demonstrations, with a warm-up optimizer of its own; a response counts up to its first `eos`. */
+  async sft(group: string, tokens: Int32Array, batch: number, promptLen: number, steps: number, minibatch: number, lr: number, seed: number, eos?: number) {
     if (!this.optim) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
     const width = tokens.length / batch;
+    const mask = eos === undefined ? undefined : responseMask(tokens, promptLen, width - promptLen, eos);
     const optimizer = new Adam(lr, this.optim.beta1, this.optim.beta2, this.optim.eps);
     let first = 0;
     let loss = 0;
     for (let step = 0; step < steps; step++) {
       await yieldToLoop();
       const rows = new Rng(seedOf(seed, Stream.shuffle, step)).permutation(batch).slice(0, Math.min(minibatch, batch));
-      const st = await this.step(group, `sft/${step}`, { kind: 'sft' }, tokens, width, rows, promptLen, optimizer);
+      const st = await this.step(group, `sft/${step}`, { kind: 'sft', ...(mask ? { mask } : {}) }, tokens, width, rows, promptLen, optimizer);
       if (step === 0) first = st.loss;
       loss = st.loss;
     }
@@ -511,7 +557,8 @@ export class GptRank {
     if (fn.head !== this.spec.kind) throw new ShardError(`the loss '${loss.name}' needs a ${fn.head} model; this shard is a ${this.spec.kind} model`);
     const width = promptLen + responseLen;
     // Speaking ranks return their replica's share of each mini-batch's loss; the caller sums them.
-    return trainEpochs(batch / fn.rowsPerItem, responseLen * fn.rowsPerItem, epochs, minibatches, seed, (items, tag) =>
+    const realTokens = data.mask ? data.mask.reduce((n, m) => n + m, 0) : batch * responseLen;
+    return trainEpochs(batch / fn.rowsPerItem, realTokens, epochs, minibatches, seed, (items, tag) =>
       this.step(group, tag, { kind: 'loss', fn, spec: loss, data, responseLen }, tokens, width, items, promptLen),
     );
   }
@@ -546,6 +593,10 @@ export class GptRank {
     const mine = perItem === 1 ? rows.slice(lo, hi) : itemRows(rows.slice(lo, hi), items, perItem);
     const b = mine.length;
     const share = (hi - lo) / rows.length; // this replica's part of the mini-batch mean
+    // Losses over tokens divide by the whole mini-batch's real tokens and rows, whichever replica holds them.
+    const allRows = perItem === 1 ? rows : itemRows(rows, items, perItem);
+    const maskAll = objective.kind === 'loss' ? objective.data.mask : objective.kind === 'sft' ? objective.mask : undefined;
+    const norm: LossNorm = { tokens: maskAll ? allRows.reduce((n, r) => n + maskAll.subarray(r * R, (r + 1) * R).reduce((a, m) => a + m, 0), 0) : allRows.length * R, rows: allRows.length };
     const myTokens = pickRows(tokens, width, mine);
     const fwd = await this.forwardStage(group, `${tag}/f`, myTokens, b, width, true);
     const grads = new Map<string, tf.Tensor>();
@@ -559,15 +610,20 @@ export class GptRank {
     let dx: tf.Tensor; // the gradient of the residual stream, rows [b·width, D]
     if (this.last) {
       const tokensT = fwd.tokensT ?? tf.tensor2d(myTokens, [b, width], 'int32');
-      const data = objective.kind === 'loss' ? Object.fromEntries(objective.fn.ports(objective.spec.params).map((port) => [port, tf.tensor2d(pickRows(objective.data[port]!, R, mine), [b, R])])) : {};
+      const ports = objective.kind === 'loss' ? [...objective.fn.ports(objective.spec.params), ...(maskAll ? ['mask'] : [])] : [];
+      const data = objective.kind === 'loss' ? Object.fromEntries(ports.map((port) => [port, tf.tensor2d(pickRows(objective.data[port]!, R, mine), [b, R])])) : {};
+      const sftMask = objective.kind === 'sft' && maskAll ? tf.tensor2d(pickRows(maskAll, R, mine), [b, R]) : undefined;
       const lossOf = (out: tf.Tensor): tf.Scalar => {
-        if (objective.kind === 'sft') return tf.mul(tf.neg(tf.mean(logprobsOf(out, tokensT, promptLen, this.spec.vocab))), share) as tf.Scalar;
+        if (objective.kind === 'sft') {
+          const lp = logprobsOf(out, tokensT, promptLen, this.spec.vocab);
+          return tf.div(tf.neg(tf.sum(sftMask ? tf.mul(lp, sftMask) : lp)), Math.max(norm.tokens, 1)) as tf.Scalar;
+        }
         if (objective.kind === 'preference') {
           const v = lastValuesOf(out); // [2n]: chosen, then rejected
           const n = v.shape[0]! / 2;
           return tf.mul(preferenceLoss(tf.slice(v, [0], [n]), tf.slice(v, [n], [n])), share) as tf.Scalar;
         }
-        return tf.mul(objective.fn.loss(this.predict(objective.fn, out, tokensT, promptLen), data, objective.spec.params), share) as tf.Scalar;
+        return objective.fn.loss(this.predict(objective.fn, out, tokensT, promptLen), data, objective.spec.params, norm);
       };
       // Automatic differentiation only for the loss itself (elementwise work on the head's output);
       // the head and the layers below run the written-out backward passes.
@@ -587,7 +643,7 @@ export class GptRank {
         clipped = objective.fn.clipped(pred, data, objective.spec.params);
         pred.dispose();
       }
-      tf.dispose([fwd.out!, ...Object.values(data)]);
+      tf.dispose([fwd.out!, ...Object.values(data), ...(sftMask ? [sftMask] : [])]);
       if (!fwd.tokensT) tokensT.dispose();
     } else {
       dx = await this.recvTensor(group, this.next!, `${tag}/grad`, [b * width, this.spec.width]);

@@ -1,5 +1,5 @@
 import { describe, it, expect } from 'vitest';
-import { Rng, Stream, sampleToken, seedOf } from './rng.ts';
+import { Rng, Stream, sampleToken, samplingProblem, seedOf } from './rng.ts';
 
 describe('seedOf', () => {
   it('is deterministic and a 32-bit unsigned integer', () => {
@@ -191,5 +191,50 @@ describe('sampleToken', () => {
     for (let i = 0; i < 4000; i++) ones += sampleToken(logits, 1, r.uniform());
     expect(ones / 4000).toBeGreaterThan(0.72);
     expect(ones / 4000).toBeLessThan(0.78);
+  });
+});
+
+describe('sampleToken with top-k, top-p and greedy', () => {
+  // exp(logit − max) = [0.25, 0.5, 0.75, 1]: probabilities 0.1, 0.2, 0.3, 0.4.
+  const logits = Float32Array.from([0.25, 0.5, 0.75, 1].map(Math.log));
+  const draw = (s: Parameters<typeof sampleToken>[1], us: number[]) => us.map((u) => sampleToken(logits, s, u));
+
+  it('without filters, the inverse CDF in index order (cumulative 0.1, 0.3, 0.6, 1)', () => {
+    expect(draw({ temperature: 1 }, [0.05, 0.15, 0.35, 0.65, 0.99])).toEqual([0, 1, 2, 3, 3]);
+    expect(draw({ temperature: 1, topK: 0, topP: 1 }, [0.05, 0.15, 0.35, 0.65])).toEqual([0, 1, 2, 3]);
+  });
+
+  it('top-k 2 keeps tokens 2 and 3 (0.3 and 0.4, renormalised: 3/7 then 4/7)', () => {
+    expect(draw({ temperature: 1, topK: 2 }, [0, 0.42, 0.43, 0.99])).toEqual([2, 2, 3, 3]);
+  });
+
+  it('top-p keeps the fewest likeliest tokens whose probability reaches p', () => {
+    // ranked 3 (0.4), 2 (0.3), 1 (0.2), 0 (0.1): p = 0.5 needs two, p = 0.4 one, p = 0.75 three
+    expect(new Set(draw({ temperature: 1, topP: 0.5 }, [0, 0.2, 0.5, 0.8, 0.99]))).toEqual(new Set([2, 3]));
+    expect(new Set(draw({ temperature: 1, topP: 0.4 }, [0, 0.5, 0.99]))).toEqual(new Set([3]));
+    expect(draw({ temperature: 1, topP: 0.75 }, [0, 0.3, 0.99])).toEqual([1, 2, 3]); // 0.2, 0.3, 0.4 of 0.9: cuts at 2/9 and 5/9
+  });
+
+  it('top-k then top-p over what top-k kept: k = 3 keeps 0.9, p = 0.6 of it needs tokens 3 and 2', () => {
+    expect(new Set(draw({ temperature: 1, topK: 3, topP: 0.6 }, [0, 0.3, 0.6, 0.99]))).toEqual(new Set([2, 3]));
+  });
+
+  it('ties rank the lower index first; greedy takes the likeliest and ignores u', () => {
+    const flat = Float32Array.from([1, 1, 0]);
+    expect([0, 0.5, 0.99].map((u) => sampleToken(flat, { temperature: 1, topK: 1 }, u))).toEqual([0, 0, 0]);
+    expect(draw({ temperature: 1, greedy: true }, [0, 0.5, 0.99])).toEqual([3, 3, 3]);
+  });
+
+  it('a low temperature sharpens, a high one flattens, before the filters', () => {
+    // At T = 0.1 token 3 takes almost all the mass; at T = 100 they are nearly equal.
+    expect(sampleToken(logits, { temperature: 0.1 }, 0.5)).toBe(3);
+    expect(sampleToken(logits, { temperature: 100 }, 0.3)).toBe(1);
+  });
+
+  it('bad settings are named', () => {
+    expect(samplingProblem({ temperature: 0 })).toBe('temperature must be a positive number, got 0');
+    expect(samplingProblem({ temperature: 1, topK: 1.5 })).toBe('top_k must be a whole number ≥ 0 (0: off), got 1.5');
+    expect(samplingProblem({ temperature: 1, topP: 0 })).toBe('top_p must be in (0, 1] (1: off), got 0');
+    expect(samplingProblem({ temperature: 0.7, topK: 5, topP: 0.9 })).toBeUndefined();
   });
 });

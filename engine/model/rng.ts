@@ -68,10 +68,6 @@ export class Rng {
   }
 }
 
-/**
- * Draws a token from logits at a temperature with one uniform number: softmax in float64 with
- * the maximum subtracted, then the inverse CDF in index order (a fixed reduction order).
- */
 /** The index of the largest value (the first, on ties): greedy decoding. */
 export function argmax(values: ArrayLike<number>): number {
   let best = 0;
@@ -79,7 +75,36 @@ export function argmax(values: ArrayLike<number>): number {
   return best;
 }
 
-export function sampleToken(logits: Float32Array, temperature: number, u: number): number {
+/** How a token is drawn from the next-token logits. */
+export interface Sampling {
+  /** Divides the logits before the softmax (> 0). */
+  temperature: number;
+  /** Only the k likeliest tokens (0: all). */
+  topK?: number;
+  /** Only the smallest set of likeliest tokens whose probability reaches p (1: all). */
+  topP?: number;
+  /** The likeliest token, always (the others are ignored). */
+  greedy?: boolean;
+}
+
+/** What is wrong with sampling settings, or undefined. */
+export function samplingProblem(s: Sampling): string | undefined {
+  if (!(s.temperature > 0) || !Number.isFinite(s.temperature)) return `temperature must be a positive number, got ${s.temperature}`;
+  if (s.topK !== undefined && !(Number.isInteger(s.topK) && s.topK >= 0)) return `top_k must be a whole number ≥ 0 (0: off), got ${s.topK}`;
+  if (s.topP !== undefined && !(s.topP > 0 && s.topP <= 1)) return `top_p must be in (0, 1] (1: off), got ${s.topP}`;
+  return undefined;
+}
+
+/**
+ * Draws a token from logits with one uniform number `u`: softmax at the temperature in float64
+ * with the maximum subtracted; then, if asked, only the top-k tokens, and of those the smallest
+ * set whose probability reaches top-p (ranked by probability, ties to the lower index; at least
+ * one token stays); then the inverse CDF in index order (a fixed reduction order). Without
+ * top-k and top-p, every token takes part.
+ */
+export function sampleToken(logits: Float32Array, s: Sampling | number, u: number): number {
+  const { temperature, topK = 0, topP = 1, greedy = false } = typeof s === 'number' ? { temperature: s } : s;
+  if (greedy) return argmax(logits);
   let max = -Infinity;
   for (let i = 0; i < logits.length; i++) max = Math.max(max, logits[i]!);
   let sum = 0;
@@ -88,11 +113,34 @@ export function sampleToken(logits: Float32Array, temperature: number, u: number
     w[i] = Math.exp((logits[i]! - max) / temperature);
     sum += w[i]!;
   }
+  const V = w.length;
+  if ((topK > 0 && topK < V) || topP < 1) {
+    const order = Array.from({ length: V }, (_, i) => i).sort((a, b) => w[b]! - w[a]! || a - b);
+    let keep = topK > 0 ? Math.min(topK, V) : V;
+    if (topP < 1) {
+      let kept = 0;
+      for (let j = 0; j < keep; j++) kept += w[order[j]!]!;
+      let acc = 0;
+      for (let j = 0; j < keep; j++) {
+        acc += w[order[j]!]!;
+        if (acc >= topP * kept) {
+          keep = j + 1;
+          break;
+        }
+      }
+    }
+    for (let j = keep; j < V; j++) w[order[j]!] = 0;
+    sum = 0;
+    for (let i = 0; i < V; i++) sum += w[i]!;
+  }
   let acc = 0;
   const target = u * sum;
-  for (let i = 0; i < w.length; i++) {
+  let last = 0;
+  for (let i = 0; i < V; i++) {
+    if (w[i]! === 0) continue;
     acc += w[i]!;
+    last = i;
     if (target < acc) return i;
   }
-  return w.length - 1;
+  return last;
 }

@@ -9,7 +9,7 @@ export class ShardError extends Error {
 
 export interface TrainStats {
   loss: number;
-  /** Fraction of tokens whose ratio (policy) or value change (value model) was clipped, last epoch. */
+  /** Fraction of real tokens whose ratio (policy) or value change (value model) was clipped, last epoch. */
   clipfrac: number;
   gradNorm: number;
 }
@@ -36,7 +36,8 @@ export function ownCopy(t: tf.Tensor): Float32Array {
  */
 export async function trainEpochs(
   batch: number,
-  responseLen: number,
+  /** The batch's real (unmasked) response tokens: what the clip fraction is a share of. */
+  tokens: number,
   epochs: number,
   minibatches: number,
   seed: number,
@@ -58,7 +59,7 @@ export async function trainEpochs(
       clipped += st.clipped;
       norm = st.gradNorm;
     }
-    stats = { loss: lossSum / batch, clipfrac: clipped / (batch * responseLen), gradNorm: norm };
+    stats = { loss: lossSum / batch, clipfrac: tokens > 0 ? clipped / tokens : 0, gradNorm: norm };
   }
   return stats;
 }

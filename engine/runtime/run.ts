@@ -12,10 +12,10 @@ import { isHead, modelInfo, parameterShapes, type GptSpec } from '../model/index
 import { mean, ownerCall, readPairsFile, runGraph, taskPairs, type CallDecl, type Fields, type Graph, type ModelDecl } from '../algorithms/index.ts';
 import type { PairsFile } from '../algorithms/index.ts';
 import { tokensDigest } from '../device/index.ts';
-import { Stream, seedOf } from '../model/index.ts';
-import { graphOf, resolvePlan, rowsOf, ScenarioError, type CallName, type Plan, type Scenario } from './scenario.ts';
+import { Stream, masked, responseLengths, responseMask, seedOf } from '../model/index.ts';
+import { graphOf, resolvePlan, rowsOf, ScenarioError, taskOf, type CallName, type Plan, type Scenario } from './scenario.ts';
 import type { RunStore } from './store.ts';
-import { demonstrations, makeTask, type Task } from '../device/index.ts';
+import { demonstrations, type Task } from '../device/index.ts';
 
 export interface RunSpec {
   scenario: Scenario;
@@ -30,7 +30,7 @@ export interface RunSpec {
 export function runSpec(scenario: Scenario, run = 'local'): RunSpec {
   const plan = resolvePlan(scenario);
   const graph = graphOf(scenario);
-  const r: RunSpec = { scenario, plan, graph, task: makeTask(scenario.task.name, scenario.task.digits, scenario.task.base), rewardService: `rm-${run}` };
+  const r: RunSpec = { scenario, plan, graph, task: taskOf(scenario), rewardService: `rm-${run}` };
   for (const m of graph.models) {
     if (m.head === 'reward' && scenario.reward.model && layoutOf(r, ownerOf(r, m.name)).devices.length !== 1) {
       throw new ScenarioError(`reward.model: a learned reward model trains on one device; the plan gives ${ownerOf(r, m.name)} ${layoutOf(r, ownerOf(r, m.name)).devices.length}`);
@@ -64,6 +64,15 @@ export function modelSpec(r: RunSpec, model: string): ModelSpec {
 }
 
 let groups = 0;
+
+/** How the run's generations draw tokens: the scenario's sampling settings. */
+export function samplingOf(r: RunSpec): { temperature: number; topK?: number; topP?: number; eos?: number } {
+  const { temperature, top_k, top_p } = r.scenario.rl;
+  return { temperature, ...(top_k > 0 ? { topK: top_k } : {}), ...(top_p < 1 ? { topP: top_p } : {}), ...eosOf(r.task) };
+}
+
+/** The task's end token, as a call carries it. */
+const eosOf = (task: Task) => (task.eos === undefined ? {} : { eos: task.eos });
 
 /**
  * Runs one call on every rank of a layout at once (they exchange activations and sums among
@@ -283,6 +292,7 @@ export async function setupModels(d: Dispatcher, r: RunSpec, resume?: Checkpoint
       minibatch: s.warmup.batch,
       lr: s.warmup.lr,
       seed: seedOf(s.seed, Stream.demos),
+      ...eosOf(r.task),
     });
   }
   // Models that start from another (a frozen reference, a critic's body) copy it once it is warm.
@@ -338,7 +348,7 @@ async function trainRewardModel(d: Dispatcher, r: RunSpec, base: string, reward:
     promptLen: task.promptLen,
     responseLen: task.responseLen,
     seeds,
-    temperature: s.rl.temperature,
+    ...samplingOf(r),
   });
   const width = task.promptLen + task.responseLen;
   const chosen: number[][] = [];
@@ -383,16 +393,25 @@ export interface RewardSources {
 
 const digitText = (t: number, base: number) => (t < base ? t.toString(36) : '|');
 
-/** Rows of sequences as reward protocol items: tokens, their text, and the task's own answer. */
+/**
+ * Rows of sequences as reward protocol items: tokens, their text, and the task's own answer. A
+ * response is the tokens it has (up to and with its end token), not its padding; the text leaves
+ * the end token out.
+ */
 export function rewardItems(r: RunSpec, iteration: number, tokens: Int32Array): RewardItem[] {
-  const { promptLen, responseLen } = r.task;
+  const { promptLen, responseLen, eos } = r.task;
   const base = r.scenario.task.base;
   const width = promptLen + responseLen;
-  const text = (xs: number[]) => xs.map((t) => digitText(t, base)).join('');
+  const lengths = responseLengths(tokens, promptLen, responseLen, eos);
+  const text = (xs: number[]) =>
+    xs
+      .filter((t) => t !== eos)
+      .map((t) => digitText(t, base))
+      .join('');
   return Array.from({ length: tokens.length / width }, (_, b) => {
     const row = Array.from(tokens.subarray(b * width, (b + 1) * width));
     const prompt = row.slice(0, promptLen);
-    const response = row.slice(promptLen);
+    const response = row.slice(promptLen, promptLen + lengths[b]!);
     return { id: `${iteration}-${b}`, prompt, response, prompt_text: text(prompt), response_text: text(response), ground_truth: text(r.task.target(prompt)) };
   });
 }
@@ -452,6 +471,21 @@ export function ruleScore(r: RunSpec, tokens: Int32Array): number {
   return sum / rows;
 }
 
+/**
+ * The rollout's lengths, for a task whose answers end (every response of another task is the
+ * budget long): the mean tokens a response has, its end token counted, and the share of responses
+ * that ran into the budget without ending.
+ */
+export function responseStats(r: RunSpec, tokens: Int32Array): { response_length?: number; response_at_limit?: number } {
+  const { promptLen, responseLen, eos } = r.task;
+  if (eos === undefined) return {};
+  const lengths = responseLengths(tokens, promptLen, responseLen, eos);
+  const width = promptLen + responseLen;
+  let atLimit = 0;
+  for (let b = 0; b < lengths.length; b++) if (tokens[b * width + promptLen + lengths[b]! - 1] !== eos) atLimit += 1;
+  return { response_length: mean(lengths), response_at_limit: lengths.length ? atLimit / lengths.length : 0 };
+}
+
 /** Pairs files, read once per process. */
 const pairFiles = new Map<string, PairsFile>();
 
@@ -500,6 +534,9 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
   let generated = 0;
   const trainIndex = new Map(r.graph.calls.filter((c) => c.fn === 'train').map((c, i) => [c.name, i]));
   const batchOf = (tokens: Int32Array) => ({ tokens, batch: tokens.length / (task.promptLen + task.responseLen), promptLen: task.promptLen, responseLen: task.responseLen });
+  // Every response's mask comes from its tokens and the task's end token: device calls get it
+  // with the tokens they read, and generation writes it for the host steps.
+  const maskOf = (tokens: Int32Array) => responseMask(tokens, task.promptLen, task.responseLen, task.eos);
   const runCall = async (c: CallDecl, inputs: Fields): Promise<Fields> => {
     const port = (p: string) => inputs[c.reads[p]!];
     if (c.fn === 'generate') {
@@ -519,15 +556,16 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
             promptLen: task.promptLen,
             responseLen: task.responseLen,
             seeds,
-            temperature: s.rl.temperature,
+            ...samplingOf(r),
             ...(c.greedy ? { greedy: true } : {}),
           },
           c.name,
         ),
       );
       if (out.moved) moved.push(out.moved);
-      generated += rows * task.responseLen;
-      return { tokens: out.tokens, logprobs: out.logprobs };
+      const mask = maskOf(out.tokens);
+      generated += mask.reduce((n, m) => n + m, 0);
+      return { tokens: out.tokens, logprobs: out.logprobs, mask };
     }
     if (c.fn === 'inference') {
       const tokens = port('tokens') as Int32Array;
@@ -539,13 +577,14 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
       const out = await onLayout(d, r, c.name, iteration, (name) => callMesh(d, layoutOf(r, c.name), name, iteration, { fn: 'inference', ...batchOf(tokens) }, c.name));
       if (out.moved) moved.push(out.moved);
       const key = declOf(r, c.model).head === 'policy' ? 'logprobs' : 'values';
-      return { [key]: pick(out, key, c.name) };
+      return { [key]: masked(pick(out, key, c.name), maskOf(tokens)) };
     }
     const data = Object.fromEntries(
       Object.entries(c.reads)
         .filter(([p]) => p !== 'tokens')
         .map(([p, f]) => [p, inputs[f] as Float32Array]),
     );
+    data.mask = maskOf(port('tokens') as Int32Array);
     const out = await callMesh(
       d,
       layoutOf(r, c.name),

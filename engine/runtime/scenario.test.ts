@@ -36,6 +36,8 @@ describe('parseScenario defaults', () => {
       clip: 0.2,
       kl_coef: 0.02,
       temperature: 1,
+      top_k: 0,
+      top_p: 1,
       lr: 1e-3,
       clip_norm: 1,
     },

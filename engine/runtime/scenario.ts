@@ -8,7 +8,7 @@ import { z } from 'zod';
 import { describeValue, formatIssues } from '../../mesh/wire/index.ts';
 import { deviceCount, parseMesh, singleDeviceMesh, MeshError, type Cluster } from '../../mesh/parallel/index.ts';
 import { BACKENDS } from '../model/index.ts';
-import { TASKS } from '../device/index.ts';
+import { TASKS, TaskError, makeTask, type Task } from '../device/index.ts';
 import { DEVICE_NAMES, MODELS as MODEL_PRESETS } from './plan/catalog.ts';
 import { algorithmOf, algorithmPath, isPath, loadAlgorithmFile, ownerCall, validateGraph, type Algorithm, type Graph, type ModelDecl, type RlConfig } from '../algorithms/index.ts';
 
@@ -86,9 +86,12 @@ export const Scenario = z.strictObject({
   backend: z.enum(BACKENDS).default('auto').describe('TensorFlow.js backend; auto tries node-gpu, node, wasm, cpu'),
   task: z
     .strictObject({
-      name: z.enum(TASKS).default('sort'),
-      digits: pos.default(4).describe('digits per prompt, and tokens per response'),
+      name: z.enum(TASKS).default('sort').describe('sort, reverse, copy: answers of `digits` tokens; count: from a to b (two numbers below base), then an end token'),
+      digits: pos.default(4).describe('sort, reverse, copy: digits per prompt, and tokens per answer (count does not use it)'),
       base: z.number().int().min(2).max(64).default(10),
+      max_new_tokens: pos
+        .optional()
+        .describe("the response budget: a response ends at the task's end token or after this many tokens (default: the task's longest answer; sort, reverse and copy answer with exactly `digits`)"),
     })
     .prefault({}),
   model: z
@@ -142,6 +145,8 @@ export const Scenario = z.strictObject({
       clip: z.number().positive().default(0.2).describe('ε of the clipped policy loss'),
       kl_coef: z.number().nonnegative().default(0.02).describe('β of the KL to the reference, in the reward or the loss as the algorithm puts it'),
       temperature: z.number().positive().default(1),
+      top_k: nat.default(0).describe('sample only from the k likeliest tokens (0: all)'),
+      top_p: z.number().gt(0).max(1).default(1).describe('sample only from the smallest set of likeliest tokens whose probability reaches p (1: all)'),
       lr: z.number().positive().default(1e-3).describe("the policy's learning rate"),
       clip_norm: z.number().nonnegative().default(1).describe('global gradient-norm clip; 0 turns it off'),
     })
@@ -402,8 +407,19 @@ export function parseScenario(text: string, where: string, baseDir = '.'): Scena
     if (e instanceof Error && !(e instanceof ScenarioError)) throw new ScenarioError(`${where}: ${e.message}`, { cause: e });
     throw e instanceof ScenarioError ? new ScenarioError(`${where}: ${e.message}`) : e;
   }
+  try {
+    taskOf(scenario);
+  } catch (e) {
+    if (e instanceof TaskError) throw new ScenarioError(`${where}: task.max_new_tokens: ${e.message}`);
+    throw e;
+  }
   resolvePlan(scenario, where);
   return scenario;
+}
+
+/** The scenario's task, with its response budget. */
+export function taskOf(s: Scenario): Task {
+  return makeTask(s.task.name, s.task.digits, s.task.base, s.task.max_new_tokens);
 }
 
 function readText(file: string, what: string): string {

@@ -24,6 +24,7 @@ import {
   planDevices,
   rolloutField,
   ruleScore,
+  responseStats,
   runIteration,
   setupModels,
   trainedRollouts,
@@ -265,7 +266,7 @@ export const supervisorMachine = setup({
         tokens_per_second: out.generated / seconds,
         realloc_seconds: out.moved.reduce((a, m) => a + m.seconds, 0),
         realloc_bytes: out.moved.reduce((a, m) => a + m.bytes, 0),
-        ...(tokens instanceof Int32Array ? { rule_score: ruleScore(context.spec, tokens) } : {}),
+        ...(tokens instanceof Int32Array ? { rule_score: ruleScore(context.spec, tokens), ...responseStats(context.spec, tokens) } : {}),
         ...(Object.keys(out.sources).length ? { rewards: out.sources } : {}),
       };
       context.recorder.iteration(metrics, context.spec.scenario.rl.iterations);

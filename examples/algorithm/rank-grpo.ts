@@ -4,7 +4,7 @@
 // ferry is edited: the scenario names this file, and ferry loads it.
 //   npm run scenario -- examples/algorithm/scenario.yaml
 import { z } from 'zod';
-import { defineAlgorithm, perToken, sequenceKl, type Graph } from '../../engine/algorithms/index.ts';
+import { defineAlgorithm, perToken, rowLengths, sequenceKl, type Graph } from '../../engine/algorithms/index.ts';
 
 /** Ranks within each group, centred and scaled to [−1, 1]; equal rewards share their mean rank. */
 export function rankAdvantages(rewards: ArrayLike<number>, group: number): Float64Array {
@@ -38,7 +38,7 @@ export default defineAlgorithm({
       { name: 'reward', head: 'reward', trained: false },
     ],
     calls: [
-      { name: 'actor.generate', model: 'actor', fn: 'generate', reads: { prompts: 'prompts' }, writes: { tokens: 'tokens', logprobs: 'logprobs' } },
+      { name: 'actor.generate', model: 'actor', fn: 'generate', reads: { prompts: 'prompts' }, writes: { tokens: 'tokens', logprobs: 'logprobs', mask: 'mask' } },
       { name: 'reference.inference', model: 'reference', fn: 'inference', reads: { tokens: 'tokens' }, writes: { logprobs: 'ref_logprobs' } },
       { name: 'reward.inference', model: 'reward', fn: 'inference', reads: { tokens: 'tokens' }, writes: { scores: 'scores' } },
       {
@@ -53,11 +53,13 @@ export default defineAlgorithm({
     steps: [
       {
         name: 'advantages',
-        reads: ['scores', 'logprobs', 'ref_logprobs'],
+        reads: ['scores', 'logprobs', 'ref_logprobs', 'mask'],
         writes: ['advantages', 'kl'],
         run: (f, ctx) => {
-          const kl = sequenceKl(f.logprobs as Float32Array, f.ref_logprobs as Float32Array, ctx.responseLen);
-          return { advantages: perToken(rankAdvantages(f.scores as Float32Array, ctx.group), ctx.responseLen), kl: kl.reduce((a, b) => a + b, 0) / kl.length };
+          // Each response counts up to its own end: its length comes from the mask generation wrote.
+          const lengths = rowLengths((f.scores as Float32Array).length, ctx.responseLen, f.mask as Float32Array);
+          const kl = sequenceKl(f.logprobs as Float32Array, f.ref_logprobs as Float32Array, ctx.responseLen, 'k1', lengths);
+          return { advantages: perToken(rankAdvantages(f.scores as Float32Array, ctx.group), ctx.responseLen, lengths), kl: kl.reduce((a, b) => a + b, 0) / kl.length };
         },
       },
     ],

@@ -134,7 +134,8 @@ export const CallBody = z.discriminatedUnion('fn', [
     lr: z.number().positive(),
     seed: nat,
   }),
-  z.strictObject({ fn: z.literal('sft'), ...Batch, steps: pos, minibatch: pos, lr: z.number().positive(), seed: nat }),
+  /** Supervised steps on demonstrations; with `eos`, a response counts up to its first end token. */
+  z.strictObject({ fn: z.literal('sft'), ...Batch, steps: pos, minibatch: pos, lr: z.number().positive(), seed: nat, eos: nat.optional() }),
   z.strictObject({
     fn: z.literal('generate'),
     prompts: i32,
@@ -146,6 +147,12 @@ export const CallBody = z.discriminatedUnion('fn', [
     temperature: z.number().positive(),
     /** The most likely token at every step instead of a sample (a baseline to compare samples with). */
     greedy: z.boolean().optional(),
+    /** Only the k likeliest tokens take part (0 or absent: all). */
+    topK: nat.optional(),
+    /** Only the smallest set of likeliest tokens whose probability reaches p (absent: 1, all). */
+    topP: z.number().gt(0).max(1).optional(),
+    /** The end-of-sequence token: a row stops after it, and the rest of its response is this token again. */
+    eos: nat.optional(),
   }),
   z.strictObject({ fn: z.literal('inference'), ...Batch }),
   z.strictObject({
@@ -367,6 +374,10 @@ export const Metrics = z
     realloc_bytes: nat,
     /** The task's rule, scored on the rollout whatever the reward is (the hidden human's view). */
     rule_score: z.number().optional(),
+    /** For a task with an end token: the rollout's mean response length in tokens (the end token counted). */
+    response_length: z.number().optional(),
+    /** For a task with an end token: the share of the rollout's responses that reached the budget without one. */
+    response_at_limit: z.number().optional(),
     /** Each reward source's mean score on the rollout (`rule` for the reward device, reward actors by name). */
     rewards: z.record(z.string(), z.number()).optional(),
   })
