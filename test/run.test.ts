@@ -114,3 +114,30 @@ describe('a PPO run over NATS with worker processes', () => {
     expect(summaries[0]!.digests.actor).not.toBe(first.summary!.digests.actor);
   }, 120_000);
 });
+
+describe('a run whose answers end at an end token (count, GRPO) over NATS', () => {
+  const dir = tempDir();
+  const file = smallScenario(dir, 'task: { name: count, base: 6 }\nalgorithm: { name: grpo, group: 2 }\ncluster: { devices_per_node: 3 }', 'count');
+
+  it('records ragged rollouts, counts only real tokens, and equals the same run in one process', async () => {
+    const run = await runOverBus(file, join(dir, 'count'));
+    expect(run.code).toBe(0);
+    const metrics = readFileSync(join(dir, 'count', 'metrics.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
+    const rows = 16 * 2;
+    for (const m of metrics) {
+      // Budget base + 1 = 7 tokens; responses end earlier, and the tokens generated are the real ones.
+      expect(m.response_length).toBeGreaterThan(1);
+      expect(m.response_length).toBeLessThan(7);
+      expect(m.response_at_limit).toBeGreaterThanOrEqual(0);
+      expect(m.response_at_limit).toBeLessThan(1);
+      expect(m.tokens).toBe(Math.round(m.response_length * rows));
+    }
+    const backend = await initBackend('wasm');
+    const summaries: Summary[] = [];
+    await runInProcess(runSpec(loadScenario(file)), { phase() {}, iteration() {}, finished: (s) => summaries.push(s) }, backend);
+    expect(summaries[0]!.digests).toEqual(run.summary!.digests);
+  }, 120_000);
+});

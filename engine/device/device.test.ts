@@ -112,6 +112,37 @@ describe('Device.check refusals', () => {
     expect(d.check(train)).toBeUndefined();
   });
 
+  it('too_large for a generation whose KV cache would not fit, naming the sizes, before anything is allocated', async () => {
+    const small = new Device(0, noLink[0], noLink[1], { memoryBytes: 64 << 10 });
+    await small.run(call('actor', load(policy)));
+    const gen = (batch: number): Call => call('actor', { fn: 'generate', prompts: new Int32Array(batch * 3), batch, promptLen: 3, responseLen: 3, seeds: new Uint32Array(batch), temperature: 1 });
+    // 2 rows × 2 heads × 4 per head × 6 positions × 1 layer × keys and values × 4 bytes = 768 bytes: fits
+    expect(small.check(gen(2))).toBeUndefined();
+    // 2,000 rows: 768,000 bytes do not fit in 64 KiB
+    expectRefusal(
+      small,
+      gen(2000),
+      'too_large',
+      /^'generate' of 'actor' on device 0: 2000 sequences of 3 \+ 3 tokens: its KV cache needs 750\.0 KiB, and the device has [\d.]+ (B|KiB) free \([\d.]+ KiB held of 64\.0 KiB, the memory given to the call\); generate fewer sequences at once or shorter responses$/,
+    );
+    expect((await rejected(small.run(gen(2000)))).code).toBe('too_large');
+  });
+
+  it('malformed for an end token outside the vocabulary, or a train mask that is not 0 and 1', async () => {
+    const d = new Device(0, ...noLink);
+    await d.run(call('actor', load(policy, { optim })));
+    const gen = call('actor', { fn: 'generate', prompts: new Int32Array(3), batch: 1, promptLen: 3, responseLen: 2, seeds: new Uint32Array(1), temperature: 1, eos: 5 });
+    expectRefusal(d, gen, 'malformed', "'generate' of 'actor': eos[0] = 5 is not a token of a vocabulary of 5");
+    const data = { old: new Float32Array(4), advantages: new Float32Array(4) };
+    expectRefusal(
+      d,
+      call('actor', { fn: 'train', ...batch, ...trainArgs, data: { ...data, mask: Float32Array.of(1, 0.5, 1, 1) } }),
+      'malformed',
+      "'train' of 'actor': data.mask[1] = 0.5; a response mask holds 1 (a token the response has) or 0 (padding)",
+    );
+    expectRefusal(d, call('actor', { fn: 'train', ...batch, ...trainArgs, data: { ...data, mask: new Float32Array(3) } }), 'malformed', "'train' of 'actor': data.mask has 3 values, expected 4");
+  });
+
   it('not_loaded for a reallocation from a model the device does not hold', async () => {
     const d = new Device(0, ...noLink);
     await d.run(call('reference', load(policy, { role: 'reference' })));

@@ -5,6 +5,7 @@ import { MemoryBus, subjects } from '../../mesh/wire/index.ts';
 import { initBackend } from './backend.ts';
 import { KvCache, kvCacheBytes } from './kv-cache.ts';
 import { GptRank } from './rank.ts';
+import { responseLengths } from './mask.ts';
 
 describe('KV cache', () => {
   beforeAll(async () => {
@@ -41,6 +42,43 @@ describe('KV cache', () => {
     expect(Array.from(cached.tokens)).toEqual(Array.from(recomputed.tokens));
     expect(Array.from(cached.logprobs)).toEqual(Array.from(recomputed.logprobs));
     await expect(rank.generate('c', prompts, 3, 4, 21, seeds, { temperature: 1 })).rejects.toThrow('a prompt of 4 and a response of 21 tokens exceed the context of 24');
+    rank.dispose();
+    comm.close();
+  });
+
+  it('stops each row at its end token, the same tokens up to it as without one, and stops when every row has ended', async () => {
+    const spec = { kind: 'policy' as const, vocab: 7, context: 24, layers: 2, width: 8, heads: 2 };
+    const comm = new Comm(new MemoryBus(), subjects('eos'), 0);
+    const rank = new GptRank(spec, { devices: [0], dp: 1, tp: 1, pp: 1 }, 0, 3, undefined, comm);
+    const prompts = Int32Array.from({ length: 6 * 4 }, (_, i) => (i * 5) % 7);
+    const seeds = Uint32Array.from({ length: 6 }, (_, i) => 40 + i);
+    const [P, R, EOS] = [4, 20, 2];
+    const free = await rank.generate('free', prompts, 6, P, R, seeds, { temperature: 1 });
+    const before = tf.memory().numTensors;
+    const ended = await rank.generate('eos', prompts, 6, P, R, seeds, { temperature: 1, eos: EOS });
+    expect(tf.memory().numTensors).toBe(before);
+    const lengths = responseLengths(ended.tokens, P, R, EOS);
+    expect(Math.max(...lengths)).toBeLessThan(R); // every row ended within the budget here
+    expect(ended.steps).toBe(Math.max(...lengths)); // and decoding stopped with the last of them
+    for (let b = 0; b < 6; b++) {
+      const row = (t: Int32Array) => Array.from(t.subarray(b * (P + R) + P, (b + 1) * (P + R)));
+      const L = lengths[b]!;
+      // Each row draws from its own stream: up to its end it is what it would have been anyway.
+      expect(row(ended.tokens).slice(0, L)).toEqual(row(free.tokens).slice(0, L));
+      expect(
+        row(ended.tokens)
+          .slice(L)
+          .every((x) => x === EOS),
+      ).toBe(true);
+      expect(Array.from(ended.logprobs.subarray(b * R, (b + 1) * R)).slice(0, L)).toEqual(Array.from(free.logprobs.subarray(b * R, (b + 1) * R)).slice(0, L));
+      expect(Array.from(ended.logprobs.subarray(b * R + L, (b + 1) * R)).every((x) => x === 0)).toBe(true);
+    }
+    // Without the cache: the same tokens.
+    const slow = await rank.generate('slow', prompts, 6, P, R, seeds, { temperature: 1, eos: EOS, cache: false });
+    expect(Array.from(slow.tokens)).toEqual(Array.from(ended.tokens));
+    // A cache that would not fit is refused before anything is allocated.
+    await expect(rank.generate('big', prompts, 6, P, R, seeds, { temperature: 1, memoryBytes: 1000 })).rejects.toThrow(/^generating 6 sequences of 4 \+ 20 tokens: its KV cache needs 18\.0 KiB/);
+    await expect(rank.generate('bad', prompts, 6, P, R, seeds, { temperature: 1, topP: 2 })).rejects.toThrow('top_p must be in (0, 1] (1: off), got 2');
     rank.dispose();
     comm.close();
   });

@@ -29,7 +29,13 @@ export function backendMemoryLimit(): { bytes: number; what: string } {
   return { bytes: totalmem(), what: "the host's memory" };
 }
 
-const gib = (n: number) => `${(n / 2 ** 30).toFixed(2)} GiB`;
+/** Bytes in the largest unit that keeps the number at least 1: B, KiB, MiB or GiB. */
+export function bytesText(n: number): string {
+  const units = ['B', 'KiB', 'MiB', 'GiB'];
+  let i = 0;
+  while (i < units.length - 1 && Math.abs(n) >= 1024 ** (i + 1)) i += 1;
+  return i === 0 ? `${n} B` : `${(n / 1024 ** i).toFixed(1)} ${units[i]}`;
+}
 
 /**
  * Why a cache of `need` bytes cannot be allocated now, or undefined: it must fit beside what the
@@ -39,7 +45,7 @@ export function kvCacheProblem(need: number, limit?: number): string | undefined
   const cap = limit === undefined ? backendMemoryLimit() : { bytes: limit, what: 'the memory given to the call' };
   const held = tf.memory().numBytes;
   if (need <= cap.bytes - held) return undefined;
-  return `its KV cache needs ${gib(need)}, and the device has ${gib(Math.max(0, cap.bytes - held))} free (${gib(held)} held of ${gib(cap.bytes)}, ${cap.what}); generate fewer sequences at once or shorter responses`;
+  return `its KV cache needs ${bytesText(need)}, and the device has ${bytesText(Math.max(0, cap.bytes - held))} free (${bytesText(held)} held of ${bytesText(cap.bytes)}, ${cap.what}); generate fewer sequences at once or shorter responses`;
 }
 
 interface LayerCache {

@@ -103,6 +103,15 @@ describe('parseScenario refusals', () => {
     expect(m.startsWith('test.yaml: 1 problem(s):')).toBe(true);
   });
 
+  it('a response budget a task cannot take, and sampling settings out of range, name their paths', () => {
+    expect(scenarioError('task: {name: sort, digits: 4, max_new_tokens: 6}')).toBe(
+      "test.yaml: task.max_new_tokens: the 'sort' task answers with exactly 4 tokens (its digits) and has no end-of-sequence token; max_new_tokens must be 4 or left out, got 6",
+    );
+    expect(parseScenario('task: {name: count, base: 10, max_new_tokens: 6}', 'c.yaml').task.max_new_tokens).toBe(6);
+    expect(scenarioError('rl: {top_p: 0}')).toMatch(/rl\.top_p: .*\(got number 0\)/);
+    expect(scenarioError('rl: {top_k: -1}')).toMatch(/rl\.top_k: .*\(got number -1\)/);
+  });
+
   it('a value out of range names its path', () => {
     expect(scenarioError('algorithm: {name: ppo, gamma: 1.5}')).toMatch(/algorithm\.gamma: .*\(got number 1\.5\)/);
     expect(scenarioError('task: {base: 1}')).toMatch(/task\.base: .*\(got number 1\)/);
