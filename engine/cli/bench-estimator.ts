@@ -15,10 +15,15 @@ import { launch } from './launch.ts';
 const BASE = `name: estimator
 seed: 1
 backend: wasm
-task: { name: sort, digits: 4, base: 10 }
 model: { layers: 2, width: 64, heads: 4 }
 warmup: { steps: 2, demos: 64, batch: 16 }
 `;
+
+/** The tasks the benchmark runs: sort (answers of 4 tokens) or count (a budget of 25, answers that end). */
+export const ESTIMATOR_TASKS: Record<string, string> = {
+  sort: 'task: { name: sort, digits: 4, base: 10 }',
+  count: 'task: { name: count, base: 24 }',
+};
 
 /** Plans that differ in what they share, move and split: one device, pairs, one per model, views, 3D. */
 export const PLANS: Record<string, string> = {
@@ -60,10 +65,10 @@ export const PLANS: Record<string, string> = {
   reward.inference: { mesh: "0:3" }`,
 };
 
-export async function estimatorBench(profile: DeviceProfile, iterations: number, log: (line: string) => void) {
+export async function estimatorBench(profile: DeviceProfile, iterations: number, log: (line: string) => void, task = 'sort') {
   const rows = [];
   for (const [name, plan] of Object.entries(PLANS)) {
-    const scenario = { ...parseScenario(`${BASE}rl: { iterations: ${iterations}, batch: 64 }\n${plan}\n`, `estimator/${name}`), name: `estimator-${name}` };
+    const scenario = { ...parseScenario(`${BASE}${ESTIMATOR_TASKS[task]}\nrl: { iterations: ${iterations}, batch: 64 }\n${plan}\n`, `estimator/${name}`), name: `estimator-${name}` };
     const estimated = new Evaluator(problemOf(scenario, profile)).evaluate(candidateOf(scenario));
     const dir = mkdtempSync(join(tmpdir(), 'ferry-estimator-'));
     try {
@@ -83,7 +88,7 @@ export async function estimatorBench(profile: DeviceProfile, iterations: number,
     }
   }
   const abs = rows.map((r) => Math.abs(r.relative_error));
-  return { bench: 'estimator', iterations, plans: rows, median_relative_error: median(abs), max_relative_error: Math.max(...abs), profile: profile.source };
+  return { bench: 'estimator', task, iterations, plans: rows, median_relative_error: median(abs), max_relative_error: Math.max(...abs), profile: profile.source };
 }
 
 /** A measured run of one plan: the median seconds per iteration after the first. */

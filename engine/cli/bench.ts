@@ -21,7 +21,7 @@ import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { dirname } from 'node:path';
 import type { DeviceProfile } from '../runtime/index.ts';
 import { LOCAL_PROFILE, loadLocalProfile } from '../runtime/index.ts';
-import { estimatorBench, PLANS, searchBench } from './bench-estimator.ts';
+import { ESTIMATOR_TASKS, estimatorBench, PLANS, searchBench } from './bench-estimator.ts';
 import { reallocBench } from './bench-realloc.ts';
 import { computeBench } from './bench-compute.ts';
 import { generateBench } from './bench-generate.ts';
@@ -33,7 +33,8 @@ import { launch } from './launch.ts';
 const USAGE = `usage: npm run bench -- NAME [--json] [options]
   iteration [--scenario FILE] [--iterations N]   tokens/s over NATS, and the ratio to one process
   realloc [--width W] [--layers L] [--repeats R]  reallocation MB/s against raw NATS, bytes, memory
-  estimator [--iterations N] [--profile]        planner estimates against measured runs of 6 local plans
+  estimator [--iterations N] [--profile] [--task sort|count]
+                                                planner estimates against measured runs of 6 local plans
   search [--iterations N] [--budget S]          measured: the best named placement against the search's plan
   search-quality [--budget S] [--reference S] [--seeds N] [--scenario FILE]
                                                 estimated: searches of 10 s (5 seeds) against one of 120 s, per cluster scenario
@@ -120,6 +121,7 @@ runMain(async () => {
     budget: { type: 'string', default: '10' },
     layers: { type: 'string', default: '6' },
     repeats: { type: 'string', default: '3' },
+    task: { type: 'string', default: 'sort' },
   });
   if (values.help) {
     console.log(USAGE);
@@ -321,12 +323,14 @@ async function searchPlans(values: { json?: boolean; iterations?: string; profil
   return 0;
 }
 
-async function estimator(values: { json?: boolean; iterations?: string; profile?: boolean }): Promise<number> {
+async function estimator(values: { json?: boolean; iterations?: string; profile?: boolean; task?: string }): Promise<number> {
   const log = values.json ? () => {} : (line: string) => console.log(line);
   const profile = await localProfile(values.profile ?? false, log);
   const iterations = values.iterations === undefined ? 8 : whole('iterations', values.iterations, 3);
-  log(`bench estimator: ${Object.keys(PLANS).length} plans, ${iterations} iterations each, over NATS with worker processes`);
-  const r = await estimatorBench(profile, iterations, log);
+  const task = values.task ?? 'sort';
+  if (!(task in ESTIMATOR_TASKS)) throw new UsageError(`--task: expected one of ${Object.keys(ESTIMATOR_TASKS).join(', ')}, got ${JSON.stringify(task)}`);
+  log(`bench estimator: ${Object.keys(PLANS).length} plans of the ${task} task, ${iterations} iterations each, over NATS with worker processes`);
+  const r = await estimatorBench(profile, iterations, log, task);
   if (values.json) console.log(JSON.stringify(r));
   else console.log(`median relative error ${(100 * r.median_relative_error!).toFixed(1)}%, worst ${(100 * r.max_relative_error).toFixed(1)}%`);
   return 0;

@@ -8,6 +8,7 @@
 // comes from the runtime's own transfer planner (mesh/realloc.ts).
 import type { Layout, ModelInfo, ParamInfo } from '../../../mesh/parallel/index.ts';
 import { planRealloc } from '../../../mesh/parallel/index.ts';
+import { kvCacheBytes } from '../../model/kv-cache.ts';
 import type { DeviceProfile, ModelShape } from './catalog.ts';
 
 export type CallKind = 'generate' | 'inference' | 'train';
@@ -118,7 +119,6 @@ export function callCost(
   const counts = parameterCounts(m, opts.valueHead);
   const bytes = m.dtypeBytes;
   const D = m.width;
-  const kvWidth = (D * m.kvHeads) / m.heads;
   const T = wl.promptLen + wl.responseLen;
   const rows = Math.ceil(wl.batch / dp); // sequences per replica
   const stageLayers = Math.ceil(m.layers / pp);
@@ -186,15 +186,16 @@ export function callCost(
   } else {
     // Prefill the prompts, then one token at a time: each step reads the stage's weights and KV
     // cache from memory, or computes, whichever is slower; a token crosses every stage in turn.
-    // Sequences decode in waves of as many as the KV cache can hold (as a paged-attention engine
-    // would), each wave reading the weights once per token.
-    const kvPerToken = 2 * stageLayers * (kvWidth / tp) * bytes; // per sequence, per device
+    // Sequences decode in waves of as many as the KV cache can hold, each wave reading the
+    // weights once per token. The cache is the runtime's (engine/model/kv-cache.ts, the same
+    // function): allocated for prompt + budget at once, and attended over whole at every step,
+    // with the positions not yet written masked, so a step costs the same early and late.
+    const kvPerToken = kvCacheBytes(m.kvHeads / tp, D / m.heads, 1, stageLayers, bytes); // per sequence and position, per device
     const wave = Math.max(1, Math.min(rows, Math.floor(free / (T * kvPerToken + (T * D * bytes * 4) / tp))));
     const waves = Math.ceil(rows / wave);
     const prefill = pass(rows, wl.promptLen, false, 1);
-    let decode = 0;
-    let decodeComm = 0;
-    const stride = Math.max(1, Math.floor(wl.responseLen / 16));
+    let decode: number;
+    let decodeComm: number;
     if (dev.recomputeDecode) {
       // Every new token is a forward pass over the whole prefix, then one more over the result
       // for the log-probabilities.
@@ -213,17 +214,14 @@ export function callCost(
         residentBytes: opts.owner ? weightsPerDevice + trainState : 0,
       };
     }
-    for (let t = 0; t < wl.responseLen; t += stride) {
-      const ctx = wl.promptLen + t;
-      const reads = weightsPerDevice + wave * ctx * kvPerToken;
-      const flops = (wave * (bodyFlopsPerToken + headFlopsPerToken + 4 * m.layers * ctx * D)) / (tp * pp);
-      const stage = Math.max(reads / dev.memBandwidth, flops / dev.flops) + (stageLayers + 1) * dev.layerOverhead;
-      // A token crosses every stage in turn, so it pays every layer's all-reduces.
-      const comm = m.layers * 2 * allReduceSeconds(wave * D * bytes, tp, tpBw, dev.latency) + (pp > 1 ? (pp - 1) * ((wave * D * bytes) / ppBw + dev.latency) : 0);
-      const span = Math.min(stride, wl.responseLen - t);
-      decode += stage * pp * span * waves;
-      decodeComm += comm * span * waves;
-    }
+    // Every step costs the same (the whole cache is attended), so the budget's steps cost alike.
+    const reads = weightsPerDevice + wave * T * kvPerToken;
+    const flops = (wave * (bodyFlopsPerToken + headFlopsPerToken + 4 * m.layers * T * D)) / (tp * pp);
+    const stage = Math.max(reads / dev.memBandwidth, flops / dev.flops) + (stageLayers + 1) * dev.layerOverhead;
+    // A token crosses every stage in turn, so it pays every layer's all-reduces.
+    const comm = m.layers * 2 * allReduceSeconds(wave * D * bytes, tp, tpBw, dev.latency) + (pp > 1 ? (pp - 1) * ((wave * D * bytes) / ppBw + dev.latency) : 0);
+    decode = stage * pp * wl.responseLen * waves;
+    decodeComm = comm * wl.responseLen * waves;
     compute = prefill.compute + decode;
     communication = prefill.comm + decodeComm;
     bubble = prefill.bubble;
