@@ -194,8 +194,6 @@ export function callCost(
     const wave = Math.max(1, Math.min(rows, Math.floor(free / (T * kvPerToken + (T * D * bytes * 4) / tp))));
     const waves = Math.ceil(rows / wave);
     const prefill = pass(rows, wl.promptLen, false, 1);
-    let decode: number;
-    let decodeComm: number;
     if (dev.recomputeDecode) {
       // Every new token is a forward pass over the whole prefix, then one more over the result
       // for the log-probabilities.
@@ -220,8 +218,8 @@ export function callCost(
     const stage = Math.max(reads / dev.memBandwidth, flops / dev.flops) + (stageLayers + 1) * dev.layerOverhead;
     // A token crosses every stage in turn, so it pays every layer's all-reduces.
     const comm = m.layers * 2 * allReduceSeconds(wave * D * bytes, tp, tpBw, dev.latency) + (pp > 1 ? (pp - 1) * ((wave * D * bytes) / ppBw + dev.latency) : 0);
-    decode = stage * pp * wl.responseLen * waves;
-    decodeComm = comm * wl.responseLen * waves;
+    const decode = stage * pp * wl.responseLen * waves;
+    const decodeComm = comm * wl.responseLen * waves;
     compute = prefill.compute + decode;
     communication = prefill.comm + decodeComm;
     bubble = prefill.bubble;
