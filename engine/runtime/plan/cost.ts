@@ -8,7 +8,7 @@
 // comes from the runtime's own transfer planner (mesh/realloc.ts).
 import type { Layout, ModelInfo, ParamInfo } from '../../../mesh/parallel/index.ts';
 import { planRealloc } from '../../../mesh/parallel/index.ts';
-import { kvCacheBytes } from '../../model/kv-cache.ts';
+import { kvCacheBytes } from '../../model/index.ts';
 import type { DeviceProfile, ModelShape } from './catalog.ts';
 
 export type CallKind = 'generate' | 'inference' | 'train';
