@@ -2,8 +2,10 @@
 // Fits the `local` device profile from timings of this machine's own worker processes: model
 // calls of several sizes on one worker (their device-side times), small requests for the bus's
 // latency, and a raw exchange between two workers for its bandwidth. The cost model's own
-// formulas give each call's FLOPs and layer passes; a least-squares fit of the measured times on
-// them gives the sustained FLOP/s, the cost per layer pass and the cost per call.
+// formulas give each call's FLOPs, layer passes and decoding steps; least-squares fits of the
+// measured times on them give the sustained FLOP/s, the cost per layer pass and per call,
+// training's factors over a forward pass, and a decoding step's fixed costs. Two calls at once
+// against one alone give the slowdown of sharing the cores.
 import { mkdirSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
 import { dirname } from 'node:path';
@@ -11,73 +13,114 @@ import type { Layout } from '../../mesh/parallel/index.ts';
 import { UsageError, args, runMain } from '../../actors/host.ts';
 import { runExchange } from '../runtime/index.ts';
 import { median } from '../runtime/index.ts';
-import { localShape, type DeviceProfile } from '../runtime/index.ts';
+import { localShape, type DeviceProfile, type ModelShape } from '../runtime/index.ts';
 import { callCost, type CallKind, type Workload } from '../runtime/index.ts';
 import { LOCAL_PROFILE } from '../runtime/index.ts';
 import { withWorkers } from './workers.ts';
 
 const USAGE = 'usage: npm run profile [-- --out FILE] [--json]';
 
-/** A call's features under the cost model: FLOPs (at 1 FLOP/s) and layer passes (at 1 s each). */
-function features(kind: CallKind, shape: ReturnType<typeof localShape>, wl: Workload): [number, number] {
-  const one: Layout = { devices: [0], dp: 1, tp: 1, pp: 1 };
-  // trainFactor 1: a training call's features are those of its forward passes; its own factor is fitted apart.
-  const base = {
-    name: 'unit',
-    memBandwidth: 1e30,
-    memoryBytes: 1e15,
-    intraBandwidth: 1e30,
-    interBandwidth: 1e30,
-    latency: 0,
-    trainFactor: 1,
-    trainPassFactor: 1,
-    recomputeDecode: false, // generation decodes with a KV cache (engine/model/kv-cache.ts)
-    source: 'fit',
-  };
-  const flops = callCost(shape, kind, one, wl, { ...base, flops: 1, layerOverhead: 0 }, 4, { owner: true, trainable: true }).compute;
-  const passes = callCost(shape, kind, one, wl, { ...base, flops: 1e30, layerOverhead: 1 }, 4, { owner: true, trainable: true }).compute;
-  return [flops, passes];
+/** The unit profile: every rate infinite and every overhead 0, for reading a call's features off the cost model. */
+const UNIT: DeviceProfile = {
+  name: 'unit',
+  flops: 1e30,
+  memBandwidth: 1e30,
+  memoryBytes: 1e15,
+  intraBandwidth: 1e30,
+  interBandwidth: 1e30,
+  latency: 0,
+  layerOverhead: 0,
+  decodeLayerOverhead: 0,
+  decodeStepOverhead: 0,
+  trainFactor: 1, // a training call's features are those of its forward passes; its own factors are fitted apart
+  trainPassFactor: 1,
+  elementSeconds: 0,
+  trainElementFactor: 1,
+  recomputeDecode: false, // generation decodes with a KV cache (engine/model/kv-cache.ts)
+  source: 'fit',
+};
+
+const ONE: Layout = { devices: [0], dp: 1, tp: 1, pp: 1 };
+
+/** A call's time under `dev` on one device, by the cost model. */
+function modelled(kind: CallKind, shape: ModelShape, wl: Workload, dev: DeviceProfile): number {
+  return callCost(shape, kind, ONE, wl, dev, 4, { owner: true, trainable: true }).compute;
 }
 
-/** Least squares for t ≈ a·x + b·y + c (normal equations, 3×3). */
-export function fit3(rows: Array<[number, number, number]>): [number, number, number] {
-  const s = Array.from({ length: 3 }, () => new Array<number>(4).fill(0));
-  for (const [x, y, t] of rows) {
-    const v = [x, y, 1];
-    for (let i = 0; i < 3; i++) {
-      for (let j = 0; j < 3; j++) s[i]![j]! += v[i]! * v[j]!;
-      s[i]![3]! += v[i]! * t;
+/**
+ * A call's features under the cost model: its time when one of the profile's terms is 1 and the
+ * rest are free. FLOPs (at 1 FLOP/s), layer passes, activation elements, decoding steps' layers
+ * and decoding steps.
+ */
+function features(kind: CallKind, shape: ModelShape, wl: Workload) {
+  return {
+    flops: modelled(kind, shape, wl, { ...UNIT, flops: 1 }),
+    passes: modelled(kind, shape, wl, { ...UNIT, layerOverhead: 1, decodeLayerOverhead: 0 }),
+    elements: modelled(kind, shape, wl, { ...UNIT, elementSeconds: 1 }),
+    decodeLayers: modelled(kind, shape, wl, { ...UNIT, decodeLayerOverhead: 1 }),
+    decodeSteps: modelled(kind, shape, wl, { ...UNIT, decodeStepOverhead: 1 }),
+  };
+}
+
+/** Least squares for t ≈ Σ βⱼ·xⱼ (normal equations, Gauss–Jordan with partial pivoting). */
+export function leastSquares(rows: ReadonlyArray<{ x: readonly number[]; t: number }>): number[] {
+  const n = rows[0]!.x.length;
+  const s = Array.from({ length: n }, () => new Array<number>(n + 1).fill(0));
+  for (const { x, t } of rows) {
+    for (let i = 0; i < n; i++) {
+      for (let j = 0; j < n; j++) s[i]![j]! += x[i]! * x[j]!;
+      s[i]![n]! += x[i]! * t;
     }
   }
-  for (let i = 0; i < 3; i++) {
+  for (let i = 0; i < n; i++) {
+    let best = i;
+    for (let k = i + 1; k < n; k++) if (Math.abs(s[k]![i]!) > Math.abs(s[best]![i]!)) best = k;
+    [s[i], s[best]] = [s[best]!, s[i]!];
     const p = s[i]![i]!;
-    for (let j = i; j < 4; j++) s[i]![j]! /= p;
-    for (let k = 0; k < 3; k++) {
+    if (p === 0) throw new Error(`least squares: feature ${i} is a combination of the others`);
+    for (let j = i; j <= n; j++) s[i]![j]! /= p;
+    for (let k = 0; k < n; k++) {
       if (k === i) continue;
       const f = s[k]![i]!;
-      for (let j = i; j < 4; j++) s[k]![j]! -= f * s[i]![j]!;
+      for (let j = i; j <= n; j++) s[k]![j]! -= f * s[i]![j]!;
     }
   }
-  return [s[0]![3]!, s[1]![3]!, s[2]![3]!];
+  return s.map((r) => r[n]!);
 }
 
-/** Least squares for t ≈ a·x + b·y (no intercept). */
-export function fit2(rows: Array<[number, number, number]>): [number, number] {
-  let xx = 0,
-    xy = 0,
-    yy = 0,
-    xt = 0,
-    yt = 0;
-  for (const [x, y, t] of rows) {
-    xx += x * x;
-    xy += x * y;
-    yy += y * y;
-    xt += x * t;
-    yt += y * t;
+/**
+ * Least squares with every coefficient ≥ 0: a negative cost means nothing, so a term that comes
+ * out negative is dropped (held at 0) and the rest fitted again.
+ */
+export function nonNegative(rows: ReadonlyArray<{ x: readonly number[]; t: number }>): number[] {
+  const n = rows[0]!.x.length;
+  // A feature that is 0 in every row says nothing: held at 0 from the start.
+  const kept = Array.from({ length: n }, (_, i) => i).filter((i) => rows.some((r) => r.x[i] !== 0));
+  while (kept.length > 0) {
+    const beta = leastSquares(rows.map((r) => ({ x: kept.map((i) => r.x[i]!), t: r.t })));
+    const worst = beta.reduce((w, b, i) => (b < (beta[w] ?? 0) ? i : w), -1);
+    if (worst < 0 || beta[worst]! >= 0) {
+      const out = new Array<number>(n).fill(0);
+      kept.forEach((i, k) => {
+        out[i] = beta[k]!;
+      });
+      return out;
+    }
+    kept.splice(worst, 1);
   }
-  const det = xx * yy - xy * xy;
-  return [(xt * yy - yt * xy) / det, (yt * xx - xt * xy) / det];
+  return new Array<number>(n).fill(0);
 }
+
+/** Timings per call and size, after one to warm up. */
+const REPEATS = 5;
+
+const mean = (xs: readonly number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
+
+/** The sequences the compute calls are timed on: short, and long with most of it generated. */
+const WORKLOADS = [
+  { promptLen: 5, responseLen: 4 },
+  { promptLen: 3, responseLen: 25 },
+] as const;
 
 export async function profileLocal(log: (line: string) => void): Promise<DeviceProfile & { fit: object }> {
   return withWorkers(2, 'profile', async ({ nc, subj, d }) => {
@@ -87,82 +130,125 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
       const after = d.stats();
       return { device: after.device_seconds - before.device_seconds, trip: after.round_trip_seconds - before.round_trip_seconds };
     };
-    // Compute: calls of several shapes and sizes on one worker.
-    const rows: Array<[number, number, number]> = [];
-    const trainRows: Array<[number, number, number]> = [];
-    const samples: Array<{ shape: string; kind: CallKind; batch: number; seconds: number }> = [];
+    // Compute: calls of several shapes, sizes and lengths on one worker.
+    type Row = { kind: CallKind; f: ReturnType<typeof features>; t: number };
+    const timings: Row[] = [];
+    const samples: Array<{ shape: string; kind: CallKind; batch: number; tokens: number; seconds: number }> = [];
     const tripOverhead: number[] = [];
+    const vocab = 11;
     for (const [layers, width] of [
       [1, 32],
       [2, 64],
       [4, 64],
       [2, 128],
     ] as const) {
-      const shape = localShape('p', 11, layers, width, 4);
-      const spec = { kind: 'policy' as const, vocab: 11, context: 9, layers, width, heads: 4 };
-      await d.call(0, 'm', 0, {
-        fn: 'load',
-        role: 'actor',
-        spec,
-        layout: { devices: [0], dp: 1, tp: 1, pp: 1 },
-        rank: 0,
-        seed: 1,
-        optim: { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 },
-      });
-      for (const batch of [16, 64]) {
-        const wl: Workload = { batch, promptLen: 5, responseLen: 4, epochs: 2, minibatches: 2 };
-        const tokens = Int32Array.from({ length: batch * 9 }, (_, i) => i % 10);
-        const body = { tokens, batch, promptLen: 5, responseLen: 4 };
-        const calls: Array<[CallKind, () => Promise<unknown>]> = [
-          ['inference', () => d.call(0, 'm', 0, { fn: 'inference', ...body })],
-          [
-            'train',
-            () =>
-              d.call(0, 'm', 0, {
-                fn: 'train',
-                ...body,
-                seed: 1,
-                epochs: 2,
-                minibatches: 2,
-                loss: { name: 'clip_policy', params: { clip: 0.2 } },
-                data: { old: new Float32Array(batch * 4), advantages: new Float32Array(batch * 4).fill(0.1) },
-              }),
-          ],
-          ['generate', () => d.call(0, 'm', 0, { fn: 'generate', prompts: tokens.subarray(0, batch * 5), batch, promptLen: 5, responseLen: 4, seeds: new Uint32Array(batch), temperature: 1 })],
-        ];
-        for (const [kind, call] of calls) {
-          await call(); // warm
-          const times = [];
-          for (let r = 0; r < 3; r++) {
-            const t = await timed(call);
-            times.push(t.device);
-            tripOverhead.push(t.trip - t.device);
+      const shape = localShape('p', vocab, layers, width, 4);
+      const context = Math.max(...WORKLOADS.map((w) => w.promptLen + w.responseLen));
+      const spec = { kind: 'policy' as const, vocab, context, layers, width, heads: 4 };
+      await d.call(0, 'm', 0, { fn: 'load', role: 'actor', spec, layout: ONE, rank: 0, seed: 1, optim: { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 } });
+      for (const { promptLen, responseLen } of WORKLOADS) {
+        for (const batch of [16, 64]) {
+          const wl: Workload = { batch, promptLen, responseLen, epochs: 2, minibatches: 2 };
+          const T = promptLen + responseLen;
+          const tokens = Int32Array.from({ length: batch * T }, (_, i) => i % (vocab - 1));
+          const body = { tokens, batch, promptLen, responseLen };
+          const response = batch * responseLen;
+          const calls: Array<[CallKind, () => Promise<unknown>]> = [
+            ['inference', () => d.call(0, 'm', 0, { fn: 'inference', ...body })],
+            [
+              'train',
+              () =>
+                d.call(0, 'm', 0, {
+                  fn: 'train',
+                  ...body,
+                  seed: 1,
+                  epochs: 2,
+                  minibatches: 2,
+                  loss: { name: 'clip_policy', params: { clip: 0.2 } },
+                  data: { old: new Float32Array(response), advantages: new Float32Array(response).fill(0.1) },
+                }),
+            ],
+            // No end token: every row decodes the whole budget, as the cost model prices it.
+            ['generate', () => d.call(0, 'm', 0, { fn: 'generate', prompts: tokens.subarray(0, batch * promptLen), batch, promptLen, responseLen, seeds: new Uint32Array(batch), temperature: 1 })],
+          ];
+          for (const [kind, call] of calls) {
+            await call(); // warm
+            const times = [];
+            for (let r = 0; r < REPEATS; r++) {
+              const t = await timed(call);
+              times.push(t.device);
+              tripOverhead.push(t.trip - t.device);
+            }
+            // The mean, not the median: an iteration is a sum of calls, and its time the sum of
+            // theirs, occasional slow ones included.
+            const seconds = mean(times);
+            timings.push({ kind, f: features(kind, shape, wl), t: seconds });
+            samples.push({ shape: `${layers}x${width}`, kind, batch, tokens: T, seconds });
           }
-          const seconds = median(times)!;
-          const [flops, passes] = features(kind, shape, wl);
-          (kind === 'train' ? trainRows : rows).push([flops, passes, seconds]);
-          samples.push({ shape: `${layers}x${width}`, kind, batch, seconds });
         }
       }
       await d.call(0, 'm', 0, { fn: 'release' });
     }
-    // Forward work (inference, generation) fixes FLOP/s, the cost per layer pass and per call;
-    // training then fits its factors over forward work: t ≈ u·a·F + v·b·P + w.
-    let [a, b, c] = fit3(rows);
-    if (c < 0) {
-      // A negative cost per call means nothing; fit through zero instead.
-      [a, b] = fit2(rows);
-      c = 0;
-    }
-    const fwd = (x: number, y: number) => a * x + b * y;
-    // The cost per call is shared with forward calls; training's factors explain the rest.
-    const [u, v] = fit2(trainRows.map(([x, y, t]) => [a * x, b * y, t - c]));
-    // The errors of the profile as it is saved.
-    const residuals = [...rows.map(([x, y, t]) => Math.abs(fwd(x, y) + c - t) / t), ...trainRows.map(([x, y, t]) => Math.abs(u * a * x + v * b * y + c - t) / t)];
+    const of = (kind: CallKind) => timings.filter((r) => r.kind === kind);
+    // Forward passes (inference) fix FLOP/s, the cost per layer pass, per activation element and
+    // per call: t ≈ a·F + b·P + e·E + c.
+    const [a, b, e, c] = nonNegative(of('inference').map(({ f, t }) => ({ x: [f.flops, f.passes, f.elements, 1], t })));
+    // Training fits its factors over forward work, the cost per call shared: t − c ≈ u·a·F + v·b·P + w·e·E.
+    const [u, v, w] = nonNegative(of('train').map(({ f, t }) => ({ x: [a! * f.flops, b! * f.passes, e! * f.elements], t: t - c! })));
+    // Generation: the prompt's pass and every step's elements as priced above, then decoding
+    // steps' fixed costs per layer and per step, their own (small tensors; sampling and a
+    // read-back at every step).
+    const [dl, ds] = nonNegative(of('generate').map(({ f, t }) => ({ x: [f.decodeLayers, f.decodeSteps], t: t - c! - a! * f.flops - b! * f.passes - e! * f.elements })));
+    const predict = ({ kind, f }: Row) =>
+      kind === 'train' ? u! * a! * f.flops + v! * b! * f.passes + w! * e! * f.elements + c! : a! * f.flops + b! * f.passes + e! * f.elements + dl! * f.decodeLayers + ds! * f.decodeSteps + c!;
+    // The errors of the profile as it is saved, by kind.
+    const errors = (rows: Row[]) => median(rows.map((r) => Math.abs(predict(r) - r.t) / r.t))!;
+    const residuals = timings.map((r) => Math.abs(predict(r) - r.t) / r.t);
     log(
-      `compute: ${(1 / a / 1e9).toFixed(2)} GFLOP/s sustained, ${(b * 1e6).toFixed(0)} µs per layer pass, ${(c * 1e3).toFixed(2)} ms per call; ` +
-        `training: ${u.toFixed(1)}× the FLOP cost and ${v.toFixed(1)}× the per-layer cost of a forward pass; median fit error ${(100 * median(residuals)!).toFixed(1)}%`,
+      `compute: ${(1 / a! / 1e9).toFixed(2)} GFLOP/s sustained, ${(b! * 1e6).toFixed(0)} µs per layer pass, ${(e! * 1e9).toFixed(0)} ns per activation element, ${(c! * 1e3).toFixed(2)} ms per call; ` +
+        `training: ${u!.toFixed(1)}×, ${v!.toFixed(1)}× and ${w!.toFixed(1)}× a forward pass's FLOP, per-layer and element costs; ` +
+        `decoding: ${(dl! * 1e6).toFixed(0)} µs per layer and ${(ds! * 1e6).toFixed(0)} µs per step; ` +
+        `median fit error ${(100 * median(residuals)!).toFixed(1)}% (inference ${(100 * errors(of('inference'))).toFixed(1)}%, training ${(100 * errors(of('train'))).toFixed(1)}%, generation ${(100 * errors(of('generate'))).toFixed(1)}%)`,
     );
+    // Two calls at once, one per worker, against one alone: how much the cores' shared caches
+    // and memory, and the processes around them, slow each down.
+    const parallelSlowdown = await (async () => {
+      const layout = (dev: number): Layout => ({ devices: [dev], dp: 1, tp: 1, pp: 1 });
+      const spec = { kind: 'policy' as const, vocab, context: 28, layers: 2, width: 64, heads: 4 };
+      await Promise.all(
+        [0, 1].map((dev) => d.call(dev, 'p', 0, { fn: 'load', role: 'actor', spec, layout: layout(dev), rank: 0, seed: 1, optim: { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 } })),
+      );
+      const batch = 64;
+      const tokens = Int32Array.from({ length: batch * 28 }, (_, i) => i % (vocab - 1));
+      const train = (dev: number) =>
+        d.call(dev, 'p', 0, {
+          fn: 'train',
+          tokens,
+          batch,
+          promptLen: 3,
+          responseLen: 25,
+          seed: 1,
+          epochs: 1,
+          minibatches: 1,
+          loss: { name: 'clip_policy', params: { clip: 0.2 } },
+          data: { old: new Float32Array(batch * 25), advantages: new Float32Array(batch * 25).fill(0.1) },
+        });
+      const wall = async (f: () => Promise<unknown>) => {
+        const t0 = performance.now();
+        await f();
+        return performance.now() - t0;
+      };
+      await Promise.all([train(0), train(1)]); // warm
+      const alone: number[] = [];
+      const both: number[] = [];
+      for (let r = 0; r < REPEATS; r++) {
+        alone.push(await wall(() => train(0)));
+        both.push(await wall(() => Promise.all([train(0), train(1)])));
+      }
+      await Promise.all([0, 1].map((dev) => d.call(dev, 'p', 0, { fn: 'release' })));
+      return Math.max(1, mean(both) / mean(alone));
+    })();
+    log(`two calls at once: each ${parallelSlowdown.toFixed(2)}× as long as alone`);
     // The bus: small round trips, and raw bytes between the two workers.
     const pings: number[] = [];
     for (let i = 0; i < 30; i++) pings.push((await timed(() => d.call(1, '*', 0, { fn: 'stats' }))).trip);
@@ -190,25 +276,32 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
     // Calls across two workers (tensor- and data-parallel): their collectives cost more than a
     // ping — each step encodes, crosses the bus, decodes and sums — so the cost of one collective
     // step is fitted to them: measured = prediction without it + α·(steps the model counts).
+    const compute = {
+      flops: a! > 0 ? 1 / a! : 1e30, // 0: the FLOPs are lost in the other terms at these widths
+      layerOverhead: b!,
+      elementSeconds: e!,
+      trainElementFactor: w!,
+      callOverhead: c! + median(tripOverhead)!,
+      trainFactor: u!,
+      trainPassFactor: v!,
+      decodeLayerOverhead: dl!,
+      decodeStepOverhead: ds!,
+      recomputeDecode: false, // generation decodes with a KV cache (engine/model/kv-cache.ts)
+    };
     const partial: DeviceProfile = {
       name: 'local',
-      flops: 1 / a,
       memBandwidth: 1e30,
       memoryBytes: 1e15,
       intraBandwidth: bandwidth,
       interBandwidth: bandwidth,
       latency: 0,
-      layerOverhead: Math.max(0, b),
-      callOverhead: Math.max(0, c) + median(tripOverhead)!,
-      trainFactor: u,
-      trainPassFactor: v,
-      recomputeDecode: false, // generation decodes with a KV cache (engine/model/kv-cache.ts)
+      ...compute,
       source: 'fit',
     };
     const alphaRows: Array<[number, number]> = []; // [collective steps, seconds left to explain]
     let g = 0; // groups name one call each: never reused
     const shape = localShape('p', 11, 2, 64, 4);
-    const spec = { kind: 'policy' as const, vocab: 11, context: 9, layers: 2, width: 64, heads: 4 };
+    const spec = { kind: 'policy' as const, vocab, context: 9, layers: 2, width: 64, heads: 4 };
     for (const s of [
       { dp: 1, tp: 2, pp: 1 },
       { dp: 2, tp: 1, pp: 1 },
@@ -248,7 +341,8 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
         const measured = median(times)!;
         const without = callCost(shape, kind, layout, wl, partial, 4, { owner: true, trainable: true }).seconds;
         const withOne = callCost(shape, kind, layout, wl, { ...partial, latency: 1 }, 4, { owner: true, trainable: true }).seconds;
-        alphaRows.push([withOne - without, measured - without]);
+        // The simulator runs this call slower by the parallel slowdown (two devices busy): as measured.
+        alphaRows.push([withOne - without, measured / parallelSlowdown - without]);
       }
       await Promise.all([0, 1].map((dev) => d.call(dev, 'mesh', 0, { fn: 'release' })));
     }
@@ -256,19 +350,16 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
     log(`collectives: ${(stepCost * 1e3).toFixed(2)} ms per step, fitted to ${alphaRows.length} calls across two workers`);
     return {
       name: 'local',
-      flops: 1 / a,
       memBandwidth: 1e30, // a worker's reads are not what bounds it; compute and overheads are
       memoryBytes: totalmem() / 4,
       intraBandwidth: bandwidth,
       interBandwidth: bandwidth,
       latency: stepCost,
-      layerOverhead: Math.max(0, b),
-      callOverhead: Math.max(0, c) + median(tripOverhead)!,
-      trainFactor: u,
-      trainPassFactor: v,
-      recomputeDecode: false, // generation decodes with a KV cache (engine/model/kv-cache.ts)
+      ...compute,
       sharedCores: cpus().length,
-      source: `npm run profile on ${new Date().toISOString()}: ${rows.length + trainRows.length} calls of 4 shapes on one worker, ${alphaRows.length} across two, a ping and a 32 MiB exchange`,
+      parallelSlowdown,
+      busBandwidth: bandwidth,
+      source: `npm run profile on ${new Date().toISOString()}: ${timings.length} calls of 4 shapes and 2 lengths on one worker, ${alphaRows.length} across two, a ping and a 32 MiB exchange`,
       fit: { samples, median_relative_error: median(residuals) },
     };
   });

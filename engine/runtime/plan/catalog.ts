@@ -51,6 +51,20 @@ export interface DeviceProfile {
   /** Fixed cost of one call (dispatch, the reply, the caller's share of the work), seconds. */
   callOverhead?: number;
   /**
+   * Seconds per activation element of a layer pass (a token's width, per layer and per rank): the
+   * memory-bound element-wise work that dominates CPU backends at small widths; 0 unless fitted.
+   */
+  elementSeconds?: number;
+  /** A training step's element-wise work over a forward pass's; 3 unless fitted. */
+  trainElementFactor?: number;
+  /** The fixed cost per layer of one decoding step, where it differs from a pass's (fitted locally). */
+  decodeLayerOverhead?: number;
+  /**
+   * The fixed cost of one decoding step beyond its layers: sampling, reading the logits back, the
+   * step's masks (fitted locally; 0 unless fitted).
+   */
+  decodeStepOverhead?: number;
+  /**
    * A training step's FLOPs over a forward pass's: 3 where backward costs twice the forward (the
    * usual count for large matrix products); fitted for the local machine.
    */
@@ -67,6 +81,17 @@ export interface DeviceProfile {
    * once (the local machine runs several worker processes on few cores). Absent for GPUs.
    */
   sharedCores?: number;
+  /**
+   * With sharedCores: how much slower each of two calls runs when they compute at once than one
+   * alone (the cores' shared caches and memory, and the processes around them); 1 unless fitted.
+   */
+  parallelSlowdown?: number;
+  /**
+   * The rate at which checkpoints reach the supervisor over the bus, bytes/s: every rank of every
+   * kept model streams its shard to it after each checkpointed iteration. Absent: checkpoints are
+   * not priced (the cluster profiles describe devices, not the bus a run's supervisor listens on).
+   */
+  busBandwidth?: number;
   /** Where the numbers come from. */
   source: string;
 }

@@ -3,7 +3,7 @@
 import { describe, expect, it } from 'vitest';
 import type { Layout, ModelInfo } from '../../../mesh/parallel/layout.ts';
 import { planRealloc } from '../../../mesh/parallel/realloc.ts';
-import { DEVICES, MODELS, localShape, type ModelShape } from './catalog.ts';
+import { DEVICES, MODELS, localShape, type DeviceProfile, type ModelShape } from './catalog.ts';
 import { allReduceSeconds, callCost, coarseInfo, parameterCounts, reallocSeconds, shapeInfo, strategyProblem, type Workload } from './cost.ts';
 
 const A100 = DEVICES['a100-80gb']!;
@@ -262,5 +262,35 @@ describe('callCost', () => {
     const across = callCost(L7, 'train', layout({ dp: 2, tp: 8 }), BIG, A100, 8, opts);
     const inside = callCost(L7, 'train', layout({ dp: 2, tp: 8 }), BIG, A100, 16, opts);
     expect(across.communication).toBeGreaterThan(inside.communication);
+  });
+
+  describe("a fitted local profile's terms (hand-computed)", () => {
+    // A device whose only cost is the term under test: everything else free.
+    const FREE: DeviceProfile = { name: 'free', flops: 1e30, memBandwidth: 1e30, memoryBytes: 1e12, intraBandwidth: 1e30, interBandwidth: 1e30, latency: 0, layerOverhead: 0, source: 'test' };
+    const tiny = localShape('tiny', 16, 2, 64, 4);
+    const wl: Workload = { batch: 8, promptLen: 3, responseLen: 5, epochs: 1, minibatches: 1 };
+    const one = layout({});
+
+    it('elementSeconds: tokens × (layers + 1) × width per pass, split by tp; training by trainElementFactor', () => {
+      const dev = { ...FREE, elementSeconds: 1e-9 };
+      // Inference: 8 rows × 8 tokens × 3 (two layers and the head) × 64.
+      expect(callCost(tiny, 'inference', one, wl, dev, 8).compute).toBeCloseTo(8 * 8 * 3 * 64 * 1e-9, 15);
+      expect(callCost(tiny, 'inference', layout({ tp: 2 }), wl, dev, 8).compute).toBeCloseTo((8 * 8 * 3 * 64 * 1e-9) / 2, 15);
+      expect(callCost(tiny, 'train', one, wl, { ...dev, trainElementFactor: 4 }, 8, { owner: true, trainable: true }).compute).toBeCloseTo(4 * 8 * 8 * 3 * 64 * 1e-9, 15);
+      // Generation: the prompt's pass (8 × 3 tokens), then one token per row at each of 5 steps.
+      expect(callCost(tiny, 'generate', one, wl, dev, 8).compute).toBeCloseTo((8 * 3 + 8 * 5) * 3 * 64 * 1e-9, 15);
+    });
+
+    it('decodeLayerOverhead and decodeStepOverhead price each decoding step, not the prompt', () => {
+      const perLayer = callCost(tiny, 'generate', one, wl, { ...FREE, decodeLayerOverhead: 1e-3 }, 8).compute;
+      expect(perLayer).toBeCloseTo(5 * 3 * 1e-3, 12);
+      const perStep = callCost(tiny, 'generate', one, wl, { ...FREE, decodeStepOverhead: 2e-3 }, 8).compute;
+      expect(perStep).toBeCloseTo(5 * 2e-3, 12);
+      // Without a decoding term of its own, a step pays the pass's per-layer cost.
+      const pass = callCost(tiny, 'generate', one, wl, { ...FREE, layerOverhead: 1e-3 }, 8).compute;
+      expect(pass).toBeCloseTo(3 * 1e-3 + 5 * 3 * 1e-3, 12);
+      // Neither touches inference or training.
+      expect(callCost(tiny, 'inference', one, wl, { ...FREE, decodeLayerOverhead: 1, decodeStepOverhead: 1 }, 8).compute).toBeLessThan(1e-20); // the FLOPs at 1e30 FLOP/s
+    });
   });
 });

@@ -139,12 +139,14 @@ export function callCost(
   const pass = (seqs: number, len: number, backward: boolean, microbatches: number) => {
     const mult = backward ? (dev.trainFactor ?? 3) : 1;
     const passMult = backward ? (dev.trainPassFactor ?? 3) : 1;
+    const elementMult = backward ? (dev.trainElementFactor ?? 3) : 1;
     const tokens = seqs * len;
     // Causal attention: QKᵀ and AV over half the context on average, per layer.
     const attnFlops = 2 * 2 * m.layers * seqs * ((len * len) / 2) * D;
     const flops = (tokens * (bodyFlopsPerToken + headFlopsPerToken) + attnFlops) * mult;
     // The embedding and head weigh about one layer's overhead per pass.
-    const compute = flops / (tp * pp) / dev.flops + (stageLayers + 1) * dev.layerOverhead * passMult * microbatches;
+    const elements = (tokens * (stageLayers + 1) * D) / tp;
+    const compute = flops / (tp * pp) / dev.flops + (stageLayers + 1) * dev.layerOverhead * passMult * microbatches + elements * (dev.elementSeconds ?? 0) * elementMult;
     // Two all-reduces per layer forward (attention and MLP outputs), two more backward.
     const tpBytes = tokens * D * bytes;
     const tpComm = (m.layers / pp) * 2 * (backward ? 2 : 1) * allReduceSeconds(tpBytes / microbatches, tp, tpBw, dev.latency) * microbatches;
@@ -215,10 +217,11 @@ export function callCost(
     // Every step costs the same (the whole cache is attended), so the budget's steps cost alike.
     const reads = weightsPerDevice + wave * T * kvPerToken;
     const flops = (wave * (bodyFlopsPerToken + headFlopsPerToken + 4 * m.layers * T * D)) / (tp * pp);
-    const stage = Math.max(reads / dev.memBandwidth, flops / dev.flops) + (stageLayers + 1) * dev.layerOverhead;
+    const elements = (wave * (stageLayers + 1) * D) / tp;
+    const stage = Math.max(reads / dev.memBandwidth, flops / dev.flops) + (stageLayers + 1) * (dev.decodeLayerOverhead ?? dev.layerOverhead) + elements * (dev.elementSeconds ?? 0);
     // A token crosses every stage in turn, so it pays every layer's all-reduces.
     const comm = m.layers * 2 * allReduceSeconds(wave * D * bytes, tp, tpBw, dev.latency) + (pp > 1 ? (pp - 1) * ((wave * D * bytes) / ppBw + dev.latency) : 0);
-    const decode = stage * pp * wl.responseLen * waves;
+    const decode = (stage * pp + (dev.decodeStepOverhead ?? 0)) * wl.responseLen * waves;
     const decodeComm = comm * wl.responseLen * waves;
     compute = prefill.compute + decode;
     communication = prefill.comm + decodeComm;

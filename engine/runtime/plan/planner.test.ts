@@ -6,10 +6,10 @@ import { describe, expect, it } from 'vitest';
 import { deviceCount, parseMesh, type Cluster } from '../../../mesh/parallel/cluster.ts';
 import { ownerCall } from '../../algorithms/index.ts';
 import { ppo } from '../../algorithms/ppo.ts';
-import { loadScenario, type CallName } from '../scenario.ts';
+import { loadScenario, parseScenario, type CallName } from '../scenario.ts';
 import { flowOf } from './simulate.ts';
 import { localShape, type DeviceProfile } from './catalog.ts';
-import { reallocSeconds, strategyProblem } from './cost.ts';
+import { parameterCounts, reallocSeconds, strategyProblem } from './cost.ts';
 import { Evaluator, PLACEMENTS, callCandidates, compactLayouts, meshes, namedPlan, strategies, type Candidate, type Placement, type Problem } from './planner.ts';
 import { EVALUATIONS_PER_SECOND, evaluationsFor, search } from './search.ts';
 import { problemOf } from './problem.ts';
@@ -277,6 +277,44 @@ describe('Evaluator.evaluate', () => {
     expect(feasible.length).toBeGreaterThan(0);
     expect(infeasible.length).toBeGreaterThan(0);
     expect(Math.min(...infeasible)).toBeGreaterThan(Math.max(...feasible));
+  });
+});
+
+describe('problemOf', () => {
+  it("prices the task's budget of new tokens, and the scenario's checkpoint interval", () => {
+    const s = parseScenario('task: { name: count, base: 24, max_new_tokens: 40 }\ncheckpoint: { every: 3 }\n', 'count.yaml');
+    const p = problemOf(s, DEVICE);
+    expect(p.workload.promptLen).toBe(3);
+    expect(p.workload.responseLen).toBe(40);
+    expect(p.checkpointEvery).toBe(3);
+    expect(problemOf(parseScenario('task: { name: count, base: 24 }\n', 'count.yaml'), DEVICE).workload.responseLen).toBe(25);
+  });
+});
+
+describe('checkpoint pricing', () => {
+  // One model's checkpoint bytes: weights, and Adam's two moments where it trains.
+  const bytesOf = (valueHead: boolean, trainable: boolean) => parameterCounts(localShape('m', 16, 2, 64, 4), valueHead).total * 4 * (trainable ? 3 : 1);
+  const ONE_DEVICE = Object.fromEntries(CALLS.map((c) => [c, { mesh: '0:0', devices: [0], dp: 1, tp: 1, pp: 1 }])) as Candidate;
+  const device: DeviceProfile = { ...DEVICE, callOverhead: 1e-3 };
+  const seconds = (plan: Candidate, every: number, dev: DeviceProfile) => new Evaluator({ ...localProblem(undefined, dev), checkpointEvery: every }).evaluate(plan).iterationSeconds;
+
+  it("adds every kept model's shards over the bus bandwidth, once per checkpoint interval (hand-computed)", () => {
+    const bus = { ...device, busBandwidth: 1e8 };
+    const plain = seconds(ONE_DEVICE, 0, device);
+    // Actor and critic train (3× their bytes), the reference does not; the rule reward has none.
+    const bytes = bytesOf(false, true) + bytesOf(true, true) + bytesOf(false, false);
+    expect(seconds(ONE_DEVICE, 1, bus) - plain).toBeCloseTo(2e-3 + bytes / 1e8, 9);
+    expect(seconds(ONE_DEVICE, 4, bus) - plain).toBeCloseTo((2e-3 + bytes / 1e8) / 4, 9);
+    // No interval, or no bus bandwidth in the profile (the cluster devices): not priced.
+    expect(seconds(ONE_DEVICE, 0, bus)).toBe(plain);
+    expect(seconds(ONE_DEVICE, 1, device)).toBe(plain);
+  });
+
+  it('counts every data-parallel replica: each streams its copy', () => {
+    const bus = { ...device, busBandwidth: 1e8 };
+    const extra = (plan: Candidate) => seconds(plan, 1, bus) - seconds(plan, 0, bus);
+    const dp2: Candidate = { ...ONE_DEVICE, 'critic.train': { mesh: '0:0-1', devices: [0, 1], dp: 2, tp: 1, pp: 1 } };
+    expect(extra(dp2) - extra(ONE_DEVICE)).toBeCloseTo(bytesOf(true, true) / 1e8, 9);
   });
 });
 

@@ -5,7 +5,7 @@ import { deviceCount, parseMesh, type Cluster } from '../../../mesh/parallel/ind
 import { layoutKey, type Layout } from '../../../mesh/parallel/index.ts';
 import type { CallName } from '../scenario.ts';
 import type { DeviceProfile, ModelShape } from './catalog.ts';
-import { callCost, strategyProblem, type CallCost, type CallKind, type Workload } from './cost.ts';
+import { callCost, parameterCounts, strategyProblem, type CallCost, type CallKind, type Workload } from './cost.ts';
 import { simulate, type Flow, type Simulation, type TaskSpec } from './simulate.ts';
 import { transferSeconds } from './transfer.ts';
 
@@ -41,6 +41,8 @@ export interface Problem {
   workload: Workload;
   cluster: Cluster;
   device: DeviceProfile;
+  /** Iterations between checkpoints (0 or absent: none); priced where the device has a busBandwidth. */
+  checkpointEvery?: number;
 }
 
 export interface Placement {
@@ -228,7 +230,29 @@ export class Evaluator {
       segments.push({ kind: 'compute', devices: x.placement.devices, seconds: x.seconds });
       tasks[x.info.name] = { call: x.info.name, segments };
     }
-    return simulate(tasks, this.problem.graph.flow, { sharedCores: this.problem.device.sharedCores, timeline });
+    const { sharedCores, parallelSlowdown } = this.problem.device;
+    const sim = simulate(tasks, this.problem.graph.flow, { sharedCores, parallelSlowdown, timeline });
+    return { ...sim, iterationSeconds: sim.iterationSeconds + this.checkpointSeconds(priced) };
+  }
+
+  /**
+   * A checkpoint's share of an iteration: the supervisor starts the next iteration once every
+   * rank of every kept model (each data-parallel replica too) has streamed its shard — weights,
+   * and Adam's two moments where it trains — to it over the bus, all at once.
+   */
+  private checkpointSeconds(priced: Priced): number {
+    const { device, checkpointEvery } = this.problem;
+    if (!checkpointEvery || !device.busBandwidth) return 0;
+    let bytes = 0;
+    let shards = 0;
+    for (const x of priced.calls) {
+      const { model: m, shape } = x.info;
+      if (x.owner || !shape || x.info.name !== m.owner) continue; // once per model, at its owner's layout
+      const state = m.trainable ? 3 : 1;
+      bytes += parameterCounts(shape, m.valueHead).total * shape.dtypeBytes * state * x.placement.dp;
+      shards += x.placement.devices.length;
+    }
+    return shards ? (2 * (device.callOverhead ?? 0) + bytes / device.busBandwidth) / checkpointEvery : 0;
   }
 
   evaluate(c: Candidate, keepTimeline = false): Evaluation {

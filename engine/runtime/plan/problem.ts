@@ -2,10 +2,9 @@
 // the profile of its devices (a catalog GPU, or the local machine as `npm run profile` fitted it).
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { graphOf, presetOf, resolvePlan, rowsOf, type Scenario } from '../scenario.ts';
+import { graphOf, presetOf, resolvePlan, rowsOf, taskOf, type Scenario } from '../scenario.ts';
 import { ownerCall } from '../../algorithms/index.ts';
 import { flowOf } from './simulate.ts';
-import { makeTask } from '../../device/index.ts';
 import { DEVICES, MODELS, localShape, type DeviceProfile, type ModelShape } from './catalog.ts';
 import type { Candidate, PlanGraph, Problem } from './planner.ts';
 
@@ -21,7 +20,7 @@ export function loadLocalProfile(file = LOCAL_PROFILE): DeviceProfile {
 }
 
 export function problemOf(s: Scenario, local?: DeviceProfile): Problem {
-  const task = makeTask(s.task.name, s.task.digits, s.task.base);
+  const task = taskOf(s); // its budget too: task.max_new_tokens
   const g = graphOf(s);
   const shape = (model: string): ModelShape | undefined => {
     const preset = presetOf(s, model);
@@ -49,6 +48,7 @@ export function problemOf(s: Scenario, local?: DeviceProfile): Problem {
     },
     cluster: { nodes: s.cluster.nodes, devicesPerNode: s.cluster.devices_per_node },
     device,
+    checkpointEvery: s.checkpoint.every,
   };
 }
 

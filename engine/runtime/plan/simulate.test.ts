@@ -210,6 +210,16 @@ describe('simulate', () => {
       expect(simulate(tasks(spec)).iterationSeconds).toBeCloseTo(3, 9);
     });
 
+    it('parallelSlowdown: overlapping calls each run slower by the factor; a call alone does not', () => {
+      // All calls 1 s on separate devices, 2 cores, a slowdown of 1.5: the generation alone
+      // (1 s), three inferences at 2/3 ÷ 1.5 speed (2.25 s), two trains at 1 ÷ 1.5 (1.5 s).
+      const spec = uniform((_, i) => [i]);
+      expect(simulate(tasks(spec), { sharedCores: 2, parallelSlowdown: 1.5 }).iterationSeconds).toBeCloseTo(1 + 2.25 + 1.5, 9);
+      // On one device nothing overlaps: the factor never applies.
+      const alone = uniform(() => [0]);
+      expect(simulate(tasks(alone), { sharedCores: 2, parallelSlowdown: 1.5 }).iterationSeconds).toBeCloseTo(6, 9);
+    });
+
     it('counts a call on two devices as two busy devices', () => {
       // Generation on devices 0 and 1 with one core: 1 s of work per device, 2 s of wall time.
       const spec = uniform((_, i) => [i + 2]);

@@ -4,7 +4,8 @@
 // A task (one call of one iteration) starts when its inputs are ready; each of its segments (a
 // reallocation into a view, then the call) starts when every device it needs is free. Where
 // devices share processors (the local machine: worker processes on a few cores), segments that
-// overlap in time share those cores: each progresses at min(1, cores / busy devices).
+// overlap in time share those cores: each progresses at min(1, cores / busy devices), and slower
+// still by the profile's parallel slowdown when more than one device is busy.
 import { dependencies, nodeName, nodesOf, type Graph } from '../../algorithms/index.ts';
 import type { CallName } from '../scenario.ts';
 
@@ -70,7 +71,7 @@ interface Running {
  * `timeline: false` leaves the timeline empty: a search asks only for the iteration time, and one
  * entry per device per segment is most of the work on a large cluster.
  */
-export function simulate(tasks: Record<CallName, TaskSpec>, flow: Flow, options: { iterations?: number; sharedCores?: number; timeline?: boolean } = {}): Simulation {
+export function simulate(tasks: Record<CallName, TaskSpec>, flow: Flow, options: { iterations?: number; sharedCores?: number; parallelSlowdown?: number; timeline?: boolean } = {}): Simulation {
   const K = options.iterations ?? 4;
   const keepTimeline = options.timeline ?? true;
   const ORDER = flow.order;
@@ -113,7 +114,7 @@ export function simulate(tasks: Record<CallName, TaskSpec>, flow: Flow, options:
   const rate = () => {
     if (options.sharedCores === undefined) return 1;
     const load = running.reduce((sum, r) => sum + specs[r.task % n]!.segments[r.segment]!.devices.length, 0);
-    return Math.min(1, options.sharedCores / Math.max(1, load));
+    return Math.min(1, options.sharedCores / Math.max(1, load)) / (load > 1 ? (options.parallelSlowdown ?? 1) : 1);
   };
 
   startWhatCan();
