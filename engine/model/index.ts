@@ -1,5 +1,6 @@
 // The model layer: the GPT (one device, and one rank of a mesh), its parameters, Adam, the loss
-// registry, seeded randomness and the TensorFlow.js backend. A loss is named, never an algorithm.
+// registry, seeded randomness, the TensorFlow.js backend, and a Hugging Face model's files: the
+// safetensors checkpoint format and its tokenizer. A loss is named, never an algorithm.
 export * from './adam.ts';
 export * from './backend.ts';
 export * from './gpt.ts';
@@ -11,3 +12,5 @@ export * from './rank.ts';
 export * from './staging.ts';
 export * from './mask.ts';
 export * from './kv-cache.ts';
+export * from './safetensors.ts';
+export * from './tokenizer.ts';
