@@ -1,0 +1,58 @@
+// A generated arithmetic word-problem dataset, shipped in the repository (examples/arith/) so that
+// nothing is downloaded: one-step problems of addition, subtraction, multiplication and division
+// with small numbers, each with a worked solution in GSM8K's format (the working, then `#### n`)
+// for warming a model up on the format, and the answer alone for the math verifier.
+import { Rng, seedOf } from '../model/index.ts';
+
+export interface ArithProblem {
+  question: string;
+  solution: string;
+  answer: string;
+}
+
+const NAMES = ['Ann', 'Ben', 'Cleo', 'Dev', 'Eli', 'Fay', 'Gus', 'Hana', 'Ivo', 'Jun'];
+const ITEMS = ['apple', 'book', 'coin', 'marble', 'pencil', 'shell', 'stamp', 'sticker'];
+
+/** The stream of the generator's seed (apart from the runtime's). */
+const ARITH_STREAM = 0xa417;
+
+/** Problem i of the dataset drawn from `seed`: the same seed and index always give the same problem. */
+export function arithProblem(seed: number, i: number): ArithProblem {
+  const rng = new Rng(seedOf(seed, ARITH_STREAM, i));
+  const pick = <T>(xs: readonly T[]) => xs[rng.int(xs.length)]!;
+  const name = pick(NAMES);
+  const other = pick(NAMES.filter((n) => n !== name));
+  const item = pick(ITEMS);
+  const n = (lo: number, hi: number) => lo + rng.int(hi - lo + 1);
+  const worked = (expr: string, result: number) => ({ solution: `${expr} = ${result}\n#### ${result}`, answer: String(result) });
+  switch (rng.int(4)) {
+    case 0: {
+      const [a, b] = [n(2, 50), n(2, 50)];
+      return { question: `${name} has ${a} ${item}s and gets ${b} more. How many ${item}s does ${name} have now?`, ...worked(`${a} + ${b}`, a + b) };
+    }
+    case 1: {
+      const a = n(10, 60);
+      const b = n(1, a - 1);
+      return { question: `${name} had ${a} ${item}s and gave ${b} to ${other}. How many ${item}s does ${name} have left?`, ...worked(`${a} - ${b}`, a - b) };
+    }
+    case 2: {
+      const [a, b] = [n(2, 9), n(2, 9)];
+      return { question: `${name} has ${a} boxes with ${b} ${item}s in each. How many ${item}s does ${name} have in all?`, ...worked(`${a} * ${b}`, a * b) };
+    }
+    default: {
+      const [each, k] = [n(2, 9), n(2, 9)];
+      return { question: `${name} shares ${each * k} ${item}s equally among ${k} friends. How many ${item}s does each friend get?`, ...worked(`${each * k} / ${k}`, each) };
+    }
+  }
+}
+
+/** `count` problems from `first` on, one JSON object per line. */
+export function arithJsonl(seed: number, first: number, count: number): string {
+  return Array.from({ length: count }, (_, k) => `${JSON.stringify(arithProblem(seed, first + k))}\n`).join('');
+}
+
+/** The shipped files: examples/arith/train.jsonl and test.jsonl, disjoint ranges of one seed. */
+export const ARITH_FILES = {
+  'train.jsonl': { seed: 1, first: 0, count: 4000 },
+  'test.jsonl': { seed: 1, first: 4000, count: 400 },
+} as const;
