@@ -23,3 +23,4 @@ export * from './plan/planner.ts';
 export * from './plan/problem.ts';
 export * from './plan/search.ts';
 export * from './plan/simulate.ts';
+export * from './sample.ts';

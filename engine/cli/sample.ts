@@ -1,0 +1,63 @@
+// npm run sample -- --model RUN_DIR --tokens 1,2,3 [--model-name NAME] [--max-tokens N] [--greedy] [--temperature T] [--seed S] [--json]
+// Prints a trained model's continuation of a prompt, and the log-probability of each new token.
+import { UsageError, args, runMain } from '../../actors/host.ts';
+import { sampleRun } from '../runtime/index.ts';
+
+const USAGE = `usage: npm run sample -- --model RUN_DIR --tokens 1,2,3 [--model-name NAME] [--max-tokens N] [--greedy] [--temperature T] [--seed S] [--json]
+  --model        a run directory: the model comes back from its last checkpoint
+  --tokens       the prompt as token ids, separated by commas
+  --model-name   which of the run's policy models (default: the trained one)
+  --max-tokens   new tokens at most (default: the task's budget); generation also stops at the task's end token
+  --greedy       the likeliest token at every step instead of a sample
+  --json         one object: {"tokens": [...], "logprobs": [...]}`;
+
+/** A number option: whole (and ≥ 0) or any finite number > 0. */
+function number(name: string, text: string | undefined, whole: boolean): number | undefined {
+  if (text === undefined) return undefined;
+  const n = Number(text);
+  const ok = whole ? Number.isInteger(n) && n >= 0 : Number.isFinite(n) && n > 0;
+  if (text.trim() === '' || !ok) throw new UsageError(`--${name}: expected ${whole ? 'a whole number' : 'a number > 0'}, got ${JSON.stringify(text)}`);
+  return n;
+}
+
+runMain(async () => {
+  const { values, positionals } = args(USAGE, {
+    model: { type: 'string' },
+    tokens: { type: 'string' },
+    prompt: { type: 'string' },
+    'model-name': { type: 'string' },
+    'max-tokens': { type: 'string' },
+    greedy: { type: 'boolean', default: false },
+    temperature: { type: 'string' },
+    seed: { type: 'string' },
+    json: { type: 'boolean', default: false },
+  });
+  if (values.help) {
+    console.log(USAGE);
+    return 0;
+  }
+  if (positionals.length > 0) throw new UsageError(`unexpected ${JSON.stringify(positionals[0])}\n${USAGE}`);
+  if (!values.model) throw new UsageError(`--model: expected a run directory\n${USAGE}`);
+  if (values.prompt !== undefined) throw new UsageError(`--prompt: text prompts need a tokenizer, and ferry's built-in tasks have none; give the prompt as --tokens\n${USAGE}`);
+  if (values.tokens === undefined) throw new UsageError(`--tokens: expected the prompt's token ids, separated by commas\n${USAGE}`);
+  const tokens = values.tokens.split(',').map((t, i) => {
+    const n = Number(t);
+    if (t.trim() === '' || !Number.isInteger(n) || n < 0) throw new UsageError(`--tokens: item ${i + 1}: expected a token id (a whole number ≥ 0), got ${JSON.stringify(t)}`);
+    return n;
+  });
+  const s = await sampleRun(values.model, {
+    tokens,
+    ...(values['model-name'] === undefined ? {} : { model: values['model-name'] }),
+    ...(values['max-tokens'] === undefined ? {} : { maxTokens: number('max-tokens', values['max-tokens'], true)! }),
+    greedy: values.greedy,
+    ...(values.temperature === undefined ? {} : { temperature: number('temperature', values.temperature, false)! }),
+    ...(values.seed === undefined ? {} : { seed: number('seed', values.seed, true)! }),
+  });
+  if (values.json) {
+    console.log(JSON.stringify({ tokens: s.tokens, logprobs: s.logprobs }));
+  } else {
+    console.log(`${s.model}: ${s.tokens.join(' ')}${s.ended ? '' : ' (at the limit, no end token)'}`);
+    console.log(`log-probabilities: ${s.logprobs.map((l) => l.toFixed(3)).join(' ')}`);
+  }
+  return 0;
+});

@@ -1,0 +1,107 @@
+// A continuation from a trained model of a run directory: the model is put back from the run's
+// last checkpoint on devices in this process, on the layout it trained on, and decodes the prompt
+// with the run's own generate call (the KV cache, the task's end token). The log-probability of
+// each generated token is then scored by an inference call of the same model: under the model
+// itself (temperature 1), whatever the sampling settings were.
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { initBackend, seedOf } from '../model/index.ts';
+import { LocalDispatcher } from './local-dispatch.ts';
+import { ResumeError, readResume } from './record.ts';
+import { callMesh, layoutOf, modelSpec, ownerOf, runSpec } from './run.ts';
+import { loadScenarioFile } from './scenario.ts';
+
+export class SampleError extends Error {
+  override name = 'SampleError';
+}
+
+export interface SampleOptions {
+  /** Prompt token ids. */
+  tokens: readonly number[];
+  /** The model of the run to sample (default: the trained policy). */
+  model?: string;
+  /** New tokens at most (default: the task's budget). */
+  maxTokens?: number;
+  greedy?: boolean;
+  temperature?: number;
+  seed?: number;
+}
+
+export interface Sample {
+  model: string;
+  /** The generated token ids, up to and including the end token when one came. */
+  tokens: number[];
+  /** The log-probability of each under the model. */
+  logprobs: number[];
+  /** Whether generation stopped at the end token (else at the limit). */
+  ended: boolean;
+}
+
+export async function sampleRun(dir: string, o: SampleOptions): Promise<Sample> {
+  if (!existsSync(join(dir, 'scenario.json'))) throw new SampleError(`${dir}: expected a run directory (scenario.json and checkpoint.msgpack), found no scenario.json`);
+  const r = runSpec(await loadScenarioFile(join(dir, 'scenario.json')));
+  let resume: ReturnType<typeof readResume>;
+  try {
+    resume = readResume(dir);
+  } catch (e) {
+    if (e instanceof ResumeError) throw new SampleError(e.message.replace('to resume from', 'to sample from'));
+    throw e;
+  }
+  const policies = r.graph.models.filter((m) => m.head === 'policy').map((m) => m.name);
+  const model = o.model ?? r.graph.models.find((m) => m.head === 'policy' && m.trained)?.name ?? policies[0];
+  if (!model || !policies.includes(model)) throw new SampleError(`--model-name: expected a policy model of the run (${policies.join(', ')}), got ${JSON.stringify(o.model)}`);
+  const spec = modelSpec(r, model);
+  if (spec.kind !== 'policy') throw new SampleError(`${model} is not a policy model`);
+  const { task } = r;
+  const P = o.tokens.length;
+  if (P === 0) throw new SampleError('expected at least one prompt token, got none');
+  const bad = o.tokens.findIndex((t) => !(Number.isInteger(t) && t >= 0 && t < spec.vocab));
+  if (bad >= 0) throw new SampleError(`prompt token ${bad + 1}: expected an id in 0..${spec.vocab - 1} (the model's vocabulary), got ${o.tokens[bad]}`);
+  const R = o.maxTokens ?? task.responseLen;
+  if (!(Number.isInteger(R) && R > 0)) throw new SampleError(`--max-tokens: expected a whole number > 0, got ${R}`);
+  if (P + R > spec.context)
+    throw new SampleError(`a prompt of ${P} tokens and ${R} new ones need ${P + R} positions; the model has ${spec.context} (its task's prompt ${task.promptLen} and budget ${task.responseLen})`);
+  const temperature = o.temperature ?? r.scenario.rl.temperature;
+  if (!(temperature > 0)) throw new SampleError(`--temperature: expected a number > 0, got ${temperature}`);
+
+  await initBackend(r.scenario.backend);
+  const layout = layoutOf(r, ownerOf(r, model));
+  const d = new LocalDispatcher(Math.max(...layout.devices) + 1);
+  try {
+    await Promise.all(layout.devices.map((device, rank) => d.call(device, model, -1, { fn: 'load', role: model, spec, layout, rank })));
+    const shards = resume.checkpoint[model];
+    if (shards?.length !== layout.devices.length) throw new SampleError(`the checkpoint holds ${shards?.length ?? 0} rank(s) of '${model}'; its layout has ${layout.devices.length}`);
+    // The weights only: sampling trains nothing, so the shards are loaded without an optimizer.
+    await Promise.all(
+      layout.devices.map((device, rank) => {
+        const { optimizer: _, ...weights } = shards[rank]!;
+        return d.restoreShard(device, model, -1, weights);
+      }),
+    );
+    // Generation needs one row per data-parallel replica: the prompt is repeated, the first row kept.
+    const rows = layout.dp;
+    const prompts = new Int32Array(rows * P);
+    for (let i = 0; i < rows; i++) prompts.set(o.tokens, i * P);
+    const seed = seedOf(o.seed ?? r.scenario.seed, 0x5a3e);
+    const gen = await callMesh(d, layout, model, 0, {
+      fn: 'generate',
+      prompts,
+      batch: rows,
+      promptLen: P,
+      responseLen: R,
+      seeds: new Uint32Array(rows).fill(seed),
+      temperature,
+      ...(o.greedy ? { greedy: true } : {}),
+      ...(task.eos === undefined ? {} : { eos: task.eos }),
+    });
+    // Whole sequences come back, [rows, P + R]: row 0's response follows its prompt.
+    const response = Array.from(gen.tokens.subarray(P, P + R));
+    const end = task.eos === undefined ? -1 : response.indexOf(task.eos);
+    const kept = end < 0 ? response : response.slice(0, end + 1);
+    const scored = await callMesh(d, layout, model, 0, { fn: 'inference', tokens: gen.tokens, batch: rows, promptLen: P, responseLen: R });
+    if (!('logprobs' in scored)) throw new Error(`${model}'s inference gave no log-probabilities`);
+    return { model, tokens: kept, logprobs: Array.from(scored.logprobs.subarray(0, kept.length)), ended: end >= 0 };
+  } finally {
+    await d.close();
+  }
+}
