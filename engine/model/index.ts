@@ -14,3 +14,4 @@ export * from './mask.ts';
 export * from './kv-cache.ts';
 export * from './safetensors.ts';
 export * from './tokenizer.ts';
+export * from './hf.ts';
