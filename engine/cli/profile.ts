@@ -111,6 +111,18 @@ export function nonNegative(rows: ReadonlyArray<{ x: readonly number[]; t: numbe
   return new Array<number>(n).fill(0);
 }
 
+/** A clipped-policy training call over `body`'s sequences (`response` response tokens in all). */
+function trainBody(body: { tokens: Int32Array; batch: number; promptLen: number; responseLen: number }, response: number, steps = { epochs: 2, minibatches: 2 }) {
+  return {
+    fn: 'train' as const,
+    ...body,
+    seed: 1,
+    ...steps,
+    loss: { name: 'clip_policy', params: { clip: 0.2 } },
+    data: { old: new Float32Array(response), advantages: new Float32Array(response).fill(0.1) },
+  };
+}
+
 /** Timings per call and size, after one to warm up. */
 const REPEATS = 5;
 
@@ -155,19 +167,7 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
           const response = batch * responseLen;
           const calls: Array<[CallKind, () => Promise<unknown>]> = [
             ['inference', () => d.call(0, 'm', 0, { fn: 'inference', ...body })],
-            [
-              'train',
-              () =>
-                d.call(0, 'm', 0, {
-                  fn: 'train',
-                  ...body,
-                  seed: 1,
-                  epochs: 2,
-                  minibatches: 2,
-                  loss: { name: 'clip_policy', params: { clip: 0.2 } },
-                  data: { old: new Float32Array(response), advantages: new Float32Array(response).fill(0.1) },
-                }),
-            ],
+            ['train', () => d.call(0, 'm', 0, trainBody(body, response))],
             // No end token: every row decodes the whole budget, as the cost model prices it.
             ['generate', () => d.call(0, 'm', 0, { fn: 'generate', prompts: tokens.subarray(0, batch * promptLen), batch, promptLen, responseLen, seeds: new Uint32Array(batch), temperature: 1 })],
           ];
@@ -220,19 +220,7 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
       );
       const batch = 64;
       const tokens = Int32Array.from({ length: batch * 28 }, (_, i) => i % (vocab - 1));
-      const train = (dev: number) =>
-        d.call(dev, 'p', 0, {
-          fn: 'train',
-          tokens,
-          batch,
-          promptLen: 3,
-          responseLen: 25,
-          seed: 1,
-          epochs: 1,
-          minibatches: 1,
-          loss: { name: 'clip_policy', params: { clip: 0.2 } },
-          data: { old: new Float32Array(batch * 25), advantages: new Float32Array(batch * 25).fill(0.1) },
-        });
+      const train = (dev: number) => d.call(dev, 'p', 0, trainBody({ tokens, batch, promptLen: 3, responseLen: 25 }, batch * 25, { epochs: 1, minibatches: 1 }));
       const wall = async (f: () => Promise<unknown>) => {
         const t0 = performance.now();
         await f();
@@ -323,18 +311,7 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
       };
       for (const [kind, make] of [
         ['inference', () => ({ fn: 'inference', ...body })],
-        [
-          'train',
-          () => ({
-            fn: 'train',
-            ...body,
-            seed: 1,
-            epochs: 2,
-            minibatches: 2,
-            loss: { name: 'clip_policy', params: { clip: 0.2 } },
-            data: { old: new Float32Array(batch * 4), advantages: new Float32Array(batch * 4).fill(0.1) },
-          }),
-        ],
+        ['train', () => trainBody(body, batch * 4)],
       ] as Array<[CallKind, () => Parameters<typeof d.call>[3]]>) {
         await both(make);
         const times = [await both(make), await both(make), await both(make)];
