@@ -2,7 +2,7 @@
 // everything it started — on success, on failure and on Ctrl-C — let workers join by hand, use a
 // server it is given, and refuse bad scenario files with the path of the bad key.
 import { execFileSync } from 'node:child_process';
-import { readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { launch } from '../engine/cli/launch.ts';
@@ -59,6 +59,24 @@ describe('npm run scenario', () => {
     expect(await child.exited).not.toBe(0);
     expect(child.output()).toMatch(/typo\.yaml: 1 problem\(s\):\n\s+rl\.kl_coeff: unknown key \(expected one of: .*kl_coef/);
     expect(child.output()).not.toMatch(/nats-server on/);
+  }, 30_000);
+
+  it('refuses a model too large for the workers, and an empty file, before starting anything or writing a run directory', async () => {
+    const big = join(dir, 'big.yaml');
+    writeFileSync(big, 'name: big\nmodel: { width: 4096, layers: 24, heads: 32 }\n');
+    const out = join(dir, 'big-run');
+    const child = spawnTs('engine/cli/scenario.ts', [big, '--out', out]);
+    expect(await child.exited).not.toBe(0);
+    expect(child.output()).toMatch(
+      /ScenarioError: big: model: the plan does not fit the workers' memory: actor\.\w+ needs [\d.]+ GB on a device of \d+ GB .*make model\.width or model\.layers smaller/,
+    );
+    expect(child.output()).not.toMatch(/nats-server on/);
+    expect(existsSync(out)).toBe(false);
+    const empty = join(dir, 'empty.yaml');
+    writeFileSync(empty, '# a scenario to fill in\n');
+    const second = spawnTs('engine/cli/scenario.ts', [empty]);
+    expect(await second.exited).not.toBe(0);
+    expect(second.output()).toMatch(/empty\.yaml: expected a mapping of settings/);
   }, 30_000);
 
   it('refuses an unknown algorithm, listing the known ones, and a user graph with a cycle, naming it, before starting anything', async () => {

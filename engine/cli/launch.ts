@@ -15,7 +15,7 @@ import { killPoints, type KillPoint } from '../runtime/index.ts';
 import { writeRunReport } from '../runtime/index.ts';
 import { subjects } from '../../mesh/wire/index.ts';
 import type { Summary } from '../runtime/index.ts';
-import { planDevices, runSpec } from '../runtime/index.ts';
+import { ScenarioError, memoryProblem, planDevices, runSpec } from '../runtime/index.ts';
 import type { Scenario } from '../runtime/index.ts';
 import { progress as makeProgress, type Progress } from './progress.ts';
 
@@ -102,6 +102,9 @@ interface Slot {
 
 export async function launch(o: LaunchOptions): Promise<LaunchResult> {
   const say = o.say ?? ((line: string) => process.stdout.write(`${line}\n`));
+  // Refused before any process starts or any file is written.
+  const memory = memoryProblem(o.scenario);
+  if (memory) throw new ScenarioError(`${o.scenario.name ?? 'scenario'}: ${memory}`);
   const spec = runSpec(o.scenario);
   const devices = planDevices(spec);
   const points = killPoints(spec);

@@ -5,21 +5,18 @@ import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Metrics } from '../../mesh/wire/index.ts';
 import { Evaluator } from './plan/planner.ts';
-import { LOCAL_PROFILE, candidateOf, problemOf } from './plan/problem.ts';
+import { LOCAL_PROFILE, candidateOf, localProfileFile, problemOf } from './plan/problem.ts';
 import type { DeviceProfile } from './plan/catalog.ts';
 import type { Summary } from './record.ts';
 import { planRows, renderReport, type CallRecord, type KillRecord, type RecoveryRecord, type ReportInput } from './report.ts';
 import { resolvePlan, Scenario } from './scenario.ts';
 
-/** Shipped with ferry: a profile of a small 2-core machine, used when this one has none fitted. */
-export const DEFAULT_LOCAL_PROFILE = join('profiles', 'default-local.json');
-
 /** The planner's estimate of a scenario's plan, or why there is none. */
 export function estimateOf(s: Scenario): ReportInput['estimate'] {
   let profile: DeviceProfile | undefined;
   if (s.cluster.device === 'local') {
-    const file = existsSync(LOCAL_PROFILE) ? LOCAL_PROFILE : DEFAULT_LOCAL_PROFILE;
-    if (!existsSync(file)) return { missing: `no local device profile (${LOCAL_PROFILE}): npm run profile fits one` };
+    const file = localProfileFile();
+    if (!file) return { missing: `no local device profile (${LOCAL_PROFILE}): npm run profile fits one` };
     profile = JSON.parse(readFileSync(file, 'utf8')) as DeviceProfile;
   }
   try {

@@ -47,15 +47,18 @@ describe('parseScenario defaults', () => {
     supervision: { strategy: 'one_for_one', intensity: 10, period_seconds: 60, restart: { worker: 'permanent', supervisor: 'transient' } },
   };
 
-  it('an empty document yields the documented defaults', () => {
-    const s = parseScenario('', 'empty.yaml');
+  it('an empty mapping yields the documented defaults', () => {
+    const s = parseScenario('{}', 'empty.yaml');
     expect(s).toEqual(documented);
     expect(s.name).toBeUndefined();
     expect(s.reward.rule).toBeUndefined();
   });
 
-  it('a document of comments only is empty too', () => {
-    expect(parseScenario('# nothing here\n', 'c.yaml')).toEqual(documented);
+  it('an empty file, or one of comments only, is refused: it would run every default unasked', () => {
+    for (const text of ['', '\n\n', '# nothing here\n# at all\n']) {
+      expect(() => parseScenario(text, 'c.yaml')).toThrow(ScenarioError);
+      expect(() => parseScenario(text, 'c.yaml')).toThrow(/^c\.yaml: expected a mapping of settings \(task:, model:, rl:, …\), the file has none \(it is empty or only comments\)/);
+    }
   });
 
   it('an override changes only what it names; siblings keep their defaults', () => {
@@ -126,6 +129,31 @@ describe('parseScenario refusals', () => {
     expect(m).toContain('rl.clip:');
   });
 
+  it('errors stay short: five items at most, with a count of the rest', () => {
+    const many = Array.from({ length: 12 }, (_, i) => `k${i}: 1`).join('\n');
+    const m = scenarioError(many);
+    expect(m).toBe(
+      'test.yaml: 1 problem(s):\n  k0, k1, k2, k3, k4, … and 7 more: unknown keys (expected one of: name, seed, backend, task, model, cluster, models, lengths, algorithm, plan, warmup, rl, reward, checkpoint, timeouts, supervision, chaos)',
+    );
+    const wrong = scenarioError('seed: -1\nrl: {epochs: 0, batch: 0, iterations: 0, clip: "x", lr: -1, temperature: 0}');
+    expect(wrong).toMatch(/^test\.yaml: 7 problem\(s\):/);
+    expect(wrong.split('\n')).toHaveLength(1 + 5 + 1);
+    expect(wrong).toMatch(/… and 2 more$/);
+  });
+
+  it('well-typed values no run can honour are refused, naming the key', () => {
+    expect(scenarioError('rl: {batch: 4, minibatches: 8}')).toBe('test.yaml: the plan does not fit:\n  rl.minibatches: 8 mini-batches need at least as many rows; a train call gets 4');
+    expect(scenarioError('algorithm: {name: grpo, group: 2}\nrl: {batch: 2, minibatches: 5}')).toMatch(
+      /rl\.minibatches: 5 mini-batches need at least as many rows; a train call gets 4 \(rl\.batch 2 × 2 samples per prompt\)/,
+    );
+    expect(scenarioError('task: {digits: 100000}')).toMatch(/task\.digits: .*<=256 \(got number 100000\)/);
+    expect(scenarioError('task: {name: count, max_new_tokens: 100000}')).toMatch(/task\.max_new_tokens: .*<=4096/);
+    expect(scenarioError('rl: {lr: .nan}')).toMatch(/rl\.lr: expected number, received NaN/);
+    expect(scenarioError('rl: {iterations: 0}')).toMatch(/rl\.iterations: .*\(got number 0\)/);
+    expect(scenarioError('rl: {lr: -0.1}')).toMatch(/rl\.lr: .*\(got number -0\.1\)/);
+    expect(scenarioError('cluster: {nodes: 0}')).toMatch(/cluster\.nodes: .*\(got number 0\)/);
+  });
+
   it('invalid YAML is reported as such, with the position', () => {
     const m = scenarioError('rl: [1');
     expect(m).toMatch(/^test\.yaml: not valid YAML:\n {2}/);
@@ -185,8 +213,8 @@ describe('plan checks', () => {
   });
 
   it('the default plan puts actor, critic, reference, reward on devices 0, 1, 2, 3 (wrapping on small clusters)', () => {
-    const plan = resolvePlan(parseScenario('', 'd.yaml'));
-    const d = parseScenario('', 'd.yaml');
+    const plan = resolvePlan(parseScenario('{}', 'd.yaml'));
+    const d = parseScenario('{}', 'd.yaml');
     const CALLS = Object.keys(plan);
     expect(CALLS.map((c) => plan[c]!.devices[0])).toEqual([0, 2, 3, 1, 0, 1]);
     expect(CALLS.map((c) => modelOf(d, c))).toEqual(['actor', 'reference', 'reward', 'critic', 'actor', 'critic']);

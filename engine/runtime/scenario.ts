@@ -5,7 +5,7 @@ import { readFileSync } from 'node:fs';
 import { basename, dirname, extname } from 'node:path';
 import { parseDocument } from 'yaml';
 import { z } from 'zod';
-import { describeValue, formatIssues } from '../../mesh/wire/index.ts';
+import { describeValue, formatIssues, shortList } from '../../mesh/wire/index.ts';
 import { deviceCount, parseMesh, singleDeviceMesh, MeshError, type Cluster } from '../../mesh/parallel/index.ts';
 import { BACKENDS } from '../model/index.ts';
 import { TASKS, TaskError, makeTask, type Task } from '../device/index.ts';
@@ -76,6 +76,11 @@ export const Chaos = z.strictObject({
     .optional(),
 });
 
+/** Digits per prompt at most: sequences of twice this, already far beyond what the small models learn. */
+export const MAX_DIGITS = 256;
+/** Response budget at most (the longest answers any task here has are base + 1 ≤ 65 tokens). */
+export const MAX_NEW_TOKENS = 4096;
+
 export const Scenario = z.strictObject({
   name: z
     .string()
@@ -87,9 +92,10 @@ export const Scenario = z.strictObject({
   task: z
     .strictObject({
       name: z.enum(TASKS).default('sort').describe('sort, reverse, copy: answers of `digits` tokens; count: from a to b (two numbers below base), then an end token'),
-      digits: pos.default(4).describe('sort, reverse, copy: digits per prompt, and tokens per answer (count does not use it)'),
+      digits: pos.max(MAX_DIGITS).default(4).describe('sort, reverse, copy: digits per prompt, and tokens per answer (count does not use it)'),
       base: z.number().int().min(2).max(64).default(10),
       max_new_tokens: pos
+        .max(MAX_NEW_TOKENS)
         .optional()
         .describe("the response budget: a response ends at the task's end token or after this many tokens (default: the task's longest answer; sort, reverse and copy answer with exactly `digits`)"),
     })
@@ -230,9 +236,7 @@ export function algorithmSpec(s: Scenario): AlgorithmSpec {
     const parsed = algorithm.options.safeParse(given);
     if (!parsed.success) {
       throw new ScenarioError(
-        `algorithm: ${parsed.error.issues.length} problem(s) with the options of '${algorithm.name}':\n  ${formatIssues(parsed.error.issues, given, () => undefined)
-          .map((l) => `algorithm.${l}`)
-          .join('\n  ')}`,
+        `algorithm: ${parsed.error.issues.length} problem(s) with the options of '${algorithm.name}':\n  ${shortList(formatIssues(parsed.error.issues, given, () => undefined).map((l) => `algorithm.${l}`)).join('\n  ')}`,
       );
     }
     const options = parsed.data as Record<string, unknown>;
@@ -334,8 +338,15 @@ export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
       else throw e;
     }
   }
+  const rows = rowsOf(s);
+  // Items a train call splits into mini-batches: rows, or pairs for an algorithm of pairs.
+  const trainItems = graph.source === 'pairs' ? s.rl.batch : rows;
+  if (graph.calls.some((c) => c.fn === 'train') && s.rl.minibatches > trainItems) {
+    errors.push(
+      `rl.minibatches: ${s.rl.minibatches} mini-batches need at least as many ${graph.source === 'pairs' ? 'pairs' : 'rows'}; a train call gets ${trainItems}${graph.source !== 'pairs' && graph.group > 1 ? ` (rl.batch ${s.rl.batch} × ${graph.group} samples per prompt)` : ''}`,
+    );
+  }
   if (errors.length === 0) {
-    const rows = rowsOf(s);
     for (const c of graph.calls) {
       const p = plan[c.name]!;
       const m = modelDecl(s, c.model);
@@ -361,7 +372,7 @@ export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
     }
   }
   if (s.model.width % s.model.heads !== 0) errors.push(`model.width: ${s.model.width} is not divisible by model.heads = ${s.model.heads}`);
-  if (errors.length) throw new ScenarioError(`${where}: the plan does not fit:\n  ${errors.join('\n  ')}`);
+  if (errors.length) throw new ScenarioError(`${where}: the plan does not fit:\n  ${shortList(errors).join('\n  ')}`);
   return plan;
 }
 
@@ -389,10 +400,14 @@ export function parseScenario(text: string, where: string, baseDir = '.'): Scena
   if (doc.errors.length) {
     throw new ScenarioError(`${where}: not valid YAML:\n  ${doc.errors.map((e) => e.message.split('\n')[0]).join('\n  ')}`);
   }
-  const raw: unknown = doc.toJS() ?? {};
+  const raw: unknown = doc.toJS();
+  if (raw === null || raw === undefined) {
+    // An empty file (or one of comments) would run every default: almost surely not what was meant.
+    throw new ScenarioError(`${where}: expected a mapping of settings (task:, model:, rl:, …), the file has none (it is empty or only comments); scenarios/quickstart.yaml is one to start from`);
+  }
   const parsed = Scenario.safeParse(raw);
   if (!parsed.success) {
-    throw new ScenarioError(`${where}: ${parsed.error.issues.length} problem(s):\n  ${formatIssues(parsed.error.issues, raw, keysAt).join('\n  ')}`);
+    throw new ScenarioError(`${where}: ${parsed.error.issues.length} problem(s):\n  ${shortList(formatIssues(parsed.error.issues, raw, keysAt)).join('\n  ')}`);
   }
   const name = algorithmName(parsed.data.algorithm);
   const absolute = isPath(name) ? algorithmPath(name, baseDir) : name;

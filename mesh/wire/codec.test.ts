@@ -2,6 +2,7 @@ import { describe, it, expect } from 'vitest';
 import { Packr } from 'msgpackr';
 import { ProtocolError, decode, encode } from './codec.ts';
 import { Call, Chunk, PROTOCOL_VERSION, Reply, type Call as CallT } from './protocol.ts';
+import { REWARD_PROTOCOL_VERSION, RewardReply } from './reward-protocol.ts';
 
 const SUBJECT = 'ferry.r1.dev.0.call';
 // A plain msgpack encoder, to produce bytes that ferry's own `encode` would never write.
@@ -166,6 +167,19 @@ describe('decode errors name the subject and the problem', () => {
     expect(e.subject).toBe(SUBJECT);
     // Issue lines start with the field path; the missing value is reported as "nothing".
     expect(e.problem).toMatch(/^message type undefined: type: .*\(got nothing\)$/);
+  });
+
+  it('a message wrong in many places gives a short error: three problems and a count of the rest', () => {
+    // A reward actor that scores NaN for 64 items.
+    const reply = { type: 'reward.reply', v: REWARD_PROTOCOL_VERSION, id: 'r1', instance: 'i', scores: Array.from({ length: 64 }, (_, i) => ({ id: `${i}`, score: Number.NaN })) };
+    let problem = '';
+    try {
+      decode(SUBJECT, raw.pack(reply), RewardReply, REWARD_PROTOCOL_VERSION);
+    } catch (e) {
+      problem = (e as ProtocolError).problem;
+    }
+    expect(problem).toMatch(/^message type "reward\.reply": scores\[0\]\.score: .*; scores\[1\]\.score: .*; scores\[2\]\.score: .*; … and 61 more$/);
+    expect(problem.length).toBeLessThan(400);
   });
 
   it('a wrong field type names the field path', () => {

@@ -2,7 +2,7 @@
 // (msgpackr `moreTypes`), so parameter bytes are never spelled out as lists of numbers.
 import { Packr } from 'msgpackr';
 import type { z } from 'zod';
-import { formatIssues } from './issues.ts';
+import { formatIssues, shortList } from './issues.ts';
 import { PROTOCOL_VERSION } from './protocol.ts';
 
 const packr = new Packr({ useRecords: false, moreTypes: true, mapsAsObjects: true });
@@ -43,7 +43,9 @@ export function decode<S extends z.ZodType>(subject: string, bytes: Uint8Array, 
   const parsed = schema.safeParse(raw);
   if (!parsed.success) {
     const type = (raw as { type?: unknown }).type;
-    const lines = formatIssues(parsed.error.issues, raw);
+    // A few problems say what is wrong; a message with hundreds (a NaN in every score) must not
+    // make an error of tens of kilobytes in a summary.
+    const lines = shortList(formatIssues(parsed.error.issues, raw), 3);
     throw new ProtocolError(subject, `message type ${JSON.stringify(type)}: ${lines.join('; ')}`);
   }
   return parsed.data;

@@ -1,6 +1,6 @@
 import { describe, it, expect } from 'vitest';
 import { z } from 'zod';
-import { describeValue, formatIssues, pathString } from './issues.ts';
+import { describeValue, formatIssues, pathString, shortList } from './issues.ts';
 
 const lines = (schema: z.ZodType, input: unknown): string[] => {
   const parsed = schema.safeParse(input);
@@ -54,9 +54,11 @@ describe('formatIssues', () => {
     expect(lines(Schema, { ppo: { epochs: 1 } })).toEqual(['ppo.clip: expected number, received undefined (got nothing)']);
   });
 
-  it('unknown keys name where they are and every key', () => {
+  it('unknown keys name where they are and every key, up to five', () => {
     expect(lines(Schema, { ppo: { epochs: 1, clip: 0, epochz: 2 } })).toEqual(['ppo.epochz: unknown key']);
-    expect(lines(Schema, { ppo: { epochs: 1, clip: 0 }, a: 1, b: 2 })).toEqual(['a: unknown key; b: unknown key']);
+    expect(lines(Schema, { ppo: { epochs: 1, clip: 0 }, a: 1, b: 2 })).toEqual(['a, b: unknown keys']);
+    const seven = Object.fromEntries('abcdefg'.split('').map((k) => [k, 1]));
+    expect(lines(Schema, { ppo: { epochs: 1, clip: 0 }, ...seven })).toEqual(['a, b, c, d, e, … and 2 more: unknown keys']);
   });
 
   it('array indices appear in brackets', () => {
@@ -73,5 +75,13 @@ describe('formatIssues', () => {
     expect(out[0]).toMatch(/^ppo\.epochs: .*\(got number -1\)$/);
     expect(out[1]).toBe('ppo.clip: expected number, received string (got "c")');
     expect(out[2]).toBe('name: expected string, received number (got number 3)');
+  });
+});
+
+describe('shortList', () => {
+  it('keeps up to the limit and counts the rest', () => {
+    expect(shortList(['a', 'b'], 2)).toEqual(['a', 'b']);
+    expect(shortList(['a', 'b', 'c', 'd'], 2)).toEqual(['a', 'b', '… and 2 more']);
+    expect(shortList([])).toEqual([]);
   });
 });

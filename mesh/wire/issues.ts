@@ -32,10 +32,17 @@ export function pathString(path: readonly PropertyKey[]): string {
 export function formatIssues(issues: readonly z.core.$ZodIssue[], input: unknown, expectedKeys?: (path: readonly PropertyKey[]) => string[] | undefined): string[] {
   return issues.map((issue) => {
     if (issue.code === 'unrecognized_keys') {
+      // The keys allowed there, once for all the unknown ones.
       const known = expectedKeys?.(issue.path);
-      return issue.keys.map((k) => `${pathString([...issue.path, k])}: unknown key${known?.length ? ` (expected one of: ${known.join(', ')})` : ''}`).join('; ');
+      const keys = shortList(issue.keys.map((k) => pathString([...issue.path, k])));
+      return `${keys.join(', ')}: unknown key${issue.keys.length > 1 ? 's' : ''}${known?.length ? ` (expected one of: ${known.join(', ')})` : ''}`;
     }
     const got = describeValue(valueAt(input, issue.path));
     return `${pathString(issue.path)}: ${issue.message.replace(/^Invalid input: /, '')} (got ${got})`;
   });
+}
+
+/** At most `max` items, the rest counted: errors stay short however much is wrong. */
+export function shortList(items: readonly string[], max = 5): string[] {
+  return items.length <= max ? [...items] : [...items.slice(0, max), `… and ${items.length - max} more`];
 }

@@ -12,7 +12,7 @@ import { localShape, type DeviceProfile } from './catalog.ts';
 import { parameterCounts, reallocSeconds, strategyProblem } from './cost.ts';
 import { Evaluator, PLACEMENTS, callCandidates, compactLayouts, meshes, namedPlan, strategies, type Candidate, type Placement, type Problem } from './planner.ts';
 import { EVALUATIONS_PER_SECOND, evaluationsFor, search } from './search.ts';
-import { problemOf } from './problem.ts';
+import { memoryProblem, problemOf } from './problem.ts';
 
 const LLAMA7B_8GPU = fileURLToPath(new URL('../../../scenarios/cluster/llama7b-8gpu.yaml', import.meta.url));
 
@@ -288,6 +288,15 @@ describe('problemOf', () => {
     expect(p.workload.responseLen).toBe(40);
     expect(p.checkpointEvery).toBe(3);
     expect(problemOf(parseScenario('task: { name: count, base: 24 }\n', 'count.yaml'), DEVICE).workload.responseLen).toBe(25);
+  });
+});
+
+describe('memoryProblem', () => {
+  it("refuses a local model too large for a worker's memory, naming the call and the sizes; passes a small one and a cluster plan", () => {
+    expect(memoryProblem(parseScenario('model: { width: 64, layers: 2, heads: 4 }', 's.yaml'))).toBeUndefined();
+    const m = memoryProblem(parseScenario('model: { width: 4096, layers: 24, heads: 32 }', 'b.yaml'));
+    expect(m).toMatch(/^model: the plan does not fit the workers' memory: actor\.\w+ needs [\d.]+ GB on a device of \d+ GB \(a worker has .*\); make model\.width or model\.layers smaller/);
+    expect(memoryProblem(loadScenario(LLAMA7B_8GPU))).toBeUndefined(); // npm run plan's business, not a run's
   });
 });
 

@@ -1,14 +1,47 @@
 // A scenario as a planning problem: the shapes of its four models, its workload, its cluster and
 // the profile of its devices (a catalog GPU, or the local machine as `npm run profile` fitted it).
 import { existsSync, readFileSync } from 'node:fs';
+import { totalmem } from 'node:os';
 import { join } from 'node:path';
-import { graphOf, presetOf, resolvePlan, rowsOf, taskOf, type Scenario } from '../scenario.ts';
+import { deviceCount } from '../../../mesh/parallel/index.ts';
+import { graphOf, planOnly, presetOf, resolvePlan, rowsOf, taskOf, type Scenario } from '../scenario.ts';
 import { ownerCall } from '../../algorithms/index.ts';
 import { flowOf } from './simulate.ts';
 import { DEVICES, MODELS, localShape, type DeviceProfile, type ModelShape } from './catalog.ts';
-import type { Candidate, PlanGraph, Problem } from './planner.ts';
+import { Evaluator, type Candidate, type PlanGraph, type Problem } from './planner.ts';
 
 export const LOCAL_PROFILE = join('profiles', 'local.json');
+/** Shipped with ferry: a profile of a small 2-core machine, used when this one has none fitted. */
+export const DEFAULT_LOCAL_PROFILE = join('profiles', 'default-local.json');
+
+/** This machine's fitted profile, else the shipped one; undefined when neither is there. */
+export function localProfileFile(): string | undefined {
+  return [LOCAL_PROFILE, DEFAULT_LOCAL_PROFILE].find((f) => existsSync(f));
+}
+
+/** The wasm backend's heap at most (engine/model/kv-cache.ts's limit, without loading TensorFlow.js here). */
+const WASM_HEAP = 4294901760;
+
+/**
+ * Why a local scenario's models cannot fit its workers' memory, or undefined: the planner's
+ * memory per device (weights, gradients and Adam state where a model trains, activations, the KV
+ * cache) against what a worker has — this machine's memory shared by every device's worker, and
+ * no more than the wasm heap when the backend may be wasm. Checked before any process starts.
+ */
+export function memoryProblem(s: Scenario): string | undefined {
+  if (planOnly(s)) return undefined;
+  const file = localProfileFile();
+  if (!file) return undefined;
+  const devices = deviceCount({ nodes: s.cluster.nodes, devicesPerNode: s.cluster.devices_per_node });
+  const share = totalmem() / devices;
+  const wasm = s.backend === 'wasm' || s.backend === 'auto';
+  const bytes = wasm ? Math.min(WASM_HEAP, share) : share;
+  const what = wasm && WASM_HEAP < share ? "the wasm heap's 4 GiB" : `this machine's ${(totalmem() / 2 ** 30).toFixed(0)} GiB over ${devices} devices`;
+  const profile = { ...(JSON.parse(readFileSync(file, 'utf8')) as DeviceProfile), memoryBytes: bytes };
+  const e = new Evaluator(problemOf(s, profile)).evaluate(candidateOf(s));
+  if (e.feasible) return undefined;
+  return `model: the plan does not fit the workers' memory: ${e.why} (a worker has ${what}); make model.width or model.layers smaller, or spread the models over more devices with plan: (dp, tp, pp)`;
+}
 
 export class ProfileError extends Error {
   override name = 'ProfileError';
