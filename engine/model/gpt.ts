@@ -5,9 +5,9 @@
 import * as tf from '@tensorflow/tfjs';
 import { Rng, Stream, seedOf } from './rng.ts';
 import type { NamedTensor } from '../../mesh/wire/index.ts';
-import { parameterShapes, type GptSpec } from './params.ts';
+import { isTied, parameterShapes, type GptSpec } from './params.ts';
 
-export { parameterShapes, parameterCount, isHead, type GptSpec } from './params.ts';
+export { parameterShapes, parameterCount, isHead, isTied, type GptSpec } from './params.ts';
 
 export type Weights = Record<string, tf.Tensor>;
 
@@ -131,6 +131,7 @@ export function forward(spec: GptSpec, w: Weights, tokens: tf.Tensor2D): tf.Tens
       const m = layerNorm(x, w[`${h}.ln2.g`]!, w[`${h}.ln2.b`]!);
       x = tf.add(tf.add(x, mlpPartial(m, w[`${h}.mlp.w1`]!, w[`${h}.mlp.b1`]!, w[`${h}.mlp.w2`]!)), w[`${h}.mlp.b2`]!);
     }
+    if (isTied(spec)) return dense(layerNorm(x, w['lnf.g']!, w['lnf.b']!), tf.transpose(w.wte!)) as tf.Tensor3D;
     return headOut(x, w['lnf.g']!, w['lnf.b']!, w['head.w']!, w['head.b']!) as tf.Tensor3D;
   });
 }

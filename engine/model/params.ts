@@ -10,6 +10,12 @@ export interface GptSpec {
   layers: number;
   width: number;
   heads: number;
+  /**
+   * A policy whose head is its token embedding, transposed (GPT-2's, tied, with no bias): the
+   * logits of a row y are y·wteᵀ. Its embedding must sit on the last pipeline stage too, so a tied
+   * model runs with pp = 1.
+   */
+  tied?: boolean;
 }
 
 /** Every parameter's name and shape, in the canonical order. */
@@ -41,12 +47,18 @@ export function parameterShapes(spec: GptSpec): Array<[string, number[]]> {
     );
   }
   const out_ = spec.kind === 'policy' ? V : 1;
-  out.push(['lnf.g', [D]], ['lnf.b', [D]], ['head.w', [D, out_]], ['head.b', [out_]]);
+  out.push(['lnf.g', [D]], ['lnf.b', [D]]);
+  if (!isTied(spec)) out.push(['head.w', [D, out_]], ['head.b', [out_]]);
   return out;
 }
 
 export function parameterCount(spec: GptSpec): number {
   return parameterShapes(spec).reduce((n, [, s]) => n + s.reduce((a, b) => a * b, 1), 0);
+}
+
+/** Whether the model's head is its token embedding (a tied policy). */
+export function isTied(spec: GptSpec): boolean {
+  return spec.kind === 'policy' && spec.tied === true;
 }
 
 /** The head is what differs between a policy and a value model; the body is shared. */

@@ -85,12 +85,12 @@ function expectClose(got: ArrayLike<number>, want: ArrayLike<number>, what: stri
   expect(worst, `${what}: worst relative error`).toBeLessThanOrEqual(1e-5);
 }
 
-async function scenario(layout: Layout) {
+async function scenario(layout: Layout, actorSpec: GptSpec = policy) {
   const m = mesh(layout);
   const load =
     (spec: GptSpec, role: 'actor' | 'critic') =>
     (rank: number): CallBody => ({ fn: 'load', role, spec, layout, rank, seed: 7, optim });
-  await m.run('actor', load(policy, 'actor'));
+  await m.run('actor', load(actorSpec, 'actor'));
   await m.run('critic', load(value, 'critic'));
   const gen = await m.run('actor', () => ({ fn: 'generate', prompts: prompts(), batch: B, promptLen: P, responseLen: R, seeds, temperature: 1, eos: EOS }));
   const tokens = m.gather<Int32Array>(gen, 'tokens');
@@ -121,8 +121,8 @@ async function scenario(layout: Layout) {
   };
 }
 
-async function reference() {
-  const actor = new ReferenceGpt(policy, 7, optim);
+async function reference(actorSpec: GptSpec = policy) {
+  const actor = new ReferenceGpt(actorSpec, 7, optim);
   const critic = new ReferenceGpt(value, 7, optim);
   const gen = await actor.generate(prompts(), B, P, R, seeds, 1, false, EOS);
   const mask = responseMask(gen.tokens, P, R, EOS);
@@ -165,35 +165,73 @@ describe('every layout, one device included, against the reference (automatic di
   it.each(all.map((l) => [`dp=${l.dp} tp=${l.tp} pp=${l.pp}`, l] as const))(
     '%s: same tokens, log-probs, values and trained parameters',
     async (_, layout) => {
-      const got = await scenario(layout);
-      expect(Array.from(got.tokens)).toEqual(Array.from(ref.tokens));
-      expectClose(got.genLogprobs, ref.genLogprobs, 'generation log-probs');
-      expectClose(got.logprobs, ref.logprobs, 'log-probs');
-      expectClose(got.values, ref.values, 'values');
-      expect(got.actorLoss).toBeCloseTo(ref.actorLoss, 5);
-      expect(got.criticLoss).toBeCloseTo(ref.criticLoss, 5);
-      for (const [model, spec, full, ranks] of [
-        ['actor', policy, ref.actor, got.actorSlices],
-        ['critic', value, ref.critic, got.criticSlices],
-      ] as const) {
-        const info = modelInfo(spec);
-        const byName = new Map(full.map((t) => [t.name, t]));
-        layout.devices.forEach((_, rank) => {
-          const held = new Map(ranks[rank]!.map((t) => [t.name, t.data]));
-          for (const s of shardSlices(info, layout, rank)) {
-            const whole = byName.get(s.name)!;
-            const want = cut(whole.data, { ...s, axis: null, start: 0, end: s.shape[0]! }, s);
-            expectClose(held.get(s.name)!, want, `${model} ${s.name} on rank ${rank}`);
-          }
-        });
-      }
-      // And again from scratch: bit for bit the same.
-      const again = await scenario(layout);
-      expect(again.digests).toEqual(got.digests);
+      await compare(layout, ref, policy);
     },
     60_000,
   );
 });
+
+describe("a tied head (GPT-2's: the logits are the rows times the token embedding, transposed)", () => {
+  const tied: GptSpec = { ...policy, tied: true };
+  let ref: Awaited<ReturnType<typeof reference>>;
+  beforeAll(async () => {
+    await initBackend('wasm');
+    ref = await reference(tied);
+  });
+
+  it('has no head parameters of its own, and differs from the untied model', async () => {
+    expect(ref.actor.map((t) => t.name).filter((n) => n.startsWith('head.'))).toEqual([]);
+    const untied = await reference(policy);
+    expect(Array.from(ref.logprobs)).not.toEqual(Array.from(untied.logprobs));
+  });
+
+  it.each(
+    strategies(4)
+      .filter((l) => l.pp === 1)
+      .map((l) => [`dp=${l.dp} tp=${l.tp}`, l] as const),
+  )(
+    '%s: same tokens, log-probs and trained parameters (the embedding learns from both ends)',
+    async (_, layout) => {
+      await compare(layout, ref, tied);
+    },
+    60_000,
+  );
+
+  it('refuses a pipeline: the last stage does not hold the embedding', async () => {
+    const layout: Layout = { devices: [0, 1], dp: 1, tp: 1, pp: 2 };
+    const m = mesh(layout);
+    await expect(m.run('actor', (rank) => ({ fn: 'load', role: 'actor', spec: tied, layout, rank, seed: 7, optim }))).rejects.toThrow(/a tied model runs with pp = 1, got pp = 2/);
+  });
+});
+
+/** One layout's run against the reference's: tokens, log-probs, values, losses, every trained slice, and a bit-exact repeat. */
+async function compare(layout: Layout, ref: Awaited<ReturnType<typeof reference>>, actorSpec: GptSpec) {
+  const got = await scenario(layout, actorSpec);
+  expect(Array.from(got.tokens)).toEqual(Array.from(ref.tokens));
+  expectClose(got.genLogprobs, ref.genLogprobs, 'generation log-probs');
+  expectClose(got.logprobs, ref.logprobs, 'log-probs');
+  expectClose(got.values, ref.values, 'values');
+  expect(got.actorLoss).toBeCloseTo(ref.actorLoss, 5);
+  expect(got.criticLoss).toBeCloseTo(ref.criticLoss, 5);
+  for (const [model, spec, full, ranks] of [
+    ['actor', actorSpec, ref.actor, got.actorSlices],
+    ['critic', value, ref.critic, got.criticSlices],
+  ] as const) {
+    const info = modelInfo(spec);
+    const byName = new Map(full.map((t) => [t.name, t]));
+    layout.devices.forEach((_, rank) => {
+      const held = new Map(ranks[rank]!.map((t) => [t.name, t.data]));
+      for (const s of shardSlices(info, layout, rank)) {
+        const whole = byName.get(s.name)!;
+        const want = cut(whole.data, { ...s, axis: null, start: 0, end: s.shape[0]! }, s);
+        expectClose(held.get(s.name)!, want, `${model} ${s.name} on rank ${rank}`);
+      }
+    });
+  }
+  // And again from scratch: bit for bit the same.
+  const again = await scenario(layout, actorSpec);
+  expect(again.digests).toEqual(got.digests);
+}
 
 describe('a loss over pairs (dpo) against the unsharded model', () => {
   // B = 8 rows are 4 pairs: rows 0..3 chosen, 4..7 rejected (eight different sequences). Replicas

@@ -25,6 +25,7 @@ import {
   layerNormBackward,
   linear,
   linearBackward,
+  weightGrad,
   mlp,
   mlpBackward,
   sumRows,
@@ -33,7 +34,7 @@ import {
   type MlpCache,
   type NormCache,
 } from './blocks.ts';
-import { modelInfo, parameterShapes, type GptSpec } from './params.ts';
+import { isTied, modelInfo, parameterShapes, type GptSpec } from './params.ts';
 import { Rng, Stream, sampleToken, samplingProblem, seedOf, type Sampling } from './rng.ts';
 import { masked, responseMask } from './mask.ts';
 import { Adam, type AdamState } from './adam.ts';
@@ -107,6 +108,7 @@ export class GptRank {
     private readonly optim: Optim | undefined,
     private readonly comm: Comm,
   ) {
+    if (isTied(spec) && layout.pp > 1) throw new ShardError(`a tied head reads the token embedding, which only the first pipeline stage holds: a tied model runs with pp = 1, got pp = ${layout.pp}`);
     const c = (this.coords = rankCoords(layout, rank));
     const info = modelInfo(spec);
     const bounds = stageBounds(info, layout.pp);
@@ -319,7 +321,10 @@ export class GptRank {
     }
     const n = layerNorm(x, this.w('lnf.g'), this.w('lnf.b'), keep);
     x.dispose();
-    const out = tf.tidy(() => tf.reshape(linear(n.y, this.w('head.w'), this.w('head.b')), [b, T, this.w('head.w').shape[1]!]));
+    const out = tf.tidy(() => {
+      const logits = this.headRows(n.y);
+      return tf.reshape(logits, [b, T, logits.shape[1]!]);
+    });
     if (!keep) n.y.dispose();
     return { out, saved, head: keep ? { ln: n.cache!, y: n.y } : undefined, tokensT };
   }
@@ -338,6 +343,13 @@ export class GptRank {
     const res = t.dataSync() as Float32Array;
     t.dispose();
     return this.speaks ? res : new Float32Array(0);
+  }
+
+  /** The head over rows y [N, D]: y·head.w + head.b, or y·wteᵀ for a tied head ([N, V] or [N, 1]). */
+  private headRows(y: tf.Tensor): tf.Tensor {
+    if (!isTied(this.spec)) return linear(y, this.w('head.w'), this.w('head.b'));
+    // Transposed once, explicitly: a product with a transposed operand is slow on wasm (blocks.ts).
+    return tf.tidy(() => tf.matMul(y as tf.Tensor2D, tf.transpose(this.w('wte')) as tf.Tensor2D));
   }
 
   /**
@@ -366,7 +378,7 @@ export class GptRank {
     // The head only where a token is sampled: each row's last position.
     const logits = tf.tidy(() => {
       const last = T === 1 ? x : tf.reshape(tf.slice(tf.reshape(x, [b, T, D]), [0, T - 1, 0], [b, 1, D]), [b, D]);
-      return linear(layerNorm(last, this.w('lnf.g'), this.w('lnf.b'), false).y, this.w('head.w'), this.w('head.b'));
+      return this.headRows(layerNorm(last, this.w('lnf.g'), this.w('lnf.b'), false).y);
     });
     x.dispose();
     return logits;
@@ -630,9 +642,18 @@ export class GptRank {
       const { value, grads: g } = tf.valueAndGrads(lossOf)([fwd.out!]);
       loss = value.dataSync()[0]!;
       const head = fwd.head!;
-      const gh = tf.tidy(() => linearBackward(head.y, this.w('head.w'), tf.reshape(g[0]!, [b * width, -1])));
-      add('head.w', gh.dw);
-      add('head.b', gh.db);
+      const gh = tf.tidy(() => {
+        const dy = tf.reshape(g[0]!, [b * width, -1]);
+        if (!isTied(this.spec)) return linearBackward(head.y, this.w('head.w'), dy);
+        // logits = y·wteᵀ: dy·wte back into the rows, dyᵀ·y into the embedding.
+        return { dx: tf.matMul(dy as tf.Tensor2D, this.w('wte') as tf.Tensor2D), dw: weightGrad(dy, head.y) };
+      });
+      if (isTied(this.spec)) {
+        add('wte', gh.dw);
+      } else {
+        add('head.w', gh.dw);
+        add('head.b', (gh as { db: tf.Tensor }).db);
+      }
       const gn = layerNormBackward(head.ln, this.w('lnf.g'), gh.dx);
       add('lnf.g', gn.dg);
       add('lnf.b', gn.db);

@@ -24,6 +24,8 @@ export const ModelSpec = z.discriminatedUnion('kind', [
     layers: pos,
     width: pos,
     heads: pos,
+    /** A policy whose head is its token embedding, transposed (GPT-2's). */
+    tied: z.boolean().optional(),
   }),
   z.strictObject({ kind: z.literal('rule'), rule: z.string(), digits: pos, base: pos }),
 ]);
