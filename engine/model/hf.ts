@@ -7,6 +7,8 @@
 // extra tensor, a shape that disagrees with the config — is refused with the file and tensor named.
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import type { NamedTensor } from '../../mesh/wire/index.ts';
+import { parameterShapes, type GptSpec } from './params.ts';
 import type { SafetensorsCheckpoint } from './safetensors.ts';
 
 export class HfError extends Error {
@@ -64,6 +66,10 @@ export function parseHfConfig(raw: unknown, where = 'config.json'): HfModel {
     const act = c.activation_function ?? 'gelu_new';
     if (act !== 'gelu_new' && act !== 'gelu_pytorch_tanh') throw new HfError(`${where}: activation_function ${JSON.stringify(act)} is not GPT-2's tanh GELU, which ferry's gpt2 family has`);
     if (c.tie_word_embeddings === false) throw new HfError(`${where}: ferry's gpt2 family ties the head to the token embedding; tie_word_embeddings is false`);
+    if (c.scale_attn_weights === false || c.scale_attn_by_inverse_layer_idx === true)
+      throw new HfError(
+        `${where}: ferry's attention scales by 1/√(head size) alone; scale_attn_weights ${JSON.stringify(c.scale_attn_weights)}, scale_attn_by_inverse_layer_idx ${JSON.stringify(c.scale_attn_by_inverse_layer_idx)}`,
+      );
     const width = int('n_embd');
     const heads = int('n_head');
     return divides({
@@ -207,4 +213,126 @@ export function checkHfCheckpoint(m: HfModel, ck: SafetensorsCheckpoint): void {
     const bare = n.startsWith(prefix) ? n.slice(prefix.length) : n;
     if (!want.has(bare) && !ignorable(m, bare)) throw new HfError(`${ck.fileOf(n)}: tensor ${n} is not part of a ${m.modelType} model of this config.json`);
   }
+}
+
+// ---- the gpt2 family in ferry's runtime ------------------------------------------------------------
+
+/** ferry's layer norm epsilon and MLP width, which a GPT-2 checkpoint must have to run as it was trained. */
+const GPT2_EPS = 1e-5;
+
+/** ferry's spec for a model of the gpt2 family; refuses what ferry's GPT cannot run exactly. */
+export function gptSpecOf(m: HfModel, where = 'config.json'): GptSpec {
+  if (m.family !== 'gpt2') throw new HfError(`${where}: the ${m.modelType} model's family (llama: RMSNorm, rotary positions, SwiGLU) is not in ferry's runtime yet; gpt2 is`);
+  if (m.ffn !== 4 * m.width) throw new HfError(`${where}: n_inner ${m.ffn} is not 4 × n_embd = ${4 * m.width}, the MLP width of ferry's gpt2 family`);
+  if (m.normEps !== GPT2_EPS) throw new HfError(`${where}: layer_norm_epsilon ${m.normEps} is not ${GPT2_EPS}, ferry's`);
+  return { kind: 'policy', vocab: m.vocab, context: m.context, layers: m.layers, width: m.width, heads: m.heads, tied: true };
+}
+
+/** Columns [from, from + n) of a row-major [rows, cols] matrix. */
+function columns(x: Float32Array, rows: number, cols: number, from: number, n: number): Float32Array {
+  const out = new Float32Array(rows * n);
+  for (let r = 0; r < rows; r++) out.set(x.subarray(r * cols + from, r * cols + from + n), r * n);
+  return out;
+}
+
+/** HF name of each ferry parameter of a gpt2-family layer, except the fused QKV. */
+const GPT2_LAYER: Record<string, string> = {
+  'ln1.g': 'ln_1.weight',
+  'ln1.b': 'ln_1.bias',
+  'attn.wo': 'attn.c_proj.weight',
+  'attn.bo': 'attn.c_proj.bias',
+  'ln2.g': 'ln_2.weight',
+  'ln2.b': 'ln_2.bias',
+  'mlp.w1': 'mlp.c_fc.weight',
+  'mlp.b1': 'mlp.c_fc.bias',
+  'mlp.w2': 'mlp.c_proj.weight',
+  'mlp.b2': 'mlp.c_proj.bias',
+};
+const GPT2_TOP: Record<string, string> = { wte: 'wte.weight', wpe: 'wpe.weight', 'lnf.g': 'ln_f.weight', 'lnf.b': 'ln_f.bias' };
+
+/**
+ * A checked gpt2-family checkpoint as ferry's parameters, in ferry's order: the fused c_attn
+ * split into wq, wk and wv (column blocks of the Conv1D [in, out] weight, which is ferry's layout).
+ * A head saved beside the embedding must equal it: ferry's gpt2 ties them.
+ */
+export function importGpt2(m: HfModel, ck: SafetensorsCheckpoint): NamedTensor[] {
+  checkHfCheckpoint(m, ck);
+  const spec = gptSpecOf(m);
+  const prefix = hfPrefix(m, ck.names());
+  const read = (name: string) => ck.read(prefix + name);
+  const D = m.width;
+  const qkv = new Map<number, { w: Float32Array; b: Float32Array }>();
+  const fused = (l: number) => {
+    let f = qkv.get(l);
+    if (!f) qkv.set(l, (f = { w: read(`h.${l}.attn.c_attn.weight`), b: read(`h.${l}.attn.c_attn.bias`) }));
+    return f;
+  };
+  const out = parameterShapes(spec).map(([name, shape]) => {
+    const top = GPT2_TOP[name];
+    if (top) return { name, shape, data: read(top) };
+    const [, l, part] = /^h(\d+)\.(.*)$/.exec(name)!;
+    const layer = Number(l);
+    const qkvPart = /^attn\.([wb])([qkv])$/.exec(part!);
+    if (qkvPart) {
+      const block = 'qkv'.indexOf(qkvPart[2]!);
+      const f = fused(layer);
+      return { name, shape, data: qkvPart[1] === 'w' ? columns(f.w, D, 3 * D, block * D, D) : f.b.slice(block * D, (block + 1) * D) };
+    }
+    return { name, shape, data: read(`h.${layer}.${GPT2_LAYER[part!]!}`) };
+  });
+  const head = ck.entry('lm_head.weight') ? ck.read('lm_head.weight') : ck.entry(`${prefix}lm_head.weight`) ? read('lm_head.weight') : undefined;
+  if (head) {
+    const wte = out.find((t) => t.name === 'wte')!.data;
+    if (head.length !== wte.length || head.some((x, i) => x !== wte[i]))
+      throw new HfError(`${ck.fileOf('lm_head.weight')}: lm_head.weight differs from wte.weight; ferry's gpt2 family ties the head to the embedding`);
+  }
+  return out;
+}
+
+/** ferry's parameters of a gpt2-family model as the family's checkpoint tensors (GPT2LMHeadModel's names, no prefix). */
+export function exportGpt2(m: HfModel, tensors: readonly NamedTensor[]): NamedTensor[] {
+  gptSpecOf(m); // refuses what the family cannot hold
+  const byName = new Map(tensors.map((t) => [t.name, t]));
+  const get = (name: string) => {
+    const t = byName.get(name);
+    if (!t) throw new HfError(`cannot export: the model has no parameter ${name}`);
+    return t.data;
+  };
+  const D = m.width;
+  return hfTensors(m).map(({ name, shape }) => {
+    const top = Object.entries(GPT2_TOP).find(([, hf]) => hf === name);
+    if (top) return { name, shape, data: get(top[0]) };
+    const [, l, part] = /^h\.(\d+)\.(.*)$/.exec(name)!;
+    if (part === 'attn.c_attn.weight') {
+      const [q, k, v] = ['wq', 'wk', 'wv'].map((w) => get(`h${l}.attn.${w}`));
+      const data = new Float32Array(D * 3 * D);
+      for (let r = 0; r < D; r++) [q, k, v].forEach((x, i) => data.set(x!.subarray(r * D, (r + 1) * D), r * 3 * D + i * D));
+      return { name, shape, data };
+    }
+    if (part === 'attn.c_attn.bias') {
+      const data = new Float32Array(3 * D);
+      ['bq', 'bk', 'bv'].forEach((b, i) => data.set(get(`h${l}.attn.${b}`), i * D));
+      return { name, shape, data };
+    }
+    const ours = Object.entries(GPT2_LAYER).find(([, hf]) => hf === part)![0];
+    return { name, shape, data: get(`h${l}.${ours}`) };
+  });
+}
+
+/** config.json for a gpt2-family model, as transformers writes GPT2LMHeadModel's. */
+export function gpt2Config(m: HfModel): Record<string, unknown> {
+  return {
+    architectures: ['GPT2LMHeadModel'],
+    model_type: 'gpt2',
+    vocab_size: m.vocab,
+    n_positions: m.context,
+    n_embd: m.width,
+    n_layer: m.layers,
+    n_head: m.heads,
+    n_inner: null,
+    activation_function: 'gelu_new',
+    layer_norm_epsilon: m.normEps,
+    tie_word_embeddings: true,
+    torch_dtype: 'float32',
+  };
 }

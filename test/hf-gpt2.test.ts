@@ -1,0 +1,136 @@
+// A Hugging Face GPT-2 checkpoint made here, in transformers' layout, with small known weights:
+// ferry imports it and its log-probabilities equal those of a plain loop over GPT-2's formulas,
+// written below from the checkpoint's own tensors (fused c_attn, Conv1D [in, out], tied head).
+// Then export → import is bit-identical.
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { HfError, SafetensorsCheckpoint, encodeSafetensors, exportGpt2, gpt2Config, gptSpecOf, hfTensors, importGpt2, initBackend, parseHfConfig, readHfConfig } from '../engine/model/index.ts';
+import { LocalDispatcher } from '../engine/runtime/index.ts';
+import type { NamedTensor } from '../mesh/wire/index.ts';
+
+const CONFIG = { model_type: 'gpt2', vocab_size: 13, n_positions: 8, n_embd: 8, n_layer: 2, n_head: 2, activation_function: 'gelu_new', layer_norm_epsilon: 1e-5 };
+const model = parseHfConfig(CONFIG);
+
+/** Small known weights: a different smooth pattern per tensor; norms' gains near 1. */
+function weights(): NamedTensor[] {
+  return hfTensors(model).map(({ name, shape }, k) => {
+    const n = shape.reduce((a, b) => a * b, 1);
+    const gain = /ln_\d\.weight|ln_f\.weight/.test(name);
+    return { name, shape, data: Float32Array.from({ length: n }, (_, i) => (gain ? 1 : 0) + 0.3 * Math.sin(1.7 * i + 0.9 * k + 0.3)) };
+  });
+}
+
+// ---- GPT-2 by plain loops over the checkpoint's tensors ---------------------------------------------
+
+function referenceLogprobs(w: Map<string, Float32Array>, tokens: number[]): number[][] {
+  const { width: D, heads: H, layers: L, vocab: V } = model;
+  const hd = D / H;
+  const W = (n: string) => w.get(n)!;
+  const norm = (x: number[], g: Float32Array, b: Float32Array) => {
+    const mean = x.reduce((a, c) => a + c, 0) / D;
+    const varc = x.reduce((a, c) => a + (c - mean) ** 2, 0) / D;
+    return x.map((c, i) => ((c - mean) / Math.sqrt(varc + 1e-5)) * g[i]! + b[i]!);
+  };
+  /** x [in] · W [in, out] + b: Conv1D. */
+  const conv = (x: number[], m: Float32Array, b: Float32Array, out: number) => Array.from({ length: out }, (_, j) => x.reduce((a, c, i) => a + c * m[i * out + j]!, b[j]!));
+  const gelu = (x: number) => 0.5 * x * (1 + Math.tanh(Math.sqrt(2 / Math.PI) * (x + 0.044715 * x ** 3)));
+  let xs = tokens.map((tok, t) => Array.from({ length: D }, (_, i) => W('wte.weight')[tok * D + i]! + W('wpe.weight')[t * D + i]!));
+  for (let l = 0; l < L; l++) {
+    const p = `h.${l}`;
+    const qkv = xs.map((x) => conv(norm(x, W(`${p}.ln_1.weight`), W(`${p}.ln_1.bias`)), W(`${p}.attn.c_attn.weight`), W(`${p}.attn.c_attn.bias`), 3 * D));
+    const attended = xs.map((_, t) => {
+      const out = new Array<number>(D).fill(0);
+      for (let h = 0; h < H; h++) {
+        const q = qkv[t]!.slice(h * hd, (h + 1) * hd);
+        const scores = Array.from({ length: t + 1 }, (_, s) => q.reduce((a, c, i) => a + c * qkv[s]![D + h * hd + i]!, 0) / Math.sqrt(hd));
+        const top = Math.max(...scores);
+        const e = scores.map((s) => Math.exp(s - top));
+        const z = e.reduce((a, c) => a + c, 0);
+        for (let s = 0; s <= t; s++) for (let i = 0; i < hd; i++) out[h * hd + i]! += (e[s]! / z) * qkv[s]![2 * D + h * hd + i]!;
+      }
+      return out;
+    });
+    xs = xs.map((x, t) => {
+      const a = conv(attended[t]!, W(`${p}.attn.c_proj.weight`), W(`${p}.attn.c_proj.bias`), D);
+      const x1 = x.map((c, i) => c + a[i]!);
+      const hidden = conv(norm(x1, W(`${p}.ln_2.weight`), W(`${p}.ln_2.bias`)), W(`${p}.mlp.c_fc.weight`), W(`${p}.mlp.c_fc.bias`), 4 * D).map(gelu);
+      const m = conv(hidden, W(`${p}.mlp.c_proj.weight`), W(`${p}.mlp.c_proj.bias`), D);
+      return x1.map((c, i) => c + m[i]!);
+    });
+  }
+  return xs.map((x) => {
+    const y = norm(x, W('ln_f.weight'), W('ln_f.bias'));
+    const logits = Array.from({ length: V }, (_, v) => y.reduce((a, c, i) => a + c * W('wte.weight')[v * D + i]!, 0));
+    const top = Math.max(...logits);
+    const lse = top + Math.log(logits.reduce((a, c) => a + Math.exp(c - top), 0));
+    return logits.map((l) => l - lse);
+  });
+}
+
+describe('a Hugging Face GPT-2 checkpoint', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'ferry-hf-gpt2-'));
+  const hf = weights();
+  beforeAll(async () => {
+    await initBackend('wasm');
+    writeFileSync(join(dir, 'config.json'), JSON.stringify(CONFIG));
+    // As GPT2LMHeadModel saves it: a transformer. prefix, and a causal-mask buffer per layer.
+    const saved = [...hf.map((t) => ({ ...t, name: `transformer.${t.name}` })), { name: 'transformer.h.0.attn.bias', shape: [1, 1, 8, 8], data: new Float32Array(64).fill(1) }];
+    writeFileSync(join(dir, 'model.safetensors'), encodeSafetensors(saved));
+  });
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+  it("gives the log-probabilities of a plain loop over GPT-2's formulas, within 1e-5", async () => {
+    const m = readHfConfig(dir);
+    const ck = SafetensorsCheckpoint.open(dir);
+    const tensors = importGpt2(m, ck);
+    ck.close();
+    const spec = gptSpecOf(m);
+    const d = new LocalDispatcher(1);
+    const layout = { devices: [0], dp: 1, tp: 1, pp: 1 };
+    await d.call(0, 'gpt2', -1, { fn: 'load', role: 'gpt2', spec, layout, rank: 0 });
+    await d.restoreShard(0, 'gpt2', -1, { tensors });
+    const tokens = [3, 11, 0, 7, 7, 12, 1, 5];
+    const P = 2;
+    const R = tokens.length - P;
+    const out = await d.call(0, 'gpt2', 0, { fn: 'inference', tokens: Int32Array.from(tokens), batch: 1, promptLen: P, responseLen: R });
+    if (!('logprobs' in out)) throw new Error('no log-probs');
+    const ref = referenceLogprobs(new Map(hf.map((t) => [t.name, t.data])), tokens);
+    // Position t predicts token t + 1.
+    const want = Array.from({ length: R }, (_, i) => ref[P - 1 + i]![tokens[P + i]!]!);
+    for (let i = 0; i < R; i++) expect(Math.abs(out.logprobs[i]! - want[i]!)).toBeLessThanOrEqual(1e-5);
+    expect(Math.max(...want.map(Math.abs))).toBeGreaterThan(0.5); // not a degenerate case
+  });
+
+  it('exports to the same tensors and config, and import → export → import is bit-identical', () => {
+    const m = readHfConfig(dir);
+    const ck = SafetensorsCheckpoint.open(dir);
+    const ours = importGpt2(m, ck);
+    ck.close();
+    const out = exportGpt2(m, ours);
+    for (const t of out) expect(new Uint32Array(t.data.buffer), t.name).toEqual(new Uint32Array(hf.find((h) => h.name === t.name)!.data.buffer));
+    const again = mkdtempSync(join(tmpdir(), 'ferry-hf-gpt2-'));
+    writeFileSync(join(again, 'config.json'), JSON.stringify(gpt2Config(m)));
+    writeFileSync(join(again, 'model.safetensors'), encodeSafetensors(out));
+    const back = SafetensorsCheckpoint.open(again);
+    const reimported = importGpt2(readHfConfig(again), back);
+    back.close();
+    rmSync(again, { recursive: true });
+    expect(reimported.map((t) => t.name)).toEqual(ours.map((t) => t.name));
+    reimported.forEach((t, i) => expect(new Uint32Array(t.data.buffer)).toEqual(new Uint32Array(ours[i]!.data.buffer)));
+  });
+
+  it('refuses a head that is not the embedding, and a family ferry cannot run yet', () => {
+    const bad = mkdtempSync(join(tmpdir(), 'ferry-hf-gpt2-'));
+    writeFileSync(join(bad, 'model.safetensors'), encodeSafetensors([...hf, { name: 'lm_head.weight', shape: [13, 8], data: new Float32Array(104).fill(0.5) }]));
+    const ck = SafetensorsCheckpoint.open(bad);
+    expect(() => importGpt2(model, ck)).toThrow(HfError);
+    expect(() => importGpt2(model, ck)).toThrow(/lm_head\.weight differs from wte\.weight/);
+    ck.close();
+    rmSync(bad, { recursive: true });
+    const llama = parseHfConfig({ model_type: 'llama', vocab_size: 8, max_position_embeddings: 8, hidden_size: 8, num_hidden_layers: 1, num_attention_heads: 2, intermediate_size: 8 });
+    expect(() => gptSpecOf(llama)).toThrow(/family \(llama: RMSNorm, rotary positions, SwiGLU\) is not in ferry's runtime yet/);
+    expect(() => gptSpecOf(parseHfConfig({ ...CONFIG, n_inner: 16 }))).toThrow(/n_inner 16 is not 4 × n_embd = 32/);
+  });
+});
