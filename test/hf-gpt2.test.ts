@@ -7,7 +7,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { HfError, SafetensorsCheckpoint, encodeSafetensors, exportGpt2, gpt2Config, gptSpecOf, hfTensors, importGpt2, initBackend, parseHfConfig, readHfConfig } from '../engine/model/index.ts';
-import { LocalDispatcher } from '../engine/runtime/index.ts';
+import { LocalDispatcher, sampleHf } from '../engine/runtime/index.ts';
+import { spawnTs } from './helpers.ts';
+import { tokenizerJson } from './tokenizer-fixture.ts';
 import type { NamedTensor } from '../mesh/wire/index.ts';
 
 const CONFIG = { model_type: 'gpt2', vocab_size: 13, n_positions: 8, n_embd: 8, n_layer: 2, n_head: 2, activation_function: 'gelu_new', layer_norm_epsilon: 1e-5 };
@@ -133,4 +135,41 @@ describe('a Hugging Face GPT-2 checkpoint', () => {
     expect(() => gptSpecOf(llama)).toThrow(/family \(llama: RMSNorm, rotary positions, SwiGLU\) is not in ferry's runtime yet/);
     expect(() => gptSpecOf(parseHfConfig({ ...CONFIG, n_inner: 16 }))).toThrow(/n_inner 16 is not 4 × n_embd = 32/);
   });
+});
+
+describe('npm run sample -- --model HF_DIR', () => {
+  // The byte-level tokenizer's 260 ids, so that text prompts reach the model.
+  const config = { ...CONFIG, vocab_size: 260, n_positions: 16 };
+  const m = parseHfConfig(config);
+  const dir = mkdtempSync(join(tmpdir(), 'ferry-hf-sample-'));
+  beforeAll(async () => {
+    await initBackend('wasm');
+    writeFileSync(join(dir, 'config.json'), JSON.stringify(config));
+    const tensors = hfTensors(m).map(({ name, shape }, k) => ({ name, shape, data: Float32Array.from({ length: shape.reduce((a, b) => a * b, 1) }, (_, i) => 0.5 * Math.sin(0.37 * i + k)) }));
+    writeFileSync(join(dir, 'model.safetensors'), encodeSafetensors(tensors));
+    writeFileSync(join(dir, 'tokenizer.json'), JSON.stringify(tokenizerJson()));
+    writeFileSync(join(dir, 'tokenizer_config.json'), JSON.stringify({ eos_token: '<|endoftext|>' }));
+  });
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+  it('continues a text prompt: greedy tokens (the likeliest at each step) and their text', async () => {
+    const s = await sampleHf(dir, { prompt: 'héllo', greedy: true, maxTokens: 6 });
+    expect(s.tokens.length).toBeGreaterThan(0);
+    expect(s.tokens.length).toBeLessThanOrEqual(6);
+    for (const l of s.logprobs) expect(l).toBeGreaterThanOrEqual(-Math.log(260) - 1e-5);
+    expect(await sampleHf(dir, { prompt: 'héllo', greedy: true, maxTokens: 6 })).toEqual(s);
+    const ids = await sampleHf(dir, { tokens: [104, 195, 169, 257, 111], greedy: true, maxTokens: 6 });
+    expect(ids.tokens).toEqual(s.tokens); // 'héllo' is those ids
+    expect(typeof s.text).toBe('string');
+  });
+
+  it('prints one JSON object from the command line, and refuses a prompt the context cannot hold', async () => {
+    const p = spawnTs('engine/cli/sample.ts', ['--model', dir, '--prompt', 'hell', '--max-tokens', '3', '--greedy', '--json']);
+    expect(await p.exited).toBe(0);
+    const out = JSON.parse(p.output().trim().split('\n').at(-1)!) as { tokens: number[]; logprobs: number[] };
+    expect(out.tokens.length).toBeLessThanOrEqual(3);
+    expect(out.logprobs).toHaveLength(out.tokens.length);
+    await expect(sampleHf(dir, { prompt: 'hello there', maxTokens: 10 })).rejects.toThrow(/a prompt of \d+ tokens and 10 new ones need \d+ positions; the model has 16 \(n_positions\)/);
+    await expect(sampleHf(dir, { tokens: [300] })).rejects.toThrow(/prompt token 1: expected an id in 0\.\.259/);
+  }, 60_000);
 });

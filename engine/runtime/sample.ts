@@ -1,11 +1,14 @@
-// A continuation from a trained model of a run directory: the model is put back from the run's
-// last checkpoint on devices in this process, on the layout it trained on, and decodes the prompt
-// with the run's own generate call (the KV cache, the task's end token). The log-probability of
-// each generated token is then scored by an inference call of the same model: under the model
-// itself (temperature 1), whatever the sampling settings were.
+// A continuation of a prompt, from a trained model of a run directory or from a Hugging Face
+// model directory. A run's model is put back from the run's last checkpoint on devices in this
+// process, on the layout it trained on; a Hugging Face model (the gpt2 family) is imported onto
+// one device. Either decodes with the runtime's own generate call (the KV cache, the end token:
+// the task's, or the tokenizer's), and the log-probability of each generated token is then scored
+// by an inference call of the same model: under the model itself (temperature 1), whatever the
+// sampling settings were.
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
-import { initBackend, seedOf } from '../model/index.ts';
+import type { Layout } from '../../mesh/parallel/index.ts';
+import { SafetensorsCheckpoint, TOKENIZER_FILE, TextTokenizer, gptSpecOf, importGpt2, initBackend, readHfConfig, seedOf } from '../model/index.ts';
 import { LocalDispatcher } from './local-dispatch.ts';
 import { ResumeError, readResume } from './record.ts';
 import { callMesh, layoutOf, modelSpec, ownerOf, runSpec } from './run.ts';
@@ -38,7 +41,8 @@ export interface Sample {
 }
 
 export async function sampleRun(dir: string, o: SampleOptions): Promise<Sample> {
-  if (!existsSync(join(dir, 'scenario.json'))) throw new SampleError(`${dir}: expected a run directory (scenario.json and checkpoint.msgpack), found no scenario.json`);
+  if (!existsSync(join(dir, 'scenario.json')))
+    throw new SampleError(`${dir}: expected a run directory (scenario.json and checkpoint.msgpack) or a Hugging Face model directory (config.json), found neither`);
   const r = runSpec(await loadScenarioFile(join(dir, 'scenario.json')));
   let resume: ReturnType<typeof readResume>;
   try {
@@ -78,29 +82,92 @@ export async function sampleRun(dir: string, o: SampleOptions): Promise<Sample> 
         return d.restoreShard(device, model, -1, weights);
       }),
     );
-    // Generation needs one row per data-parallel replica: the prompt is repeated, the first row kept.
-    const rows = layout.dp;
-    const prompts = new Int32Array(rows * P);
-    for (let i = 0; i < rows; i++) prompts.set(o.tokens, i * P);
-    const seed = seedOf(o.seed ?? r.scenario.seed, 0x5a3e);
-    const gen = await callMesh(d, layout, model, 0, {
-      fn: 'generate',
-      prompts,
-      batch: rows,
-      promptLen: P,
-      responseLen: R,
-      seeds: new Uint32Array(rows).fill(seed),
-      temperature,
-      ...(o.greedy ? { greedy: true } : {}),
-      ...(task.eos === undefined ? {} : { eos: task.eos }),
-    });
-    // Whole sequences come back, [rows, P + R]: row 0's response follows its prompt.
-    const response = Array.from(gen.tokens.subarray(P, P + R));
-    const end = task.eos === undefined ? -1 : response.indexOf(task.eos);
-    const kept = end < 0 ? response : response.slice(0, end + 1);
-    const scored = await callMesh(d, layout, model, 0, { fn: 'inference', tokens: gen.tokens, batch: rows, promptLen: P, responseLen: R });
-    if (!('logprobs' in scored)) throw new Error(`${model}'s inference gave no log-probabilities`);
-    return { model, tokens: kept, logprobs: Array.from(scored.logprobs.subarray(0, kept.length)), ended: end >= 0 };
+    return await continueOn(d, layout, model, o.tokens, R, { temperature, greedy: o.greedy, seed: seedOf(o.seed ?? r.scenario.seed, 0x5a3e), eos: task.eos });
+  } finally {
+    await d.close();
+  }
+}
+
+/**
+ * Decodes `R` tokens after `prompt` on a loaded model, then scores them with an inference call at
+ * temperature 1: the tokens up to the end token (with it), and each one's log-probability.
+ */
+async function continueOn(
+  d: LocalDispatcher,
+  layout: Layout,
+  model: string,
+  prompt: readonly number[],
+  R: number,
+  o: { temperature: number; greedy?: boolean; seed: number; eos?: number },
+): Promise<Sample> {
+  const P = prompt.length;
+  // Generation needs one row per data-parallel replica: the prompt is repeated, the first row kept.
+  const rows = layout.dp;
+  const prompts = new Int32Array(rows * P);
+  for (let i = 0; i < rows; i++) prompts.set(prompt, i * P);
+  const gen = await callMesh(d, layout, model, 0, {
+    fn: 'generate',
+    prompts,
+    batch: rows,
+    promptLen: P,
+    responseLen: R,
+    seeds: new Uint32Array(rows).fill(o.seed),
+    temperature: o.temperature,
+    ...(o.greedy ? { greedy: true } : {}),
+    ...(o.eos === undefined ? {} : { eos: o.eos }),
+  });
+  // Whole sequences come back, [rows, P + R]: row 0's response follows its prompt.
+  const response = Array.from(gen.tokens.subarray(P, P + R));
+  const end = o.eos === undefined ? -1 : response.indexOf(o.eos);
+  const kept = end < 0 ? response : response.slice(0, end + 1);
+  const scored = await callMesh(d, layout, model, 0, { fn: 'inference', tokens: gen.tokens, batch: rows, promptLen: P, responseLen: R });
+  if (!('logprobs' in scored)) throw new Error(`${model}'s inference gave no log-probabilities`);
+  return { model, tokens: kept, logprobs: Array.from(scored.logprobs.subarray(0, kept.length)), ended: end >= 0 };
+}
+
+export interface HfSampleOptions extends Omit<SampleOptions, 'tokens' | 'model'> {
+  /** The prompt as token ids, or as text for the directory's tokenizer. */
+  tokens?: readonly number[];
+  prompt?: string;
+}
+
+/** New tokens by default for a Hugging Face model (its context permitting). */
+const HF_DEFAULT_TOKENS = 32;
+
+/**
+ * A continuation from a Hugging Face model directory (config.json, model.safetensors, and
+ * tokenizer.json for text prompts), on one device in this process.
+ */
+export async function sampleHf(dir: string, o: HfSampleOptions): Promise<Sample & { text?: string }> {
+  const m = readHfConfig(dir);
+  const spec = gptSpecOf(m, join(dir, 'config.json'));
+  const tokenizer = existsSync(join(dir, TOKENIZER_FILE)) ? TextTokenizer.load(dir) : undefined;
+  if ((o.tokens === undefined) === (o.prompt === undefined)) throw new SampleError('expected the prompt as token ids or as text, one of the two');
+  if (o.prompt !== undefined && !tokenizer) throw new SampleError(`${dir}: a text prompt needs ${TOKENIZER_FILE}, which the directory does not have; give the prompt as token ids`);
+  const prompt = o.tokens ?? tokenizer!.encode(o.prompt!);
+  if (prompt.length === 0) throw new SampleError('expected at least one prompt token, got none');
+  const bad = prompt.findIndex((t) => !(Number.isInteger(t) && t >= 0 && t < spec.vocab));
+  if (bad >= 0) throw new SampleError(`prompt token ${bad + 1}: expected an id in 0..${spec.vocab - 1} (the model's vocabulary), got ${prompt[bad]}`);
+  const R = o.maxTokens ?? Math.min(HF_DEFAULT_TOKENS, spec.context - prompt.length);
+  if (!(Number.isInteger(R) && R > 0)) throw new SampleError(`--max-tokens: expected a whole number > 0, got ${R}`);
+  if (prompt.length + R > spec.context) throw new SampleError(`a prompt of ${prompt.length} tokens and ${R} new ones need ${prompt.length + R} positions; the model has ${spec.context} (n_positions)`);
+  const temperature = o.temperature ?? 1;
+  if (!(temperature > 0)) throw new SampleError(`--temperature: expected a number > 0, got ${temperature}`);
+  const ck = SafetensorsCheckpoint.open(dir);
+  let tensors: ReturnType<typeof importGpt2>;
+  try {
+    tensors = importGpt2(m, ck);
+  } finally {
+    ck.close();
+  }
+  await initBackend('auto');
+  const layout: Layout = { devices: [0], dp: 1, tp: 1, pp: 1 };
+  const d = new LocalDispatcher(1);
+  try {
+    await d.call(0, 'model', -1, { fn: 'load', role: 'model', spec, layout, rank: 0 });
+    await d.restoreShard(0, 'model', -1, { tensors });
+    const out = await continueOn(d, layout, 'model', prompt, R, { temperature, greedy: o.greedy, seed: seedOf(o.seed ?? 1, 0x5a3e), eos: tokenizer?.eos });
+    return tokenizer ? { ...out, text: tokenizer.decode(out.tokens) } : out;
   } finally {
     await d.close();
   }
