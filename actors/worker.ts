@@ -3,7 +3,7 @@
 import { hostname } from 'node:os';
 import { randomUUID } from 'node:crypto';
 import { createActor, fromCallback, fromPromise, toPromise } from 'xstate';
-import { connectBus, request, subscribe, type Msg } from '../mesh/wire/index.ts';
+import { answerable, connectBus, request, subscribe, type Msg } from '../mesh/wire/index.ts';
 import { encode } from '../mesh/wire/index.ts';
 import { Call, JoinReply, PROTOCOL_VERSION, RunEvent, type Reply } from '../mesh/wire/index.ts';
 import { subjects } from '../mesh/wire/index.ts';
@@ -48,6 +48,10 @@ runMain(async () => {
 
   /** Replies; one too large for the server becomes a typed error instead of a crash. */
   const respondSafely = (msg: Msg, reply: Reply) => {
+    if (!answerable(msg)) {
+      log(`not answering call ${reply.id ?? '?'}: its reply subject ${JSON.stringify(msg.reply ?? null)} is not an inbox`);
+      return;
+    }
     try {
       msg.respond(encode(reply));
     } catch (e) {
@@ -92,7 +96,7 @@ runMain(async () => {
           subj.call(input.index),
           Call,
           (call, msg) => sendBack({ type: 'call', call, respond: (reply: Reply) => respondSafely(msg, reply) }),
-          (error, msg) => sendBack({ type: 'malformed', error, respond: msg.reply ? (reply: Reply) => msg.respond(encode(reply)) : undefined }),
+          (error, msg) => sendBack({ type: 'malformed', error, respond: answerable(msg) ? (reply: Reply) => msg.respond(encode(reply)) : undefined }),
         ),
       ),
       heartbeat: fromCallback<WorkerEvent, { index: number; worker: string }>(({ input }) => {

@@ -4,7 +4,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createWriteStream, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { connectBus, subscribe } from '../../mesh/wire/index.ts';
+import { answerable, connectBus, subscribe } from '../../mesh/wire/index.ts';
 import { startNatsServer, type PrivateNatsServer } from '../../mesh/wire/index.ts';
 import { authConfig, makeCredentials } from '../../mesh/wire/index.ts';
 import { encode } from '../../mesh/wire/index.ts';
@@ -195,6 +195,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
       subj.chaos,
       ChaosAsk,
       (ask, msg) => {
+        if (!answerable(msg)) return; // a process at a kill point asks with a request
         const k = points.find((p) => p.id === ask.target);
         const slot = slots.find((s) => s.child.pid === ask.pid && s.child.exitCode === null);
         if (!k || done.has(k.id) || !slot) {

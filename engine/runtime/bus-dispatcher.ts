@@ -11,6 +11,7 @@ import {
   InFlight,
   PerDeviceQueue,
   checkResult,
+  exchangeId,
   fetchCheckpoint,
   pushCheckpoint,
   runRealloc,
@@ -111,8 +112,9 @@ export class BusDispatcher implements Dispatcher {
   }
 
   realloc(r: ReallocRequest): Promise<ReallocOutcome> {
-    // The epoch in the id keeps an abandoned exchange's ready, go and chunks out of its retry's.
-    return runRealloc(this.nc, this.subj, (d, m, i, b) => this.call(d, m, i, b), { ...r, id: `${r.id}-e${this.epoch}` }, this.nc.info?.max_payload ?? 1 << 20);
+    // The epoch in the id keeps an abandoned exchange's ready, go and chunks out of its retry's;
+    // its random part keeps anyone else's out.
+    return runRealloc(this.nc, this.subj, (d, m, i, b) => this.call(d, m, i, b), { ...r, id: exchangeId(`${r.id}-e${this.epoch}`) }, this.nc.info?.max_payload ?? 1 << 20);
   }
 
   stats(): TransportStats {

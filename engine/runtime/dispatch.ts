@@ -1,6 +1,7 @@
 // How a supervisor reaches devices. The same supervisor machine runs over NATS (actors/
 // bus-dispatcher.ts) or in one process (local-dispatch.ts, for benchmarks and tests): the
 // arithmetic is identical, only the transport differs.
+import { randomBytes } from 'node:crypto';
 import type { Bus } from '../../mesh/wire/index.ts';
 import { subscribe } from '../../mesh/wire/index.ts';
 import { encode } from '../../mesh/wire/index.ts';
@@ -231,7 +232,7 @@ export async function fetchCheckpoint(
   optimizer: boolean,
   chunkBytes: number,
 ): Promise<Checkpoint> {
-  const id = `ckpt-${device}-${model.replace(/[^A-Za-z0-9_-]/g, '-')}-${exchanges++}`;
+  const id = exchangeId(`ckpt-${device}-${model.replace(/[^A-Za-z0-9_-]/g, '-')}-${exchanges++}`);
   const expected = shapes.flatMap((s) => [`w:${s.name}`, ...(optimizer ? [`m:${s.name}`, `v:${s.name}`] : [])].map((name) => ({ name, shape: [...s.shape] })));
   const got = new Map<string, Float32Array>();
   const incoming = receiveTensors(bus, subj, [{ transfer: id, expected }], 300_000, (t) => got.set(t.name, t.data));
@@ -252,9 +253,18 @@ export async function fetchCheckpoint(
   }
 }
 
+/**
+ * An exchange's id: its readable stem and 64 random bits. The id names the exchange's subjects
+ * (ready, go, chunks); a client on the bus that could guess the next one could send its `ready`
+ * or its chunks early.
+ */
+export function exchangeId(stem: string): string {
+  return `${stem}-${randomBytes(8).toString('hex')}`;
+}
+
 /** See Dispatcher.restoreShard: the device subscribes and says ready; the caller sends. */
 export async function pushCheckpoint(bus: Bus, subj: Subjects, call: Dispatcher['call'], device: number, model: string, iteration: number, c: Checkpoint, chunkBytes: number): Promise<void> {
-  const id = `rstr-${device}-${model.replace(/[^A-Za-z0-9_-]/g, '-')}-${exchanges++}`;
+  const id = exchangeId(`rstr-${device}-${model.replace(/[^A-Za-z0-9_-]/g, '-')}-${exchanges++}`);
   const tensors = [
     ...c.tensors.map((t) => ({ ...t, name: `w:${t.name}` })),
     ...(c.optimizer?.moments ?? []).flatMap((m) => {

@@ -54,6 +54,19 @@ afterEach(() => {
 });
 
 describe('Membership: joining', () => {
+  it('ignores a hello whose reply subject is not an inbox: it gives no device, and writes nothing to the subject it named', async () => {
+    const { bus, rejected, join } = setup();
+    const written: string[] = [];
+    bus.subscribe(subj.allResults, { callback: (_e, msg) => written.push(msg.subject) });
+    const hello = { type: 'hello', v, worker: 'forger', pid: 9, host: 'h', backend: 'wasm' };
+    bus.publish(subj.join, encode(hello), subj.results(0, 'rollout'));
+    await settle();
+    expect(written).toEqual([]);
+    expect(rejected).toEqual([`a hello from forger whose reply subject "${subj.results(0, 'rollout')}" is not an inbox`]);
+    // Device 0 is still free for a real worker.
+    expect(await join('w0', 1)).toMatchObject({ type: 'welcome', device: 0 });
+  });
+
   it('welcomes a worker to a free device and announces it at its first heartbeat only', async () => {
     const m = setup();
     open = m.membership;

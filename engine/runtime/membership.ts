@@ -5,7 +5,7 @@
 // heartbeats stop for `heartbeatMs`: then the supervisor hears `lost`, the run's observers hear it
 // too (with the pid, so that whoever started the process kills it), and the device is free for a
 // new worker. A supervisor that takes a run over adopts the workers it hears beating.
-import { subscribe, type Bus } from '../../mesh/wire/index.ts';
+import { answerable, subscribe, type Bus } from '../../mesh/wire/index.ts';
 import { encode } from '../../mesh/wire/index.ts';
 import { Heartbeat, Hello, PROTOCOL_VERSION, RunEvent } from '../../mesh/wire/index.ts';
 import type { Subjects } from '../../mesh/wire/index.ts';
@@ -67,6 +67,8 @@ export class Membership {
         subj.join,
         Hello,
         (hello, msg) => {
+          // A worker asks with a request: a hello that cannot be answered on an inbox is not one.
+          if (!answerable(msg)) return rejected({ message: `a hello from ${hello.worker} whose reply subject ${JSON.stringify(msg.reply ?? null)} is not an inbox` });
           const answer = this.join(hello);
           msg.respond(
             encode(
@@ -78,7 +80,7 @@ export class Membership {
         },
         (error, msg) => {
           rejected(error);
-          if (msg.reply) msg.respond(encode({ type: 'error', v: PROTOCOL_VERSION, code: 'malformed', message: error.problem, subject: error.subject }));
+          if (answerable(msg)) msg.respond(encode({ type: 'error', v: PROTOCOL_VERSION, code: 'malformed', message: error.problem, subject: error.subject }));
         },
       ),
     );

@@ -65,6 +65,18 @@ export async function connectBus(url: string, name: string, credentials: Credent
 }
 
 /** Sends `message` and decodes the reply with `schema`; a timeout or no responder is a BusError. */
+/** The prefix of the reply subjects nats.js (and the memory bus) makes for requests: their inboxes. */
+export const INBOX_PREFIX = '_INBOX.';
+
+/**
+ * Whether a message may be answered: it has a reply subject and that subject is an inbox. A reply
+ * never goes to a run's subject: a forged request naming one (a results subject, say) would
+ * otherwise make its answerer write into the run's stream.
+ */
+export function answerable(msg: { reply?: string }): msg is { reply: string } {
+  return typeof msg.reply === 'string' && msg.reply.startsWith(INBOX_PREFIX);
+}
+
 export async function request<S extends z.ZodType>(nc: Bus, subject: string, message: { type: string; v: number; [key: string]: unknown }, schema: S, timeoutMs: number): Promise<z.infer<S>> {
   let reply: Msg;
   const bytes = encode(message);

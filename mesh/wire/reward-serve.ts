@@ -9,7 +9,7 @@
 //   ...
 //   await rewards.stop();
 import { randomUUID } from 'node:crypto';
-import { connectBus, type Bus, type Msg, type NatsConnection } from './bus.ts';
+import { answerable, connectBus, type Bus, type Msg, type NatsConnection } from './bus.ts';
 import { decode, encode, ProtocolError } from './codec.ts';
 import { REWARD_PROTOCOL_VERSION, RewardRequest, rewardSubjects, type RewardItem } from './reward-protocol.ts';
 
@@ -42,7 +42,7 @@ export async function serveReward(o: ServeRewardOptions): Promise<RewardActor> {
   const log = o.log ?? (() => {});
   let answered = 0;
   const reply = (msg: Msg, body: Record<string, unknown> & { type: string }) => {
-    if (msg.reply) msg.respond(encode({ ...body, v: REWARD_PROTOCOL_VERSION }));
+    if (answerable(msg)) msg.respond(encode({ ...body, v: REWARD_PROTOCOL_VERSION }));
   };
   const handle = async (msg: Msg) => {
     let request: RewardRequest;
