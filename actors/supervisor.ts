@@ -75,7 +75,7 @@ runMain(async () => {
     }
   })();
 
-  const store = await JetStreamStore.open(nc, values.run);
+  const store = await JetStreamStore.open(nc, values.run, { log });
   // --take-over: the previous supervisor of this run died; its progress is in the store.
   const takeOver = values['take-over'] ? await store.loadProgress() : undefined;
   if (values['take-over'])

@@ -10,7 +10,10 @@ import { launch, type LaunchResult } from '../engine/cli/launch.ts';
 import { loadScenario, type Scenario } from '../engine/runtime/scenario.ts';
 import { connectBus } from '../mesh/wire/bus.ts';
 import { startNatsCluster, startNatsServer, type PrivateNatsServer } from '../mesh/wire/nats-server.ts';
-import type { Metrics } from '../mesh/wire/protocol.ts';
+import { PROTOCOL_VERSION, type Metrics } from '../mesh/wire/protocol.ts';
+import { encode } from '../mesh/wire/codec.ts';
+import { subjects } from '../mesh/wire/subjects.ts';
+import { jetstream } from '@nats-io/jetstream';
 import { smallScenario, tempDir } from './helpers.ts';
 
 const quiet = { phase() {}, iteration() {}, stop() {} };
@@ -155,6 +158,40 @@ describe('the run store in JetStream', () => {
       // Only the last two snapshots are kept.
       expect(await store.loadSnapshot(0)).toBeUndefined();
       expect(await store.loadSnapshot(-1)).toBeUndefined();
+    } finally {
+      await nc.close();
+    }
+  }, 60_000);
+
+  it('reads back what it wrote, not what others published on the subject since; a store without that memory refuses a bad record as missing', async () => {
+    const nc = await connectBus(server.url, 'store-poison');
+    try {
+      const logs: string[] = [];
+      const store = await JetStreamStore.open(nc, 'st2', { log: (l) => logs.push(l) });
+      const tokens = Int32Array.from([5, 6, 7]);
+      await store.saveStage(3, 'rollout', { ports: { tokens } });
+      const subject = subjects('st2').results(3, 'rollout');
+      const js = jetstream(nc);
+      // Random bytes, a record of the wrong type, one of another version, one of another iteration.
+      const forged = [
+        new Uint8Array([0xc1, 0x00, 0xff]),
+        encode({ type: 'progress', v: PROTOCOL_VERSION }),
+        encode({ type: 'stage', v: PROTOCOL_VERSION + 1, iteration: 3, stage: 'rollout', value: {} }),
+        encode({ type: 'stage', v: PROTOCOL_VERSION, iteration: 2, stage: 'rollout', value: { ports: { tokens: Int32Array.from([0]) } } }),
+      ];
+      for (const bytes of forged) await js.publish(subject, bytes);
+      expect((await store.loadStage<{ ports: { tokens: Int32Array } }>(3, 'rollout'))!.ports.tokens).toEqual(tokens);
+      // A supervisor that took the run over reads the newest record, checks it, and finds it bad.
+      const other: string[] = [];
+      const fresh = await JetStreamStore.open(nc, 'st2', { log: (l) => other.push(l) });
+      expect(await fresh.loadStage(3, 'rollout')).toBeUndefined();
+      expect(other[0]).toMatch(new RegExp(`the run store's ${subject.replace(/\./g, '\\.')} \\(message \\d+\\) holds the rollout of iteration 2: treated as missing, computed again`));
+      for (const bytes of forged.slice(0, 3)) {
+        await js.publish(subject, bytes);
+        expect(await fresh.loadStage(3, 'rollout')).toBeUndefined();
+      }
+      expect(other.slice(1).join('\n')).toMatch(/does not read as a stage record/);
+      expect(logs).toEqual([]);
     } finally {
       await nc.close();
     }

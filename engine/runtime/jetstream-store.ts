@@ -2,7 +2,12 @@
 // without losing it:
 //   - KV bucket `ferry-<run>` key `progress`: where the supervisor is (engine/store.ts Progress);
 //   - stream `FERRY-<run>` on `ferry.<run>.results.<iteration>.<stage>`: each iteration's rollout
-//     and scores, published with a Nats-Msg-Id so that a repeated publish is stored once;
+//     and scores, published with a Nats-Msg-Id so that a repeated publish is stored once, the
+//     last few per subject kept. Nothing read back is trusted blindly: the supervisor keeps each
+//     record's sequence number and SHA-256 when it writes it and reads that message back, checked;
+//     without them (a supervisor that took the run over) it reads the newest record of the subject
+//     and checks its bytes, schema, version, iteration and stage. A record that fails is treated as
+//     missing — the stage is computed again, deterministically — and logged with its subject;
 //   - Object Store `ferry-<run>-snapshots`: every shard's state after an iteration (the same
 //     record as a run directory's checkpoint.msgpack), the last two kept.
 // All three are file-backed, so they survive a restart of the server.
@@ -12,6 +17,7 @@ import { Objm, type ObjectStore } from '@nats-io/obj';
 import type { NatsConnection } from '@nats-io/transport-node';
 import { decode, encode } from '../../mesh/wire/index.ts';
 import { CheckpointFile, PROTOCOL_VERSION, ProgressRecord, StageRecord } from '../../mesh/wire/index.ts';
+import { createHash } from 'node:crypto';
 import { subjects, type Subjects } from '../../mesh/wire/index.ts';
 import type { CheckpointSet } from './run.ts';
 import type { Progress, RunStore, Stage } from './store.ts';
@@ -23,7 +29,12 @@ export interface JetStreamStoreOptions {
   timeoutMs?: number;
   /** How long an operation keeps being tried (a cluster electing a leader, a server restarting). */
   patienceMs?: number;
+  /** Where a record that fails its checks is reported. */
+  log?: (line: string) => void;
 }
+
+/** Messages kept per results subject: a few forged ones after the real record do not push it out. */
+const KEPT_PER_SUBJECT = 16;
 
 /** Tries `op` until it succeeds or `patienceMs` has passed; the last error says what failed. */
 async function patiently<T>(what: string, patienceMs: number, op: () => Promise<T>): Promise<T> {
@@ -48,7 +59,11 @@ export class JetStreamStore implements RunStore {
     private readonly stream: string,
     private readonly kv: KV,
     private readonly objects: ObjectStore,
+    private readonly log: (line: string) => void,
   ) {}
+
+  /** Per results subject, the sequence number and SHA-256 of the record this store wrote. */
+  private readonly written = new Map<string, { seq: number; sha256: string }>();
 
   static async open(nc: NatsConnection, run: string, options: JetStreamStoreOptions = {}): Promise<JetStreamStore> {
     const subj = subjects(run);
@@ -62,12 +77,12 @@ export class JetStreamStore implements RunStore {
       try {
         await jsm.streams.info(stream);
       } catch {
-        await jsm.streams.add({ name: stream, subjects: [subj.allResults], max_msgs_per_subject: 1, num_replicas: replicas });
+        await jsm.streams.add({ name: stream, subjects: [subj.allResults], max_msgs_per_subject: KEPT_PER_SUBJECT, num_replicas: replicas });
       }
     });
     const kv = await patiently(`creating KV bucket ferry-${run}`, patience, () => new Kvm(js).create(`ferry-${run}`, { history: 1, replicas }));
     const objects = await patiently(`creating object store ferry-${run}-snapshots`, patience, () => new Objm(js).create(`ferry-${run}-snapshots`, { replicas }));
-    return new JetStreamStore(patience, run, subj, js, jsm, stream, kv, objects);
+    return new JetStreamStore(patience, run, subj, js, jsm, stream, kv, objects, options.log ?? (() => {}));
   }
 
   async saveProgress(p: Progress): Promise<void> {
@@ -83,25 +98,41 @@ export class JetStreamStore implements RunStore {
   }
 
   async saveStage(iteration: number, stage: Stage, value: unknown): Promise<void> {
-    // The id makes a second publish of the same result (a retry, a replayed stage) a no-op.
+    // The id makes a second publish of the same result (a retry, a replayed stage) a no-op: the
+    // acknowledgement then names the first one's sequence number.
+    const subject = this.subj.results(iteration, stage);
     const bytes = encode({ type: 'stage', v: PROTOCOL_VERSION, iteration, stage, value: value as Record<string, unknown> });
-    await patiently(`storing the ${stage} of iteration ${iteration}`, this.patienceMs, () =>
-      this.js.publish(this.subj.results(iteration, stage), bytes, { msgID: `${this.run}.${iteration}.${stage}` }),
-    );
+    const ack = await patiently(`storing the ${stage} of iteration ${iteration}`, this.patienceMs, () => this.js.publish(subject, bytes, { msgID: `${this.run}.${iteration}.${stage}` }));
+    if (!ack.duplicate) this.written.set(subject, { seq: ack.seq, sha256: sha256(bytes) });
+    else if (!this.written.has(subject)) this.written.set(subject, { seq: ack.seq, sha256: '' }); // written before this store: its bytes are checked as read
   }
 
   async loadStage<T>(iteration: number, stage: Stage): Promise<T | undefined> {
     const subject = this.subj.results(iteration, stage);
+    const mine = this.written.get(subject);
     const msg = await patiently(`reading the ${stage} of iteration ${iteration}`, this.patienceMs, async () => {
       try {
-        return await this.jsm.streams.getMessage(this.stream, { last_by_subj: subject });
+        return await this.jsm.streams.getMessage(this.stream, mine ? { seq: mine.seq } : { last_by_subj: subject });
       } catch (e) {
         if (/no message found|not found/i.test((e as Error).message)) return null;
         throw e;
       }
     });
     if (!msg) return undefined;
-    return decode(subject, msg.data, StageRecord).value as T;
+    const refuse = (why: string) => {
+      this.log(`the run store's ${subject} (message ${msg.seq}) ${why}: treated as missing, computed again`);
+      return undefined;
+    };
+    if (msg.subject !== subject) return refuse(`is on ${msg.subject}`);
+    if (mine?.sha256 && sha256(msg.data) !== mine.sha256) return refuse('is not the record this supervisor wrote (its SHA-256 differs)');
+    let record: { iteration: number; stage: string; value: Record<string, unknown> };
+    try {
+      record = decode(subject, msg.data, StageRecord);
+    } catch (e) {
+      return refuse(`does not read as a stage record: ${(e as Error).message}`);
+    }
+    if (record.iteration !== iteration || record.stage !== stage) return refuse(`holds the ${record.stage} of iteration ${record.iteration}`);
+    return record.value as T;
   }
 
   async saveSnapshot(iteration: number, set: CheckpointSet): Promise<{ bytes: number }> {
@@ -126,3 +157,5 @@ export class JetStreamStore implements RunStore {
 
   async close(): Promise<void> {}
 }
+
+const sha256 = (bytes: Uint8Array) => createHash('sha256').update(bytes).digest('hex');

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { parseScenario } from './scenario.ts';
-import { responseStats, rewardItems, runSpec } from './run.ts';
+import { keptProblem, responseStats, rewardItems, runSpec } from './run.ts';
 
 describe('rollouts of a task whose answers end (count, base 6: budget 7, EOS 7)', () => {
   const r = runSpec(parseScenario('task: { name: count, base: 6 }\nalgorithm: grpo\ncluster: { devices_per_node: 3 }', 'c.yaml'));
@@ -29,5 +29,23 @@ describe('rollouts of a task whose answers end (count, base 6: budget 7, EOS 7)'
   it('a task without an end token reports no lengths (every response is the budget long)', () => {
     const sort = runSpec(parseScenario('task: { name: sort, digits: 2 }', 's.yaml'));
     expect(responseStats(sort, new Int32Array(2 * 5))).toEqual({});
+  });
+});
+
+describe('keptProblem: a stage record read back must hold what the call writes', () => {
+  const r = runSpec(parseScenario('{}', 'k.yaml'));
+  const gen = r.graph.calls.find((c) => c.fn === 'generate')!;
+  const ports = Object.fromEntries(Object.keys(gen.writes).map((p) => [p, p === 'tokens' ? new Int32Array(4) : new Float32Array(4)]));
+
+  it('accepts the ports as typed arrays, with numeric sources', () => {
+    expect(keptProblem(gen, { ports, generated: 3, sources: { rule: 0.5 } })).toBeUndefined();
+  });
+
+  it('refuses what is missing or not numbers, naming it', () => {
+    expect(keptProblem(gen, null)).toBe('no ports');
+    expect(keptProblem(gen, { ports: { ...ports, tokens: [1, 2] } })).toBe('port tokens is not an array of numbers');
+    expect(keptProblem(gen, { ports: {} })).toMatch(/^port \w+ is not an array of numbers$/);
+    expect(keptProblem(gen, { ports, sources: { rule: 'x' } })).toBe('sources are not numbers');
+    expect(keptProblem(gen, { ports, generated: '3' })).toBe('generated is not a number');
   });
 });

@@ -609,7 +609,7 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
     const stage = stageOf(c.name);
     if (c.fn !== 'train') {
       const kept = await store.loadStage<{ ports: Fields; sources?: Record<string, number>; generated?: number }>(iteration, stage);
-      if (kept) {
+      if (kept && keptProblem(c, kept) === undefined) {
         if (kept.sources) callSources.set(c.name, kept.sources);
         generated += kept.generated ?? 0;
         return rename(c, kept.ports);
@@ -625,6 +625,23 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
   });
   const rewardCall = r.graph.calls.find((c) => c.fn === 'inference' && c.writes.scores === r.graph.reward);
   return { fields, moved, sources: (rewardCall && callSources.get(rewardCall.name)) ?? {}, generated };
+}
+
+/**
+ * Why a stage record read back from the store cannot stand for the call's output, or undefined:
+ * every port the call writes must be there as numbers (a typed array), sources as numbers. A
+ * record that fails is computed again (the store has checked its bytes, schema and place).
+ */
+export function keptProblem(c: CallDecl, kept: unknown): string | undefined {
+  const k = kept as { ports?: unknown; sources?: unknown; generated?: unknown };
+  if (typeof k !== 'object' || k === null || typeof k.ports !== 'object' || k.ports === null) return 'no ports';
+  for (const port of Object.keys(c.writes)) {
+    const v = (k.ports as Record<string, unknown>)[port];
+    if (!(v instanceof Int32Array || v instanceof Float32Array || v instanceof Uint32Array)) return `port ${port} is not an array of numbers`;
+  }
+  if (k.sources !== undefined && (typeof k.sources !== 'object' || k.sources === null || Object.values(k.sources).some((x) => typeof x !== 'number'))) return 'sources are not numbers';
+  if (k.generated !== undefined && typeof k.generated !== 'number') return 'generated is not a number';
+  return undefined;
 }
 
 /** The ports a call writes, of those it gave back. */
@@ -656,7 +673,7 @@ export async function trainedRollouts(r: RunSpec, store: Pick<RunStore, 'loadSta
       else {
         const kept = await store.loadStage<{ ports: Fields }>(i, stageOf(writer.name));
         const port = Object.entries(writer.writes).find(([, f]) => f === field)?.[0];
-        tokens = port ? (kept?.ports[port] as Int32Array | undefined) : undefined;
+        tokens = port && kept && keptProblem(writer, kept) === undefined ? (kept.ports[port] as Int32Array) : undefined;
       }
       list.push(tokens ? { iteration: i, rows: tokens.length / width, sha256: tokensDigest(tokens) } : { iteration: i, rows: rowsOf(r.scenario), sha256: 'missing from the run store' });
     }
