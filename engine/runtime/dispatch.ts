@@ -165,6 +165,9 @@ export async function runExchange<F extends 'realloc' | 'probe' | 'checkpoint' |
     subj.ready(id),
     Ready,
     (m) => {
+      // Only an expected device's ready for this very exchange counts (its id is unguessable and
+      // carries the epoch of a reallocation).
+      if (m.realloc !== id || !waiting.has(m.device)) return;
       waiting.delete(m.device);
       if (waiting.size === 0) allReady();
     },
