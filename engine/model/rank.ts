@@ -345,10 +345,14 @@ export class GptRank {
     return this.speaks ? res : new Float32Array(0);
   }
 
+  /** wteᵀ for the length of one generate call (a tied head's decoding steps would each transpose it). */
+  private headT?: tf.Tensor;
+
   /** The head over rows y [N, D]: y·head.w + head.b, or y·wteᵀ for a tied head ([N, V] or [N, 1]). */
   private headRows(y: tf.Tensor): tf.Tensor {
     if (!isTied(this.spec)) return linear(y, this.w('head.w'), this.w('head.b'));
-    // Transposed once, explicitly: a product with a transposed operand is slow on wasm (blocks.ts).
+    // Transposed explicitly: a product with a transposed operand is slow on wasm (blocks.ts).
+    if (this.headT) return tf.matMul(y as tf.Tensor2D, this.headT as tf.Tensor2D);
     return tf.tidy(() => tf.matMul(y as tf.Tensor2D, tf.transpose(this.w('wte')) as tf.Tensor2D));
   }
 
@@ -432,6 +436,8 @@ export class GptRank {
     let finished = 0;
     let steps = 0;
     let logits: tf.Tensor | undefined;
+    // The weights do not change during the call: a tied head's transpose is made once for it.
+    if (isTied(this.spec) && this.last) this.headT = tf.transpose(this.w('wte'));
     try {
       logits = await logitsAt(0, promptLen);
       for (let t = 0; t < responseLen; t++) {
@@ -474,7 +480,14 @@ export class GptRank {
       kv?.dispose();
     }
     // Log-probabilities of the sampled tokens, as training will compute them; 0 after each end.
-    const { out } = await this.forwardStage(group, 'gen/logp', tokens, b, width, false);
+    let fwd: Awaited<ReturnType<typeof this.forwardStage>>;
+    try {
+      fwd = await this.forwardStage(group, 'gen/logp', tokens, b, width, false);
+    } finally {
+      this.headT?.dispose();
+      this.headT = undefined;
+    }
+    const { out } = fwd;
     if (!out || !this.speaks) {
       out?.dispose();
       return { tokens: new Int32Array(0), logprobs: new Float32Array(0), steps };
