@@ -2,7 +2,7 @@
 // reward requests and nothing else; a client without credentials is refused; a parameter chunk
 // with a wrong digest is rejected even when sent by a role allowed to send chunks. And a whole
 // run works on a closed bus.
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import type { NatsConnection } from '@nats-io/transport-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -105,30 +105,43 @@ describe('a closed bus', () => {
   });
 });
 
-describe('a run on a closed bus', () => {
+describe('a run on a closed bus, by default', () => {
+  const quiet = { phase() {}, iteration() {}, stop() {} };
+
   it('runs with per-role credentials and leaves them in the run directory', async () => {
     const dir = tempDir();
     const out = join(dir, 'run');
-    const r = await launch({ scenario: loadScenario(smallScenario(dir)), run: `auth${Date.now()}`, out, auth: true, progress: { phase() {}, iteration() {}, stop() {} }, say: () => {} });
+    const said: string[] = [];
+    const r = await launch({ scenario: loadScenario(smallScenario(dir)), run: `auth${Date.now()}`, out, progress: quiet, say: (l) => said.push(l) });
     expect(r.summary?.error).toBeUndefined();
     expect(r.code).toBe(0);
     const written = JSON.parse(readFileSync(join(out, 'credentials.json'), 'utf8')) as Credentials;
     expect(Object.keys(written).sort()).toEqual(['launcher', 'reward', 'supervisor', 'worker']);
     expect(written.reward.pass.length).toBeGreaterThan(16);
+    expect(statSync(join(out, 'credentials.json')).mode & 0o777).toBe(0o600);
+    expect(said.join('\n')).toMatch(/the bus is closed: credentials per role in/);
   }, 120_000);
 
-  it('refuses --auth with an existing server', async () => {
+  it('with --open, writes no credentials and says so on the screen', async () => {
     const dir = tempDir();
-    await expect(
-      launch({
-        scenario: loadScenario(smallScenario(dir)),
-        run: `auth${Date.now()}`,
-        out: join(dir, 'x'),
-        auth: true,
-        natsUrl: 'nats://127.0.0.1:4222',
-        progress: { phase() {}, iteration() {}, stop() {} },
-        say: () => {},
-      }),
-    ).rejects.toThrow(/cannot be combined with an existing server/);
-  });
+    const out = join(dir, 'run');
+    const said: string[] = [];
+    const r = await launch({ scenario: loadScenario(smallScenario(dir)), run: `open${Date.now()}`, out, open: true, progress: quiet, say: (l) => said.push(l) });
+    expect(r.code).toBe(0);
+    expect(existsSync(join(out, 'credentials.json'))).toBe(false);
+    expect(said.join('\n')).toMatch(/the bus is OPEN \(--open\): anyone who can reach the server can publish and subscribe on this run/);
+  }, 120_000);
+
+  it('on a server it is given that takes anyone, warns once', async () => {
+    const dir = tempDir();
+    const open = await startNatsServer();
+    try {
+      const said: string[] = [];
+      const r = await launch({ scenario: loadScenario(smallScenario(dir)), run: `given${Date.now()}`, out: join(dir, 'run'), natsUrl: open.url, progress: quiet, say: (l) => said.push(l) });
+      expect(r.code).toBe(0);
+      expect(said.filter((l) => /accepted a connection without credentials/.test(l))).toHaveLength(1);
+    } finally {
+      await open.stop();
+    }
+  }, 120_000);
 });

@@ -36,10 +36,12 @@ export interface LaunchOptions {
   /** Go on from the last checkpoint in `out`. */
   resume?: boolean;
   /**
-   * Run the private server with authentication: one user per role, each with only its subjects;
-   * the credentials go to `out/credentials.json` (for reward actors started by hand).
+   * Run the private server without authentication. By default it has one user per role, each
+   * with only its subjects, and the credentials go to `out/credentials.json` (for reward actors
+   * and workers started by hand); with an existing server (`natsUrl`), the credentials are the
+   * environment's (FERRY_NATS_USER, FERRY_NATS_PASS).
    */
-  auth?: boolean;
+  open?: boolean;
   say?: (line: string) => void;
 }
 
@@ -137,11 +139,13 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
 
   try {
     let url = o.natsUrl;
-    if (o.auth && url) throw new Error(`--auth runs a private server with per-role credentials; it cannot be combined with an existing server (${url})`);
-    const creds = o.auth ? makeCredentials(o.run) : undefined;
+    // Closed by default: a private server requires per-run credentials for every role.
+    const creds = !o.open && !url ? makeCredentials(o.run) : undefined;
     if (creds) {
       writeFileSync(join(o.out, 'credentials.json'), `${JSON.stringify(creds, null, 2)}\n`, { mode: 0o600 });
       say(`the bus is closed: credentials per role in ${join(o.out, 'credentials.json')}`);
+    } else if (o.open && !url) {
+      say('the bus is OPEN (--open): anyone who can reach the server can publish and subscribe on this run');
     }
     if (!url) {
       server = await startNatsServer({ log: say, ...(creds ? { config: authConfig(o.run, creds) } : {}) });
@@ -152,6 +156,9 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
       say(`using NATS at ${url}`);
     }
     const nc = await connectBus(url, `ferry-launcher-${o.run}`, creds?.launcher ?? {});
+    if (o.natsUrl && !process.env.FERRY_NATS_USER && !nc.info?.auth_required) {
+      say(`warning: ${url} accepted a connection without credentials: anyone who can reach it can steer or corrupt this run (set FERRY_NATS_USER and FERRY_NATS_PASS for a server that requires them)`);
+    }
     const subj = subjects(o.run);
     const publish = (e: Record<string, unknown> & { type: string }) => {
       if (nc.isClosed() || nc.isDraining()) return;
@@ -334,7 +341,9 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     const count = Math.min(o.workers ?? devices.length, devices.length);
     for (let i = 0; i < count; i++) slots.push(start('worker', i, false));
     if (count < devices.length) {
-      say(`waiting for ${devices.length - count} worker(s) to join by hand: npm run worker -- --nats ${url} --run ${o.run}`);
+      say(
+        `waiting for ${devices.length - count} worker(s) to join by hand: ${creds ? `FERRY_NATS_USER=${creds.worker.user} FERRY_NATS_PASS=<worker.pass in ${join(o.out, 'credentials.json')}> ` : ''}npm run worker -- --nats ${url} --run ${o.run}`,
+      );
     }
     await supervisorEnded;
     ending = true;

@@ -8,7 +8,7 @@ import { loadScenarioFile, planOnly } from '../runtime/index.ts';
 import { UsageError, args, runMain } from '../../actors/host.ts';
 import { launch } from './launch.ts';
 
-const USAGE = `usage: npm run scenario [-- FILE] [--plan PLAN.yaml] [--resume RUN_DIR] [--out DIR] [--nats URL] [--workers N] [--backend ${BACKENDS.join('|')}] [--auth]
+const USAGE = `usage: npm run scenario [-- FILE] [--plan PLAN.yaml] [--resume RUN_DIR] [--out DIR] [--nats URL] [--workers N] [--backend ${BACKENDS.join('|')}] [--open]
   FILE       scenario file (default scenarios/quickstart.yaml)
   --plan     a plan (as npm run plan --write writes it) that replaces the scenario's
   --resume   a run directory to go on from its last checkpoint (FILE defaults to its scenario.json)
@@ -16,7 +16,8 @@ const USAGE = `usage: npm run scenario [-- FILE] [--plan PLAN.yaml] [--resume RU
   --nats     NATS server to use (default: $NATS_URL, else a private nats-server)
   --workers  worker processes to start here (default: one per device; others join with npm run worker)
   --backend  TensorFlow.js backend for the workers started here (default: the scenario's)
-  --auth     a closed bus: the private server requires per-role credentials (written to DIR/credentials.json)`;
+  --open     an open bus: the private server takes connections without credentials (by default it
+             requires per-role ones, written to DIR/credentials.json)`;
 
 runMain(async () => {
   const { values, positionals } = args(USAGE, {
@@ -26,7 +27,7 @@ runMain(async () => {
     nats: { type: 'string' },
     workers: { type: 'string' },
     backend: { type: 'string' },
-    auth: { type: 'boolean', default: false },
+    open: { type: 'boolean', default: false },
   });
   if (values.help) {
     console.log(USAGE);
@@ -57,7 +58,7 @@ runMain(async () => {
     workers,
     backend: values.backend,
     resume: values.resume !== undefined,
-    auth: values.auth,
+    open: values.open,
   });
   const s = result.summary;
   const secs = ((Date.now() - t0) / 1000).toFixed(1);
