@@ -1,16 +1,21 @@
 // The estimator benchmark: several plans of one local scenario run for real (worker processes
-// over NATS), each against the planner's estimate from the fitted local profile.
+// over NATS), each against the planner's estimate from the fitted local profile, at the speed the
+// machine has when the plan runs (its speed probe, timed just before and just after, against the
+// probe's time when the profile was fitted: a shared machine's speed drifts by a fifth or more in
+// minutes).
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Metrics } from '../../mesh/wire/index.ts';
 import { runId } from '../../mesh/wire/index.ts';
 import type { DeviceProfile } from '../runtime/index.ts';
-import { Evaluator, PLACEMENTS, namedPlan, search, type Candidate } from '../runtime/index.ts';
+import { Evaluator, PLACEMENTS, namedPlan, scaledProfile, search, type Candidate } from '../runtime/index.ts';
 import { candidateOf, problemOf } from '../runtime/index.ts';
 import { median } from '../runtime/index.ts';
 import { parseScenario, type Scenario } from '../runtime/index.ts';
 import { launch } from './launch.ts';
+import { speedProbe } from './profile.ts';
+import { withWorkers } from './workers.ts';
 
 const BASE = `name: estimator
 seed: 1
@@ -65,14 +70,28 @@ export const PLANS: Record<string, string> = {
   reward.inference: { mesh: "0:3" }`,
 };
 
+/**
+ * How many times as long the speed probe takes now as when `profile` was fitted (1 for a profile
+ * without a probe): this machine is shared, and its speed drifts by a fifth or more within minutes.
+ */
+export async function speedFactor(profile: DeviceProfile): Promise<number> {
+  if (!profile.probeSeconds) return 1;
+  const now = await withWorkers(1, 'probe', ({ d }) => speedProbe(d));
+  return now / profile.probeSeconds;
+}
+
 export async function estimatorBench(profile: DeviceProfile, iterations: number, log: (line: string) => void, task = 'sort') {
   const rows = [];
   for (const [name, plan] of Object.entries(PLANS)) {
     const scenario = { ...parseScenario(`${BASE}${ESTIMATOR_TASKS[task]}\nrl: { iterations: ${iterations}, batch: 64 }\n${plan}\n`, `estimator/${name}`), name: `estimator-${name}` };
-    const estimated = new Evaluator(problemOf(scenario, profile)).evaluate(candidateOf(scenario));
+    // The profile at the machine's speed while the plan runs: the probe, timed just before and
+    // just after the run, averaged.
+    const before = await speedFactor(profile);
     const dir = mkdtempSync(join(tmpdir(), 'ferry-estimator-'));
     try {
       const r = await launch({ scenario, run: runId(`est-${name}`), out: dir, progress: { phase() {}, iteration() {}, stop() {} }, say: () => {} });
+      const speed = (before + (await speedFactor(profile))) / 2;
+      const estimated = new Evaluator(problemOf(scenario, scaledProfile(profile, speed))).evaluate(candidateOf(scenario));
       if (r.code !== 0) throw new Error(`plan ${name} failed: ${r.summary?.error ?? `exit ${r.code}`}`);
       const metrics = readFileSync(join(dir, 'metrics.jsonl'), 'utf8')
         .trim()
@@ -81,8 +100,10 @@ export async function estimatorBench(profile: DeviceProfile, iterations: number,
       // The first iteration warms caches and compiles; the rest are the steady state the simulator estimates.
       const measured = median(metrics.slice(1).map((m) => m.seconds))!;
       const error = (estimated.iterationSeconds - measured) / measured;
-      log(`  ${name.padEnd(14)} measured ${measured.toFixed(3)} s/it, estimated ${estimated.iterationSeconds.toFixed(3)} s/it (${(100 * error).toFixed(1)}%)`);
-      rows.push({ plan: name, measured_seconds: measured, estimated_seconds: estimated.iterationSeconds, relative_error: error });
+      log(
+        `  ${name.padEnd(14)} measured ${measured.toFixed(3)} s/it, estimated ${estimated.iterationSeconds.toFixed(3)} s/it (${(100 * error).toFixed(1)}%), machine ${speed.toFixed(2)}× the profile's time`,
+      );
+      rows.push({ plan: name, measured_seconds: measured, estimated_seconds: estimated.iterationSeconds, relative_error: error, speed_factor: speed });
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

@@ -16,7 +16,7 @@ import { median } from '../runtime/index.ts';
 import { localShape, type DeviceProfile, type ModelShape } from '../runtime/index.ts';
 import { callCost, type CallKind, type Workload } from '../runtime/index.ts';
 import { LOCAL_PROFILE } from '../runtime/index.ts';
-import { withWorkers } from './workers.ts';
+import { withWorkers, type Workers } from './workers.ts';
 
 const USAGE = 'usage: npm run profile [-- --out FILE] [--json]';
 
@@ -121,6 +121,32 @@ function trainBody(body: { tokens: Int32Array; batch: number; promptLen: number;
     loss: { name: 'clip_policy', params: { clip: 0.2 } },
     data: { old: new Float32Array(response), advantages: new Float32Array(response).fill(0.1) },
   };
+}
+
+/**
+ * The speed probe: a fixed set of calls (a training step, an inference pass and a generation of
+ * 25 tokens on a 2-layer, width-64 model, 64 rows) on one worker, the median of three after one
+ * to warm up, in device seconds. Timed when a profile is fitted and again before a measured run,
+ * its ratio says how much faster or slower the machine is now.
+ */
+export async function speedProbe(d: Workers['d'], device = 0): Promise<number> {
+  const spec = { kind: 'policy' as const, vocab: 11, context: 28, layers: 2, width: 64, heads: 4 };
+  const layout: Layout = { devices: [device], dp: 1, tp: 1, pp: 1 };
+  await d.call(device, 'probe', 0, { fn: 'load', role: 'probe', spec, layout, rank: 0, seed: 1, optim: { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 } });
+  const batch = 64;
+  const tokens = Int32Array.from({ length: batch * 28 }, (_, i) => i % 10);
+  const body = { tokens, batch, promptLen: 3, responseLen: 25 };
+  const once = async () => {
+    const before = d.stats().device_seconds;
+    await d.call(device, 'probe', 0, trainBody(body, batch * 25, { epochs: 1, minibatches: 1 }));
+    await d.call(device, 'probe', 0, { fn: 'inference', ...body });
+    await d.call(device, 'probe', 0, { fn: 'generate', prompts: tokens.subarray(0, batch * 3), batch, promptLen: 3, responseLen: 25, seeds: new Uint32Array(batch), temperature: 1 });
+    return d.stats().device_seconds - before;
+  };
+  await once();
+  const times = [await once(), await once(), await once()];
+  await d.call(device, 'probe', 0, { fn: 'release' });
+  return median(times)!;
 }
 
 /** Timings per call and size, after one to warm up. */
@@ -337,6 +363,7 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
       parallelSlowdown,
       busBandwidth: bandwidth,
       source: `npm run profile on ${new Date().toISOString()}: ${timings.length} calls of 4 shapes and 2 lengths on one worker, ${alphaRows.length} across two, a ping and a 32 MiB exchange`,
+      probeSeconds: await speedProbe(d),
       fit: { samples, median_relative_error: median(residuals) },
     };
   });

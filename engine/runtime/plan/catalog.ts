@@ -92,8 +92,34 @@ export interface DeviceProfile {
    * not priced (the cluster profiles describe devices, not the bus a run's supervisor listens on).
    */
   busBandwidth?: number;
+  /**
+   * The speed probe's seconds when the profile was fitted (`npm run profile`): a fixed set of
+   * calls, timed again later to see how much faster or slower the machine runs now.
+   */
+  probeSeconds?: number;
   /** Where the numbers come from. */
   source: string;
+}
+
+/**
+ * The profile of the same machine running `factor` times as long (a shared machine's speed
+ * drifts): every time it prices is multiplied by `factor`, every rate divided by it.
+ */
+export function scaledProfile(dev: DeviceProfile, factor: number): DeviceProfile {
+  const t = (x: number | undefined) => (x === undefined ? undefined : x * factor);
+  const r = (x: number) => x / factor;
+  const out: DeviceProfile = {
+    ...dev,
+    flops: r(dev.flops),
+    memBandwidth: r(dev.memBandwidth),
+    intraBandwidth: r(dev.intraBandwidth),
+    interBandwidth: r(dev.interBandwidth),
+    latency: dev.latency * factor,
+    layerOverhead: dev.layerOverhead * factor,
+  };
+  for (const k of ['callOverhead', 'elementSeconds', 'decodeLayerOverhead', 'decodeStepOverhead'] as const) if (dev[k] !== undefined) out[k] = t(dev[k]);
+  if (dev.busBandwidth !== undefined) out.busBandwidth = r(dev.busBandwidth);
+  return out;
 }
 
 /** Sustained fractions of peak (assumptions, applied to every plan alike). */

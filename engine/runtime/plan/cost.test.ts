@@ -3,7 +3,7 @@
 import { describe, expect, it } from 'vitest';
 import type { Layout, ModelInfo } from '../../../mesh/parallel/layout.ts';
 import { planRealloc } from '../../../mesh/parallel/realloc.ts';
-import { DEVICES, MODELS, localShape, type DeviceProfile, type ModelShape } from './catalog.ts';
+import { DEVICES, MODELS, localShape, scaledProfile, type DeviceProfile, type ModelShape } from './catalog.ts';
 import { allReduceSeconds, callCost, coarseInfo, parameterCounts, reallocSeconds, shapeInfo, strategyProblem, type Workload } from './cost.ts';
 
 const A100 = DEVICES['a100-80gb']!;
@@ -262,6 +262,36 @@ describe('callCost', () => {
     const across = callCost(L7, 'train', layout({ dp: 2, tp: 8 }), BIG, A100, 8, opts);
     const inside = callCost(L7, 'train', layout({ dp: 2, tp: 8 }), BIG, A100, 16, opts);
     expect(across.communication).toBeGreaterThan(inside.communication);
+  });
+
+  it('scaledProfile: a machine twice as slow prices every call at twice the time', () => {
+    const local: DeviceProfile = {
+      name: 'l',
+      flops: 1e10,
+      memBandwidth: 1e10,
+      memoryBytes: 1e12,
+      intraBandwidth: 1e8,
+      interBandwidth: 1e8,
+      latency: 1e-3,
+      layerOverhead: 1e-4,
+      callOverhead: 1e-3,
+      elementSeconds: 1e-7,
+      decodeLayerOverhead: 1e-4,
+      decodeStepOverhead: 1e-4,
+      busBandwidth: 1e8,
+      source: 't',
+    };
+    const tiny = localShape('tiny', 16, 2, 64, 4);
+    const wl: Workload = { batch: 8, promptLen: 3, responseLen: 5, epochs: 1, minibatches: 1 };
+    for (const kind of ['generate', 'inference', 'train'] as const) {
+      for (const l of [layout({}), layout({ tp: 2 }), layout({ pp: 2 })]) {
+        const one = callCost(tiny, kind, l, wl, local, 8, { owner: true, trainable: true }).seconds;
+        const two = callCost(tiny, kind, l, wl, scaledProfile(local, 2), 8, { owner: true, trainable: true }).seconds;
+        expect(two / one).toBeCloseTo(2, 9);
+      }
+    }
+    expect(scaledProfile(local, 2).busBandwidth).toBe(5e7);
+    expect(scaledProfile(A100, 1.5).elementSeconds).toBeUndefined();
   });
 
   describe("a fitted local profile's terms (hand-computed)", () => {
