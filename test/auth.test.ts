@@ -2,7 +2,8 @@
 // reward requests and nothing else; a client without credentials is refused; a parameter chunk
 // with a wrong digest is rejected even when sent by a role allowed to send chunks. And a whole
 // run works on a closed bus.
-import { existsSync, readFileSync, statSync } from 'node:fs';
+import { existsSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { createUser } from '@nats-io/nkeys';
 import { join } from 'node:path';
 import type { NatsConnection } from '@nats-io/transport-node';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -11,7 +12,7 @@ import { serveReward } from '../actors/reward-actor.ts';
 import { launch } from '../engine/cli/launch.ts';
 import { loadScenario } from '../engine/runtime/scenario.ts';
 import { authConfig, makeCredentials, type RunCredentials as Credentials } from '../mesh/wire/auth.ts';
-import { BusError, connectBus } from '../mesh/wire/bus.ts';
+import { BusError, connectBus, credentialsOf } from '../mesh/wire/bus.ts';
 import { encode } from '../mesh/wire/codec.ts';
 import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/nats-server.ts';
 import { PROTOCOL_VERSION } from '../mesh/wire/protocol.ts';
@@ -144,4 +145,44 @@ describe('a run on a closed bus, by default', () => {
       await open.stop();
     }
   }, 120_000);
+});
+
+describe("credentials for a server of one's own: a token, an NKey, a creds file, from the environment", () => {
+  it('connects with a token, and is refused without it', async () => {
+    const server = await startNatsServer({ config: 'authorization { token: "s3cr3t-token-9" }' });
+    try {
+      const nc = await connectBus(server.url, 'with-token', { token: 's3cr3t-token-9' });
+      await nc.close();
+      await expect(connectBus(server.url, 'no-token', { user: 'x', pass: 'y' })).rejects.toThrow(/Authorization Violation|authorization/i);
+      // From the environment, as the workers and the supervisor read it.
+      expect(credentialsOf({}, { FERRY_NATS_TOKEN: 't' })).toMatchObject({ token: 't' });
+    } finally {
+      await server.stop();
+    }
+  });
+
+  it('connects with an NKey seed file, and is refused with another key', async () => {
+    const user = createUser();
+    const other = createUser();
+    const server = await startNatsServer({ config: `authorization { users: [ { nkey: "${user.getPublicKey()}" } ] }` });
+    const dir = tempDir();
+    try {
+      writeFileSync(join(dir, 'user.nk'), `${new TextDecoder().decode(user.getSeed())}\n`);
+      writeFileSync(join(dir, 'other.nk'), new TextDecoder().decode(other.getSeed()));
+      const nc = await connectBus(server.url, 'with-nkey', { nkeyFile: join(dir, 'user.nk') });
+      await nc.close();
+      await expect(connectBus(server.url, 'other-nkey', { nkeyFile: join(dir, 'other.nk') })).rejects.toThrow(/Authorization Violation|authorization/i);
+      await expect(connectBus(server.url, 'missing', { credsFile: join(dir, 'none.creds') })).rejects.toThrow(/cannot read the creds file .*none\.creds/);
+    } finally {
+      await server.stop();
+    }
+  });
+
+  it('refuses two ways at once, naming both', () => {
+    expect(() => credentialsOf({}, { FERRY_NATS_USER: 'u', FERRY_NATS_PASS: 'p', FERRY_NATS_NKEY: '/k' })).toThrow(
+      /expected one way to authenticate to NATS, got a user \(FERRY_NATS_USER\) and an NKey \(FERRY_NATS_NKEY\)/,
+    );
+    // Credentials given in the call replace the environment's whole.
+    expect(credentialsOf({ user: 'a', pass: 'b' }, { FERRY_NATS_TOKEN: 't' })).toEqual({ user: 'a', pass: 'b' });
+  });
 });

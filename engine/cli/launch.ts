@@ -4,7 +4,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createWriteStream, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { answerable, connectBus, subscribe } from '../../mesh/wire/index.ts';
+import { CREDENTIAL_ENV, answerable, connectBus, hasCredentials, subscribe } from '../../mesh/wire/index.ts';
 import { startNatsServer, type PrivateNatsServer } from '../../mesh/wire/index.ts';
 import { authConfig, makeCredentials } from '../../mesh/wire/index.ts';
 import { encode } from '../../mesh/wire/index.ts';
@@ -156,8 +156,10 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
       say(`using NATS at ${url}`);
     }
     const nc = await connectBus(url, `ferry-launcher-${o.run}`, creds?.launcher ?? {});
-    if (o.natsUrl && !process.env.FERRY_NATS_USER && !nc.info?.auth_required) {
-      say(`warning: ${url} accepted a connection without credentials: anyone who can reach it can steer or corrupt this run (set FERRY_NATS_USER and FERRY_NATS_PASS for a server that requires them)`);
+    if (o.natsUrl && !hasCredentials() && !nc.info?.auth_required) {
+      say(
+        `warning: ${url} accepted a connection without credentials: anyone who can reach it can steer or corrupt this run (give a server that requires them FERRY_NATS_USER and FERRY_NATS_PASS, FERRY_NATS_TOKEN, FERRY_NATS_NKEY or FERRY_NATS_CREDS)`,
+      );
     }
     const subj = subjects(o.run);
     const publish = (e: Record<string, unknown> & { type: string }) => {
@@ -268,7 +270,13 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     const supervisorEnded = new Promise<void>((r) => (supervisorGone = r));
     let supervisorCode = null as number | null;
 
-    const roleEnv = (role: 'supervisor' | 'worker'): NodeJS.ProcessEnv => (creds ? { ...env, FERRY_NATS_USER: creds[role].user, FERRY_NATS_PASS: creds[role].pass } : env);
+    // On the private server, each process gets its role's user and no other credentials of the caller's.
+    const roleEnv = (role: 'supervisor' | 'worker'): NodeJS.ProcessEnv => {
+      if (!creds) return env;
+      const own = { ...env };
+      for (const k of CREDENTIAL_ENV) delete own[k];
+      return { ...own, FERRY_NATS_USER: creds[role].user, FERRY_NATS_PASS: creds[role].pass };
+    };
     const start = (kind: Slot['kind'], index: number, again: boolean): Slot => {
       const child =
         kind === 'supervisor'

@@ -1,6 +1,7 @@
 // The NATS connection and the two ways ferry talks over it: typed request/reply and typed
 // subscriptions. Errors say which subject and what went wrong.
-import { connect, type NatsConnection } from '@nats-io/transport-node';
+import { readFileSync } from 'node:fs';
+import { connect, credsAuthenticator, nkeyAuthenticator, type NatsConnection } from '@nats-io/transport-node';
 import type { z } from 'zod';
 import { decode, encode, ProtocolError } from './codec.ts';
 
@@ -39,18 +40,67 @@ export class BusError extends Error {
   }
 }
 
-/** Credentials on a closed bus: given, else $FERRY_NATS_USER and $FERRY_NATS_PASS (the launcher sets them per role). */
+/**
+ * Credentials on a closed bus, one way at most: a user and password, a token, an NKey seed file or
+ * a creds file (JWT and seed), as nats.js supports them. Given here, else from the environment:
+ * FERRY_NATS_USER and FERRY_NATS_PASS (the launcher sets them per role on its private server),
+ * FERRY_NATS_TOKEN, FERRY_NATS_NKEY (a file holding the seed), FERRY_NATS_CREDS (a .creds file).
+ */
 export interface Credentials {
   user?: string;
   pass?: string;
+  token?: string;
+  nkeyFile?: string;
+  credsFile?: string;
+}
+
+/** The environment variables that carry credentials. */
+export const CREDENTIAL_ENV = ['FERRY_NATS_USER', 'FERRY_NATS_PASS', 'FERRY_NATS_TOKEN', 'FERRY_NATS_NKEY', 'FERRY_NATS_CREDS'] as const;
+
+/** The credentials given (all of them, when any is), else the environment's; refuses two ways at once. */
+export function credentialsOf(given: Credentials = {}, env: NodeJS.ProcessEnv = process.env): Credentials {
+  const c: Credentials = Object.values(given).some((v) => v !== undefined)
+    ? given
+    : { user: env.FERRY_NATS_USER, pass: env.FERRY_NATS_PASS, token: env.FERRY_NATS_TOKEN, nkeyFile: env.FERRY_NATS_NKEY, credsFile: env.FERRY_NATS_CREDS };
+  const ways = [
+    c.user !== undefined && 'a user (FERRY_NATS_USER)',
+    c.token !== undefined && 'a token (FERRY_NATS_TOKEN)',
+    c.nkeyFile !== undefined && 'an NKey (FERRY_NATS_NKEY)',
+    c.credsFile !== undefined && 'a creds file (FERRY_NATS_CREDS)',
+  ].filter(Boolean);
+  if (ways.length > 1) throw new BusError(`expected one way to authenticate to NATS, got ${ways.join(' and ')}`, 'failed');
+  return c;
+}
+
+/** Whether any credentials are given (here or in the environment). */
+export function hasCredentials(given: Credentials = {}): boolean {
+  const c = credentialsOf(given);
+  return c.user !== undefined || c.token !== undefined || c.nkeyFile !== undefined || c.credsFile !== undefined;
+}
+
+function readSecret(file: string, what: string): Uint8Array {
+  try {
+    return new Uint8Array(readFileSync(file));
+  } catch (e) {
+    throw new BusError(`cannot read the ${what} ${file}: ${(e as Error).message}`, 'failed');
+  }
 }
 
 export async function connectBus(url: string, name: string, credentials: Credentials = {}): Promise<NatsConnection> {
-  const user = credentials.user ?? process.env.FERRY_NATS_USER;
-  const pass = credentials.pass ?? process.env.FERRY_NATS_PASS;
+  const c = credentialsOf(credentials);
+  const auth =
+    c.user !== undefined
+      ? { user: c.user, pass: c.pass }
+      : c.token !== undefined
+        ? { token: c.token }
+        : c.nkeyFile !== undefined
+          ? { authenticator: nkeyAuthenticator(new TextEncoder().encode(new TextDecoder().decode(readSecret(c.nkeyFile, 'NKey seed file')).trim())) }
+          : c.credsFile !== undefined
+            ? { authenticator: credsAuthenticator(readSecret(c.credsFile, 'creds file')) }
+            : {};
   try {
     return await connect({
-      ...(user !== undefined ? { user, pass } : {}),
+      ...auth,
       // A comma-separated list names the servers of a cluster, tried in the order given.
       servers: url.includes(',') ? url.split(',').map((u) => u.trim()) : url,
       noRandomize: url.includes(','),
@@ -64,7 +114,6 @@ export async function connectBus(url: string, name: string, credentials: Credent
   }
 }
 
-/** Sends `message` and decodes the reply with `schema`; a timeout or no responder is a BusError. */
 /** The prefix of the reply subjects nats.js (and the memory bus) makes for requests: their inboxes. */
 export const INBOX_PREFIX = '_INBOX.';
 
@@ -77,6 +126,7 @@ export function answerable(msg: { reply?: string }): msg is { reply: string } {
   return typeof msg.reply === 'string' && msg.reply.startsWith(INBOX_PREFIX);
 }
 
+/** Sends `message` and decodes the reply with `schema`; a timeout or no responder is a BusError. */
 export async function request<S extends z.ZodType>(nc: Bus, subject: string, message: { type: string; v: number; [key: string]: unknown }, schema: S, timeoutMs: number): Promise<z.infer<S>> {
   let reply: Msg;
   const bytes = encode(message);
