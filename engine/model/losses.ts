@@ -66,9 +66,15 @@ const str = <T extends string>(params: LossParams, key: string, allowed: readonl
   return v as T;
 };
 
-/** Clipped surrogate: mean over tokens of −min(r·A, clip(r, 1−ε, 1+ε)·A), r = exp(logp − old). */
-export function policyLoss(logprobs: tf.Tensor, old: tf.Tensor, advantages: tf.Tensor, clip: number, clipHigh = clip): tf.Scalar {
-  return tf.tidy(() => tf.neg(tf.mean(surrogate(logprobs, old, advantages, clip, clipHigh))) as tf.Scalar);
+/**
+ * Clipped surrogate: the mean over the tokens `mask` keeps (all, without one) of
+ * −min(r·A, clip(r, 1−ε, 1+ε)·A), r = exp(logp − old); `norm` as for LossFn.loss.
+ */
+export function policyLoss(logprobs: tf.Tensor, old: tf.Tensor, advantages: tf.Tensor, clip: number, clipHigh = clip, mask?: tf.Tensor, norm?: LossNorm): tf.Scalar {
+  return tf.tidy(() => {
+    const m = mask ?? tf.onesLike(logprobs);
+    return tokenMean(tf.neg(surrogate(logprobs, old, advantages, clip, clipHigh)), m, normOf(m, norm));
+  });
 }
 
 function surrogate(logprobs: tf.Tensor, old: tf.Tensor, advantages: tf.Tensor, clip: number, clipHigh: number): tf.Tensor {
@@ -78,13 +84,16 @@ function surrogate(logprobs: tf.Tensor, old: tf.Tensor, advantages: tf.Tensor, c
   return tf.minimum(unclipped, clipped);
 }
 
-/** Clipped value loss: ½·mean(max((V − R)², (V_old + clip(V − V_old, ±ε) − R)²)). */
-export function valueLoss(values: tf.Tensor, old: tf.Tensor, returns: tf.Tensor, clip: number): tf.Scalar {
+/**
+ * Clipped value loss: ½ × the mean over the tokens `mask` keeps (all, without one) of
+ * max((V − R)², (V_old + clip(V − V_old, ±ε) − R)²); `norm` as for LossFn.loss.
+ */
+export function valueLoss(values: tf.Tensor, old: tf.Tensor, returns: tf.Tensor, clip: number, mask?: tf.Tensor, norm?: LossNorm): tf.Scalar {
   return tf.tidy(() => {
+    const m = mask ?? tf.onesLike(values);
     const clippedValues = tf.add(old, tf.clipByValue(tf.sub(values, old), -clip, clip));
-    const a = tf.square(tf.sub(values, returns));
-    const b = tf.square(tf.sub(clippedValues, returns));
-    return tf.mul(0.5, tf.mean(tf.maximum(a, b))) as tf.Scalar;
+    const worst = tf.maximum(tf.square(tf.sub(values, returns)), tf.square(tf.sub(clippedValues, returns)));
+    return tf.mul(0.5, tokenMean(worst, m, normOf(m, norm))) as tf.Scalar;
   });
 }
 
@@ -164,15 +173,7 @@ const clipValue: LossFn = {
   head: 'value',
   rowsPerItem: 1,
   ports: () => ['old', 'returns'],
-  loss(pred, data, p, norm) {
-    const clip = num(p, 'clip');
-    return tf.tidy(() => {
-      const mask = maskOf(pred, data);
-      const clippedValues = tf.add(data.old!, tf.clipByValue(tf.sub(pred, data.old!), -clip, clip));
-      const worst = tf.maximum(tf.square(tf.sub(pred, data.returns!)), tf.square(tf.sub(clippedValues, data.returns!)));
-      return tf.mul(0.5, tokenMean(worst, mask, normOf(mask, norm))) as tf.Scalar;
-    });
-  },
+  loss: (pred, data, p, norm) => valueLoss(pred, data.old!, data.returns!, num(p, 'clip'), data.mask, norm),
   clipped(pred, data, p) {
     return tf.tidy(() => tf.sum(tf.mul(tf.cast(tf.greater(tf.abs(tf.sub(pred, data.old!)), num(p, 'clip')), 'float32'), maskOf(pred, data))).arraySync() as number);
   },
