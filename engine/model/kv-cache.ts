@@ -18,7 +18,7 @@ export function kvCacheBytes(rows: number, headSize: number, capacity: number, l
 }
 
 /** The wasm backend's heap cannot grow past this (emscripten's getHeapMax in tfjs-backend-wasm). */
-const WASM_HEAP_MAX = 4294901760;
+export const WASM_HEAP_MAX = 4294901760;
 
 /**
  * The most bytes this process's backend can hold in tensors, and what sets it: the wasm heap's

@@ -5,7 +5,7 @@ import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Metrics } from '../../mesh/wire/index.ts';
 import { Evaluator } from './plan/planner.ts';
-import { LOCAL_PROFILE, candidateOf, localProfileFile, problemOf } from './plan/problem.ts';
+import { LOCAL_PROFILE, candidateOf, loadLocalProfile, localProfileFile, problemOf } from './plan/problem.ts';
 import type { DeviceProfile } from './plan/catalog.ts';
 import type { Summary } from './record.ts';
 import { planRows, renderReport, type CallRecord, type KillRecord, type RecoveryRecord, type ReportInput } from './report.ts';
@@ -17,7 +17,7 @@ export function estimateOf(s: Scenario): ReportInput['estimate'] {
   if (s.cluster.device === 'local') {
     const file = localProfileFile();
     if (!file) return { missing: `no local device profile (${LOCAL_PROFILE}): npm run profile fits one` };
-    profile = JSON.parse(readFileSync(file, 'utf8')) as DeviceProfile;
+    profile = loadLocalProfile(file);
   }
   try {
     const ev = new Evaluator(problemOf(s, profile));

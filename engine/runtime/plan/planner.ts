@@ -244,15 +244,13 @@ export class Evaluator {
     const { device, checkpointEvery } = this.problem;
     if (!checkpointEvery || !device.busBandwidth) return 0;
     let bytes = 0;
-    let shards = 0;
     for (const x of priced.calls) {
       const { model: m, shape } = x.info;
       if (x.owner || !shape || x.info.name !== m.owner) continue; // once per model, at its owner's layout
       const state = m.trainable ? 3 : 1;
       bytes += parameterCounts(shape, m.valueHead).total * shape.dtypeBytes * state * x.placement.dp;
-      shards += x.placement.devices.length;
     }
-    return shards ? (2 * (device.callOverhead ?? 0) + bytes / device.busBandwidth) / checkpointEvery : 0;
+    return bytes ? (2 * (device.callOverhead ?? 0) + bytes / device.busBandwidth) / checkpointEvery : 0;
   }
 
   evaluate(c: Candidate, keepTimeline = false): Evaluation {

@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import { deviceCount } from '../../../mesh/parallel/index.ts';
 import { graphOf, planOnly, presetOf, resolvePlan, rowsOf, taskOf, type Scenario } from '../scenario.ts';
 import { ownerCall } from '../../algorithms/index.ts';
+import { WASM_HEAP_MAX } from '../../model/index.ts';
 import { flowOf } from './simulate.ts';
 import { DEVICES, MODELS, localShape, type DeviceProfile, type ModelShape } from './catalog.ts';
 import { Evaluator, type Candidate, type PlanGraph, type Problem } from './planner.ts';
@@ -18,9 +19,6 @@ export const DEFAULT_LOCAL_PROFILE = join('profiles', 'default-local.json');
 export function localProfileFile(): string | undefined {
   return [LOCAL_PROFILE, DEFAULT_LOCAL_PROFILE].find((f) => existsSync(f));
 }
-
-/** The wasm backend's heap at most (engine/model/kv-cache.ts's limit, without loading TensorFlow.js here). */
-const WASM_HEAP = 4294901760;
 
 /**
  * Why a local scenario's models cannot fit its workers' memory, or undefined: the planner's
@@ -35,9 +33,9 @@ export function memoryProblem(s: Scenario): string | undefined {
   const devices = deviceCount({ nodes: s.cluster.nodes, devicesPerNode: s.cluster.devices_per_node });
   const share = totalmem() / devices;
   const wasm = s.backend === 'wasm' || s.backend === 'auto';
-  const bytes = wasm ? Math.min(WASM_HEAP, share) : share;
-  const what = wasm && WASM_HEAP < share ? "the wasm heap's 4 GiB" : `this machine's ${(totalmem() / 2 ** 30).toFixed(0)} GiB over ${devices} devices`;
-  const profile = { ...(JSON.parse(readFileSync(file, 'utf8')) as DeviceProfile), memoryBytes: bytes };
+  const bytes = wasm ? Math.min(WASM_HEAP_MAX, share) : share;
+  const what = wasm && WASM_HEAP_MAX < share ? "the wasm heap's 4 GiB" : `this machine's ${(totalmem() / 2 ** 30).toFixed(0)} GiB over ${devices} devices`;
+  const profile = { ...loadLocalProfile(file), memoryBytes: bytes };
   const e = new Evaluator(problemOf(s, profile)).evaluate(candidateOf(s));
   if (e.feasible) return undefined;
   return `model: the plan does not fit the workers' memory: ${e.why} (a worker has ${what}); make model.width or model.layers smaller, or spread the models over more devices with plan: (dp, tp, pp)`;
