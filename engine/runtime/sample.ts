@@ -57,16 +57,9 @@ export async function sampleRun(dir: string, o: SampleOptions): Promise<Sample> 
   const spec = modelSpec(r, model);
   if (spec.kind !== 'policy') throw new SampleError(`${model} is not a policy model`);
   const { task } = r;
-  const P = o.tokens.length;
-  if (P === 0) throw new SampleError('expected at least one prompt token, got none');
-  const bad = o.tokens.findIndex((t) => !(Number.isInteger(t) && t >= 0 && t < spec.vocab));
-  if (bad >= 0) throw new SampleError(`prompt token ${bad + 1}: expected an id in 0..${spec.vocab - 1} (the model's vocabulary), got ${o.tokens[bad]}`);
   const R = o.maxTokens ?? task.responseLen;
-  if (!(Number.isInteger(R) && R > 0)) throw new SampleError(`--max-tokens: expected a whole number > 0, got ${R}`);
-  if (P + R > spec.context)
-    throw new SampleError(`a prompt of ${P} tokens and ${R} new ones need ${P + R} positions; the model has ${spec.context} (its task's prompt ${task.promptLen} and budget ${task.responseLen})`);
   const temperature = o.temperature ?? r.scenario.rl.temperature;
-  if (!(temperature > 0)) throw new SampleError(`--temperature: expected a number > 0, got ${temperature}`);
+  checkRequest(o.tokens, R, temperature, spec, `its task's prompt ${task.promptLen} and budget ${task.responseLen}`);
 
   await initBackend(r.scenario.backend);
   const layout = layoutOf(r, ownerOf(r, model));
@@ -82,11 +75,24 @@ export async function sampleRun(dir: string, o: SampleOptions): Promise<Sample> 
         return d.restoreShard(device, model, -1, weights);
       }),
     );
-    return await continueOn(d, layout, model, o.tokens, R, { temperature, greedy: o.greedy, seed: seedOf(o.seed ?? r.scenario.seed, 0x5a3e), eos: task.eos });
+    return await continueOn(d, layout, model, o.tokens, R, { temperature, greedy: o.greedy, seed: seedOf(o.seed ?? r.scenario.seed, SAMPLE_STREAM), eos: task.eos });
   } finally {
     await d.close();
   }
 }
+
+/** Refuses a prompt, budget or temperature the model cannot take, saying what it expected; `context` says where the model's context comes from. */
+function checkRequest(prompt: readonly number[], R: number, temperature: number, spec: { vocab: number; context: number }, context: string): void {
+  if (prompt.length === 0) throw new SampleError('expected at least one prompt token, got none');
+  const bad = prompt.findIndex((t) => !(Number.isInteger(t) && t >= 0 && t < spec.vocab));
+  if (bad >= 0) throw new SampleError(`prompt token ${bad + 1}: expected an id in 0..${spec.vocab - 1} (the model's vocabulary), got ${prompt[bad]}`);
+  if (!(Number.isInteger(R) && R > 0)) throw new SampleError(`--max-tokens: expected a whole number > 0, got ${R}`);
+  if (prompt.length + R > spec.context) throw new SampleError(`a prompt of ${prompt.length} tokens and ${R} new ones need ${prompt.length + R} positions; the model has ${spec.context} (${context})`);
+  if (!(temperature > 0)) throw new SampleError(`--temperature: expected a number > 0, got ${temperature}`);
+}
+
+/** The seed stream of sampling from a saved model (apart from a run's own). */
+const SAMPLE_STREAM = 0x5a3e;
 
 /**
  * Decodes `R` tokens after `prompt` on a loaded model, then scores them with an inference call at
@@ -145,14 +151,9 @@ export async function sampleHf(dir: string, o: HfSampleOptions): Promise<Sample 
   if ((o.tokens === undefined) === (o.prompt === undefined)) throw new SampleError('expected the prompt as token ids or as text, one of the two');
   if (o.prompt !== undefined && !tokenizer) throw new SampleError(`${dir}: a text prompt needs ${TOKENIZER_FILE}, which the directory does not have; give the prompt as token ids`);
   const prompt = o.tokens ?? tokenizer!.encode(o.prompt!);
-  if (prompt.length === 0) throw new SampleError('expected at least one prompt token, got none');
-  const bad = prompt.findIndex((t) => !(Number.isInteger(t) && t >= 0 && t < spec.vocab));
-  if (bad >= 0) throw new SampleError(`prompt token ${bad + 1}: expected an id in 0..${spec.vocab - 1} (the model's vocabulary), got ${prompt[bad]}`);
   const R = o.maxTokens ?? Math.min(HF_DEFAULT_TOKENS, spec.context - prompt.length);
-  if (!(Number.isInteger(R) && R > 0)) throw new SampleError(`--max-tokens: expected a whole number > 0, got ${R}`);
-  if (prompt.length + R > spec.context) throw new SampleError(`a prompt of ${prompt.length} tokens and ${R} new ones need ${prompt.length + R} positions; the model has ${spec.context} (n_positions)`);
   const temperature = o.temperature ?? 1;
-  if (!(temperature > 0)) throw new SampleError(`--temperature: expected a number > 0, got ${temperature}`);
+  checkRequest(prompt, R, temperature, spec, 'n_positions');
   const ck = SafetensorsCheckpoint.open(dir);
   let tensors: ReturnType<typeof importGpt2>;
   try {
@@ -166,7 +167,7 @@ export async function sampleHf(dir: string, o: HfSampleOptions): Promise<Sample 
   try {
     await d.call(0, 'model', -1, { fn: 'load', role: 'model', spec, layout, rank: 0 });
     await d.restoreShard(0, 'model', -1, { tensors });
-    const out = await continueOn(d, layout, 'model', prompt, R, { temperature, greedy: o.greedy, seed: seedOf(o.seed ?? 1, 0x5a3e), eos: tokenizer?.eos });
+    const out = await continueOn(d, layout, 'model', prompt, R, { temperature, greedy: o.greedy, seed: seedOf(o.seed ?? 1, SAMPLE_STREAM), eos: tokenizer?.eos });
     return tokenizer ? { ...out, text: tokenizer.decode(out.tokens) } : out;
   } finally {
     await d.close();
