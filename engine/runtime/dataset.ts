@@ -142,12 +142,19 @@ export class JsonlDataset {
 
   /** Row i in file order (blank lines skipped), read from the file. */
   row(i: number): DatasetRow {
-    if (!(Number.isInteger(i) && i >= 0 && i < this.size)) throw new DatasetError(`${this.file}: no row ${i}; it has ${this.size}`);
+    return this.rows([i])[0]!;
+  }
+
+  /** Rows by index, read from the file opened once for all of them. */
+  private rows(indices: readonly number[]): DatasetRow[] {
+    for (const i of indices) if (!(Number.isInteger(i) && i >= 0 && i < this.size)) throw new DatasetError(`${this.file}: no row ${i}; it has ${this.size}`);
     const fd = openSync(this.file, 'r');
     try {
-      const bytes = new Uint8Array(this.lengths[i]!);
-      readSync(fd, bytes, 0, bytes.length, this.starts[i]!);
-      return rowOf(this.file, this.lines[i]!, bytes, this.fields);
+      return indices.map((i) => {
+        const bytes = new Uint8Array(this.lengths[i]!);
+        readSync(fd, bytes, 0, bytes.length, this.starts[i]!);
+        return rowOf(this.file, this.lines[i]!, bytes, this.fields);
+      });
     } finally {
       closeSync(fd);
     }
@@ -169,11 +176,10 @@ export class JsonlDataset {
    * each in its own order. The same seed and iteration always give the same rows.
    */
   batch(seed: number, iteration: number, count: number): DatasetRow[] {
-    const out: DatasetRow[] = [];
-    for (let k = 0; k < count; k++) {
+    const indices = Array.from({ length: count }, (_, k) => {
       const position = iteration * count + k;
-      out.push(this.row(this.order(seed, Math.floor(position / this.size))[position % this.size]!));
-    }
-    return out;
+      return this.order(seed, Math.floor(position / this.size))[position % this.size]!;
+    });
+    return this.rows(indices);
   }
 }
