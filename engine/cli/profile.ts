@@ -55,7 +55,7 @@ function modelled(kind: CallKind, shape: ModelShape, wl: Workload, dev: DevicePr
 function features(kind: CallKind, shape: ModelShape, wl: Workload) {
   return {
     flops: modelled(kind, shape, wl, { ...UNIT, flops: 1 }),
-    passes: modelled(kind, shape, wl, { ...UNIT, layerOverhead: 1, decodeLayerOverhead: 0 }),
+    passes: modelled(kind, shape, wl, { ...UNIT, layerOverhead: 1 }), // UNIT's decodeLayerOverhead 0 keeps decoding steps out
     elements: modelled(kind, shape, wl, { ...UNIT, elementSeconds: 1 }),
     decodeLayers: modelled(kind, shape, wl, { ...UNIT, decodeLayerOverhead: 1 }),
     decodeSteps: modelled(kind, shape, wl, { ...UNIT, decodeStepOverhead: 1 }),

@@ -280,7 +280,8 @@ export function importGpt2(m: HfModel, ck: SafetensorsCheckpoint): NamedTensor[]
     }
     return { name, shape, data: read(`h.${layer}.${GPT2_LAYER[part!]!}`) };
   });
-  const head = ck.entry('lm_head.weight') ? ck.read('lm_head.weight') : ck.entry(`${prefix}lm_head.weight`) ? read('lm_head.weight') : undefined;
+  // GPT2LMHeadModel saves its head (when it does) beside the transformer., not under it.
+  const head = ck.entry('lm_head.weight') ? ck.read('lm_head.weight') : undefined;
   if (head) {
     const wte = out.find((t) => t.name === 'wte')!.data;
     if (head.length !== wte.length || head.some((x, i) => x !== wte[i]))

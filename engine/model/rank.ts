@@ -655,18 +655,15 @@ export class GptRank {
       const { value, grads: g } = tf.valueAndGrads(lossOf)([fwd.out!]);
       loss = value.dataSync()[0]!;
       const head = fwd.head!;
-      const gh = tf.tidy(() => {
+      const tied = isTied(this.spec);
+      const gh: { dx: tf.Tensor; dw: tf.Tensor; db?: tf.Tensor } = tf.tidy(() => {
         const dy = tf.reshape(g[0]!, [b * width, -1]);
-        if (!isTied(this.spec)) return linearBackward(head.y, this.w('head.w'), dy);
+        if (!tied) return linearBackward(head.y, this.w('head.w'), dy);
         // logits = y·wteᵀ: dy·wte back into the rows, dyᵀ·y into the embedding.
         return { dx: tf.matMul(dy as tf.Tensor2D, this.w('wte') as tf.Tensor2D), dw: weightGrad(dy, head.y) };
       });
-      if (isTied(this.spec)) {
-        add('wte', gh.dw);
-      } else {
-        add('head.w', gh.dw);
-        add('head.b', (gh as { db: tf.Tensor }).db);
-      }
+      add(tied ? 'wte' : 'head.w', gh.dw);
+      if (gh.db) add('head.b', gh.db);
       const gn = layerNormBackward(head.ln, this.w('lnf.g'), gh.dx);
       add('lnf.g', gn.dg);
       add('lnf.b', gn.db);
