@@ -87,38 +87,29 @@ export async function estimatorBench(profile: DeviceProfile, iterations: number,
     // The profile at the machine's speed while the plan runs: the probe, timed just before and
     // just after the run, averaged.
     const before = await speedFactor(profile);
-    const dir = mkdtempSync(join(tmpdir(), 'ferry-estimator-'));
-    try {
-      const r = await launch({ scenario, run: runId(`est-${name}`), out: dir, progress: { phase() {}, iteration() {}, stop() {} }, say: () => {} });
-      const speed = (before + (await speedFactor(profile))) / 2;
-      const estimated = new Evaluator(problemOf(scenario, scaledProfile(profile, speed))).evaluate(candidateOf(scenario));
-      if (r.code !== 0) throw new Error(`plan ${name} failed: ${r.summary?.error ?? `exit ${r.code}`}`);
-      const metrics = readFileSync(join(dir, 'metrics.jsonl'), 'utf8')
-        .trim()
-        .split('\n')
-        .map((l) => JSON.parse(l) as Metrics);
-      // The first iteration warms caches and compiles; the rest are the steady state the simulator estimates.
-      const measured = median(metrics.slice(1).map((m) => m.seconds))!;
-      const error = (estimated.iterationSeconds - measured) / measured;
-      log(
-        `  ${name.padEnd(14)} measured ${measured.toFixed(3)} s/it, estimated ${estimated.iterationSeconds.toFixed(3)} s/it (${(100 * error).toFixed(1)}%), machine ${speed.toFixed(2)}× the profile's time`,
-      );
-      rows.push({ plan: name, measured_seconds: measured, estimated_seconds: estimated.iterationSeconds, relative_error: error, speed_factor: speed });
-    } finally {
-      rmSync(dir, { recursive: true, force: true });
-    }
+    const measured = await medianIterationSeconds(scenario, `est-${name}`);
+    const speed = (before + (await speedFactor(profile))) / 2;
+    const estimated = new Evaluator(problemOf(scenario, scaledProfile(profile, speed))).evaluate(candidateOf(scenario));
+    const error = (estimated.iterationSeconds - measured) / measured;
+    log(
+      `  ${name.padEnd(14)} measured ${measured.toFixed(3)} s/it, estimated ${estimated.iterationSeconds.toFixed(3)} s/it (${(100 * error).toFixed(1)}%), machine ${speed.toFixed(2)}× the profile's time`,
+    );
+    rows.push({ plan: name, measured_seconds: measured, estimated_seconds: estimated.iterationSeconds, relative_error: error, speed_factor: speed });
   }
   const abs = rows.map((r) => Math.abs(r.relative_error));
   return { bench: 'estimator', task, iterations, plans: rows, median_relative_error: median(abs), max_relative_error: Math.max(...abs), profile: profile.source };
 }
 
-/** A measured run of one plan: the median seconds per iteration after the first. */
-async function measure(scenario: Scenario, plan: Candidate, name: string): Promise<number> {
-  const withPlan: Scenario = { ...scenario, name: `search-${name}`, plan: Object.fromEntries(Object.entries(plan).map(([c, p]) => [c, { mesh: p.mesh, dp: p.dp, tp: p.tp, pp: p.pp }])) };
-  const dir = mkdtempSync(join(tmpdir(), 'ferry-search-'));
+/**
+ * Runs `scenario` for real (worker processes over NATS) and returns its median seconds per
+ * iteration after the first, which warms caches and compiles: the steady state the simulator
+ * estimates.
+ */
+async function medianIterationSeconds(scenario: Scenario, run: string): Promise<number> {
+  const dir = mkdtempSync(join(tmpdir(), 'ferry-measured-'));
   try {
-    const r = await launch({ scenario: withPlan, run: runId(`search-${name}`), out: dir, progress: { phase() {}, iteration() {}, stop() {} }, say: () => {} });
-    if (r.code !== 0) throw new Error(`plan ${name} failed: ${r.summary?.error ?? `exit ${r.code}`}`);
+    const r = await launch({ scenario, run: runId(run), out: dir, progress: { phase() {}, iteration() {}, stop() {} }, say: () => {} });
+    if (r.code !== 0) throw new Error(`${scenario.name} failed: ${r.summary?.error ?? `exit ${r.code}`}`);
     const metrics = readFileSync(join(dir, 'metrics.jsonl'), 'utf8')
       .trim()
       .split('\n')
@@ -127,6 +118,12 @@ async function measure(scenario: Scenario, plan: Candidate, name: string): Promi
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
+}
+
+/** A measured run of one plan of `scenario`. */
+function measure(scenario: Scenario, plan: Candidate, name: string): Promise<number> {
+  const withPlan: Scenario = { ...scenario, name: `search-${name}`, plan: Object.fromEntries(Object.entries(plan).map(([c, p]) => [c, { mesh: p.mesh, dp: p.dp, tp: p.tp, pp: p.pp }])) };
+  return medianIterationSeconds(withPlan, `search-${name}`);
 }
 
 /**
