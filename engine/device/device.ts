@@ -307,6 +307,7 @@ export class Device {
     if (spec.kind !== 'rule' && size > 1) {
       const problems = checkStrategy(modelInfo(spec), layout);
       if (spec.heads % layout.tp !== 0) problems.unshift(`tp=${layout.tp} does not divide the ${spec.heads} attention heads`);
+      else if ((spec.kvHeads ?? spec.heads) % layout.tp !== 0) problems.unshift(`tp=${layout.tp} does not divide the ${spec.kvHeads} key/value heads`);
       if (problems.length) throw new CallRejected('unsupported', `layout dp=${layout.dp} tp=${layout.tp} pp=${layout.pp} does not fit the model: ${problems.join('; ')}`);
     }
     const previous = this.hosted.get(model);

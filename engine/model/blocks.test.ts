@@ -1,7 +1,27 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import * as tf from '@tensorflow/tfjs';
 import { initBackend } from './backend.ts';
-import { attention, attentionBackward, batchMatMul, embedBackward, embedRows, layerNorm, layerNormBackward, linearBackward, mlp, mlpBackward, sumRows, weightGrad } from './blocks.ts';
+import {
+  attention,
+  attentionBackward,
+  batchMatMul,
+  embedBackward,
+  embedRows,
+  layerNorm,
+  layerNormBackward,
+  linearBackward,
+  mlp,
+  mlpBackward,
+  rmsNorm,
+  rmsNormBackward,
+  rope,
+  ropeBackward,
+  ropeTables,
+  sumRows,
+  swiglu,
+  swigluBackward,
+  weightGrad,
+} from './blocks.ts';
 import { attnPartial, causalMask, embed, layerNorm as plainLayerNorm, mlpPartial } from './gpt.ts';
 import { Rng } from './rng.ts';
 
@@ -63,15 +83,15 @@ describe('blocks: written-out backward passes equal automatic differentiation', 
     const h = rand(rng, [B * T, D]);
     const dy = rand(rng, [B * T, D]);
     const mask = causalMask(T);
-    const mine = attention(h, w, B, T, H, mask, true);
+    const mine = attention(h, w, { B, T, heads: H, kvHeads: H }, mask, true);
     const plain = (hh: tf.Tensor, wq: tf.Tensor, bq: tf.Tensor, wk: tf.Tensor, bk: tf.Tensor, wv: tf.Tensor, bv: tf.Tensor, wo: tf.Tensor) =>
       tf.reshape(attnPartial(tf.reshape(hh, [B, T, D]), { wq, bq, wk, bk, wv, bv, wo }, H, mask), [B * T, D]);
     const args = [h, w.wq, w.bq, w.wk, w.bk, w.wv, w.bv, w.wo];
     expect(gap(mine.out, plain(...(args as [tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor])))).toBeLessThan(1e-5);
-    const ours = attentionBackward(mine.cache!, w, B, T, H, dy);
+    const ours = attentionBackward(mine.cache!, w, { B, T, heads: H, kvHeads: H }, dy);
     const auto = tf.grads(plain)(args, dy);
     expect(gap(ours.dh, auto[0]!)).toBeLessThan(1e-5);
-    (['wq', 'bq', 'wk', 'bk', 'wv', 'bv', 'wo'] as const).forEach((n, i) => expect(gap(ours.grads[n], auto[i + 1]!), n).toBeLessThan(1e-5));
+    (['wq', 'bq', 'wk', 'bk', 'wv', 'bv', 'wo'] as const).forEach((n, i) => expect(gap(ours.grads[n]!, auto[i + 1]!), n).toBeLessThan(1e-5));
   });
 
   it('embeddings: the lookup, and the scatter-add of its gradient (positions past T get zero)', () => {
@@ -85,8 +105,91 @@ describe('blocks: written-out backward passes equal automatic differentiation', 
     const ours = embedBackward(tokens, T, V, C, dx);
     const auto = tf.grads((a: tf.Tensor, b: tf.Tensor) => tf.reshape(embed(tokensT, a, b, V), [B * T, D]))([wte, wpe], dx);
     expect(gap(ours.dwte, auto[0]!)).toBeLessThan(1e-6);
-    expect(gap(ours.dwpe, auto[1]!)).toBeLessThan(1e-6);
-    expect(Array.from(ours.dwpe.dataSync().slice(T * D))).toEqual(new Array((C - T) * D).fill(0));
+    expect(gap(ours.dwpe!, auto[1]!)).toBeLessThan(1e-6);
+    expect(Array.from(ours.dwpe!.dataSync().slice(T * D))).toEqual(new Array((C - T) * D).fill(0));
+  });
+
+  it('RMSNorm', () => {
+    const rng = new Rng(7);
+    const [x, g, dy] = [rand(rng, [6, 8]), rand(rng, [8]), rand(rng, [6, 8])];
+    const plain = (xx: tf.Tensor, gg: tf.Tensor) => tf.mul(tf.div(xx, tf.sqrt(tf.add(tf.mean(tf.square(xx), -1, true), 1e-6))), gg);
+    const mine = rmsNorm(x, g, 1e-6, true);
+    expect(gap(mine.y, plain(x, g))).toBeLessThan(1e-5);
+    const ours = rmsNormBackward(mine.cache!, g, dy);
+    const auto = tf.grads(plain)([x, g], dy);
+    expect(gap(ours.dx, auto[0]!)).toBeLessThan(1e-5);
+    expect(gap(ours.dg, auto[1]!)).toBeLessThan(1e-5);
+  });
+
+  it('SwiGLU MLP', () => {
+    const rng = new Rng(8);
+    const [h, w1, w3, w2, dy] = [rand(rng, [5, 4]), rand(rng, [4, 12], 0.5), rand(rng, [4, 12], 0.5), rand(rng, [12, 4], 0.5), rand(rng, [5, 4])];
+    const plain = (hh: tf.Tensor, a: tf.Tensor, c: tf.Tensor, d: tf.Tensor) => {
+      const u = tf.matMul(hh as tf.Tensor2D, a as tf.Tensor2D);
+      return tf.matMul(tf.mul(tf.mul(u, tf.sigmoid(u)), tf.matMul(hh as tf.Tensor2D, c as tf.Tensor2D)) as tf.Tensor2D, d as tf.Tensor2D);
+    };
+    const mine = swiglu(h, w1, w3, w2, true);
+    expect(gap(mine.out, plain(h, w1, w3, w2))).toBeLessThan(1e-5);
+    const ours = swigluBackward(mine.cache!, w1, w3, w2, dy);
+    const auto = tf.grads(plain)([h, w1, w3, w2], dy);
+    [ours.dh, ours.dw1, ours.dw3, ours.dw2].forEach((t, i) => expect(gap(t, auto[i]!), `input ${i}`).toBeLessThan(1e-5));
+  });
+
+  it('rotary positions: pairs (i, i + hd/2) turned by position / θ^(2i/hd), and the backward pass', () => {
+    const rng = new Rng(9);
+    const [x, dy] = [rand(rng, [2, 3, 4]), rand(rng, [2, 3, 4])];
+    const t = ropeTables(100, 4, 5, 3);
+    // By hand: position 5 + j, element pair (i, i + 2) turns by (5 + j) / 100^(i/2).
+    const xs = x.arraySync() as number[][][];
+    const got = rope(x, t).arraySync() as number[][][];
+    for (let r = 0; r < 2; r++)
+      for (let j = 0; j < 3; j++)
+        for (let i = 0; i < 2; i++) {
+          const a = (5 + j) / 100 ** (i / 2);
+          const [u, v] = [xs[r]![j]![i]!, xs[r]![j]![i + 2]!];
+          expect(got[r]![j]![i]).toBeCloseTo(u * Math.cos(a) - v * Math.sin(a), 5);
+          expect(got[r]![j]![i + 2]).toBeCloseTo(v * Math.cos(a) + u * Math.sin(a), 5);
+        }
+    const auto = tf.grads((xx: tf.Tensor) => rope(xx, t))([x], dy);
+    expect(gap(ropeBackward(dy, t), auto[0]!)).toBeLessThan(1e-6);
+  });
+
+  it('grouped-query attention with rotary positions and q/k/v biases (2 key/value heads for 4 query heads)', () => {
+    const rng = new Rng(10);
+    const [B, T, H, KV, hd] = [2, 5, 4, 2, 3 * 2];
+    const D = H * hd;
+    const w = {
+      wq: rand(rng, [D, D], 0.3),
+      bq: rand(rng, [D], 0.1),
+      wk: rand(rng, [D, KV * hd], 0.3),
+      bk: rand(rng, [KV * hd], 0.1),
+      wv: rand(rng, [D, KV * hd], 0.3),
+      bv: rand(rng, [KV * hd], 0.1),
+      wo: rand(rng, [D, D], 0.3),
+    };
+    const h = rand(rng, [B * T, D]);
+    const dy = rand(rng, [B * T, D]);
+    const mask = causalMask(T);
+    const t = ropeTables(10000, hd, 0, T);
+    const dims = { B, T, heads: H, kvHeads: KV, rope: t };
+    // Independently: each key/value head repeated for its query heads, [B, H, T, hd] throughout.
+    const plain = (hh: tf.Tensor, wq: tf.Tensor, bq: tf.Tensor, wk: tf.Tensor, bk: tf.Tensor, wv: tf.Tensor, bv: tf.Tensor, wo: tf.Tensor) => {
+      const heads = (x: tf.Tensor, n: number) => tf.transpose(tf.reshape(x, [B, T, n, hd]), [0, 2, 1, 3]);
+      const repeat = (x: tf.Tensor) => tf.reshape(tf.tile(tf.reshape(x, [B * KV, 1, T * hd]), [1, H / KV, 1]), [B, H, T, hd]);
+      const lin = (x: tf.Tensor, ww: tf.Tensor, b: tf.Tensor) => tf.add(tf.matMul(x as tf.Tensor2D, ww as tf.Tensor2D), b);
+      const q = rope(heads(lin(hh, wq, bq), H), t);
+      const k = repeat(rope(heads(lin(hh, wk, bk), KV), t));
+      const v = repeat(heads(lin(hh, wv, bv), KV));
+      const p = tf.softmax(tf.add(tf.div(tf.matMul(q, k, false, true), Math.sqrt(hd)), mask));
+      return tf.matMul(tf.reshape(tf.transpose(tf.matMul(p, v), [0, 2, 1, 3]), [B * T, D]) as tf.Tensor2D, wo as tf.Tensor2D);
+    };
+    const args = [h, w.wq, w.bq, w.wk, w.bk, w.wv, w.bv, w.wo] as [tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor];
+    const mine = attention(h, w, dims, mask, true);
+    expect(gap(mine.out, plain(...args))).toBeLessThan(1e-5);
+    const ours = attentionBackward(mine.cache!, w, dims, dy);
+    const auto = tf.grads(plain)(args, dy);
+    expect(gap(ours.dh, auto[0]!)).toBeLessThan(1e-5);
+    (['wq', 'bq', 'wk', 'bk', 'wv', 'bv', 'wo'] as const).forEach((n, i) => expect(gap(ours.grads[n]!, auto[i + 1]!), n).toBeLessThan(1e-5));
   });
 
   it('a weight gradient in pieces of rows, either operand transposed, equals xᵀ·dy', () => {

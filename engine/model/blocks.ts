@@ -5,7 +5,9 @@
 // here is a plain one, on operands transposed explicitly first. Rows are 2-D, [N, D] with
 // N = batch × tokens; attention reshapes to [B, H, T, hd] inside.
 //
-// The reference these are checked against is gpt.ts's forward, differentiated by TensorFlow.js.
+// Both families' blocks are here: GPT-2's (layer norm, GELU MLP, learned positions) and LLaMA's
+// (RMSNorm, SwiGLU MLP, rotary positions, grouped-query attention). The reference these are
+// checked against is gpt.ts's forward, differentiated by TensorFlow.js.
 import * as tf from '@tensorflow/tfjs';
 import type { KvCache } from './kv-cache.ts';
 import type { AttnWeights } from './gpt.ts';
@@ -122,6 +124,25 @@ export function layerNormBackward(c: NormCache, g: tf.Tensor, dy: tf.Tensor): { 
   });
 }
 
+/** RMSNorm over the last axis (LLaMA's): x·rsqrt(mean(x²) + eps)·g; with `keep`, what its backward pass reads. */
+export function rmsNorm(x: tf.Tensor, g: tf.Tensor, eps: number, keep: boolean): { y: tf.Tensor; cache?: NormCache } {
+  return tf.tidy(() => {
+    const rstd = tf.rsqrt(tf.add(tf.mean(tf.square(x), -1, true), eps));
+    const xhat = tf.mul(x, rstd);
+    const y = tf.mul(xhat, g);
+    return keep ? { y, cache: { xhat, rstd } } : { y };
+  });
+}
+
+/** dx = rstd·(dx̂ − x̂·mean(dx̂·x̂)), dx̂ = dy·g; dg = Σ dy·x̂ over rows. */
+export function rmsNormBackward(c: NormCache, g: tf.Tensor, dy: tf.Tensor): { dx: tf.Tensor; dg: tf.Tensor } {
+  return tf.tidy(() => {
+    const dxhat = tf.mul(dy, g);
+    const dx = tf.mul(c.rstd, tf.sub(dxhat, tf.mul(c.xhat, tf.mean(tf.mul(dxhat, c.xhat), -1, true))));
+    return { dx, dg: sumRows(tf.mul(dy, c.xhat)) };
+  });
+}
+
 // ---- MLP ----------------------------------------------------------------------------------------
 
 const GELU_C = Math.sqrt(2 / Math.PI);
@@ -159,18 +180,70 @@ export function mlpBackward(c: MlpCache, w1: tf.Tensor, w2: tf.Tensor, dout: tf.
   });
 }
 
+export type GluCache = {
+  h: tf.Tensor;
+  /** The gate's input, h·w1. */
+  u: tf.Tensor;
+  /** σ(u). */
+  s: tf.Tensor;
+  /** The up projection, h·w3. */
+  up: tf.Tensor;
+  /** silu(u)·up, the second matrix's input. */
+  a: tf.Tensor;
+};
+
+/** LLaMA's SwiGLU MLP, (silu(h·w1) ⊙ h·w3)·w2 (column, column, then row blocks under tp). */
+export function swiglu(h: tf.Tensor, w1: tf.Tensor, w3: tf.Tensor, w2: tf.Tensor, keep: boolean): { out: tf.Tensor; cache?: GluCache } {
+  return tf.tidy(() => {
+    const u = linear(h, w1);
+    const s = tf.sigmoid(u);
+    const up = linear(h, w3);
+    const a = tf.mul(tf.mul(u, s), up);
+    const out = linear(a, w2);
+    return keep ? { out, cache: { h: h.clone(), u, s, up, a } } : { out };
+  });
+}
+
+export function swigluBackward(c: GluCache, w1: tf.Tensor, w3: tf.Tensor, w2: tf.Tensor, dout: tf.Tensor) {
+  return tf.tidy(() => {
+    const g2 = linearBackward(c.a, w2, dout);
+    // d silu(u)/du = σ(u)·(1 + u·(1 − σ(u)))
+    const dgate = tf.mul(tf.mul(g2.dx, c.up), tf.mul(c.s, tf.add(1, tf.mul(c.u, tf.sub(1, c.s)))));
+    const dup = tf.mul(g2.dx, tf.mul(c.u, c.s));
+    const g1 = linearBackward(c.h, w1, dgate);
+    const g3 = linearBackward(c.h, w3, dup);
+    return { dh: tf.add(g1.dx, g3.dx), dw1: g1.dw, dw3: g3.dw, dw2: g2.dw };
+  });
+}
+
 // ---- attention ----------------------------------------------------------------------------------
 
 export type { AttnWeights };
 
+/**
+ * The shape of one attention call: `heads` query heads and `kvHeads` key/value heads (this rank's;
+ * each key/value head serves heads / kvHeads query heads, a group), over B rows of T positions,
+ * with rotary position tables when the model has them.
+ */
+export interface AttnDims {
+  B: number;
+  T: number;
+  heads: number;
+  kvHeads: number;
+  rope?: RopeTables;
+}
+
 export type AttnCache = {
   h: tf.Tensor;
-  /** Queries already scaled by 1/√hd, one matrix per (row, head): [B·H, T, hd]. */
+  /**
+   * Queries (rotated, and scaled by 1/√hd), a key/value head's group of query heads stacked:
+   * [B·KV, g·T, hd]. With g = 1 (no grouping) this is one matrix per (row, head).
+   */
   q: tf.Tensor;
-  /** Keys, transposed: [B·H, hd, T]. */
+  /** Keys (rotated), transposed: [B·KV, hd, T]. */
   kT: tf.Tensor;
   v: tf.Tensor;
-  /** Attention weights, [B·H, T, T]. */
+  /** Attention weights, [B·KV, g·T, T]. */
   p: tf.Tensor;
   /** The heads' outputs merged back to rows, [N, heads · hd]. */
   y: tf.Tensor;
@@ -189,97 +262,169 @@ function fromHeads(t: tf.Tensor, B: number, T: number, heads: number): tf.Tensor
   return tf.reshape(tf.transpose(tf.reshape(t, [B, heads, T, hd]), [0, 2, 1, 3]), [B * T, heads * hd]);
 }
 
-/** Queries (scaled by 1/√hd), transposed keys and values of rows h, one matrix per (row, head). */
-function project(h: tf.Tensor, w: AttnWeights, B: number, T: number, heads: number) {
-  const hd = w.wq.shape[1]! / heads;
-  return {
-    q: tf.mul(toHeads(linear(h, w.wq, w.bq), B, T, heads), 1 / Math.sqrt(hd)),
-    kT: toHeads(linear(h, w.wk, w.bk), B, T, heads, true),
-    v: toHeads(linear(h, w.wv, w.bv), B, T, heads),
-  };
+/** The rows' mask [T, S] for a group of g query heads stacked as [g·T, ·]: the same mask g times. */
+function groupMask(mask: tf.Tensor, g: number): tf.Tensor {
+  return g === 1 ? mask : tf.tile(mask, [g, 1]);
 }
 
 /**
- * Causal self-attention of rows h [B·T, D] over `heads` heads, projected by (a row block of) the
- * output matrix, without its bias: → [B·T, D]. Under tensor parallelism each rank passes its own
- * heads' columns of wq/wk/wv and rows of wo, and the ranks' results sum to the whole.
+ * Queries (rotated, scaled by 1/√hd, grouped by key/value head: [B·KV, g·T, hd]), transposed
+ * keys [B·KV, hd, T] and values [B·KV, T, hd] of rows h. Query head i uses key/value head
+ * ⌊i / g⌋, so stacking a group's query heads along the rows lets one product serve the group.
  */
-export function attention(h: tf.Tensor, w: AttnWeights, B: number, T: number, heads: number, mask: tf.Tensor, keep: boolean): { out: tf.Tensor; cache?: AttnCache } {
+function project(h: tf.Tensor, w: AttnWeights, d: AttnDims) {
+  const { B, T, heads, kvHeads } = d;
+  const hd = w.wq.shape[1]! / heads;
+  const g = heads / kvHeads;
+  let q = toHeads(linear(h, w.wq, w.bq), B, T, heads);
+  let kT: tf.Tensor;
+  if (d.rope) {
+    q = rope(q, d.rope);
+    kT = swap(rope(toHeads(linear(h, w.wk, w.bk), B, T, kvHeads), d.rope));
+  } else kT = toHeads(linear(h, w.wk, w.bk), B, T, kvHeads, true);
+  return {
+    q: tf.reshape(tf.mul(q, 1 / Math.sqrt(hd)), [B * kvHeads, g * T, hd]),
+    kT,
+    v: toHeads(linear(h, w.wv, w.bv), B, T, kvHeads),
+  };
+}
+
+/** Attention outputs [B·KV, g·T, hd] of grouped queries → rows [B·T, H·hd]. */
+function mergeGrouped(t: tf.Tensor, d: AttnDims): tf.Tensor {
+  return fromHeads(tf.reshape(t, [d.B * d.heads, d.T, t.shape[2]!]), d.B, d.T, d.heads);
+}
+
+/**
+ * Causal self-attention of rows h [B·T, D], projected by (a row block of) the output matrix,
+ * without its bias: → [B·T, D]. Under tensor parallelism each rank passes its own heads' columns
+ * of wq/wk/wv (its key/value heads' for wk/wv) and rows of wo, and the ranks' results sum to the whole.
+ */
+export function attention(h: tf.Tensor, w: AttnWeights, d: AttnDims, mask: tf.Tensor, keep: boolean): { out: tf.Tensor; cache?: AttnCache } {
   return tf.tidy(() => {
-    const { q, kT, v } = project(h, w, B, T, heads);
-    const p = tf.softmax(tf.add(batchMatMul(q, kT), mask)); // [B·H, T, T]
-    const y = fromHeads(batchMatMul(p, v), B, T, heads);
+    const { q, kT, v } = project(h, w, d);
+    const p = tf.softmax(tf.add(batchMatMul(q, kT), groupMask(mask, d.heads / d.kvHeads))); // [B·KV, g·T, T]
+    const y = mergeGrouped(batchMatMul(p, v), d);
     const out = linear(y, w.wo);
     return keep ? { out, cache: { h: h.clone(), q, kT, v, p, y } } : { out };
   });
 }
 
-export function attentionBackward(c: AttnCache, w: AttnWeights, B: number, T: number, heads: number, dout: tf.Tensor) {
+export function attentionBackward(c: AttnCache, w: AttnWeights, d: AttnDims, dout: tf.Tensor) {
   return tf.tidy(() => {
+    const { B, T, heads, kvHeads } = d;
     const hd = w.wq.shape[1]! / heads;
+    const g = heads / kvHeads;
     const go = linearBackward(c.y, w.wo, dout);
-    const dy = toHeads(go.dx, B, T, heads);
-    const dv = batchMatMul(swap(c.p), dy);
+    const dy = tf.reshape(toHeads(go.dx, B, T, heads), [B * kvHeads, g * T, hd]);
+    const dv = batchMatMul(swap(c.p), dy); // a group's query heads sum into their key/value head
     const dp = batchMatMul(dy, swap(c.v));
     const ds = tf.mul(c.p, tf.sub(dp, tf.sum(tf.mul(dp, c.p), -1, true))); // softmax's backward
-    const merge = (t: tf.Tensor) => fromHeads(t, B, T, heads);
-    const dq = merge(tf.mul(batchMatMul(ds, swap(c.kT)), 1 / Math.sqrt(hd)));
-    const dk = merge(batchMatMul(swap(ds), c.q));
-    const gq = linearBackward(c.h, w.wq, dq);
-    const gk = linearBackward(c.h, w.wk, dk);
-    const gv = linearBackward(c.h, w.wv, merge(dv));
-    return {
-      dh: tf.add(tf.add(gq.dx, gk.dx), gv.dx),
-      grads: { wq: gq.dw, bq: gq.db, wk: gk.dw, bk: gk.db, wv: gv.dw, bv: gv.db, wo: go.dw } as AttnWeights,
-    };
+    let dq = tf.reshape(tf.mul(batchMatMul(ds, swap(c.kT)), 1 / Math.sqrt(hd)), [B * heads, T, hd]);
+    let dk = batchMatMul(swap(ds), c.q); // [B·KV, T, hd]
+    if (d.rope) {
+      dq = ropeBackward(dq, d.rope);
+      dk = ropeBackward(dk, d.rope);
+    }
+    const gq = linearBackward(c.h, w.wq, fromHeads(dq, B, T, heads));
+    const gk = linearBackward(c.h, w.wk, fromHeads(dk, B, T, kvHeads));
+    const gv = linearBackward(c.h, w.wv, fromHeads(dv, B, T, kvHeads));
+    const grads: Record<string, tf.Tensor> = { wq: gq.dw, wk: gk.dw, wv: gv.dw, wo: go.dw };
+    if (w.bq) Object.assign(grads, { bq: gq.db, bk: gk.db, bv: gv.db });
+    return { dh: tf.add(tf.add(gq.dx, gk.dx), gv.dx), grads };
   });
 }
 
 /**
  * Attention of the new positions [start, start + T) of each row (h: [B·T, D]) during decoding:
  * their keys and values go into `cache` (layer `l`), and their queries attend to every cached
- * position up to their own. Without its output bias, like `attention`.
+ * position up to their own. Without its output bias, like `attention`. The cache holds this
+ * rank's key/value heads only: B·KV rows.
  */
-export function attentionCached(h: tf.Tensor, w: AttnWeights, B: number, T: number, heads: number, start: number, cache: KvCache, l: number): tf.Tensor {
+export function attentionCached(h: tf.Tensor, w: AttnWeights, d: AttnDims, start: number, cache: KvCache, l: number): tf.Tensor {
   return tf.tidy(() => {
-    const { q, kT, v } = project(h, w, B, T, heads);
+    const { q, kT, v } = project(h, w, d);
     const layer = cache.write(l, start, kT, v);
-    const p = tf.softmax(tf.add(batchMatMul(q, layer.kT), cache.mask(start, T))); // [B·H, T, cached]
-    return linear(fromHeads(batchMatMul(p, layer.v), B, T, heads), w.wo);
+    const p = tf.softmax(tf.add(batchMatMul(q, layer.kT), groupMask(cache.mask(start, d.T), d.heads / d.kvHeads))); // [B·KV, g·T, cached]
+    return linear(mergeGrouped(batchMatMul(p, layer.v), d), w.wo);
   });
+}
+
+// ---- rotary positions ---------------------------------------------------------------------------
+
+/** cos and sin of each position's angles, [n, hd]: a head's two halves repeat the frequencies (the Hugging Face layout). */
+export type RopeTables = { cos: tf.Tensor; sin: tf.Tensor };
+
+/**
+ * The rotary tables of positions [start, start + n) for heads of `hd` elements and base `theta`:
+ * position t turns element pair (i, i + hd/2) by t / theta^(2i/hd). Computed in double precision.
+ */
+export function ropeTables(theta: number, hd: number, start: number, n: number): RopeTables {
+  const half = hd / 2;
+  const cos = new Float32Array(n * hd);
+  const sin = new Float32Array(n * hd);
+  for (let t = 0; t < n; t++) {
+    for (let i = 0; i < half; i++) {
+      const angle = (start + t) / theta ** ((2 * i) / hd);
+      const [c, s] = [Math.cos(angle), Math.sin(angle)];
+      cos[t * hd + i] = cos[t * hd + half + i] = c;
+      sin[t * hd + i] = sin[t * hd + half + i] = s;
+    }
+  }
+  return { cos: tf.tensor2d(cos, [n, hd]), sin: tf.tensor2d(sin, [n, hd]) };
+}
+
+/** (x1, x2) → (−x2, x1) over the halves of the last axis. */
+function rotateHalf(x: tf.Tensor): tf.Tensor {
+  const half = x.shape[x.rank - 1]! / 2;
+  const [x1, x2] = tf.split(x, [half, half], -1);
+  return tf.concat([tf.neg(x2!), x1!], -1);
+}
+
+/** x·cos + rotateHalf(x)·sin, for x [·, n, hd] and tables [n, hd]. */
+export function rope(x: tf.Tensor, t: RopeTables): tf.Tensor {
+  return tf.tidy(() => tf.add(tf.mul(x, t.cos), tf.mul(rotateHalf(x), t.sin)));
+}
+
+/** rope's backward pass: rotateHalf's transpose is −rotateHalf, so dx = dy·cos − rotateHalf(dy·sin). */
+export function ropeBackward(dy: tf.Tensor, t: RopeTables): tf.Tensor {
+  return tf.tidy(() => tf.sub(tf.mul(dy, t.cos), rotateHalf(tf.mul(dy, t.sin))));
 }
 
 // ---- embedding ----------------------------------------------------------------------------------
 
-/** Token and position embeddings of tokens [B, T] at positions [start, start + T), as rows [B·T, D]. */
-export function embedRows(tokens: tf.Tensor2D, wte: tf.Tensor, wpe: tf.Tensor, start = 0): tf.Tensor2D {
+/**
+ * Token embeddings of tokens [B, T] as rows [B·T, D], plus the position embeddings of positions
+ * [start, start + T) when the model has them (wpe; rotary models turn their queries and keys instead).
+ */
+export function embedRows(tokens: tf.Tensor2D, wte: tf.Tensor, wpe: tf.Tensor | undefined, start = 0): tf.Tensor2D {
   return tf.tidy(() => {
     const [B, T] = tokens.shape;
     const D = wte.shape[1]!;
+    const tok = tf.gather(wte, tf.reshape(tokens, [B * T]));
+    if (!wpe) return tok as tf.Tensor2D;
     if (start + T > wpe.shape[0]!) throw new RangeError(`positions ${start}-${start + T} exceed the context of ${wpe.shape[0]}`);
-    const tok = tf.reshape(tf.gather(wte, tf.reshape(tokens, [B * T])), [B, T, D]);
-    return tf.reshape(tf.add(tok, tf.slice(wpe, [start, 0], [T, D])), [B * T, D]) as tf.Tensor2D;
+    return tf.reshape(tf.add(tf.reshape(tok, [B, T, D]), tf.slice(wpe, [start, 0], [T, D])), [B * T, D]) as tf.Tensor2D;
   });
 }
 
 /**
  * The embeddings' gradients from dx [B·T, D], for tokens [B·T] of sequences of T: each row of dx
- * is added to its token's row of dwte and its position's row of dwpe, in row order (a scatter-add
- * on the host: fixed order, and no one-hot product of the vocabulary's size); dwpe is zero past T.
+ * is added to its token's row of dwte and, with a `context` (a model with position embeddings),
+ * its position's row of dwpe, in row order (a scatter-add on the host: fixed order, and no one-hot
+ * product of the vocabulary's size); dwpe is zero past T.
  */
-export function embedBackward(tokens: Int32Array, T: number, vocab: number, context: number, dx: tf.Tensor): { dwte: tf.Tensor; dwpe: tf.Tensor } {
+export function embedBackward(tokens: Int32Array, T: number, vocab: number, context: number | undefined, dx: tf.Tensor): { dwte: tf.Tensor; dwpe?: tf.Tensor } {
   const D = dx.shape[1]!;
   const g = dx.dataSync() as Float32Array;
   const dwte = new Float32Array(vocab * D);
-  const dwpe = new Float32Array(context * D);
+  const dwpe = context === undefined ? undefined : new Float32Array(context * D);
   for (let i = 0; i < tokens.length; i++) {
     const row = i * D;
     const tok = tokens[i]! * D;
+    for (let j = 0; j < D; j++) dwte[tok + j]! += g[row + j]!;
+    if (!dwpe) continue;
     const pos = (i % T) * D;
-    for (let j = 0; j < D; j++) {
-      dwte[tok + j]! += g[row + j]!;
-      dwpe[pos + j]! += g[row + j]!;
-    }
+    for (let j = 0; j < D; j++) dwpe[pos + j]! += g[row + j]!;
   }
-  return { dwte: tf.tensor2d(dwte, [vocab, D]), dwpe: tf.tensor2d(dwpe, [context, D]) };
+  return { dwte: tf.tensor2d(dwte, [vocab, D]), ...(dwpe && context !== undefined ? { dwpe: tf.tensor2d(dwpe, [context, D]) } : {}) };
 }

@@ -5,9 +5,10 @@
 import * as tf from '@tensorflow/tfjs';
 import { Rng, Stream, seedOf } from './rng.ts';
 import type { NamedTensor } from '../../mesh/wire/index.ts';
-import { isTied, parameterShapes, type GptSpec } from './params.ts';
+import { archOf, isTied, parameterShapes, type GptSpec } from './params.ts';
+import { ropeTables } from './blocks.ts';
 
-export { parameterShapes, parameterCount, isHead, isTied, type GptSpec } from './params.ts';
+export { archOf, parameterShapes, parameterCount, isHead, isTied, specProblem, type Arch, type GptSpec } from './params.ts';
 
 export type Weights = Record<string, tf.Tensor>;
 
@@ -77,11 +78,11 @@ export function embed(tokens: tf.Tensor2D, wte: tf.Tensor, wpe: tf.Tensor, vocab
 /** One block's attention weights (a type, not an interface, so tf.tidy can return it). */
 export type AttnWeights = {
   wq: tf.Tensor;
-  bq: tf.Tensor;
+  bq?: tf.Tensor;
   wk: tf.Tensor;
-  bk: tf.Tensor;
+  bk?: tf.Tensor;
   wv: tf.Tensor;
-  bv: tf.Tensor;
+  bv?: tf.Tensor;
   wo: tf.Tensor;
 };
 
@@ -123,6 +124,7 @@ export function forward(spec: GptSpec, w: Weights, tokens: tf.Tensor2D): tf.Tens
   return tf.tidy(() => {
     const T = tokens.shape[1];
     if (T > spec.context) throw new RangeError(`sequence of ${T} tokens exceeds the context of ${spec.context}`);
+    if (archOf(spec).family === 'llama') return llamaForward(spec, w, tokens);
     let x = embed(tokens, w.wte!, w.wpe!, spec.vocab); // [B, T, D]
     const mask = causalMask(T);
     for (let l = 0; l < spec.layers; l++) {
@@ -134,6 +136,51 @@ export function forward(spec: GptSpec, w: Weights, tokens: tf.Tensor2D): tf.Tens
     if (isTied(spec)) return dense(layerNorm(x, w['lnf.g']!, w['lnf.b']!), tf.transpose(w.wte!)) as tf.Tensor3D;
     return headOut(x, w['lnf.g']!, w['lnf.b']!, w['head.w']!, w['head.b']!) as tf.Tensor3D;
   });
+}
+
+/** RMSNorm over the last axis: x / √(mean(x²) + eps) · g. */
+function rmsNorm(x: tf.Tensor, g: tf.Tensor, eps: number): tf.Tensor {
+  return tf.mul(tf.div(x, tf.sqrt(tf.add(tf.mean(tf.square(x), -1, true), eps))), g);
+}
+
+/** Each head's halves (x1, x2) turned by its position's angles: x·cos + (−x2, x1)·sin, for x [B, H, T, hd]. */
+function rotate(x: tf.Tensor, theta: number): tf.Tensor {
+  const hd = x.shape[3]!;
+  const { cos, sin } = ropeTables(theta, hd, 0, x.shape[2]!);
+  const [x1, x2] = tf.split(x, 2, -1);
+  return tf.add(tf.mul(x, cos), tf.mul(tf.concat([tf.neg(x2!), x1!], -1), sin));
+}
+
+/**
+ * The llama family: token embeddings, pre-norm blocks of RMSNorm, causal attention with rotary
+ * positions and grouped-query heads (each key/value head repeated for its group), and a SwiGLU
+ * MLP, without biases (but Qwen2's on q, k and v); a final RMSNorm and the head.
+ */
+function llamaForward(spec: GptSpec, w: Weights, tokens: tf.Tensor2D): tf.Tensor3D {
+  const a = archOf(spec);
+  const [B, T] = tokens.shape;
+  const { width: D, heads: H } = spec;
+  const { kvHeads: KV, headSize: hd } = a;
+  const onehot = tf.oneHot(tf.reshape(tokens, [B * T]), spec.vocab);
+  let x = tf.reshape(tf.matMul(onehot, w.wte as tf.Tensor2D), [B, T, D]);
+  const mask = causalMask(T);
+  const heads = (t: tf.Tensor, n: number) => tf.transpose(tf.reshape(t, [B, T, n, hd]), [0, 2, 1, 3]); // [B, n, T, hd]
+  const repeat = (t: tf.Tensor) => tf.reshape(tf.tile(tf.reshape(t, [B * KV, 1, T * hd]), [1, H / KV, 1]), [B, H, T, hd]);
+  for (let l = 0; l < spec.layers; l++) {
+    const p = (n: string) => w[`h${l}.${n}`];
+    const h = rmsNorm(x, p('ln1.g')!, a.normEps);
+    const q = rotate(heads(dense(h, p('attn.wq')!, p('attn.bq')), H), a.ropeTheta);
+    const k = repeat(rotate(heads(dense(h, p('attn.wk')!, p('attn.bk')), KV), a.ropeTheta));
+    const v = repeat(heads(dense(h, p('attn.wv')!, p('attn.bv')), KV));
+    const scores = tf.add(tf.mul(tf.matMul(q, k, false, true), 1 / Math.sqrt(hd)), mask);
+    const y = tf.reshape(tf.transpose(tf.matMul(tf.softmax(scores), v), [0, 2, 1, 3]), [B, T, D]);
+    x = tf.add(x, dense(y, p('attn.wo')!));
+    const m = rmsNorm(x, p('ln2.g')!, a.normEps);
+    const u = dense(m, p('mlp.w1')!);
+    x = tf.add(x, dense(tf.mul(tf.mul(u, tf.sigmoid(u)), dense(m, p('mlp.w3')!)), p('mlp.w2')!));
+  }
+  const y = rmsNorm(x, w['lnf.g']!, a.normEps);
+  return dense(y, isTied(spec) ? tf.transpose(w.wte!) : w['head.w']!) as tf.Tensor3D;
 }
 
 /**

@@ -28,13 +28,20 @@ import {
   weightGrad,
   mlp,
   mlpBackward,
+  rmsNorm,
+  rmsNormBackward,
+  ropeTables,
   sumRows,
+  swiglu,
+  swigluBackward,
   type AttnCache,
+  type AttnDims,
   type AttnWeights,
+  type GluCache,
   type MlpCache,
   type NormCache,
 } from './blocks.ts';
-import { isTied, modelInfo, parameterShapes, type GptSpec } from './params.ts';
+import { archOf, isTied, modelInfo, parameterShapes, specProblem, type Arch, type GptSpec } from './params.ts';
 import { Rng, Stream, sampleToken, samplingProblem, seedOf, type Sampling } from './rng.ts';
 import { masked, responseMask } from './mask.ts';
 import { Adam, type AdamState } from './adam.ts';
@@ -59,7 +66,7 @@ interface LayerCache {
   ln1: NormCache;
   attn: AttnCache;
   ln2: NormCache;
-  mlp: MlpCache;
+  mlp: MlpCache | GluCache;
 }
 
 function disposeLayerCache(c: LayerCache): void {
@@ -99,6 +106,7 @@ export class GptRank {
   private readonly mpGroup: number[];
   private readonly prev: number | undefined;
   private readonly next: number | undefined;
+  private readonly arch: Arch;
 
   constructor(
     readonly spec: GptSpec,
@@ -108,6 +116,10 @@ export class GptRank {
     private readonly optim: Optim | undefined,
     private readonly comm: Comm,
   ) {
+    const bad = specProblem(spec);
+    if (bad) throw new ShardError(`the model cannot be built: ${bad}`);
+    this.arch = archOf(spec);
+    if (this.arch.kvHeads % layout.tp !== 0) throw new ShardError(`tp = ${layout.tp} must divide the model's ${this.arch.kvHeads} key/value heads: each tensor rank takes whole heads`);
     if (isTied(spec) && layout.pp > 1) throw new ShardError(`a tied head reads the token embedding, which only the first pipeline stage holds: a tied model runs with pp = 1, got pp = ${layout.pp}`);
     const c = (this.coords = rankCoords(layout, rank));
     const info = modelInfo(spec);
@@ -260,11 +272,53 @@ export class GptRank {
 
   private attn(l: number): AttnWeights {
     const g = (n: string) => this.w(`h${l}.attn.${n}`);
-    return { wq: g('wq'), bq: g('bq'), wk: g('wk'), bk: g('bk'), wv: g('wv'), bv: g('bv'), wo: g('wo') };
+    const w: AttnWeights = { wq: g('wq'), wk: g('wk'), wv: g('wv'), wo: g('wo') };
+    return this.arch.qkvBias ? { ...w, bq: g('bq'), bk: g('bk'), bv: g('bv') } : w;
   }
 
   private get localHeads(): number {
     return this.spec.heads / this.layout.tp;
+  }
+
+  private get localKvHeads(): number {
+    return this.arch.kvHeads / this.layout.tp;
+  }
+
+  private get gpt2(): boolean {
+    return this.arch.family === 'gpt2';
+  }
+
+  /** The shape of this rank's attention over b rows of T positions starting at `start`. */
+  private dims(b: number, T: number, start = 0): AttnDims {
+    const rope = this.gpt2 ? undefined : ropeTables(this.arch.ropeTheta, this.arch.headSize, start, T);
+    return { B: b, T, heads: this.localHeads, kvHeads: this.localKvHeads, ...(rope ? { rope } : {}) };
+  }
+
+  /** The norm named `prefix` (ln1, ln2, lnf) over rows x: layer norm (gpt2) or RMSNorm (llama). */
+  private norm(prefix: string, x: tf.Tensor, keep: boolean): { y: tf.Tensor; cache?: NormCache } {
+    if (this.gpt2) return layerNorm(x, this.w(`${prefix}.g`), this.w(`${prefix}.b`), keep);
+    return rmsNorm(x, this.w(`${prefix}.g`), this.arch.normEps, keep);
+  }
+
+  /** The norm's backward pass, its gradients added under their names; returns dx. */
+  private normBackward(prefix: string, c: NormCache, dy: tf.Tensor, add: (name: string, g: tf.Tensor) => void): tf.Tensor {
+    if (!this.gpt2) {
+      const r = rmsNormBackward(c, this.w(`${prefix}.g`), dy);
+      add(`${prefix}.g`, r.dg);
+      return r.dx;
+    }
+    const r = layerNormBackward(c, this.w(`${prefix}.g`), dy);
+    add(`${prefix}.g`, r.dg);
+    add(`${prefix}.b`, r.db);
+    return r.dx;
+  }
+
+  /** Adds a bias the family has (gpt2's output biases), or nothing; disposes x when it adds. */
+  private bias(x: tf.Tensor, name: string): tf.Tensor {
+    if (!this.gpt2) return x;
+    const out = tf.add(x, this.w(name));
+    x.dispose();
+    return out;
   }
 
   /**
@@ -273,15 +327,15 @@ export class GptRank {
    */
   private async layer(group: string, tag: string, l: number, x: tf.Tensor, attend: (h: tf.Tensor) => { out: tf.Tensor; cache?: AttnCache }, keep: boolean) {
     const W = (n: string) => this.w(`h${l}.${n}`);
-    const n1 = layerNorm(x, W('ln1.g'), W('ln1.b'), keep);
+    const n1 = this.norm(`h${l}.ln1`, x, keep);
     const at = attend(n1.y);
     const a = await this.allReduceTp(group, `${tag}/l${l}/attn`, at.out);
-    const x1 = tf.tidy(() => tf.add(tf.add(x, a), W('attn.bo')));
+    const x1 = this.bias(tf.add(x, a), `h${l}.attn.bo`);
     tf.dispose([a, n1.y, x]); // the norm's cache is all its backward pass reads
-    const n2 = layerNorm(x1, W('ln2.g'), W('ln2.b'), keep);
-    const mm = mlp(n2.y, W('mlp.w1'), W('mlp.b1'), W('mlp.w2'), keep);
+    const n2 = this.norm(`h${l}.ln2`, x1, keep);
+    const mm = this.gpt2 ? mlp(n2.y, W('mlp.w1'), W('mlp.b1'), W('mlp.w2'), keep) : swiglu(n2.y, W('mlp.w1'), W('mlp.w3'), W('mlp.w2'), keep);
     const m = await this.allReduceTp(group, `${tag}/l${l}/mlp`, mm.out);
-    const x2 = tf.tidy(() => tf.add(tf.add(x1, m), W('mlp.b2')));
+    const x2 = this.bias(tf.add(x1, m), `h${l}.mlp.b2`);
     tf.dispose([m, n2.y, x1]);
     const cache: LayerCache | undefined = keep ? { ln1: n1.cache!, attn: at.cache!, ln2: n2.cache!, mlp: mm.cache! } : undefined;
     return { x: x2, cache };
@@ -299,17 +353,20 @@ export class GptRank {
     let tokensT: tf.Tensor2D | undefined;
     if (this.first) {
       tokensT = tf.tensor2d(tokens, [b, T], 'int32');
-      x = embedRows(tokensT, this.w('wte'), this.w('wpe'));
+      x = embedRows(tokensT, this.w('wte'), this.positions);
     } else {
       x = await this.recvTensor(group, this.prev!, `${tag}/act`, [b * T, D]);
     }
     const mask = causalMask(T);
+    const dims = this.dims(b, T);
     for (const l of this.layers) {
-      const done = await this.layer(group, tag, l, x, (h) => attention(h, this.attn(l), b, T, this.localHeads, mask, keep), keep);
+      const done = await this.layer(group, tag, l, x, (h) => attention(h, this.attn(l), dims, mask, keep), keep);
       x = done.x;
       if (keep) saved.push(done.cache!);
     }
     mask.dispose();
+    // A training step's backward pass turns its gradients back with the same tables.
+    if (!keep) tf.dispose([dims.rope?.cos, dims.rope?.sin].filter((t) => t !== undefined));
     if (!keep && tokensT) {
       tokensT.dispose();
       tokensT = undefined;
@@ -317,16 +374,21 @@ export class GptRank {
     if (!this.last) {
       this.sendTensor(group, this.next!, `${tag}/act`, x);
       x.dispose();
-      return { out: undefined, saved, head: undefined, tokensT };
+      return { out: undefined, saved, head: undefined, tokensT, dims };
     }
-    const n = layerNorm(x, this.w('lnf.g'), this.w('lnf.b'), keep);
+    const n = this.norm('lnf', x, keep);
     x.dispose();
     const out = tf.tidy(() => {
       const logits = this.headRows(n.y);
       return tf.reshape(logits, [b, T, logits.shape[1]!]);
     });
     if (!keep) n.y.dispose();
-    return { out, saved, head: keep ? { ln: n.cache!, y: n.y } : undefined, tokensT };
+    return { out, saved, head: keep ? { ln: n.cache!, y: n.y } : undefined, tokensT, dims };
+  }
+
+  /** Position embeddings (gpt2's wpe), or none (llama turns queries and keys instead). */
+  private get positions(): tf.Tensor | undefined {
+    return this.gpt2 ? this.w('wpe') : undefined;
   }
 
   // ---- calls ------------------------------------------------------------------------------------
@@ -350,7 +412,7 @@ export class GptRank {
 
   /** The head over rows y [N, D]: y·head.w + head.b, or y·wteᵀ for a tied head ([N, V] or [N, 1]). */
   private headRows(y: tf.Tensor): tf.Tensor {
-    if (!isTied(this.spec)) return linear(y, this.w('head.w'), this.w('head.b'));
+    if (!isTied(this.spec)) return linear(y, this.w('head.w'), this.gpt2 ? this.w('head.b') : undefined);
     // Transposed explicitly: a product with a transposed operand is slow on wasm (blocks.ts).
     if (this.headT) return tf.matMul(y as tf.Tensor2D, this.headT as tf.Tensor2D);
     return tf.tidy(() => tf.matMul(y as tf.Tensor2D, tf.transpose(this.w('wte')) as tf.Tensor2D));
@@ -366,14 +428,16 @@ export class GptRank {
     let x: tf.Tensor;
     if (this.first) {
       const tokensT = tf.tensor2d(tokens, [b, T], 'int32');
-      x = embedRows(tokensT, this.w('wte'), this.w('wpe'), start);
+      x = embedRows(tokensT, this.w('wte'), this.positions, start);
       tokensT.dispose();
     } else {
       x = await this.recvTensor(group, this.prev!, `${tag}/act`, [b * T, D]);
     }
+    const dims = this.dims(b, T, start);
     for (const l of this.layers) {
-      x = (await this.layer(group, tag, l, x, (h) => ({ out: attentionCached(h, this.attn(l), b, T, this.localHeads, start, cache, l) }), false)).x;
+      x = (await this.layer(group, tag, l, x, (h) => ({ out: attentionCached(h, this.attn(l), dims, start, cache, l) }), false)).x;
     }
+    tf.dispose([dims.rope?.cos, dims.rope?.sin].filter((t) => t !== undefined));
     if (!this.last) {
       this.sendTensor(group, this.next!, `${tag}/act`, x);
       x.dispose();
@@ -382,7 +446,7 @@ export class GptRank {
     // The head only where a token is sampled: each row's last position.
     const logits = tf.tidy(() => {
       const last = T === 1 ? x : tf.reshape(tf.slice(tf.reshape(x, [b, T, D]), [0, T - 1, 0], [b, 1, D]), [b, D]);
-      return this.headRows(layerNorm(last, this.w('lnf.g'), this.w('lnf.b'), false).y);
+      return this.headRows(this.norm('lnf', last, false).y);
     });
     x.dispose();
     return logits;
@@ -391,7 +455,7 @@ export class GptRank {
   /** Bytes of the KV cache this rank would hold to generate `batch` sequences of `capacity` positions. */
   cacheBytes(batch: number, capacity: number): number {
     const [lo, hi] = replicaRows(batch, this.layout.dp, this.coords.dp);
-    return kvCacheBytes((hi - lo) * this.localHeads, this.spec.width / this.spec.heads, capacity, this.layers.length);
+    return kvCacheBytes((hi - lo) * this.localKvHeads, this.arch.headSize, capacity, this.layers.length);
   }
 
   /**
@@ -420,7 +484,7 @@ export class GptRank {
     const tokens = new Int32Array(b * width);
     for (let i = 0; i < b; i++) tokens.set(prompts.subarray((lo + i) * promptLen, (lo + i + 1) * promptLen), i * width);
     const rngs = Array.from(seeds.subarray(lo, hi), (s) => new Rng(s));
-    const kv = cache ? new KvCache(b * this.localHeads, this.spec.width / this.spec.heads, width) : undefined;
+    const kv = cache ? new KvCache(b * this.localKvHeads, this.arch.headSize, width) : undefined;
     /** The logits [b, V] that predict position `len` (last stage), from the tokens up to it. */
     const logitsAt = async (t: number, len: number, next?: Int32Array): Promise<tf.Tensor | undefined> => {
       if (kv) return this.decodeStage(group, `gen/${t}`, next ?? prompts.subarray(lo * promptLen, hi * promptLen), b, next ? 1 : promptLen, next ? len - 1 : 0, kv);
@@ -663,11 +727,9 @@ export class GptRank {
         return { dx: tf.matMul(dy as tf.Tensor2D, this.w('wte') as tf.Tensor2D), dw: weightGrad(dy, head.y) };
       });
       add(tied ? 'wte' : 'head.w', gh.dw);
-      if (gh.db) add('head.b', gh.db);
-      const gn = layerNormBackward(head.ln, this.w('lnf.g'), gh.dx);
-      add('lnf.g', gn.dg);
-      add('lnf.b', gn.db);
-      dx = gn.dx;
+      if (gh.db && this.gpt2) add('head.b', gh.db);
+      else gh.db?.dispose();
+      dx = this.normBackward('lnf', head.ln, gh.dx, add);
       tf.dispose([value, g[0]!, gh.dx, head.y, ...Object.values(head.ln)]);
       if (objective.kind === 'loss') {
         const pred = tf.tidy(() => this.predict(objective.fn, fwd.out!, tokensT, promptLen));
@@ -684,34 +746,41 @@ export class GptRank {
       const l = this.layers[i]!;
       const c = fwd.saved[i]!;
       const W = (n: string) => this.w(`h${l}.${n}`);
-      // MLP: x2 = x1 + Σtp M(h2) + b2, h2 = LN2(x1)
-      add(`h${l}.mlp.b2`, sumRows(dx));
-      const gm = mlpBackward(c.mlp, W('mlp.w1'), W('mlp.w2'), dx);
-      add(`h${l}.mlp.w1`, gm.dw1);
-      add(`h${l}.mlp.b1`, gm.db1);
-      add(`h${l}.mlp.w2`, gm.dw2);
-      const dh2 = await this.allReduceTp(group, `${tag}/b/l${l}/mlp`, gm.dh);
-      const gl2 = layerNormBackward(c.ln2, W('ln2.g'), dh2);
-      add(`h${l}.ln2.g`, gl2.dg);
-      add(`h${l}.ln2.b`, gl2.db);
-      const dx1 = tf.add(dx, gl2.dx);
-      tf.dispose([dh2, gl2.dx, dx]);
-      // Attention: x1 = x + Σtp A(h1) + bo, h1 = LN1(x)
-      add(`h${l}.attn.bo`, sumRows(dx1));
-      const ga = attentionBackward(c.attn, this.attn(l), b, width, this.localHeads, dx1);
+      // MLP: x2 = x1 + Σtp M(h2) (+ b2), h2 = N2(x1)
+      let dm: tf.Tensor;
+      if (this.gpt2) {
+        add(`h${l}.mlp.b2`, sumRows(dx));
+        const gm = mlpBackward(c.mlp as MlpCache, W('mlp.w1'), W('mlp.w2'), dx);
+        add(`h${l}.mlp.w1`, gm.dw1);
+        add(`h${l}.mlp.b1`, gm.db1);
+        add(`h${l}.mlp.w2`, gm.dw2);
+        dm = gm.dh;
+      } else {
+        const gm = swigluBackward(c.mlp as GluCache, W('mlp.w1'), W('mlp.w3'), W('mlp.w2'), dx);
+        add(`h${l}.mlp.w1`, gm.dw1);
+        add(`h${l}.mlp.w3`, gm.dw3);
+        add(`h${l}.mlp.w2`, gm.dw2);
+        dm = gm.dh;
+      }
+      const dh2 = await this.allReduceTp(group, `${tag}/b/l${l}/mlp`, dm);
+      const dn2 = this.normBackward(`h${l}.ln2`, c.ln2, dh2, add);
+      const dx1 = tf.add(dx, dn2);
+      tf.dispose([dh2, dn2, dx]);
+      // Attention: x1 = x + Σtp A(h1) (+ bo), h1 = N1(x)
+      if (this.gpt2) add(`h${l}.attn.bo`, sumRows(dx1));
+      const ga = attentionBackward(c.attn, this.attn(l), fwd.dims, dx1);
       for (const [n, t] of Object.entries(ga.grads)) add(`h${l}.attn.${n}`, t);
       const dh1 = await this.allReduceTp(group, `${tag}/b/l${l}/attn`, ga.dh);
-      const gl1 = layerNormBackward(c.ln1, W('ln1.g'), dh1);
-      add(`h${l}.ln1.g`, gl1.dg);
-      add(`h${l}.ln1.b`, gl1.db);
-      dx = tf.add(dx1, gl1.dx);
-      tf.dispose([dh1, gl1.dx, dx1]);
+      const dn1 = this.normBackward(`h${l}.ln1`, c.ln1, dh1, add);
+      dx = tf.add(dx1, dn1);
+      tf.dispose([dh1, dn1, dx1]);
       disposeLayerCache(c);
     }
+    tf.dispose([fwd.dims.rope?.cos, fwd.dims.rope?.sin].filter((t) => t !== undefined));
     if (this.first) {
-      const ge = embedBackward(myTokens, width, this.spec.vocab, this.spec.context, dx);
+      const ge = embedBackward(myTokens, width, this.spec.vocab, this.gpt2 ? this.spec.context : undefined, dx);
       add('wte', ge.dwte);
-      add('wpe', ge.dwpe);
+      if (ge.dwpe) add('wpe', ge.dwpe);
       tf.dispose([dx, fwd.tokensT!]);
     } else {
       this.sendTensor(group, this.prev!, `${tag}/grad`, dx);

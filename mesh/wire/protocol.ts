@@ -26,6 +26,13 @@ export const ModelSpec = z.discriminatedUnion('kind', [
     heads: pos,
     /** A policy whose head is its token embedding, transposed (GPT-2's). */
     tied: z.boolean().optional(),
+    /** gpt2 (the default) or llama: RMSNorm, rotary positions, SwiGLU, grouped-query attention. */
+    family: z.enum(['gpt2', 'llama']).optional(),
+    kvHeads: pos.optional(),
+    ffn: pos.optional(),
+    ropeTheta: z.number().positive().optional(),
+    normEps: z.number().positive().optional(),
+    qkvBias: z.boolean().optional(),
   }),
   z.strictObject({ kind: z.literal('rule'), rule: z.string(), digits: pos, base: pos }),
 ]);
