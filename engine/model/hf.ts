@@ -8,7 +8,7 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { NamedTensor } from '../../mesh/wire/index.ts';
-import { parameterShapes, type GptSpec } from './params.ts';
+import { archOf, isTied, parameterShapes, type GptSpec } from './params.ts';
 import type { SafetensorsCheckpoint } from './safetensors.ts';
 
 export class HfError extends Error {
@@ -110,8 +110,12 @@ export function parseHfConfig(raw: unknown, where = 'config.json'): HfModel {
       normEps: num('rms_norm_eps', 1e-6),
       tied: c.tie_word_embeddings === true,
       ropeTheta: num('rope_theta', 10000),
-      qkvBias: type === 'qwen2' || c.attention_bias === true,
+      qkvBias: type === 'qwen2',
     };
+    // LLaMA's attention_bias puts biases on o_proj too, and mlp_bias on the MLP: neither is in ferry's llama.
+    for (const key of ['attention_bias', 'mlp_bias']) {
+      if (type !== 'qwen2' && c[key] === true) throw new HfError(`${where}: ${key} true is not supported: ferry's llama family has no biases but Qwen2's on q, k and v`);
+    }
     return divides(m);
   }
   throw new HfError(`${where}: model_type ${JSON.stringify(type)} is not one ferry runs; expected gpt2, or one of the llama family (${LLAMA_TYPES.join(', ')})`);
@@ -215,17 +219,145 @@ export function checkHfCheckpoint(m: HfModel, ck: SafetensorsCheckpoint): void {
   }
 }
 
-// ---- the gpt2 family in ferry's runtime ------------------------------------------------------------
+// ---- both families in ferry's runtime ----------------------------------------------------------------
 
-/** ferry's layer norm epsilon and MLP width, which a GPT-2 checkpoint must have to run as it was trained. */
+/** ferry's layer norm epsilon, which a GPT-2 checkpoint must have to run as it was trained. */
 const GPT2_EPS = 1e-5;
 
-/** ferry's spec for a model of the gpt2 family; refuses what ferry's GPT cannot run exactly. */
+/** ferry's spec for a model of either family; refuses what ferry's runtime cannot run exactly. */
 export function gptSpecOf(m: HfModel, where = 'config.json'): GptSpec {
-  if (m.family !== 'gpt2') throw new HfError(`${where}: the ${m.modelType} model's family (llama: RMSNorm, rotary positions, SwiGLU) is not in ferry's runtime yet; gpt2 is`);
+  const shape = { kind: 'policy' as const, vocab: m.vocab, context: m.context, layers: m.layers, width: m.width, heads: m.heads };
+  if (m.family === 'llama') {
+    if ((m.width / m.heads) % 2 !== 0) throw new HfError(`${where}: the head size ${m.width / m.heads} is odd; rotary positions turn pairs of elements`);
+    return { ...shape, tied: m.tied, family: 'llama', kvHeads: m.kvHeads, ffn: m.ffn, ropeTheta: m.ropeTheta ?? 10000, normEps: m.normEps, ...(m.qkvBias ? { qkvBias: true } : {}) };
+  }
   if (m.ffn !== 4 * m.width) throw new HfError(`${where}: n_inner ${m.ffn} is not 4 × n_embd = ${4 * m.width}, the MLP width of ferry's gpt2 family`);
   if (m.normEps !== GPT2_EPS) throw new HfError(`${where}: layer_norm_epsilon ${m.normEps} is not ${GPT2_EPS}, ferry's`);
-  return { kind: 'policy', vocab: m.vocab, context: m.context, layers: m.layers, width: m.width, heads: m.heads, tied: true };
+  return { ...shape, tied: true };
+}
+
+/**
+ * The Hugging Face model a ferry spec is, for export: gpt2 (which ties its head: an untied ferry
+ * gpt2 has no such checkpoint), or llama (qwen2 when it has q/k/v biases). A value model has none.
+ */
+export function hfModelOf(spec: GptSpec): HfModel {
+  if (spec.kind !== 'policy') throw new HfError(`a ${spec.kind} model has no Hugging Face causal-LM layout; export a policy`);
+  const a = archOf(spec);
+  const shape = { vocab: spec.vocab, context: spec.context, layers: spec.layers, width: spec.width, heads: spec.heads, kvHeads: a.kvHeads, ffn: a.ffn, normEps: a.normEps };
+  if (a.family === 'llama') return { ...shape, family: 'llama', modelType: a.qkvBias ? 'qwen2' : 'llama', tied: isTied(spec), ropeTheta: a.ropeTheta, qkvBias: a.qkvBias };
+  if (!isTied(spec))
+    throw new HfError('a gpt2 model with a head of its own has no GPT-2 checkpoint layout (GPT-2 ties its head to the token embedding); train it with model.tied: true, or start it from a checkpoint');
+  return { ...shape, family: 'gpt2', modelType: 'gpt2', tied: true };
+}
+
+/** A checked checkpoint of either family as ferry's parameters, in ferry's order. */
+export function importHf(m: HfModel, ck: SafetensorsCheckpoint): NamedTensor[] {
+  return m.family === 'gpt2' ? importGpt2(m, ck) : importLlama(m, ck);
+}
+
+/** ferry's parameters as the family's checkpoint tensors. */
+export function exportHf(m: HfModel, tensors: readonly NamedTensor[]): NamedTensor[] {
+  return m.family === 'gpt2' ? exportGpt2(m, tensors) : exportLlama(m, tensors);
+}
+
+/** config.json for the model, as transformers writes it. */
+export function hfConfig(m: HfModel): Record<string, unknown> {
+  return m.family === 'gpt2' ? gpt2Config(m) : llamaConfig(m);
+}
+
+/** A ferry parameter by name, for export. */
+function getter(tensors: readonly NamedTensor[]): (name: string) => Float32Array {
+  const byName = new Map(tensors.map((t) => [t.name, t]));
+  return (name) => {
+    const t = byName.get(name);
+    if (!t) throw new HfError(`cannot export: the model has no parameter ${name}`);
+    return t.data;
+  };
+}
+
+/** A row-major [rows, cols] matrix transposed: nn.Linear's [out, in] ↔ ferry's [in, out]. */
+function transposed(x: Float32Array, rows: number, cols: number): Float32Array {
+  const out = new Float32Array(x.length);
+  for (let r = 0; r < rows; r++) for (let c = 0; c < cols; c++) out[c * rows + r] = x[r * cols + c]!;
+  return out;
+}
+
+/** HF name of each ferry parameter of a llama-family layer, and whether it is an nn.Linear weight (stored [out, in]). */
+const LLAMA_LAYER: Record<string, [string, boolean]> = {
+  'ln1.g': ['input_layernorm.weight', false],
+  'attn.wq': ['self_attn.q_proj.weight', true],
+  'attn.bq': ['self_attn.q_proj.bias', false],
+  'attn.wk': ['self_attn.k_proj.weight', true],
+  'attn.bk': ['self_attn.k_proj.bias', false],
+  'attn.wv': ['self_attn.v_proj.weight', true],
+  'attn.bv': ['self_attn.v_proj.bias', false],
+  'attn.wo': ['self_attn.o_proj.weight', true],
+  'ln2.g': ['post_attention_layernorm.weight', false],
+  'mlp.w1': ['mlp.gate_proj.weight', true],
+  'mlp.w3': ['mlp.up_proj.weight', true],
+  'mlp.w2': ['mlp.down_proj.weight', true],
+};
+const LLAMA_TOP: Record<string, [string, boolean]> = { wte: ['model.embed_tokens.weight', false], 'lnf.g': ['model.norm.weight', false], 'head.w': ['lm_head.weight', true] };
+
+/** The HF name of a ferry llama parameter, and whether it is stored transposed. */
+function llamaName(name: string): [string, boolean] {
+  const top = LLAMA_TOP[name];
+  if (top) return top;
+  const [, l, part] = /^h(\d+)\.(.*)$/.exec(name)!;
+  const [hf, linear] = LLAMA_LAYER[part!]!;
+  return [`model.layers.${l}.${hf}`, linear];
+}
+
+/**
+ * A checked llama-family checkpoint as ferry's parameters, in ferry's order: nn.Linear weights
+ * transposed to [in, out]. A tied head saved anyway must equal the embedding.
+ */
+export function importLlama(m: HfModel, ck: SafetensorsCheckpoint): NamedTensor[] {
+  checkHfCheckpoint(m, ck);
+  const out = parameterShapes(gptSpecOf(m)).map(([name, shape]) => {
+    const [hf, linear] = llamaName(name);
+    const data = ck.read(hf);
+    return { name, shape, data: linear ? transposed(data, shape[1]!, shape[0]!) : data };
+  });
+  if (m.tied && ck.entry('lm_head.weight')) {
+    const [head, wte] = [ck.read('lm_head.weight'), out[0]!.data];
+    if (head.length !== wte.length || head.some((x, i) => x !== wte[i]))
+      throw new HfError(`${ck.fileOf('lm_head.weight')}: lm_head.weight differs from model.embed_tokens.weight, and config.json ties them (tie_word_embeddings)`);
+  }
+  return out;
+}
+
+/** ferry's parameters of a llama-family model as the family's checkpoint tensors (LlamaForCausalLM's names). */
+export function exportLlama(m: HfModel, tensors: readonly NamedTensor[]): NamedTensor[] {
+  const get = getter(tensors);
+  const ours = new Map(parameterShapes(gptSpecOf(m)).map(([name, shape]) => [llamaName(name)[0], { name, shape }]));
+  return hfTensors(m).map(({ name, shape }) => {
+    const p = ours.get(name)!;
+    const linear = llamaName(p.name)[1];
+    return { name, shape, data: linear ? transposed(get(p.name), p.shape[0]!, p.shape[1]!) : get(p.name) };
+  });
+}
+
+/** config.json for a llama-family model, as transformers writes LlamaForCausalLM's (Qwen2ForCausalLM's with q/k/v biases). */
+export function llamaConfig(m: HfModel): Record<string, unknown> {
+  const qwen = m.modelType === 'qwen2';
+  return {
+    architectures: [qwen ? 'Qwen2ForCausalLM' : 'LlamaForCausalLM'],
+    model_type: qwen ? 'qwen2' : 'llama',
+    vocab_size: m.vocab,
+    max_position_embeddings: m.context,
+    hidden_size: m.width,
+    intermediate_size: m.ffn,
+    num_hidden_layers: m.layers,
+    num_attention_heads: m.heads,
+    num_key_value_heads: m.kvHeads,
+    hidden_act: 'silu',
+    rms_norm_eps: m.normEps,
+    rope_theta: m.ropeTheta ?? 10000,
+    tie_word_embeddings: m.tied,
+    ...(qwen ? { use_sliding_window: false } : { attention_bias: false, mlp_bias: false }),
+    torch_dtype: 'float32',
+  };
 }
 
 /** Columns [from, from + n) of a row-major [rows, cols] matrix. */
@@ -293,12 +425,7 @@ export function importGpt2(m: HfModel, ck: SafetensorsCheckpoint): NamedTensor[]
 /** ferry's parameters of a gpt2-family model as the family's checkpoint tensors (GPT2LMHeadModel's names, no prefix). */
 export function exportGpt2(m: HfModel, tensors: readonly NamedTensor[]): NamedTensor[] {
   gptSpecOf(m); // refuses what the family cannot hold
-  const byName = new Map(tensors.map((t) => [t.name, t]));
-  const get = (name: string) => {
-    const t = byName.get(name);
-    if (!t) throw new HfError(`cannot export: the model has no parameter ${name}`);
-    return t.data;
-  };
+  const get = getter(tensors);
   const D = m.width;
   return hfTensors(m).map(({ name, shape }) => {
     const top = Object.entries(GPT2_TOP).find(([, hf]) => hf === name);

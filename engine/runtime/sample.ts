@@ -8,7 +8,7 @@
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Layout } from '../../mesh/parallel/index.ts';
-import { SafetensorsCheckpoint, TOKENIZER_FILE, TextTokenizer, gptSpecOf, importGpt2, initBackend, readHfConfig, seedOf } from '../model/index.ts';
+import { SafetensorsCheckpoint, TOKENIZER_FILE, TextTokenizer, gptSpecOf, importHf, initBackend, readHfConfig, seedOf } from '../model/index.ts';
 import { LocalDispatcher } from './local-dispatch.ts';
 import { ResumeError, readResume } from './record.ts';
 import { callMesh, layoutOf, modelSpec, ownerOf, runSpec } from './run.ts';
@@ -155,9 +155,9 @@ export async function sampleHf(dir: string, o: HfSampleOptions): Promise<Sample 
   const temperature = o.temperature ?? 1;
   checkRequest(prompt, R, temperature, spec, 'n_positions');
   const ck = SafetensorsCheckpoint.open(dir);
-  let tensors: ReturnType<typeof importGpt2>;
+  let tensors: ReturnType<typeof importHf>;
   try {
-    tensors = importGpt2(m, ck);
+    tensors = importHf(m, ck);
   } finally {
     ck.close();
   }
