@@ -8,7 +8,7 @@ import { Go, PROTOCOL_VERSION, type LedgerEntry, type Call, type CallBody, type 
 import { cut, pasteRange } from '../../mesh/parallel/index.ts';
 import type { Subjects } from '../../mesh/wire/index.ts';
 import { subscribe } from '../../mesh/wire/index.ts';
-import { manifestOf, modelDigest, noTimes, pacer, receiveTensors, sendTensors, timed, type NamedTensor } from '../../mesh/wire/index.ts';
+import { manifestOf, modelDigest, noTimes, offerTensors, pacer, receiveTensors, timed, type NamedTensor } from '../../mesh/wire/index.ts';
 import { randomUUID } from 'node:crypto';
 import { serveReward, type RewardActor } from '../../mesh/wire/index.ts';
 import { modelInfo } from '../model/index.ts';
@@ -125,6 +125,8 @@ export interface DeviceOptions {
   transferTimeoutMs?: number;
   /** The bytes this device may hold in tensors (default: its backend's limit; see kvCacheProblem). */
   memoryBytes?: number;
+  /** Where a transfer says what it dropped or sent again (default: standard error). */
+  warn?: (line: string) => void;
 }
 
 export class Device {
@@ -202,6 +204,10 @@ export class Device {
     }
     if ((body.fn === 'train' || body.fn === 'sft' || body.fn === 'preference') && !(h.shard as ModelShard).trainable) {
       return new CallRejected('invalid_state', `'${model}' on device ${this.index} is not on its training layout (no optimizer); '${body.fn}' is refused`);
+    }
+    if (body.fn === 'checkpoint' && body.optimizer !== (h.shard as ModelShard).trainable) {
+      const has = (h.shard as ModelShard).trainable ? 'one' : 'none';
+      return new CallRejected('invalid_state', `'${model}' on device ${this.index}: expected ${body.optimizer ? 'an' : 'no'} optimizer state, the shard has ${has}`);
     }
     if (body.fn === 'restore' && body.optimizer && !(h.shard as ModelShard).trainable) {
       return new CallRejected('invalid_state', `'${model}' on device ${this.index} holds no optimizer (not its training layout); the checkpoint has optimizer state`);
@@ -391,11 +397,35 @@ export class Device {
     const incoming = receiveTensors(
       this.bus,
       this.subj,
-      body.recvs.map((r) => ({ transfer: r.transfer, expected: r.pieces.map((p) => ({ name: sliceKey(p), shape: sliceShape(p) })) })),
+      body.recvs.map((r) => ({ transfer: r.transfer, from: r.from, expected: r.pieces.map((p) => ({ name: sliceKey(p), shape: sliceShape(p) })) })),
       timeout,
       { place: (key, offset, data) => put(byKey.get(key)!, offset, data) },
-      times,
+      { times, me: this.index, warn: this.options.warn },
     );
+    // Each send: its pieces cut one parameter at a time for the first publish, and a piece cut again
+    // from the source (which nothing changes during the call), bit for bit, when a receiver asks.
+    const outgoing = body.sends.map((s) => {
+      const byName = new Map(s.pieces.map((p) => [sliceKey(p), p]));
+      const piece = (p: Slice, data: Float32Array): NamedTensor => ({ name: sliceKey(p), shape: sliceShape(p), data: cut(data, sourceSlices.get(p.name)!, p) });
+      return offerTensors(
+        this.bus,
+        this.subj,
+        {
+          transfer: s.transfer,
+          from: this.index,
+          to: s.to,
+          tensors: function* () {
+            for (const p of s.pieces) yield timed(times, 'export', () => piece(p, sourceData(p.name)));
+          },
+          tensor: (key) => {
+            const p = byName.get(key);
+            return p && piece(p, (sourceHost!.shard as ModelShard).exportTensor(p.name));
+          },
+        },
+        body.chunkBytes,
+        { times, timeoutMs: timeout, warn: this.options.warn },
+      );
+    });
     const signal = this.awaitGo(body.realloc, timeout);
     let committed = false;
     try {
@@ -405,11 +435,8 @@ export class Device {
       incoming.arm();
       let sent = 0;
       let chunks = 0;
-      for (const s of body.sends) {
-        const pieces = function* (): Generator<NamedTensor> {
-          for (const p of s.pieces) yield { name: sliceKey(p), shape: sliceShape(p), data: timed(times, 'export', () => cut(sourceData(p.name), sourceSlices.get(p.name)!, p)) };
-        };
-        const r = await sendTensors(this.bus, this.subj, s.transfer, pieces(), body.chunkBytes, times);
+      for (const o of outgoing) {
+        const r = await o.send();
         sent += r.bytes;
         chunks += r.chunks;
       }
@@ -421,7 +448,8 @@ export class Device {
       }
       sampleHeld();
       cached = undefined;
-      await Promise.race([incoming.done, signal.aborted]);
+      // Done once this device holds what it receives and every receiver of what it sent has said so.
+      await Promise.race([Promise.all([incoming.done, ...outgoing.map((o) => o.received)]), signal.aborted]);
       sampleHeld();
       const wall = { ready_ms: started - t0, wall_ms: performance.now() - started };
       const held_mb = heldPeak / (1 << 20);
@@ -444,6 +472,7 @@ export class Device {
       if (!committed) staging?.dispose();
       signal.close();
       incoming.close();
+      outgoing.forEach((o) => o.close());
     }
   }
 
@@ -587,26 +616,35 @@ export class Device {
   /** Streams the shard's weights (and optimizer moments) on go; see the protocol's `checkpoint`. */
   private async checkpoint(h: Hosted, body: CallOf<'checkpoint'>): Promise<ResultOf<'checkpoint'>> {
     const s = h.shard as ModelShard;
+    const timeout = this.options.transferTimeoutMs ?? 300_000;
     const tensors = s.exportTensors();
     const state = s.optimizerState();
-    const signal = this.awaitGo(body.realloc, this.options.transferTimeoutMs ?? 300_000);
+    const out: NamedTensor[] = tensors.map((t) => ({ ...t, name: `w:${t.name}` }));
+    if (state) {
+      // A parameter never stepped has zero moments, exactly what a fresh slot would hold.
+      const moments = new Map(state.moments.map((m) => [m.name, m]));
+      for (const t of tensors) {
+        const m = moments.get(t.name);
+        out.push({ name: `m:${t.name}`, shape: t.shape, data: m?.m ?? new Float32Array(t.data.length) });
+        out.push({ name: `v:${t.name}`, shape: t.shape, data: m?.v ?? new Float32Array(t.data.length) });
+      }
+    }
+    // Kept until the supervisor says it holds them all, to answer its requests to send a chunk again.
+    const byName = new Map(out.map((t) => [t.name, t]));
+    const outgoing = offerTensors(this.bus, this.subj, { transfer: body.transfer, from: this.index, to: ['supervisor'], tensors: () => out, tensor: (name) => byName.get(name) }, body.chunkBytes, {
+      timeoutMs: timeout,
+      warn: this.options.warn,
+    });
+    const signal = this.awaitGo(body.realloc, timeout);
     try {
       await signal.ready();
       await signal.go;
-      const out: NamedTensor[] = tensors.map((t) => ({ ...t, name: `w:${t.name}` }));
-      if (state) {
-        // A parameter never stepped has zero moments, exactly what a fresh slot would hold.
-        const moments = new Map(state.moments.map((m) => [m.name, m]));
-        for (const t of tensors) {
-          const m = moments.get(t.name);
-          out.push({ name: `m:${t.name}`, shape: t.shape, data: m?.m ?? new Float32Array(t.data.length) });
-          out.push({ name: `v:${t.name}`, shape: t.shape, data: m?.v ?? new Float32Array(t.data.length) });
-        }
-      }
-      const sent = await sendTensors(this.bus, this.subj, body.transfer, out, body.chunkBytes);
+      const sent = await outgoing.send();
+      await Promise.race([outgoing.received, signal.aborted]);
       return { step: state?.step ?? 0, optimizer: state !== undefined, bytes: sent.bytes, ledger: [...h.ledger] };
     } finally {
       signal.close();
+      outgoing.close();
     }
   }
 
@@ -619,7 +657,10 @@ export class Device {
       return [`w:${sl.name}`, ...(body.optimizer ? [`m:${sl.name}`, `v:${sl.name}`] : [])].map((name) => ({ name, shape }));
     });
     const got = new Map<string, NamedTensor>();
-    const incoming = receiveTensors(this.bus, this.subj, [{ transfer: body.transfer, expected }], this.options.transferTimeoutMs ?? 300_000, (t) => got.set(t.name, t));
+    const incoming = receiveTensors(this.bus, this.subj, [{ transfer: body.transfer, expected, from: 'supervisor' }], this.options.transferTimeoutMs ?? 300_000, (t) => got.set(t.name, t), {
+      me: this.index,
+      warn: this.options.warn,
+    });
     const signal = this.awaitGo(body.realloc, this.options.transferTimeoutMs ?? 300_000);
     try {
       await signal.ready();

@@ -7,7 +7,7 @@ import { subscribe } from '../../mesh/wire/index.ts';
 import { encode } from '../../mesh/wire/index.ts';
 import type { Layout } from '../../mesh/parallel/index.ts';
 import { PROTOCOL_VERSION, Ready, ResultBodies, type CallFn, type CallOf, type Checkpoint, type ResultOf } from '../../mesh/wire/index.ts';
-import { receiveTensors, sendTensors } from '../../mesh/wire/index.ts';
+import { offerTensors, receiveTensors } from '../../mesh/wire/index.ts';
 import type { ReallocPlan } from '../../mesh/parallel/index.ts';
 import type { Subjects } from '../../mesh/wire/index.ts';
 
@@ -202,8 +202,8 @@ export async function runRealloc(bus: Bus, subj: Subjects, call: Dispatcher['cal
     fn: 'realloc',
     realloc: r.id,
     source: r.from.model,
-    sends: plan.transfers.filter((g) => g.src === device).map((g) => ({ transfer: tid(g.index), pieces: g.pieces })),
-    recvs: plan.transfers.filter((g) => g.dsts.includes(device)).map((g) => ({ transfer: tid(g.index), pieces: g.pieces })),
+    sends: plan.transfers.filter((g) => g.src === device).map((g) => ({ transfer: tid(g.index), pieces: g.pieces, to: g.dsts })),
+    recvs: plan.transfers.filter((g) => g.dsts.includes(device)).map((g) => ({ transfer: tid(g.index), pieces: g.pieces, from: g.src })),
     locals: plan.locals.filter((l) => l.device === device).map(({ device: _d, ...slice }) => slice),
     chunkBytes,
   }));
@@ -238,11 +238,30 @@ export async function fetchCheckpoint(
   const id = exchangeId(`ckpt-${device}-${model.replace(/[^A-Za-z0-9_-]/g, '-')}-${exchanges++}`);
   const expected = shapes.flatMap((s) => [`w:${s.name}`, ...(optimizer ? [`m:${s.name}`, `v:${s.name}`] : [])].map((name) => ({ name, shape: [...s.shape] })));
   const got = new Map<string, Float32Array>();
-  const incoming = receiveTensors(bus, subj, [{ transfer: id, expected }], 300_000, (t) => got.set(t.name, t.data));
+  const incoming = receiveTensors(bus, subj, [{ transfer: id, expected, from: device }], 300_000, (t) => got.set(t.name, t.data), { me: 'supervisor' });
+  // The device waits until this side holds every chunk: a transfer that cannot complete (a chunk
+  // asked for again too often) ends the exchange at once, and is what the caller hears of.
+  let failed: unknown;
+  incoming.done.catch((e: unknown) => {
+    failed = e;
+    bus.publish(subj.go(id), encode({ type: 'go', v: PROTOCOL_VERSION, realloc: id, abort: true }));
+  });
   try {
     await bus.flush();
-    incoming.arm();
-    const [reply] = await runExchange<'checkpoint'>(bus, subj, call, id, iteration, model, [device], () => ({ fn: 'checkpoint', realloc: id, transfer: id, chunkBytes }));
+    // The device sends on go; chunks, and requests to send one again, are timed from then.
+    const [reply] = await runExchange<'checkpoint'>(
+      bus,
+      subj,
+      call,
+      id,
+      iteration,
+      model,
+      [device],
+      () => ({ fn: 'checkpoint', realloc: id, transfer: id, chunkBytes, optimizer }),
+      async () => incoming.arm(),
+    ).catch((e: unknown) => {
+      throw failed ?? e;
+    });
     if (reply!.optimizer !== optimizer)
       throw new CallError('invalid_state', `device ${device}, '${model}': expected ${optimizer ? 'an' : 'no'} optimizer state, the shard has ${reply!.optimizer ? 'one' : 'none'}`);
     await incoming.done;
@@ -278,17 +297,24 @@ export async function pushCheckpoint(bus: Bus, subj: Subjects, call: Dispatcher[
       ];
     }),
   ];
-  await runExchange<'restore'>(
-    bus,
-    subj,
-    call,
-    id,
-    iteration,
-    model,
-    [device],
-    () => ({ fn: 'restore', realloc: id, transfer: id, step: c.optimizer?.step ?? 0, optimizer: c.optimizer !== undefined, ledger: c.ledger ?? [] }),
-    async () => {
-      await sendTensors(bus, subj, id, tensors, chunkBytes);
-    },
-  );
+  // The device asks for chunks again until it holds them all; its reply says it does.
+  const byName = new Map(tensors.map((t) => [t.name, t]));
+  const outgoing = offerTensors(bus, subj, { transfer: id, from: 'supervisor', to: [device], tensors: () => tensors, tensor: (name) => byName.get(name) }, chunkBytes);
+  try {
+    await runExchange<'restore'>(
+      bus,
+      subj,
+      call,
+      id,
+      iteration,
+      model,
+      [device],
+      () => ({ fn: 'restore', realloc: id, transfer: id, step: c.optimizer?.step ?? 0, optimizer: c.optimizer !== undefined, ledger: c.ledger ?? [] }),
+      async () => {
+        await outgoing.send();
+      },
+    );
+  } finally {
+    outgoing.close();
+  }
 }

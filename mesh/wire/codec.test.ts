@@ -95,6 +95,7 @@ describe('encode/decode round trip', () => {
       type: 'chunk',
       v: PROTOCOL_VERSION,
       transfer: 't',
+      from: 0,
       tensor: 'wte',
       offset: 1,
       total: 5,

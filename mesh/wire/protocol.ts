@@ -181,10 +181,13 @@ export const CallBody = z.discriminatedUnion('fn', [
     realloc: z.string(),
     /** The model whose parameters this device sends or copies (the call's model receives). */
     source: z.string(),
-    /** Transfers this device publishes: each a set of slices of the source. */
-    sends: z.array(z.strictObject({ transfer: z.string(), pieces: z.array(SliceSpec) })),
-    /** Transfers this device receives into the call's model. */
-    recvs: z.array(z.strictObject({ transfer: z.string(), pieces: z.array(SliceSpec) })),
+    /**
+     * Transfers this device publishes: each a set of slices of the source, and the devices that
+     * receive it (it answers their requests to resend a chunk until each has said `received`).
+     */
+    sends: z.array(z.strictObject({ transfer: z.string(), pieces: z.array(SliceSpec), to: z.array(nat) })),
+    /** Transfers this device receives into the call's model, each from one source device. */
+    recvs: z.array(z.strictObject({ transfer: z.string(), pieces: z.array(SliceSpec), from: nat })),
     /** Slices it copies from the source's shard on this same device. */
     locals: z.array(SliceSpec),
     chunkBytes: pos,
@@ -208,9 +211,10 @@ export const CallBody = z.discriminatedUnion('fn', [
   /**
    * A checkpoint of the shard, streamed as chunks on `transfer` once `go` comes (an exchange, as a
    * reallocation): its weight slices as `w:<name>`, and on the training layout its optimizer's
-   * moments as `m:<name>` and `v:<name>`. The reply carries the optimizer's step.
+   * moments as `m:<name>` and `v:<name>`. The reply carries the optimizer's step. `optimizer`: what
+   * the caller expects; a shard that has (or lacks) it otherwise is refused before anything moves.
    */
-  z.strictObject({ fn: z.literal('checkpoint'), realloc: z.string(), transfer: z.string(), chunkBytes: pos }),
+  z.strictObject({ fn: z.literal('checkpoint'), realloc: z.string(), transfer: z.string(), chunkBytes: pos, optimizer: z.boolean() }),
   /** Puts a streamed checkpoint (as `checkpoint` sends it) back into a loaded shard of the same layout and rank. */
   z.strictObject({ fn: z.literal('restore'), realloc: z.string(), transfer: z.string(), step: nat, optimizer: z.boolean(), ledger: z.array(LedgerEntry).default([]) }),
   z.strictObject({ fn: z.literal('release') }),
@@ -288,10 +292,16 @@ export type ErrorReply = z.infer<typeof ErrorReply>;
 export const Reply = z.discriminatedUnion('type', [Result, ErrorReply]);
 export type Reply = z.infer<typeof Reply>;
 
+/** Who sends or receives a transfer: a device, by index, or the supervisor. */
+export const Party = z.union([nat, z.literal('supervisor')]);
+export type Party = z.infer<typeof Party>;
+
 export const Chunk = z.strictObject({
   type: z.literal('chunk'),
   v,
   transfer: z.string(),
+  /** The transfer's sender; a receiver drops a chunk from anyone else. */
+  from: Party,
   tensor: z.string(),
   /** Offset and total length in elements of the tensor this chunk belongs to. */
   offset: nat,
@@ -303,6 +313,35 @@ export const Chunk = z.strictObject({
   whole: z.string(),
 });
 export type Chunk = z.infer<typeof Chunk>;
+
+/**
+ * The sender has published every chunk of the transfer once, `elements` elements per chunk (a
+ * tensor's last chunk may hold fewer). It follows the chunks on their subject, so a receiver that
+ * has it and still lacks a chunk knows that chunk was lost or dropped, and asks for it again.
+ */
+export const Sent = z.strictObject({ type: z.literal('sent'), v, transfer: z.string(), from: Party, chunks: nat, elements: pos });
+export type Sent = z.infer<typeof Sent>;
+
+/** What comes on a transfer's chunk subject. */
+export const TransferMessage = z.discriminatedUnion('type', [Chunk, Sent]);
+export type TransferMessage = z.infer<typeof TransferMessage>;
+
+/**
+ * A receiver asks the transfer's sender to publish again the chunk holding element `offset` of
+ * `tensor`: it came with a bad digest, bad bytes or from someone else, or never came. `attempt`
+ * counts this receiver's requests for that chunk (1 the first time); a receiver asks a bounded
+ * number of times, then fails the transfer.
+ */
+export const Resend = z.strictObject({ type: z.literal('resend'), v, transfer: z.string(), from: Party, tensor: z.string(), offset: nat, attempt: pos });
+export type Resend = z.infer<typeof Resend>;
+
+/** A receiver holds every tensor of the transfer, verified: its sender need keep nothing more for it. */
+export const Received = z.strictObject({ type: z.literal('received'), v, transfer: z.string(), from: Party });
+export type Received = z.infer<typeof Received>;
+
+/** What receivers tell a transfer's sender, on its receipt subject. */
+export const Receipt = z.discriminatedUnion('type', [Resend, Received]);
+export type Receipt = z.infer<typeof Receipt>;
 
 /** A device of a reallocation is subscribed to everything it will receive, and listens for go. */
 export const Ready = z.strictObject({ type: z.literal('ready'), v, realloc: z.string(), device: nat });

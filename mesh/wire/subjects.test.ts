@@ -46,6 +46,7 @@ describe('subjects', () => {
     expect(s.heartbeat(0)).toBe('ferry.run-1.hb.0');
     expect(s.heartbeats).toBe('ferry.run-1.hb.*');
     expect(s.chunks('t-7')).toBe('ferry.run-1.xfer.t-7.chunk');
+    expect(s.receipts('t-7')).toBe('ferry.run-1.xfer.t-7.receipt');
     expect(s.ready('r-7')).toBe('ferry.run-1.realloc.r-7.ready');
     expect(s.go('r-7')).toBe('ferry.run-1.realloc.r-7.go');
     expect(s.collective(3)).toBe('ferry.run-1.coll.3');
@@ -53,7 +54,24 @@ describe('subjects', () => {
   });
 
   it('has exactly the documented keys', () => {
-    expect(Object.keys(s).sort()).toEqual(['allResults', 'call', 'chaos', 'chunks', 'collective', 'events', 'go', 'heartbeat', 'heartbeats', 'join', 'ready', 'results', 'root', 'supervisorBeat']);
+    expect(Object.keys(s).sort()).toEqual([
+      'allReceipts',
+      'allResults',
+      'call',
+      'chaos',
+      'chunks',
+      'collective',
+      'events',
+      'go',
+      'heartbeat',
+      'heartbeats',
+      'join',
+      'ready',
+      'receipts',
+      'results',
+      'root',
+      'supervisorBeat',
+    ]);
   });
 
   it('rejects a run id that would change the subject hierarchy', () => {

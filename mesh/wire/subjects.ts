@@ -32,6 +32,9 @@ export function subjects(run: string) {
     supervisorBeat: `${root}.supervisor.hb`,
     /** Parameter chunks of one transfer. */
     chunks: (transfer: string) => `${root}.xfer.${token('transfer id', transfer)}.chunk`,
+    /** What a transfer's receivers tell its sender: resend a chunk, or everything arrived. */
+    receipts: (transfer: string) => `${root}.xfer.${token('transfer id', transfer)}.receipt`,
+    allReceipts: `${root}.xfer.*.receipt`,
     /** A reallocation's devices say they are subscribed; then the supervisor says go. */
     ready: (realloc: string) => `${root}.realloc.${token('reallocation id', realloc)}.ready`,
     go: (realloc: string) => `${root}.realloc.${token('reallocation id', realloc)}.go`,

@@ -2,7 +2,23 @@ import { describe, it, expect } from 'vitest';
 import { createHash } from 'node:crypto';
 import { decode, encode } from './codec.ts';
 import { Chunk, PROTOCOL_VERSION } from './protocol.ts';
-import { Assembler, BLOCK, FLUSH_EVERY, pacer, TransferError, blockDigests, chunkElements, chunksOf, listDigest, manifestOf, modelDigest, sha256, tensorDigest, type NamedTensor } from './transfer.ts';
+import {
+  Assembler,
+  BadChunkError,
+  BLOCK,
+  FLUSH_EVERY,
+  pacer,
+  TransferError,
+  blockDigests,
+  chunkElements,
+  chunksOf,
+  listDigest,
+  manifestOf,
+  modelDigest,
+  sha256,
+  tensorDigest,
+  type NamedTensor,
+} from './transfer.ts';
 import type { Bus } from './bus.ts';
 
 /** Deterministic, non-trivial float data (no two neighbours equal). */
@@ -412,6 +428,86 @@ describe('Assembler', () => {
       expect(e.message).toContain("transfer t: tensor 'a' digest");
       expect(e.message).toContain(`does not match the manifest's ${manifest[0]!.sha256}`);
     });
+  });
+});
+
+describe('Assembler, for a receiver that asks for chunks again', () => {
+  const w = () => tensor('w', [4 * 16384 + 9]); // 5 blocks, the last of 9 elements
+
+  it("refuses a chunk from anyone but the transfer's sender, as a bad chunk", () => {
+    const asm = new Assembler('t', manifestOf([w()]), { from: 2 });
+    const [c] = [...chunksOf('t', [w()], ONE_BLOCK, { from: 3 })];
+    const e = rejection(() => asm.accept(c!));
+    expect(e).toBeInstanceOf(BadChunkError);
+    expect(e.message).toBe("transfer t, tensor 'w' at offset 0: chunk says it comes from device 3; this transfer's sender is device 2");
+    asm.accept({ ...c!, from: 2 });
+    expect(asm.chunks).toBe(1);
+  });
+
+  it('places a chunk that overlaps blocks it already holds only where it is new, and counts each element once', () => {
+    const t = w();
+    const placed: Array<[number, number]> = [];
+    const asm = new Assembler('t', manifestOf([t]), { place: (_name, offset, data) => placed.push([offset, data.length]) });
+    const small = [...chunksOf('t', [t], ONE_BLOCK)]; // 1 block a chunk
+    const large = [...chunksOf('t', [t], 263168)]; // 4 blocks a chunk
+    asm.accept(small[1]!);
+    asm.accept(small[3]!);
+    asm.accept(large[0]!); // blocks 0-3: 0 and 2 are new
+    expect(placed).toEqual([
+      [16384, 16384],
+      [49152, 16384],
+      [0, 16384],
+      [32768, 16384],
+    ]);
+    asm.accept(large[0]!); // nothing new: a repeat
+    expect(placed).toHaveLength(4);
+    expect(asm.complete).toBe(false);
+    asm.accept(large[1]!);
+    expect(asm.complete).toBe(true);
+    expect(asm.bytes).toBe(t.data.byteLength);
+    expect(listDigest(blockDigests(t.data))).toBe(manifestOf([t])[0]!.sha256);
+  });
+
+  it('refuses a chunk whose block differs from one it already holds, and places none of it', () => {
+    const t = w();
+    const asm = new Assembler('t', manifestOf([t]));
+    asm.accept([...chunksOf('t', [t], ONE_BLOCK)][1]!);
+    // Blocks 0-3 of other bytes, with their own right chunk digest and the real tensor digest.
+    const other = { ...t, data: flipBit(t.data, 16384 + 1) };
+    const [c] = [...chunksOf('t', [other], 263168)];
+    const e = rejection(() => asm.accept({ ...c!, whole: manifestOf([t])[0]!.sha256 }));
+    expect(e).toBeInstanceOf(BadChunkError);
+    expect(e.message).toBe("transfer t, tensor 'w' at offset 0: block 1 differs from the one an earlier chunk filled");
+    expect(asm.chunks).toBe(1);
+    expect(asm.lacks('w', 0)).toBe(true);
+  });
+
+  it('says which chunks it lacks: by a place a bad chunk names, and all of them for a chunk size', () => {
+    const tensors = [w(), tensor('e', [0]), tensor('s', [3], 1)];
+    const asm = new Assembler('t', manifestOf(tensors));
+    const chunks = [...chunksOf('t', tensors, 132096)]; // 2 blocks a chunk: w at 0, 32768, 65536; e; s
+    expect(asm.missing(32768)).toEqual([
+      { tensor: 'w', offset: 0 },
+      { tensor: 'w', offset: 32768 },
+      { tensor: 'w', offset: 65536 },
+      { tensor: 'e', offset: 0 },
+      { tensor: 's', offset: 0 },
+    ]);
+    asm.accept(chunks[1]!);
+    asm.take(chunks[3]!);
+    expect(asm.missing(32768)).toEqual([
+      { tensor: 'w', offset: 0 },
+      { tensor: 'w', offset: 65536 },
+      { tensor: 's', offset: 0 },
+    ]);
+    expect(asm.lacks('w', 0)).toBe(true);
+    expect(asm.lacks('w', 16384)).toBe(true);
+    expect(asm.lacks('w', 32768)).toBe(false); // held
+    expect(asm.lacks('w', 100)).toBe(false); // not a block boundary: no chunk begins there
+    expect(asm.lacks('w', 5 * 16384)).toBe(false); // past the end
+    expect(asm.lacks('e', 0)).toBe(false); // complete (an empty tensor's one chunk)
+    expect(asm.lacks('nope', 0)).toBe(false);
+    expect(asm.lacks('s', 0)).toBe(true);
   });
 });
 

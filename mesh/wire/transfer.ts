@@ -1,280 +1,34 @@
-// Chunked parameter transfer. A sender cuts each tensor into chunks no larger than the server's
-// max payload, each with its offset and a digest; a receiver checks every chunk, then every whole
-// tensor, and hands each tensor over only once it is complete.
-//
-// Digests are Merkle lists: a tensor is hashed in blocks of BLOCK elements (64 KiB of float32,
-// SHA-256 each); a chunk's digest is the SHA-256 of its blocks' digests, and a tensor's the
-// SHA-256 of all of its blocks' digests. Chunks hold whole blocks, so each side reads every byte
-// once, and a tensor's digest does not depend on the chunk size the bus allows.
-import { createHash } from 'node:crypto';
-import { encode } from './codec.ts';
+// Chunked parameter transfers on the bus. A sender publishes every chunk of a transfer once on
+// its chunk subject, then `sent`. Each receiver checks every chunk (chunks.ts) and drops a bad one
+// — bytes that are not a chunk, another transfer's, another sender's, a wrong digest — logging it
+// once with its subject, and asks the sender on the transfer's receipt subject for that chunk
+// again; a receiver that has the sender's `sent` and still lacks chunks (a slow consumer's losses)
+// asks for those. Each chunk is asked for a bounded number of times (resend.ts), then the transfer
+// fails naming it, its sender and the tries. A receiver that holds everything says `received`; the
+// sender keeps what it sent, or cuts it again bit for bit, until every receiver has said so. A
+// chunk sent again racing its first copy is placed once.
 import { subscribe, type Bus } from './bus.ts';
-import { PROTOCOL_VERSION, Chunk, type TensorManifest } from './protocol.ts';
+import { encode } from './codec.ts';
+import { Assembler, BadChunkError, TransferError, chunkAt, chunkElements, chunksOf, partyName, timed, type Expected, type NamedTensor, type Place, type TransferTimes } from './chunks.ts';
+import { PROTOCOL_VERSION, Receipt, TransferMessage, type Party } from './protocol.ts';
+import { RESEND, Resends, type ResendPolicy } from './resend.ts';
 import type { Subjects } from './subjects.ts';
 
-export interface NamedTensor {
-  name: string;
-  shape: number[];
-  data: Float32Array;
-}
+export * from './chunks.ts';
 
-/**
- * Milliseconds an exchange spent on each kind of work, summed over its chunks: what the transfer
- * benchmark reports as where the time goes. Whatever a caller passes is added to.
- */
-export interface TransferTimes {
-  /** Reading parameters out of the model and cutting the pieces to send. */
-  export: number;
-  /** SHA-256 of blocks, on either side. */
-  hash: number;
-  /** msgpack encoding of chunks. */
-  encode: number;
-  /** Handing chunks to the client and flushing: the bus. */
-  publish: number;
-  /** msgpack decoding and the schema check of chunks received. */
-  decode: number;
-  /** Writing received and local pieces into the new weights, and making them the model's. */
-  place: number;
-}
+/** Where transfers say what they dropped or sent again, unless told otherwise. */
+const stderr = (line: string) => void process.stderr.write(`${new Date().toISOString()} ${line}\n`);
 
-export const noTimes = (): TransferTimes => ({ export: 0, hash: 0, encode: 0, publish: 0, decode: 0, place: 0 });
+/** Lines one side of a transfer logs about bad messages; past these it only counts them. */
+const LOGGED = 10;
 
-/** Runs `f`, adding its milliseconds to `times[key]` when there are times to keep. */
-export function timed<T>(times: TransferTimes | undefined, key: keyof TransferTimes, f: () => T): T {
-  if (!times) return f();
-  const t0 = performance.now();
-  try {
-    return f();
-  } finally {
-    times[key] += performance.now() - t0;
-  }
-}
-
-export class TransferError extends Error {
-  override name = 'TransferError';
-}
-
-export function sha256(data: Float32Array | Uint8Array): string {
-  return createHash('sha256')
-    .update(new Uint8Array(data.buffer, data.byteOffset, data.byteLength))
-    .digest('hex');
-}
-
-/** SHA-256 over a whole model, tensor by tensor in the order given (names and shapes included). */
-export function modelDigest(tensors: readonly NamedTensor[]): string {
-  const h = createHash('sha256');
-  for (const t of tensors) {
-    h.update(`${t.name}:${t.shape.join('x')};`);
-    h.update(new Uint8Array(t.data.buffer, t.data.byteOffset, t.data.byteLength));
-  }
-  return h.digest('hex');
-}
-
-/**
- * Elements per hashed block: 64 KiB of float32. Larger blocks hash faster (SHA-256 over 16 KiB
- * blocks runs at about 780 MB/s with node's crypto, over 64 KiB blocks at about 1260 MB/s, the
- * difference being the per-hash call overhead), and both sides of a transfer hash every byte.
- */
-export const BLOCK = 16384;
-
-/** SHA-256 of each BLOCK-element block of `data` (the last may be shorter), raw. */
-export function blockDigests(data: Float32Array): Buffer[] {
-  const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
-  const out: Buffer[] = [];
-  for (let o = 0; o < bytes.length || out.length === 0; o += BLOCK * 4)
-    out.push(
-      createHash('sha256')
-        .update(bytes.subarray(o, o + BLOCK * 4))
-        .digest(),
-    );
-  return out;
-}
-
-/** SHA-256 (hex) of a list of block digests. */
-export function listDigest(digests: readonly Buffer[]): string {
-  const h = createHash('sha256');
-  for (const d of digests) h.update(d);
-  return h.digest('hex');
-}
-
-/** A tensor's digest: the SHA-256 of its blocks' SHA-256s. */
-export function tensorDigest(data: Float32Array): string {
-  return listDigest(blockDigests(data));
-}
-
-export function manifestOf(tensors: readonly NamedTensor[]): TensorManifest[] {
-  return tensors.map((t) => ({ name: t.name, shape: [...t.shape], sha256: tensorDigest(t.data) }));
-}
-
-/** Room left in a message for msgpack framing and the chunk's other fields. */
-const CHUNK_OVERHEAD = 1024;
-
-/** Elements per chunk: whole blocks that fit the max payload. */
-export function chunkElements(maxPayload: number): number {
-  const blocks = Math.floor((maxPayload - CHUNK_OVERHEAD) / (4 * BLOCK));
-  if (blocks < 1) throw new TransferError(`max payload ${maxPayload} is too small for one block of ${BLOCK * 4} bytes`);
-  return blocks * BLOCK;
-}
-
-export function* chunksOf(transfer: string, tensors: Iterable<NamedTensor>, chunkBytes: number, times?: TransferTimes): Generator<Chunk> {
-  const per = chunkElements(chunkBytes);
-  const perChunk = per / BLOCK;
-  for (const t of tensors) {
-    const blocks = timed(times, 'hash', () => blockDigests(t.data));
-    const whole = listDigest(blocks);
-    let offset = 0;
-    let b = 0;
-    do {
-      const data = t.data.subarray(offset, Math.min(offset + per, t.data.length));
-      yield { type: 'chunk', v: PROTOCOL_VERSION, transfer, tensor: t.name, offset, total: t.data.length, data, sha256: listDigest(blocks.slice(b, b + perChunk)), whole };
-      offset += per;
-      b += perChunk;
-    } while (offset < t.data.length);
-  }
-}
-
-/** What a receiver expects of one tensor; a digest, when known in advance, is checked too. */
-export interface Expected {
-  name: string;
-  shape: number[];
-  sha256?: string;
-}
-
-interface Buffered {
-  spec: Expected;
-  size: number;
-  /**
-   * Allocated when the first chunk comes, so a receiver holds only the tensors in flight; never,
-   * when the assembler places each chunk where it belongs instead.
-   */
-  data?: Float32Array;
-  filled: number;
-  seen: Set<number>;
-  /** Block digests, by block index, as chunks arrive. */
-  blocks: Buffer[];
-  whole?: string;
-}
-
-/**
- * Where a receiver that places chunks as they come puts one: elements [offset, offset + its
- * length) of tensor `name`, already checked against the chunk's digest.
- */
-export type Place = (name: string, offset: number, data: Float32Array) => void;
-
-/**
- * Collects the chunks of one transfer and checks them. With `place`, each checked chunk goes
- * straight to the receiver instead of into a buffer of the whole tensor, and a completed tensor is
- * checked against its digest from its blocks' digests alone.
- */
-export class Assembler {
-  private readonly buffers = new Map<string, Buffered>();
-  /** Tensors not yet complete (an empty tensor counts until its one empty chunk comes). */
-  private readonly pending = new Set<string>();
-  bytes = 0;
-  chunks = 0;
-
-  constructor(
-    readonly transfer: string,
-    expected: readonly Expected[],
-    private readonly place?: Place,
-    private readonly times?: TransferTimes,
-  ) {
-    for (const spec of expected) {
-      const size = spec.shape.reduce((a, b) => a * b, 1);
-      this.buffers.set(spec.name, { spec, size, filled: 0, seen: new Set(), blocks: [] });
-      this.pending.add(spec.name);
-    }
-  }
-
-  /** Tensors already handed over by `take`. */
-  private readonly done = new Set<string>();
-
-  /**
-   * Takes one chunk; throws a TransferError saying what is wrong with it. Returns the tensor it
-   * completes, verified against its digest, and forgets it (so a receiver can place it at once
-   * instead of holding every piece until the end); otherwise undefined.
-   */
-  take(chunk: Chunk): NamedTensor | undefined {
-    if (this.done.has(chunk.tensor)) return undefined; // a repeat of a finished tensor
-    this.accept(chunk);
-    const buf = this.buffers.get(chunk.tensor)!;
-    if (this.pending.has(chunk.tensor)) return undefined;
-    const [t] = this.verify([buf]);
-    this.buffers.delete(chunk.tensor);
-    this.done.add(chunk.tensor);
-    return t;
-  }
-
-  /** Takes one chunk; throws a TransferError saying what is wrong with it. */
-  accept(chunk: Chunk): void {
-    const where = `transfer ${this.transfer}, tensor '${chunk.tensor}' at offset ${chunk.offset}`;
-    if (chunk.transfer !== this.transfer) throw new TransferError(`${where}: chunk belongs to transfer ${chunk.transfer}`);
-    const buf = this.buffers.get(chunk.tensor);
-    if (!buf) throw new TransferError(`${where}: tensor is not one this receiver expects`);
-    if (chunk.total !== buf.size) {
-      throw new TransferError(`${where}: expected a tensor of ${buf.size} elements, chunk says ${chunk.total}`);
-    }
-    if (chunk.offset + chunk.data.length > buf.size) {
-      throw new TransferError(`${where}: ${chunk.data.length} elements run past the end (${buf.size})`);
-    }
-    if (chunk.offset % BLOCK !== 0) throw new TransferError(`${where}: a chunk must start on a block boundary (${BLOCK} elements)`);
-    if (chunk.data.length % BLOCK !== 0 && chunk.offset + chunk.data.length !== chunk.total) {
-      throw new TransferError(`${where}: only a tensor's last chunk may end between blocks; this one has ${chunk.data.length} elements`);
-    }
-    const blocks = timed(this.times, 'hash', () => blockDigests(chunk.data));
-    const digest = listDigest(blocks);
-    if (digest !== chunk.sha256) throw new TransferError(`${where}: chunk digest ${digest} does not match ${chunk.sha256}`);
-    if (buf.whole !== undefined && buf.whole !== chunk.whole) {
-      throw new TransferError(`${where}: chunk says the tensor's digest is ${chunk.whole}, an earlier chunk said ${buf.whole}`);
-    }
-    buf.whole = chunk.whole;
-    // A chunk delivered again (a redelivery, a restarted sender) is harmless: its bytes are
-    // verified and identical, so it is simply not counted twice. Any other overlap is an error.
-    const first = chunk.offset / BLOCK;
-    const repeat = blocks.every((d, i) => buf.blocks[first + i]?.equals(d));
-    if (buf.seen.has(chunk.offset) && repeat) return;
-    if (blocks.some((_, i) => buf.blocks[first + i] !== undefined)) {
-      throw new TransferError(`${where}: overlaps blocks that an earlier chunk already filled`);
-    }
-    buf.seen.add(chunk.offset);
-    if (this.place) timed(this.times, 'place', () => this.place!(chunk.tensor, chunk.offset, chunk.data));
-    else {
-      buf.data ??= new Float32Array(buf.size);
-      buf.data.set(chunk.data, chunk.offset);
-    }
-    blocks.forEach((d, i) => (buf.blocks[first + i] = d));
-    buf.filled += chunk.data.length;
-    if (buf.filled === buf.size) this.pending.delete(chunk.tensor);
-    this.bytes += chunk.data.byteLength;
-    this.chunks += 1;
-  }
-
-  get complete(): boolean {
-    return this.pending.size === 0;
-  }
-
-  /** The tensors, in the order expected, once each matches its digest. */
-  finish(): NamedTensor[] {
-    return this.verify([...this.buffers.values()]);
-  }
-
-  private verify(buffers: Buffered[]): NamedTensor[] {
-    const out: NamedTensor[] = [];
-    for (const { spec, size, data: held, filled, whole, blocks } of buffers) {
-      // A placed tensor's elements are with the receiver: what comes back is its name and shape.
-      const data = held ?? new Float32Array(this.place ? 0 : size);
-      if (filled !== size) throw new TransferError(`transfer ${this.transfer}: tensor '${spec.name}' has ${filled} of ${size} elements`);
-      // Every block was checked on arrival; the tensor's digest follows from theirs.
-      const digest = listDigest(blocks.length ? blocks : blockDigests(data));
-      const want = spec.sha256 ?? whole;
-      if (digest !== want) {
-        const whose = spec.sha256 ? "the manifest's" : "its sender's";
-        throw new TransferError(`transfer ${this.transfer}: tensor '${spec.name}' digest ${digest} does not match ${whose} ${want}`);
-      }
-      out.push({ name: spec.name, shape: spec.shape, data });
-    }
-    return out;
-  }
+function limited(warn: (line: string) => void, subject: string): (line: string) => void {
+  let n = 0;
+  return (line) => {
+    n += 1;
+    if (n <= LOGGED) warn(line);
+    if (n === LOGGED) warn(`further lines about ${subject} are not logged`);
+  };
 }
 
 /** Chunks a sender publishes between two flushes. */
@@ -306,92 +60,278 @@ export function pacer(nc: Bus, every = FLUSH_EVERY) {
   };
 }
 
-/** Publishes every chunk of `tensors` on the transfer's subject; resolves once the server has them. */
-export async function sendTensors(nc: Bus, subj: Subjects, transfer: string, tensors: Iterable<NamedTensor>, chunkBytes: number, times?: TransferTimes): Promise<{ bytes: number; chunks: number }> {
+/**
+ * Several receivers of one publish ask at once for a chunk they all lost or were all sent a bad
+ * copy of; one answer reaches them all, so a sender answers a chunk at most once in this window.
+ */
+const ANSWERED_MS = 250;
+
+export interface Offer {
+  transfer: string;
+  from: Party;
+  /** Its receivers: only their requests are answered, and each must say `received`. */
+  to: readonly Party[];
+  /** The tensors in order, for the first publish (they may be cut as they are needed). */
+  tensors: () => Iterable<NamedTensor>;
+  /** One tensor again, bit for bit, when a receiver asks for one of its chunks. */
+  tensor: (name: string) => NamedTensor | undefined;
+}
+
+export interface Outgoing {
+  /** Publishes every chunk once, then `sent`; resolves once the server has them. */
+  send(): Promise<{ bytes: number; chunks: number }>;
+  /** Resolves once every receiver has said `received`; rejects if they have not `timeoutMs` after `send`. */
+  received: Promise<void>;
+  /** Chunks published again because a receiver asked. */
+  resent(): number;
+  close(): void;
+}
+
+/**
+ * The sending side of one transfer. It listens for receipts at once, so call it before saying
+ * ready; it answers requests to resend a chunk until `close`.
+ */
+export function offerTensors(nc: Bus, subj: Subjects, offer: Offer, chunkBytes: number, options: { times?: TransferTimes; timeoutMs?: number; warn?: (line: string) => void } = {}): Outgoing {
+  const { transfer, from } = offer;
+  const { times } = options;
   const subject = subj.chunks(transfer);
-  let bytes = 0;
-  let chunks = 0;
-  const pace = pacer(nc);
-  const wait = async (p: Promise<void>) => {
-    const t0 = performance.now();
-    await p;
-    if (times) times.publish += performance.now() - t0;
+  const bytesPer = Math.min(chunkBytes, nc.info?.max_payload ?? chunkBytes);
+  const per = chunkElements(bytesPer);
+  const warn = limited(options.warn ?? stderr, subj.receipts(transfer));
+  const who = partyName(from);
+  /** Tensor digests from the first publish, so an answer need not hash a whole tensor again. */
+  const wholes = new Map<string, string>();
+  const answered = new Map<string, number>();
+  const waiting = new Set(offer.to);
+  let resent = 0;
+  let timer: NodeJS.Timeout | undefined;
+  let settle!: () => void;
+  let fail!: (e: Error) => void;
+  const received = new Promise<void>((resolve, reject) => {
+    settle = resolve;
+    fail = reject;
+  });
+  // Whoever awaits `received` sees a failure; one nobody awaits must not count as unhandled.
+  received.catch(() => {});
+  if (waiting.size === 0) settle();
+  const stop = subscribe(
+    nc,
+    subj.receipts(transfer),
+    Receipt,
+    (r) => {
+      if (r.transfer !== transfer || !offer.to.includes(r.from)) {
+        warn(`${who} ignored a '${r.type}' on ${subj.receipts(transfer)} for transfer ${r.transfer} from ${partyName(r.from)}: not a receiver of transfer ${transfer}`);
+        return;
+      }
+      if (r.type === 'received') {
+        waiting.delete(r.from);
+        if (waiting.size === 0) {
+          clearTimeout(timer);
+          settle();
+        }
+        return;
+      }
+      const t = offer.tensor(r.tensor);
+      const chunk = t && chunkAt(transfer, from, t, r.offset, per, wholes.get(t.name));
+      if (!chunk) {
+        warn(`${who} ignored a request from ${partyName(r.from)} for tensor '${r.tensor}' at offset ${r.offset}: no such chunk in transfer ${transfer}`);
+        return;
+      }
+      const key = `${chunk.offset}:${chunk.tensor}`;
+      const now = performance.now();
+      if (now - (answered.get(key) ?? Number.NEGATIVE_INFINITY) < ANSWERED_MS) return;
+      answered.set(key, now);
+      nc.publish(subject, encode(chunk));
+      resent += 1;
+      warn(`${who} sent again the chunk of tensor '${chunk.tensor}' at offset ${chunk.offset} of transfer ${transfer} (${partyName(r.from)}'s request ${r.attempt})`);
+    },
+    (e) => warn(`${who} dropped ${e.message}`),
+  );
+  return {
+    async send() {
+      let bytes = 0;
+      let chunks = 0;
+      const pace = pacer(nc);
+      const wait = async (p: Promise<void>) => {
+        const t0 = performance.now();
+        await p;
+        if (times) times.publish += performance.now() - t0;
+      };
+      for (const chunk of chunksOf(transfer, offer.tensors(), bytesPer, { from, times })) {
+        wholes.set(chunk.tensor, chunk.whole);
+        const message = timed(times, 'encode', () => encode(chunk));
+        timed(times, 'publish', () => nc.publish(subject, message));
+        bytes += chunk.data.byteLength;
+        chunks += 1;
+        await wait(pace.published());
+      }
+      nc.publish(subject, encode({ type: 'sent', v: PROTOCOL_VERSION, transfer, from, chunks, elements: per }));
+      await wait(pace.end());
+      if (waiting.size > 0 && options.timeoutMs !== undefined) {
+        const left = () => [...waiting].map(partyName).join(', ');
+        timer = setTimeout(() => fail(new TransferError(`transfer ${transfer}: ${left()} did not say received within ${options.timeoutMs} ms of ${who} sending it`)), options.timeoutMs);
+      }
+      return { bytes, chunks };
+    },
+    received,
+    resent: () => resent,
+    close: () => {
+      clearTimeout(timer);
+      stop();
+    },
   };
-  for (const chunk of chunksOf(transfer, tensors, Math.min(chunkBytes, nc.info?.max_payload ?? chunkBytes), times)) {
-    const message = timed(times, 'encode', () => encode(chunk));
-    timed(times, 'publish', () => nc.publish(subject, message));
-    bytes += chunk.data.byteLength;
-    chunks += 1;
-    await wait(pace.published());
-  }
-  await wait(pace.end());
-  return { bytes, chunks };
 }
 
 export interface Incoming {
   /** Resolves once every expected tensor has arrived, verified, or rejects with what went wrong. */
   done: Promise<void>;
-  /** Starts the timeout: call it when the senders have been told to send. */
+  /** Starts the timeout and the requests to resend: call it when the senders have been told to send. */
   arm(): void;
   bytes(): number;
   chunks(): number;
+  /** Messages dropped: bytes that are not a chunk, another transfer's or sender's, a bad digest. */
+  dropped(): number;
+  /** Requests to resend a chunk, sent. */
+  requests(): number;
   close(): void;
+}
+
+export interface ReceiveOptions {
+  times?: TransferTimes;
+  /** Who this receiver is, as its senders know it (the supervisor unless said). */
+  me?: Party;
+  resend?: ResendPolicy;
+  warn?: (line: string) => void;
 }
 
 /**
  * Subscribes to the chunks of several transfers at once and hands each tensor to `onTensor` as
  * soon as it is complete and matches its digest, or, with a `Place` function instead, each chunk
- * as soon as it is checked (the tensor's digest is still checked once it is complete). `done`
- * settles when all have arrived, or at the first error. Call `close` when done.
+ * as soon as it is checked (the tensor's digest is still checked once it is complete). A bad chunk
+ * is dropped and asked for again (see the top of this file). `from`: a transfer's sender, whose
+ * chunks alone count. `done` settles when all have arrived, or at the first error that asking
+ * again cannot mend. Call `close` when done.
  */
 export function receiveTensors(
   nc: Bus,
   subj: Subjects,
-  transfers: ReadonlyArray<{ transfer: string; expected: readonly Expected[] }>,
+  transfers: ReadonlyArray<{ transfer: string; expected: readonly Expected[]; from?: Party }>,
   timeoutMs: number,
   deliver: ((t: NamedTensor) => void) | { place: Place },
-  times?: TransferTimes,
+  options: ReceiveOptions = {},
 ): Incoming {
+  const { times, me = 'supervisor', resend = RESEND } = options;
   const place = typeof deliver === 'function' ? undefined : deliver.place;
   const onTensor = typeof deliver === 'function' ? deliver : () => {};
-  const assemblers = transfers.map((t) => new Assembler(t.transfer, t.expected, place, times));
+  const lanes = transfers.map((t) => ({
+    ...t,
+    asm: new Assembler(t.transfer, t.expected, { from: t.from, place, times }),
+    asks: new Resends(resend),
+    /** Whether this receiver has said `received`. */
+    said: false,
+  }));
+  type Lane = (typeof lanes)[number];
+  const warn = limited(options.warn ?? stderr, transfers.length === 1 ? subj.chunks(transfers[0]!.transfer) : `${transfers.length} transfers`);
   const stops: Array<() => void> = [];
   let timer: NodeJS.Timeout | undefined;
+  let ticker: NodeJS.Timeout | undefined;
+  let armed = false;
+  let dropped = 0;
+  let requests = 0;
+  let lastProblem = '';
   let arm = () => {};
   const done = new Promise<void>((resolve, reject) => {
-    arm = () => {
-      timer ??= setTimeout(() => {
-        const got = assemblers.reduce((n, a) => n + a.chunks, 0);
-        reject(new TransferError(`transfers ${transfers.map((t) => t.transfer).join(', ')}: incomplete ${timeoutMs} ms after they began (${got} chunks)`));
-      }, timeoutMs);
+    const stopTimers = () => {
+      clearTimeout(timer);
+      clearInterval(ticker);
+    };
+    const fail = (e: Error) => {
+      stopTimers();
+      reject(e);
+    };
+    const sender = (lane: Lane) => (lane.from === undefined ? 'its sender' : partyName(lane.from));
+    const ask = (lane: Lane) => {
+      if (!armed) return;
+      const { send, exhausted } = lane.asks.due(performance.now(), (t, o) => lane.asm.lacks(t, o));
+      if (exhausted) {
+        const { tensor, offset, tries, problem } = exhausted;
+        fail(
+          new TransferError(
+            `transfer ${lane.transfer}: the chunk of tensor '${tensor}' at offset ${offset} from ${sender(lane)} did not come intact after ${tries} requests to send it again (the last problem: ${problem})`,
+          ),
+        );
+        return;
+      }
+      for (const r of send) {
+        nc.publish(subj.receipts(lane.transfer), encode({ type: 'resend', v: PROTOCOL_VERSION, transfer: lane.transfer, from: me, tensor: r.tensor, offset: r.offset, attempt: r.tries }));
+        requests += 1;
+      }
+    };
+    const drop = (lane: Lane, subject: string, problem: string, at?: { tensor: string; offset: number }) => {
+      dropped += 1;
+      lastProblem = problem;
+      const again = at !== undefined && lane.asm.lacks(at.tensor, at.offset);
+      warn(`${partyName(me)} dropped a message on ${subject}: ${problem}${again ? `; asking ${sender(lane)} to send that chunk again` : ''}`);
+      if (!again) return;
+      lane.asks.want(at.tensor, at.offset, problem);
+      ask(lane);
     };
     const check = () => {
-      if (assemblers.every((a) => a.complete)) {
-        clearTimeout(timer);
+      for (const lane of lanes) {
+        if (!armed || lane.said || !lane.asm.complete) continue;
+        lane.said = true;
+        nc.publish(subj.receipts(lane.transfer), encode({ type: 'received', v: PROTOCOL_VERSION, transfer: lane.transfer, from: me }));
+      }
+      if (lanes.every((l) => l.asm.complete)) {
+        stopTimers();
         resolve();
       }
     };
-    for (const a of assemblers) {
+    arm = () => {
+      if (armed) return;
+      armed = true;
+      timer = setTimeout(() => {
+        const got = lanes.reduce((n, l) => n + l.asm.chunks, 0);
+        const bad = dropped ? `; ${dropped} bad messages dropped, the last: ${lastProblem}` : '';
+        fail(new TransferError(`transfers ${transfers.map((t) => t.transfer).join(', ')}: incomplete ${timeoutMs} ms after they began (${got} chunks${bad})`));
+      }, timeoutMs);
+      ticker = setInterval(() => lanes.forEach(ask), resend.afterMs / 4);
+      lanes.forEach(ask);
+      check();
+    };
+    for (const lane of lanes) {
       stops.push(
         subscribe(
           nc,
-          subj.chunks(a.transfer),
-          Chunk,
-          (chunk) => {
-            try {
-              const t = a.take(chunk);
-              if (t) onTensor(t);
-            } catch (err) {
-              clearTimeout(timer);
-              reject(err);
+          subj.chunks(lane.transfer),
+          TransferMessage,
+          (m, msg) => {
+            if (m.type === 'sent') {
+              if (m.transfer !== lane.transfer || (lane.from !== undefined && m.from !== lane.from)) {
+                drop(lane, msg.subject, `'sent' for transfer ${m.transfer} from ${partyName(m.from)}; this is transfer ${lane.transfer} from ${sender(lane)}`);
+                return;
+              }
+              lane.asks.progress(performance.now());
+              // A chunk already asked for keeps the reason it was (a bad copy says more than none).
+              for (const at of lane.asm.missing(m.elements)) {
+                if (!lane.asks.has(at.tensor, at.offset)) lane.asks.want(at.tensor, at.offset, `it never came, though ${partyName(m.from)} says it sent all ${m.chunks} chunks`);
+              }
+              ask(lane);
               return;
             }
+            let t: NamedTensor | undefined;
+            try {
+              t = lane.asm.take(m);
+            } catch (e) {
+              if (e instanceof BadChunkError) drop(lane, msg.subject, e.message, m);
+              else fail(e as Error);
+              return;
+            }
+            lane.asks.progress(performance.now());
+            if (t) onTensor(t);
             check();
           },
-          (err) => {
-            clearTimeout(timer);
-            reject(new TransferError(err.message, { cause: err }));
-          },
+          (e) => drop(lane, e.subject, e.problem),
           { onDecoded: times && ((ms) => (times.decode += ms)) },
         ),
       );
@@ -403,10 +343,13 @@ export function receiveTensors(
   return {
     done,
     arm: () => arm(),
-    bytes: () => assemblers.reduce((n, a) => n + a.bytes, 0),
-    chunks: () => assemblers.reduce((n, a) => n + a.chunks, 0),
+    bytes: () => lanes.reduce((n, l) => n + l.asm.bytes, 0),
+    chunks: () => lanes.reduce((n, l) => n + l.asm.chunks, 0),
+    dropped: () => dropped,
+    requests: () => requests,
     close: () => {
       clearTimeout(timer);
+      clearInterval(ticker);
       stops.forEach((stop) => stop());
     },
   };
