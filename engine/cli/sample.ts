@@ -7,9 +7,10 @@ import { sampleHf, sampleRun } from '../runtime/index.ts';
 
 const USAGE = `usage: npm run sample -- --model RUN_DIR|HF_DIR --tokens 1,2,3 | --prompt TEXT [--model-name NAME] [--max-tokens N] [--greedy] [--temperature T] [--seed S] [--json]
   --model        a run directory (the model comes back from its last checkpoint), or a Hugging Face
-                 model directory of the gpt2 family (config.json, model.safetensors, tokenizer.json)
+                 model directory of the gpt2 or llama family (config.json, model.safetensors, tokenizer.json)
   --tokens       the prompt as token ids, separated by commas
-  --prompt       the prompt as text (a Hugging Face directory with its tokenizer.json)
+  --prompt       the prompt as text (a Hugging Face directory with its tokenizer.json, or a run
+                 that read a dataset through one)
   --model-name   which of a run's policy models (default: the trained one)
   --max-tokens   new tokens at most (default: the task's budget, or 32); generation also stops at the end token
   --greedy       the likeliest token at every step instead of a sample
@@ -43,7 +44,6 @@ runMain(async () => {
   if (positionals.length > 0) throw new UsageError(`unexpected ${JSON.stringify(positionals[0])}\n${USAGE}`);
   if (!values.model) throw new UsageError(`--model: expected a run directory or a Hugging Face model directory\n${USAGE}`);
   const hf = existsSync(join(values.model, 'config.json')) && !existsSync(join(values.model, 'scenario.json'));
-  if (values.prompt !== undefined && !hf) throw new UsageError(`--prompt: text prompts need a tokenizer, and ferry's built-in tasks have none; give the prompt as --tokens\n${USAGE}`);
   if ((values.tokens === undefined) === (values.prompt === undefined)) throw new UsageError(`expected the prompt as --tokens (ids, separated by commas) or as --prompt TEXT, one of the two\n${USAGE}`);
   const tokens = values.tokens?.split(',').map((t, i) => {
     const n = Number(t);
@@ -58,7 +58,7 @@ runMain(async () => {
   };
   const s = hf
     ? await sampleHf(values.model, { ...common, ...(tokens ? { tokens } : { prompt: values.prompt! }) })
-    : await sampleRun(values.model, { tokens: tokens!, ...(values['model-name'] === undefined ? {} : { model: values['model-name'] }), ...common });
+    : await sampleRun(values.model, { ...(tokens ? { tokens } : { prompt: values.prompt! }), ...(values['model-name'] === undefined ? {} : { model: values['model-name'] }), ...common });
   if (values.json) {
     console.log(JSON.stringify({ tokens: s.tokens, logprobs: s.logprobs }));
   } else {

@@ -16,7 +16,9 @@ import { tokensDigest } from './ledger.ts';
 import { Comm } from '../../mesh/parallel/index.ts';
 import { lossOf, type LossFn } from '../model/index.ts';
 import { GptRank, heldBytes, kvCacheProblem } from '../model/index.ts';
-import { makeTask, TASKS, type Task, type TaskName } from './task.ts';
+import { HfError, SafetensorsError, TextTokenizer, readHfWeights, responseLength } from '../model/index.ts';
+import { makeTask, TASKS, type TaskName } from './task.ts';
+import { VERIFIERS, verifier, type VerifierName } from './verify.ts';
 
 export class CallRejected extends Error {
   override name = 'CallRejected';
@@ -28,21 +30,43 @@ export class CallRejected extends Error {
   }
 }
 
-/** A rule reward: a model with no parameters whose inference scores whole sequences. */
+/**
+ * A rule reward: a model with no parameters whose inference scores whole sequences. A digit
+ * task's rule knows the answer from the prompt; a verifier reads each response through the
+ * tokenizer and checks it against the reference answer the call carries for its row.
+ */
 class RuleShard {
-  readonly task: Task;
+  private readonly score: (prompt: Int32Array, response: Int32Array, answer: string | undefined) => number;
   constructor(spec: Extract<ModelSpec, { kind: 'rule' }>) {
-    if (!(TASKS as readonly string[]).includes(spec.rule)) {
-      throw new CallRejected('unsupported', `unknown reward rule '${spec.rule}'; expected one of ${TASKS.join(', ')}`);
+    const rules = [...TASKS, ...VERIFIERS];
+    if ((VERIFIERS as readonly string[]).includes(spec.rule)) {
+      if (spec.tokenizer === undefined) throw new CallRejected('malformed', `the '${spec.rule}' verifier reads responses as text; the rule names no tokenizer`);
+      let tokenizer: TextTokenizer;
+      try {
+        tokenizer = TextTokenizer.load(spec.tokenizer);
+      } catch (e) {
+        throw new CallRejected('malformed', (e as Error).message);
+      }
+      const check = verifier(spec.rule as VerifierName);
+      this.score = (_, response, answer) => {
+        if (answer === undefined) throw new CallRejected('malformed', `the '${spec.rule}' verifier checks each response against its reference answer; the call carries none`);
+        return check(tokenizer.decode(response.subarray(0, responseLength(response, tokenizer.eos)).filter((t) => t !== tokenizer.eos)), answer);
+      };
+    } else if ((TASKS as readonly string[]).includes(spec.rule)) {
+      if (spec.digits === undefined || spec.base === undefined) throw new CallRejected('malformed', `the '${spec.rule}' rule needs the task's digits and base`);
+      const task = makeTask(spec.rule as TaskName, spec.digits, spec.base);
+      this.score = (prompt, response) => task.score(prompt, response);
+    } else {
+      throw new CallRejected('unsupported', `unknown reward rule '${spec.rule}'; expected one of ${rules.join(', ')}`);
     }
-    this.task = makeTask(spec.rule as TaskName, spec.digits, spec.base);
   }
-  scores(tokens: Int32Array, batch: number, promptLen: number): Float32Array {
+  scores(tokens: Int32Array, batch: number, promptLen: number, answers?: readonly string[]): Float32Array {
+    if (answers !== undefined && answers.length !== batch) throw new CallRejected('malformed', `answers: expected one per row (${batch}), got ${answers.length}`);
     const width = tokens.length / batch;
     const out = new Float32Array(batch);
     for (let b = 0; b < batch; b++) {
       const row = tokens.subarray(b * width, (b + 1) * width);
-      out[b] = this.task.score(row.subarray(0, promptLen), row.subarray(promptLen));
+      out[b] = this.score(row.subarray(0, promptLen), row.subarray(promptLen), answers?.[b]);
     }
     return out;
   }
@@ -318,6 +342,14 @@ export class Device {
     }
     const previous = this.hosted.get(model);
     const shard = spec.kind === 'rule' ? new RuleShard(spec) : new GptRank(spec, layout, rank, body.seed, body.optim, this.comm);
+    if (body.from !== undefined && shard instanceof GptRank) {
+      try {
+        shard.importWhole(readHfWeights(body.from, shard.spec, shard.parameterNames()));
+      } catch (e) {
+        shard.dispose();
+        throw e instanceof HfError || e instanceof SafetensorsError ? new CallRejected('malformed', e.message) : e;
+      }
+    }
     if (previous) await this.drop(previous);
     const hosted: Hosted = { role: body.role, layout, rank, shard, ledger: [] };
     this.hosted.set(model, hosted);
@@ -566,7 +598,7 @@ export class Device {
   private async runOnShard(h: Hosted, body: CallBody, group: string): Promise<Body> {
     const s = h.shard;
     if (s instanceof RuleShard) {
-      if (body.fn === 'inference') return { scores: s.scores(body.tokens, body.batch, body.promptLen) };
+      if (body.fn === 'inference') return { scores: s.scores(body.tokens, body.batch, body.promptLen, body.answers) };
       return { manifest: [], digest: modelDigest([]) };
     }
     if (body.fn === 'checkpoint') return this.checkpoint(h, body);

@@ -10,7 +10,8 @@ export const TASKS = ['sort', 'reverse', 'copy', 'count'] as const;
 export type TaskName = (typeof TASKS)[number];
 
 export interface Task {
-  name: TaskName;
+  /** A synthetic task's name, or `data` for prompts from a dataset file. */
+  name: TaskName | 'data';
   /** digits 0..base-1, the separator token `base`, and for a task whose answers end, its EOS `base + 1`. */
   vocab: number;
   promptLen: number;
@@ -18,12 +19,33 @@ export interface Task {
   responseLen: number;
   /** The end-of-sequence token, for a task whose answers have different lengths (none: every answer is `responseLen` long). */
   eos?: number;
+  /** The token prompts are left-padded with, for a task whose prompts have different lengths. */
+  pad?: number;
   /** `count` prompts, row-major `[count, promptLen]`. */
   prompts(seed: number, iteration: number, count: number): Int32Array;
   /** The response the rule wants for one prompt (with its EOS, if the task has one). */
   target(prompt: ArrayLike<number>): number[];
   /** Reward in [0, 1] for one prompt and response (a response is read up to its first EOS). */
   score(prompt: ArrayLike<number>, response: ArrayLike<number>): number;
+  /** The text of tokens (a prompt's padding and an end token left out), for reward actors and reports. */
+  text(tokens: ArrayLike<number>): string;
+  /** The reference answer to a prompt, as text: what a verifier compares a response with. */
+  answer(prompt: ArrayLike<number>): string;
+  /** A prompt written as text, as this task lays prompts out (a dataset task's: tokenized, left-padded); digit tasks have none. */
+  encode?(text: string): Int32Array;
+}
+
+/** A digit task's token as text: its digit in base 36, and `|` for the separator and end tokens. */
+const digitText = (t: number, base: number) => (t < base ? t.toString(36) : '|');
+
+/** text() and answer() of a digit task: digits as characters, the end token left out. */
+function digitTexts(base: number, eos: number | undefined, target: (prompt: ArrayLike<number>) => number[]) {
+  const text = (tokens: ArrayLike<number>) =>
+    Array.from(tokens)
+      .filter((t) => t !== eos)
+      .map((t) => digitText(t, base))
+      .join('');
+  return { text, answer: (prompt: ArrayLike<number>) => text(target(prompt)) };
 }
 
 export class TaskError extends Error {
@@ -67,6 +89,7 @@ export function makeTask(name: TaskName, digits: number, base: number, maxNewTok
       return out;
     },
     target,
+    ...digitTexts(base, undefined, target),
     score(prompt, response) {
       const want = target(prompt);
       let hits = 0;
@@ -106,6 +129,7 @@ function countTask(base: number, budget: number): Task {
       return out;
     },
     target,
+    ...digitTexts(base, eos, target),
     score(prompt, response) {
       const want = target(prompt);
       const got = Array.from(response).slice(0, responseLength(response, eos));

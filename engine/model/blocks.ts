@@ -262,9 +262,16 @@ function fromHeads(t: tf.Tensor, B: number, T: number, heads: number): tf.Tensor
   return tf.reshape(tf.transpose(tf.reshape(t, [B, heads, T, hd]), [0, 2, 1, 3]), [B * T, heads * hd]);
 }
 
-/** The rows' mask [T, S] for a group of g query heads stacked as [g·T, ·]: the same mask g times. */
-function groupMask(mask: tf.Tensor, g: number): tf.Tensor {
-  return g === 1 ? mask : tf.tile(mask, [g, 1]);
+/**
+ * Scores [B·KV, g·T, S] plus a mask: one for every row ([T, S]), or each row's ([B, 1, T, S]:
+ * left padding); a group of g query heads stacked as [g·T, ·] gets the same mask g times.
+ */
+function masked(scores: tf.Tensor, mask: tf.Tensor, d: AttnDims): tf.Tensor {
+  const g = d.heads / d.kvHeads;
+  if (mask.rank === 2) return tf.add(scores, g === 1 ? mask : tf.tile(mask, [g, 1]));
+  const [gT, S] = [scores.shape[1]!, scores.shape[2]!];
+  const rows = tf.add(tf.reshape(scores, [d.B, d.kvHeads, gT, S]), g === 1 ? mask : tf.tile(mask, [1, 1, g, 1]));
+  return tf.reshape(rows, [d.B * d.kvHeads, gT, S]);
 }
 
 /**
@@ -302,7 +309,7 @@ function mergeGrouped(t: tf.Tensor, d: AttnDims): tf.Tensor {
 export function attention(h: tf.Tensor, w: AttnWeights, d: AttnDims, mask: tf.Tensor, keep: boolean): { out: tf.Tensor; cache?: AttnCache } {
   return tf.tidy(() => {
     const { q, kT, v } = project(h, w, d);
-    const p = tf.softmax(tf.add(batchMatMul(q, kT), groupMask(mask, d.heads / d.kvHeads))); // [B·KV, g·T, T]
+    const p = tf.softmax(masked(batchMatMul(q, kT), mask, d)); // [B·KV, g·T, T]
     const y = mergeGrouped(batchMatMul(p, v), d);
     const out = linear(y, w.wo);
     return keep ? { out, cache: { h: h.clone(), q, kT, v, p, y } } : { out };
@@ -340,11 +347,11 @@ export function attentionBackward(c: AttnCache, w: AttnWeights, d: AttnDims, dou
  * position up to their own. Without its output bias, like `attention`. The cache holds this
  * rank's key/value heads only: B·KV rows.
  */
-export function attentionCached(h: tf.Tensor, w: AttnWeights, d: AttnDims, start: number, cache: KvCache, l: number): tf.Tensor {
+export function attentionCached(h: tf.Tensor, w: AttnWeights, d: AttnDims, start: number, cache: KvCache, l: number, pads?: Int32Array): tf.Tensor {
   return tf.tidy(() => {
     const { q, kT, v } = project(h, w, d);
     const layer = cache.write(l, start, kT, v);
-    const p = tf.softmax(tf.add(batchMatMul(q, layer.kT), groupMask(cache.mask(start, d.T), d.heads / d.kvHeads))); // [B·KV, g·T, cached]
+    const p = tf.softmax(masked(batchMatMul(q, layer.kT), cache.mask(start, d.T, pads), d)); // [B·KV, g·T, cached]
     return linear(mergeGrouped(batchMatMul(p, layer.v), d), w.wo);
   });
 }
@@ -394,17 +401,26 @@ export function ropeBackward(dy: tf.Tensor, t: RopeTables): tf.Tensor {
 
 /**
  * Token embeddings of tokens [B, T] as rows [B·T, D], plus the position embeddings of positions
- * [start, start + T) when the model has them (wpe; rotary models turn their queries and keys instead).
+ * [start, start + T) when the model has them (wpe; rotary models turn their queries and keys
+ * instead). A row left-padded by `pads[b]` tokens counts its positions from its first real token.
  */
-export function embedRows(tokens: tf.Tensor2D, wte: tf.Tensor, wpe: tf.Tensor | undefined, start = 0): tf.Tensor2D {
+export function embedRows(tokens: tf.Tensor2D, wte: tf.Tensor, wpe: tf.Tensor | undefined, start = 0, pads?: Int32Array): tf.Tensor2D {
   return tf.tidy(() => {
     const [B, T] = tokens.shape;
     const D = wte.shape[1]!;
     const tok = tf.gather(wte, tf.reshape(tokens, [B * T]));
     if (!wpe) return tok as tf.Tensor2D;
     if (start + T > wpe.shape[0]!) throw new RangeError(`positions ${start}-${start + T} exceed the context of ${wpe.shape[0]}`);
+    if (pads) return tf.add(tok, tf.gather(wpe, tf.tensor1d(paddedPositions(pads, T, start), 'int32'))) as tf.Tensor2D;
     return tf.reshape(tf.add(tf.reshape(tok, [B, T, D]), tf.slice(wpe, [start, 0], [T, D])), [B * T, D]) as tf.Tensor2D;
   });
+}
+
+/** Each row's positions [start, start + T), counted from its first real token (padding at 0). */
+function paddedPositions(pads: Int32Array, T: number, start: number): Int32Array {
+  const out = new Int32Array(pads.length * T);
+  for (let b = 0; b < pads.length; b++) for (let t = 0; t < T; t++) out[b * T + t] = Math.max(start + t - pads[b]!, 0);
+  return out;
 }
 
 /**
@@ -413,7 +429,7 @@ export function embedRows(tokens: tf.Tensor2D, wte: tf.Tensor, wpe: tf.Tensor | 
  * its position's row of dwpe, in row order (a scatter-add on the host: fixed order, and no one-hot
  * product of the vocabulary's size); dwpe is zero past T.
  */
-export function embedBackward(tokens: Int32Array, T: number, vocab: number, context: number | undefined, dx: tf.Tensor): { dwte: tf.Tensor; dwpe?: tf.Tensor } {
+export function embedBackward(tokens: Int32Array, T: number, vocab: number, context: number | undefined, dx: tf.Tensor, pads?: Int32Array): { dwte: tf.Tensor; dwpe?: tf.Tensor } {
   const D = dx.shape[1]!;
   const g = dx.dataSync() as Float32Array;
   const dwte = new Float32Array(vocab * D);
@@ -423,7 +439,7 @@ export function embedBackward(tokens: Int32Array, T: number, vocab: number, cont
     const tok = tokens[i]! * D;
     for (let j = 0; j < D; j++) dwte[tok + j]! += g[row + j]!;
     if (!dwpe) continue;
-    const pos = (i % T) * D;
+    const pos = (pads ? Math.max((i % T) - pads[Math.floor(i / T)]!, 0) : i % T) * D;
     for (let j = 0; j < D; j++) dwpe[pos + j]! += g[row + j]!;
   }
   return { dwte: tf.tensor2d(dwte, [vocab, D]), ...(dwpe && context !== undefined ? { dwpe: tf.tensor2d(dwpe, [context, D]) } : {}) };

@@ -64,6 +64,17 @@ export function causalMask(T: number): tf.Tensor {
   return tf.tensor2d(m, [T, T]);
 }
 
+/**
+ * The additive mask of left-padded rows, [rows, 1, n, S]: query i (position start + i) of row b
+ * sees key j when j ≤ start + i and j is not one of the row's `pads[b]` padding positions. A
+ * padding query sees nothing (its output is read by no one).
+ */
+export function paddedMask(pads: Int32Array, n: number, S: number, start = 0): tf.Tensor {
+  const m = new Float32Array(pads.length * n * S);
+  for (let b = 0; b < pads.length; b++) for (let i = 0; i < n; i++) for (let j = 0; j < S; j++) if (j > start + i || j < pads[b]!) m[(b * n + i) * S + j] = -1e9;
+  return tf.tensor4d(m, [pads.length, 1, n, S]);
+}
+
 /** Token and position embeddings: tokens [B, T] → [B, T, D]. */
 export function embed(tokens: tf.Tensor2D, wte: tf.Tensor, wpe: tf.Tensor, vocab: number): tf.Tensor {
   const [B, T] = tokens.shape;

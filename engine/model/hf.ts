@@ -8,8 +8,8 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { NamedTensor } from '../../mesh/wire/index.ts';
-import { archOf, isTied, parameterShapes, type GptSpec } from './params.ts';
-import type { SafetensorsCheckpoint } from './safetensors.ts';
+import { archOf, isHead, isTied, parameterShapes, type GptSpec } from './params.ts';
+import { SafetensorsCheckpoint } from './safetensors.ts';
 
 export class HfError extends Error {
   override name = 'HfError';
@@ -250,9 +250,28 @@ export function hfModelOf(spec: GptSpec): HfModel {
   return { ...shape, family: 'gpt2', modelType: 'gpt2', tied: true };
 }
 
-/** A checked checkpoint of either family as ferry's parameters, in ferry's order. */
-export function importHf(m: HfModel, ck: SafetensorsCheckpoint): NamedTensor[] {
-  return m.family === 'gpt2' ? importGpt2(m, ck) : importLlama(m, ck);
+/** A checked checkpoint of either family as ferry's parameters, in ferry's order (those in `names` only, when given). */
+export function importHf(m: HfModel, ck: SafetensorsCheckpoint, names?: ReadonlySet<string>): NamedTensor[] {
+  return m.family === 'gpt2' ? importGpt2(m, ck, names) : importLlama(m, ck, names);
+}
+
+/**
+ * The weights of the model directory `dir` that a model of `spec` (a policy of the checkpoint's
+ * shape, or a value model of its body) holds among `names`: what a shard loads when its model
+ * starts from a checkpoint. A value model's head is not in the checkpoint, and stays as seeded.
+ */
+export function readHfWeights(dir: string, spec: GptSpec, names: readonly string[]): NamedTensor[] {
+  const m = readHfConfig(dir);
+  const want = gptSpecOf(m, join(dir, 'config.json'));
+  const body = (x: GptSpec) => parameterShapes({ ...x, kind: 'policy', tied: false }).filter(([n]) => !isHead(n));
+  if (JSON.stringify(body(want)) !== JSON.stringify(body(spec))) throw new HfError(`${dir}: the checkpoint's shape differs from the model's (${JSON.stringify(spec)})`);
+  const held = new Set(names.filter((n) => spec.kind === 'policy' || !isHead(n)));
+  const ck = SafetensorsCheckpoint.open(dir);
+  try {
+    return importHf(m, ck, held);
+  } finally {
+    ck.close();
+  }
 }
 
 /** ferry's parameters as the family's checkpoint tensors. */
@@ -312,15 +331,16 @@ function llamaName(name: string): [string, boolean] {
  * A checked llama-family checkpoint as ferry's parameters, in ferry's order: nn.Linear weights
  * transposed to [in, out]. A tied head saved anyway must equal the embedding.
  */
-export function importLlama(m: HfModel, ck: SafetensorsCheckpoint): NamedTensor[] {
+export function importLlama(m: HfModel, ck: SafetensorsCheckpoint, names?: ReadonlySet<string>): NamedTensor[] {
   checkHfCheckpoint(m, ck);
-  const out = parameterShapes(gptSpecOf(m)).map(([name, shape]) => {
+  const wanted = parameterShapes(gptSpecOf(m)).filter(([name]) => !names || names.has(name));
+  const out = wanted.map(([name, shape]) => {
     const [hf, linear] = llamaName(name);
     const data = ck.read(hf);
     return { name, shape, data: linear ? transposed(data, shape[1]!, shape[0]!) : data };
   });
   if (m.tied && ck.entry('lm_head.weight')) {
-    const [head, wte] = [ck.read('lm_head.weight'), out[0]!.data];
+    const [head, wte] = [ck.read('lm_head.weight'), ck.read('model.embed_tokens.weight')];
     if (head.length !== wte.length || head.some((x, i) => x !== wte[i]))
       throw new HfError(`${ck.fileOf('lm_head.weight')}: lm_head.weight differs from model.embed_tokens.weight, and config.json ties them (tie_word_embeddings)`);
   }
@@ -387,7 +407,7 @@ const GPT2_TOP: Record<string, string> = { wte: 'wte.weight', wpe: 'wpe.weight',
  * split into wq, wk and wv (column blocks of the Conv1D [in, out] weight, which is ferry's layout).
  * A head saved beside the embedding must equal it: ferry's gpt2 ties them.
  */
-export function importGpt2(m: HfModel, ck: SafetensorsCheckpoint): NamedTensor[] {
+export function importGpt2(m: HfModel, ck: SafetensorsCheckpoint, names?: ReadonlySet<string>): NamedTensor[] {
   checkHfCheckpoint(m, ck);
   const spec = gptSpecOf(m);
   const prefix = hfPrefix(m, ck.names());
@@ -399,23 +419,25 @@ export function importGpt2(m: HfModel, ck: SafetensorsCheckpoint): NamedTensor[]
     if (!f) qkv.set(l, (f = { w: read(`h.${l}.attn.c_attn.weight`), b: read(`h.${l}.attn.c_attn.bias`) }));
     return f;
   };
-  const out = parameterShapes(spec).map(([name, shape]) => {
-    const top = GPT2_TOP[name];
-    if (top) return { name, shape, data: read(top) };
-    const [, l, part] = /^h(\d+)\.(.*)$/.exec(name)!;
-    const layer = Number(l);
-    const qkvPart = /^attn\.([wb])([qkv])$/.exec(part!);
-    if (qkvPart) {
-      const block = 'qkv'.indexOf(qkvPart[2]!);
-      const f = fused(layer);
-      return { name, shape, data: qkvPart[1] === 'w' ? columns(f.w, D, 3 * D, block * D, D) : f.b.slice(block * D, (block + 1) * D) };
-    }
-    return { name, shape, data: read(`h.${layer}.${GPT2_LAYER[part!]!}`) };
-  });
+  const out = parameterShapes(spec)
+    .filter(([name]) => !names || names.has(name))
+    .map(([name, shape]) => {
+      const top = GPT2_TOP[name];
+      if (top) return { name, shape, data: read(top) };
+      const [, l, part] = /^h(\d+)\.(.*)$/.exec(name)!;
+      const layer = Number(l);
+      const qkvPart = /^attn\.([wb])([qkv])$/.exec(part!);
+      if (qkvPart) {
+        const block = 'qkv'.indexOf(qkvPart[2]!);
+        const f = fused(layer);
+        return { name, shape, data: qkvPart[1] === 'w' ? columns(f.w, D, 3 * D, block * D, D) : f.b.slice(block * D, (block + 1) * D) };
+      }
+      return { name, shape, data: read(`h.${layer}.${GPT2_LAYER[part!]!}`) };
+    });
   // GPT2LMHeadModel saves its head (when it does) beside the transformer., not under it.
   const head = ck.entry('lm_head.weight') ? ck.read('lm_head.weight') : undefined;
   if (head) {
-    const wte = out.find((t) => t.name === 'wte')!.data;
+    const wte = read(GPT2_TOP.wte!);
     if (head.length !== wte.length || head.some((x, i) => x !== wte[i]))
       throw new HfError(`${ck.fileOf('lm_head.weight')}: lm_head.weight differs from wte.weight; ferry's gpt2 family ties the head to the embedding`);
   }

@@ -7,6 +7,7 @@
 import * as tf from '@tensorflow/tfjs';
 import { totalmem } from 'node:os';
 import { hostView } from './staging.ts';
+import { paddedMask } from './gpt.ts';
 
 /**
  * Bytes a cache of `rows` sequences (× heads), `headSize`, `capacity` positions and `layers` layers
@@ -113,10 +114,11 @@ export class KvCache {
   /**
    * The additive mask of queries at positions [start, start + n) over the keys the cache hands
    * out: a query sees its own position and every earlier one, nothing later (nor, in place, any
-   * position not yet written).
+   * position not yet written); with `pads`, per row, [rows, 1, n, width], nor its left padding.
    */
-  mask(start: number, n: number): tf.Tensor {
+  mask(start: number, n: number, pads?: Int32Array): tf.Tensor {
     const width = this.inPlace ? this.capacity : start + n;
+    if (pads) return paddedMask(pads, n, width, start);
     const m = new Float32Array(n * width);
     for (let i = 0; i < n; i++) for (let j = start + i + 1; j < width; j++) m[i * width + j] = -1e9;
     return tf.tensor2d(m, [n, width]);

@@ -3,6 +3,23 @@
 // and count nowhere: not in log-probs, values, KL, advantages, losses or metrics. The mask is a
 // pure function of the tokens and the EOS token, so everything that reads one gets the same ends.
 
+/**
+ * Each row's left padding: its leading `pad` tokens among its first `limit` (a prompt's length),
+ * from rows of T tokens; undefined when no row has any, so that unpadded rows keep the plain masks.
+ */
+export function leftPadding(tokens: ArrayLike<number>, rows: number, T: number, limit: number, pad: number | undefined): Int32Array | undefined {
+  if (pad === undefined) return undefined;
+  const out = new Int32Array(rows);
+  let any = false;
+  for (let b = 0; b < rows; b++) {
+    let n = 0;
+    while (n < limit && tokens[b * T + n] === pad) n++;
+    out[b] = n;
+    any ||= n > 0;
+  }
+  return any ? out : undefined;
+}
+
 /** The length of one response (its tokens up to and with the first EOS, or all of them). */
 export function responseLength(response: ArrayLike<number>, eos: number | undefined): number {
   if (eos === undefined) return response.length;

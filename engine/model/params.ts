@@ -32,6 +32,11 @@ export interface GptSpec {
   normEps?: number;
   /** Biases on the q, k and v projections (Qwen2's). */
   qkvBias?: boolean;
+  /**
+   * The padding token of left-padded prompts: a row's leading run of it is masked out of
+   * attention (and not counted in its positions), so a padded prompt reads as the prompt alone.
+   */
+  pad?: number;
 }
 
 /** A spec with every field filled in: what the runtime computes with. */

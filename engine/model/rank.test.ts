@@ -257,6 +257,84 @@ describe('the llama family (RMSNorm, rotary positions, SwiGLU, 2 key/value heads
   });
 });
 
+describe('left-padded prompts read as the prompts alone (padding masked out, positions from the first real token)', () => {
+  const PAD = 10; // the separator: it ends these prompts and never leads one
+  const pads = [0, 3, 1, 2, 3, 0, 2, 1];
+  const EXTRA = 3;
+  /** Row b's real prompt: prompts()'s row without its first pads[b] tokens. */
+  const real = (b: number) => prompts().subarray(b * P + pads[b]!, (b + 1) * P);
+  /** Every real prompt left-padded to `width` tokens. */
+  function leftPadded(width: number): Int32Array {
+    const out = new Int32Array(B * width).fill(PAD);
+    for (let b = 0; b < B; b++) out.set(real(b), (b + 1) * width - real(b).length);
+    return out;
+  }
+  const specs: Array<[string, GptSpec]> = [
+    ['gpt2', { ...policy, context: P + EXTRA + R }],
+    ['llama', { ...policy, context: P + EXTRA + R, family: 'llama', kvHeads: 2, ffn: 24, ropeTheta: 500 }],
+  ];
+  const held = (m: ReturnType<typeof mesh>) =>
+    m.devices.flatMap((d) => (d as unknown as { hosted: Map<string, { shard: { exportTensors(): Array<{ name: string; data: Float32Array }> } }> }).hosted.get('actor')!.shard.exportTensors());
+
+  it.each(specs)(
+    '%s: each padded row generates (greedy) and scores as its prompt alone does, on one device and on dp=1 tp=2 pp=2',
+    async (_, spec) => {
+      await initBackend('wasm');
+      // Each prompt alone, unpadded, on one device.
+      const alone: Array<{ tokens: Int32Array; logprobs: Float32Array }> = [];
+      for (let b = 0; b < B; b++) {
+        const one = mesh({ devices: [0], dp: 1, tp: 1, pp: 1 });
+        const L = real(b).length;
+        await one.run('actor', (rank) => ({ fn: 'load', role: 'actor', spec, layout: { devices: [0], dp: 1, tp: 1, pp: 1 }, rank, seed: 7 }));
+        const g = (await one.run('actor', () => ({ fn: 'generate', prompts: real(b), batch: 1, promptLen: L, responseLen: R, seeds: seeds.subarray(b, b + 1), temperature: 1, greedy: true })))[0]!;
+        alone.push({ tokens: (g.tokens as Int32Array).subarray(L), logprobs: g.logprobs as Float32Array });
+      }
+      for (const layout of [
+        { devices: [0], dp: 1, tp: 1, pp: 1 },
+        { devices: [0, 1, 2, 3], dp: 1, tp: 2, pp: 2 },
+      ] satisfies Layout[]) {
+        const m = mesh(layout);
+        await m.run('actor', (rank) => ({ fn: 'load', role: 'actor', spec: { ...spec, pad: PAD }, layout, rank, seed: 7 }));
+        const gen = await m.run('actor', () => ({ fn: 'generate', prompts: leftPadded(P), batch: B, promptLen: P, responseLen: R, seeds, temperature: 1, greedy: true }));
+        const tokens = m.gather<Int32Array>(gen, 'tokens');
+        const logprobs = m.gather<Float32Array>(gen, 'logprobs');
+        const lp = m.gather<Float32Array>(await m.run('actor', () => ({ fn: 'inference', tokens, batch: B, promptLen: P, responseLen: R })), 'logprobs');
+        for (let b = 0; b < B; b++) {
+          expect(Array.from(tokens.subarray(b * (P + R) + P, (b + 1) * (P + R))), `row ${b}`).toEqual(Array.from(alone[b]!.tokens));
+          expectClose(logprobs.subarray(b * R, (b + 1) * R), alone[b]!.logprobs, `row ${b}: generation log-probs`);
+          expectClose(lp.subarray(b * R, (b + 1) * R), alone[b]!.logprobs, `row ${b}: log-probs`);
+        }
+      }
+    },
+    60_000,
+  );
+
+  it.each(specs)(
+    '%s: a training step on the rows padded by 3 more tokens leaves the same parameters',
+    async (_, spec) => {
+      await initBackend('wasm');
+      const layout: Layout = { devices: [0, 1], dp: 2, tp: 1, pp: 1 };
+      const trained: Array<Array<{ name: string; data: Float32Array }>> = [];
+      for (const width of [P, P + EXTRA]) {
+        const m = mesh(layout);
+        await m.run('actor', (rank) => ({ fn: 'load', role: 'actor', spec: { ...spec, pad: PAD }, layout, rank, seed: 7, optim }));
+        const responses = Int32Array.from({ length: B * R }, (_, i) => (i * 3 + 1) % 10);
+        const tokens = new Int32Array(B * (width + R));
+        const prompt = leftPadded(width);
+        for (let b = 0; b < B; b++) {
+          tokens.set(prompt.subarray(b * width, (b + 1) * width), b * (width + R));
+          tokens.set(responses.subarray(b * R, (b + 1) * R), b * (width + R) + width);
+        }
+        const data = { old: new Float32Array(B * R).fill(-2.3), advantages: Float32Array.from({ length: B * R }, (_, i) => Math.sin(i)) };
+        await m.run('actor', () => ({ fn: 'train', tokens, batch: B, promptLen: width, responseLen: R, seed: 3, epochs: 1, minibatches: 1, loss: policyLoss, data }));
+        trained.push(held(m));
+      }
+      trained[1]!.forEach((t, i) => expectClose(t.data, trained[0]![i]!.data, `${t.name} after a step`));
+    },
+    60_000,
+  );
+});
+
 /** One layout's run against the reference's: tokens, log-probs, values, losses, every trained slice, and a bit-exact repeat. */
 async function compare(layout: Layout, ref: Awaited<ReturnType<typeof reference>>, actorSpec: GptSpec, criticSpec: GptSpec = value) {
   const got = await scenario(layout, actorSpec, criticSpec);

@@ -14,7 +14,7 @@ import { cut } from '../../mesh/parallel/index.ts';
 import type { NamedTensor } from '../../mesh/wire/index.ts';
 import type { Comm } from '../../mesh/parallel/index.ts';
 import { itemRows, lossOf, preferenceLoss, type LossFn, type LossNorm } from './losses.ts';
-import { causalMask, initialParameter, logprobsOf, valuesOf } from './gpt.ts';
+import { causalMask, initialParameter, logprobsOf, paddedMask, valuesOf } from './gpt.ts';
 import {
   attention,
   attentionBackward,
@@ -43,7 +43,7 @@ import {
 } from './blocks.ts';
 import { archOf, isTied, modelInfo, parameterShapes, specProblem, type Arch, type GptSpec } from './params.ts';
 import { Rng, Stream, sampleToken, samplingProblem, seedOf, type Sampling } from './rng.ts';
-import { masked, responseMask } from './mask.ts';
+import { leftPadding, masked, responseMask } from './mask.ts';
 import { Adam, type AdamState } from './adam.ts';
 import { Staging } from './staging.ts';
 import { KvCache, kvCacheBytes, kvCacheProblem } from './kv-cache.ts';
@@ -178,6 +178,22 @@ export class GptRank {
 
   exportTensors(): NamedTensor[] {
     return this.slices.map((s) => ({ name: s.name, shape: sliceShape(s), data: ownCopy(this.w(s.name)) }));
+  }
+
+  /** The parameters this rank holds (slices of them), in the canonical order. */
+  parameterNames(): string[] {
+    return this.slices.map((s) => s.name);
+  }
+
+  /** Whole parameters (a checkpoint's), cut to this rank's slices and taken as its weights. */
+  importWhole(tensors: readonly NamedTensor[]): void {
+    this.importTensors(
+      tensors.map((t) => {
+        const s = this.slices.find((x) => x.name === t.name);
+        if (!s) throw new ShardError(`rank ${this.rank} holds no parameter '${t.name}'`);
+        return { name: t.name, shape: sliceShape(s), data: cut(t.data, { ...s, axis: null, start: 0, end: s.shape[0]! }, s) };
+      }),
+    );
   }
 
   /** One parameter (this shard's slice of it), copied out. */
@@ -346,18 +362,23 @@ export class GptRank {
    * head output [b, T, V or 1] on the last stage (undefined elsewhere, after sending the
    * activations on), and with `keep`, what each layer's and the head's backward passes read.
    */
-  private async forwardStage(group: string, tag: string, tokens: Int32Array, b: number, T: number, keep: boolean) {
+  /** Each row's left padding among its first `limit` tokens (a prompt's), for a model with a pad token. */
+  private padsOf(tokens: Int32Array, b: number, T: number, limit: number): Int32Array | undefined {
+    return leftPadding(tokens, b, T, limit, this.spec.pad);
+  }
+
+  private async forwardStage(group: string, tag: string, tokens: Int32Array, b: number, T: number, keep: boolean, pads?: Int32Array) {
     const D = this.spec.width;
     const saved: LayerCache[] = [];
     let x: tf.Tensor; // the residual stream as rows, [b·T, D]
     let tokensT: tf.Tensor2D | undefined;
     if (this.first) {
       tokensT = tf.tensor2d(tokens, [b, T], 'int32');
-      x = embedRows(tokensT, this.w('wte'), this.positions);
+      x = embedRows(tokensT, this.w('wte'), this.positions, 0, pads);
     } else {
       x = await this.recvTensor(group, this.prev!, `${tag}/act`, [b * T, D]);
     }
-    const mask = causalMask(T);
+    const mask = pads ? paddedMask(pads, T, T) : causalMask(T);
     const dims = this.dims(b, T);
     for (const l of this.layers) {
       const done = await this.layer(group, tag, l, x, (h) => attention(h, this.attn(l), dims, mask, keep), keep);
@@ -398,7 +419,7 @@ export class GptRank {
     const T = tokens.length / batch;
     const [lo, hi] = replicaRows(batch, this.layout.dp, this.coords.dp);
     const mine = tokens.subarray(lo * T, hi * T);
-    const { out } = await this.forwardStage(group, 'inf', mine, hi - lo, T, false);
+    const { out } = await this.forwardStage(group, 'inf', mine, hi - lo, T, false, this.padsOf(mine, hi - lo, T, promptLen));
     if (!out) return new Float32Array(0);
     const t = tf.tidy(() => (this.spec.kind === 'policy' ? logprobsOf(out, tf.tensor2d(mine, [hi - lo, T], 'int32'), promptLen, this.spec.vocab) : valuesOf(out, promptLen)));
     out.dispose();
@@ -423,19 +444,19 @@ export class GptRank {
    * [b, T] on the first stage), attending through `cache`. Returns, on the last stage, the
    * logits of each row's last position [b, V]; elsewhere undefined, after sending the activations on.
    */
-  private async decodeStage(group: string, tag: string, tokens: Int32Array, b: number, T: number, start: number, cache: KvCache): Promise<tf.Tensor | undefined> {
+  private async decodeStage(group: string, tag: string, tokens: Int32Array, b: number, T: number, start: number, cache: KvCache, pads?: Int32Array): Promise<tf.Tensor | undefined> {
     const D = this.spec.width;
     let x: tf.Tensor;
     if (this.first) {
       const tokensT = tf.tensor2d(tokens, [b, T], 'int32');
-      x = embedRows(tokensT, this.w('wte'), this.positions, start);
+      x = embedRows(tokensT, this.w('wte'), this.positions, start, pads);
       tokensT.dispose();
     } else {
       x = await this.recvTensor(group, this.prev!, `${tag}/act`, [b * T, D]);
     }
     const dims = this.dims(b, T, start);
     for (const l of this.layers) {
-      x = (await this.layer(group, tag, l, x, (h) => ({ out: attentionCached(h, this.attn(l), dims, start, cache, l) }), false)).x;
+      x = (await this.layer(group, tag, l, x, (h) => ({ out: attentionCached(h, this.attn(l), dims, start, cache, l, pads) }), false)).x;
     }
     tf.dispose([dims.rope?.cos, dims.rope?.sin].filter((t) => t !== undefined));
     if (!this.last) {
@@ -485,12 +506,13 @@ export class GptRank {
     for (let i = 0; i < b; i++) tokens.set(prompts.subarray((lo + i) * promptLen, (lo + i + 1) * promptLen), i * width);
     const rngs = Array.from(seeds.subarray(lo, hi), (s) => new Rng(s));
     const kv = cache ? new KvCache(b * this.localKvHeads, this.arch.headSize, width) : undefined;
+    const pads = this.padsOf(tokens, b, width, promptLen);
     /** The logits [b, V] that predict position `len` (last stage), from the tokens up to it. */
     const logitsAt = async (t: number, len: number, next?: Int32Array): Promise<tf.Tensor | undefined> => {
-      if (kv) return this.decodeStage(group, `gen/${t}`, next ?? prompts.subarray(lo * promptLen, hi * promptLen), b, next ? 1 : promptLen, next ? len - 1 : 0, kv);
+      if (kv) return this.decodeStage(group, `gen/${t}`, next ?? prompts.subarray(lo * promptLen, hi * promptLen), b, next ? 1 : promptLen, next ? len - 1 : 0, kv, pads);
       const prefix = new Int32Array(b * len);
       for (let i = 0; i < b; i++) prefix.set(tokens.subarray(i * width, i * width + len), i * len);
-      const { out } = await this.forwardStage(group, `gen/${t}`, prefix, b, len, false);
+      const { out } = await this.forwardStage(group, `gen/${t}`, prefix, b, len, false, pads);
       if (!out) return undefined;
       const last = tf.tidy(() => tf.reshape(tf.slice(out, [0, len - 1, 0], [b, 1, this.spec.vocab]), [b, this.spec.vocab]));
       out.dispose();
@@ -546,7 +568,7 @@ export class GptRank {
     // Log-probabilities of the sampled tokens, as training will compute them; 0 after each end.
     let fwd: Awaited<ReturnType<typeof this.forwardStage>>;
     try {
-      fwd = await this.forwardStage(group, 'gen/logp', tokens, b, width, false);
+      fwd = await this.forwardStage(group, 'gen/logp', tokens, b, width, false, pads);
     } finally {
       this.headT?.dispose();
       this.headT = undefined;
@@ -568,7 +590,8 @@ export class GptRank {
     this.expect('value', 'sequence scores');
     const T = tokens.length / batch;
     const [lo, hi] = replicaRows(batch, this.layout.dp, this.coords.dp);
-    const { out } = await this.forwardStage(group, 'score', tokens.subarray(lo * T, hi * T), hi - lo, T, false);
+    const mine = tokens.subarray(lo * T, hi * T);
+    const { out } = await this.forwardStage(group, 'score', mine, hi - lo, T, false, this.padsOf(mine, hi - lo, T, T - 1));
     if (!out) return new Float32Array(0);
     const t = tf.tidy(() => lastValuesOf(out));
     out.dispose();
@@ -687,7 +710,9 @@ export class GptRank {
     const maskAll = objective.kind === 'loss' ? objective.data.mask : objective.kind === 'sft' ? objective.mask : undefined;
     const norm: LossNorm = { tokens: maskAll ? allRows.reduce((n, r) => n + maskAll.subarray(r * R, (r + 1) * R).reduce((a, m) => a + m, 0), 0) : allRows.length * R, rows: allRows.length };
     const myTokens = pickRows(tokens, width, mine);
-    const fwd = await this.forwardStage(group, `${tag}/f`, myTokens, b, width, true);
+    // Whole sequences (preference pairs) have no prompt length: their padding is what leads them.
+    const pads = this.padsOf(myTokens, b, width, promptLen > 0 ? promptLen : width - 1);
+    const fwd = await this.forwardStage(group, `${tag}/f`, myTokens, b, width, true, pads);
     const grads = new Map<string, tf.Tensor>();
     const add = (name: string, g: tf.Tensor) => {
       const prev = grads.get(name);
@@ -778,7 +803,7 @@ export class GptRank {
     }
     tf.dispose([fwd.dims.rope?.cos, fwd.dims.rope?.sin].filter((t) => t !== undefined));
     if (this.first) {
-      const ge = embedBackward(myTokens, width, this.spec.vocab, this.gpt2 ? this.spec.context : undefined, dx);
+      const ge = embedBackward(myTokens, width, this.spec.vocab, this.gpt2 ? this.spec.context : undefined, dx, pads);
       add('wte', ge.dwte);
       if (ge.dwpe) add('wpe', ge.dwpe);
       tf.dispose([dx, fwd.tokensT!]);

@@ -25,6 +25,8 @@ export class TextTokenizer {
   /** The end-of-sequence token's id, when the tokenizer names one. */
   readonly eos?: number;
   readonly bos?: number;
+  /** The padding token's id, when the tokenizer names one (pad_token). */
+  readonly pad?: number;
   /** Ids in use: one past the largest (added tokens included). */
   readonly vocabSize: number;
 
@@ -48,6 +50,7 @@ export class TextTokenizer {
     };
     this.eos = special('eos_token');
     this.bos = special('bos_token');
+    this.pad = special('pad_token');
     let largest = -1;
     for (const id of this.tokenizer.get_vocab(true).values()) largest = Math.max(largest, id);
     this.vocabSize = largest + 1;

@@ -56,3 +56,46 @@ export const ARITH_FILES = {
   'train.jsonl': { seed: 1, first: 0, count: 4000 },
   'test.jsonl': { seed: 1, first: 4000, count: 400 },
 } as const;
+
+/**
+ * A character-level tokenizer for the dataset (examples/arith/tokenizer/): padding, end and
+ * unknown tokens, then newline and every printable ASCII character, one id each. A BPE model with
+ * no merges (each character its own token) and a decoder that joins them as they are.
+ */
+export function arithTokenizer(): { json: Record<string, unknown>; config: Record<string, unknown> } {
+  const special = ['<pad>', '<eos>', '<unk>'];
+  const chars = ['\n', ...Array.from({ length: 95 }, (_, i) => String.fromCharCode(32 + i))];
+  const vocab = Object.fromEntries([...special, ...chars].map((t, i) => [t, i]));
+  const added = special.map((content, id) => ({ id, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true }));
+  return {
+    json: {
+      version: '1.0',
+      truncation: null,
+      padding: null,
+      added_tokens: added,
+      normalizer: null,
+      pre_tokenizer: null,
+      post_processor: null,
+      decoder: { type: 'Fuse' },
+      model: {
+        type: 'BPE',
+        dropout: null,
+        unk_token: '<unk>',
+        continuing_subword_prefix: null,
+        end_of_word_suffix: null,
+        fuse_unk: false,
+        byte_fallback: false,
+        ignore_merges: false,
+        vocab,
+        merges: [],
+      },
+    },
+    config: { pad_token: '<pad>', eos_token: '<eos>', unk_token: '<unk>', model_max_length: 256, tokenizer_class: 'PreTrainedTokenizerFast' },
+  };
+}
+
+/** The shipped tokenizer's files, as arithTokenizer() writes them. */
+export function arithTokenizerFiles(): Record<string, string> {
+  const { json, config } = arithTokenizer();
+  return { 'tokenizer.json': `${JSON.stringify(json, null, 2)}\n`, 'tokenizer_config.json': `${JSON.stringify(config, null, 2)}\n` };
+}

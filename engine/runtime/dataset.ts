@@ -15,11 +15,15 @@ export interface DatasetRow {
   line: number;
   prompt: string;
   answer: string;
+  /** A worked answer to warm a model up on, when the dataset names a field for one. */
+  demo?: string;
 }
 
 export interface DatasetFields {
   prompt: string;
   answer: string;
+  /** The field of a worked answer (a demonstration), if any. */
+  demo?: string;
 }
 
 /** The seed stream of the dataset's order (apart from sampling's and initialisation's). */
@@ -58,7 +62,8 @@ function rowOf(file: string, line: number, bytes: Uint8Array, fields: DatasetFie
     if (t === undefined) throw new DatasetError(`${at}: expected the ${what} field "${name}" to be text or a number, got ${JSON.stringify(o[name]).slice(0, 60)}`);
     return t;
   };
-  return { line, prompt: field(fields.prompt, 'prompt'), answer: field(fields.answer, 'answer') };
+  const row: DatasetRow = { line, prompt: field(fields.prompt, 'prompt'), answer: field(fields.answer, 'answer') };
+  return fields.demo === undefined ? row : { ...row, demo: field(fields.demo, 'demonstration') };
 }
 
 export class JsonlDataset {

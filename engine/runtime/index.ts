@@ -24,3 +24,6 @@ export * from './plan/problem.ts';
 export * from './plan/search.ts';
 export * from './plan/simulate.ts';
 export * from './sample.ts';
+export * from './export.ts';
+export * from './data-task.ts';
+export * from './dataset.ts';

@@ -13,7 +13,7 @@ import { mean, ownerCall, readPairsFile, runGraph, taskPairs, type CallDecl, typ
 import type { PairsFile } from '../algorithms/index.ts';
 import { tokensDigest } from '../device/index.ts';
 import { Stream, masked, responseLengths, responseMask, seedOf } from '../model/index.ts';
-import { graphOf, resolvePlan, rowsOf, ScenarioError, taskOf, type CallName, type Plan, type Scenario } from './scenario.ts';
+import { graphOf, policySpec, resolvePlan, rowsOf, ScenarioError, taskOf, type CallName, type Plan, type Scenario } from './scenario.ts';
 import type { RunStore } from './store.ts';
 import { demonstrations, type Task } from '../device/index.ts';
 
@@ -49,19 +49,21 @@ const declOf = (r: RunSpec, model: string): ModelDecl => {
 const learnedReward = (r: RunSpec, model: string) => declOf(r, model).head === 'reward' && r.scenario.reward.model !== undefined;
 
 export function modelSpec(r: RunSpec, model: string): ModelSpec {
-  const { task, scenario: s } = r;
+  const { scenario: s } = r;
   const head = declOf(r, model).head;
-  if (head === 'reward' && !s.reward.model) return { kind: 'rule', rule: s.reward.rule ?? s.task.name, digits: s.task.digits, base: s.task.base };
-  const gpt: GptSpec = {
-    kind: head === 'policy' ? 'policy' : 'value',
-    vocab: task.vocab,
-    context: task.promptLen + task.responseLen,
-    layers: s.model.layers,
-    width: s.model.width,
-    heads: s.model.heads,
-  };
-  return gpt;
+  if (head === 'reward' && !s.reward.model) {
+    if (!s.data) return { kind: 'rule', rule: s.reward.rule ?? s.task.name, digits: s.task.digits, base: s.task.base };
+    return { kind: 'rule', rule: s.reward.rule ?? 'math', tokenizer: s.data.tokenizer ?? s.model.from! };
+  }
+  const { tied, ...shape } = policySpec(s);
+  // Every model reads the task's left-padded prompts as the prompts alone.
+  const body = r.task.pad === undefined ? shape : { ...shape, pad: r.task.pad };
+  // A value model has the policy's body under a head of its own.
+  return head === 'policy' ? { ...body, ...(tied ? { tied } : {}) } : { ...body, kind: 'value' };
 }
+
+/** The checkpoint directory a model's weights come from: the base policy's, with model.from. */
+const checkpointOf = (r: RunSpec, model: string): string | undefined => (model === basePolicy(r) ? r.scenario.model.from : undefined);
 
 let groups = 0;
 
@@ -190,6 +192,7 @@ async function loadModel(d: Dispatcher, r: RunSpec, name: string, role: string, 
         layout,
         rank,
         ...(opts.seed === undefined ? {} : { seed: opts.seed }),
+        ...(opts.seed !== undefined && checkpointOf(r, name) !== undefined ? { from: checkpointOf(r, name) } : {}),
         ...(opts.lr === undefined ? {} : { optim: { lr: opts.lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: s.rl.clip_norm } }),
         ...(opts.serve === undefined ? {} : { serve: opts.serve }),
       }),
@@ -391,28 +394,21 @@ export interface RewardSources {
   score(name: string, iteration: number, items: RewardItem[]): Promise<number[]>;
 }
 
-const digitText = (t: number, base: number) => (t < base ? t.toString(36) : '|');
-
 /**
  * Rows of sequences as reward protocol items: tokens, their text, and the task's own answer. A
  * response is the tokens it has (up to and with its end token), not its padding; the text leaves
  * the end token out.
  */
 export function rewardItems(r: RunSpec, iteration: number, tokens: Int32Array): RewardItem[] {
-  const { promptLen, responseLen, eos } = r.task;
-  const base = r.scenario.task.base;
+  const { task } = r;
+  const { promptLen, responseLen, eos } = task;
   const width = promptLen + responseLen;
   const lengths = responseLengths(tokens, promptLen, responseLen, eos);
-  const text = (xs: number[]) =>
-    xs
-      .filter((t) => t !== eos)
-      .map((t) => digitText(t, base))
-      .join('');
   return Array.from({ length: tokens.length / width }, (_, b) => {
     const row = Array.from(tokens.subarray(b * width, (b + 1) * width));
     const prompt = row.slice(0, promptLen);
     const response = row.slice(promptLen, promptLen + lengths[b]!);
-    return { id: `${iteration}-${b}`, prompt, response, prompt_text: text(prompt), response_text: text(response), ground_truth: text(r.task.target(prompt)) };
+    return { id: `${iteration}-${b}`, prompt, response, prompt_text: task.text(prompt), response_text: task.text(response), ground_truth: task.answer(prompt) };
   });
 }
 
@@ -437,7 +433,14 @@ async function rewardScores(
   const items = actors.length ? rewardItems(r, iteration, tokens) : [];
   const [rule, ...fromActors] = await Promise.all([
     weight > 0 && !learned
-      ? callMesh(d, layoutOf(r, call.name), call.model, iteration, { fn: 'inference', tokens, batch: rows, promptLen: r.task.promptLen, responseLen: r.task.responseLen }, call.name)
+      ? callMesh(
+          d,
+          layoutOf(r, call.name),
+          call.model,
+          iteration,
+          { fn: 'inference', tokens, batch: rows, promptLen: r.task.promptLen, responseLen: r.task.responseLen, ...answersOf(r, tokens) },
+          call.name,
+        )
       : Promise.resolve(undefined),
     ...actors.map((a) => sources!.score(a.name, iteration, items)),
   ]);
@@ -450,6 +453,14 @@ async function rewardScores(
   if (rule) add('rule', weight, pick(rule, 'scores', call.name));
   actors.forEach((a, i) => add(a.as, a.weight, fromActors[i]!));
   return { scores: Float32Array.from(total), sources: means };
+}
+
+/** A verifier's reference answers, one per row (a dataset task's rule reads them from the call). */
+function answersOf(r: RunSpec, tokens: Int32Array): { answers?: string[] } {
+  if (!r.scenario.data) return {};
+  const { promptLen, responseLen } = r.task;
+  const width = promptLen + responseLen;
+  return { answers: Array.from({ length: tokens.length / width }, (_, b) => r.task.answer(tokens.subarray(b * width, b * width + promptLen))) };
 }
 
 function pick(o: object, key: string, call: string): Float32Array {

@@ -13,14 +13,16 @@ import { LocalDispatcher } from './local-dispatch.ts';
 import { ResumeError, readResume } from './record.ts';
 import { callMesh, layoutOf, modelSpec, ownerOf, runSpec } from './run.ts';
 import { loadScenarioFile } from './scenario.ts';
+import { TaskError } from '../device/index.ts';
 
 export class SampleError extends Error {
   override name = 'SampleError';
 }
 
 export interface SampleOptions {
-  /** Prompt token ids. */
-  tokens: readonly number[];
+  /** Prompt token ids, or (a run that read text: a dataset's) the prompt as text. */
+  tokens?: readonly number[];
+  prompt?: string;
   /** The model of the run to sample (default: the trained policy). */
   model?: string;
   /** New tokens at most (default: the task's budget). */
@@ -40,7 +42,7 @@ export interface Sample {
   ended: boolean;
 }
 
-export async function sampleRun(dir: string, o: SampleOptions): Promise<Sample> {
+export async function sampleRun(dir: string, o: SampleOptions): Promise<Sample & { text?: string }> {
   if (!existsSync(join(dir, 'scenario.json')))
     throw new SampleError(`${dir}: expected a run directory (scenario.json and checkpoint.msgpack) or a Hugging Face model directory (config.json), found neither`);
   const r = runSpec(await loadScenarioFile(join(dir, 'scenario.json')));
@@ -59,7 +61,16 @@ export async function sampleRun(dir: string, o: SampleOptions): Promise<Sample> 
   const { task } = r;
   const R = o.maxTokens ?? task.responseLen;
   const temperature = o.temperature ?? r.scenario.rl.temperature;
-  checkRequest(o.tokens, R, temperature, spec, `its task's prompt ${task.promptLen} and budget ${task.responseLen}`);
+  if ((o.tokens === undefined) === (o.prompt === undefined)) throw new SampleError('expected the prompt as token ids or as text, one of the two');
+  if (o.prompt !== undefined && !task.encode) throw new SampleError(`--prompt: text prompts need a tokenizer, and the '${task.name}' task has none; give the prompt as --tokens`);
+  let prompt: readonly number[];
+  try {
+    prompt = o.tokens ?? Array.from(task.encode!(o.prompt!));
+  } catch (e) {
+    if (e instanceof TaskError) throw new SampleError(`--prompt: ${e.message}`);
+    throw e;
+  }
+  checkRequest(prompt, R, temperature, spec, `its task's prompt ${task.promptLen} and budget ${task.responseLen}`);
 
   await initBackend(r.scenario.backend);
   const layout = layoutOf(r, ownerOf(r, model));
@@ -75,7 +86,8 @@ export async function sampleRun(dir: string, o: SampleOptions): Promise<Sample> 
         return d.restoreShard(device, model, -1, weights);
       }),
     );
-    return await continueOn(d, layout, model, o.tokens, R, { temperature, greedy: o.greedy, seed: seedOf(o.seed ?? r.scenario.seed, SAMPLE_STREAM), eos: task.eos });
+    const out = await continueOn(d, layout, model, prompt, R, { temperature, greedy: o.greedy, seed: seedOf(o.seed ?? r.scenario.seed, SAMPLE_STREAM), eos: task.eos });
+    return task.encode ? { ...out, text: task.text(out.tokens) } : out;
   } finally {
     await d.close();
   }

@@ -3,7 +3,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it, expect } from 'vitest';
 import { fileURLToPath } from 'node:url';
-import { ScenarioError, loadScenario, modelOf, parseScenario, resolvePlan, scenarioJsonSchema } from './scenario.ts';
+import { ScenarioError, loadScenario, modelOf, parseScenario, policySpec, resolvePlan, scenarioJsonSchema, taskOf } from './scenario.ts';
+import { encodeSafetensors, hfTensors, parseHfConfig } from '../model/index.ts';
+import { arithTokenizerFiles } from './arith.ts';
 
 function scenarioError(text: string): string {
   try {
@@ -21,7 +23,7 @@ describe('parseScenario defaults', () => {
     seed: 1,
     backend: 'auto',
     task: { name: 'sort', digits: 4, base: 10 },
-    model: { layers: 2, width: 64, heads: 4 },
+    model: { family: 'gpt2', layers: 2, width: 64, heads: 4, tied: false },
     cluster: { nodes: 1, devices_per_node: 4, device: 'local' },
     models: {},
     lengths: {},
@@ -133,7 +135,7 @@ describe('parseScenario refusals', () => {
     const many = Array.from({ length: 12 }, (_, i) => `k${i}: 1`).join('\n');
     const m = scenarioError(many);
     expect(m).toBe(
-      'test.yaml: 1 problem(s):\n  k0, k1, k2, k3, k4, … and 7 more: unknown keys (expected one of: name, seed, backend, task, model, cluster, models, lengths, algorithm, plan, warmup, rl, reward, checkpoint, timeouts, supervision, chaos)',
+      'test.yaml: 1 problem(s):\n  k0, k1, k2, k3, k4, … and 7 more: unknown keys (expected one of: name, seed, backend, task, model, data, cluster, models, lengths, algorithm, plan, warmup, rl, reward, checkpoint, timeouts, supervision, chaos)',
     );
     const wrong = scenarioError('seed: -1\nrl: {epochs: 0, batch: 0, iterations: 0, clip: "x", lr: -1, temperature: 0}');
     expect(wrong).toMatch(/^test\.yaml: 7 problem\(s\):/);
@@ -275,5 +277,67 @@ describe('loadScenario with a plan file', () => {
     expect(() => loadScenario(scenario, bad)).toThrow(/bad\.yaml: expected a YAML map with a 'plan' key .*got an array of 2/);
     writeFileSync(bad, 'plan: {actor.generate: {mesh: "0:9"}}\n');
     expect(() => loadScenario(scenario, bad)).toThrow(/s\.yaml with the plan of .*bad\.yaml: the plan does not fit:\n  plan\.actor\.generate: mesh "0:9": device 9 is outside a node of 4/);
+  });
+});
+
+describe('data: and model.from', () => {
+  // A dataset, the arithmetic tokenizer, and a small llama-family checkpoint, in one directory.
+  const dir = mkdtempSync(join(tmpdir(), 'ferry-scenario-data-'));
+  writeFileSync(join(dir, 'train.jsonl'), `${JSON.stringify({ q: 'What is 2 + 3?', a: '5' })}\n${JSON.stringify({ q: 'What is 4 + 4?', a: '8' })}\n`);
+  writeFileSync(join(dir, 'bad.jsonl'), `${JSON.stringify({ q: 'What is 2 + 3?', a: '5' })}\n{"q": "no answer"}\n`);
+  for (const [name, text] of Object.entries(arithTokenizerFiles())) writeFileSync(join(dir, name), text);
+  const config = { model_type: 'llama', vocab_size: 128, max_position_embeddings: 64, hidden_size: 16, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, intermediate_size: 24 };
+  writeFileSync(join(dir, 'config.json'), JSON.stringify(config));
+  writeFileSync(
+    join(dir, 'model.safetensors'),
+    encodeSafetensors(hfTensors(parseHfConfig(config)).map(({ name, shape }) => ({ name, shape, data: new Float32Array(shape.reduce((a, b) => a * b, 1)) }))),
+  );
+  const data = 'data: {train: train.jsonl, prompt_field: q, answer_field: a, prompt_tokens: 24, tokenizer: .}\ntask: {max_new_tokens: 8}\n';
+  const parse = (text: string) => parseScenario(text, 'data.yaml', dir);
+  const refused = (text: string) => {
+    try {
+      parse(text);
+    } catch (e) {
+      expect(e).toBeInstanceOf(ScenarioError);
+      return (e as Error).message;
+    }
+    throw new Error(`accepted ${JSON.stringify(text)}`);
+  };
+
+  it('reads prompts from the dataset through the tokenizer, scored by the math verifier; paths are relative to the file', () => {
+    const s = parse(data);
+    expect(s.data!.train).toBe(join(dir, 'train.jsonl'));
+    const task = taskOf(s);
+    expect(task.name).toBe('data');
+    expect([task.promptLen, task.responseLen, task.vocab]).toEqual([24, 8, 99]);
+    expect(policySpec(s)).toMatchObject({ vocab: 99, context: 32, layers: 2, width: 64 });
+    const llama = parse(`${data}model: {family: llama, heads: 4, kv_heads: 2, rope_theta: 500}`);
+    expect(policySpec(llama)).toMatchObject({ family: 'llama', kvHeads: 2, ffn: 256, ropeTheta: 500 });
+  });
+
+  it('starts the policy from a checkpoint, whose config.json sets the shape and the vocabulary', () => {
+    const s = parse(`${data}model: {from: .}`);
+    expect(s.model.from).toBe(dir);
+    expect(policySpec(s)).toMatchObject({ family: 'llama', vocab: 128, context: 64, layers: 2, width: 16, heads: 4, kvHeads: 2, ffn: 24 });
+    expect(taskOf(s).vocab).toBe(128);
+  });
+
+  it('refuses, naming the key: a shape beside model.from, llama keys on gpt2, a rule that does not fit the prompts', () => {
+    expect(refused(`${data}model: {from: ., layers: 4}`)).toMatch(/model\.layers: the checkpoint's config\.json sets the shape of a model that starts from model\.from; leave layers out/);
+    expect(refused(`${data}model: {kv_heads: 2}`)).toMatch(/model\.kv_heads: only the llama family has it/);
+    expect(refused('reward: {rule: math}')).toMatch(/reward\.rule: 'math' checks the answers of a dataset; this scenario has no data:/);
+    expect(refused(`${data}reward: {rule: sort}`)).toMatch(/reward\.rule: a dataset's answers are checked by a verifier \(exact or math\); got 'sort'/);
+    expect(refused(`${data}model: {family: llama, heads: 4, kv_heads: 3}`)).toMatch(/model: 4 query heads do not divide into 3 key\/value heads/);
+    expect(refused(`${data}model: {family: llama, heads: 4, kv_heads: 2}\nplan: {actor.train: {mesh: "0:0-3", tp: 4}}`)).toMatch(/plan\.actor\.train: tp=4 must divide the model's 2 key\/value heads/);
+    expect(refused(`${data}model: {tied: true}\nplan: {actor.train: {mesh: "0:0-1", pp: 2}}`)).toMatch(/plan\.actor\.train: pp=2, but a tied head reads the token embedding/);
+  });
+
+  it('refuses a dataset line without its field, a missing tokenizer, a context the checkpoint lacks, and demonstrations no call carries', () => {
+    expect(refused(data.replace('train.jsonl', 'bad.jsonl'))).toMatch(/data\.train: .*bad\.jsonl:2: expected the answer field "a", the line has "q"/);
+    expect(refused(data.replace('tokenizer: .', 'tokenizer: nowhere'))).toMatch(/data\.tokenizer: .*nowhere: expected tokenizer\.json, found none/);
+    expect(refused(data.replace(', tokenizer: .', ''))).toMatch(/data\.tokenizer: a dataset is read through a tokenizer/);
+    expect(refused(`${data.replace('max_new_tokens: 8', 'max_new_tokens: 48')}model: {from: .}`)).toMatch(/data\.prompt_tokens \+ task\.max_new_tokens: 24 \+ 48 = 72 positions; the model has 64/);
+    expect(refused(`${data}warmup: {demos: 10000}`)).toMatch(/warmup\.demos: 10000 demonstrations of 32 tokens are 1280000 bytes, more than one call carries .*; at most 7680/);
+    expect(refused(data.replace('prompt_tokens: 24', 'prompt_tokens: 24, chat: true'))).toMatch(/data\.chat: .* has no chat_template in tokenizer_config\.json/);
   });
 });

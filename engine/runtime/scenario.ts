@@ -2,13 +2,16 @@
 // generated too (`npm run schema`). Every key has a default or is required; an unknown key is an
 // error naming its path, never a silent no-op.
 import { readFileSync } from 'node:fs';
-import { basename, dirname, extname } from 'node:path';
+import { basename, dirname, extname, resolve } from 'node:path';
 import { parseDocument } from 'yaml';
 import { z } from 'zod';
 import { describeValue, formatIssues, shortList } from '../../mesh/wire/index.ts';
 import { deviceCount, parseMesh, singleDeviceMesh, MeshError, type Cluster } from '../../mesh/parallel/index.ts';
 import { BACKENDS } from '../model/index.ts';
-import { TASKS, TaskError, makeTask, type Task } from '../device/index.ts';
+import { TASKS, TaskError, VERIFIERS, makeTask, type Task, type VerifierName } from '../device/index.ts';
+import { HfError, TextTokenizer, TokenizerError, gptSpecOf, isTied, readHfConfig, specProblem, type GptSpec } from '../model/index.ts';
+import { DatasetError, JsonlDataset } from './dataset.ts';
+import { dataTask } from './data-task.ts';
 import { DEVICE_NAMES, MODELS as MODEL_PRESETS } from './plan/catalog.ts';
 import { algorithmOf, algorithmPath, isPath, loadAlgorithmFile, ownerCall, validateGraph, type Algorithm, type Graph, type ModelDecl, type RlConfig } from '../algorithms/index.ts';
 
@@ -76,6 +79,9 @@ export const Chaos = z.strictObject({
     .optional(),
 });
 
+/** Bytes of token arrays one call may carry: a NATS message's default limit (1 MiB), less 64 KiB for the rest of the call. */
+export const CALL_BYTES = (1 << 20) - (1 << 16);
+
 /** Digits per prompt at most: sequences of twice this, already far beyond what the small models learn. */
 export const MAX_DIGITS = 256;
 /** Response budget at most (the longest answers any task here has are base + 1 ≤ 65 tokens). */
@@ -102,12 +108,36 @@ export const Scenario = z.strictObject({
     .prefault({}),
   model: z
     .strictObject({
+      from: z
+        .string()
+        .min(1)
+        .optional()
+        .describe(
+          "a Hugging Face model directory (config.json, model.safetensors or its shards, tokenizer.json) that the policy starts from; the reference and a value model's body follow it, and its config.json sets the shape (the keys below are then left out)",
+        ),
+      family: z.enum(['gpt2', 'llama']).default('gpt2').describe('gpt2: learned positions, LayerNorm, GELU; llama: rotary positions, RMSNorm, SwiGLU, grouped-query attention'),
       layers: pos.default(2),
       width: pos.default(64),
       heads: pos.default(4),
+      kv_heads: pos.optional().describe('llama: key/value heads (default: heads)'),
+      ffn: pos.optional().describe("llama: the MLP's hidden width (default: 4 × width)"),
+      rope_theta: z.number().positive().optional().describe('llama: the rotary base (default 10000)'),
+      tied: z.boolean().default(false).describe("the policy's head is its token embedding, transposed (GPT-2's; a tied model runs with pp = 1)"),
     })
     .prefault({})
-    .describe('shape of the actor, critic and reference (vocabulary and context come from the task)'),
+    .describe('shape of the actor, critic and reference (vocabulary and context come from the task), or the checkpoint they start from'),
+  data: z
+    .strictObject({
+      train: z.string().min(1).describe('a JSONL file: one JSON object per line (read lazily; a bad line is refused with its number)'),
+      prompt_field: z.string().min(1).default('prompt'),
+      answer_field: z.string().min(1).default('answer').describe('the reference answer the verifier (reward.rule) checks a response against'),
+      demo_field: z.string().min(1).optional().describe('a worked answer to warm the policy up on (default: the answer)'),
+      chat: z.boolean().default(false).describe("wrap each prompt as a user message in the tokenizer's chat template (tokenizer_config.json)"),
+      tokenizer: z.string().min(1).optional().describe('a directory with tokenizer.json (and tokenizer_config.json); default: model.from'),
+      prompt_tokens: pos.max(MAX_NEW_TOKENS).default(128).describe('prompts are left-padded to this many tokens; a longer prompt is refused, naming its line'),
+    })
+    .optional()
+    .describe('prompts from a dataset, scored by a verifier (reward.rule: exact or math), instead of a digit task'),
   cluster: z
     .strictObject({
       nodes: pos.default(1),
@@ -160,7 +190,10 @@ export const Scenario = z.strictObject({
     .describe("what every algorithm's iteration has; the algorithm's own options go under algorithm:"),
   reward: z
     .strictObject({
-      rule: z.enum(TASKS).optional().describe('built-in rule reward; defaults to the task'),
+      rule: z
+        .enum([...TASKS, ...VERIFIERS])
+        .optional()
+        .describe("built-in rule reward: a digit task's rule (default: the task's), or with data:, a verifier of its answers — exact or math (the default)"),
       weight: z.number().nonnegative().default(1).describe("weight of the reward device's score (the rule); 0: not used"),
       actors: z.array(RewardActorRef).default([]).describe('reward actors on the bus (docs/reward-protocol.md), combined with the rule: the reward is the weighted sum'),
       model: z
@@ -281,11 +314,13 @@ export function presetOf(s: Scenario, model: string): string | undefined {
   return m.from !== undefined && m.head !== 'reward' ? presetOf(s, m.from) : undefined;
 }
 
-/** A model's attention heads and layers: its preset's, or `model:`'s (a rule reward has none). */
-function shapeOf(s: Scenario, model: string): { heads: number; layers: number } | undefined {
+/** A model's attention heads (query and key/value) and layers: its preset's, or the policy's (a rule reward has none). */
+function shapeOf(s: Scenario, model: string): { heads: number; kvHeads: number; layers: number } | undefined {
   const preset = presetOf(s, model);
   if (preset) return MODEL_PRESETS[preset]!;
-  return modelDecl(s, model).head === 'reward' ? undefined : { heads: s.model.heads, layers: s.model.layers };
+  if (modelDecl(s, model).head === 'reward' && !s.reward.model) return undefined;
+  const spec = policySpec(s);
+  return { heads: spec.heads, kvHeads: spec.kvHeads ?? spec.heads, layers: spec.layers };
 }
 
 /** Whether `npm run scenario` can run this here, or it describes a cluster for `npm run plan`. */
@@ -328,9 +363,14 @@ export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
         errors.push(`plan.${call}: dp×tp×pp = ${placement.dp}×${placement.tp}×${placement.pp} = ${product}, but mesh "${mesh.name}" has ${mesh.devices.length} device(s)`);
       }
       // Megatron splits attention by heads: each tensor-parallel rank takes whole heads.
-      const heads = shapeOf(s, model)?.heads;
-      if (heads !== undefined && heads % placement.tp !== 0) {
-        errors.push(`plan.${call}: tp=${placement.tp} must divide the model's ${heads} attention heads`);
+      const shape = shapeOf(s, model);
+      if (shape && shape.heads % placement.tp !== 0) {
+        errors.push(`plan.${call}: tp=${placement.tp} must divide the model's ${shape.heads} attention heads`);
+      } else if (shape && shape.kvHeads % placement.tp !== 0) {
+        errors.push(`plan.${call}: tp=${placement.tp} must divide the model's ${shape.kvHeads} key/value heads`);
+      }
+      if (isTied(policySpec(s)) && modelDecl(s, model).head === 'policy' && placement.pp > 1) {
+        errors.push(`plan.${call}: pp=${placement.pp}, but a tied head reads the token embedding, which only the first stage holds: a tied model runs with pp = 1`);
       }
       plan[call] = { call, mesh: mesh.name, devices: mesh.devices, dp: placement.dp, tp: placement.tp, pp: placement.pp };
     } catch (e) {
@@ -339,6 +379,14 @@ export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
     }
   }
   const rows = rowsOf(s);
+  // The warm-up's demonstrations go to the policy in one call, which one bus message carries.
+  const task = taskOf(s);
+  const demoBytes = s.warmup.demos * (task.promptLen + task.responseLen) * 4;
+  if (s.warmup.steps > 0 && demoBytes > CALL_BYTES) {
+    errors.push(
+      `warmup.demos: ${s.warmup.demos} demonstrations of ${task.promptLen + task.responseLen} tokens are ${demoBytes} bytes, more than one call carries (${CALL_BYTES}: NATS's 1 MiB message, less room for the rest of the call); at most ${Math.floor(CALL_BYTES / ((task.promptLen + task.responseLen) * 4))}`,
+    );
+  }
   // Items a train call splits into mini-batches: rows, or pairs for an algorithm of pairs.
   const trainItems = graph.source === 'pairs' ? s.rl.batch : rows;
   if (graph.calls.some((c) => c.fn === 'train') && s.rl.minibatches > trainItems) {
@@ -371,7 +419,7 @@ export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
       else ownerCall(graph, m.name);
     }
   }
-  if (s.model.width % s.model.heads !== 0) errors.push(`model.width: ${s.model.width} is not divisible by model.heads = ${s.model.heads}`);
+  if (s.model.from === undefined && s.model.width % s.model.heads !== 0) errors.push(`model.width: ${s.model.width} is not divisible by model.heads = ${s.model.heads}`);
   if (errors.length) throw new ScenarioError(`${where}: the plan does not fit:\n  ${shortList(errors).join('\n  ')}`);
   return plan;
 }
@@ -411,9 +459,18 @@ export function parseScenario(text: string, where: string, baseDir = '.'): Scena
   }
   const name = algorithmName(parsed.data.algorithm);
   const absolute = isPath(name) ? algorithmPath(name, baseDir) : name;
-  // Written back with its options' defaults filled in (and a file's path made absolute), so that
+  // Written back with its options' defaults filled in (and files' paths made absolute), so that
   // scenario.json says exactly what ran.
-  const scenario: Scenario = { ...parsed.data, algorithm: { ...(typeof parsed.data.algorithm === 'string' ? {} : parsed.data.algorithm), name: absolute } };
+  const at = (p: string) => resolve(baseDir, p);
+  const { model, data } = parsed.data;
+  const scenario: Scenario = {
+    ...parsed.data,
+    algorithm: { ...(typeof parsed.data.algorithm === 'string' ? {} : parsed.data.algorithm), name: absolute },
+    model: model.from === undefined ? model : { ...model, from: at(model.from) },
+    ...(data ? { data: { ...data, train: at(data.train), ...(data.tokenizer === undefined ? {} : { tokenizer: at(data.tokenizer) }) } } : {}),
+  };
+  const problems = modelProblems(scenario, (raw as { model?: unknown }).model);
+  if (problems.length) throw new ScenarioError(`${where}: ${problems.length} problem(s):\n  ${shortList(problems).join('\n  ')}`);
   try {
     const spec = algorithmSpec(scenario);
     scenario.algorithm = { ...spec.options, name: absolute };
@@ -423,18 +480,119 @@ export function parseScenario(text: string, where: string, baseDir = '.'): Scena
     throw e instanceof ScenarioError ? new ScenarioError(`${where}: ${e.message}`) : e;
   }
   try {
-    taskOf(scenario);
+    const task = taskOf(scenario);
+    const spec = policySpec(scenario);
+    const width = task.promptLen + task.responseLen;
+    if (width > spec.context) throw new ScenarioError(`data.prompt_tokens + task.max_new_tokens: ${task.promptLen} + ${task.responseLen} = ${width} positions; the model has ${spec.context}`);
+    if (task.vocab > spec.vocab) throw new ScenarioError(`data.tokenizer: the tokenizer has ${task.vocab} tokens; the model's vocabulary ${spec.vocab}`);
+    const bad = specProblem(spec);
+    if (bad) throw new ScenarioError(`model: ${bad}`);
   } catch (e) {
-    if (e instanceof TaskError) throw new ScenarioError(`${where}: task.max_new_tokens: ${e.message}`);
+    if (e instanceof TaskError) throw new ScenarioError(`${where}: ${scenario.data ? 'data' : 'task.max_new_tokens'}: ${e.message}`);
+    if (e instanceof ScenarioError) throw new ScenarioError(`${where}: ${e.message}`);
     throw e;
   }
   resolvePlan(scenario, where);
   return scenario;
 }
 
-/** The scenario's task, with its response budget. */
+const tasks = new WeakMap<Scenario, Task>();
+
+/** The response budget of a dataset task when task.max_new_tokens leaves it out. */
+export const DATA_NEW_TOKENS = 64;
+
+/**
+ * The scenario's task, with its response budget: a digit task, or with `data:`, prompts from the
+ * dataset (indexed when first asked for: a bad line is refused then, before anything starts).
+ */
 export function taskOf(s: Scenario): Task {
-  return makeTask(s.task.name, s.task.digits, s.task.base, s.task.max_new_tokens);
+  let task = tasks.get(s);
+  if (task) return task;
+  const d = s.data;
+  if (!d) task = makeTask(s.task.name, s.task.digits, s.task.base, s.task.max_new_tokens);
+  else {
+    const dir = d.tokenizer ?? s.model.from;
+    if (dir === undefined) throw new ScenarioError('data.tokenizer: a dataset is read through a tokenizer; name a directory with tokenizer.json, or start the model from one (model.from)');
+    let tokenizer: TextTokenizer;
+    let dataset: JsonlDataset;
+    try {
+      tokenizer = TextTokenizer.load(dir);
+    } catch (e) {
+      if (e instanceof TokenizerError) throw new ScenarioError(`${d.tokenizer === undefined ? 'model.from' : 'data.tokenizer'}: ${e.message}`);
+      throw e;
+    }
+    try {
+      dataset = JsonlDataset.open(d.train, { prompt: d.prompt_field, answer: d.answer_field, ...(d.demo_field === undefined ? {} : { demo: d.demo_field }) });
+    } catch (e) {
+      if (e instanceof DatasetError) throw new ScenarioError(`data.train: ${e.message}`);
+      throw e;
+    }
+    if (d.chat && !tokenizer.hasChatTemplate) throw new ScenarioError(`data.chat: ${dir} has no chat_template in tokenizer_config.json; set chat: false to use the prompts as they are`);
+    const vocab = s.model.from === undefined ? undefined : checkpointSpec(s.model.from).vocab;
+    task = dataTask({
+      dataset,
+      tokenizer,
+      verifier: (s.reward.rule ?? 'math') as VerifierName,
+      promptLen: d.prompt_tokens,
+      responseLen: s.task.max_new_tokens ?? DATA_NEW_TOKENS,
+      chat: d.chat,
+      ...(vocab === undefined ? {} : { vocab }),
+    });
+  }
+  tasks.set(s, task);
+  return task;
+}
+
+/** The policy a checkpoint directory holds, by its config.json. */
+function checkpointSpec(dir: string): GptSpec {
+  try {
+    return gptSpecOf(readHfConfig(dir), `${dir}/config.json`);
+  } catch (e) {
+    if (e instanceof HfError) throw new ScenarioError(`model.from: ${e.message}`);
+    throw e;
+  }
+}
+
+/**
+ * The shape of the scenario's policy (a value model has its body): the checkpoint's, with
+ * `model.from`; else `model:`'s, with the task's vocabulary and its prompt and response as context.
+ */
+export function policySpec(s: Scenario): GptSpec {
+  const task = taskOf(s);
+  if (s.model.from !== undefined) return checkpointSpec(s.model.from);
+  const m = s.model;
+  return {
+    kind: 'policy',
+    vocab: task.vocab,
+    context: task.promptLen + task.responseLen,
+    layers: m.layers,
+    width: m.width,
+    heads: m.heads,
+    ...(m.tied ? { tied: true } : {}),
+    ...(m.family === 'llama' ? { family: 'llama', kvHeads: m.kv_heads ?? m.heads, ffn: m.ffn ?? 4 * m.width, ropeTheta: m.rope_theta ?? 10000 } : {}),
+  };
+}
+
+/** Keys of `model:` that give a shape, which a checkpoint's config.json gives instead. */
+const SHAPE_KEYS = ['family', 'layers', 'width', 'heads', 'kv_heads', 'ffn', 'rope_theta', 'tied'] as const;
+/** Keys of `model:` that only the llama family has. */
+const LLAMA_KEYS = ['kv_heads', 'ffn', 'rope_theta'] as const;
+
+/** What is wrong with the scenario's model and data, by key (the file's raw `model:` tells given keys from defaults). */
+function modelProblems(s: Scenario, rawModel: unknown): string[] {
+  const errors: string[] = [];
+  const given = typeof rawModel === 'object' && rawModel !== null ? Object.keys(rawModel) : [];
+  if (s.model.from !== undefined) {
+    for (const key of SHAPE_KEYS) if (given.includes(key)) errors.push(`model.${key}: the checkpoint's config.json sets the shape of a model that starts from model.from; leave ${key} out`);
+  } else if (s.model.family === 'gpt2') {
+    for (const key of LLAMA_KEYS) if (given.includes(key)) errors.push(`model.${key}: only the llama family has it; set model.family: llama, or leave ${key} out`);
+  }
+  const rule = s.reward.rule;
+  if (s.data && rule !== undefined && !(VERIFIERS as readonly string[]).includes(rule))
+    errors.push(`reward.rule: a dataset's answers are checked by a verifier (${VERIFIERS.join(' or ')}); got '${rule}'`);
+  if (!s.data && rule !== undefined && (VERIFIERS as readonly string[]).includes(rule))
+    errors.push(`reward.rule: '${rule}' checks the answers of a dataset; this scenario has no data: (its prompts come from the '${s.task.name}' task)`);
+  return errors;
 }
 
 function readText(file: string, what: string): string {

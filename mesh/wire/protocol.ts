@@ -33,8 +33,14 @@ export const ModelSpec = z.discriminatedUnion('kind', [
     ropeTheta: z.number().positive().optional(),
     normEps: z.number().positive().optional(),
     qkvBias: z.boolean().optional(),
+    /** The padding token of left-padded prompts, masked out of attention. */
+    pad: nat.optional(),
   }),
-  z.strictObject({ kind: z.literal('rule'), rule: z.string(), digits: pos, base: pos }),
+  /**
+   * A rule: a digit task's (with its digits and base), or a verifier of a dataset's answers
+   * (exact, math), which reads responses through the tokenizer in `tokenizer` (a directory).
+   */
+  z.strictObject({ kind: z.literal('rule'), rule: z.string(), digits: pos.optional(), base: pos.optional(), tokenizer: z.string().optional() }),
 ]);
 export type ModelSpec = z.infer<typeof ModelSpec>;
 
@@ -122,6 +128,8 @@ export const CallBody = z.discriminatedUnion('fn', [
     rank: nat,
     /** Seeds the initial weights; a view that a reallocation will fill has none and starts at zero. */
     seed: nat.optional(),
+    /** A Hugging Face model directory whose weights replace the seeded ones it has (a value head stays seeded). */
+    from: z.string().optional(),
     /** Only the training layout owns an optimizer; generation or inference views do not. */
     optim: Optim.optional(),
     /** A learned reward model: serve it on the bus as the reward actor of this name (docs/reward-protocol.md). */
@@ -163,7 +171,12 @@ export const CallBody = z.discriminatedUnion('fn', [
     /** The end-of-sequence token: a row stops after it, and the rest of its response is this token again. */
     eos: nat.optional(),
   }),
-  z.strictObject({ fn: z.literal('inference'), ...Batch }),
+  z.strictObject({
+    fn: z.literal('inference'),
+    ...Batch,
+    /** For a verifier rule: each row's reference answer. */
+    answers: z.array(z.string()).optional(),
+  }),
   z.strictObject({
     fn: z.literal('train'),
     ...Batch,

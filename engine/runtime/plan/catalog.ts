@@ -29,8 +29,8 @@ export const MODELS: Record<string, ModelShape> = {
 };
 
 /** ferry's own small GPT (engine/model.ts) as a shape: float32, plain 4× MLP. */
-export function localShape(name: string, vocab: number, layers: number, width: number, heads: number): ModelShape {
-  return { name, layers, width, ffn: 4 * width, heads, kvHeads: heads, vocab, gated: false, dtypeBytes: 4 };
+export function localShape(name: string, vocab: number, layers: number, width: number, heads: number, arch: { ffn?: number; kvHeads?: number; gated?: boolean } = {}): ModelShape {
+  return { name, layers, width, ffn: arch.ffn ?? 4 * width, heads, kvHeads: arch.kvHeads ?? heads, vocab, gated: arch.gated ?? false, dtypeBytes: 4 };
 }
 
 /** A device and the links between devices. Rates are sustained, in bytes or FLOP per second. */

@@ -4,9 +4,9 @@ import { existsSync, readFileSync } from 'node:fs';
 import { totalmem } from 'node:os';
 import { join } from 'node:path';
 import { deviceCount } from '../../../mesh/parallel/index.ts';
-import { graphOf, planOnly, presetOf, resolvePlan, rowsOf, taskOf, type Scenario } from '../scenario.ts';
+import { graphOf, planOnly, policySpec, presetOf, resolvePlan, rowsOf, taskOf, type Scenario } from '../scenario.ts';
 import { ownerCall } from '../../algorithms/index.ts';
-import { WASM_HEAP_MAX } from '../../model/index.ts';
+import { WASM_HEAP_MAX, archOf } from '../../model/index.ts';
 import { flowOf } from './simulate.ts';
 import { DEVICES, MODELS, localShape, type DeviceProfile, type ModelShape } from './catalog.ts';
 import { Evaluator, type Candidate, type PlanGraph, type Problem } from './planner.ts';
@@ -57,7 +57,9 @@ export function problemOf(s: Scenario, local?: DeviceProfile): Problem {
     const preset = presetOf(s, model);
     if (preset) return MODELS[preset]!;
     if (g.models.find((m) => m.name === model)!.head === 'reward') return undefined; // the rule reward
-    return localShape(`local-${model}`, task.vocab, s.model.layers, s.model.width, s.model.heads);
+    const p = policySpec(s);
+    const a = archOf(p);
+    return localShape(`local-${model}`, p.vocab, p.layers, p.width, p.heads, { ffn: a.ffn, kvHeads: a.kvHeads, gated: a.family === 'llama' });
   };
   const device = s.cluster.device === 'local' ? (local ?? loadLocalProfile()) : DEVICES[s.cluster.device]!;
   const rows = rowsOf(s);
