@@ -12,8 +12,8 @@ export interface GptSpec {
   heads: number;
   /**
    * A policy whose head is its token embedding, transposed (GPT-2's, tied, with no bias): the
-   * logits of a row y are y·wteᵀ. Its embedding must sit on the last pipeline stage too, so a tied
-   * model runs with pp = 1.
+   * logits of a row y are y·wteᵀ. On a pipeline the first stage owns the embedding and the last
+   * stage reads a copy of it (see GptRank).
    */
   tied?: boolean;
   /**

@@ -107,6 +107,18 @@ export class GptRank {
   private readonly prev: number | undefined;
   private readonly next: number | undefined;
   private readonly arch: Arch;
+  /** This replica's first and last stage (same tensor rank): a tied head's two ends. */
+  private readonly firstOfReplica: number;
+  private readonly lastOfReplica: number;
+  /**
+   * A tied head on a pipeline (Megatron's way): the first stage owns wte; the last stage holds a
+   * copy for the head, sent to it whenever wte changed (a step, an import), and sends the head's
+   * gradient of wte back, where it is added to the embedding's before the optimizer step.
+   */
+  private readonly tiedCopy: boolean;
+  private headWte?: tf.Tensor;
+  /** Whether wte changed since the last stage's copy was sent: the same on both ends, which see the same calls. */
+  private headStale = true;
 
   constructor(
     readonly spec: GptSpec,
@@ -120,7 +132,6 @@ export class GptRank {
     if (bad) throw new ShardError(`the model cannot be built: ${bad}`);
     this.arch = archOf(spec);
     if (this.arch.kvHeads % layout.tp !== 0) throw new ShardError(`tp = ${layout.tp} must divide the model's ${this.arch.kvHeads} key/value heads: each tensor rank takes whole heads`);
-    if (isTied(spec) && layout.pp > 1) throw new ShardError(`a tied head reads the token embedding, which only the first pipeline stage holds: a tied model runs with pp = 1, got pp = ${layout.pp}`);
     const c = (this.coords = rankCoords(layout, rank));
     const info = modelInfo(spec);
     const bounds = stageBounds(info, layout.pp);
@@ -135,6 +146,9 @@ export class GptRank {
     this.mpGroup = Array.from({ length: layout.pp * layout.tp }, (_, i) => dev({ pp: Math.floor(i / layout.tp), tp: i % layout.tp }));
     this.prev = this.first ? undefined : dev({ pp: c.pp - 1 });
     this.next = this.last ? undefined : dev({ pp: c.pp + 1 });
+    this.firstOfReplica = dev({ pp: 0 });
+    this.lastOfReplica = dev({ pp: layout.pp - 1 });
+    this.tiedCopy = isTied(spec) && layout.pp > 1;
     this.prefix = `sharded${shardCount++}`;
     const shapes = new Map(parameterShapes(spec).map(([n, s], i) => [n, { shape: s, index: i }]));
     // A view that a reallocation will fill holds nothing until then: no zeros to replace.
@@ -220,6 +234,7 @@ export class GptRank {
       v.assign(value);
       value.dispose();
     }
+    this.headStale = true;
     this.optimizer?.dispose();
     this.optimizer = this.optim ? new Adam(this.optim.lr, this.optim.beta1, this.optim.beta2, this.optim.eps) : undefined;
   }
@@ -246,6 +261,7 @@ export class GptRank {
       else this.vars.set(name, tf.variable(t, true, `${this.prefix}/${name}`));
       t.dispose();
     }
+    this.headStale = true;
     this.optimizer?.dispose();
     this.optimizer = this.optim ? new Adam(this.optim.lr, this.optim.beta1, this.optim.beta2, this.optim.eps) : undefined;
   }
@@ -264,6 +280,23 @@ export class GptRank {
   dispose(): void {
     for (const v of this.vars.values()) v.dispose();
     this.optimizer?.dispose();
+    this.headWte?.dispose();
+  }
+
+  /** Sends (first stage) or takes (last stage) the tied head's copy of wte, when wte changed since. */
+  private async syncTiedHead(group: string, tag: string): Promise<void> {
+    if (!this.tiedCopy || !this.headStale) return;
+    this.headStale = false;
+    if (this.first) this.sendTensor(group, this.lastOfReplica, `${tag}/wte`, this.w('wte'));
+    else if (this.last) {
+      this.headWte?.dispose();
+      this.headWte = await this.recvTensor(group, this.firstOfReplica, `${tag}/wte`, [this.spec.vocab, this.spec.width]);
+    }
+  }
+
+  /** The token embedding as the head reads it: this stage's wte, or (a pipeline's last stage) its copy. */
+  private get headEmbedding(): tf.Tensor {
+    return this.tiedCopy ? this.headWte! : this.w('wte');
   }
 
   // ---- communication helpers ------------------------------------------------------------------
@@ -368,6 +401,7 @@ export class GptRank {
   }
 
   private async forwardStage(group: string, tag: string, tokens: Int32Array, b: number, T: number, keep: boolean, pads?: Int32Array) {
+    await this.syncTiedHead(group, tag);
     const D = this.spec.width;
     const saved: LayerCache[] = [];
     let x: tf.Tensor; // the residual stream as rows, [b·T, D]
@@ -436,7 +470,7 @@ export class GptRank {
     if (!isTied(this.spec)) return linear(y, this.w('head.w'), this.gpt2 ? this.w('head.b') : undefined);
     // Transposed explicitly: a product with a transposed operand is slow on wasm (blocks.ts).
     if (this.headT) return tf.matMul(y as tf.Tensor2D, this.headT as tf.Tensor2D);
-    return tf.tidy(() => tf.matMul(y as tf.Tensor2D, tf.transpose(this.w('wte')) as tf.Tensor2D));
+    return tf.tidy(() => tf.matMul(y as tf.Tensor2D, tf.transpose(this.headEmbedding) as tf.Tensor2D));
   }
 
   /**
@@ -523,7 +557,8 @@ export class GptRank {
     let steps = 0;
     let logits: tf.Tensor | undefined;
     // The weights do not change during the call: a tied head's transpose is made once for it.
-    if (isTied(this.spec) && this.last) this.headT = tf.transpose(this.w('wte'));
+    await this.syncTiedHead(group, 'gen');
+    if (isTied(this.spec) && this.last) this.headT = tf.transpose(this.headEmbedding);
     try {
       logits = await logitsAt(0, promptLen);
       for (let t = 0; t < responseLen; t++) {
@@ -749,9 +784,13 @@ export class GptRank {
         const dy = tf.reshape(g[0]!, [b * width, -1]);
         if (!tied) return linearBackward(head.y, this.w('head.w'), dy);
         // logits = y·wteᵀ: dy·wte back into the rows, dyᵀ·y into the embedding.
-        return { dx: tf.matMul(dy as tf.Tensor2D, this.w('wte') as tf.Tensor2D), dw: weightGrad(dy, head.y) };
+        return { dx: tf.matMul(dy as tf.Tensor2D, this.headEmbedding as tf.Tensor2D), dw: weightGrad(dy, head.y) };
       });
-      add(tied ? 'wte' : 'head.w', gh.dw);
+      if (this.tiedCopy) {
+        // The embedding is the first stage's: its gradient from the head goes there.
+        this.sendTensor(group, this.firstOfReplica, `${tag}/dwte`, gh.dw);
+        gh.dw.dispose();
+      } else add(tied ? 'wte' : 'head.w', gh.dw);
       if (gh.db && this.gpt2) add('head.b', gh.db);
       else gh.db?.dispose();
       dx = this.normBackward('lnf', head.ln, gh.dx, add);
@@ -804,6 +843,7 @@ export class GptRank {
     tf.dispose([fwd.dims.rope?.cos, fwd.dims.rope?.sin].filter((t) => t !== undefined));
     if (this.first) {
       const ge = embedBackward(myTokens, width, this.spec.vocab, this.gpt2 ? this.spec.context : undefined, dx, pads);
+      if (this.tiedCopy) add('wte', await this.recvTensor(group, this.lastOfReplica, `${tag}/dwte`, [this.spec.vocab, this.spec.width]));
       add('wte', ge.dwte);
       if (ge.dwpe) add('wpe', ge.dwpe);
       tf.dispose([dx, fwd.tokensT!]);
@@ -844,6 +884,7 @@ export class GptRank {
     const scale = this.optim.clipNorm > 0 && gradNorm > this.optim.clipNorm ? this.optim.clipNorm / (gradNorm + 1e-6) : 1;
     const list = names.map((n) => ({ name: n, variable: this.w(n), gradient: scale === 1 ? grads.get(n)! : tf.mul(grads.get(n)!, scale) }));
     opt.apply(list);
+    this.headStale = true; // wte moved (on the first stage): a tied head's copy is sent again before it is read
     tf.dispose([...grads.values(), ...(scale === 1 ? [] : list.map((x) => x.gradient))]);
     // The loss and clip count are the speaking ranks' shares; the caller sums over replicas.
     return { loss: this.speaks ? loss : 0, clipped: this.speaks ? clipped : 0, gradNorm };

@@ -329,7 +329,6 @@ describe('data: and model.from', () => {
     expect(refused(`${data}reward: {rule: sort}`)).toMatch(/reward\.rule: a dataset's answers are checked by a verifier \(exact or math\); got 'sort'/);
     expect(refused(`${data}model: {family: llama, heads: 4, kv_heads: 3}`)).toMatch(/model: 4 query heads do not divide into 3 key\/value heads/);
     expect(refused(`${data}model: {family: llama, heads: 4, kv_heads: 2}\nplan: {actor.train: {mesh: "0:0-3", tp: 4}}`)).toMatch(/plan\.actor\.train: tp=4 must divide the model's 2 key\/value heads/);
-    expect(refused(`${data}model: {tied: true}\nplan: {actor.train: {mesh: "0:0-1", pp: 2}}`)).toMatch(/plan\.actor\.train: pp=2, but a tied head reads the token embedding/);
   });
 
   it('refuses a dataset line without its field, a missing tokenizer, a context the checkpoint lacks, and demonstrations no call carries', () => {

@@ -9,7 +9,7 @@ import { describeValue, formatIssues, shortList } from '../../mesh/wire/index.ts
 import { deviceCount, parseMesh, singleDeviceMesh, MeshError, type Cluster } from '../../mesh/parallel/index.ts';
 import { BACKENDS } from '../model/index.ts';
 import { TASKS, TaskError, VERIFIERS, makeTask, type Task, type VerifierName } from '../device/index.ts';
-import { HfError, TextTokenizer, TokenizerError, gptSpecOf, isTied, readHfConfig, specProblem, type GptSpec } from '../model/index.ts';
+import { HfError, TextTokenizer, TokenizerError, gptSpecOf, readHfConfig, specProblem, type GptSpec } from '../model/index.ts';
 import { DatasetError, JsonlDataset } from './dataset.ts';
 import { dataTask } from './data-task.ts';
 import { DEVICE_NAMES, MODELS as MODEL_PRESETS } from './plan/catalog.ts';
@@ -122,7 +122,7 @@ export const Scenario = z.strictObject({
       kv_heads: pos.optional().describe('llama: key/value heads (default: heads)'),
       ffn: pos.optional().describe("llama: the MLP's hidden width (default: 4 × width)"),
       rope_theta: z.number().positive().optional().describe('llama: the rotary base (default 10000)'),
-      tied: z.boolean().default(false).describe("the policy's head is its token embedding, transposed (GPT-2's; a tied model runs with pp = 1)"),
+      tied: z.boolean().default(false).describe("the policy's head is its token embedding, transposed (GPT-2's)"),
     })
     .prefault({})
     .describe('shape of the actor, critic and reference (vocabulary and context come from the task), or the checkpoint they start from'),
@@ -368,9 +368,6 @@ export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
         errors.push(`plan.${call}: tp=${placement.tp} must divide the model's ${shape.heads} attention heads`);
       } else if (shape && shape.kvHeads % placement.tp !== 0) {
         errors.push(`plan.${call}: tp=${placement.tp} must divide the model's ${shape.kvHeads} key/value heads`);
-      }
-      if (isTied(policySpec(s)) && modelDecl(s, model).head === 'policy' && placement.pp > 1) {
-        errors.push(`plan.${call}: pp=${placement.pp}, but a tied head reads the token embedding, which only the first stage holds: a tied model runs with pp = 1`);
       }
       plan[call] = { call, mesh: mesh.name, devices: mesh.devices, dp: placement.dp, tp: placement.tp, pp: placement.pp };
     } catch (e) {
