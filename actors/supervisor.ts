@@ -2,9 +2,9 @@
 // directory. The launcher starts it; it can also be started by hand against an existing server:
 //   npx tsx actors/supervisor.ts --scenario FILE --run RUN_ID --out DIR [--nats URL]
 import { createActor, fromCallback, toPromise } from 'xstate';
-import { connectBus, subscribe } from '../mesh/wire/index.ts';
+import { connectBus, publishEvent, subscribeEvents, type RunEventOut } from '../mesh/wire/index.ts';
 import { encode } from '../mesh/wire/index.ts';
-import { PROTOCOL_VERSION, RunEvent, type Metrics } from '../mesh/wire/index.ts';
+import { PROTOCOL_VERSION, type Metrics } from '../mesh/wire/index.ts';
 import { subjects } from '../mesh/wire/index.ts';
 import { fanOut, readResume, RunDirectory, type Recorder, type Summary } from '../engine/runtime/index.ts';
 import { runSpec, type RewardSources } from '../engine/runtime/index.ts';
@@ -34,7 +34,7 @@ runMain(async () => {
   const spec = runSpec(scenario, values.run);
   const nc = await connectBus(values.nats ?? process.env.NATS_URL ?? DEFAULT_NATS, `ferry-supervisor-${values.run}`);
   const subj = subjects(values.run);
-  const publish = (event: Record<string, unknown> & { type: string }) => nc.publish(subj.events, encode({ ...event, v: PROTOCOL_VERSION }));
+  const publish = (event: RunEventOut) => publishEvent(nc, subj, event);
 
   const busEvents: Recorder = {
     phase: (phase, detail) => {
@@ -42,7 +42,8 @@ runMain(async () => {
       publish({ type: 'phase', phase, detail });
     },
     iteration: (metrics: Metrics, iterations: number) => publish({ type: 'progress', iterations, metrics }),
-    finished: (s: Summary) => publish({ type: 'done', status: s.status, message: s.error ?? `${s.iterations} iterations` }),
+    // `done` is the launcher's to say, once this process has ended: here, only that the summary is written.
+    finished: (s: Summary) => publish({ type: 'phase', phase: 'finished', detail: `${s.status}: ${s.error ?? `${s.iterations} iterations`}` }),
   };
 
   const heartbeatMs = scenario.timeouts.heartbeat_seconds * 1000;
@@ -57,6 +58,8 @@ runMain(async () => {
           onReconnected: (device, worker) => sendBack({ type: 'bus.trouble', reason: `the worker of device ${device} (${worker}) reconnected to NATS; what was in flight may be lost` }),
           log,
           onRejected: (problem) => publish({ type: 'log', level: 'warn', source: 'supervisor', message: `rejected ${problem}` }),
+          // A worker may not publish events: what it rejected comes on its heartbeat, and is said here.
+          onWarning: (device, worker, message) => publish({ type: 'log', level: 'warn', source: `worker ${worker} (device ${device})`, message }),
         });
         return () => membership?.close();
       }),
@@ -67,6 +70,7 @@ runMain(async () => {
   let actorRef: { send(e: SupervisorEvent): void } | undefined;
   void (async () => {
     for await (const s of nc.status()) {
+      if (s.type === 'error') log(`the server refused: ${s.error.message}`);
       if (s.type === 'disconnect' || s.type === 'reconnect') membership?.pause(heartbeatMs);
       if (s.type === 'reconnect') {
         log(`reconnected to NATS (${s.server})`);
@@ -129,10 +133,9 @@ runMain(async () => {
     process.once(signal, () => actor.send({ type: 'interrupt', reason: `interrupted: the supervisor received ${signal}` }));
   }
   // The launcher gives up on a run whose processes keep dying (its restart intensity).
-  const stopEscalations = subscribe(
+  const stopEscalations = subscribeEvents(
     nc,
-    subj.events,
-    RunEvent,
+    subj,
     (e) => {
       if (e.type === 'log' && e.level === 'error' && e.source === 'launcher') actor.send({ type: 'interrupt', reason: e.message });
     },

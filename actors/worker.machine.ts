@@ -16,7 +16,7 @@ export interface WorkerInput {
   /** Builds the device once the run has assigned an index. */
   makeDevice: (index: number) => Device;
   log: (line: string) => void;
-  /** Tells the run's observers about a message this worker rejected (the bus's events subject). */
+  /** Tells the run's observers about a message this worker rejected (on its heartbeat; the supervisor says it on the events). */
   reportRejected?: (problem: string) => void;
   /** Runs as a call starts, before the device does anything (chaos testing's kill points). */
   beforeRun?: (call: Call, device: number) => Promise<void>;

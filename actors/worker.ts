@@ -3,9 +3,9 @@
 import { hostname } from 'node:os';
 import { randomUUID } from 'node:crypto';
 import { createActor, fromCallback, fromPromise, toPromise } from 'xstate';
-import { answerable, connectBus, request, subscribe, type Msg } from '../mesh/wire/index.ts';
+import { answerable, connectBus, deviceOfUser, request, subscribe, subscribeEvents, type Msg } from '../mesh/wire/index.ts';
 import { encode } from '../mesh/wire/index.ts';
-import { Call, JoinReply, PROTOCOL_VERSION, RunEvent, type Reply } from '../mesh/wire/index.ts';
+import { Call, JoinReply, PROTOCOL_VERSION, type Reply } from '../mesh/wire/index.ts';
 import { subjects } from '../mesh/wire/index.ts';
 import { BACKENDS, initBackend, type BackendChoice } from '../engine/model/index.ts';
 import { Device } from '../engine/device/index.ts';
@@ -32,7 +32,8 @@ runMain(async () => {
   if (!(BACKENDS as readonly string[]).includes(values.backend!)) {
     throw new UsageError(`--backend: expected one of ${BACKENDS.join(', ')}, got ${values.backend}`);
   }
-  const preferred = values.device === undefined ? undefined : Number(values.device);
+  // A credential for one device (a closed bus) may only be that device.
+  const preferred = values.device === undefined ? deviceOfUser(values.run, process.env.FERRY_NATS_USER) : Number(values.device);
   if (preferred !== undefined && !(Number.isInteger(preferred) && preferred >= 0)) {
     throw new UsageError(`--device: expected a device index (0, 1, …), got ${values.device}`);
   }
@@ -63,6 +64,14 @@ runMain(async () => {
 
   /** This worker's device, once it has joined. */
   let device: number | undefined;
+  /** Its liveness beacon; a warning (something it rejected) rides on it, as a worker may not publish run events. */
+  const beat = (state: 'serving' | 'reconnected', warning?: string) => {
+    if (device === undefined) return;
+    nc.publish(
+      subj.heartbeat(device),
+      encode({ type: 'heartbeat', v: PROTOCOL_VERSION, device, worker, state, at: Date.now(), pid: process.pid, backend, ...(warning === undefined ? {} : { warning: warning.slice(0, 1000) }) }),
+    );
+  };
   const machine = workerMachine.provide({
     actors: {
       join: fromPromise(async () => {
@@ -101,13 +110,8 @@ runMain(async () => {
       ),
       heartbeat: fromCallback<WorkerEvent, { index: number; worker: string }>(({ input }) => {
         device = input.index;
-        const beat = () =>
-          nc.publish(
-            subj.heartbeat(input.index),
-            encode({ type: 'heartbeat', v: PROTOCOL_VERSION, device: input.index, worker: input.worker, state: 'serving', at: Date.now(), pid: process.pid, backend }),
-          );
-        beat();
-        const timer = setInterval(beat, 1000);
+        beat('serving');
+        const timer = setInterval(() => beat('serving'), 1000);
         return () => clearInterval(timer);
       }),
     },
@@ -118,7 +122,7 @@ runMain(async () => {
     input: {
       worker,
       log,
-      reportRejected: (problem) => nc.publish(subj.events, encode({ type: 'log', v: PROTOCOL_VERSION, level: 'warn', source: `worker ${worker}`, message: `rejected ${problem}` })),
+      reportRejected: (problem) => beat('serving', `rejected ${problem}`),
       makeDevice: (index) => new Device(index, nc, subj, { transferTimeoutMs: transferMs }),
       ...(chaos ? { beforeRun: (call: Call, device: number) => chaos.workerCall(device, call.model, call.body.fn, call.iteration) } : {}),
     },
@@ -127,10 +131,9 @@ runMain(async () => {
   process.once('SIGTERM', stop);
   process.once('SIGINT', stop);
   // A run that ends, well or badly, says so on its events subject: its workers leave with it.
-  const stopEvents = subscribe(
+  const stopEvents = subscribeEvents(
     nc,
-    subj.events,
-    RunEvent,
+    subj,
     (e) => {
       if (e.type === 'done') {
         log(`the run is over (${e.status}): leaving`);
@@ -148,6 +151,8 @@ runMain(async () => {
   void (async () => {
     let timer: NodeJS.Timeout | undefined;
     for await (const s of nc.status()) {
+      // Outside this worker's permissions (a closed bus): a bug, or a credential for another device.
+      if (s.type === 'error') log(`the server refused: ${s.error.message}`);
       if (s.type === 'disconnect') {
         timer ??= setTimeout(() => {
           log(`disconnected from ${url} for ${values['join-seconds']} s: leaving`);
@@ -157,9 +162,7 @@ runMain(async () => {
         clearTimeout(timer);
         timer = undefined;
         // What this worker sent while the connection was going down may be lost: say so.
-        if (device !== undefined) {
-          nc.publish(subj.heartbeat(device), encode({ type: 'heartbeat', v: PROTOCOL_VERSION, device, worker, state: 'reconnected', at: Date.now(), pid: process.pid, backend }));
-        }
+        beat('reconnected');
       }
     }
   })();

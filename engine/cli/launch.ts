@@ -4,11 +4,11 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createWriteStream, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { CREDENTIAL_ENV, answerable, connectBus, hasCredentials, subscribe } from '../../mesh/wire/index.ts';
+import { CREDENTIAL_ENV, answerable, connectBus, hasCredentials, publishEvent, subscribe, subscribeEvents, type RunEventOut } from '../../mesh/wire/index.ts';
 import { startNatsServer, type PrivateNatsServer } from '../../mesh/wire/index.ts';
 import { authConfig, makeCredentials } from '../../mesh/wire/index.ts';
 import { encode } from '../../mesh/wire/index.ts';
-import { ChaosAsk, Heartbeat, PROTOCOL_VERSION, RunEvent, SupervisorBeat } from '../../mesh/wire/index.ts';
+import { ChaosAsk, Heartbeat, PROTOCOL_VERSION, SupervisorBeat } from '../../mesh/wire/index.ts';
 import { CHAOS_ENV } from '../../actors/chaos-client.ts';
 import { describeExit, Intensity, restarts, toRestart, type Exit } from '../runtime/index.ts';
 import { killPoints, type KillPoint } from '../runtime/index.ts';
@@ -36,8 +36,8 @@ export interface LaunchOptions {
   /** Go on from the last checkpoint in `out`. */
   resume?: boolean;
   /**
-   * Run the private server without authentication. By default it has one user per role, each
-   * with only its subjects, and the credentials go to `out/credentials.json` (for reward actors
+   * Run the private server without authentication. By default it has one user per role (and per
+   * device for workers), each with only its subjects, and the credentials go to `out/credentials.json` (for reward actors
    * and workers started by hand); with an existing server (`natsUrl`), the credentials are the
    * environment's (FERRY_NATS_USER, FERRY_NATS_PASS).
    */
@@ -140,7 +140,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
   try {
     let url = o.natsUrl;
     // Closed by default: a private server requires per-run credentials for every role.
-    const creds = !o.open && !url ? makeCredentials(o.run) : undefined;
+    const creds = !o.open && !url ? makeCredentials(o.run, devices) : undefined;
     if (creds) {
       writeFileSync(join(o.out, 'credentials.json'), `${JSON.stringify(creds, null, 2)}\n`, { mode: 0o600 });
       say(`the bus is closed: credentials per role in ${join(o.out, 'credentials.json')}`);
@@ -148,7 +148,9 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
       say('the bus is OPEN (--open): anyone who can reach the server can publish and subscribe on this run');
     }
     if (!url) {
-      server = await startNatsServer({ log: say, ...(creds ? { config: authConfig(o.run, creds) } : {}) });
+      // A reply may come as late as the longest call or reward request allows.
+      const replySeconds = Math.max(o.scenario.timeouts.call_seconds, ...o.scenario.reward.actors.map((a) => a.timeout_seconds)) + 60;
+      server = await startNatsServer({ log: say, ...(creds ? { config: authConfig(o.run, creds, { replySeconds }) } : {}) });
       url = server.url;
       say(`nats-server on ${url} (private to this run, store in ${server.storeDir})`);
       if (interrupted) return { code: 130, natsUrl: url, chaos };
@@ -162,25 +164,26 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
       );
     }
     const subj = subjects(o.run);
-    const publish = (e: Record<string, unknown> & { type: string }) => {
+    // The launcher's own events: a process exited, the run is done, supervision gave up.
+    const publish = (e: RunEventOut) => {
       if (nc.isClosed() || nc.isDraining()) return;
-      nc.publish(subj.events, encode({ ...e, v: PROTOCOL_VERSION }));
+      publishEvent(nc, subj, e);
     };
     const bar = o.progress ?? makeProgress();
     // Restarts stop once the run is stopping its workers or has ended.
     let ending = false;
     let supervisorDone = false;
-    const stopEvents = subscribe(
+    const stopEvents = subscribeEvents(
       nc,
-      subj.events,
-      RunEvent,
+      subj,
       (e) => {
         if (e.type === 'phase') {
           if (e.phase === 'stopping') ending = true;
+          // The supervisor has written its summary: however its process ends now, the run is over.
+          if (e.phase === 'finished') supervisorDone = ending = true;
           bar.phase(e.phase, e.detail);
         } else if (e.type === 'progress') bar.iteration(e.metrics, e.iterations);
         else if (e.type === 'log') say(`${e.source}: ${e.message}`);
-        else if (e.type === 'done') supervisorDone = ending = true;
         else if (e.type === 'recovered') {
           const now = Date.now();
           chaos.recoveries.push({ at: now, epoch: e.epoch, seconds: e.seconds, reason: e.reason });
@@ -241,7 +244,10 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     const hungAfterMs = o.scenario.timeouts.heartbeat_seconds * 1000;
     void (async () => {
       // While the launcher's own connection is away, nobody's silence counts.
-      for await (const st of nc.status()) if (st.type === 'disconnect' || st.type === 'reconnect') pausedUntil = Date.now() + hungAfterMs;
+      for await (const st of nc.status()) {
+        if (st.type === 'disconnect' || st.type === 'reconnect') pausedUntil = Date.now() + hungAfterMs;
+        if (st.type === 'error') say(`launcher: the server refused: ${st.error.message}`);
+      }
     })();
     const alive = (c: ChildProcess) => c.exitCode === null && c.signalCode === null;
     const watchdog = setInterval(() => {
@@ -270,27 +276,32 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     const supervisorEnded = new Promise<void>((r) => (supervisorGone = r));
     let supervisorCode = null as number | null;
 
-    // On the private server, each process gets its role's user and no other credentials of the caller's.
-    const roleEnv = (role: 'supervisor' | 'worker'): NodeJS.ProcessEnv => {
-      if (!creds) return env;
+    // On the private server, each process gets its own user and no other credentials of the
+    // caller's: the supervisor's, or the one of the device a worker is started for.
+    const ownEnv = (c: { user: string; pass: string } | undefined): NodeJS.ProcessEnv => {
+      if (!c) return env;
       const own = { ...env };
       for (const k of CREDENTIAL_ENV) delete own[k];
-      return { ...own, FERRY_NATS_USER: creds[role].user, FERRY_NATS_PASS: creds[role].pass };
+      return { ...own, FERRY_NATS_USER: c.user, FERRY_NATS_PASS: c.pass };
     };
+    // With a credential per device, worker slot i is device devices[i], restarts included; on an
+    // open bus a worker takes whichever device is free, so that it never waits for one taken by hand.
+    const deviceOf = (index: number) => (creds ? devices[index] : undefined);
     const start = (kind: Slot['kind'], index: number, again: boolean): Slot => {
+      const device = deviceOf(index);
       const child =
         kind === 'supervisor'
           ? startProcess(
               'actors/supervisor.ts',
               ['--scenario', resolved, '--run', o.run, '--out', o.out, '--nats', url!, ...(again ? ['--take-over'] : o.resume ? ['--resume'] : [])],
               join(logs, again ? `supervisor.${Date.now()}.log` : 'supervisor.log'),
-              roleEnv('supervisor'),
+              ownEnv(creds?.supervisor),
             )
           : startProcess(
               'actors/worker.ts',
-              ['--run', o.run, '--nats', spread(url!, index), '--backend', o.backend ?? o.scenario.backend],
+              ['--run', o.run, '--nats', spread(url!, index), '--backend', o.backend ?? o.scenario.backend, ...(device === undefined ? [] : ['--device', String(device)])],
               join(logs, again ? `worker-${index}.${Date.now()}.log` : `worker-${index}.log`),
-              roleEnv('worker'),
+              ownEnv(device === undefined ? undefined : creds?.workers[device]),
             );
       const slot: Slot = { kind, index, child };
       child.once('exit', (code, signal) => onExit(slot, { code, signal }));
@@ -344,13 +355,20 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     };
 
     slots.push(start('supervisor', 0, false));
-    // Workers take whichever device is free when they join, so that workers started here and
-    // by hand never compete for the same slot; each log says which device its worker became.
+    // On an open bus, workers take whichever device is free when they join, so that workers
+    // started here and by hand never compete for the same slot; on a closed one, the devices left
+    // to start by hand are the last ones. Each log says which device its worker became.
     const count = Math.min(o.workers ?? devices.length, devices.length);
     for (let i = 0; i < count; i++) slots.push(start('worker', i, false));
     if (count < devices.length) {
+      const command = `npm run worker -- --nats ${url} --run ${o.run}`;
       say(
-        `waiting for ${devices.length - count} worker(s) to join by hand: ${creds ? `FERRY_NATS_USER=${creds.worker.user} FERRY_NATS_PASS=<worker.pass in ${join(o.out, 'credentials.json')}> ` : ''}npm run worker -- --nats ${url} --run ${o.run}`,
+        creds
+          ? `waiting for ${devices.length - count} worker(s) to join by hand, one per device, each with its device's credential (workers.<device> in ${join(o.out, 'credentials.json')}):\n${devices
+              .slice(count)
+              .map((d) => `  FERRY_NATS_USER=${creds.workers[d]!.user} FERRY_NATS_PASS=<its pass> ${command} --device ${d}`)
+              .join('\n')}`
+          : `waiting for ${devices.length - count} worker(s) to join by hand: ${command}`,
       );
     }
     await supervisorEnded;
@@ -361,7 +379,6 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     bar.stop();
     stopEvents();
     stopChaos();
-    await nc.drain().catch(() => {});
     const code = interrupted ? 130 : (supervisorCode ?? 1);
     let summary: Summary | undefined;
     try {
@@ -369,6 +386,14 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     } catch {
       summary = undefined;
     }
+    // The run is over: workers still there (started by hand, or left by a failed run) leave.
+    publish({
+      type: 'done',
+      status: code === 0 && summary?.status !== 'failed' ? 'succeeded' : 'failed',
+      message: summary?.error ?? escalation ?? (code === 0 ? `${summary?.iterations ?? 0} iterations` : `the supervisor exited with code ${code}`),
+    });
+    await nc.flush().catch(() => {});
+    await nc.drain().catch(() => {});
     const supervisorLog = join(logs, 'supervisor.log');
     if (code !== 0 && !interrupted) {
       say(`the supervisor exited with code ${code}; its log (${supervisorLog}) ends:\n${tail(supervisorLog)}`);

@@ -15,6 +15,7 @@ function setup(need: readonly number[] = [0, 1], heartbeatMs = 60_000) {
   const lost: Lost[] = [];
   const logs: string[] = [];
   const rejected: string[] = [];
+  const warnings: string[] = [];
   const events: RunEvent[] = [];
   bus.subscribe(subj.events, { callback: (_err, msg) => events.push(decode(msg.subject, msg.data, RunEvent)) });
   const membership = new Membership(bus, subj, 'run-1', need, {
@@ -23,6 +24,7 @@ function setup(need: readonly number[] = [0, 1], heartbeatMs = 60_000) {
     onLost: (l) => lost.push(l),
     log: (line) => logs.push(line),
     onRejected: (problem) => rejected.push(problem),
+    onWarning: (device, worker, message) => warnings.push(`${device} ${worker}: ${message}`),
   });
   const join = async (worker: string, pid: number, device?: number) => {
     const hello = { type: 'hello', v, worker, pid, host: 'h', backend: 'wasm', ...(device === undefined ? {} : { device }) };
@@ -34,11 +36,11 @@ function setup(need: readonly number[] = [0, 1], heartbeatMs = 60_000) {
     await settle();
   };
   const exit = async (pid: number, code: number | null, signal: string | null, kind: 'worker' | 'supervisor' = 'worker') => {
-    bus.publish(subj.events, encode({ type: 'exit', v, kind, pid, code, signal, restart: true }));
+    bus.publish(subj.event('exit'), encode({ type: 'exit', v, kind, pid, code, signal, restart: true }));
     await settle();
   };
   const lostEvents = () => events.filter((e): e is Extract<RunEvent, { type: 'lost' }> => e.type === 'lost');
-  return { bus, membership, joined, lost, logs, rejected, events, lostEvents, join, beat, exit };
+  return { bus, membership, joined, lost, logs, rejected, warnings, events, lostEvents, join, beat, exit };
 }
 
 /** Lets queued bus deliveries (microtasks) run, also under fake timers. */
@@ -224,13 +226,16 @@ describe('Membership: a worker whose process exits', () => {
     m.membership.close();
   });
 
-  it('ignores exits of other processes and of the supervisor', async () => {
+  it("ignores exits of other processes and of the supervisor, and an exit on another event's subject", async () => {
     const m = setup([0]);
     open = m.membership;
     await m.join('w1', 11);
     await m.beat(0, 'w1', 11);
     await m.exit(12, null, 'SIGKILL');
     await m.exit(11, null, 'SIGKILL', 'supervisor');
+    // The server lets only the launcher publish exits (mesh/wire/auth.ts): one on the log subject is not one.
+    m.bus.publish(subj.event('log'), encode({ type: 'exit', v, kind: 'worker', pid: 11, code: null, signal: 'SIGKILL', restart: true }));
+    await settle();
     expect(m.lost).toEqual([]);
     expect(m.lostEvents()).toEqual([]);
     m.membership.close();
@@ -269,6 +274,20 @@ describe('Membership: heartbeats', () => {
     // Its late beats do not bring it back.
     await m.beat(0, 'w1', 11);
     expect(m.joined.map((j) => j.worker)).toEqual(['w1', 'w2']);
+    m.membership.close();
+  });
+
+  it("says what a worker warns on its heartbeat (a worker may not publish events), and only its own device's worker", async () => {
+    const m = setup([0]);
+    open = m.membership;
+    await m.join('w1', 11);
+    await m.beat(0, 'w1', 11);
+    const warn = (device: number, worker: string) =>
+      m.bus.publish(subj.heartbeat(device), encode({ type: 'heartbeat', v, device, worker, state: 'serving', at: Date.now(), warning: 'rejected bad message on x' }));
+    warn(0, 'w1');
+    warn(0, 'w9');
+    await settle();
+    expect(m.warnings).toEqual(['0 w1: rejected bad message on x']);
     m.membership.close();
   });
 

@@ -3,11 +3,13 @@
 // server keeps one connection's messages in order, so calls cannot race it). A device is given up
 // when its worker's process exits (the launcher says so on the events subject) or when its
 // heartbeats stop for `heartbeatMs`: then the supervisor hears `lost`, the run's observers hear it
-// too (with the pid, so that whoever started the process kills it), and the device is free for a
-// new worker. A supervisor that takes a run over adopts the workers it hears beating.
-import { answerable, subscribe, type Bus } from '../../mesh/wire/index.ts';
+// too (with the pid, so that whoever started the process kills it, and the worker itself, so
+// that it leaves), and the device is free for a new worker. A supervisor that takes a run over
+// adopts the workers it hears beating. What a worker says on its heartbeat (a warning) is said
+// for it: a worker may not publish run events.
+import { answerable, publishEvent, subscribe, subscribeEvents, type Bus } from '../../mesh/wire/index.ts';
 import { encode } from '../../mesh/wire/index.ts';
-import { Heartbeat, Hello, PROTOCOL_VERSION, RunEvent } from '../../mesh/wire/index.ts';
+import { Heartbeat, Hello, PROTOCOL_VERSION } from '../../mesh/wire/index.ts';
 import type { Subjects } from '../../mesh/wire/index.ts';
 import { describeExit } from './supervision.ts';
 
@@ -40,6 +42,8 @@ export interface MembershipOptions {
   onReconnected?: (device: number, worker: string) => void;
   log: (line: string) => void;
   onRejected?: (problem: string) => void;
+  /** The worker of a device warned on its heartbeat (something it rejected). */
+  onWarning?: (device: number, worker: string, message: string) => void;
 }
 
 export class Membership {
@@ -85,10 +89,9 @@ export class Membership {
       ),
     );
     this.stops.push(
-      subscribe(
+      subscribeEvents(
         nc,
-        subj.events,
-        RunEvent,
+        subj,
         (e) => {
           if (e.type !== 'exit' || e.kind !== 'worker') return;
           for (const [device, m] of this.members) if (m.pid === e.pid) this.lose(device, `its process (pid ${e.pid}) ${describeExit(e)}`, false);
@@ -141,6 +144,10 @@ export class Membership {
     }
     if (!m || m.worker !== beat.worker) return;
     m.lastBeat = Date.now();
+    if (beat.warning !== undefined) {
+      this.o.log(`worker ${beat.worker} (device ${beat.device}) warns: ${beat.warning}`);
+      this.o.onWarning?.(beat.device, beat.worker, beat.warning);
+    }
     if (beat.state === 'reconnected' && m.announced) this.o.onReconnected?.(beat.device, beat.worker);
     if (!m.announced) {
       m.announced = true;
@@ -163,7 +170,7 @@ export class Membership {
     this.gone.add(m.worker);
     this.o.log(`gave up device ${device} (worker ${m.worker}): ${reason}`);
     // Observers hear it; the launcher kills a hung process it started (a dead one is already gone).
-    this.nc.publish(this.subj.events, encode({ type: 'lost', v: PROTOCOL_VERSION, device, worker: m.worker, ...(kill && m.pid !== undefined ? { pid: m.pid } : {}), reason }));
+    publishEvent(this.nc, this.subj, { type: 'lost', device, worker: m.worker, ...(kill && m.pid !== undefined ? { pid: m.pid } : {}), reason });
     if (m.announced) this.o.onLost({ device, worker: m.worker, reason });
   }
 }

@@ -1,45 +1,130 @@
-// A closed bus: the launcher runs nats-server with one user per role, each allowed only the
-// subjects its role needs. A credential's permissions are enforced by the server: a publish or
-// subscription outside them is refused (and reported to that client), whatever the client does.
+// A closed bus: the launcher runs nats-server with one user per role, and one per device for
+// workers, each allowed only the subjects its part of the protocol needs. A credential's
+// permissions are enforced by the server: a publish or subscription outside them is refused (and
+// reported to that client), whatever the client does.
 import { randomBytes } from 'node:crypto';
+import { inboxOf } from './bus.ts';
+import type { RunEvent } from './protocol.ts';
 import { subjects, token } from './subjects.ts';
 
 export const ROLES = ['launcher', 'supervisor', 'worker', 'reward'] as const;
 export type Role = (typeof ROLES)[number];
-export type RunCredentials = Record<Role, { user: string; pass: string }>;
-
-export function makeCredentials(run: string): RunCredentials {
-  token('run id', run);
-  return Object.fromEntries(ROLES.map((role) => [role, { user: `${role}-${run}`, pass: randomBytes(18).toString('base64url') }])) as RunCredentials;
+export interface Credential {
+  user: string;
+  pass: string;
+}
+/** A run's credentials: one per role, and for workers one per device of the plan. */
+export interface RunCredentials {
+  launcher: Credential;
+  supervisor: Credential;
+  reward: Credential;
+  /** By device: a worker beats, hears calls and answers as its own device only. */
+  workers: Record<number, Credential>;
 }
 
-/** What each role may publish and subscribe to, for one run. */
-export function permissions(run: string): Record<Role, { publish: string[]; subscribe: string[]; responses: boolean }> {
-  const s = subjects(run);
-  const runAll = `${s.root}.>`;
-  // JetStream, KV and Object Store are reached through these (the supervisor keeps the run's state there).
-  const jetstream = ['$JS.API.>', '$KV.>', '$O.>', '$JS.ACK.>', '$JS.FC.>'];
+export interface Permissions {
+  publish: string[];
+  subscribe: string[];
+  /** Whether it may answer requests it received (once each, to their reply subjects only). */
+  responses: boolean;
+}
+
+/** Which run events each role may publish; nobody else publishes any. */
+export const EVENTS_BY_ROLE = {
+  launcher: ['done', 'exit', 'log'],
+  supervisor: ['phase', 'progress', 'log', 'recovered', 'lost'],
+} as const satisfies Partial<Record<Role, ReadonlyArray<RunEvent['type']>>>;
+
+const workerUser = (run: string, device: number) => `worker${token('device', device)}-${run}`;
+
+/** The device a worker credential is for, from its user name; undefined for any other user. */
+export function deviceOfUser(run: string, user: string | undefined): number | undefined {
+  const m = user?.match(/^worker(\d+)-(.+)$/);
+  return m && m[2] === run ? Number(m[1]) : undefined;
+}
+
+export function makeCredentials(run: string, devices: readonly number[]): RunCredentials {
+  token('run id', run);
+  const secret = () => randomBytes(18).toString('base64url');
+  const role = (r: Role) => ({ user: `${r}-${run}`, pass: secret() });
   return {
-    launcher: { publish: ['>'], subscribe: ['>'], responses: true },
-    supervisor: {
-      publish: [runAll, ...jetstream, '_INBOX.>', 'ferry.reward.*', 'ferry.reward.*.i.*'],
-      subscribe: [runAll, '_INBOX.>', 'ferry.reward.*.hb'],
-      responses: true,
-    },
-    // Workers talk within their run; a worker hosting a learned reward model serves it as a reward actor.
-    worker: { publish: [runAll, '_INBOX.>', 'ferry.reward.*.hb'], subscribe: [runAll, '_INBOX.>', 'ferry.reward.>'], responses: true },
-    // A reward actor hears reward requests, says it is there, and answers: nothing else.
-    reward: { publish: ['ferry.reward.*.hb'], subscribe: ['ferry.reward.>'], responses: true },
+    launcher: role('launcher'),
+    supervisor: role('supervisor'),
+    reward: role('reward'),
+    workers: Object.fromEntries(devices.map((d) => [d, { user: workerUser(run, d), pass: secret() }])),
   };
 }
 
-/** The nats-server configuration block for a run's credentials. */
-export function authConfig(run: string, creds: RunCredentials): string {
-  const perms = permissions(run);
+/**
+ * What each role may publish and subscribe to, for one run. Every reply travels as a response
+ * (to the reply subject of a request that reached this client, once), and every client hears
+ * replies on its own inbox prefix only (bus.ts's `inboxOf`): nobody can answer for another, or
+ * read another's answers.
+ */
+export function permissions(run: string, devices: readonly number[]): Omit<Record<Role, Permissions>, 'worker'> & { workers: Record<number, Permissions> } {
+  const s = subjects(run);
+  // Every reward service's subjects (reward-protocol.ts): requests, one instance's requests, presence.
+  const rewards = { all: 'ferry.reward.>', request: 'ferry.reward.*', instance: 'ferry.reward.*.i.*', presence: 'ferry.reward.*.hb' };
+  const inbox = (r: Role) => `${inboxOf(`${r}-${run}`)}.>`;
+  return {
+    // It hears the run, kills processes at chaos points, and says when processes exit and the run is done.
+    launcher: {
+      publish: EVENTS_BY_ROLE.launcher.map((t) => s.event(t)),
+      subscribe: [s.events, s.chaos, s.supervisorBeat, s.heartbeats],
+      responses: true,
+    },
+    // It alone writes the run's JetStream stream, KV bucket and snapshots, sends calls and go, and
+    // asks reward actors.
+    supervisor: {
+      publish: [
+        s.calls,
+        s.allGo,
+        s.allChunks,
+        s.allReceipts,
+        s.allResults,
+        s.supervisorBeat,
+        s.chaos,
+        ...EVENTS_BY_ROLE.supervisor.map((t) => s.event(t)),
+        '$JS.API.>',
+        `$KV.ferry-${run}.>`,
+        `$O.ferry-${run}-snapshots.>`,
+        '$JS.ACK.>',
+        '$JS.FC.>',
+        rewards.request,
+        rewards.instance,
+      ],
+      subscribe: [s.join, s.heartbeats, s.events, s.allReady, s.allChunks, s.allReceipts, inbox('supervisor'), rewards.presence],
+      responses: true,
+    },
+    // Its own heartbeats and calls, the chunks and collectives it sends, and nothing on results,
+    // events, go or the run's state. A worker hosting a learned reward model serves it as a reward actor.
+    workers: Object.fromEntries(
+      devices.map((d) => [
+        d,
+        {
+          publish: [s.join, s.heartbeat(d), s.chaos, s.allReady, s.allChunks, s.allReceipts, s.collectives, rewards.presence],
+          subscribe: [s.call(d), s.events, s.allGo, s.allChunks, s.allReceipts, s.collective(d), `${inboxOf(workerUser(run, d))}.>`, rewards.all],
+          responses: true,
+        },
+      ]),
+    ),
+    // A reward actor hears reward requests, says it is there, and answers: nothing else.
+    reward: { publish: [rewards.presence], subscribe: [rewards.all], responses: true },
+  };
+}
+
+/**
+ * The nats-server configuration block for a run's credentials. `replySeconds`: how long after a
+ * request its answer may still come (a call's longest time): the server forgets a reply subject
+ * after that.
+ */
+export function authConfig(run: string, creds: RunCredentials, o: { replySeconds?: number } = {}): string {
+  const devices = Object.keys(creds.workers).map(Number);
+  const perms = permissions(run, devices);
   const list = (xs: string[]) => `[${xs.map((x) => JSON.stringify(x)).join(', ')}]`;
-  const users = ROLES.map((role) => {
-    const p = perms[role];
-    return `    { user: ${JSON.stringify(creds[role].user)}, password: ${JSON.stringify(creds[role].pass)}, permissions: { publish: { allow: ${list(p.publish)} }, subscribe: { allow: ${list(p.subscribe)} }${p.responses ? ', allow_responses: true' : ''} } }`;
-  });
+  const expires = `${Math.ceil(o.replySeconds ?? 3600)}s`;
+  const user = (c: Credential, p: Permissions) =>
+    `    { user: ${JSON.stringify(c.user)}, password: ${JSON.stringify(c.pass)}, permissions: { publish: { allow: ${list(p.publish)} }, subscribe: { allow: ${list(p.subscribe)} }${p.responses ? `, allow_responses: { max: 1, expires: "${expires}" }` : ''} } }`;
+  const users = [user(creds.launcher, perms.launcher), user(creds.supervisor, perms.supervisor), user(creds.reward, perms.reward), ...devices.map((d) => user(creds.workers[d]!, perms.workers[d]!))];
   return `authorization {\n  users: [\n${users.join('\n')}\n  ]\n}`;
 }

@@ -108,6 +108,9 @@ export async function connectBus(url: string, name: string, credentials: Credent
       // Ride out a server restart: keep trying for as long as a run could last.
       maxReconnectAttempts: -1,
       reconnectTimeWait: 250,
+      // Replies to this client's requests come under its own prefix: on a closed bus a client may
+      // hear only those (auth.ts), not the replies to everybody's requests.
+      ...(c.user !== undefined && /^[A-Za-z0-9_-]+$/.test(c.user) ? { inboxPrefix: inboxOf(c.user) } : {}),
     });
   } catch (cause) {
     throw new BusError(`cannot connect to NATS at ${url}: ${(cause as Error).message}`, 'unreachable', { cause });
@@ -116,6 +119,9 @@ export async function connectBus(url: string, name: string, credentials: Credent
 
 /** The prefix of the reply subjects nats.js (and the memory bus) makes for requests: their inboxes. */
 export const INBOX_PREFIX = '_INBOX.';
+
+/** The inbox prefix of a user's connections (a user name that is a subject token). */
+export const inboxOf = (user: string) => `${INBOX_PREFIX}${user}`;
 
 /**
  * Whether a message may be answered: it has a reply subject and that subject is an inbox. A reply

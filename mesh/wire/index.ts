@@ -5,6 +5,7 @@ export * from './auth.ts';
 export * from './bus.ts';
 export * from './codec.ts';
 export * from './debian.ts';
+export * from './events.ts';
 export * from './issues.ts';
 export * from './memory-bus.ts';
 export * from './nats-server.ts';

@@ -388,6 +388,11 @@ export const Heartbeat = z.strictObject({
   /** So that a supervisor started later can adopt a worker from its beats alone. */
   pid: nat.optional(),
   backend: z.string().optional(),
+  /**
+   * Something the worker rejected (a malformed call, say). A worker may publish nothing on the
+   * run's events: its supervisor says it there for it.
+   */
+  warning: z.string().optional(),
 });
 export type Heartbeat = z.infer<typeof Heartbeat>;
 
@@ -445,7 +450,10 @@ export const Metrics = z
   .catchall(z.union([z.number(), z.record(z.string(), z.number())]));
 export type Metrics = z.infer<typeof Metrics>;
 
-/** What the supervisor tells observers (the launcher's progress bar, a report, a user's tool). */
+/**
+ * What the supervisor and the launcher tell observers (the launcher's progress bar, a report, a
+ * user's tool), each type on its own subject (events.ts).
+ */
 export const RunEvent = z.discriminatedUnion('type', [
   z.strictObject({ type: z.literal('phase'), v, phase: z.string(), detail: z.string() }),
   z.strictObject({ type: z.literal('progress'), v, iterations: pos, metrics: Metrics }),
@@ -456,6 +464,7 @@ export const RunEvent = z.discriminatedUnion('type', [
     source: z.string(),
     message: z.string(),
   }),
+  /** The launcher saw the supervisor end the run (its summary written): the run's workers leave. */
   z.strictObject({ type: z.literal('done'), v, status: z.enum(['succeeded', 'failed']), message: z.string() }),
   /** The supervisor gave a device up (no heartbeat, or its process exited): whoever started it stops it. */
   z.strictObject({ type: z.literal('lost'), v, device: nat, worker: z.string(), pid: nat.optional(), reason: z.string() }),

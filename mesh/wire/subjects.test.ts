@@ -50,17 +50,32 @@ describe('subjects', () => {
     expect(s.ready('r-7')).toBe('ferry.run-1.realloc.r-7.ready');
     expect(s.go('r-7')).toBe('ferry.run-1.realloc.r-7.go');
     expect(s.collective(3)).toBe('ferry.run-1.coll.3');
-    expect(s.events).toBe('ferry.run-1.events');
+    expect(s.event('done')).toBe('ferry.run-1.events.done');
+    expect(s.events).toBe('ferry.run-1.events.>');
+    // The wildcards that permissions (auth.ts) and subscribers use.
+    expect([s.calls, s.allChunks, s.allReady, s.allGo, s.collectives]).toEqual([
+      'ferry.run-1.dev.*.call',
+      'ferry.run-1.xfer.*.chunk',
+      'ferry.run-1.realloc.*.ready',
+      'ferry.run-1.realloc.*.go',
+      'ferry.run-1.coll.*',
+    ]);
   });
 
   it('has exactly the documented keys', () => {
     expect(Object.keys(s).sort()).toEqual([
+      'allChunks',
+      'allGo',
+      'allReady',
       'allReceipts',
       'allResults',
       'call',
+      'calls',
       'chaos',
       'chunks',
       'collective',
+      'collectives',
+      'event',
       'events',
       'go',
       'heartbeat',

@@ -25,6 +25,7 @@ export function subjects(run: string) {
     join: `${root}.join`,
     /** Calls to one device (request/reply). */
     call: (device: number) => `${root}.dev.${token('device', device)}.call`,
+    calls: `${root}.dev.*.call`,
     /** Liveness beacons of one device; `heartbeats` matches them all. */
     heartbeat: (device: number) => `${root}.hb.${token('device', device)}`,
     heartbeats: `${root}.hb.*`,
@@ -35,13 +36,22 @@ export function subjects(run: string) {
     /** What a transfer's receivers tell its sender: resend a chunk, or everything arrived. */
     receipts: (transfer: string) => `${root}.xfer.${token('transfer id', transfer)}.receipt`,
     allReceipts: `${root}.xfer.*.receipt`,
+    allChunks: `${root}.xfer.*.chunk`,
     /** A reallocation's devices say they are subscribed; then the supervisor says go. */
     ready: (realloc: string) => `${root}.realloc.${token('reallocation id', realloc)}.ready`,
     go: (realloc: string) => `${root}.realloc.${token('reallocation id', realloc)}.go`,
+    allReady: `${root}.realloc.*.ready`,
+    allGo: `${root}.realloc.*.go`,
     /** Activations, gradients and partial sums addressed to one device (collectives). */
     collective: (device: number) => `${root}.coll.${token('device', device)}`,
-    /** Run events (progress, warnings, errors) for launchers and observers. */
-    events: `${root}.events`,
+    collectives: `${root}.coll.*`,
+    /**
+     * Run events (progress, warnings, errors) for launchers and observers, each on its own type's
+     * subject, so that the server's permissions can say which role may publish which (auth.ts);
+     * `events` matches them all.
+     */
+    event: (type: string) => `${root}.events.${token('event type', type)}`,
+    events: `${root}.events.>`,
     /** Chaos testing: scheduled kill points ask the launcher to kill them (request/reply). */
     chaos: `${root}.chaos`,
     /** The run's JetStream stream of stage results (rollouts, scores), one subject per iteration and stage. */
