@@ -323,7 +323,11 @@ describe('data: and model.from', () => {
   });
 
   it('refuses, naming the key: a shape beside model.from, llama keys on gpt2, a rule that does not fit the prompts', () => {
-    expect(refused(`${data}model: {from: ., layers: 4}`)).toMatch(/model\.layers: the checkpoint's config\.json sets the shape of a model that starts from model\.from; leave layers out/);
+    expect(refused(`${data}model: {from: ., layers: 4}`)).toMatch(
+      /model\.layers: 4, but the checkpoint's config\.json sets the shape of a model that starts from model\.from \(its layers is 2\); leave layers out/,
+    );
+    // Its own values are no conflict: that is what scenario.json holds after a run.
+    expect(parse(`${data}model: {from: ., layers: 2, family: llama}`).model).toMatchObject({ family: 'llama', layers: 2, width: 16, heads: 4, kv_heads: 2, ffn: 24 });
     expect(refused(`${data}model: {kv_heads: 2}`)).toMatch(/model\.kv_heads: only the llama family has it/);
     expect(refused('reward: {rule: math}')).toMatch(/reward\.rule: 'math' checks the answers of a dataset; this scenario has no data:/);
     expect(refused(`${data}reward: {rule: sort}`)).toMatch(/reward\.rule: a dataset's answers are checked by a verifier \(exact or math\); got 'sort'/);

@@ -466,8 +466,16 @@ export function parseScenario(text: string, where: string, baseDir = '.'): Scena
     model: model.from === undefined ? model : { ...model, from: at(model.from) },
     ...(data ? { data: { ...data, train: at(data.train), ...(data.tokenizer === undefined ? {} : { tokenizer: at(data.tokenizer) }) } } : {}),
   };
-  const problems = modelProblems(scenario, (raw as { model?: unknown }).model);
+  let problems: string[];
+  try {
+    problems = modelProblems(scenario, (raw as { model?: unknown }).model);
+  } catch (e) {
+    if (e instanceof ScenarioError) throw new ScenarioError(`${where}: ${e.message}`);
+    throw e;
+  }
   if (problems.length) throw new ScenarioError(`${where}: ${problems.length} problem(s):\n  ${shortList(problems).join('\n  ')}`);
+  // With model.from, scenario.json says the shape that ran: the checkpoint's.
+  if (scenario.model.from !== undefined) scenario.model = { ...scenario.model, ...checkpointShape(scenario.model.from) };
   try {
     const spec = algorithmSpec(scenario);
     scenario.algorithm = { ...spec.options, name: absolute };
@@ -570,6 +578,20 @@ export function policySpec(s: Scenario): GptSpec {
   };
 }
 
+/** `model:`'s shape keys as a checkpoint's config.json sets them: written back into scenario.json. */
+function checkpointShape(dir: string): Partial<Scenario['model']> {
+  const spec = checkpointSpec(dir);
+  const llama = spec.family === 'llama';
+  return {
+    family: spec.family ?? 'gpt2',
+    layers: spec.layers,
+    width: spec.width,
+    heads: spec.heads,
+    ...(llama ? { kv_heads: spec.kvHeads!, ffn: spec.ffn!, rope_theta: spec.ropeTheta! } : {}),
+    tied: spec.tied === true,
+  };
+}
+
 /** Keys of `model:` that give a shape, which a checkpoint's config.json gives instead. */
 const SHAPE_KEYS = ['family', 'layers', 'width', 'heads', 'kv_heads', 'ffn', 'rope_theta', 'tied'] as const;
 /** Keys of `model:` that only the llama family has. */
@@ -580,7 +602,15 @@ function modelProblems(s: Scenario, rawModel: unknown): string[] {
   const errors: string[] = [];
   const given = typeof rawModel === 'object' && rawModel !== null ? Object.keys(rawModel) : [];
   if (s.model.from !== undefined) {
-    for (const key of SHAPE_KEYS) if (given.includes(key)) errors.push(`model.${key}: the checkpoint's config.json sets the shape of a model that starts from model.from; leave ${key} out`);
+    // The checkpoint's own values (what a written-back scenario.json holds) are not a conflict.
+    const actual = checkpointShape(s.model.from) as Record<string, unknown>;
+    const raw = rawModel as Record<string, unknown>;
+    for (const key of SHAPE_KEYS) {
+      if (given.includes(key) && raw[key] !== actual[key])
+        errors.push(
+          `model.${key}: ${JSON.stringify(raw[key])}, but the checkpoint's config.json sets the shape of a model that starts from model.from (its ${key} is ${JSON.stringify(actual[key] ?? null)}); leave ${key} out`,
+        );
+    }
   } else if (s.model.family === 'gpt2') {
     for (const key of LLAMA_KEYS) if (given.includes(key)) errors.push(`model.${key}: only the llama family has it; set model.family: llama, or leave ${key} out`);
   }
