@@ -33,6 +33,8 @@ export interface Summary {
    * seconds spent fetching them from the devices and storing them (JetStream Object Store).
    */
   snapshots?: { count: number; bytes: number; fetch_seconds: number; store_seconds: number };
+  /** The supervised warm-up: its steps, and the cross-entropy of its first and last mini-batch. */
+  warmup?: { steps: number; first_loss: number; loss: number };
   /** A learned reward model's training (reward.model): pairs, losses, and how many pairs it orders as the rule does. */
   reward_model?: { pairs: number; drawn: number; first_loss: number; loss: number; accuracy: number };
   /** Every prompt of every iteration trained on exactly once, by the shards' own ledgers. */

@@ -263,7 +263,7 @@ function basePolicy(r: RunSpec): string | undefined {
  * copies it into the models that start from it (whole, or its body under another head). From a
  * checkpoint: puts every kept model back as it was.
  */
-export async function setupModels(d: Dispatcher, r: RunSpec, resume?: CheckpointSet): Promise<{ parameters: Record<string, number>; rewardModel?: RewardModelReport }> {
+export async function setupModels(d: Dispatcher, r: RunSpec, resume?: CheckpointSet): Promise<{ parameters: Record<string, number>; warmup?: WarmupReport; rewardModel?: RewardModelReport }> {
   const { scenario: s } = r;
   const parameters: Record<string, number> = {};
   await Promise.all(
@@ -283,9 +283,10 @@ export async function setupModels(d: Dispatcher, r: RunSpec, resume?: Checkpoint
     return { parameters };
   }
   const base = basePolicy(r);
+  let warmup: WarmupReport | undefined;
   if (base && s.warmup.steps > 0) {
     const demos = demonstrations(r.task, s.seed, s.warmup.demos);
-    await callMesh(d, layoutOf(r, ownerOf(r, base)), base, -1, {
+    const out = await callMesh(d, layoutOf(r, ownerOf(r, base)), base, -1, {
       fn: 'sft',
       tokens: demos,
       batch: s.warmup.demos,
@@ -297,12 +298,14 @@ export async function setupModels(d: Dispatcher, r: RunSpec, resume?: Checkpoint
       seed: seedOf(s.seed, Stream.demos),
       ...eosOf(r.task),
     });
+    warmup = { steps: s.warmup.steps, first_loss: out.first_loss, loss: out.loss };
   }
   // Models that start from another (a frozen reference, a critic's body) copy it once it is warm.
   await Promise.all(r.graph.models.filter((m) => m.from !== undefined).map((m) => copyModel(d, r, m.from!, m.name, `init-${m.name}`)));
   const learned = r.graph.models.find((m) => learnedReward(r, m.name));
-  if (!learned || !base) return { parameters };
-  return { parameters, rewardModel: await trainRewardModel(d, r, base, learned.name) };
+  const warm = warmup ? { warmup } : {};
+  if (!learned || !base) return { parameters, ...warm };
+  return { parameters, ...warm, rewardModel: await trainRewardModel(d, r, base, learned.name) };
 }
 
 /** Copies `from`'s weights into `to` over their owner layouts: all of them, or the body when the heads differ. */
@@ -317,6 +320,13 @@ async function copyModel(d: Dispatcher, r: RunSpec, from: string, to: string, id
           .filter((n) => !isHead(n));
   // A value head weighs less than a token head: the stages of the copy may split elsewhere.
   return reallocate(d, r, id, -1, { model: from, layout: layoutOf(r, ownerOf(r, from)) }, { model: to, layout: layoutOf(r, ownerOf(r, to)) }, fromSpec, names, toSpec);
+}
+
+/** The supervised warm-up: its steps and the cross-entropy of its first and last mini-batch. */
+export interface WarmupReport {
+  steps: number;
+  first_loss: number;
+  loss: number;
 }
 
 export interface RewardModelReport {

@@ -82,6 +82,7 @@ interface Context extends SupervisorInput {
   attempts: number;
   snapshots: NonNullable<Summary['snapshots']>;
   rewardModel?: Summary['reward_model'];
+  warmup?: Summary['warmup'];
   error?: string;
 }
 
@@ -232,7 +233,7 @@ export const supervisorMachine = setup({
       context.recorder.phase('recovering', `${failure.reason} (recovery ${context.dispatcher.epoch})`);
       return { attempts: context.attempts + 1, ...(escalation ? { error: `supervision: ${escalation}` } : {}) };
     }),
-    recovered: assign(({ context }, out: { parameters: Record<string, number>; snapshot: number; rewardModel?: Summary['reward_model'] }) => {
+    recovered: assign(({ context }, out: { parameters: Record<string, number>; snapshot: number; warmup?: Summary['warmup']; rewardModel?: Summary['reward_model'] }) => {
       const seconds = (Date.now() - (context.failure?.at ?? Date.now())) / 1000;
       const history = context.history.filter((m) => m.iteration <= out.snapshot);
       const entry = { epoch: context.dispatcher.epoch, reason: context.failure?.reason ?? 'unknown', snapshot: out.snapshot, iteration: out.snapshot + 1, seconds };
@@ -242,6 +243,7 @@ export const supervisorMachine = setup({
         attempts: 0,
         parameters: out.parameters,
         rewardModel: out.rewardModel ?? context.rewardModel,
+        warmup: out.warmup ?? context.warmup,
         snapshot: out.snapshot,
         iteration: out.snapshot + 1,
         history,
@@ -293,6 +295,7 @@ export const supervisorMachine = setup({
         ...(context.dispatcher.stats ? { transport: context.dispatcher.stats() } : {}),
         recoveries: context.recoveries,
         ...(context.snapshots.count ? { snapshots: context.snapshots } : {}),
+        ...(context.warmup ? { warmup: context.warmup } : {}),
         ...(context.rewardModel ? { reward_model: context.rewardModel } : {}),
         ...(context.rollouts ? { rollouts: context.rollouts } : {}),
         ...(context.error ? { error: context.error } : {}),
@@ -372,6 +375,7 @@ export const supervisorMachine = setup({
               parameters: ({ event }) => event.output.parameters,
               snapshot: ({ context }) => context.resume?.iteration ?? -1,
               rewardModel: ({ event }) => event.output.rewardModel,
+              warmup: ({ event }) => event.output.warmup,
             }),
           },
         ],
