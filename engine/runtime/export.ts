@@ -7,9 +7,8 @@ import { join } from 'node:path';
 import { modelInfo, encodeSafetensors, exportHf, hfConfig, hfModelOf, HfError, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, type GptSpec } from '../model/index.ts';
 import { paste, shardSlices, sliceShape, type Layout } from '../../mesh/parallel/index.ts';
 import type { Checkpoint, NamedTensor } from '../../mesh/wire/index.ts';
-import { ResumeError, readResume } from './record.ts';
-import { layoutOf, modelSpec, ownerOf, runSpec } from './run.ts';
-import { loadScenarioFile } from './scenario.ts';
+import { layoutOf, ownerOf } from './run.ts';
+import { runPolicy } from './sample.ts';
 
 export class ExportError extends Error {
   override name = 'ExportError';
@@ -49,19 +48,7 @@ export function wholeTensors(spec: GptSpec, layout: Layout, shards: readonly Che
 
 /** Writes the run's policy to `o.out` as a Hugging Face model directory; returns what it wrote. */
 export async function exportRun(dir: string, o: ExportOptions): Promise<{ model: string; files: string[]; bytes: number }> {
-  if (!existsSync(join(dir, 'scenario.json'))) throw new ExportError(`${dir}: expected a run directory (scenario.json and checkpoint.msgpack)`);
-  const r = runSpec(await loadScenarioFile(join(dir, 'scenario.json')));
-  let resume: ReturnType<typeof readResume>;
-  try {
-    resume = readResume(dir);
-  } catch (e) {
-    if (e instanceof ResumeError) throw new ExportError(e.message.replace('to resume from', 'to export'));
-    throw e;
-  }
-  const policies = r.graph.models.filter((m) => m.head === 'policy').map((m) => m.name);
-  const model = o.model ?? r.graph.models.find((m) => m.head === 'policy' && m.trained)?.name ?? policies[0]!;
-  if (!policies.includes(model)) throw new ExportError(`--model: expected a policy of the run (${policies.join(', ')}), got ${JSON.stringify(o.model)}`);
-  const spec = modelSpec(r, model) as GptSpec;
+  const { r, resume, model, spec } = await runPolicy(dir, o.model, { verb: 'export', flag: '--model', fail: (m) => new ExportError(m) });
   let hf: ReturnType<typeof hfModelOf>;
   try {
     hf = hfModelOf(spec);

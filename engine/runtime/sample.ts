@@ -8,7 +8,7 @@
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Layout } from '../../mesh/parallel/index.ts';
-import { SafetensorsCheckpoint, TOKENIZER_FILE, TextTokenizer, gptSpecOf, importHf, initBackend, readHfConfig, seedOf } from '../model/index.ts';
+import { SafetensorsCheckpoint, TOKENIZER_FILE, TextTokenizer, gptSpecOf, importHf, initBackend, readHfConfig, seedOf, type GptSpec } from '../model/index.ts';
 import { LocalDispatcher } from './local-dispatch.ts';
 import { ResumeError, readResume } from './record.ts';
 import { callMesh, layoutOf, modelSpec, ownerOf, runSpec } from './run.ts';
@@ -42,22 +42,34 @@ export interface Sample {
   ended: boolean;
 }
 
-export async function sampleRun(dir: string, o: SampleOptions): Promise<Sample & { text?: string }> {
-  if (!existsSync(join(dir, 'scenario.json')))
-    throw new SampleError(`${dir}: expected a run directory (scenario.json and checkpoint.msgpack) or a Hugging Face model directory (config.json), found neither`);
+/**
+ * A run directory's last checkpoint and one of its policies (`model`, default: the trained one),
+ * for what `verb` says (sample from, export); `flag` names the option that chose the model, and
+ * `fail` makes the caller's error.
+ */
+export async function runPolicy(dir: string, model: string | undefined, o: { verb: string; flag: string; fail: (message: string) => Error; hint?: string }) {
+  if (!existsSync(join(dir, 'scenario.json'))) throw o.fail(`${dir}: expected a run directory (scenario.json and checkpoint.msgpack)${o.hint ?? ''}`);
   const r = runSpec(await loadScenarioFile(join(dir, 'scenario.json')));
   let resume: ReturnType<typeof readResume>;
   try {
     resume = readResume(dir);
   } catch (e) {
-    if (e instanceof ResumeError) throw new SampleError(e.message.replace('to resume from', 'to sample from'));
+    if (e instanceof ResumeError) throw o.fail(e.message.replace('to resume from', `to ${o.verb}`));
     throw e;
   }
   const policies = r.graph.models.filter((m) => m.head === 'policy').map((m) => m.name);
-  const model = o.model ?? r.graph.models.find((m) => m.head === 'policy' && m.trained)?.name ?? policies[0];
-  if (!model || !policies.includes(model)) throw new SampleError(`--model-name: expected a policy model of the run (${policies.join(', ')}), got ${JSON.stringify(o.model)}`);
-  const spec = modelSpec(r, model);
-  if (spec.kind !== 'policy') throw new SampleError(`${model} is not a policy model`);
+  const name = model ?? r.graph.models.find((m) => m.head === 'policy' && m.trained)?.name ?? policies[0];
+  if (!name || !policies.includes(name)) throw o.fail(`${o.flag}: expected a policy of the run (${policies.join(', ')}), got ${JSON.stringify(model)}`);
+  return { r, resume, model: name, spec: modelSpec(r, name) as GptSpec };
+}
+
+export async function sampleRun(dir: string, o: SampleOptions): Promise<Sample & { text?: string }> {
+  const { r, resume, model, spec } = await runPolicy(dir, o.model, {
+    verb: 'sample from',
+    flag: '--model-name',
+    fail: (m) => new SampleError(m),
+    hint: ' or a Hugging Face model directory (config.json), found neither',
+  });
   const { task } = r;
   const R = o.maxTokens ?? task.responseLen;
   const temperature = o.temperature ?? r.scenario.rl.temperature;
