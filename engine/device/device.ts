@@ -341,10 +341,18 @@ export class Device {
       if (problems.length) throw new CallRejected('unsupported', `layout dp=${layout.dp} tp=${layout.tp} pp=${layout.pp} does not fit the model: ${problems.join('; ')}`);
     }
     const previous = this.hosted.get(model);
-    const shard = spec.kind === 'rule' ? new RuleShard(spec) : new GptRank(spec, layout, rank, body.seed, body.optim, this.comm);
+    // From a checkpoint, only what it lacks (a value head) is drawn from the seed.
+    const shard = spec.kind === 'rule' ? new RuleShard(spec) : new GptRank(spec, layout, rank, body.from === undefined ? body.seed : undefined, body.optim, this.comm);
     if (body.from !== undefined && shard instanceof GptRank) {
       try {
-        shard.importWhole(readHfWeights(body.from, shard.spec, shard.parameterNames()));
+        const loaded = readHfWeights(body.from, shard.spec, shard.parameterNames());
+        shard.importWhole(loaded);
+        const have = new Set(loaded.map((t) => t.name));
+        if (body.seed !== undefined)
+          shard.seedParameters(
+            body.seed,
+            shard.parameterNames().filter((n) => !have.has(n)),
+          );
       } catch (e) {
         shard.dispose();
         throw e instanceof HfError || e instanceof SafetensorsError ? new CallRejected('malformed', e.message) : e;

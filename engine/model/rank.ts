@@ -150,16 +150,25 @@ export class GptRank {
     this.lastOfReplica = dev({ pp: layout.pp - 1 });
     this.tiedCopy = isTied(spec) && layout.pp > 1;
     this.prefix = `sharded${shardCount++}`;
-    const shapes = new Map(parameterShapes(spec).map(([n, s], i) => [n, { shape: s, index: i }]));
     // A view that a reallocation will fill holds nothing until then: no zeros to replace.
-    if (seed !== undefined) {
-      for (const s of this.slices) {
-        const { shape, index } = shapes.get(s.name)!;
-        // Each parameter has its own random stream, so a rank draws only what it holds.
-        this.create(s, cut(initialParameter(spec, seed, s.name, shape, index).data, { ...s, axis: null, start: 0, end: shape[0]! }, s));
-      }
-    }
+    if (seed !== undefined)
+      this.seedParameters(
+        seed,
+        this.slices.map((s) => s.name),
+      );
     this.optimizer = optim ? new Adam(optim.lr, optim.beta1, optim.beta2, optim.eps) : undefined;
+  }
+
+  /** Draws the named parameters (this rank's slices of them) from the seed, as a new model starts. */
+  seedParameters(seed: number, names: readonly string[]): void {
+    const shapes = new Map(parameterShapes(this.spec).map(([n, s], i) => [n, { shape: s, index: i }]));
+    for (const name of names) {
+      const s = this.slices.find((x) => x.name === name);
+      if (!s) throw new ShardError(`rank ${this.rank} holds no parameter '${name}'`);
+      const { shape, index } = shapes.get(name)!;
+      // Each parameter has its own random stream, so a rank draws only what it holds.
+      this.create(s, cut(initialParameter(this.spec, seed, name, shape, index).data, { ...s, axis: null, start: 0, end: shape[0]! }, s));
+    }
   }
 
   get trainable(): boolean {
