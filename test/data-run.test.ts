@@ -41,8 +41,8 @@ function checkpoint(dir: string): Map<string, Float32Array> {
   return new Map(tensors.map((t) => [t.name, t.data]));
 }
 
-describe('a run from a Hugging Face checkpoint on a JSONL dataset, and npm run export', () => {
-  it('loads the checkpoint on every rank, trains on the dataset with the verifier, and exports what it trained', async () => {
+describe('a run from a Hugging Face checkpoint on a JSONL dataset, a recovery, and npm run export', () => {
+  it('loads the checkpoint on every rank, trains on the dataset with the verifier, recovers from a kill bit for bit, and exports what it trained', async () => {
     const dir = tempDir();
     const model = join(dir, 'model');
     mkdirSync(model);
@@ -109,6 +109,12 @@ rl: { iterations: 2, batch: 4, epochs: 1, minibatches: 1 }
     const s = await sampleRun(out, { prompt: 'Ann has 3 coins and gets 4 more. How many coins does Ann have now?', greedy: true });
     expect(typeof s.text).toBe('string');
     expect(s.tokens.length).toBeGreaterThan(0);
+    // Killed in mid-training, the run recovers to the same weights, bit for bit.
+    writeFileSync(file, `${readFileSync(file, 'utf8')}chaos: { kills: [{ actor: actor, call: train, iteration: 1 }] }\n`);
+    const killed = await launch({ scenario: loadScenario(file), run: `datakill${Date.now()}`, out: join(dir, 'killed'), progress: quiet, say: () => {} });
+    expect(killed.code).toBe(0);
+    expect(killed.summary!.recoveries.length).toBeGreaterThan(0);
+    expect(killed.summary!.digests).toEqual(r.summary!.digests);
     await expect(exportRun(out, { out: join(dir, 'x'), model: 'reward' })).rejects.toThrow(/--model: expected a policy of the run \(actor, reference\), got "reward"/);
   }, 240_000);
 });
