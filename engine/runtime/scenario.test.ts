@@ -340,6 +340,9 @@ describe('data: and model.from', () => {
     expect(refused(data.replace('tokenizer: .', 'tokenizer: nowhere'))).toMatch(/data\.tokenizer: .*nowhere: expected tokenizer\.json, found none/);
     expect(refused(data.replace(', tokenizer: .', ''))).toMatch(/data\.tokenizer: a dataset is read through a tokenizer/);
     expect(refused(`${data.replace('max_new_tokens: 8', 'max_new_tokens: 48')}model: {from: .}`)).toMatch(/data\.prompt_tokens \+ task\.max_new_tokens: 24 \+ 48 = 72 positions; the model has 64/);
+    expect(refused(`${data}rl: {batch: 4096}`)).toMatch(
+      /rl\.batch: a train call of 4096 rows of 32 tokens, with their per-token data, is about 1048576 bytes, more than one call carries \(983040\); at most 3840 prompts per iteration/,
+    );
     expect(refused(`${data}warmup: {demos: 10000}`)).toMatch(/warmup\.demos: 10000 demonstrations of 32 tokens are 1280000 bytes, more than one call carries .*; at most 7680/);
     expect(refused(data.replace('prompt_tokens: 24', 'prompt_tokens: 24, chat: true'))).toMatch(/data\.chat: .* has no chat_template in tokenizer_config\.json/);
   });

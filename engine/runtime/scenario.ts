@@ -384,6 +384,14 @@ export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
       `warmup.demos: ${s.warmup.demos} demonstrations of ${task.promptLen + task.responseLen} tokens are ${demoBytes} bytes, more than one call carries (${CALL_BYTES}: NATS's 1 MiB message, less room for the rest of the call); at most ${Math.floor(CALL_BYTES / ((task.promptLen + task.responseLen) * 4))}`,
     );
   }
+  // A train call carries the rows and their per-token arrays (old log-probs, advantages, returns, the mask: four at most).
+  const width = task.promptLen + task.responseLen;
+  const perRow = (width + 4 * task.responseLen) * 4;
+  if (rows * perRow > CALL_BYTES) {
+    errors.push(
+      `rl.batch: a train call of ${rows} rows of ${width} tokens, with their per-token data, is about ${rows * perRow} bytes, more than one call carries (${CALL_BYTES}); at most ${Math.floor((CALL_BYTES / perRow) * (s.rl.batch / rows))} prompts per iteration`,
+    );
+  }
   // Items a train call splits into mini-batches: rows, or pairs for an algorithm of pairs.
   const trainItems = graph.source === 'pairs' ? s.rl.batch : rows;
   if (graph.calls.some((c) => c.fn === 'train') && s.rl.minibatches > trainItems) {
