@@ -9,7 +9,7 @@ import { describe, expect, it } from 'vitest';
 import { launch } from '../engine/cli/launch.ts';
 import { SafetensorsCheckpoint, encodeSafetensors, hfTensors, importHf, parseHfConfig, readHfConfig } from '../engine/model/index.ts';
 import { arithTokenizerFiles } from '../engine/runtime/arith.ts';
-import { exportRun, readResume, sampleRun, wholeTensors, layoutOf, loadScenario, modelSpec, ownerOf, runSpec } from '../engine/runtime/index.ts';
+import { evaluateRun, exportRun, readResume, sampleRun, wholeTensors, layoutOf, loadScenario, modelSpec, ownerOf, runSpec } from '../engine/runtime/index.ts';
 import type { GptSpec } from '../engine/model/index.ts';
 import { ROOT, spawnTs, tempDir } from './helpers.ts';
 
@@ -109,6 +109,16 @@ rl: { iterations: 2, batch: 4, epochs: 1, minibatches: 1 }
     const s = await sampleRun(out, { prompt: 'Ann has 3 coins and gets 4 more. How many coins does Ann have now?', greedy: true });
     expect(typeof s.text).toBe('string');
     expect(s.tokens.length).toBeGreaterThan(0);
+    // Scored on rows it did not train on, with its own tokenizer and verifier: the same figure twice.
+    const test = join(ROOT, 'examples/arith/test.jsonl');
+    const scored = await evaluateRun(out, { data: test, max: 24 });
+    expect(scored).toMatchObject({ model: 'actor', rows: 24, greedy: true });
+    expect(scored.accuracy).toBe(scored.correct / 24);
+    const cli = spawnTs('engine/cli/eval.ts', [out, '--data', test, '--max', '24', '--json']);
+    expect(await cli.exited, cli.output()).toBe(0);
+    expect(JSON.parse(cli.output().trim().split('\n').at(-1)!)).toEqual(scored);
+    await expect(evaluateRun(out, { data: join(dir, 'data.yaml') })).rejects.toThrow(/--data: .*data\.yaml:1: expected a JSON object on each line/);
+
     // Killed in mid-training, the run recovers to the same weights, bit for bit.
     writeFileSync(file, `${readFileSync(file, 'utf8')}chaos: { kills: [{ actor: actor, call: train, iteration: 1 }] }\n`);
     const killed = await launch({ scenario: loadScenario(file), run: `datakill${Date.now()}`, out: join(dir, 'killed'), progress: quiet, say: () => {} });

@@ -25,5 +25,6 @@ export * from './plan/search.ts';
 export * from './plan/simulate.ts';
 export * from './sample.ts';
 export * from './export.ts';
+export * from './evaluate.ts';
 export * from './data-task.ts';
 export * from './dataset.ts';

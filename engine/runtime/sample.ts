@@ -84,24 +84,38 @@ export async function sampleRun(dir: string, o: SampleOptions): Promise<Sample &
   }
   checkRequest(prompt, R, temperature, spec, `its task's prompt ${task.promptLen} and budget ${task.responseLen}`);
 
+  const { d, layout } = await restorePolicy({ r, resume, model, spec }, (m) => new SampleError(m));
+  try {
+    const out = await continueOn(d, layout, model, prompt, R, { temperature, greedy: o.greedy, seed: seedOf(o.seed ?? r.scenario.seed, SAMPLE_STREAM), eos: task.eos });
+    return task.encode ? { ...out, text: task.text(out.tokens) } : out;
+  } finally {
+    await d.close();
+  }
+}
+
+/**
+ * A run's policy put back from its checkpoint in this process, on the layout it trained on, with
+ * its weights only (nothing here trains, so no optimizer); the caller closes the dispatcher.
+ */
+export async function restorePolicy(p: Awaited<ReturnType<typeof runPolicy>>, fail: (message: string) => Error): Promise<{ d: LocalDispatcher; layout: Layout }> {
+  const { r, resume, model, spec } = p;
   await initBackend(r.scenario.backend);
   const layout = layoutOf(r, ownerOf(r, model));
   const d = new LocalDispatcher(Math.max(...layout.devices) + 1);
   try {
     await Promise.all(layout.devices.map((device, rank) => d.call(device, model, -1, { fn: 'load', role: model, spec, layout, rank })));
     const shards = resume.checkpoint[model];
-    if (shards?.length !== layout.devices.length) throw new SampleError(`the checkpoint holds ${shards?.length ?? 0} rank(s) of '${model}'; its layout has ${layout.devices.length}`);
-    // The weights only: sampling trains nothing, so the shards are loaded without an optimizer.
+    if (shards?.length !== layout.devices.length) throw fail(`the checkpoint holds ${shards?.length ?? 0} rank(s) of '${model}'; its layout has ${layout.devices.length}`);
     await Promise.all(
       layout.devices.map((device, rank) => {
         const { optimizer: _, ...weights } = shards[rank]!;
         return d.restoreShard(device, model, -1, weights);
       }),
     );
-    const out = await continueOn(d, layout, model, prompt, R, { temperature, greedy: o.greedy, seed: seedOf(o.seed ?? r.scenario.seed, SAMPLE_STREAM), eos: task.eos });
-    return task.encode ? { ...out, text: task.text(out.tokens) } : out;
-  } finally {
+    return { d, layout };
+  } catch (e) {
     await d.close();
+    throw e;
   }
 }
 

@@ -1,0 +1,91 @@
+// A run's policy scored on a dataset it did not train on: every row of a JSONL file (or the first
+// `max` of the run's seeded order), laid out and verified as the run's own prompts were — the same
+// fields, tokenizer, chat template, prompt length, budget and verifier — in batches of generation
+// calls on the layout the policy trained on. Greedy by default: the policy's own best answer.
+import { seedOf } from '../model/index.ts';
+import { CALL_BYTES } from './scenario.ts';
+import { JsonlDataset } from './dataset.ts';
+import { dataTask } from './data-task.ts';
+import { callMesh } from './run.ts';
+import { restorePolicy, runPolicy } from './sample.ts';
+import { TextTokenizer } from '../model/index.ts';
+import type { VerifierName } from '../device/index.ts';
+
+export class EvalError extends Error {
+  override name = 'EvalError';
+}
+
+export interface EvalOptions {
+  /** The JSONL file: the fields the run's data: names. */
+  data: string;
+  model?: string;
+  /** Rows at most (default: all). */
+  max?: number;
+  /** Sample at the run's temperature instead of taking the likeliest token. */
+  sample?: boolean;
+  seed?: number;
+}
+
+export interface EvalResult {
+  model: string;
+  rows: number;
+  correct: number;
+  accuracy: number;
+  greedy: boolean;
+}
+
+/** The seed stream of evaluation draws (apart from a run's own and sampling's). */
+const EVAL_STREAM = 0xe7a1;
+
+export async function evaluateRun(dir: string, o: EvalOptions): Promise<EvalResult> {
+  const fail = (m: string) => new EvalError(m);
+  const policy = await runPolicy(dir, o.model, { verb: 'evaluate', flag: '--model', fail });
+  const { r, model } = policy;
+  const d = r.scenario.data;
+  if (!d) throw fail(`${dir}: the run's prompts came from the '${r.task.name}' task, not a dataset; evaluation reads a dataset through the run's tokenizer and verifier`);
+  let dataset: JsonlDataset;
+  try {
+    dataset = JsonlDataset.open(o.data, { prompt: d.prompt_field, answer: d.answer_field });
+  } catch (e) {
+    throw fail(`--data: ${(e as Error).message}`);
+  }
+  const task = dataTask({
+    dataset,
+    tokenizer: TextTokenizer.load(d.tokenizer ?? r.scenario.model.from!),
+    verifier: (r.scenario.reward.rule ?? 'math') as VerifierName,
+    promptLen: r.task.promptLen,
+    responseLen: r.task.responseLen,
+    chat: d.chat,
+    vocab: r.task.vocab,
+  });
+  const rows = Math.min(o.max ?? dataset.size, dataset.size);
+  if (!(Number.isInteger(rows) && rows > 0)) throw fail(`--max: expected a whole number > 0, got ${o.max}`);
+  const P = task.promptLen;
+  const width = P + task.responseLen;
+  const { d: dispatcher, layout } = await restorePolicy(policy, fail);
+  // As many rows per call as one message carries, and every replica gets some.
+  const batch = Math.max(layout.dp, Math.min(rows, Math.floor(CALL_BYTES / (width * 4 * 2))));
+  const seed = seedOf(o.seed ?? r.scenario.seed, EVAL_STREAM);
+  let correct = 0;
+  try {
+    for (let at = 0, call = 0; at < rows; at += batch, call++) {
+      const n = Math.max(Math.min(batch, rows - at), layout.dp);
+      const prompts = task.prompts(seed, call, batch).subarray(0, n * P);
+      const gen = await callMesh(dispatcher, layout, model, 0, {
+        fn: 'generate',
+        prompts,
+        batch: n,
+        promptLen: P,
+        responseLen: task.responseLen,
+        seeds: Uint32Array.from({ length: n }, (_, i) => seedOf(seed, call, i)),
+        temperature: o.sample ? r.scenario.rl.temperature : 1,
+        ...(o.sample ? {} : { greedy: true }),
+        eos: task.eos!,
+      });
+      for (let b = 0; b < Math.min(n, rows - at); b++) correct += task.score(prompts.subarray(b * P, (b + 1) * P), gen.tokens.subarray(b * width + P, (b + 1) * width));
+    }
+  } finally {
+    await dispatcher.close();
+  }
+  return { model, rows, correct, accuracy: correct / rows, greedy: !o.sample };
+}
