@@ -25,6 +25,7 @@ import { ESTIMATOR_TASKS, estimatorBench, PLANS, searchBench } from './bench-est
 import { reallocBench } from './bench-realloc.ts';
 import { computeBench } from './bench-compute.ts';
 import { generateBench } from './bench-generate.ts';
+import { checkpointBench } from './bench-checkpoint.ts';
 import { searchQualityBench } from './bench-search-quality.ts';
 import { runChaos } from './chaos-run.ts';
 import { profileLocal } from './profile.ts';
@@ -46,7 +47,9 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
   algorithms [--iterations N]                   every algorithm's scenario (quickstart for ppo, scenarios/algorithms/
                                                 for the others) over NATS: s/iteration, tokens/s, reward first 5 -> last 5
   generate                                      a 4-layer, width-256 model samples 16 responses of 16, 64 and 256 tokens,
-                                                with the KV cache and without: tokens/s, speedup, growth of the time per token`;
+                                                with the KV cache and without: tokens/s, speedup, growth of the time per token
+  checkpoint                                    a SmolLM-135M-shaped llama checkpoint written in F32 and BF16, read back,
+                                                loaded on one rank from its directory, and 8 tokens decoded: sizes and seconds`;
 
 /** The scenario of each built-in algorithm: the quickstart for PPO, scenarios/algorithms/<name>.yaml for the others. */
 export const ALGORITHM_SCENARIOS: Record<string, string> = {
@@ -135,8 +138,15 @@ runMain(async () => {
   if (name === 'algorithms') return algorithmsBench(values);
   if (name === 'compute') return compute(values);
   if (name === 'generate') return generate(values);
+  if (name === 'checkpoint') {
+    const r = await checkpointBench(values.json ? () => {} : (line) => console.log(line));
+    if (values.json) console.log(JSON.stringify(r));
+    return 0;
+  }
   if (name !== 'iteration')
-    throw new UsageError(`unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, search, search-quality, chaos, algorithms, compute, generate\n${USAGE}`);
+    throw new UsageError(
+      `unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, search, search-quality, chaos, algorithms, compute, generate, checkpoint\n${USAGE}`,
+    );
   let scenario = await loadScenarioFile(values.scenario ?? 'scenarios/quickstart.yaml');
   if (values.iterations !== undefined) {
     const n = Number(values.iterations);
