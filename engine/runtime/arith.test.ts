@@ -3,7 +3,8 @@ import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { mathMatch } from '../device/index.ts';
-import { ARITH_FILES, arithJsonl, arithProblem } from './arith.ts';
+import { ARITH_FILES, arithJsonl, arithProblem, arithTokenizerFiles } from './arith.ts';
+import { TextTokenizer } from '../model/index.ts';
 import { JsonlDataset } from './dataset.ts';
 
 describe('arith', () => {
@@ -22,6 +23,22 @@ describe('arith', () => {
   it('is the same for the same seed and index, and differs across them', () => {
     expect(arithProblem(1, 3)).toEqual(arithProblem(1, 3));
     expect(arithJsonl(1, 0, 20)).not.toEqual(arithJsonl(2, 0, 20));
+  });
+
+  it('the shipped tokenizer is what arithTokenizer() writes, and reads every problem back exactly, one token per character', () => {
+    const dir = fileURLToPath(new URL('../../examples/arith/tokenizer/', import.meta.url));
+    for (const [name, text] of Object.entries(arithTokenizerFiles())) expect(readFileSync(`${dir}${name}`, 'utf8')).toBe(text);
+    const tk = TextTokenizer.load(dir);
+    expect([tk.pad, tk.eos, tk.vocabSize]).toEqual([0, 1, 99]);
+    for (let i = 0; i < 200; i++) {
+      const p = arithProblem(1, i);
+      for (const text of [p.question, p.solution]) {
+        const ids = tk.encode(text);
+        expect(ids).toHaveLength(text.length);
+        expect(ids).not.toContain(2); // no unknown character
+        expect(tk.decode(ids)).toBe(text);
+      }
+    }
   });
 
   it("the shipped files are the generator's output, and read as datasets", () => {
