@@ -11,8 +11,8 @@ import { restorePolicy, runPolicy } from './sample.ts';
 import { TextTokenizer } from '../model/index.ts';
 import type { VerifierName } from '../device/index.ts';
 
-export class EvalError extends Error {
-  override name = 'EvalError';
+export class EvaluationError extends Error {
+  override name = 'EvaluationError';
 }
 
 export interface EvalOptions {
@@ -38,7 +38,7 @@ export interface EvalResult {
 const EVAL_STREAM = 0xe7a1;
 
 export async function evaluateRun(dir: string, o: EvalOptions): Promise<EvalResult> {
-  const fail = (m: string) => new EvalError(m);
+  const fail = (m: string) => new EvaluationError(m);
   const policy = await runPolicy(dir, o.model, { verb: 'evaluate', flag: '--model', fail });
   const { r, model } = policy;
   const d = r.scenario.data;
