@@ -79,7 +79,8 @@ runMain(async () => {
     }
   })();
 
-  const store = await JetStreamStore.open(nc, values.run, { log });
+  // A supervisor that started the run wrote every record it may read back; one that took it over did not.
+  const store = await JetStreamStore.open(nc, values.run, { log, ownOnly: !values['take-over'] });
   // --take-over: the previous supervisor of this run died; its progress is in the store.
   const takeOver = values['take-over'] ? await store.loadProgress() : undefined;
   if (values['take-over'])
@@ -93,6 +94,8 @@ runMain(async () => {
     // The measured timeline: every call, one line each.
     onSpan: (span) => directory.timeline({ type: 'call', ...span }),
     epoch: takeOver ? takeOver.epoch + 1 : 0,
+    sealOf: (device) => membership?.sealOf(device),
+    onDropped: log,
     ...(chaos ? { beforeCall: (_device, _model, iteration, fn) => chaos.supervisorCall(fn, iteration) } : {}),
   });
   // Reward actors on the bus, one client per name; they say on the events subject what they wait for.

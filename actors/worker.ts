@@ -1,17 +1,20 @@
 // A worker process: one device of a run. Start it by hand to join a run from another machine:
 //   npm run worker -- --nats nats://HOST:4222 --run RUN_ID [--device N] [--backend wasm]
 import { hostname } from 'node:os';
-import { randomUUID } from 'node:crypto';
+import { randomBytes, randomUUID } from 'node:crypto';
 import { createActor, fromCallback, fromPromise, toPromise } from 'xstate';
 import { answerable, connectBus, deviceOfUser, request, subscribe, subscribeEvents, type Msg } from '../mesh/wire/index.ts';
 import { encode } from '../mesh/wire/index.ts';
-import { Call, JoinReply, PROTOCOL_VERSION, type Reply } from '../mesh/wire/index.ts';
+import { Call, JoinReply, PROTOCOL_VERSION, SupervisorBeat, type Reply } from '../mesh/wire/index.ts';
 import { subjects } from '../mesh/wire/index.ts';
 import { BACKENDS, initBackend, type BackendChoice } from '../engine/model/index.ts';
 import { Device } from '../engine/device/index.ts';
 import { DEFAULT_NATS, UsageError, args, logger, runMain } from './host.ts';
 import { ChaosClient } from './chaos-client.ts';
 import { workerMachine, type WorkerEvent } from './worker.machine.ts';
+
+/** The supervisor beats every second: no beat for this long after a `done`, and it has ended. */
+const SUPERVISOR_SILENT_MS = 4000;
 
 const USAGE = 'usage: npm run worker -- --run RUN_ID [--nats URL] [--device N] [--backend auto|wasm|cpu|node|node-gpu] [--join-seconds S]';
 
@@ -39,6 +42,8 @@ runMain(async () => {
   }
   const url = values.nats ?? process.env.NATS_URL ?? DEFAULT_NATS;
   const worker = `${hostname()}-${process.pid}-${randomUUID().slice(0, 8)}`;
+  // Said to the supervisor alone, and put on every reply: a reply without it is not this process's.
+  const seal = randomBytes(18).toString('base64url');
   const log = logger(`worker ${worker}`);
   const backend = await initBackend(values.backend as BackendChoice);
   log(`backend ${backend}`);
@@ -54,11 +59,11 @@ runMain(async () => {
       return;
     }
     try {
-      msg.respond(encode(reply));
+      msg.respond(encode({ ...reply, seal }));
     } catch (e) {
       const message = `the reply to call ${reply.id ?? '?'} does not fit the server's max payload (${nc.info?.max_payload} bytes): ${(e as Error).message}`;
       log(message);
-      msg.respond(encode({ type: 'error', v: PROTOCOL_VERSION, id: reply.id, code: 'too_large', message }));
+      msg.respond(encode({ type: 'error', v: PROTOCOL_VERSION, id: reply.id, code: 'too_large', message, seal }));
     }
   };
 
@@ -69,13 +74,13 @@ runMain(async () => {
     if (device === undefined) return;
     nc.publish(
       subj.heartbeat(device),
-      encode({ type: 'heartbeat', v: PROTOCOL_VERSION, device, worker, state, at: Date.now(), pid: process.pid, backend, ...(warning === undefined ? {} : { warning: warning.slice(0, 1000) }) }),
+      encode({ type: 'heartbeat', v: PROTOCOL_VERSION, device, worker, state, at: Date.now(), pid: process.pid, backend, seal, ...(warning === undefined ? {} : { warning: warning.slice(0, 1000) }) }),
     );
   };
   const machine = workerMachine.provide({
     actors: {
       join: fromPromise(async () => {
-        const hello = { type: 'hello', v: PROTOCOL_VERSION, worker, pid: process.pid, host: hostname(), backend, ...(preferred === undefined ? {} : { device: preferred }) };
+        const hello = { type: 'hello', v: PROTOCOL_VERSION, worker, pid: process.pid, host: hostname(), backend, seal, ...(preferred === undefined ? {} : { device: preferred }) };
         let waited = false;
         for (;;) {
           try {
@@ -130,14 +135,29 @@ runMain(async () => {
   const stop = () => actor.send({ type: 'stop' });
   process.once('SIGTERM', stop);
   process.once('SIGINT', stop);
-  // A run that ends, well or badly, says so on its events subject: its workers leave with it.
+  // A run that ends, well or badly, says so on its events subject: its workers leave with it. The
+  // launcher says `done` once the supervisor has ended, so a `done` heard while the supervisor
+  // still beats is not the run's end (whoever holds the launcher's credential could say it): a
+  // worker leaves only once the supervisor has been silent a while after it.
+  let supervisorBeatAt = 0;
+  const stopSupervisorBeats = subscribe(
+    nc,
+    subj.supervisorBeat,
+    SupervisorBeat,
+    () => (supervisorBeatAt = Date.now()),
+    () => {},
+  );
   const stopEvents = subscribeEvents(
     nc,
     subj,
     (e) => {
       if (e.type === 'done') {
-        log(`the run is over (${e.status}): leaving`);
-        stop();
+        const heardAt = Date.now();
+        setTimeout(() => {
+          if (supervisorBeatAt > heardAt) return log(`ignored a 'done' (${e.status}: ${e.message.slice(0, 200)}): the supervisor still beats`);
+          log(`the run is over (${e.status}): leaving`);
+          stop();
+        }, SUPERVISOR_SILENT_MS).unref();
       } else if (e.type === 'lost' && e.worker === worker) {
         // The supervisor gave this worker up (it thought it hung): another takes its device, so
         // this one must not answer another call.
@@ -169,6 +189,7 @@ runMain(async () => {
   actor.start();
   const out = await toPromise(actor);
   stopEvents();
+  stopSupervisorBeats();
   await nc.drain().catch(() => {});
   if (out.error) {
     log(out.error);

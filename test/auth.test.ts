@@ -101,16 +101,16 @@ describe('a closed bus', () => {
 
       // A parameter chunk, a call to a device, and a run event: each refused by the server.
       const [chunk] = [...chunksOf('t1', [{ name: 'w', shape: [4], data: Float32Array.from([1, 2, 3, 4]) }], 1 << 20)];
-      rewardNc.publish(subj.chunks('t1'), encode(chunk!));
+      rewardNc.publish(subj.chunks('t1', 'supervisor'), encode(chunk!));
       await until(() => refused.length >= 1);
       rewardNc.publish(subj.call(0), encode({ type: 'call', v: PROTOCOL_VERSION, id: 'c', model: 'actor', iteration: 0, body: { fn: 'shutdown' } }));
       await until(() => refused.length >= 2);
       rewardNc.publish(subj.event('done'), encode({ type: 'done', v: PROTOCOL_VERSION, status: 'failed', message: 'forged' }));
       await until(() => refused.length >= 3);
-      rewardNc.subscribe(subj.chunks('t1'), { callback: () => {} });
+      rewardNc.subscribe(subj.transferChunks('t1'), { callback: () => {} });
       await until(() => refused.length >= 4);
       expect(refused).toHaveLength(4);
-      expect(refused[0]).toMatch(new RegExp(`publish.*${subj.chunks('t1').replaceAll('.', '\\.')}`, 'i'));
+      expect(refused[0]).toMatch(new RegExp(`publish.*${subj.chunks('t1', 'supervisor').replaceAll('.', '\\.')}`, 'i'));
       expect(refused[1]).toMatch(new RegExp(`publish.*${subj.call(0).replaceAll('.', '\\.')}`, 'i'));
       expect(refused[2]).toMatch(new RegExp(`publish.*${subj.event('done').replaceAll('.', '\\.')}`, 'i'));
       expect(refused[3]).toMatch(/subscription/i);
@@ -125,8 +125,10 @@ describe('a closed bus', () => {
     const sup = await client(server.url, 'supervisor', creds.supervisor);
     try {
       // What its part of the protocol needs.
-      for (const subject of [subj.heartbeat(0), subj.join, subj.ready('r1'), subj.chunks('w1'), subj.collective(1), subj.chaos]) expect(await w.publishes(subject)).toEqual([]);
-      for (const subject of [subj.events, subj.go('r1'), subj.chunks('w1'), subj.collective(0)]) expect(await w.subscribes(subject)).toEqual([]);
+      for (const subject of [subj.heartbeat(0), subj.join, subj.ready('r1'), subj.chunks('w1', 0), subj.receipts('w1', 0), subj.collective(1, 0), subj.chaos])
+        expect(await w.publishes(subject)).toEqual([]);
+      for (const subject of [subj.events, subj.supervisorBeat, subj.go('r1'), subj.transferChunks('w1'), subj.transferReceipts('w1'), subj.collectivesTo(0)])
+        expect(await w.subscribes(subject)).toEqual([]);
       // A call to its device it hears and answers, once: a reply is a response, not a publish.
       const heard = new Promise<Msg>((resolve) => w.nc.subscribe(subj.call(0), { callback: (_e, msg) => resolve(msg) }));
       await w.nc.flush();
@@ -148,13 +150,18 @@ describe('a closed bus', () => {
         subj.go('r1'),
         subj.heartbeat(1),
         subj.call(1),
+        // Chunks, receipts and collectives as another device or as the supervisor.
+        subj.chunks('w1', 1),
+        subj.chunks('w1', 'supervisor'),
+        subj.receipts('w1', 'supervisor'),
+        subj.collective(1, 2),
         subj.supervisorBeat,
         `_INBOX.supervisor-${RUN}.forged`,
       ];
       for (const subject of forbidden) expect(await w.publishes(subject)).toEqual([`publish ${subject}`]);
       // Nor may it hear another device's calls (and so answer them), hellos (and welcome workers),
       // chaos requests, or anybody's replies.
-      for (const subject of [subj.call(1), subj.collective(1), subj.join, subj.chaos, '_INBOX.>', `_INBOX.supervisor-${RUN}.>`, subj.allResults]) {
+      for (const subject of [subj.call(1), subj.collectivesTo(1), subj.join, subj.chaos, '_INBOX.>', `_INBOX.supervisor-${RUN}.>`, subj.allResults]) {
         expect(await w.subscribes(subject)).toEqual([`subscription ${subject}`]);
       }
       expect(sup.refused).toEqual([]);
@@ -170,16 +177,18 @@ describe('a closed bus', () => {
       const allowed = [
         subj.call(0),
         subj.go('r1'),
+        subj.chunks('s1', 'supervisor'),
+        subj.receipts('s1', 'supervisor'),
         subj.results(0, 'rollout'),
         `$KV.ferry-${RUN}.progress`,
         subj.supervisorBeat,
         ...(['phase', 'progress', 'log', 'recovered', 'lost'] as const).map((t) => subj.event(t)),
       ];
       for (const subject of allowed) expect(await sup.publishes(subject)).toEqual([]);
-      for (const subject of [subj.event('done'), subj.event('exit'), subj.heartbeat(0), subj.ready('r1'), subj.collective(0), subj.join]) {
+      for (const subject of [subj.event('done'), subj.event('exit'), subj.heartbeat(0), subj.ready('r1'), subj.chunks('s1', 0), subj.receipts('s1', 0), subj.collective(0, 1), subj.join]) {
         expect(await sup.publishes(subject)).toEqual([`publish ${subject}`]);
       }
-      for (const subject of [subj.chaos, subj.call(0), subj.collective(0), '_INBOX.>']) expect(await sup.subscribes(subject)).toEqual([`subscription ${subject}`]);
+      for (const subject of [subj.chaos, subj.call(0), subj.collectivesTo(0), '_INBOX.>']) expect(await sup.subscribes(subject)).toEqual([`subscription ${subject}`]);
     } finally {
       await sup.nc.close();
     }
@@ -198,10 +207,10 @@ describe('a closed bus', () => {
         `$KV.ferry-${RUN}.progress`,
         `$JS.API.STREAM.PURGE.FERRY-${RUN}`,
         subj.heartbeat(0),
-        subj.chunks('l1'),
+        subj.chunks('l1', 'supervisor'),
       ];
       for (const subject of forbidden) expect(await launcher.publishes(subject)).toEqual([`publish ${subject}`]);
-      for (const subject of [subj.call(0), subj.join, subj.chunks('l1'), '_INBOX.>']) expect(await launcher.subscribes(subject)).toEqual([`subscription ${subject}`]);
+      for (const subject of [subj.call(0), subj.join, subj.transferChunks('l1'), '_INBOX.>']) expect(await launcher.subscribes(subject)).toEqual([`subscription ${subject}`]);
 
       // A worker at a chaos point asks; the launcher alone hears it, and answers.
       launcher.nc.subscribe(subj.chaos, { callback: (_e, msg) => void msg.respond(encode({ type: 'spare', v: PROTOCOL_VERSION, target: 'k1' })) });
@@ -246,9 +255,9 @@ describe('a closed bus', () => {
       const incoming = receiveTensors(receiver, subj, [{ transfer: 't2', expected: [{ name: 'w', shape: [4] }] }], 10_000, () => {});
       await receiver.flush();
       incoming.arm();
-      const [chunk] = [...chunksOf('t2', [{ name: 'w', shape: [4], data: Float32Array.from([1, 2, 3, 4]) }], 1 << 20)];
+      const [chunk] = [...chunksOf('t2', [{ name: 'w', shape: [4], data: Float32Array.from([1, 2, 3, 4]) }], 1 << 20, { from: 0 })];
       const forged = { ...chunk!, data: Float32Array.from([1, 2, 3, 5]) };
-      sender.publish(subj.chunks('t2'), encode(forged));
+      sender.publish(subj.chunks('t2', 0), encode(forged));
       await expect(incoming.done).rejects.toThrow(/digest/i);
       incoming.close();
     } finally {

@@ -86,7 +86,7 @@ describe('chunked transfers over NATS', () => {
     const asked: Receipt[] = [];
     const stop = subscribe(
       b,
-      subj.receipts('t2'),
+      subj.transferReceipts('t2'),
       Receipt,
       (r) => asked.push(r),
       () => {},
@@ -96,7 +96,7 @@ describe('chunked transfers over NATS', () => {
     const first = chunksOf('t2', ts, MAX, { from: 0 }).next().value!;
     const tampered = { ...first, data: first.data.slice() };
     tampered.data[7] = tampered.data[7]! + 1;
-    a.publish(subj.chunks('t2'), encode(tampered));
+    a.publish(subj.chunks('t2', 0), encode(tampered));
     const out = await offering('t2', ts, MAX);
     await out.send();
     await incoming.done;
@@ -106,7 +106,7 @@ describe('chunked transfers over NATS', () => {
     expect(asked.filter((r) => r.type === 'resend')).toMatchObject([{ from: 1, tensor: 'big', offset: 0, attempt: 1 }]);
     expect(lines).toHaveLength(1);
     expect(lines[0]).toMatch(
-      /^device 1 dropped a message on ferry\.xfer\.xfer\.t2\.chunk: transfer t2, tensor 'big' at offset 0: chunk digest [0-9a-f]+ does not match [0-9a-f]+; asking device 0 to send that chunk again$/,
+      /^device 1 dropped a message on ferry\.xfer\.xfer\.t2\.chunk\.0: transfer t2, tensor 'big' at offset 0: chunk digest [0-9a-f]+ does not match [0-9a-f]+; asking device 0 to send that chunk again$/,
     );
     stop();
     out.close();
@@ -116,13 +116,13 @@ describe('chunked transfers over NATS', () => {
     const ts = tensors();
     const lines: string[] = [];
     const incoming = await receiving('t3', manifestOf(ts), lines);
-    a.publish(subj.chunks('t3'), new Uint8Array([1, 2, 3]));
+    a.publish(subj.chunks('t3', 0), new Uint8Array([1, 2, 3]));
     const out = await offering('t3', ts, MAX);
     await out.send();
     await incoming.done;
     ts.forEach((t, i) => expect(same(incoming.got[i]!.data, t.data)).toBe(true));
     expect(incoming.dropped()).toBe(1);
-    expect(lines).toEqual([expect.stringContaining(`device 1 dropped a message on ${subj.chunks('t3')}: `)]);
+    expect(lines).toEqual([expect.stringContaining(`device 1 dropped a message on ${subj.chunks('t3', 0)}: `)]);
     out.close();
   });
 

@@ -191,8 +191,12 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
           say(`recovered (${e.reason}) in ${e.seconds.toFixed(1)} s: going on from iteration ${e.iteration}`);
         } else if (e.type === 'lost') {
           // A hung worker of ours: kill it (SIGKILL also ends a stopped process); its exit restarts it.
+          // The supervisor names the worker it gave up: a pid this launcher heard beat as another
+          // worker is not that one's, whoever says it is.
           const slot = slots.find((s) => s.kind === 'worker' && s.child.pid === e.pid);
-          if (slot && e.pid !== undefined) {
+          const heard = e.pid === undefined ? undefined : workerOfPid.get(e.pid);
+          if (slot && heard !== undefined && heard !== e.worker) say(`ignored a 'lost' of device ${e.device} (${e.reason}): it names worker ${e.worker}, but pid ${e.pid} beats as worker ${heard}`);
+          else if (slot && e.pid !== undefined) {
             say(`device ${e.device} was given up (${e.reason}): killing its worker (pid ${e.pid})`);
             slot.child.kill('SIGKILL');
           }
@@ -233,11 +237,16 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     // Workers too: the supervisor gives up a silent worker it knows, but one it has never heard
     // (a worker that hung while a new supervisor was taking over) only its launcher can find.
     const workerBeats = new Map<number, number>();
+    const workerOfPid = new Map<number, string>();
     const stopWorkerBeats = subscribe(
       nc,
       subj.heartbeats,
       Heartbeat,
-      (b) => b.pid !== undefined && workerBeats.set(b.pid, Date.now()),
+      (b) => {
+        if (b.pid === undefined) return;
+        workerBeats.set(b.pid, Date.now());
+        workerOfPid.set(b.pid, b.worker);
+      },
       () => {},
     );
     let pausedUntil = 0;

@@ -570,7 +570,7 @@ export class Device {
     const all = new Promise<void>((resolve) => (arrived = resolve));
     if (want === 0) arrived();
     const subs = body.recvs.map((r) =>
-      this.bus.subscribe(this.subj.chunks(r.transfer), {
+      this.bus.subscribe(this.subj.transferChunks(r.transfer), {
         callback: (_e, msg) => {
           received += msg.data.length;
           if (received >= want) arrived();
@@ -588,7 +588,7 @@ export class Device {
         const pace = pacer(this.bus);
         for (let left = s.bytes; left > 0; ) {
           const size = Math.min(left, chunk.length);
-          this.bus.publish(this.subj.chunks(s.transfer), chunk.subarray(0, size));
+          this.bus.publish(this.subj.chunks(s.transfer, this.index), chunk.subarray(0, size));
           left -= size;
           sent += size;
           await pace.published();

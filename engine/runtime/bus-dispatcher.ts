@@ -2,7 +2,7 @@
 // device; reallocations follow runRealloc (engine/dispatch.ts), so that every destination is
 // subscribed before a source publishes a byte.
 import type { NatsConnection } from '@nats-io/transport-node';
-import { BusError, request } from '../../mesh/wire/index.ts';
+import { BusError, requestChecked } from '../../mesh/wire/index.ts';
 import { ProtocolError } from '../../mesh/wire/index.ts';
 import { PROTOCOL_VERSION, Reply, type CallFn, type CallOf, type Checkpoint, type ResultOf } from '../../mesh/wire/index.ts';
 import type { Subjects } from '../../mesh/wire/index.ts';
@@ -28,6 +28,10 @@ export interface BusDispatcherOptions {
   beforeCall?: (device: number, model: string, iteration: number, fn: CallFn) => Promise<void>;
   /** Told of every call answered: when it was sent, when the device ran it, when the reply came. */
   onSpan?: (span: CallSpan) => void;
+  /** The seal of the worker process that is a device now (membership.ts), when known: a reply without it is dropped. */
+  sealOf?: (device: number) => string | undefined;
+  /** Told of every reply dropped: it did not decode, answers another call, or is not the device's. */
+  onDropped?: (line: string) => void;
 }
 
 /** One call as the timeline shows it (times in ms since the epoch). */
@@ -93,8 +97,25 @@ export class BusDispatcher implements Dispatcher {
         const sent = Date.now();
         const span = (ok: boolean, ms = 0) =>
           this.options.onSpan?.({ device, model, fn: body.fn, iteration, epoch: this.epoch, sent, device_ms: ms, replied: Date.now(), ok, ...(group ? { group } : {}) });
+        // Anyone holding the device's credential hears its calls and may answer first: only a
+        // reply to this call, sealed by the device's worker process, counts; the call waits for it.
+        const seal = this.options.sealOf?.(device);
+        const mine = (r: Reply) =>
+          r.id !== id
+            ? `it answers ${r.id === undefined ? 'no call' : `call ${r.id}`}`
+            : seal !== undefined && r.seal !== seal
+              ? `it is not sealed by the worker process of device ${device}`
+              : undefined;
         try {
-          reply = await request(this.nc, this.subj.call(device), { type: 'call', v: PROTOCOL_VERSION, id, model, iteration, epoch, ...(group ? { group } : {}), body }, Reply, this.callTimeoutMs);
+          reply = await requestChecked(
+            this.nc,
+            this.subj.call(device),
+            { type: 'call', v: PROTOCOL_VERSION, id, model, iteration, epoch, ...(group ? { group } : {}), body },
+            Reply,
+            this.callTimeoutMs,
+            mine,
+            (problem) => this.options.onDropped?.(`dropped a reply to call ${id} (${where}): ${problem}`),
+          );
         } catch (cause) {
           span(false);
           const code = cause instanceof BusError ? cause.reason : cause instanceof ProtocolError ? 'malformed' : 'failed';
@@ -105,7 +126,6 @@ export class BusDispatcher implements Dispatcher {
         this.totals.calls += 1;
         this.totals.round_trip_seconds += (performance.now() - t0) / 1000;
         this.totals.device_seconds += (reply.ms ?? 0) / 1000;
-        if (reply.id !== id) throw new CallError('malformed', `${where}: reply is for call ${reply.id}, expected ${id}`);
         return checkResult(body.fn as F, reply.body, where);
       }),
     );

@@ -5,9 +5,10 @@
 //     and scores, published with a Nats-Msg-Id so that a repeated publish is stored once, the
 //     last few per subject kept. Nothing read back is trusted blindly: the supervisor keeps each
 //     record's sequence number and SHA-256 when it writes it and reads that message back, checked;
-//     without them (a supervisor that took the run over) it reads the newest record of the subject
-//     and checks its bytes, schema, version, iteration and stage. A record that fails is treated as
-//     missing — the stage is computed again, deterministically — and logged with its subject;
+//     a supervisor that started the run takes no record it did not write; one that took the run
+//     over reads the newest record of the subject and checks its bytes, schema, version,
+//     iteration and stage. A record that fails is treated as missing — the stage is computed
+//     again, deterministically — and logged with its subject;
 //   - Object Store `ferry-<run>-snapshots`: every shard's state after an iteration (the same
 //     record as a run directory's checkpoint.msgpack), the last two kept.
 // All three are file-backed, so they survive a restart of the server.
@@ -31,6 +32,11 @@ export interface JetStreamStoreOptions {
   patienceMs?: number;
   /** Where a record that fails its checks is reported. */
   log?: (line: string) => void;
+  /**
+   * The supervisor started the run (it did not take it over): every record it may use, it wrote,
+   * so one it did not write is treated as missing, however well it reads.
+   */
+  ownOnly?: boolean;
 }
 
 /** Messages kept per results subject: a few forged ones after the real record do not push it out. */
@@ -60,6 +66,7 @@ export class JetStreamStore implements RunStore {
     private readonly kv: KV,
     private readonly objects: ObjectStore,
     private readonly log: (line: string) => void,
+    private readonly ownOnly: boolean,
   ) {}
 
   /** Per results subject, the sequence number and SHA-256 of the record this store wrote. */
@@ -82,7 +89,7 @@ export class JetStreamStore implements RunStore {
     });
     const kv = await patiently(`creating KV bucket ferry-${run}`, patience, () => new Kvm(js).create(`ferry-${run}`, { history: 1, replicas }));
     const objects = await patiently(`creating object store ferry-${run}-snapshots`, patience, () => new Objm(js).create(`ferry-${run}-snapshots`, { replicas }));
-    return new JetStreamStore(patience, run, subj, js, jsm, stream, kv, objects, options.log ?? (() => {}));
+    return new JetStreamStore(patience, run, subj, js, jsm, stream, kv, objects, options.log ?? (() => {}), options.ownOnly ?? false);
   }
 
   async saveProgress(p: Progress): Promise<void> {
@@ -102,7 +109,10 @@ export class JetStreamStore implements RunStore {
     // acknowledgement then names the first one's sequence number.
     const subject = this.subj.results(iteration, stage);
     const bytes = encode({ type: 'stage', v: PROTOCOL_VERSION, iteration, stage, value: value as Record<string, unknown> });
-    const ack = await patiently(`storing the ${stage} of iteration ${iteration}`, this.patienceMs, () => this.js.publish(subject, bytes, { msgID: `${this.run}.${iteration}.${stage}` }));
+    const store = (msgID?: string) => patiently(`storing the ${stage} of iteration ${iteration}`, this.patienceMs, () => this.js.publish(subject, bytes, msgID ? { msgID } : {}));
+    let ack = await store(`${this.run}.${iteration}.${stage}`);
+    // Someone else's record holds the id, and it cannot be this supervisor's: stored all the same.
+    if (ack.duplicate && this.ownOnly && !this.written.has(subject)) ack = await store();
     if (!ack.duplicate) this.written.set(subject, { seq: ack.seq, sha256: sha256(bytes) });
     else if (!this.written.has(subject)) this.written.set(subject, { seq: ack.seq, sha256: '' }); // written before this store: its bytes are checked as read
   }
@@ -124,6 +134,7 @@ export class JetStreamStore implements RunStore {
       return undefined;
     };
     if (msg.subject !== subject) return refuse(`is on ${msg.subject}`);
+    if (!mine && this.ownOnly) return refuse('is not a record this supervisor wrote, and it started the run');
     if (mine?.sha256 && sha256(msg.data) !== mine.sha256) return refuse('is not the record this supervisor wrote (its SHA-256 differs)');
     let record: { iteration: number; stage: string; value: Record<string, unknown> };
     try {
@@ -139,13 +150,41 @@ export class JetStreamStore implements RunStore {
     const bytes = encode({ type: 'checkpoint', v: PROTOCOL_VERSION, iteration, models: set });
     await patiently(`storing the snapshot after iteration ${iteration}`, this.patienceMs, () => this.objects.putBlob({ name: `snapshot-${iteration}` }, bytes));
     // Keep the one before too: a failure while this one was being written leaves that one whole.
-    await patiently('dropping old snapshots', this.patienceMs, async () => {
-      for (const info of await this.objects.list()) {
-        const n = Number(info.name.replace('snapshot-', ''));
-        if (!info.deleted && n < iteration - 1) await this.objects.delete(info.name);
-      }
-    });
+    await this.dropSnapshotsBefore(iteration - 1);
     return { bytes: bytes.length };
+  }
+
+  /** Entries of the snapshot bucket that did not read: said once each. */
+  private readonly unreadable = new Set<string>();
+
+  /**
+   * Deletes the snapshots before `iteration`, found by the names in the bucket's metadata
+   * subjects, not by reading every entry: an entry that does not read (anyone who may write the
+   * bucket could leave one) is left alone and said once, and the snapshots are saved all the same.
+   * Best effort: what a failure leaves, the next save deletes.
+   */
+  private async dropSnapshotsBefore(iteration: number): Promise<void> {
+    const bucket = `ferry-${this.run}-snapshots`;
+    const prefix = `$O.${bucket}.M.`;
+    let names: string[];
+    try {
+      const info = await this.jsm.streams.info(`OBJ_${bucket}`, { subjects_filter: `${prefix}>` });
+      names = Object.keys(info.state.subjects ?? {}).map((subject) => Buffer.from(subject.slice(prefix.length), 'base64url').toString());
+    } catch (e) {
+      this.log(`could not list the snapshots to drop: ${(e as Error).message}`);
+      return;
+    }
+    for (const name of names) {
+      const n = /^snapshot-(-?\d+)$/.exec(name); // -1: the one taken after setup
+      if (!n || Number(n[1]) >= iteration) continue;
+      try {
+        const info = await this.objects.info(name);
+        if (info && !info.deleted) await this.objects.delete(name);
+      } catch (e) {
+        if (!this.unreadable.has(name)) this.log(`the run store's snapshot entry ${JSON.stringify(name)} does not read (${(e as Error).message}): left as it is`);
+        this.unreadable.add(name);
+      }
+    }
   }
 
   async loadSnapshot(iteration: number): Promise<CheckpointSet | undefined> {

@@ -1,3 +1,4 @@
+import { hostname } from 'node:os';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { decode, encode } from '../../mesh/wire/codec.ts';
 import { MemoryBus } from '../../mesh/wire/memory-bus.ts';
@@ -238,6 +239,20 @@ describe('Membership: a worker whose process exits', () => {
     await settle();
     expect(m.lost).toEqual([]);
     expect(m.lostEvents()).toEqual([]);
+    m.membership.close();
+  });
+
+  it('ignores an exit of a process this machine sees alive, whoever says so, and keeps each worker’s seal', async () => {
+    const m = setup([0]);
+    open = m.membership;
+    // This test's own process: alive, on this host.
+    const hello = { type: 'hello', v, worker: 'w1', pid: process.pid, host: hostname(), backend: 'wasm', seal: 's3al' };
+    await m.bus.request(subj.join, encode(hello), { timeout: 1000 });
+    await m.beat(0, 'w1', process.pid);
+    await m.exit(process.pid, null, 'SIGKILL');
+    expect(m.lost).toEqual([]);
+    expect(m.logs.at(-1)).toBe(`ignored an exit of pid ${process.pid} (device 0, worker w1): that process is alive on this machine`);
+    expect(m.membership.sealOf(0)).toBe('s3al');
     m.membership.close();
   });
 

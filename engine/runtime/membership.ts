@@ -1,12 +1,14 @@
 // Who is which device, for the whole run. A worker asks to join and gets a free device; it counts
 // as joined at its first heartbeat (which it sends after subscribing to its call subject, and the
 // server keeps one connection's messages in order, so calls cannot race it). A device is given up
-// when its worker's process exits (the launcher says so on the events subject) or when its
-// heartbeats stop for `heartbeatMs`: then the supervisor hears `lost`, the run's observers hear it
-// too (with the pid, so that whoever started the process kills it, and the worker itself, so
-// that it leaves), and the device is free for a new worker. A supervisor that takes a run over
-// adopts the workers it hears beating. What a worker says on its heartbeat (a warning) is said
-// for it: a worker may not publish run events.
+// when its worker's process exits (the launcher says so on the events subject; a process that
+// this machine sees alive has not exited, whoever says so) or when its heartbeats stop for
+// `heartbeatMs`: then the supervisor hears `lost`, the run's observers hear it too (with the pid,
+// so that whoever started the process kills it, and the worker itself, so that it leaves), and
+// the device is free for a new worker. A supervisor that takes a run over adopts the workers it
+// hears beating. What a worker says on its heartbeat (a warning) is said for it: a worker may not
+// publish run events. Each worker's seal (protocol.ts) is kept for the dispatcher.
+import { hostname } from 'node:os';
 import { answerable, publishEvent, subscribe, subscribeEvents, type Bus } from '../../mesh/wire/index.ts';
 import { encode } from '../../mesh/wire/index.ts';
 import { Heartbeat, Hello, PROTOCOL_VERSION } from '../../mesh/wire/index.ts';
@@ -28,6 +30,10 @@ export interface Lost {
 interface Member {
   worker: string;
   pid?: number;
+  /** The host its hello named (none for a worker adopted from its heartbeats). */
+  host?: string;
+  /** Its process's seal (protocol.ts): a reply to a call without it is not that process's. */
+  seal?: string;
   backend: string;
   lastBeat: number;
   announced: boolean;
@@ -94,7 +100,12 @@ export class Membership {
         subj,
         (e) => {
           if (e.type !== 'exit' || e.kind !== 'worker') return;
-          for (const [device, m] of this.members) if (m.pid === e.pid) this.lose(device, `its process (pid ${e.pid}) ${describeExit(e)}`, false);
+          for (const [device, m] of this.members) {
+            if (m.pid !== e.pid) continue;
+            // The launcher says so once the process has gone: one this machine sees alive has not.
+            if (aliveHere(m)) o.log(`ignored an exit of pid ${e.pid} (device ${device}, worker ${m.worker}): that process is alive on this machine`);
+            else this.lose(device, `its process (pid ${e.pid}) ${describeExit(e)}`, false);
+          }
         },
         () => {},
       ),
@@ -113,6 +124,11 @@ export class Membership {
     for (const stop of this.stops.splice(0)) stop();
   }
 
+  /** The seal of the worker process that is `device` now, when it said one. */
+  sealOf(device: number): string | undefined {
+    return this.members.get(device)?.seal;
+  }
+
   private join(hello: Hello): number | string {
     // Asking again (a slow reply, a retry) gets the same device back.
     const held = [...this.members].find(([, m]) => m.worker === hello.worker);
@@ -128,7 +144,7 @@ export class Membership {
       return refusal;
     }
     const device = hello.device ?? free[0]!;
-    this.members.set(device, { worker: hello.worker, pid: hello.pid, backend: hello.backend, lastBeat: Date.now(), announced: false });
+    this.members.set(device, { worker: hello.worker, pid: hello.pid, host: hello.host, seal: hello.seal, backend: hello.backend, lastBeat: Date.now(), announced: false });
     this.o.log(`worker ${hello.worker} (pid ${hello.pid} on ${hello.host}, ${hello.backend}) is device ${device}`);
     return device;
   }
@@ -138,7 +154,7 @@ export class Membership {
     let m = this.members.get(beat.device);
     if (!m && this.need.includes(beat.device)) {
       // A worker this supervisor never welcomed (it took the run over): adopt it.
-      m = { worker: beat.worker, pid: beat.pid, backend: beat.backend ?? 'unknown', lastBeat: Date.now(), announced: false };
+      m = { worker: beat.worker, pid: beat.pid, seal: beat.seal, backend: beat.backend ?? 'unknown', lastBeat: Date.now(), announced: false };
       this.members.set(beat.device, m);
       this.o.log(`adopted worker ${beat.worker} (pid ${beat.pid ?? '?'}) as device ${beat.device}`);
     }
@@ -172,5 +188,16 @@ export class Membership {
     // Observers hear it; the launcher kills a hung process it started (a dead one is already gone).
     publishEvent(this.nc, this.subj, { type: 'lost', device, worker: m.worker, ...(kill && m.pid !== undefined ? { pid: m.pid } : {}), reason });
     if (m.announced) this.o.onLost({ device, worker: m.worker, reason });
+  }
+}
+
+/** Whether a member's process is alive on this machine (the host its hello named is this one). */
+function aliveHere(m: Member): boolean {
+  if (m.pid === undefined || m.host !== hostname()) return false;
+  try {
+    process.kill(m.pid, 0);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'EPERM';
   }
 }

@@ -5,7 +5,7 @@
 import { subscribe, type Bus } from '../wire/index.ts';
 import { encode } from '../wire/index.ts';
 import { Collective, PROTOCOL_VERSION } from '../wire/index.ts';
-import type { Subjects } from '../wire/index.ts';
+import { senderOf, type Subjects } from '../wire/index.ts';
 
 export class CommError extends Error {
   override name = 'CommError';
@@ -37,9 +37,12 @@ export class Comm {
   ) {
     this.stop = subscribe(
       bus,
-      subj.collective(device),
+      subj.collectivesTo(device),
       Collective,
-      (m) => this.deliver(m),
+      (m, msg) => {
+        // Each device sends on its own subject, as itself only (the server sees to it on a closed bus).
+        if (senderOf(msg.subject) === m.from) this.deliver(m);
+      },
       () => {},
     );
   }
@@ -91,7 +94,7 @@ export class Comm {
     const parts = Math.max(1, Math.ceil(data.length / max));
     for (let part = 0; part < parts; part++) {
       const piece = data.subarray(part * max, Math.min(data.length, (part + 1) * max));
-      this.bus.publish(this.subj.collective(device), encode({ type: 'coll', v: PROTOCOL_VERSION, group, tag, from: this.device, part, parts, data: piece }));
+      this.bus.publish(this.subj.collective(device, this.device), encode({ type: 'coll', v: PROTOCOL_VERSION, group, tag, from: this.device, part, parts, data: piece }));
     }
   }
 

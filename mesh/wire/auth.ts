@@ -74,13 +74,13 @@ export function permissions(run: string, devices: readonly number[]): Omit<Recor
       responses: true,
     },
     // It alone writes the run's JetStream stream, KV bucket and snapshots, sends calls and go, and
-    // asks reward actors.
+    // asks reward actors; its chunks and receipts, as the supervisor.
     supervisor: {
       publish: [
         s.calls,
         s.allGo,
-        s.allChunks,
-        s.allReceipts,
+        s.chunksFrom('supervisor'),
+        s.receiptsFrom('supervisor'),
         s.allResults,
         s.supervisorBeat,
         s.chaos,
@@ -96,14 +96,16 @@ export function permissions(run: string, devices: readonly number[]): Omit<Recor
       subscribe: [s.join, s.heartbeats, s.events, s.allReady, s.allChunks, s.allReceipts, inbox('supervisor'), rewards.presence],
       responses: true,
     },
-    // Its own heartbeats and calls, the chunks and collectives it sends, and nothing on results,
-    // events, go or the run's state. A worker hosting a learned reward model serves it as a reward actor.
+    // Its own heartbeats and calls, the chunks, receipts and collectives it sends (as its device
+    // only: each names its sender in its subject), and nothing on results, events, go or the
+    // run's state. It hears the supervisor beat (a `done` while it beats is not the run's end). A
+    // worker hosting a learned reward model serves it as a reward actor.
     workers: Object.fromEntries(
       devices.map((d) => [
         d,
         {
-          publish: [s.join, s.heartbeat(d), s.chaos, s.allReady, s.allChunks, s.allReceipts, s.collectives, rewards.presence],
-          subscribe: [s.call(d), s.events, s.allGo, s.allChunks, s.allReceipts, s.collective(d), `${inboxOf(workerUser(run, d))}.>`, rewards.all],
+          publish: [s.join, s.heartbeat(d), s.chaos, s.allReady, s.chunksFrom(d), s.receiptsFrom(d), s.collectivesFrom(d), rewards.presence],
+          subscribe: [s.call(d), s.events, s.supervisorBeat, s.allGo, s.allChunks, s.allReceipts, s.collectivesTo(d), `${inboxOf(workerUser(run, d))}.>`, rewards.all],
           responses: true,
         },
       ]),

@@ -143,15 +143,59 @@ export async function request<S extends z.ZodType>(nc: Bus, subject: string, mes
   try {
     reply = await nc.request(subject, bytes, { timeout: timeoutMs });
   } catch (cause) {
-    const text = `${(cause as Error).name} ${String(cause)}`;
-    const [why, reason]: [string, BusFailure] = /no ?responders/i.test(text)
-      ? ['no one is subscribed', 'unreachable']
-      : /timeout/i.test(text)
-        ? [`no reply within ${timeoutMs} ms`, 'timeout']
-        : [(cause as Error).message, 'failed'];
-    throw new BusError(`request '${message.type}' on ${subject} failed: ${why}`, reason, { cause });
+    throw requestFailed(message.type, subject, timeoutMs, cause);
   }
   return decode(subject, reply.data, schema);
+}
+
+function requestFailed(type: string, subject: string, timeoutMs: number, cause: unknown): BusError {
+  const text = `${(cause as Error).name} ${String(cause)}`;
+  const [why, reason]: [string, BusFailure] = /no ?responders/i.test(text)
+    ? ['no one is subscribed', 'unreachable']
+    : /timeout/i.test(text)
+      ? [`no reply within ${timeoutMs} ms`, 'timeout']
+      : [(cause as Error).message, 'failed'];
+  return new BusError(`request '${type}' on ${subject} failed: ${why}`, reason, { cause });
+}
+
+/**
+ * A request answered by the first reply that decodes and that `check` accepts (it says why not).
+ * Whoever hears a request may answer it (on a closed bus, once each), so the first answer need not
+ * be the one asked for: a reply refused goes to `onRefused`, and the request waits on for its own
+ * until the timeout.
+ */
+export async function requestChecked<S extends z.ZodType>(
+  nc: NatsConnection,
+  subject: string,
+  message: { type: string; v: number; [key: string]: unknown },
+  schema: S,
+  timeoutMs: number,
+  check: (reply: z.infer<S>) => string | undefined,
+  onRefused: (problem: string) => void,
+): Promise<z.infer<S>> {
+  const bytes = encode(message);
+  const max = nc.info?.max_payload;
+  if (max !== undefined && bytes.length > max) {
+    throw new BusError(`request '${message.type}' on ${subject} is ${bytes.length} bytes, over the server's max payload of ${max}`, 'too_large');
+  }
+  let refused = '';
+  try {
+    for await (const reply of await nc.requestMany(subject, bytes, { strategy: 'timer', maxWait: timeoutMs })) {
+      let problem: string | undefined;
+      try {
+        const decoded = decode(subject, reply.data, schema);
+        problem = check(decoded);
+        if (problem === undefined) return decoded;
+      } catch (e) {
+        problem = e instanceof ProtocolError ? e.problem : String(e);
+      }
+      refused = problem;
+      onRefused(problem);
+    }
+  } catch (cause) {
+    throw requestFailed(message.type, subject, timeoutMs, cause);
+  }
+  throw new BusError(`request '${message.type}' on ${subject} failed: no reply within ${timeoutMs} ms${refused ? ` (replies refused, the last: ${refused})` : ''}`, 'timeout');
 }
 
 /**

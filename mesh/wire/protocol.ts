@@ -281,6 +281,14 @@ export type Collective = z.infer<typeof Collective>;
 export const ERROR_CODES = ['malformed', 'busy', 'not_loaded', 'unsupported', 'invalid_state', 'digest_mismatch', 'timeout', 'unreachable', 'too_large', 'interrupted', 'failed'] as const;
 export type ErrorCode = (typeof ERROR_CODES)[number];
 
+/**
+ * A worker process's seal: random bits it makes when it starts, says in its hello and heartbeats
+ * (on a closed bus only the supervisor and the launcher hear those) and puts on every reply to a
+ * call. Anyone who holds the device's credential can hear its calls and answer first; only the
+ * process the supervisor welcomed can seal the answer.
+ */
+const seal = z.string().optional();
+
 export const Result = z.strictObject({
   type: z.literal('result'),
   v,
@@ -288,6 +296,7 @@ export const Result = z.strictObject({
   body: z.record(z.string(), z.unknown()),
   /** Milliseconds the device spent running the call, to tell compute from transport. */
   ms: z.number().nonnegative().optional(),
+  seal,
 });
 export type Result = z.infer<typeof Result>;
 
@@ -299,6 +308,7 @@ export const ErrorReply = z.strictObject({
   message: z.string(),
   /** The subject the offending message came on, when there was one. */
   subject: z.string().optional(),
+  seal,
 });
 export type ErrorReply = z.infer<typeof ErrorReply>;
 
@@ -371,6 +381,7 @@ export const Hello = z.strictObject({
   pid: nat,
   host: z.string(),
   backend: z.string(),
+  seal,
 });
 export type Hello = z.infer<typeof Hello>;
 
@@ -393,6 +404,8 @@ export const Heartbeat = z.strictObject({
    * run's events: its supervisor says it there for it.
    */
   warning: z.string().optional(),
+  /** So that a supervisor that adopts the worker from its beats knows its seal. */
+  seal,
 });
 export type Heartbeat = z.infer<typeof Heartbeat>;
 

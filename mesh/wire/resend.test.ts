@@ -80,7 +80,7 @@ function faulty(bus: Bus, mangle: (data: Uint8Array, at: string) => Uint8Array |
   const seen = new Set<string>();
   return {
     publish: (subject, data) => {
-      if (!subject.endsWith('.chunk') || !data) return bus.publish(subject, data);
+      if (!subject.includes('.chunk.') || !data) return bus.publish(subject, data);
       const m = decode(subject, data, TransferMessage);
       const at = m.type === 'chunk' ? `${m.tensor}@${m.offset}` : 'sent';
       const out = seen.has(at) ? data : mangle(data, at);
@@ -160,7 +160,7 @@ describe('a transfer on the in-memory bus', () => {
     expect(asked.sort()).toEqual(['a@0', 'a@16384', 'a@32768']);
     expect(out.resent()).toBe(3);
     expect(seen.filter((r) => r.type === 'received')).toEqual([{ type: 'received', v: PROTOCOL_VERSION, transfer: 'x1', from: 1 }]);
-    const prefix = `device 1 dropped a message on ${subj.chunks('x1')}: `;
+    const prefix = `device 1 dropped a message on ${subj.chunks('x1', 2)}: `;
     expect(lines.filter((l) => l.startsWith(prefix) && /not msgpack|expected a msgpack map/.test(l))).toHaveLength(1);
     expect(lines.filter((l) => l.startsWith(prefix) && /chunk digest [0-9a-f]+ does not match .*; asking device 2 to send that chunk again$/.test(l))).toHaveLength(1);
     incoming.close();
@@ -179,9 +179,10 @@ describe('a transfer on the in-memory bus', () => {
       { ...real[2]!, from: 'supervisor' }, // a@32768: claims the supervisor
       { ...real[4]!, transfer: 'x9' }, // b@0: another transfer's
     ];
-    // A third party publishes before the sender does.
-    for (const c of forged) bus.publish(subj.chunks('x2'), encode(c));
-    bus.publish(subj.chunks('x2'), new Uint8Array([0xc1, 0x00, 0xff]));
+    // A third party publishes before the sender does, each chunk on the subject of the party it
+    // claims (as a server without credentials lets anyone).
+    for (const c of forged) bus.publish(subj.chunks('x2', c.from), encode(c));
+    bus.publish(subj.chunks('x2', 2), new Uint8Array([0xc1, 0x00, 0xff]));
     await bus.flush();
     expect(incoming.dropped()).toBe(5);
     const out = offerTensors(bus, subj, offer('x2', tensors, [1]), ONE_BLOCK, { timeoutMs: 10_000, warn: () => {} });
@@ -194,12 +195,41 @@ describe('a transfer on the in-memory bus', () => {
     expect(asked.sort()).toEqual(['a@0', 'a@16384', 'a@32768', 'b@0']);
     // Each bad message is one line, naming the subject and what was wrong.
     expect(lines).toHaveLength(5);
-    expect(lines.every((l) => l.includes(subj.chunks('x2')))).toBe(true);
+    expect(lines.every((l) => l.includes(subj.transferChunks('x2').replace('*', '')))).toBe(true);
     expect(lines.join('\n')).toMatch(/chunk digest [0-9a-f]+ does not match/);
     expect(lines.join('\n')).toContain("chunk says it comes from device 7; this transfer's sender is device 2");
     expect(lines.join('\n')).toContain("chunk says it comes from the supervisor; this transfer's sender is device 2");
     expect(lines.join('\n')).toContain('chunk belongs to transfer x9');
     expect(lines.join('\n')).toContain('not msgpack');
+    incoming.close();
+    out.close();
+  });
+
+  it("drops a chunk or a `sent` on another party's subject than the one it names, and the sender ignores such a receipt", async () => {
+    // On a closed bus the server lets a device publish on its own subjects only, so a message that
+    // names its sender on someone else's subject is forged, however right its bytes.
+    const bus = new MemoryBus();
+    const seen = receipts(bus);
+    const lines: string[] = [];
+    const { incoming, got } = await receive(bus, 'x8', 1, 2, (l) => lines.push(l));
+    const real = [...chunksOf('x8', tensors, ONE_BLOCK, { from: 2 })];
+    const forgedData = real[4]!.data.map((x) => x + 1);
+    const [forged] = [...chunksOf('x8', [{ name: 'b', shape: [16384], data: forgedData }], ONE_BLOCK, { from: 2 })];
+    bus.publish(subj.chunks('x8', 7), encode(forged!));
+    bus.publish(subj.chunks('x8', 7), encode({ type: 'sent', v: PROTOCOL_VERSION, transfer: 'x8', from: 2, chunks: 1, elements: chunkElements(ONE_BLOCK) }));
+    await bus.flush();
+    expect(incoming.dropped()).toBe(2);
+    expect(lines.join('\n')).toContain(`dropped a message on ${subj.chunks('x8', 7)}: a 'chunk' that says it comes from device 2, on another party's subject`);
+    const out = offerTensors(bus, subj, offer('x8', tensors, [1]), ONE_BLOCK, { timeoutMs: 10_000, warn: (l) => lines.push(l) });
+    // A `received` for receiver 1, on device 9's subject: not heard as device 1's.
+    bus.publish(subj.receipts('x8', 9), encode({ type: 'received', v: PROTOCOL_VERSION, transfer: 'x8', from: 1 }));
+    await bus.flush();
+    expect(lines.join('\n')).toContain(`ignored a 'received' on ${subj.receipts('x8', 9)}: it says it comes from device 1, on another party's subject`);
+    await out.send();
+    await incoming.done;
+    await out.received;
+    exact(got);
+    expect(seen.filter((r) => r.type === 'received')).toHaveLength(2); // the forged one, and device 1's own
     incoming.close();
     out.close();
   });
@@ -210,7 +240,7 @@ describe('a transfer on the in-memory bus', () => {
     const r2 = await receive(bus, 'x3', 3, 2);
     const [c0] = [...chunksOf('x3', tensors, ONE_BLOCK, { from: 2 })];
     const out = offerTensors(bus, subj, offer('x3', tensors, [1, 3]), ONE_BLOCK, { timeoutMs: 10_000, warn: () => {} });
-    bus.publish(subj.chunks('x3'), encode({ ...c0!, sha256: '0'.repeat(64) }));
+    bus.publish(subj.chunks('x3', 2), encode({ ...c0!, sha256: '0'.repeat(64) }));
     await bus.flush();
     await out.send();
     await Promise.all([r1.incoming.done, r2.incoming.done, out.received]);
@@ -228,10 +258,10 @@ describe('a transfer on the in-memory bus', () => {
     let settled = false;
     out.received.then(() => (settled = true));
     await out.send();
-    const said = (from: number) => bus.publish(subj.receipts('x4'), encode({ type: 'received', v: PROTOCOL_VERSION, transfer: 'x4', from }));
+    const said = (from: number) => bus.publish(subj.receipts('x4', from), encode({ type: 'received', v: PROTOCOL_VERSION, transfer: 'x4', from }));
     said(1);
     said(9); // not a receiver
-    bus.publish(subj.receipts('x4'), encode({ type: 'resend', v: PROTOCOL_VERSION, transfer: 'x4', from: 9, tensor: 'w', offset: 0, attempt: 1 }));
+    bus.publish(subj.receipts('x4', 9), encode({ type: 'resend', v: PROTOCOL_VERSION, transfer: 'x4', from: 9, tensor: 'w', offset: 0, attempt: 1 }));
     await bus.flush();
     expect(settled).toBe(false);
     expect(out.resent()).toBe(0);
@@ -248,8 +278,8 @@ describe('a transfer on the in-memory bus', () => {
     // A sender that publishes once, one chunk with a flipped bit, and never answers.
     const chunks = [...chunksOf('x5', tensors, ONE_BLOCK, { from: 2 })];
     chunks[1] = { ...chunks[1]!, data: chunks[1]!.data.map((x, i) => (i === 9 ? x + 1 : x)) };
-    for (const c of chunks) bus.publish(subj.chunks('x5'), encode(c));
-    bus.publish(subj.chunks('x5'), encode({ type: 'sent', v: PROTOCOL_VERSION, transfer: 'x5', from: 2, chunks: chunks.length, elements: chunkElements(ONE_BLOCK) }));
+    for (const c of chunks) bus.publish(subj.chunks('x5', 2), encode(c));
+    bus.publish(subj.chunks('x5', 2), encode({ type: 'sent', v: PROTOCOL_VERSION, transfer: 'x5', from: 2, chunks: chunks.length, elements: chunkElements(ONE_BLOCK) }));
     await expect(incoming.done).rejects.toThrow(
       /^transfer x5: the chunk of tensor 'a' at offset 16384 from device 2 did not come intact after 3 requests to send it again \(the last problem: transfer x5, tensor 'a' at offset 16384: chunk digest [0-9a-f]+ does not match [0-9a-f]+\)$/,
     );
@@ -263,13 +293,13 @@ describe('a transfer on the in-memory bus', () => {
     const lines: string[] = [];
     const { incoming } = await receive(bus, 'x6', 1, 2, (l) => lines.push(l), fast);
     const chunks = [...chunksOf('x6', tensors, ONE_BLOCK, { from: 2 })].filter((c) => c.tensor !== 'b');
-    for (const c of chunks) bus.publish(subj.chunks('x6'), encode(c));
+    for (const c of chunks) bus.publish(subj.chunks('x6', 2), encode(c));
     const sent = { type: 'sent', v: PROTOCOL_VERSION, transfer: 'x6', chunks: chunks.length + 1, elements: chunkElements(ONE_BLOCK) };
-    bus.publish(subj.chunks('x6'), encode({ ...sent, from: 5 }));
+    bus.publish(subj.chunks('x6', 5), encode({ ...sent, from: 5 }));
     await bus.flush();
     expect(seen).toEqual([]);
     expect(lines.join('\n')).toContain("'sent' for transfer x6 from device 5; this is transfer x6 from device 2");
-    bus.publish(subj.chunks('x6'), encode({ ...sent, from: 2 }));
+    bus.publish(subj.chunks('x6', 2), encode({ ...sent, from: 2 }));
     await bus.flush();
     expect(seen[0]).toEqual({ type: 'resend', v: PROTOCOL_VERSION, transfer: 'x6', from: 1, tensor: 'b', offset: 0, attempt: 1 });
     await expect(incoming.done).rejects.toThrow(/tensor 'b' at offset 0 from device 2 did not come intact after 3 requests .*it never came, though device 2 says it sent all 6 chunks/);
@@ -285,14 +315,14 @@ describe('a transfer on the in-memory bus', () => {
     await out.send();
     subscribe(
       bus,
-      subj.chunks('x7'),
+      subj.transferChunks('x7'),
       Chunk,
       (c) => again.push(c),
       () => {},
     );
     await bus.flush();
     for (const offset of [0, 16384 * 2 + 17, 5 * 16384 + 2]) {
-      bus.publish(subj.receipts('x7'), encode({ type: 'resend', v: PROTOCOL_VERSION, transfer: 'x7', from: 1, tensor: 'w', offset, attempt: 1 }));
+      bus.publish(subj.receipts('x7', 1), encode({ type: 'resend', v: PROTOCOL_VERSION, transfer: 'x7', from: 1, tensor: 'w', offset, attempt: 1 }));
       await bus.flush();
     }
     expect(again.map((c) => c.offset)).toEqual([0, 32768, 81920]);

@@ -1,5 +1,5 @@
 import { describe, it, expect } from 'vitest';
-import { SubjectError, runId, subjects, token } from './subjects.ts';
+import { SubjectError, runId, senderOf, subjects, token } from './subjects.ts';
 
 describe('token', () => {
   it('accepts letters, digits, - and _ and numbers', () => {
@@ -45,20 +45,26 @@ describe('subjects', () => {
     expect(s.call(3)).toBe('ferry.run-1.dev.3.call');
     expect(s.heartbeat(0)).toBe('ferry.run-1.hb.0');
     expect(s.heartbeats).toBe('ferry.run-1.hb.*');
-    expect(s.chunks('t-7')).toBe('ferry.run-1.xfer.t-7.chunk');
-    expect(s.receipts('t-7')).toBe('ferry.run-1.xfer.t-7.receipt');
+    // A transfer's chunks and receipts, and collectives, each on its sender's own subject.
+    expect(s.chunks('t-7', 2)).toBe('ferry.run-1.xfer.t-7.chunk.2');
+    expect(s.chunks('t-7', 'supervisor')).toBe('ferry.run-1.xfer.t-7.chunk.supervisor');
+    expect(s.receipts('t-7', 1)).toBe('ferry.run-1.xfer.t-7.receipt.1');
+    expect([s.transferChunks('t-7'), s.transferReceipts('t-7')]).toEqual(['ferry.run-1.xfer.t-7.chunk.*', 'ferry.run-1.xfer.t-7.receipt.*']);
+    expect([s.chunksFrom(2), s.receiptsFrom('supervisor')]).toEqual(['ferry.run-1.xfer.*.chunk.2', 'ferry.run-1.xfer.*.receipt.supervisor']);
+    expect([senderOf(s.chunks('t-7', 2)), senderOf(s.receipts('t-7', 'supervisor')), senderOf(s.collective(3, 0)), senderOf(s.join)]).toEqual([2, 'supervisor', 0, undefined]);
     expect(s.ready('r-7')).toBe('ferry.run-1.realloc.r-7.ready');
     expect(s.go('r-7')).toBe('ferry.run-1.realloc.r-7.go');
-    expect(s.collective(3)).toBe('ferry.run-1.coll.3');
+    expect(s.collective(3, 1)).toBe('ferry.run-1.coll.3.1');
+    expect([s.collectivesTo(3), s.collectivesFrom(1)]).toEqual(['ferry.run-1.coll.3.*', 'ferry.run-1.coll.*.1']);
     expect(s.event('done')).toBe('ferry.run-1.events.done');
     expect(s.events).toBe('ferry.run-1.events.>');
     // The wildcards that permissions (auth.ts) and subscribers use.
     expect([s.calls, s.allChunks, s.allReady, s.allGo, s.collectives]).toEqual([
       'ferry.run-1.dev.*.call',
-      'ferry.run-1.xfer.*.chunk',
+      'ferry.run-1.xfer.*.chunk.*',
       'ferry.run-1.realloc.*.ready',
       'ferry.run-1.realloc.*.go',
-      'ferry.run-1.coll.*',
+      'ferry.run-1.coll.*.*',
     ]);
   });
 
@@ -73,8 +79,11 @@ describe('subjects', () => {
       'calls',
       'chaos',
       'chunks',
+      'chunksFrom',
       'collective',
       'collectives',
+      'collectivesFrom',
+      'collectivesTo',
       'event',
       'events',
       'go',
@@ -83,9 +92,12 @@ describe('subjects', () => {
       'join',
       'ready',
       'receipts',
+      'receiptsFrom',
       'results',
       'root',
       'supervisorBeat',
+      'transferChunks',
+      'transferReceipts',
     ]);
   });
 
@@ -95,7 +107,7 @@ describe('subjects', () => {
   });
 
   it('rejects bad parts of per-device and per-transfer subjects', () => {
-    expect(() => s.chunks('x.y')).toThrow(/transfer id/);
+    expect(() => s.chunks('x.y', 0)).toThrow(/transfer id/);
     expect(() => s.ready('*')).toThrow(/reallocation id/);
     expect(() => s.call(0.5)).toThrow(/device/);
   });

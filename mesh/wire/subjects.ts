@@ -1,5 +1,6 @@
 // Every NATS subject ferry uses is built here, from typed parts. Nothing else concatenates
 // subject strings, so a rename or a permission rule (issue 6) has one place to look.
+import type { Party } from './protocol.ts';
 
 /** A subject token: letters, digits, `-` and `_` only (no `.`, `*`, `>` or white space). */
 const TOKEN = /^[A-Za-z0-9_-]+$/;
@@ -31,20 +32,35 @@ export function subjects(run: string) {
     heartbeats: `${root}.hb.*`,
     /** The supervisor's liveness beacon: the launcher kills a supervisor that goes silent. */
     supervisorBeat: `${root}.supervisor.hb`,
-    /** Parameter chunks of one transfer. */
-    chunks: (transfer: string) => `${root}.xfer.${token('transfer id', transfer)}.chunk`,
-    /** What a transfer's receivers tell its sender: resend a chunk, or everything arrived. */
-    receipts: (transfer: string) => `${root}.xfer.${token('transfer id', transfer)}.receipt`,
-    allReceipts: `${root}.xfer.*.receipt`,
-    allChunks: `${root}.xfer.*.chunk`,
+    /**
+     * Parameter chunks of one transfer, from its sender; and what a receiver tells the sender
+     * (resend a chunk, or everything arrived). Each party publishes on its own subjects, and the
+     * server lets a device publish only as itself (auth.ts): a chunk or a receipt that names
+     * another party than its subject's is forged. `transferChunks` and `transferReceipts` match
+     * every party's.
+     */
+    chunks: (transfer: string, from: Party) => `${root}.xfer.${token('transfer id', transfer)}.chunk.${party(from)}`,
+    receipts: (transfer: string, from: Party) => `${root}.xfer.${token('transfer id', transfer)}.receipt.${party(from)}`,
+    transferChunks: (transfer: string) => `${root}.xfer.${token('transfer id', transfer)}.chunk.*`,
+    transferReceipts: (transfer: string) => `${root}.xfer.${token('transfer id', transfer)}.receipt.*`,
+    allChunks: `${root}.xfer.*.chunk.*`,
+    allReceipts: `${root}.xfer.*.receipt.*`,
+    /** Every transfer's chunks, or receipts, from one party: what it may publish. */
+    chunksFrom: (from: Party) => `${root}.xfer.*.chunk.${party(from)}`,
+    receiptsFrom: (from: Party) => `${root}.xfer.*.receipt.${party(from)}`,
     /** A reallocation's devices say they are subscribed; then the supervisor says go. */
     ready: (realloc: string) => `${root}.realloc.${token('reallocation id', realloc)}.ready`,
     go: (realloc: string) => `${root}.realloc.${token('reallocation id', realloc)}.go`,
     allReady: `${root}.realloc.*.ready`,
     allGo: `${root}.realloc.*.go`,
-    /** Activations, gradients and partial sums addressed to one device (collectives). */
-    collective: (device: number) => `${root}.coll.${token('device', device)}`,
-    collectives: `${root}.coll.*`,
+    /**
+     * Activations, gradients and partial sums to one device from another (collectives), on the
+     * sender's own subject as chunks are; `collectivesTo` matches every sender's.
+     */
+    collective: (to: number, from: number) => `${root}.coll.${token('device', to)}.${token('device', from)}`,
+    collectivesTo: (to: number) => `${root}.coll.${token('device', to)}.*`,
+    collectivesFrom: (from: number) => `${root}.coll.*.${token('device', from)}`,
+    collectives: `${root}.coll.*.*`,
     /**
      * Run events (progress, warnings, errors) for launchers and observers, each on its own type's
      * subject, so that the server's permissions can say which role may publish which (auth.ts);
@@ -61,6 +77,14 @@ export function subjects(run: string) {
 }
 
 export type Subjects = ReturnType<typeof subjects>;
+
+const party = (p: Party) => (p === 'supervisor' ? p : token('device', p));
+
+/** The party whose own subject this is (a chunk's, a receipt's, a collective's: its last token). */
+export function senderOf(subject: string): Party | undefined {
+  const last = subject.slice(subject.lastIndexOf('.') + 1);
+  return last === 'supervisor' ? last : /^\d+$/.test(last) ? Number(last) : undefined;
+}
 
 /** A run id from a scenario name and a time, safe as a subject token. */
 export function runId(name: string, at: Date = new Date()): string {

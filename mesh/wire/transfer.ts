@@ -1,18 +1,19 @@
 // Chunked parameter transfers on the bus. A sender publishes every chunk of a transfer once on
-// its chunk subject, then `sent`. Each receiver checks every chunk (chunks.ts) and drops a bad one
-// — bytes that are not a chunk, another transfer's, another sender's, a wrong digest — logging it
-// once with its subject, and asks the sender on the transfer's receipt subject for that chunk
-// again; a receiver that has the sender's `sent` and still lacks chunks (a slow consumer's losses)
-// asks for those. Each chunk is asked for a bounded number of times (resend.ts), then the transfer
-// fails naming it, its sender and the tries. A receiver that holds everything says `received`; the
-// sender keeps what it sent, or cuts it again bit for bit, until every receiver has said so. A
-// chunk sent again racing its first copy is placed once.
+// its own chunk subject, then `sent`. Each receiver checks every chunk (chunks.ts) and drops a bad
+// one — bytes that are not a chunk, another transfer's, another sender's, one that names another
+// sender than its subject's, a wrong digest — logging it once with its subject, and asks the
+// sender on its own receipt subject for that chunk again; a receiver that has the sender's `sent`
+// and still lacks chunks (a slow consumer's losses) asks for those. Each chunk is asked for a
+// bounded number of times (resend.ts), then the transfer fails naming it, its sender and the
+// tries. A receiver that holds everything says `received`; the sender keeps what it sent, or cuts
+// it again bit for bit, until every receiver has said so. A chunk sent again racing its first copy
+// is placed once.
 import { subscribe, type Bus } from './bus.ts';
 import { encode } from './codec.ts';
 import { Assembler, BadChunkError, TransferError, chunkAt, chunkElements, chunksOf, partyName, timed, type Expected, type NamedTensor, type Place, type TransferTimes } from './chunks.ts';
 import { PROTOCOL_VERSION, Receipt, TransferMessage, type Party } from './protocol.ts';
 import { RESEND, Resends, type ResendPolicy } from './resend.ts';
-import type { Subjects } from './subjects.ts';
+import { senderOf, type Subjects } from './subjects.ts';
 
 export * from './chunks.ts';
 
@@ -94,10 +95,10 @@ export interface Outgoing {
 export function offerTensors(nc: Bus, subj: Subjects, offer: Offer, chunkBytes: number, options: { times?: TransferTimes; timeoutMs?: number; warn?: (line: string) => void } = {}): Outgoing {
   const { transfer, from } = offer;
   const { times } = options;
-  const subject = subj.chunks(transfer);
+  const subject = subj.chunks(transfer, from);
   const bytesPer = Math.min(chunkBytes, nc.info?.max_payload ?? chunkBytes);
   const per = chunkElements(bytesPer);
-  const warn = limited(options.warn ?? stderr, subj.receipts(transfer));
+  const warn = limited(options.warn ?? stderr, subj.transferReceipts(transfer));
   const who = partyName(from);
   /** Tensor digests from the first publish, so an answer need not hash a whole tensor again. */
   const wholes = new Map<string, string>();
@@ -116,11 +117,15 @@ export function offerTensors(nc: Bus, subj: Subjects, offer: Offer, chunkBytes: 
   if (waiting.size === 0) settle();
   const stop = subscribe(
     nc,
-    subj.receipts(transfer),
+    subj.transferReceipts(transfer),
     Receipt,
-    (r) => {
+    (r, msg) => {
       if (r.transfer !== transfer || !offer.to.includes(r.from)) {
-        warn(`${who} ignored a '${r.type}' on ${subj.receipts(transfer)} for transfer ${r.transfer} from ${partyName(r.from)}: not a receiver of transfer ${transfer}`);
+        warn(`${who} ignored a '${r.type}' on ${msg.subject} for transfer ${r.transfer} from ${partyName(r.from)}: not a receiver of transfer ${transfer}`);
+        return;
+      }
+      if (senderOf(msg.subject) !== r.from) {
+        warn(`${who} ignored a '${r.type}' on ${msg.subject}: it says it comes from ${partyName(r.from)}, on another party's subject`);
         return;
       }
       if (r.type === 'received') {
@@ -231,7 +236,7 @@ export function receiveTensors(
     said: false,
   }));
   type Lane = (typeof lanes)[number];
-  const warn = limited(options.warn ?? stderr, transfers.length === 1 ? subj.chunks(transfers[0]!.transfer) : `${transfers.length} transfers`);
+  const warn = limited(options.warn ?? stderr, transfers.length === 1 ? subj.transferChunks(transfers[0]!.transfer) : `${transfers.length} transfers`);
   const stops: Array<() => void> = [];
   let timer: NodeJS.Timeout | undefined;
   let ticker: NodeJS.Timeout | undefined;
@@ -263,7 +268,7 @@ export function receiveTensors(
         return;
       }
       for (const r of send) {
-        nc.publish(subj.receipts(lane.transfer), encode({ type: 'resend', v: PROTOCOL_VERSION, transfer: lane.transfer, from: me, tensor: r.tensor, offset: r.offset, attempt: r.tries }));
+        nc.publish(subj.receipts(lane.transfer, me), encode({ type: 'resend', v: PROTOCOL_VERSION, transfer: lane.transfer, from: me, tensor: r.tensor, offset: r.offset, attempt: r.tries }));
         requests += 1;
       }
     };
@@ -280,7 +285,7 @@ export function receiveTensors(
       for (const lane of lanes) {
         if (!armed || lane.said || !lane.asm.complete) continue;
         lane.said = true;
-        nc.publish(subj.receipts(lane.transfer), encode({ type: 'received', v: PROTOCOL_VERSION, transfer: lane.transfer, from: me }));
+        nc.publish(subj.receipts(lane.transfer, me), encode({ type: 'received', v: PROTOCOL_VERSION, transfer: lane.transfer, from: me }));
       }
       if (lanes.every((l) => l.asm.complete)) {
         stopTimers();
@@ -303,9 +308,14 @@ export function receiveTensors(
       stops.push(
         subscribe(
           nc,
-          subj.chunks(lane.transfer),
+          subj.transferChunks(lane.transfer),
           TransferMessage,
           (m, msg) => {
+            // Each party publishes on its own subject, as itself only (the server sees to it).
+            if (senderOf(msg.subject) !== m.from) {
+              drop(lane, msg.subject, `a '${m.type}' that says it comes from ${partyName(m.from)}, on another party's subject`, m.type === 'chunk' ? m : undefined);
+              return;
+            }
             if (m.type === 'sent') {
               if (m.transfer !== lane.transfer || (lane.from !== undefined && m.from !== lane.from)) {
                 drop(lane, msg.subject, `'sent' for transfer ${m.transfer} from ${partyName(m.from)}; this is transfer ${lane.transfer} from ${sender(lane)}`);
