@@ -29,6 +29,7 @@ import { launch, type LaunchResult } from '../engine/cli/launch.ts';
 import { loadScenario } from '../engine/runtime/scenario.ts';
 import { EVENTS_BY_ROLE, permissions, type RunCredentials } from '../mesh/wire/auth.ts';
 import { connectBus } from '../mesh/wire/bus.ts';
+import { subjectMatches } from '../mesh/wire/memory-bus.ts';
 import { decode, encode } from '../mesh/wire/codec.ts';
 import { Call, Go, Heartbeat, PROTOCOL_VERSION, TransferMessage, type Chunk, type Party } from '../mesh/wire/protocol.ts';
 import { subjects, type Subjects } from '../mesh/wire/subjects.ts';
@@ -129,17 +130,6 @@ const until = async (what: () => boolean, ms: number) => {
   while (!what() && Date.now() < end) await sleep(25);
   return what();
 };
-
-/** Whether a NATS subject pattern (with `*` and `>`) matches a subject. */
-function matches(pattern: string, subject: string): boolean {
-  const p = pattern.split('.');
-  const s = subject.split('.');
-  for (let i = 0; i < p.length; i++) {
-    if (p[i] === '>') return s.length > i;
-    if (i >= s.length || (p[i] !== '*' && p[i] !== s[i])) return false;
-  }
-  return p.length === s.length;
-}
 
 /** One credential's client: what it sent, by kind and subject, and what the server refused it. */
 class Hostile {
@@ -563,7 +553,7 @@ describe('a run on the closed bus with a hostile client beside it', () => {
     // Every pattern the credential may publish on, on at least one subject it matches.
     const perms = permissions(run, devices);
     const allowed = who === 'worker' ? perms.workers[DEVICE]!.publish : perms[who].publish;
-    expect(allowed.filter((p) => !h.sent.some((s) => matches(p, s.subject)))).toEqual([]);
+    expect(allowed.filter((p) => !h.sent.some((s) => subjectMatches(p, s.subject)))).toEqual([]);
     const refusedKinds = new Set(Object.entries(TRIED[who]).flatMap(([k, outcome]) => (outcome.startsWith('refused by the server') ? [k] : [])));
     expect(new Set(h.refused)).toEqual(new Set(h.sent.flatMap((s) => (refusedKinds.has(s.kind) ? [`publish ${s.subject}`] : []))));
   });

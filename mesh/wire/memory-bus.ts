@@ -8,7 +8,8 @@ export class MemoryBusError extends Error {
   override name = 'MemoryBusError';
 }
 
-function matches(pattern: string, subject: string): boolean {
+/** Whether a NATS subject pattern (with `*` for one token and `>` for the rest) matches a subject. */
+export function subjectMatches(pattern: string, subject: string): boolean {
   const p = pattern.split('.');
   const s = subject.split('.');
   for (let i = 0; i < p.length; i++) {
@@ -34,7 +35,7 @@ export class MemoryBus implements Bus {
 
   publish(subject: string, data: Uint8Array = new Uint8Array(), reply?: string): void {
     if (data.length > this.info.max_payload) throw new MemoryBusError(`message of ${data.length} bytes exceeds the max payload of ${this.info.max_payload}`);
-    const targets = [...this.subs].filter((s) => matches(s.pattern, subject));
+    const targets = [...this.subs].filter((s) => subjectMatches(s.pattern, subject));
     // Delivered asynchronously, in order, as a server would.
     queueMicrotask(() => {
       for (const sub of targets) {
@@ -60,7 +61,7 @@ export class MemoryBus implements Bus {
   }
 
   request(subject: string, data: Uint8Array, opts: { timeout: number }): Promise<Msg> {
-    if (![...this.subs].some((s) => matches(s.pattern, subject))) return Promise.reject(new MemoryBusError(`no responders on ${subject}`));
+    if (![...this.subs].some((s) => subjectMatches(s.pattern, subject))) return Promise.reject(new MemoryBusError(`no responders on ${subject}`));
     const inbox = `_INBOX.${this.inbox++}`;
     return new Promise((resolve, reject) => {
       const timer = setTimeout(() => {
