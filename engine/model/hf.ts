@@ -339,8 +339,9 @@ export function importLlama(m: HfModel, ck: SafetensorsCheckpoint, names?: Reado
     const data = ck.read(hf);
     return { name, shape, data: linear ? transposed(data, shape[1]!, shape[0]!) : data };
   });
-  if (m.tied && ck.entry('lm_head.weight')) {
-    const [head, wte] = [ck.read('lm_head.weight'), ck.read('model.embed_tokens.weight')];
+  // The rank that takes the embedding checks a head saved beside it; the others need not read either.
+  if (m.tied && ck.entry('lm_head.weight') && (!names || names.has('wte'))) {
+    const [head, wte] = [ck.read('lm_head.weight'), out.find((t) => t.name === 'wte')!.data];
     if (head.length !== wte.length || head.some((x, i) => x !== wte[i]))
       throw new HfError(`${ck.fileOf('lm_head.weight')}: lm_head.weight differs from model.embed_tokens.weight, and config.json ties them (tie_word_embeddings)`);
   }
@@ -434,10 +435,11 @@ export function importGpt2(m: HfModel, ck: SafetensorsCheckpoint, names?: Readon
       }
       return { name, shape, data: read(`h.${layer}.${GPT2_LAYER[part!]!}`) };
     });
-  // GPT2LMHeadModel saves its head (when it does) beside the transformer., not under it.
-  const head = ck.entry('lm_head.weight') ? ck.read('lm_head.weight') : undefined;
+  // GPT2LMHeadModel saves its head (when it does) beside the transformer., not under it; the rank
+  // that takes the embedding checks it, the others need not read either.
+  const head = ck.entry('lm_head.weight') && (!names || names.has('wte')) ? ck.read('lm_head.weight') : undefined;
   if (head) {
-    const wte = read(GPT2_TOP.wte!);
+    const wte = out.find((t) => t.name === 'wte')!.data;
     if (head.length !== wte.length || head.some((x, i) => x !== wte[i]))
       throw new HfError(`${ck.fileOf('lm_head.weight')}: lm_head.weight differs from wte.weight; ferry's gpt2 family ties the head to the embedding`);
   }

@@ -73,6 +73,11 @@ function disposeLayerCache(c: LayerCache): void {
   tf.dispose([...Object.values(c.ln1), ...Object.values(c.attn), ...Object.values(c.ln2), ...Object.values(c.mlp)]);
 }
 
+/** Frees an attention call's rotary tables, if it had any. */
+function disposeRope(d: AttnDims): void {
+  if (d.rope) tf.dispose([d.rope.cos, d.rope.sin]);
+}
+
 /** The value head after each row's last token, from a head output [b, T, 1]: [b]. */
 function lastValuesOf(out: tf.Tensor): tf.Tensor1D {
   const [b, T] = out.shape as [number, number, number];
@@ -430,7 +435,7 @@ export class GptRank {
     }
     mask.dispose();
     // A training step's backward pass turns its gradients back with the same tables.
-    if (!keep) tf.dispose([dims.rope?.cos, dims.rope?.sin].filter((t) => t !== undefined));
+    if (!keep) disposeRope(dims);
     if (!keep && tokensT) {
       tokensT.dispose();
       tokensT = undefined;
@@ -501,7 +506,7 @@ export class GptRank {
     for (const l of this.layers) {
       x = (await this.layer(group, tag, l, x, (h) => ({ out: attentionCached(h, this.attn(l), dims, start, cache, l, pads) }), false)).x;
     }
-    tf.dispose([dims.rope?.cos, dims.rope?.sin].filter((t) => t !== undefined));
+    disposeRope(dims);
     if (!this.last) {
       this.sendTensor(group, this.next!, `${tag}/act`, x);
       x.dispose();
@@ -849,7 +854,7 @@ export class GptRank {
       tf.dispose([dh1, dn1, dx1]);
       disposeLayerCache(c);
     }
-    tf.dispose([fwd.dims.rope?.cos, fwd.dims.rope?.sin].filter((t) => t !== undefined));
+    disposeRope(fwd.dims);
     if (this.first) {
       const ge = embedBackward(myTokens, width, this.spec.vocab, this.gpt2 ? this.spec.context : undefined, dx, pads);
       if (this.tiedCopy) add('wte', await this.recvTensor(group, this.lastOfReplica, `${tag}/dwte`, [this.spec.vocab, this.spec.width]));

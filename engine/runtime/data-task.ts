@@ -30,7 +30,10 @@ const DRAW_STREAM = 0xd7a5;
 /** Draws whose prompts are remembered: an iteration's, the warm-up's and the preference pairs' at once, with room. */
 const REMEMBERED_DRAWS = 8;
 
-export function dataTask(o: DataTaskOptions): Task {
+/** A dataset task, with the number of rows its file holds. */
+export type DataTask = Task & { readonly rows: number };
+
+export function dataTask(o: DataTaskOptions): DataTask {
   const { dataset, tokenizer, promptLen, responseLen } = o;
   const eos = tokenizer.eos;
   if (eos === undefined) throw new TaskError(`${tokenizer.where}: the tokenizer names no end token (eos_token in tokenizer_config.json); a response of a dataset task ends at one`);
@@ -64,6 +67,7 @@ export function dataTask(o: DataTaskOptions): Task {
   };
   return {
     name: 'data',
+    rows: dataset.size,
     vocab,
     promptLen,
     responseLen,

@@ -3,13 +3,10 @@
 // fields, tokenizer, chat template, prompt length, budget and verifier — in batches of generation
 // calls on the layout the policy trained on. Greedy by default: the policy's own best answer.
 import { seedOf } from '../model/index.ts';
-import { CALL_BYTES } from './scenario.ts';
-import { JsonlDataset } from './dataset.ts';
-import { dataTask } from './data-task.ts';
+import { CALL_BYTES, ScenarioError, dataTaskOf } from './scenario.ts';
+import type { DataTask } from './data-task.ts';
 import { callMesh } from './run.ts';
 import { restorePolicy, runPolicy } from './sample.ts';
-import { TextTokenizer } from '../model/index.ts';
-import type { VerifierName } from '../device/index.ts';
 
 export class EvaluationError extends Error {
   override name = 'EvaluationError';
@@ -43,22 +40,13 @@ export async function evaluateRun(dir: string, o: EvalOptions): Promise<EvalResu
   const { r, model } = policy;
   const d = r.scenario.data;
   if (!d) throw fail(`${dir}: the run's prompts came from the '${r.task.name}' task, not a dataset; evaluation reads a dataset through the run's tokenizer and verifier`);
-  let dataset: JsonlDataset;
+  let task: DataTask;
   try {
-    dataset = JsonlDataset.open(o.data, { prompt: d.prompt_field, answer: d.answer_field });
+    task = dataTaskOf(r.scenario, { file: o.data, key: '--data' });
   } catch (e) {
-    throw fail(`--data: ${(e as Error).message}`);
+    throw e instanceof ScenarioError ? fail(e.message) : e;
   }
-  const task = dataTask({
-    dataset,
-    tokenizer: TextTokenizer.load(d.tokenizer ?? r.scenario.model.from!),
-    verifier: (r.scenario.reward.rule ?? 'math') as VerifierName,
-    promptLen: r.task.promptLen,
-    responseLen: r.task.responseLen,
-    chat: d.chat,
-    vocab: r.task.vocab,
-  });
-  const rows = Math.min(o.max ?? dataset.size, dataset.size);
+  const rows = Math.min(o.max ?? task.rows, task.rows);
   if (!(Number.isInteger(rows) && rows > 0)) throw fail(`--max: expected a whole number > 0, got ${o.max}`);
   const P = task.promptLen;
   const width = P + task.responseLen;

@@ -9,6 +9,7 @@ import { paste, shardSlices, sliceShape, type Layout } from '../../mesh/parallel
 import type { Checkpoint, NamedTensor } from '../../mesh/wire/index.ts';
 import { layoutOf, ownerOf } from './run.ts';
 import { runPolicy } from './sample.ts';
+import { tokenizerDir } from './scenario.ts';
 
 export class ExportError extends Error {
   override name = 'ExportError';
@@ -65,10 +66,10 @@ export async function exportRun(dir: string, o: ExportOptions): Promise<{ model:
   writeFileSync(join(o.out, 'model.safetensors'), safetensors);
   const files = ['config.json', 'model.safetensors'];
   // The run's tokenizer, when it read text: the dataset's, else the checkpoint it started from.
-  const tokenizerDir = r.scenario.data?.tokenizer ?? r.scenario.model.from;
+  const tokenizer = tokenizerDir(r.scenario);
   for (const name of [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE]) {
-    if (tokenizerDir === undefined || !existsSync(join(tokenizerDir, name))) continue;
-    copyFileSync(join(tokenizerDir, name), join(o.out, name));
+    if (tokenizer === undefined || !existsSync(join(tokenizer, name))) continue;
+    copyFileSync(join(tokenizer, name), join(o.out, name));
     files.push(name);
   }
   return { model, files, bytes: safetensors.length };

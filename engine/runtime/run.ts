@@ -13,7 +13,7 @@ import { mean, ownerCall, readPairsFile, runGraph, taskPairs, type CallDecl, typ
 import type { PairsFile } from '../algorithms/index.ts';
 import { tokensDigest } from '../device/index.ts';
 import { Stream, masked, responseLengths, responseMask, seedOf } from '../model/index.ts';
-import { graphOf, policySpec, resolvePlan, rowsOf, ScenarioError, taskOf, type CallName, type Plan, type Scenario } from './scenario.ts';
+import { graphOf, policySpec, resolvePlan, rowsOf, ScenarioError, taskOf, tokenizerDir, verifierOf, type CallName, type Plan, type Scenario } from './scenario.ts';
 import type { RunStore } from './store.ts';
 import { demonstrations, type Task } from '../device/index.ts';
 
@@ -53,7 +53,7 @@ export function modelSpec(r: RunSpec, model: string): ModelSpec {
   const head = declOf(r, model).head;
   if (head === 'reward' && !s.reward.model) {
     if (!s.data) return { kind: 'rule', rule: s.reward.rule ?? s.task.name, digits: s.task.digits, base: s.task.base };
-    return { kind: 'rule', rule: s.reward.rule ?? 'math', tokenizer: s.data.tokenizer ?? s.model.from! };
+    return { kind: 'rule', rule: verifierOf(s), tokenizer: tokenizerDir(s)! };
   }
   const { tied, ...shape } = policySpec(s);
   // Every model reads the task's left-padded prompts as the prompts alone.

@@ -11,7 +11,7 @@ import { BACKENDS } from '../model/index.ts';
 import { TASKS, TaskError, VERIFIERS, makeTask, type Task, type VerifierName } from '../device/index.ts';
 import { HfError, TextTokenizer, TokenizerError, gptSpecOf, readHfConfig, specProblem, type GptSpec } from '../model/index.ts';
 import { DatasetError, JsonlDataset } from './dataset.ts';
-import { dataTask } from './data-task.ts';
+import { dataTask, type DataTask } from './data-task.ts';
 import { DEVICE_NAMES, MODELS as MODEL_PRESETS } from './plan/catalog.ts';
 import { algorithmOf, algorithmPath, isPath, loadAlgorithmFile, ownerCall, validateGraph, type Algorithm, type Graph, type ModelDecl, type RlConfig } from '../algorithms/index.ts';
 
@@ -521,39 +521,56 @@ export const DATA_NEW_TOKENS = 64;
 export function taskOf(s: Scenario): Task {
   let task = tasks.get(s);
   if (task) return task;
-  const d = s.data;
-  if (!d) task = makeTask(s.task.name, s.task.digits, s.task.base, s.task.max_new_tokens);
-  else {
-    const dir = d.tokenizer ?? s.model.from;
-    if (dir === undefined) throw new ScenarioError('data.tokenizer: a dataset is read through a tokenizer; name a directory with tokenizer.json, or start the model from one (model.from)');
-    let tokenizer: TextTokenizer;
-    let dataset: JsonlDataset;
-    try {
-      tokenizer = TextTokenizer.load(dir);
-    } catch (e) {
-      if (e instanceof TokenizerError) throw new ScenarioError(`${d.tokenizer === undefined ? 'model.from' : 'data.tokenizer'}: ${e.message}`);
-      throw e;
-    }
-    try {
-      dataset = JsonlDataset.open(d.train, { prompt: d.prompt_field, answer: d.answer_field, ...(d.demo_field === undefined ? {} : { demo: d.demo_field }) });
-    } catch (e) {
-      if (e instanceof DatasetError) throw new ScenarioError(`data.train: ${e.message}`);
-      throw e;
-    }
-    if (d.chat && !tokenizer.hasChatTemplate) throw new ScenarioError(`data.chat: ${dir} has no chat_template in tokenizer_config.json; set chat: false to use the prompts as they are`);
-    const vocab = s.model.from === undefined ? undefined : checkpointSpec(s.model.from).vocab;
-    task = dataTask({
-      dataset,
-      tokenizer,
-      verifier: (s.reward.rule ?? 'math') as VerifierName,
-      promptLen: d.prompt_tokens,
-      responseLen: s.task.max_new_tokens ?? DATA_NEW_TOKENS,
-      chat: d.chat,
-      ...(vocab === undefined ? {} : { vocab }),
-    });
-  }
+  task = s.data ? dataTaskOf(s) : makeTask(s.task.name, s.task.digits, s.task.base, s.task.max_new_tokens);
   tasks.set(s, task);
   return task;
+}
+
+/** The directory of the tokenizer a scenario's dataset is read through: data.tokenizer, else model.from. */
+export function tokenizerDir(s: Scenario): string | undefined {
+  return s.data?.tokenizer ?? s.model.from;
+}
+
+/** The verifier of a dataset's answers: reward.rule, math by default. */
+export function verifierOf(s: Scenario): VerifierName {
+  return (s.reward.rule ?? 'math') as VerifierName;
+}
+
+/**
+ * A dataset task laid out and verified as the scenario's `data:` says: its training file, or
+ * `other` (a held-out file, named `key` in errors, read without demonstrations).
+ */
+export function dataTaskOf(s: Scenario, other?: { file: string; key: string }): DataTask {
+  const d = s.data;
+  if (!d) throw new ScenarioError(`data: the scenario's prompts come from the '${s.task.name}' task, not a dataset`);
+  const dir = tokenizerDir(s);
+  if (dir === undefined) throw new ScenarioError('data.tokenizer: a dataset is read through a tokenizer; name a directory with tokenizer.json, or start the model from one (model.from)');
+  let tokenizer: TextTokenizer;
+  let dataset: JsonlDataset;
+  try {
+    tokenizer = TextTokenizer.load(dir);
+  } catch (e) {
+    if (e instanceof TokenizerError) throw new ScenarioError(`${d.tokenizer === undefined ? 'model.from' : 'data.tokenizer'}: ${e.message}`);
+    throw e;
+  }
+  const demo = other === undefined && d.demo_field !== undefined ? { demo: d.demo_field } : {};
+  try {
+    dataset = JsonlDataset.open(other?.file ?? d.train, { prompt: d.prompt_field, answer: d.answer_field, ...demo });
+  } catch (e) {
+    if (e instanceof DatasetError) throw new ScenarioError(`${other?.key ?? 'data.train'}: ${e.message}`);
+    throw e;
+  }
+  if (d.chat && !tokenizer.hasChatTemplate) throw new ScenarioError(`data.chat: ${dir} has no chat_template in tokenizer_config.json; set chat: false to use the prompts as they are`);
+  const vocab = s.model.from === undefined ? undefined : checkpointSpec(s.model.from).vocab;
+  return dataTask({
+    dataset,
+    tokenizer,
+    verifier: verifierOf(s),
+    promptLen: d.prompt_tokens,
+    responseLen: s.task.max_new_tokens ?? DATA_NEW_TOKENS,
+    chat: d.chat,
+    ...(vocab === undefined ? {} : { vocab }),
+  });
 }
 
 /** The policy a checkpoint directory holds, by its config.json. */
