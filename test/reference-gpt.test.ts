@@ -209,8 +209,8 @@ describe('train', () => {
     expect(first.after).not.toBe(first.before);
     expect(Number.isFinite(first.stats.loss)).toBe(true);
     expect(first.stats.gradNorm).toBeGreaterThan(0);
-    expect(first.stats.clipfrac).toBeGreaterThanOrEqual(0);
-    expect(first.stats.clipfrac).toBeLessThanOrEqual(1);
+    expect(first.stats.stats.clipfrac).toBeGreaterThanOrEqual(0);
+    expect(first.stats.stats.clipfrac).toBeLessThanOrEqual(1);
     // the same inputs and seed end in the same bits
     expect((await run()).after).toBe(first.after);
   });
@@ -224,7 +224,7 @@ describe('train', () => {
     const r = await rollout(shard);
     const stats = await shard.train(r.tokens, r.batch, 3, 2, clipPolicy, { old: r.logprobs, advantages: r.advantages }, 1, 1, 1);
     expect(stats.loss).toBeCloseTo(0.0625, 5);
-    expect(stats.clipfrac).toBe(0);
+    expect(stats.stats.clipfrac).toBe(0);
     shard.dispose();
   });
 
@@ -267,7 +267,7 @@ describe('train', () => {
     const ref = shard.logprobs(r.tokens, r.batch, 3);
     const stats = await shard.train(r.tokens, r.batch, 3, 2, { name: 'pair_sigmoid', params: { beta: 0.1 } }, { ref }, 1, 1, 1);
     expect(stats.loss).toBeCloseTo(Math.LN2, 5);
-    expect(stats.clipfrac).toBe(0);
+    expect(stats.stats.clipfrac).toBe(0);
     expect(digest(shard)).not.toBe(before);
     shard.dispose();
   });

@@ -14,6 +14,8 @@ import {
   itemRows,
   lastValues,
   lossOf,
+  lossParams,
+  evaluateLoss,
   parameterShapes,
   pickRows,
   preferenceLoss,
@@ -29,7 +31,7 @@ import {
   ownCopy,
   type AdamState,
   type GptSpec,
-  type LossFn,
+  type Loss,
   type TrainStats,
   type Weights,
 } from '../engine/model/index.ts';
@@ -285,26 +287,27 @@ export class ReferenceGpt {
   ): Promise<TrainStats> {
     const fn = lossOf(loss.name);
     this.expect(fn.head, `the loss '${loss.name}'`);
+    const params = lossParams(fn, loss.params);
     const width = promptLen + responseLen;
     const items = batch / fn.rowsPerItem;
-    const ports = [...fn.ports(loss.params), ...(data.mask ? ['mask'] : [])];
-    return trainEpochs(items, data.mask ? data.mask.reduce((n, m) => n + m, 0) : batch * responseLen, epochs, minibatches, seed, async (picked) => {
+    const ports = [...fn.ports(params), ...(data.mask ? ['mask'] : [])];
+    return trainEpochs(items, epochs, minibatches, seed, async (picked) => {
       const rows = itemRows(picked, items, fn.rowsPerItem);
       const mbTokens = tf.tensor2d(pickRows(tokens, width, rows), [rows.length, width], 'int32');
       const mbData = Object.fromEntries(ports.map((port) => [port, tf.tensor2d(pickRows(data[port]!, responseLen, rows), [rows.length, responseLen])]));
-      let clipCount = 0;
+      let stats: Record<string, number> = {};
       const { loss: value, gradNorm } = this.step(() => {
-        const pred = this.predict(fn, mbTokens, promptLen);
-        clipCount = fn.clipped(pred, mbData, loss.params);
-        return fn.loss(pred, mbData, loss.params);
+        const ev = evaluateLoss(fn, this.predict(fn, mbTokens, promptLen), mbData, params);
+        stats = Object.fromEntries(Object.entries(ev.stats).map(([k, t]) => [k, t.dataSync()[0]!]));
+        return ev.loss;
       });
       tf.dispose([mbTokens, ...Object.values(mbData)]);
-      return { loss: value, clipped: clipCount, gradNorm };
+      return { loss: value, stats, gradNorm };
     });
   }
 
   /** The head's prediction a loss reads: response log-probs or values, [rows, R]. */
-  private predict(fn: LossFn, tokens: tf.Tensor2D, promptLen: number): tf.Tensor2D {
+  private predict(fn: Loss, tokens: tf.Tensor2D, promptLen: number): tf.Tensor2D {
     return fn.head === 'policy' ? responseLogprobs(this.spec, this.weights(), tokens, promptLen) : responseValues(this.spec, this.weights(), tokens, promptLen);
   }
 

@@ -3,6 +3,7 @@
 // combination, advantages). Calls and steps read and write named fields of one batch record per
 // iteration; a node runs when every field it reads exists. The runtime runs any such graph.
 import type { LossSpec } from '../../mesh/wire/index.ts';
+import { lossProblems } from './losses.ts';
 
 export type Head = 'policy' | 'value' | 'reward';
 
@@ -43,7 +44,11 @@ export interface InferenceCall {
   fn: 'inference';
 }
 
-/** An update: the named loss (engine/losses.ts) reads the call's ports; writes `loss`, `clipfrac`, `grad_norm`. */
+/**
+ * An update by a named loss (a built-in, or one the algorithm's file exports with defineLoss): the
+ * call binds the loss's ports (and `tokens`) in `reads`, and may write `loss`, `grad_norm` and any
+ * statistic the loss declares (`clipfrac`, …).
+ */
 export interface TrainCall {
   fn: 'train';
   loss: LossSpec;
@@ -105,7 +110,7 @@ export interface Graph {
 export const PORTS = {
   generate: { reads: ['prompts'], writes: ['tokens', 'logprobs', 'mask'] },
   inference: { reads: ['tokens'], writes: ['logprobs', 'values', 'scores'] },
-  train: { reads: ['tokens'], writes: ['loss', 'clipfrac', 'grad_norm'] },
+  train: { reads: ['tokens'], writes: ['loss', 'grad_norm'] },
 } as const;
 
 /** What an inference call of a model with this head gives. */
@@ -165,8 +170,10 @@ export function validateGraph(g: Graph, algorithm: string): void {
     if (!c.name.startsWith(`${c.model}.`)) problems.push(`call '${c.name}': a call's name is '<model>.<what>', here '${c.model}.…'`);
     if (c.fn === 'generate' && m.head !== 'policy') problems.push(`call '${c.name}' generates with '${c.model}', which has a ${m.head} head (generation needs a policy)`);
     if (c.fn === 'train' && !m.trained) problems.push(`call '${c.name}' trains '${c.model}', which the algorithm declares frozen`);
+    if (c.fn === 'train') problems.push(...lossProblems(c, m));
     const ports = PORTS[c.fn];
     for (const p of Object.keys(c.writes)) {
+      if (c.fn === 'train') break; // its loss says what it writes (lossProblems)
       const allowed = c.fn === 'inference' ? [INFERENCE_OUTPUT[m.head]] : (ports.writes as readonly string[]);
       if (!allowed.includes(p)) problems.push(`call '${c.name}' writes port '${p}'; a ${c.fn} call of a ${m.head} model has ${allowed.join(', ')}`);
     }

@@ -6,3 +6,4 @@ export * from './advantages.ts';
 export * from './registry.ts';
 export { preferenceStats } from './dpo.ts';
 export { taskPairs, readPairsFile, PairsError, type PairsFile } from './pairs.ts';
+export * from './losses.ts';

@@ -14,7 +14,7 @@ import { serveReward, type RewardActor } from '../../mesh/wire/index.ts';
 import { modelInfo } from '../model/index.ts';
 import { tokensDigest } from './ledger.ts';
 import { Comm } from '../../mesh/parallel/index.ts';
-import { lossOf, type LossFn } from '../model/index.ts';
+import { LossError, loadLossModule, lossOf, lossParams, lossSource, type Loss } from '../model/index.ts';
 import { GptRank, heldBytes, kvCacheProblem } from '../model/index.ts';
 import { HfError, SafetensorsError, TextTokenizer, readHfWeights, responseLength } from '../model/index.ts';
 import { makeTask, TASKS, type TaskName } from './task.ts';
@@ -72,16 +72,32 @@ class RuleShard {
   }
 }
 
-/** What is wrong with a train call's loss and its per-token arrays; undefined when nothing is. */
-function dataProblem(body: CallOf<'train'>): string | undefined {
-  let fn: LossFn;
+/**
+ * What is wrong with a train call's loss: unknown here, from another copy of its file than the
+ * one the supervisor planned with, or parameters its schema refuses. Refused with code `loss`:
+ * it would fail the same way after any recovery.
+ */
+function lossProblem(body: CallOf<'train'>): string | undefined {
   try {
-    fn = lossOf(body.loss.name);
+    const fn = lossOf(body.loss.name);
+    const source = lossSource(fn.name);
+    const want = body.loss.module;
+    if (want && source?.sha256 !== want.sha256) {
+      return `the loss '${fn.name}' of ${want.file} (SHA-256 ${want.sha256}) is not loaded on this device${source ? `: it has the loss from ${source.file} (SHA-256 ${source.sha256})` : ' (the shard was loaded without its module)'}`;
+    }
+    if (!want && source) return `the loss '${fn.name}' here is ${source.file}'s, but the call names the built-in one`;
+    lossParams(fn, body.loss.params);
+    return undefined;
   } catch (e) {
     return (e as Error).message;
   }
+}
+
+/** What is wrong with a train call's per-token arrays, given its loss; undefined when nothing is. */
+function dataProblem(body: CallOf<'train'>): string | undefined {
+  const fn: Loss = lossOf(body.loss.name);
   if (body.batch % fn.rowsPerItem !== 0) return `the loss '${body.loss.name}' takes rows in groups of ${fn.rowsPerItem}; the batch has ${body.batch}`;
-  for (const port of fn.ports(body.loss.params)) {
+  for (const port of fn.ports(lossParams(fn, body.loss.params))) {
     const a = body.data[port];
     if (!a) return `the loss '${body.loss.name}' reads '${port}'; the call's data has ${Object.keys(body.data).join(', ') || 'nothing'}`;
     if (a.length !== body.batch * body.responseLen) return `data.${port} has ${a.length} values, expected ${body.batch * body.responseLen}`;
@@ -236,6 +252,8 @@ export class Device {
     if (body.fn === 'restore' && body.optimizer && !(h.shard as ModelShard).trainable) {
       return new CallRejected('invalid_state', `'${model}' on device ${this.index} holds no optimizer (not its training layout); the checkpoint has optimizer state`);
     }
+    const lossBad = body.fn === 'train' ? lossProblem(body) : undefined;
+    if (lossBad) return new CallRejected('loss', `'train' of '${model}' on device ${this.index}: ${lossBad}`);
     const bad = shapeProblem(body, h.shard instanceof RuleShard ? undefined : h.shard.spec);
     if (bad) return new CallRejected('malformed', `'${body.fn}' of '${model}': ${bad}`);
     if (body.fn === 'generate') {
@@ -285,6 +303,8 @@ export class Device {
       // The other ranks of a multi-device call would wait for this one: tell them.
       const h = this.hosted.get(call.model);
       if (call.group && h && h.layout.devices.length > 1) this.comm.abort(group, h.layout.devices);
+      // A loss that fails (not finite, not a scalar, a module that does not load) fails the same way again.
+      if (e instanceof LossError) throw new CallRejected('loss', `'${call.body.fn}' of '${call.model}' on device ${this.index}: ${e.message}`);
       throw e;
     } finally {
       this.comm.forget(group);
@@ -340,6 +360,8 @@ export class Device {
       else if ((spec.kvHeads ?? spec.heads) % layout.tp !== 0) problems.unshift(`tp=${layout.tp} does not divide the ${spec.kvHeads} key/value heads`);
       if (problems.length) throw new CallRejected('unsupported', `layout dp=${layout.dp} tp=${layout.tp} pp=${layout.pp} does not fit the model: ${problems.join('; ')}`);
     }
+    // A user's loss modules, checked against the digests the supervisor planned with, before any work.
+    for (const m of body.losses ?? []) await loadLossModule(m);
     const previous = this.hosted.get(model);
     // From a checkpoint, only what it lacks (a value head) is drawn from the seed.
     const shard = spec.kind === 'rule' ? new RuleShard(spec) : new GptRank(spec, layout, rank, body.from === undefined ? body.seed : undefined, body.optim, this.comm);
@@ -631,7 +653,7 @@ export class Device {
       }
       case 'train': {
         const st = await s.train(group, body.tokens, body.batch, body.promptLen, body.responseLen, body.loss, body.data, body.epochs, body.minibatches, body.seed);
-        return { loss: st.loss, clipfrac: st.clipfrac, grad_norm: st.gradNorm };
+        return { loss: st.loss, grad_norm: st.gradNorm, stats: st.stats };
       }
       default:
         return this.onWeights(h, body);

@@ -13,7 +13,7 @@ import type { LossSpec, Optim } from '../../mesh/wire/index.ts';
 import { cut } from '../../mesh/parallel/index.ts';
 import type { NamedTensor } from '../../mesh/wire/index.ts';
 import type { Comm } from '../../mesh/parallel/index.ts';
-import { itemRows, lossOf, preferenceLoss, type LossFn, type LossNorm } from './losses.ts';
+import { checkedValue, evaluateLoss, itemRows, lossOf, lossParams, preferenceLoss, type Loss, type LossNorm, type LossParams } from './losses/index.ts';
 import { causalMask, initialParameter, logprobsOf, paddedMask, valuesOf } from './gpt.ts';
 import {
   attention,
@@ -93,7 +93,7 @@ export function replicaRows(n: number, dp: number, d: number): [number, number] 
 type Objective =
   /** Cross-entropy of the response tokens `mask` keeps ([rows, R]; all of them without one). */
   | { kind: 'sft'; mask?: Float32Array }
-  | { kind: 'loss'; fn: LossFn; spec: LossSpec; data: Record<string, Float32Array>; responseLen: number }
+  | { kind: 'loss'; fn: Loss; params: LossParams; data: Record<string, Float32Array>; responseLen: number }
   /** Bradley–Terry on whole sequences: `items` pairs, every chosen row, then every rejected one. */
   | { kind: 'preference'; items: number };
 
@@ -716,16 +716,16 @@ export class GptRank {
   ): Promise<TrainStats> {
     const fn = lossOf(loss.name);
     if (fn.head !== this.spec.kind) throw new ShardError(`the loss '${loss.name}' needs a ${fn.head} model; this shard is a ${this.spec.kind} model`);
+    const params = lossParams(fn, loss.params);
     const width = promptLen + responseLen;
-    // Speaking ranks return their replica's share of each mini-batch's loss; the caller sums them.
-    const realTokens = data.mask ? data.mask.reduce((n, m) => n + m, 0) : batch * responseLen;
-    return trainEpochs(batch / fn.rowsPerItem, realTokens, epochs, minibatches, seed, (items, tag) =>
-      this.step(group, tag, { kind: 'loss', fn, spec: loss, data, responseLen }, tokens, width, items, promptLen),
+    // Speaking ranks return their replica's share of each mini-batch's loss and statistics; the caller sums them.
+    return trainEpochs(batch / fn.rowsPerItem, epochs, minibatches, seed, (items, tag) =>
+      this.step(group, tag, { kind: 'loss', fn, params, data, responseLen }, tokens, width, items, promptLen),
     );
   }
 
   /** The head's prediction a loss reads, from the last stage's output: response log-probs or values. */
-  private predict(fn: LossFn, out: tf.Tensor, tokens: tf.Tensor2D, promptLen: number): tf.Tensor {
+  private predict(fn: Loss, out: tf.Tensor, tokens: tf.Tensor2D, promptLen: number): tf.Tensor {
     return fn.head === 'policy' ? logprobsOf(out, tokens, promptLen, this.spec.vocab) : valuesOf(out, promptLen);
   }
 
@@ -743,14 +743,14 @@ export class GptRank {
     rows: number[],
     promptLen: number,
     optimizer?: Adam,
-  ): Promise<{ loss: number; clipped: number; gradNorm: number }> {
+  ): Promise<{ loss: number; stats: Record<string, number>; gradNorm: number }> {
     const opt = optimizer ?? this.optimizer;
     if (!opt || !this.optim) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
     const R = width - promptLen;
     // Replicas split the mini-batch's items; a loss over pairs takes both rows of each of its items.
     const [lo, hi] = replicaRows(rows.length, this.layout.dp, this.coords.dp);
     const perItem = objective.kind === 'loss' ? objective.fn.rowsPerItem : objective.kind === 'preference' ? 2 : 1;
-    const items = objective.kind === 'loss' ? objective.data[objective.fn.ports(objective.spec.params)[0]!]!.length / R / perItem : objective.kind === 'preference' ? objective.items : 0;
+    const items = objective.kind === 'loss' ? objective.data[objective.fn.ports(objective.params)[0]!]!.length / R / perItem : objective.kind === 'preference' ? objective.items : 0;
     const mine = perItem === 1 ? rows.slice(lo, hi) : itemRows(rows.slice(lo, hi), items, perItem);
     const b = mine.length;
     const share = (hi - lo) / rows.length; // this replica's part of the mini-batch mean
@@ -769,13 +769,15 @@ export class GptRank {
       if (prev) tf.dispose([prev, g]);
     };
     let loss = 0;
-    let clipped = 0;
+    let stats: Record<string, number> = {};
     let dx: tf.Tensor; // the gradient of the residual stream, rows [b·width, D]
     if (this.last) {
       const tokensT = fwd.tokensT ?? tf.tensor2d(myTokens, [b, width], 'int32');
-      const ports = objective.kind === 'loss' ? [...objective.fn.ports(objective.spec.params), ...(maskAll ? ['mask'] : [])] : [];
+      const ports = objective.kind === 'loss' ? [...objective.fn.ports(objective.params), ...(maskAll ? ['mask'] : [])] : [];
       const data = objective.kind === 'loss' ? Object.fromEntries(ports.map((port) => [port, tf.tensor2d(pickRows(objective.data[port]!, R, mine), [b, R])])) : {};
       const sftMask = objective.kind === 'sft' && maskAll ? tf.tensor2d(pickRows(maskAll, R, mine), [b, R]) : undefined;
+      // The loss's statistics, kept out of the gradient computation's scope to be read after it.
+      let statTensors: Record<string, tf.Scalar> = {};
       const lossOf = (out: tf.Tensor): tf.Scalar => {
         if (objective.kind === 'sft') {
           const lp = logprobsOf(out, tokensT, promptLen, this.spec.vocab);
@@ -786,12 +788,27 @@ export class GptRank {
           const n = v.shape[0]! / 2;
           return tf.mul(preferenceLoss(tf.slice(v, [0], [n]), tf.slice(v, [n], [n])), share) as tf.Scalar;
         }
-        return objective.fn.loss(this.predict(objective.fn, out, tokensT, promptLen), data, objective.spec.params, norm);
+        const ev = evaluateLoss(objective.fn, this.predict(objective.fn, out, tokensT, promptLen), data, objective.params, norm);
+        statTensors = ev.stats;
+        for (const t of Object.values(statTensors)) tf.keep(t);
+        return ev.loss;
       };
       // Automatic differentiation only for the loss itself (elementwise work on the head's output);
       // the head and the layers below run the written-out backward passes.
       const { value, grads: g } = tf.valueAndGrads(lossOf)([fwd.out!]);
       loss = value.dataSync()[0]!;
+      if (objective.kind === 'loss') {
+        // Read before anything moves: a loss that is not finite is refused, the weights untouched.
+        stats = Object.fromEntries(Object.entries(statTensors).map(([k, t]) => [k, t.dataSync()[0]!]));
+        tf.dispose(Object.values(statTensors));
+        try {
+          checkedValue(objective.fn, loss, `on mini-batch ${tag}`);
+        } catch (e) {
+          tf.dispose([value, g[0]!, fwd.out!, ...Object.values(data)]);
+          for (const c of fwd.saved) disposeLayerCache(c);
+          throw e;
+        }
+      }
       const head = fwd.head!;
       const tied = isTied(this.spec);
       const gh: { dx: tf.Tensor; dw: tf.Tensor; db?: tf.Tensor } = tf.tidy(() => {
@@ -809,11 +826,6 @@ export class GptRank {
       else gh.db?.dispose();
       dx = this.normBackward('lnf', head.ln, gh.dx, add);
       tf.dispose([value, g[0]!, gh.dx, head.y, ...Object.values(head.ln)]);
-      if (objective.kind === 'loss') {
-        const pred = tf.tidy(() => this.predict(objective.fn, fwd.out!, tokensT, promptLen));
-        clipped = objective.fn.clipped(pred, data, objective.spec.params);
-        pred.dispose();
-      }
       tf.dispose([fwd.out!, ...Object.values(data), ...(sftMask ? [sftMask] : [])]);
       if (!fwd.tokensT) tokensT.dispose();
     } else {
@@ -901,6 +913,6 @@ export class GptRank {
     this.headStale = true; // wte moved (on the first stage): a tied head's copy is sent again before it is read
     tf.dispose([...grads.values(), ...(scale === 1 ? [] : list.map((x) => x.gradient))]);
     // The loss and clip count are the speaking ranks' shares; the caller sums over replicas.
-    return { loss: this.speaks ? loss : 0, clipped: this.speaks ? clipped : 0, gradNorm };
+    return { loss: this.speaks ? loss : 0, stats: this.speaks ? stats : Object.fromEntries(Object.keys(stats).map((k) => [k, 0])), gradNorm };
   }
 }

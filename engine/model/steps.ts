@@ -9,8 +9,8 @@ export class ShardError extends Error {
 
 export interface TrainStats {
   loss: number;
-  /** Fraction of real tokens whose ratio (policy) or value change (value model) was clipped, last epoch. */
-  clipfrac: number;
+  /** The loss's statistics (clip fraction and what else it reports), each as the loss is: the last epoch's mean. */
+  stats: Record<string, number>;
   gradNorm: number;
 }
 
@@ -31,24 +31,23 @@ export function ownCopy(t: tf.Tensor): Float32Array {
 
 /**
  * Epochs over seeded mini-batches of `batch` items, the same items in the same order wherever the
- * model lives: `step` trains on one mini-batch and returns its mean loss, its clipped-token count
- * and the gradient norm. Returns the last epoch's mean loss, clip fraction and norm.
+ * model lives: `step` trains on one mini-batch and returns its mean loss, its statistics (each a
+ * mini-batch mean, as the loss) and the gradient norm. Returns the last epoch's loss and
+ * statistics (means over its mini-batches, weighted by their items) and its last norm.
  */
 export async function trainEpochs(
   batch: number,
-  /** The batch's real (unmasked) response tokens: what the clip fraction is a share of. */
-  tokens: number,
   epochs: number,
   minibatches: number,
   seed: number,
-  step: (rows: number[], tag: string) => Promise<{ loss: number; clipped: number; gradNorm: number }>,
+  step: (rows: number[], tag: string) => Promise<{ loss: number; stats?: Record<string, number>; gradNorm: number }>,
 ): Promise<TrainStats> {
   const size = Math.ceil(batch / minibatches);
-  let stats: TrainStats = { loss: 0, clipfrac: 0, gradNorm: 0 };
+  let result: TrainStats = { loss: 0, stats: {}, gradNorm: 0 };
   for (let epoch = 0; epoch < epochs; epoch++) {
     const order = new Rng(seedOf(seed, Stream.shuffle, epoch)).permutation(batch);
     let lossSum = 0;
-    let clipped = 0;
+    const statSums: Record<string, number> = {};
     let norm = 0;
     for (let m = 0; m < minibatches; m++) {
       const rows = order.slice(m * size, (m + 1) * size);
@@ -56,12 +55,12 @@ export async function trainEpochs(
       await yieldToLoop();
       const st = await step(rows, `e${epoch}/m${m}`);
       lossSum += st.loss * rows.length;
-      clipped += st.clipped;
+      for (const [k, v] of Object.entries(st.stats ?? {})) statSums[k] = (statSums[k] ?? 0) + v * rows.length;
       norm = st.gradNorm;
     }
-    stats = { loss: lossSum / batch, clipfrac: tokens > 0 ? clipped / tokens : 0, gradNorm: norm };
+    result = { loss: lossSum / batch, stats: Object.fromEntries(Object.entries(statSums).map(([k, v]) => [k, v / batch])), gradNorm: norm };
   }
-  return stats;
+  return result;
 }
 
 /** Rows `rows` of a row-major array of rows `width` long, gathered in that order. */

@@ -3,7 +3,7 @@
 // calls on their layouts, views filled by reallocation, host steps between), checkpoints and
 // digests. The supervisor machine (actors/supervisor.machine.ts) sequences them.
 import { createHash } from 'node:crypto';
-import type { CallBody, CallOf, Checkpoint, LedgerEntry, ModelSpec, ResultOf } from '../../mesh/wire/index.ts';
+import type { CallBody, CallOf, Checkpoint, LedgerEntry, LossModule, ModelSpec, ResultOf } from '../../mesh/wire/index.ts';
 import type { RewardItem } from '../../mesh/wire/index.ts';
 import type { Dispatcher } from './dispatch.ts';
 import { layoutKey, shardSlices, sliceShape, type Layout } from '../../mesh/parallel/index.ts';
@@ -37,6 +37,13 @@ export function runSpec(scenario: Scenario, run = 'local'): RunSpec {
     }
   }
   return r;
+}
+
+/** The user's loss modules a model's train calls use, for its training layout's load call (none: nothing). */
+function lossModulesOf(r: RunSpec, model: string): { losses?: LossModule[] } {
+  const modules = new Map<string, LossModule>();
+  for (const c of r.graph.calls) if (c.fn === 'train' && c.model === model && c.loss.module) modules.set(c.loss.module.file, c.loss.module);
+  return modules.size ? { losses: [...modules.values()] } : {};
 }
 
 const declOf = (r: RunSpec, model: string): ModelDecl => {
@@ -114,6 +121,11 @@ export async function callMesh<F extends 'generate' | 'inference' | 'train' | 's
         at += a.length;
       }
       merged[key] = out;
+    } else if (typeof values[0] === 'object' && values[0] !== null) {
+      // A train call's statistics: each the sum of the ranks' shares (ranks that hold none give none).
+      const sums: Record<string, number> = {};
+      for (const v of values as Array<Record<string, number>>) for (const [k, x] of Object.entries(v)) sums[k] = (sums[k] ?? 0) + x;
+      merged[key] = sums;
     } else {
       const nums = values as number[];
       merged[key] = key === 'grad_norm' ? Math.max(...nums) : nums.reduce((a, b) => a + b, 0);
@@ -194,6 +206,7 @@ async function loadModel(d: Dispatcher, r: RunSpec, name: string, role: string, 
         ...(opts.seed === undefined ? {} : { seed: opts.seed }),
         ...(opts.seed !== undefined && checkpointOf(r, name) !== undefined ? { from: checkpointOf(r, name) } : {}),
         ...(opts.lr === undefined ? {} : { optim: { lr: opts.lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: s.rl.clip_norm } }),
+        ...(opts.lr === undefined ? {} : lossModulesOf(r, name)),
         ...(opts.serve === undefined ? {} : { serve: opts.serve }),
       }),
     ),
@@ -622,7 +635,7 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
       },
       c.name,
     );
-    return { loss: out.loss, clipfrac: out.clipfrac, grad_norm: out.grad_norm };
+    return { loss: out.loss, grad_norm: out.grad_norm, ...out.stats };
   };
   const fields = await runGraph(r.graph, sourceOf(r, iteration), async (node, inputs) => {
     if (node.kind === 'step') return node.step.run(inputs, { prompts: s.rl.batch, group: r.graph.group, promptLen: task.promptLen, responseLen: task.responseLen });

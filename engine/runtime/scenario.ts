@@ -13,7 +13,7 @@ import { HfError, TextTokenizer, TokenizerError, gptSpecOf, readHfConfig, specPr
 import { DatasetError, JsonlDataset } from './dataset.ts';
 import { dataTask, type DataTask } from './data-task.ts';
 import { DEVICE_NAMES, MODELS as MODEL_PRESETS } from './plan/catalog.ts';
-import { algorithmOf, algorithmPath, isPath, loadAlgorithmFile, ownerCall, validateGraph, type Algorithm, type Graph, type ModelDecl, type RlConfig } from '../algorithms/index.ts';
+import { algorithmOf, algorithmPath, isPath, loadAlgorithmFile, ownerCall, validateGraph, withResolvedLosses, type Algorithm, type Graph, type ModelDecl, type RlConfig } from '../algorithms/index.ts';
 
 const PRESETS = Object.keys(MODEL_PRESETS) as [string, ...string[]];
 
@@ -273,8 +273,9 @@ export function algorithmSpec(s: Scenario): AlgorithmSpec {
       );
     }
     const options = parsed.data as Record<string, unknown>;
-    const graph = algorithm.graph(options, s.rl as RlConfig);
-    validateGraph(graph, algorithm.name);
+    const built = algorithm.graph(options, s.rl as RlConfig);
+    validateGraph(built, algorithm.name);
+    const graph = withResolvedLosses(built);
     spec = { algorithm, name, options, graph };
     specs.set(s, spec);
   }

@@ -100,6 +100,12 @@ const missingDevices = (c: Pick<Context, 'need' | 'joined'>) => c.need.filter((d
 /** The call or step of the graph that failed (runGraph names it on the error). */
 const failedNode = (e: unknown) => ((e as { node?: unknown })?.node as string | undefined) ?? 'iteration';
 
+/**
+ * A failure that going back to a snapshot cannot mend: a reward actor that never came, or a loss
+ * refused or failing on a device (unknown, from another copy of its file, not finite).
+ */
+const fatal = (e: unknown) => (e as { fatal?: unknown })?.fatal === true || (e instanceof CallError && e.code === 'loss');
+
 const errorText = (e: unknown) => (e instanceof Error ? `${e.name}: ${e.message}` : String(e));
 
 export const supervisorMachine = setup({
@@ -379,7 +385,10 @@ export const supervisorMachine = setup({
             }),
           },
         ],
-        onError: { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'setup', error: event.error }) } },
+        onError: [
+          { guard: ({ event }) => fatal(event.error), target: '#supervisor.failed', actions: { type: 'fail', params: ({ event }) => ({ stage: 'setup', error: event.error }) } },
+          { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'setup', error: event.error }) } },
+        ],
       },
     },
     recovering: {
@@ -418,11 +427,14 @@ export const supervisorMachine = setup({
               },
               { target: '#supervisor.saving', actions: { type: 'recovered', params: ({ event }) => event.output } },
             ],
-            onError: {
-              target: '#supervisor.recovering',
-              reenter: true,
-              actions: assign({ failure: ({ event }) => ({ reason: `recovery: ${errorText(event.error)}`, at: Date.now() }) }),
-            },
+            onError: [
+              { guard: ({ event }) => fatal(event.error), target: '#supervisor.failed', actions: { type: 'fail', params: ({ event }) => ({ stage: 'recovery', error: event.error }) } },
+              {
+                target: '#supervisor.recovering',
+                reenter: true,
+                actions: assign({ failure: ({ event }) => ({ reason: `recovery: ${errorText(event.error)}`, at: Date.now() }) }),
+              },
+            ],
           },
         },
       },
@@ -459,9 +471,9 @@ export const supervisorMachine = setup({
             input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration, rewards: context.rewards }),
             onDone: { target: 'iterationDone', actions: { type: 'recordIteration', params: ({ event }) => event.output } },
             onError: [
-              // A reward actor that never came: going back to a snapshot would not bring it.
+              // A reward actor that never came, a loss that fails: going back to a snapshot would not mend it.
               {
-                guard: ({ event }) => (event.error as { fatal?: unknown })?.fatal === true,
+                guard: ({ event }) => fatal(event.error),
                 target: '#supervisor.failed',
                 actions: { type: 'fail', params: ({ context, event }) => ({ stage: `iteration ${context.iteration}, ${failedNode(event.error)}`, error: event.error }) },
               },

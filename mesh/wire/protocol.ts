@@ -73,10 +73,18 @@ const Batch = {
   responseLen: pos,
 };
 
-/** A loss by name (engine/losses.ts's registry) and its parameters. */
+/**
+ * A user's loss module: its path (relative to the checkout's root when it lies inside it, so each
+ * process reads its own copy) and the SHA-256 of the file the supervisor planned with.
+ */
+export const LossModule = z.strictObject({ file: z.string().min(1), sha256: z.string().regex(/^[0-9a-f]{64}$/) });
+export type LossModule = z.infer<typeof LossModule>;
+
+/** A loss by name (engine/model/losses' registry), its parameters, and the module of a user's loss. */
 export const LossSpec = z.strictObject({
   name: z.string().min(1),
   params: z.record(z.string(), z.union([z.number(), z.string(), z.boolean()])),
+  module: LossModule.optional(),
 });
 export type LossSpec = z.infer<typeof LossSpec>;
 
@@ -132,6 +140,8 @@ export const CallBody = z.discriminatedUnion('fn', [
     from: z.string().optional(),
     /** Only the training layout owns an optimizer; generation or inference views do not. */
     optim: Optim.optional(),
+    /** The user's loss modules its train calls use: loaded and checked (digest) before anything runs. */
+    losses: z.array(LossModule).optional(),
     /** A learned reward model: serve it on the bus as the reward actor of this name (docs/reward-protocol.md). */
     serve: z
       .string()
@@ -278,7 +288,8 @@ export const Collective = z.strictObject({
 });
 export type Collective = z.infer<typeof Collective>;
 
-export const ERROR_CODES = ['malformed', 'busy', 'not_loaded', 'unsupported', 'invalid_state', 'digest_mismatch', 'timeout', 'unreachable', 'too_large', 'interrupted', 'failed'] as const;
+/** `loss`: the call's loss was refused or failed (unknown, another file, not finite): it would fail the same way again. */
+export const ERROR_CODES = ['malformed', 'busy', 'not_loaded', 'unsupported', 'invalid_state', 'digest_mismatch', 'timeout', 'unreachable', 'too_large', 'interrupted', 'failed', 'loss'] as const;
 export type ErrorCode = (typeof ERROR_CODES)[number];
 
 /**
@@ -503,7 +514,8 @@ export const ResultBodies = {
   preference: z.strictObject({ loss: z.number(), first_loss: z.number(), accuracy: z.number() }),
   generate: z.strictObject({ tokens: i32, logprobs: f32 }),
   inference: z.union([z.strictObject({ logprobs: f32 }), z.strictObject({ values: f32 }), z.strictObject({ scores: f32 })]),
-  train: z.strictObject({ loss: z.number(), clipfrac: z.number(), grad_norm: z.number() }),
+  /** The loss, its statistics (clip fraction, …: what the loss declares) and the gradient's norm. */
+  train: z.strictObject({ loss: z.number(), grad_norm: z.number(), stats: z.record(z.string(), z.number()) }),
   realloc: z.strictObject({
     sent_bytes: nat,
     received_bytes: nat,

@@ -1,7 +1,7 @@
 import { describe, it, expect, beforeAll } from 'vitest';
 import * as tf from '@tensorflow/tfjs';
-import { initBackend } from './backend.ts';
-import { AGGREGATIONS, LossError, itemRows, lossOf, policyLoss, valueLoss, type LossParams } from './losses.ts';
+import { initBackend } from '../backend.ts';
+import { AGGREGATIONS, LossError, evaluateLoss, itemRows, lossOf, lossParams, policyLoss, valueLoss, type LossNorm, type LossParams } from './index.ts';
 
 beforeAll(async () => {
   await initBackend('cpu');
@@ -106,9 +106,16 @@ describe('valueLoss (clip ε = 0.2)', () => {
   });
 });
 
+/** The named loss of the registry on a mini-batch, its parameters parsed as a train call's are. */
+const evaluated = (name: string, pred: tf.Tensor, data: Record<string, tf.Tensor>, params: LossParams, norm?: LossNorm) =>
+  evaluateLoss(lossOf(name), pred, data, lossParams(lossOf(name), params), norm);
+const lossT = (name: string, pred: tf.Tensor, data: Record<string, tf.Tensor>, params: LossParams, norm?: LossNorm) => evaluated(name, pred, data, params, norm).loss;
+/** The clip fraction a loss reports: the share of the real tokens it clipped. */
+const clipfrac = (name: string, pred: tf.Tensor, data: Record<string, tf.Tensor>, params: LossParams) => scalar(evaluated(name, pred, data, params).stats.clipfrac!);
+
 /** The named loss of the registry on these tensors (they are disposed), as a number. */
 function named(name: string, pred: tf.Tensor, data: Record<string, tf.Tensor>, params: LossParams): number {
-  const x = scalar(lossOf(name).loss(pred, data, params));
+  const x = scalar(lossT(name, pred, data, params));
   tf.dispose([pred, ...Object.values(data)]);
   return x;
 }
@@ -167,7 +174,7 @@ describe("the registry's clip_policy", () => {
     const old = tf.tensor2d([-1, -1], [1, 2]);
     const adv = tf.tensor2d([1, 3], [1, 2]);
     const ref = tf.tensor2d([-2, 0], [1, 2]);
-    const g = tf.grad((x: tf.Tensor) => lossOf('clip_policy').loss(x, { old, advantages: adv, ref }, { clip: 0.2, kl_coef: 0.5 }))(tf.tensor2d([-1, -1], [1, 2]));
+    const g = tf.grad((x: tf.Tensor) => lossT('clip_policy', x, { old, advantages: adv, ref }, { clip: 0.2, kl_coef: 0.5 }))(tf.tensor2d([-1, -1], [1, 2]));
     const out = Array.from(g.dataSync());
     tf.dispose([g, old, adv, ref]);
     expect(out[0]).toBeCloseTo(-0.3419698, 5);
@@ -198,20 +205,20 @@ describe("the registry's clip_policy", () => {
     }
   });
 
-  it('refuses a missing clip, an unknown aggregation or estimator', () => {
-    expect(() => named('clip_policy', logp(), ports(), {})).toThrow(LossError);
-    expect(() => named('clip_policy', logp(), ports(), {})).toThrow("loss parameter 'clip': expected a finite number, got undefined");
-    expect(() => named('clip_policy', logp(), ports(), { clip: 0.2, aggregation: 'sum' })).toThrow(
-      /loss parameter 'aggregation': expected one of token_mean, seq_mean_token_mean, seq_mean_token_sum_norm, got "sum"/,
-    );
+  it('fills a missing clip with its default (0.2); refuses a wrong type, an unknown key, aggregation or estimator', () => {
+    expect(named('clip_policy', logp(), ports(), {})).toBeCloseTo(-1.6 / 6, 5);
+    expect(() => named('clip_policy', logp(), ports(), { clip: '0.2' })).toThrow(LossError);
+    expect(() => named('clip_policy', logp(), ports(), { clip: '0.2' })).toThrow(/^the loss 'clip_policy': clip: .*expected number, received string/);
+    expect(() => named('clip_policy', logp(), ports(), { clip: 0.2, clipp: 0.3 })).toThrow(/the loss 'clip_policy': .*clipp/);
+    expect(() => named('clip_policy', logp(), ports(), { clip: 0.2, aggregation: 'sum' })).toThrow(/the loss 'clip_policy': aggregation: .*token_mean/);
     const withRef = () => ({ ...ports(), ref: tf.zeros([2, 3]) });
-    expect(() => named('clip_policy', logp(), withRef(), { clip: 0.2, kl_coef: 0.1, kl: 'k4' })).toThrow(/loss parameter 'kl': expected one of k1, k2, k3/);
+    expect(() => named('clip_policy', logp(), withRef(), { clip: 0.2, kl_coef: 0.1, kl: 'k4' })).toThrow(/the loss 'clip_policy': kl: .*k3/);
   });
 
   it('counts the tokens whose ratio is outside [1 − clip, 1 + clip]', () => {
     // |r − 1| = [0.5, 0.5, 0.5, 0.5, 0.1, 0] > 0.2 for the first four
     const [p, d] = [logp(), ports()];
-    expect(lossOf('clip_policy').clipped(p, d, { clip: 0.2 })).toBe(4);
+    expect(clipfrac('clip_policy', p, d, { clip: 0.2 })).toBeCloseTo(4 / 6, 6);
     tf.dispose([p, ...Object.values(d)]);
   });
 });
@@ -256,7 +263,7 @@ describe("the registry's dpo", () => {
     // n = 2 items; σ(−1) = 0.2689414 (item 0), σ(2) = 0.8807971 (item 1); β/n = 1
     //   row 0: −0.2689414 ×2, row 1: −0.8807971 ×2, row 2: +0.2689414 ×2, row 3: +0.8807971 ×2
     const r = ref();
-    const g = tf.grad((x: tf.Tensor) => lossOf('pair_sigmoid').loss(x, { ref: r }, { beta: 2 }))(logp());
+    const g = tf.grad((x: tf.Tensor) => lossT('pair_sigmoid', x, { ref: r }, { beta: 2 }))(logp());
     const out = Array.from(g.dataSync());
     tf.dispose([g, r]);
     const expected = [-0.2689414, -0.2689414, -0.8807971, -0.8807971, 0.2689414, 0.2689414, 0.8807971, 0.8807971];
@@ -265,16 +272,16 @@ describe("the registry's dpo", () => {
 
   it('clips nothing, and needs beta', () => {
     const [p, r] = [logp(), ref()];
-    expect(lossOf('pair_sigmoid').clipped(p, { ref: r }, { beta: 2 })).toBe(0);
+    expect(evaluated('pair_sigmoid', p, { ref: r }, { beta: 2 }).stats).toEqual({});
     tf.dispose([p, r]);
-    expect(() => named('pair_sigmoid', logp(), { ref: ref() }, {})).toThrow("loss parameter 'beta': expected a finite number, got undefined");
+    expect(() => named('pair_sigmoid', logp(), { ref: ref() }, {})).toThrow(/^the loss 'pair_sigmoid': beta: .*expected number, received undefined/);
   });
 });
 
 describe('lossOf and itemRows', () => {
   it('an unknown loss is a LossError that lists the known ones', () => {
     expect(() => lossOf('ppo')).toThrow(LossError);
-    expect(() => lossOf('ppo')).toThrow("unknown loss 'ppo'; known: clip_policy, clip_value, pair_sigmoid");
+    expect(() => lossOf('ppo')).toThrow(/^unknown loss 'ppo'; known: clip_policy, clip_value, pair_sigmoid, gspo, cispo, decoupled/);
   });
 
   it('items to rows: themselves for single rows; chosen rows, then rejected rows, for pairs', () => {
@@ -290,7 +297,7 @@ describe('masks: ragged mini-batches (2 rows, R = 3; row 0 has 2 tokens, row 1 h
   const zeros = () => tf.zeros([2, 3]);
   // Ratio 1 everywhere, so every token's loss is −A; the padded advantages are absurd on purpose.
   const adv = (pad = 1000) => tf.tensor2d([1, 2, pad, 4, pad, pad], [2, 3]);
-  const policy = (aggregation: string, pad?: number) => scalar(lossOf('clip_policy').loss(zeros(), { old: zeros(), advantages: adv(pad), mask: mask() }, { clip: 0.2, aggregation }));
+  const policy = (aggregation: string, pad?: number) => scalar(lossT('clip_policy', zeros(), { old: zeros(), advantages: adv(pad), mask: mask() }, { clip: 0.2, aggregation }));
 
   it('token_mean: −(1 + 2 + 4)/3 over the three real tokens', () => {
     expect(policy('token_mean')).toBeCloseTo(-7 / 3, 6);
@@ -306,7 +313,7 @@ describe('masks: ragged mini-batches (2 rows, R = 3; row 0 has 2 tokens, row 1 h
 
   it('padding changes nothing: not the value, and it gets no gradient', () => {
     for (const how of AGGREGATIONS) expect(policy(how, -55)).toBeCloseTo(policy(how, 1000), 6);
-    const g = tf.grad((x: tf.Tensor) => lossOf('clip_policy').loss(x, { old: zeros(), advantages: adv(), mask: mask() }, { clip: 0.2 }))(zeros());
+    const g = tf.grad((x: tf.Tensor) => lossT('clip_policy', x, { old: zeros(), advantages: adv(), mask: mask() }, { clip: 0.2 }))(zeros());
     // d/dlogp of −r·A/3 at r = 1 is −A/3 on real tokens, 0 on padding.
     const got = Array.from(g.dataSync());
     [-1 / 3, -2 / 3, 0, -4 / 3, 0, 0].forEach((want, i) => expect(got[i]).toBeCloseTo(want, 6));
@@ -317,26 +324,29 @@ describe('masks: ragged mini-batches (2 rows, R = 3; row 0 has 2 tokens, row 1 h
     for (const aggregation of AGGREGATIONS) {
       const part = (row: number) => {
         const pick = (t: tf.Tensor) => tf.slice(t, [row, 0], [1, 3]);
-        return scalar(lossOf('clip_policy').loss(pick(zeros()), { old: pick(zeros()), advantages: pick(adv()), mask: pick(mask()) }, { clip: 0.2, aggregation }, norm));
+        return scalar(lossT('clip_policy', pick(zeros()), { old: pick(zeros()), advantages: pick(adv()), mask: pick(mask()) }, { clip: 0.2, aggregation }, norm));
       };
       expect(part(0) + part(1)).toBeCloseTo(policy(aggregation), 6);
     }
   });
 
-  it('clipped counts only real tokens: ratio 1.5 everywhere clips 3, not 6', () => {
+  it('the clip fraction counts only real tokens: ratio 1.5 everywhere clips 3 of 3, not 6 of 6 or 3 of 6', () => {
     const p = tf.fill([2, 3], Math.log(1.5));
-    expect(lossOf('clip_policy').clipped(p, { old: zeros(), advantages: adv(), mask: mask() }, { clip: 0.2 })).toBe(3);
-    expect(lossOf('clip_value').clipped(tf.fill([2, 3], 1), { old: zeros(), returns: zeros(), mask: mask() }, { clip: 0.2 })).toBe(3);
+    expect(clipfrac('clip_policy', p, { old: zeros(), advantages: adv(), mask: mask() }, { clip: 0.2 })).toBe(1);
+    expect(clipfrac('clip_value', tf.fill([2, 3], 1), { old: zeros(), returns: zeros(), mask: mask() }, { clip: 0.2 })).toBe(1);
+    // Half the real tokens clipped: row 0's two (ratio 1.5), not row 1's one (ratio 1), and padding never counts.
+    const half = tf.tensor2d([Math.log(1.5), Math.log(1.5), 9, 0, 9, 9], [2, 3]);
+    expect(clipfrac('clip_policy', half, { old: zeros(), advantages: adv(), mask: mask() }, { clip: 0.2 })).toBeCloseTo(2 / 3, 6);
   });
 
   it('clip_value: ½·(1² + 2² + 4²)/3 over the real tokens', () => {
     const v = tf.tensor2d([1, 2, 50, 4, 60, 70], [2, 3]);
-    expect(scalar(lossOf('clip_value').loss(v, { old: v, returns: zeros(), mask: mask() }, { clip: 0.2 }))).toBeCloseTo(3.5, 5);
+    expect(scalar(lossT('clip_value', v, { old: v, returns: zeros(), mask: mask() }, { clip: 0.2 }))).toBeCloseTo(3.5, 5);
   });
 
   it('pair_sigmoid sums each response’s own tokens: h_w = 1 + 1, h_l = 0, loss softplus(−2)', () => {
     const pred = tf.tensor2d([1, 1, 1000, 0, 0, 0], [2, 3]); // chosen, then rejected
     const m = tf.tensor2d([1, 1, 0, 1, 1, 1], [2, 3]);
-    expect(scalar(lossOf('pair_sigmoid').loss(pred, { ref: zeros(), mask: m }, { beta: 1 }))).toBeCloseTo(Math.log(1 + Math.exp(-2)), 6);
+    expect(scalar(lossT('pair_sigmoid', pred, { ref: zeros(), mask: m }, { beta: 1 }))).toBeCloseTo(Math.log(1 + Math.exp(-2)), 6);
   });
 });
