@@ -37,10 +37,12 @@ export interface Spawned {
 }
 
 /** Runs a TypeScript entry point of ferry as a real process (node --import tsx). */
-export function spawnTs(script: string, args: string[], env: NodeJS.ProcessEnv = {}, options: { group?: boolean } = {}): Spawned {
+export function spawnTs(script: string, args: string[], env: NodeJS.ProcessEnv = {}, options: { group?: boolean; cwd?: string } = {}): Spawned {
   // `group`: its own process group, as a command typed at a terminal has (Ctrl-C signals the group).
-  const child = spawn(process.execPath, ['--import', 'tsx', join(ROOT, script), ...args], {
-    cwd: ROOT,
+  // `cwd`: where it runs (a worker resolves a run's relative file paths there, as in its own checkout).
+  // tsx by its resolved URL: a process started elsewhere would not find ferry's node_modules.
+  const child = spawn(process.execPath, ['--import', import.meta.resolve('tsx'), join(ROOT, script), ...args], {
+    cwd: options.cwd ?? ROOT,
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
     detached: options.group ?? false,

@@ -1,18 +1,21 @@
 // The graph the critic-free family shares (GRPO, RLOO, REINFORCE++): G samples of each prompt,
 // reference log-probs and rewards for them, one advantage step, one policy update. Each algorithm
 // picks the estimator, how many samples, and what its policy loss adds.
-import type { LossParams } from '../model/index.ts';
+import type { KlEstimator, LossParams } from '../model/index.ts';
 import type { RlConfig } from './algorithm.ts';
 import { estimator, type AdvantageOptions } from './advantages.ts';
 import type { CallDecl, Graph } from './graph.ts';
+import { policyLoss, type PolicyLossOption } from './policy-loss.ts';
 
-export function criticFree(rl: RlConfig, o: { group: number; estimator: string; advantage: AdvantageOptions; loss: LossParams; klInLoss: boolean }): Graph {
+export function criticFree(
+  rl: RlConfig,
+  o: { group: number; estimator: string; advantage: AdvantageOptions; loss: LossParams; kl?: KlEstimator; klInLoss: boolean; policyLoss: PolicyLossOption },
+): Graph {
   const train: CallDecl = {
     name: 'actor.train',
     model: 'actor',
     fn: 'train',
-    loss: { name: 'clip_policy', params: { clip: rl.clip, ...o.loss, ...(o.klInLoss ? { kl_coef: rl.kl_coef } : {}) } },
-    reads: { tokens: 'tokens', old: 'logprobs', advantages: 'advantages', ...(o.klInLoss && rl.kl_coef > 0 ? { ref: 'ref_logprobs' } : {}) },
+    ...policyLoss(o.policyLoss, { clip: rl.clip, ...o.loss }, o.klInLoss ? { kl_coef: rl.kl_coef, kl: o.kl ?? 'k3' } : undefined),
     writes: { loss: 'actor_loss' },
   };
   const advantage = estimator(o.estimator);

@@ -5,6 +5,7 @@ import { z } from 'zod';
 import { AGGREGATIONS, KL_ESTIMATORS } from '../model/index.ts';
 import { defineAlgorithm } from './algorithm.ts';
 import { criticFree } from './critic-free.ts';
+import { policyLossOption } from './policy-loss.ts';
 
 export const grpo = defineAlgorithm({
   name: 'grpo',
@@ -16,13 +17,16 @@ export const grpo = defineAlgorithm({
     aggregation: z.enum(AGGREGATIONS).default('seq_mean_token_mean'),
     clip_high: z.number().positive().optional().describe('ε_high of clip-higher (DAPO: 0.28); defaults to rl.clip'),
     scale: z.boolean().default(true).describe("divide by the group's standard deviation (false: Dr. GRPO)"),
+    loss: policyLossOption,
   }),
   graph: (o, rl) =>
     criticFree(rl, {
       group: o.group,
       estimator: 'grpo',
       advantage: { kl_coef: o.kl === 'reward' ? rl.kl_coef : 0, kl_estimator: o.kl_estimator, scale: o.scale },
-      loss: { aggregation: o.aggregation, kl: o.kl_estimator, ...(o.clip_high === undefined ? {} : { clip_high: o.clip_high }) },
+      loss: { aggregation: o.aggregation, ...(o.clip_high === undefined ? {} : { clip_high: o.clip_high }) },
+      kl: o.kl_estimator,
       klInLoss: o.kl === 'loss',
+      policyLoss: o.loss,
     }),
 });

@@ -7,3 +7,4 @@ export * from './registry.ts';
 export { preferenceStats } from './dpo.ts';
 export { taskPairs, readPairsFile, PairsError, type PairsFile } from './pairs.ts';
 export * from './losses.ts';
+export * from './policy-loss.ts';

@@ -3,7 +3,7 @@
 // with. Checked with the rest of the graph, before any work; the parameters are then written back
 // with the loss's defaults filled in, and a user's loss gets its module (path and SHA-256).
 import type { LossSpec } from '../../mesh/wire/index.ts';
-import { LossError, lossOf, lossParams, lossSource, portablePath, type Loss } from '../model/index.ts';
+import { lossOf, lossParams, lossSource, portablePath, type Loss, type LossParams } from '../model/index.ts';
 import type { CallDecl, Graph, ModelDecl } from './graph.ts';
 
 /** The ports a train call writes besides its loss's statistics. */
@@ -20,11 +20,11 @@ export function lossProblems(c: Extract<CallDecl, { fn: 'train' }>, model: Model
   const problems: string[] = [];
   const where = `call '${c.name}', loss '${loss.name}'`;
   if (loss.head !== model.head) problems.push(`${where}: it reads a ${loss.head} head; '${model.name}' has a ${model.head} head`);
-  let params;
+  let params: LossParams | undefined;
   try {
     params = lossParams(loss, c.loss.params);
   } catch (e) {
-    problems.push(`${where}: ${(e as LossError).message.replace(/^the loss '[^']*': /, 'params: ')}`);
+    problems.push(`${where}: ${(e as Error).message.replace(/^the loss '[^']*': /, 'params: ')}`);
   }
   if (params) {
     const ports = loss.ports(params);

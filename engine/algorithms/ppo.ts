@@ -4,6 +4,7 @@ import { z } from 'zod';
 import { defineAlgorithm } from './algorithm.ts';
 import type { Graph } from './graph.ts';
 import { estimator } from './advantages.ts';
+import { policyLoss, policyLossOption } from './policy-loss.ts';
 
 export const ppo = defineAlgorithm({
   name: 'ppo',
@@ -13,6 +14,7 @@ export const ppo = defineAlgorithm({
     value_clip: z.number().positive().default(0.2),
     gamma: z.number().min(0).max(1).default(1),
     lambda: z.number().min(0).max(1).default(0.95),
+    loss: policyLossOption,
   }),
   graph: (o, rl): Graph => ({
     source: 'prompts',
@@ -33,8 +35,7 @@ export const ppo = defineAlgorithm({
         name: 'actor.train',
         model: 'actor',
         fn: 'train',
-        loss: { name: 'clip_policy', params: { clip: rl.clip } },
-        reads: { tokens: 'tokens', old: 'logprobs', advantages: 'advantages' },
+        ...policyLoss(o.loss, { clip: rl.clip }),
         writes: { loss: 'actor_loss' },
       },
       {

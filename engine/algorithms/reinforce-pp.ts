@@ -3,6 +3,7 @@
 import { z } from 'zod';
 import { defineAlgorithm } from './algorithm.ts';
 import { criticFree } from './critic-free.ts';
+import { policyLossOption } from './policy-loss.ts';
 
 export const reinforcePP = defineAlgorithm({
   name: 'reinforce_pp',
@@ -10,6 +11,7 @@ export const reinforcePP = defineAlgorithm({
   options: z.strictObject({
     group: z.number().int().min(1).default(1).describe('samples per prompt'),
     gamma: z.number().min(0).max(1).default(1),
+    loss: policyLossOption,
   }),
-  graph: (o, rl) => criticFree(rl, { group: o.group, estimator: 'reinforce_pp', advantage: { kl_coef: rl.kl_coef, gamma: o.gamma }, loss: {}, klInLoss: false }),
+  graph: (o, rl) => criticFree(rl, { group: o.group, estimator: 'reinforce_pp', advantage: { kl_coef: rl.kl_coef, gamma: o.gamma }, loss: {}, klInLoss: false, policyLoss: o.loss }),
 });

@@ -13,7 +13,7 @@ import type { LossSpec, Optim } from '../../mesh/wire/index.ts';
 import { cut } from '../../mesh/parallel/index.ts';
 import type { NamedTensor } from '../../mesh/wire/index.ts';
 import type { Comm } from '../../mesh/parallel/index.ts';
-import { checkedValue, evaluateLoss, itemRows, lossOf, lossParams, preferenceLoss, type Loss, type LossNorm, type LossParams } from './losses/index.ts';
+import { LossError, checkedValue, evaluateLoss, itemRows, lossOf, lossParams, preferenceLoss, type Loss, type LossNorm, type LossParams } from './losses/index.ts';
 import { causalMask, initialParameter, logprobsOf, paddedMask, valuesOf } from './gpt.ts';
 import {
   attention,
@@ -719,9 +719,7 @@ export class GptRank {
     const params = lossParams(fn, loss.params);
     const width = promptLen + responseLen;
     // Speaking ranks return their replica's share of each mini-batch's loss and statistics; the caller sums them.
-    return trainEpochs(batch / fn.rowsPerItem, epochs, minibatches, seed, (items, tag) =>
-      this.step(group, tag, { kind: 'loss', fn, params, data, responseLen }, tokens, width, items, promptLen),
-    );
+    return trainEpochs(batch / fn.rowsPerItem, epochs, minibatches, seed, (items, tag) => this.step(group, tag, { kind: 'loss', fn, params, data, responseLen }, tokens, width, items, promptLen));
   }
 
   /** The head's prediction a loss reads, from the last stage's output: response log-probs or values. */
@@ -795,7 +793,15 @@ export class GptRank {
       };
       // Automatic differentiation only for the loss itself (elementwise work on the head's output);
       // the head and the layers below run the written-out backward passes.
-      const { value, grads: g } = tf.valueAndGrads(lossOf)([fwd.out!]);
+      let vg: { value: tf.Scalar; grads: tf.Tensor[] };
+      try {
+        vg = tf.valueAndGrads(lossOf)([fwd.out!]);
+      } catch (e) {
+        // A loss whose value does not depend on the prediction, or that throws: the loss's fault, every time.
+        if (objective.kind !== 'loss' || e instanceof LossError) throw e;
+        throw new LossError(`the loss '${objective.fn.name}' has no gradient: ${(e as Error).message}`, { cause: e });
+      }
+      const { value, grads: g } = vg;
       loss = value.dataSync()[0]!;
       if (objective.kind === 'loss') {
         // Read before anything moves: a loss that is not finite is refused, the weights untouched.

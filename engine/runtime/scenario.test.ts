@@ -27,7 +27,7 @@ describe('parseScenario defaults', () => {
     cluster: { nodes: 1, devices_per_node: 4, device: 'local' },
     models: {},
     lengths: {},
-    algorithm: { name: 'ppo', critic_lr: 1e-3, value_clip: 0.2, gamma: 1, lambda: 0.95 },
+    algorithm: { name: 'ppo', critic_lr: 1e-3, value_clip: 0.2, gamma: 1, lambda: 0.95, loss: 'clip_policy' },
     plan: {},
     warmup: { steps: 15, demos: 1024, batch: 32, lr: 3e-3 },
     rl: {

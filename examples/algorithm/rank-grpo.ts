@@ -4,7 +4,7 @@
 // ferry is edited: the scenario names this file, and ferry loads it.
 //   npm run scenario -- examples/algorithm/scenario.yaml
 import { z } from 'zod';
-import { defineAlgorithm, perToken, rowLengths, sequenceKl, type Graph } from '../../engine/algorithms/index.ts';
+import { defineAlgorithm, perToken, rowLengths, sequenceKl, type Graph } from '../../engine/api.ts';
 
 /** Ranks within each group, centred and scaled to [−1, 1]; equal rewards share their mean rank. */
 export function rankAdvantages(rewards: ArrayLike<number>, group: number): Float64Array {

@@ -100,7 +100,8 @@ export function defineLoss<S extends z.ZodType>(d: LossDefinition<S>): Loss<S> {
   if (typeof (d.params as { safeParse?: unknown } | undefined)?.safeParse !== 'function') throw new LossError(`${where}: params: expected a zod schema (z.strictObject({...}))`);
   if (typeof d.compute !== 'function') throw new LossError(`${where}: compute: expected a function of { pred, data, mask, norm, params }`);
   const stats = [...(d.stats ?? [])];
-  for (const s of stats) if (!NAME.test(s) || s === 'loss' || s === 'grad_norm') throw new LossError(`${where}: stats: '${s}' is not a statistic's name (letters, digits and _; not loss or grad_norm)`);
+  for (const s of stats)
+    if (!NAME.test(s) || s === 'loss' || s === 'grad_norm') throw new LossError(`${where}: stats: '${s}' is not a statistic's name (letters, digits and _; not loss or grad_norm)`);
   const ports = d.ports;
   return Object.freeze({
     [BRAND]: true as const,
@@ -128,7 +129,8 @@ export function lossParams(loss: Loss, given: unknown): LossParams {
   const out: LossParams = {};
   for (const [k, v] of Object.entries((parsed.data ?? {}) as Record<string, unknown>)) {
     if (v === undefined) continue;
-    if (typeof v !== 'number' && typeof v !== 'string' && typeof v !== 'boolean') throw new LossError(`the loss '${loss.name}': parameter '${k}' is ${typeof v}; a loss's parameters are numbers, strings or booleans`);
+    if (typeof v !== 'number' && typeof v !== 'string' && typeof v !== 'boolean')
+      throw new LossError(`the loss '${loss.name}': parameter '${k}' is ${typeof v}; a loss's parameters are numbers, strings or booleans`);
     out[k] = v;
   }
   return out;
@@ -160,10 +162,14 @@ export function evaluateLoss(loss: Loss, pred: tf.Tensor, data: Record<string, t
   if (value.rank !== 0) throw new LossError(`the loss '${loss.name}' returned a loss of shape [${value.shape.join(', ')}]; expected a scalar (reduce it, e.g. with tf.sum(...) / norm.tokens)`);
   const stats: Record<string, tf.Scalar> = {};
   const given = out.stats ?? {};
-  for (const k of Object.keys(given)) if (!loss.stats.includes(k)) throw new LossError(`the loss '${loss.name}' reported the statistic '${k}', which it does not declare (stats: [${loss.stats.join(', ')}])`);
+  for (const k of Object.keys(given))
+    if (!loss.stats.includes(k)) throw new LossError(`the loss '${loss.name}' reported the statistic '${k}', which it does not declare (stats: [${loss.stats.join(', ')}])`);
   for (const k of loss.stats) {
     const s = given[k];
-    if (!(s instanceof tf.Tensor) || s.rank !== 0) throw new LossError(`the loss '${loss.name}' declares the statistic '${k}' but returned ${s instanceof tf.Tensor ? `a tensor of shape [${s.shape.join(', ')}]` : describe(s)}; expected a scalar tensor`);
+    if (!(s instanceof tf.Tensor) || s.rank !== 0)
+      throw new LossError(
+        `the loss '${loss.name}' declares the statistic '${k}' but returned ${s instanceof tf.Tensor ? `a tensor of shape [${s.shape.join(', ')}]` : describe(s)}; expected a scalar tensor`,
+      );
     stats[k] = s as tf.Scalar;
   }
   return { loss: value as tf.Scalar, stats };
@@ -181,4 +187,8 @@ const describe = (x: unknown) => (x === undefined ? 'nothing' : x === null ? 'nu
  * The tensor as it is, with no gradient through it (sg(·) in the papers): for weights that scale
  * a gradient without being optimised themselves (CISPO's clipped ratio, GSPO-token's sequence ratio).
  */
-export const stopGradient = tf.customGrad(((x: tf.Tensor) => ({ value: tf.clone(x), gradFunc: (dy: tf.Tensor) => tf.zerosLike(dy) })) as unknown as Parameters<typeof tf.customGrad>[0]) as unknown as <T extends tf.Tensor>(x: T) => T;
+export const stopGradient = tf.customGrad(((x: tf.Tensor) => ({ value: tf.clone(x), gradFunc: (dy: tf.Tensor) => tf.zerosLike(dy) })) as unknown as Parameters<typeof tf.customGrad>[0]) as unknown as <
+  T extends tf.Tensor,
+>(
+  x: T,
+) => T;
