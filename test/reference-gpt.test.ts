@@ -267,7 +267,8 @@ describe('train', () => {
     const ref = shard.logprobs(r.tokens, r.batch, 3);
     const stats = await shard.train(r.tokens, r.batch, 3, 2, { name: 'pair_sigmoid', params: { beta: 0.1 } }, { ref }, 1, 1, 1);
     expect(stats.loss).toBeCloseTo(Math.LN2, 5);
-    expect(stats.stats.clipfrac).toBe(0);
+    // pair_sigmoid clips nothing, so it reports no clip fraction.
+    expect(stats.stats).toEqual({});
     expect(digest(shard)).not.toBe(before);
     shard.dispose();
   });

@@ -1,5 +1,6 @@
 import { describe, it, expect, beforeAll } from 'vitest';
 import { initBackend } from '../model/backend.ts';
+import { fileDigest } from '../model/losses/modules.ts';
 import { CallRejected, Device } from './device.ts';
 import { MemoryBus } from '../../mesh/wire/memory-bus.ts';
 import { encode } from '../../mesh/wire/codec.ts';
@@ -295,6 +296,31 @@ describe('Device.check refuses arrays that do not fit, before anything runs', ()
     );
   });
 
+  it("a load whose loss module is not the supervisor's copy is refused (code loss), naming the file and both digests; the right copy loads", async () => {
+    const d = new Device(0, ...noLink);
+    const file = 'examples/algorithm/gmpo.ts';
+    await expect(d.run(call('actor', { ...load(policy, { optim }), losses: [{ file, sha256: '0'.repeat(64) }] }))).rejects.toMatchObject({
+      code: 'loss',
+      message: expect.stringMatching(/the loss module examples\/algorithm\/gmpo\.ts: this worker's copy \(.*gmpo\.ts\) has SHA-256 [0-9a-f]{64}, the supervisor planned with 0{64}/),
+    });
+    const sha256 = fileDigest(file);
+    await d.run(call('actor', { ...load(policy, { optim }), losses: [{ file, sha256 }] }));
+    expect(
+      d.check(
+        call('actor', {
+          fn: 'train',
+          tokens: tokens(8),
+          batch: 2,
+          promptLen: 2,
+          responseLen: 2,
+          ...trainArgs,
+          loss: { name: 'gmpo', params: { clip: 0.4 }, module: { file, sha256 } },
+          data: { old: new Float32Array(4), advantages: new Float32Array(4) },
+        }),
+      ),
+    ).toBeUndefined();
+  });
+
   it('a train call whose data lacks a port its loss reads, names an unknown loss, or splits a pair', async () => {
     const d = new Device(0, ...noLink);
     await d.run(call('actor', load(policy, { optim })));
@@ -310,7 +336,22 @@ describe('Device.check refuses arrays that do not fit, before anything runs', ()
       'malformed',
       "'train' of 'actor': the loss 'clip_policy' reads 'ref'; the call's data has old, advantages",
     );
-    expectRefusal(d, call('actor', { ...train, loss: { name: 'nope', params: {} }, data: {} }), 'malformed', "'train' of 'actor': unknown loss 'nope'; known: clip_policy, clip_value, pair_sigmoid");
+    // A loss this device does not know is the loss's problem (code `loss`): it would fail the same way after any recovery.
+    expectRefusal(
+      d,
+      call('actor', { ...train, loss: { name: 'nope', params: {} }, data: {} }),
+      'loss',
+      /^'train' of 'actor' on device 0: unknown loss 'nope'; known: clip_policy, clip_value, pair_sigmoid, gspo, cispo, decoupled/,
+    );
+    // So is a parameter its schema refuses, and a user's loss from a module this device did not load.
+    expectRefusal(d, call('actor', { ...train, loss: { name: 'clip_policy', params: { clip: 'wide' } }, data: {} }), 'loss', /the loss 'clip_policy': clip: /);
+    const module = { file: 'examples/algorithm/gmpo.ts', sha256: '0'.repeat(64) };
+    expectRefusal(
+      d,
+      call('actor', { ...train, loss: { name: 'clip_policy', params: {}, module }, data: {} }),
+      'loss',
+      /the loss 'clip_policy' of examples\/algorithm\/gmpo\.ts \(SHA-256 0{64}\) is not loaded on this device/,
+    );
     // dpo takes rows in pairs (chosen, rejected): an odd batch cannot be one
     const odd = { fn: 'train', tokens: tokens(12), batch: 3, promptLen: 2, responseLen: 2, ...trainArgs, loss: { name: 'pair_sigmoid', params: { beta: 0.1 } } } as const;
     expectRefusal(d, call('actor', { ...odd, data: { ref: new Float32Array(6) } }), 'malformed', "'train' of 'actor': the loss 'pair_sigmoid' takes rows in groups of 2; the batch has 3");
