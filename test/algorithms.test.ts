@@ -16,6 +16,8 @@ const CASES: Array<{ algorithm: string; kill: { actor: string; call: string } }>
   { algorithm: '{ name: reinforce_pp }', kill: { actor: 'actor', call: 'generate' } },
   { algorithm: '{ name: dpo }', kill: { actor: 'actor', call: 'inference' } },
   { algorithm: `{ name: ${join(ROOT, 'examples/algorithm/rank-grpo.ts')}, group: 2 }`, kill: { actor: 'reference', call: 'inference' } },
+  // A loss of the user's own: a restarted worker loads and checks its file again before it trains.
+  { algorithm: `{ name: ${join(ROOT, 'examples/algorithm/gmpo.ts')}, group: 2 }`, kill: { actor: 'actor', call: 'generate' } },
 ];
 
 function scenario(dir: string, algorithm: string, kill: { actor: string; call: string }): string {

@@ -1,5 +1,5 @@
-// PPO's clipped policy loss and its GRPO-family variants: separate ε_low/ε_high (DAPO's
-// clip-higher), a KL term in the loss (GRPO; `kl_coef` > 0 reads `ref`), and the aggregation.
+// The clipped policy loss (Schulman et al. 2017) and its variants: separate ε_low/ε_high (DAPO's
+// clip-higher), a KL term in the loss (`kl_coef` > 0 reads `ref`), and the aggregation.
 // With neither, it is the classic clipped surrogate over the batch's tokens.
 import * as tf from '@tensorflow/tfjs';
 import { z } from 'zod';
@@ -17,7 +17,7 @@ export const withRef = (ports: string[], p: { kl_coef: number }) => (p.kl_coef >
 
 export const clipPolicy = defineLoss({
   name: 'clip_policy',
-  summary: "PPO's clipped surrogate −min(r·A, clip(r, 1−ε, 1+ε_high)·A), r per token; optional KL term and aggregation",
+  summary: "the clipped surrogate −min(r·A, clip(r, 1−ε, 1+ε_high)·A), r per token; optional KL term and aggregation",
   head: 'policy',
   params: z.strictObject({
     clip: z.number().positive().default(0.2).describe('ε (ε_low with clip_high)'),

@@ -1,5 +1,5 @@
-// Decoupled PPO (AReaL, arXiv 2505.24298) for rollouts a stale policy sampled. Two policies play
-// the role PPO's π_old plays alone: π_behav sampled the tokens (`behav`), π_prox is the trainer's
+// The decoupled clipped loss (AReaL, arXiv 2505.24298) for rollouts a stale policy sampled. Two
+// policies play the role π_old plays alone in the clipped loss: π_behav sampled the tokens (`behav`), π_prox is the trainer's
 // policy before this update (`prox`, an inference call). The ratio is clipped against π_prox and
 // the token weighted by π_prox/π_behav, held constant; a token whose weight passes the cap is
 // dropped (AReaL). Per token: −w·min(u·A, clip(u, 1−ε, 1+ε_high)·A), u = π_θ/π_prox. When
@@ -12,7 +12,7 @@ import { AGGREGATIONS, aggregate, clippedSurrogate, klTensor, outsideClip, token
 
 export const decoupled = defineLoss({
   name: 'decoupled',
-  summary: 'decoupled PPO: clip against the proximal policy, weight by π_prox/π_behav (capped) for stale rollouts',
+  summary: 'decoupled clipped loss: clip against the proximal policy, weight by π_prox/π_behav (capped) for stale rollouts',
   head: 'policy',
   params: z.strictObject({
     clip: z.number().positive().default(0.2).describe('ε of the ratio to the proximal policy'),

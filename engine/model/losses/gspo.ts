@@ -1,7 +1,7 @@
 // GSPO (Zheng et al. 2025, Qwen): the importance ratio of a whole sequence, length-normalised,
 // s_i = exp((1/|o_i|)·Σ_t (log π_θ − log π_old)), clipped at the sequence level with a small ε:
 // loss = −(1/G)·Σ_i min(s_i·A_i, clip(s_i, 1−ε, 1+ε_high)·A_i). The gradient reaches every token
-// of s_i. A_i is the response's advantage (the mean of its tokens' advantages: GRPO's A_i).
+// of s_i. A_i is the response's advantage (the mean of its tokens' advantages: the group-relative A_i).
 import * as tf from '@tensorflow/tfjs';
 import { z } from 'zod';
 import { klParams, withRef } from './clip-policy.ts';

@@ -1,4 +1,4 @@
-// DPO's logistic loss of pairs: with h(y) = Σ_t (log π − log π_ref),
+// The logistic loss of preference pairs (Rafailov et al. 2023): with h(y) = Σ_t (log π − log π_ref),
 // loss = mean −log σ(β·(h(y_w) − h(y_l))). The rows are the chosen responses, then the rejected
 // ones, item for item.
 import * as tf from '@tensorflow/tfjs';
@@ -7,10 +7,10 @@ import { defineLoss } from './define.ts';
 
 export const pairSigmoid = defineLoss({
   name: 'pair_sigmoid',
-  summary: "DPO's −log σ(β·(h(y_w) − h(y_l))), h = Σ_t (log π − log π_ref), over pairs",
+  summary: "−log σ(β·(h(y_w) − h(y_l))), h = Σ_t (log π − log π_ref), over pairs",
   head: 'policy',
   rowsPerItem: 2,
-  params: z.strictObject({ beta: z.number().positive().describe('β: how far from the reference the policy may move (DPO sets it)') }),
+  params: z.strictObject({ beta: z.number().positive().describe('β: how far from the reference the policy may move (the algorithm sets it)') }),
   ports: ['ref'],
   compute({ pred, data, mask, norm, params: p }) {
     const h = tf.sum(tf.mul(tf.sub(pred, data.ref!), mask), 1); // [2n], each response's own tokens
