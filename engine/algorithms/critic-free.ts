@@ -16,7 +16,6 @@ export function criticFree(
     model: 'actor',
     fn: 'train',
     ...policyLoss(o.policyLoss, { clip: rl.clip, ...o.loss }, o.klInLoss ? { kl_coef: rl.kl_coef, kl: o.kl ?? 'k3' } : undefined),
-    writes: { loss: 'actor_loss' },
   };
   const advantage = estimator(o.estimator);
   return {

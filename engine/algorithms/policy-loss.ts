@@ -24,14 +24,18 @@ export const POLICY_PORTS: Record<string, string> = { old: 'logprobs', behav: 'l
  * algorithm's own options and `rl:` (clip, clip_high, aggregation); another loss takes its
  * parameters from `loss:` and its own defaults. `kl`: the KL term, when it is in the loss.
  */
-export function policyLoss(option: PolicyLossOption, knobs: LossParams, kl?: { kl_coef: number; kl: KlEstimator }): { loss: LossSpec; reads: Record<string, string> } {
+export function policyLoss(
+  option: PolicyLossOption,
+  knobs: LossParams,
+  kl?: { kl_coef: number; kl: KlEstimator },
+): { loss: LossSpec; reads: Record<string, string>; writes: Record<string, string> } {
   const { name, ...given } = typeof option === 'string' ? { name: option } : (option as { name: string } & LossParams);
   let loss: Loss | undefined;
   try {
     loss = lossOf(name);
   } catch {
     // Unknown: the graph's check names it with the known ones.
-    return { loss: { name, params: given }, reads: { tokens: 'tokens' } };
+    return { loss: { name, params: given }, reads: { tokens: 'tokens' }, writes: { loss: 'actor_loss' } };
   }
   const shape = (loss.params as unknown as { shape?: Record<string, unknown> }).shape ?? {};
   if (kl && kl.kl_coef > 0 && !('kl_coef' in shape)) {
@@ -44,5 +48,10 @@ export function policyLoss(option: PolicyLossOption, knobs: LossParams, kl?: { k
   } catch {
     // Parameters its schema refuses: the graph's check says which.
   }
-  return { loss: { name, params }, reads: { tokens: 'tokens', ...Object.fromEntries(ports.filter((p) => p in POLICY_PORTS).map((p) => [p, POLICY_PORTS[p]!])) } };
+  return {
+    loss: { name, params },
+    reads: { tokens: 'tokens', ...Object.fromEntries(ports.filter((p) => p in POLICY_PORTS).map((p) => [p, POLICY_PORTS[p]!])) },
+    // The loss, and its clip fraction where it reports one (verl's pg_clipfrac), go to the metrics.
+    writes: { loss: 'actor_loss', ...(loss.stats.includes('clipfrac') ? { clipfrac: 'actor_clipfrac' } : {}) },
+  };
 }

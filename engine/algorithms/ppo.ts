@@ -36,7 +36,6 @@ export const ppo = defineAlgorithm({
         model: 'actor',
         fn: 'train',
         ...policyLoss(o.loss, { clip: rl.clip }),
-        writes: { loss: 'actor_loss' },
       },
       {
         name: 'critic.train',
@@ -44,7 +43,7 @@ export const ppo = defineAlgorithm({
         fn: 'train',
         loss: { name: 'clip_value', params: { clip: o.value_clip } },
         reads: { tokens: 'tokens', old: 'values', returns: 'returns' },
-        writes: { loss: 'critic_loss' },
+        writes: { loss: 'critic_loss', clipfrac: 'critic_clipfrac' },
       },
     ],
     steps: [

@@ -4,12 +4,13 @@ import { z } from 'zod';
 import { defineAlgorithm } from './algorithm.ts';
 import type { Graph } from './graph.ts';
 import { estimator } from './advantages.ts';
+import { policyLoss, policyLossOption } from './policy-loss.ts';
 
 export const remax = defineAlgorithm({
   name: 'remax',
   summary: 'a greedy generation per prompt; its reward is the baseline; no critic',
-  options: z.strictObject({}),
-  graph: (_o, rl): Graph => ({
+  options: z.strictObject({ loss: policyLossOption }),
+  graph: (o, rl): Graph => ({
     source: 'prompts',
     group: 1,
     reward: 'scores',
@@ -28,9 +29,7 @@ export const remax = defineAlgorithm({
         name: 'actor.train',
         model: 'actor',
         fn: 'train',
-        loss: { name: 'clip_policy', params: { clip: rl.clip } },
-        reads: { tokens: 'tokens', old: 'logprobs', advantages: 'advantages' },
-        writes: { loss: 'actor_loss' },
+        ...policyLoss(o.loss, { clip: rl.clip }),
       },
     ],
     steps: [

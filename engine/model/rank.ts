@@ -748,7 +748,8 @@ export class GptRank {
     // Replicas split the mini-batch's items; a loss over pairs takes both rows of each of its items.
     const [lo, hi] = replicaRows(rows.length, this.layout.dp, this.coords.dp);
     const perItem = objective.kind === 'loss' ? objective.fn.rowsPerItem : objective.kind === 'preference' ? 2 : 1;
-    const items = objective.kind === 'loss' ? objective.data[objective.fn.ports(objective.params)[0]!]!.length / R / perItem : objective.kind === 'preference' ? objective.items : 0;
+    // The call's items, from its rows (a loss need read no port at all).
+    const items = objective.kind === 'loss' ? tokens.length / width / perItem : objective.kind === 'preference' ? objective.items : 0;
     const mine = perItem === 1 ? rows.slice(lo, hi) : itemRows(rows.slice(lo, hi), items, perItem);
     const b = mine.length;
     const share = (hi - lo) / rows.length; // this replica's part of the mini-batch mean
