@@ -31,11 +31,15 @@ describe('GRPO with each built-in policy loss, in whole runs', () => {
     expect(decoupled.digests).toEqual(clip.digests);
   }, 120_000);
 
-  it.each(['gspo', 'cispo'])('%s: two runs end with equal digests, and another model than clip_policy’s', async (loss) => {
-    const first = await digestsOf(loss);
-    const second = await digestsOf(loss, `${loss}-again`);
-    expect(second.digests).toEqual(first.digests);
-    const clip = await digestsOf('clip_policy', `clip-for-${loss}`);
-    expect(first.digests.actor).not.toBe(clip.digests.actor);
-  }, 180_000);
+  it.each(['gspo', 'cispo'])(
+    '%s: two runs end with equal digests, and another model than clip_policy’s',
+    async (loss) => {
+      const first = await digestsOf(loss);
+      const second = await digestsOf(loss, `${loss}-again`);
+      expect(second.digests).toEqual(first.digests);
+      const clip = await digestsOf('clip_policy', `clip-for-${loss}`);
+      expect(first.digests.actor).not.toBe(clip.digests.actor);
+    },
+    180_000,
+  );
 });

@@ -57,7 +57,8 @@ describe('report.html', () => {
     expect(await count('#timeline rect.band')).toBeGreaterThanOrEqual(1);
     expect(await count('#timeline g.mark')).toBe(1);
     expect(await count('#estimate rect.span')).toBeGreaterThan(6);
-    expect(await count('#curves polyline.series')).toBe(6);
+    // Every curve the quickstart's metrics have, the actor's and the critic's clip fractions among them.
+    expect(await count('#curves polyline.series')).toBe(8);
     const box = await page.locator('#timeline svg').boundingBox();
     expect(box!.width).toBeGreaterThan(500);
     expect(await page.locator('#timeline').textContent()).toMatch(/reallocation/);

@@ -24,11 +24,7 @@ export const POLICY_PORTS: Record<string, string> = { old: 'logprobs', behav: 'l
  * algorithm's own options and `rl:` (clip, clip_high, aggregation); another loss takes its
  * parameters from `loss:` and its own defaults. `kl`: the KL term, when it is in the loss.
  */
-export function policyLoss(
-  option: PolicyLossOption,
-  knobs: LossParams,
-  kl?: { kl_coef: number; kl: KlEstimator },
-): { loss: LossSpec; reads: Record<string, string>; writes: Record<string, string> } {
+export function policyLoss(option: PolicyLossOption, knobs: LossParams, kl?: { kl_coef: number; kl: KlEstimator }): { loss: LossSpec; reads: Record<string, string>; writes: Record<string, string> } {
   const { name, ...given } = typeof option === 'string' ? { name: option } : (option as { name: string } & LossParams);
   let loss: Loss | undefined;
   try {

@@ -294,17 +294,26 @@ const COMMON = new Set(['iteration', 'reward_mean', 'seconds', 'tokens', 'tokens
 const PALETTE = ['#e15759', '#b07aa1', '#f28e2b', '#edc948', '#9c755f', '#ff9da7', '#bab0ac'];
 
 /**
- * The algorithm's own statistics, as it recorded them: its losses in one chart, every other
- * statistic in its own. Only what the run has is drawn (no critic loss for GRPO).
+ * The algorithm's own statistics, as it recorded them: its losses in one chart, its clip fractions
+ * in another, every other statistic in its own. Only what the run has is drawn (no critic loss for GRPO).
  */
 function statCharts(m: ReadonlyArray<Record<string, unknown>>): Array<ReturnType<typeof chartSvg>> {
   const names = [...new Set(m.flatMap((x) => Object.keys(x)))].filter((k) => !COMMON.has(k) && m.some((x) => typeof x[k] === 'number'));
   const series = (k: string, i: number) => ({ name: k.replaceAll('_', ' '), color: PALETTE[i % PALETTE.length]!, values: m.map((x) => (typeof x[k] === 'number' ? (x[k] as number) : undefined)) });
   const losses = names.filter((k) => k.endsWith('_loss'));
-  const others = names.filter((k) => !k.endsWith('_loss'));
+  const clips = names.filter((k) => k.endsWith('_clipfrac'));
+  const others = names.filter((k) => !k.endsWith('_loss') && !k.endsWith('_clipfrac'));
   return [
     ...(losses.length ? [chartSvg('losses', losses.map(series))] : []),
-    ...others.map((k, i) => chartSvg(k === 'kl' ? 'KL to the reference' : k.replaceAll('_', ' '), [series(k, i + losses.length)])),
+    ...(clips.length
+      ? [
+          chartSvg(
+            'clip fractions',
+            clips.map((k, i) => series(k, i + losses.length)),
+          ),
+        ]
+      : []),
+    ...others.map((k, i) => chartSvg(k === 'kl' ? 'KL to the reference' : k.replaceAll('_', ' '), [series(k, i + losses.length + clips.length)])),
   ];
 }
 

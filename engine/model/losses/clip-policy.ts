@@ -17,7 +17,7 @@ export const withRef = (ports: string[], p: { kl_coef: number }) => (p.kl_coef >
 
 export const clipPolicy = defineLoss({
   name: 'clip_policy',
-  summary: "the clipped surrogate −min(r·A, clip(r, 1−ε, 1+ε_high)·A), r per token; optional KL term and aggregation",
+  summary: 'the clipped surrogate −min(r·A, clip(r, 1−ε, 1+ε_high)·A), r per token; optional KL term and aggregation',
   head: 'policy',
   params: z.strictObject({
     clip: z.number().positive().default(0.2).describe('ε (ε_low with clip_high)'),

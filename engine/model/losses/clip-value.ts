@@ -6,7 +6,7 @@ import { tokenShare, valueLoss } from './reduce.ts';
 
 export const clipValue = defineLoss({
   name: 'clip_value',
-  summary: "the clipped value loss ½·max((V − R)², (V_old + clip(V − V_old, ±ε) − R)²)",
+  summary: 'the clipped value loss ½·max((V − R)², (V_old + clip(V − V_old, ±ε) − R)²)',
   head: 'value',
   params: z.strictObject({ clip: z.number().positive().default(0.2).describe('how far a value may move from V_old before it is clipped') }),
   ports: ['old', 'returns'],

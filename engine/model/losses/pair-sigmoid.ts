@@ -7,7 +7,7 @@ import { defineLoss } from './define.ts';
 
 export const pairSigmoid = defineLoss({
   name: 'pair_sigmoid',
-  summary: "−log σ(β·(h(y_w) − h(y_l))), h = Σ_t (log π − log π_ref), over pairs",
+  summary: '−log σ(β·(h(y_w) − h(y_l))), h = Σ_t (log π − log π_ref), over pairs',
   head: 'policy',
   rowsPerItem: 2,
   params: z.strictObject({ beta: z.number().positive().describe('β: how far from the reference the policy may move (the algorithm sets it)') }),
