@@ -1,7 +1,7 @@
 // Advantage arithmetic: plain JavaScript in float64 over row-major `[rows, responseLen]` arrays,
 // summed in index order so every process gets the same bits. The estimators are a registry
 // (ESTIMATORS): an algorithm's advantage step names one, and a variant is one more function. The
-// losses, which are differentiated, are TensorFlow.js (engine/losses.ts).
+// losses, which are differentiated, are TensorFlow.js (engine/model/losses/).
 import { lengthsOfMask, type KlEstimator } from '../model/index.ts';
 
 /** Each row's length: from a response mask (its ones, a prefix of the row), or the whole budget. */
