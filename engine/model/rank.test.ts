@@ -392,7 +392,8 @@ describe('GSPO, CISPO and decoupled PPO on sharded layouts against the unsharded
       },
     ],
   ];
-  const layouts = strategies(4).filter((l) => ['211', '122', '411', '141'].includes(`${l.dp}${l.tp}${l.pp}`));
+  // Data parallelism (a replica's part of each mini-batch, divided by the whole's norm), and tensor with pipeline.
+  const layouts = strategies(4).filter((l) => ['211', '122'].includes(`${l.dp}${l.tp}${l.pp}`));
   beforeAll(async () => {
     await initBackend('wasm');
   });
