@@ -7,7 +7,7 @@
 // names this file; the supervisor and every worker that trains with the loss load it (and check
 // that they load the same bytes).
 //   npm run scenario -- examples/algorithm/gmpo.yaml
-import { defineAlgorithm, defineLoss, estimator, rowMean, seqMean, tf, tokenShare, z, type Graph } from '../../engine/api.ts';
+import { defineAlgorithm, defineLoss, grpo, rowMean, seqMean, tf, tokenShare, z } from '../../engine/api.ts';
 
 export const gmpoLoss = defineLoss({
   name: 'gmpo',
@@ -38,50 +38,7 @@ export default defineAlgorithm({
     group: z.number().int().min(2).default(4).describe('samples per prompt (G)'),
     clip: z.number().positive().default(0.4).describe('ε of the log-ratio clip'),
   }),
-  graph: (o, rl): Graph => ({
-    source: 'prompts',
-    group: o.group,
-    reward: 'scores',
-    models: [
-      { name: 'actor', head: 'policy', trained: true, lr: rl.lr },
-      { name: 'reference', head: 'policy', trained: false, from: 'actor' },
-      { name: 'reward', head: 'reward', trained: false },
-    ],
-    calls: [
-      { name: 'actor.generate', model: 'actor', fn: 'generate', reads: { prompts: 'prompts' }, writes: { tokens: 'tokens', logprobs: 'logprobs', mask: 'mask' } },
-      { name: 'reference.inference', model: 'reference', fn: 'inference', reads: { tokens: 'tokens' }, writes: { logprobs: 'ref_logprobs' } },
-      { name: 'reward.inference', model: 'reward', fn: 'inference', reads: { tokens: 'tokens' }, writes: { scores: 'scores' } },
-      {
-        name: 'actor.train',
-        model: 'actor',
-        fn: 'train',
-        // The loss by the name this file's defineLoss gave it; the call binds its ports to batch fields.
-        loss: { name: 'gmpo', params: { clip: o.clip } },
-        reads: { tokens: 'tokens', old: 'logprobs', advantages: 'advantages' },
-        writes: { loss: 'actor_loss', clipfrac: 'actor_clipfrac' },
-      },
-    ],
-    steps: [
-      {
-        name: 'advantages',
-        reads: ['scores', 'logprobs', 'ref_logprobs', 'mask'],
-        writes: ['advantages', 'kl'],
-        run: (f, ctx) => {
-          // GRPO's group-normalised advantages, with the KL to the reference as a penalty on each response's reward.
-          const out = estimator('grpo')(
-            {
-              scores: f.scores as Float32Array,
-              logprobs: f.logprobs as Float32Array,
-              ref: f.ref_logprobs as Float32Array,
-              responseLen: ctx.responseLen,
-              group: ctx.group,
-              mask: f.mask as Float32Array,
-            },
-            { kl_coef: rl.kl_coef, kl_estimator: 'k3', scale: true },
-          );
-          return { advantages: out.advantages, ...out.stats };
-        },
-      },
-    ],
-  }),
+  // GRPO's graph (group-normalised advantages), training the actor with this file's loss. The loss
+  // takes no KL term, so the KL to the reference is a penalty on each response's reward.
+  graph: (o, rl) => grpo.graph(grpo.options.parse({ group: o.group, kl: 'reward', kl_estimator: 'k3', loss: { name: 'gmpo', clip: o.clip } }), rl),
 });
