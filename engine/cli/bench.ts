@@ -54,7 +54,7 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
 /** The scenario of each built-in algorithm: the quickstart for PPO, scenarios/algorithms/<name>.yaml for the others. */
 export const ALGORITHM_SCENARIOS: Record<string, string> = {
   ppo: 'scenarios/quickstart.yaml',
-  ...Object.fromEntries(['grpo', 'rloo', 'remax', 'reinforce_pp', 'dpo', 'gspo', 'cispo'].map((a) => [a, `scenarios/algorithms/${a}.yaml`])),
+  ...Object.fromEntries(['grpo', 'rloo', 'remax', 'reinforce_pp', 'dpo', 'gspo', 'cispo', 'decoupled'].map((a) => [a, `scenarios/algorithms/${a}.yaml`])),
 };
 
 const quiet = { phase() {}, iteration() {}, stop() {} };

@@ -1,3 +1,7 @@
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { describe, it, expect, beforeAll } from 'vitest';
 import { initBackend } from '../model/backend.ts';
 import { fileDigest } from '../model/losses/modules.ts';
@@ -298,27 +302,28 @@ describe('Device.check refuses arrays that do not fit, before anything runs', ()
 
   it("a load whose loss module is not the supervisor's copy is refused (code loss), naming the file and both digests; the right copy loads", async () => {
     const d = new Device(0, ...noLink);
-    const file = 'examples/algorithm/gmpo.ts';
+    // A user's module of one loss (the sum of the log-probs), in a folder of its own.
+    const file = join(mkdtempSync(join(tmpdir(), 'ferry-device-loss-')), 'own-loss.ts');
+    const api = JSON.stringify(fileURLToPath(new URL('../api.ts', import.meta.url)));
+    writeFileSync(
+      file,
+      `import { defineLoss, tf, z } from ${api};\nexport const ownSum = defineLoss({ name: 'own_sum', summary: 'Σ log π', head: 'policy', params: z.strictObject({}), ports: ['old'], compute: ({ pred }) => ({ loss: tf.sum(pred) }) });\n`,
+    );
     await expect(d.run(call('actor', { ...load(policy, { optim }), losses: [{ file, sha256: '0'.repeat(64) }] }))).rejects.toMatchObject({
       code: 'loss',
-      message: expect.stringMatching(/the loss module examples\/algorithm\/gmpo\.ts: this worker's copy \(.*gmpo\.ts\) has SHA-256 [0-9a-f]{64}, the supervisor planned with 0{64}/),
+      message: expect.stringMatching(/the loss module .*own-loss\.ts: this worker's copy \(.*own-loss\.ts\) has SHA-256 [0-9a-f]{64}, the supervisor planned with 0{64}/),
     });
     const sha256 = fileDigest(file);
     await d.run(call('actor', { ...load(policy, { optim }), losses: [{ file, sha256 }] }));
-    expect(
-      d.check(
-        call('actor', {
-          fn: 'train',
-          tokens: tokens(8),
-          batch: 2,
-          promptLen: 2,
-          responseLen: 2,
-          ...trainArgs,
-          loss: { name: 'gmpo', params: { clip: 0.4 }, module: { file, sha256 } },
-          data: { old: new Float32Array(4), advantages: new Float32Array(4) },
-        }),
-      ),
-    ).toBeUndefined();
+    const train = { fn: 'train', tokens: tokens(8), batch: 2, promptLen: 2, responseLen: 2, ...trainArgs, data: { old: new Float32Array(4) } } as const;
+    expect(d.check(call('actor', { ...train, loss: { name: 'own_sum', params: {}, module: { file, sha256 } } }))).toBeUndefined();
+    // The same name, planned from another copy of the file: refused.
+    expectRefusal(
+      d,
+      call('actor', { ...train, loss: { name: 'own_sum', params: {}, module: { file, sha256: 'f'.repeat(64) } } }),
+      'loss',
+      /the loss 'own_sum' of .*own-loss\.ts \(SHA-256 f{64}\) is not loaded on this device: it has the loss from .*own-loss\.ts \(SHA-256 [0-9a-f]{64}\)/,
+    );
   });
 
   it('a train call whose data lacks a port its loss reads, names an unknown loss, or splits a pair', async () => {
@@ -345,12 +350,12 @@ describe('Device.check refuses arrays that do not fit, before anything runs', ()
     );
     // So is a parameter its schema refuses, and a user's loss from a module this device did not load.
     expectRefusal(d, call('actor', { ...train, loss: { name: 'clip_policy', params: { clip: 'wide' } }, data: {} }), 'loss', /the loss 'clip_policy': clip: /);
-    const module = { file: 'examples/algorithm/gmpo.ts', sha256: '0'.repeat(64) };
+    const module = { file: 'elsewhere/mine.ts', sha256: '0'.repeat(64) };
     expectRefusal(
       d,
       call('actor', { ...train, loss: { name: 'clip_policy', params: {}, module }, data: {} }),
       'loss',
-      /the loss 'clip_policy' of examples\/algorithm\/gmpo\.ts \(SHA-256 0{64}\) is not loaded on this device/,
+      /the loss 'clip_policy' of elsewhere\/mine\.ts \(SHA-256 0{64}\) is not loaded on this device/,
     );
     // dpo takes rows in pairs (chosen, rejected): an odd batch cannot be one
     const odd = { fn: 'train', tokens: tokens(12), batch: 3, promptLen: 2, responseLen: 2, ...trainArgs, loss: { name: 'pair_sigmoid', params: { beta: 0.1 } } } as const;
