@@ -10,6 +10,7 @@ import { unpack } from 'msgpackr';
 import type { Bus } from '../../mesh/wire/index.ts';
 import { decode, encode, ProtocolError } from '../../mesh/wire/index.ts';
 import { REWARD_PROTOCOL_VERSION, RewardPresence, RewardReply, rewardSubjects, type RewardItem } from '../../mesh/wire/index.ts';
+import { describeRequestError, isGone, Presence } from '../../mesh/wire/index.ts';
 
 export class RewardCallError extends Error {
   override name = 'RewardCallError';
@@ -36,8 +37,7 @@ export interface RewardClientOptions {
 
 export class RewardClient {
   private readonly subj;
-  private readonly seen = new Map<string, number>();
-  private readonly stop: () => void;
+  private readonly presence: Presence;
   private turn = 0;
 
   constructor(
@@ -46,31 +46,16 @@ export class RewardClient {
     private readonly o: RewardClientOptions,
   ) {
     this.subj = rewardSubjects(name);
-    const sub = nc.subscribe(this.subj.presence, {
-      callback: (_e, msg) => {
-        try {
-          const hello = decode(msg.subject, msg.data, RewardPresence, REWARD_PROTOCOL_VERSION);
-          if (!this.seen.has(hello.instance)) o.say?.(`reward actor '${name}': instance ${hello.instance} is serving`);
-          this.seen.set(hello.instance, Date.now());
-        } catch (e) {
-          o.say?.(`reward actor '${name}': ignored a presence message: ${(e as Error).message}`);
-        }
-      },
-    });
-    this.stop = () => sub.unsubscribe();
+    this.presence = new Presence(nc, this.subj.presence, RewardPresence, REWARD_PROTOCOL_VERSION, `reward actor '${name}'`, o);
   }
 
   /** Instances heard from recently, in a fixed order. */
   instances(): string[] {
-    const fresh = Date.now() - (this.o.presenceMs ?? 3000);
-    return [...this.seen]
-      .filter(([, at]) => at >= fresh)
-      .map(([id]) => id)
-      .sort();
+    return this.presence.live();
   }
 
   close(): void {
-    this.stop();
+    this.presence.close();
   }
 
   /** One score per item, from the reward actors; throws RewardCallError when none gives them. */
@@ -109,11 +94,11 @@ export class RewardClient {
         return this.check(instance, id, items, msg.data);
       } catch (e) {
         failed.add(instance);
-        const why = e instanceof RewardCallError ? e.message : `reward actor '${this.name}' (instance ${instance}): ${describe(e, this.o.timeoutMs)}`;
+        const why = e instanceof RewardCallError ? e.message : `reward actor '${this.name}' (instance ${instance}): ${describeRequestError(e, this.o.timeoutMs)}`;
         failures.push(why);
         this.o.say?.(`${why}${attempt <= this.o.retries ? '; trying again' : ''}`);
         // Nobody subscribed to its subject: it is gone (its presence would say so within seconds).
-        if (!(e instanceof RewardCallError) && /no responders|503/i.test(String((e as Error).message ?? e))) this.seen.delete(instance);
+        if (!(e instanceof RewardCallError) && isGone(e)) this.presence.forget(instance);
       }
     }
     throw new RewardCallError(`reward '${this.name}': ${failures.length} attempt(s) failed: ${failures.join('; ')}`);
@@ -148,11 +133,4 @@ export class RewardClient {
     }
     return out;
   }
-}
-
-function describe(e: unknown, timeoutMs: number): string {
-  const m = e instanceof Error ? e.message : String(e);
-  if (/timeout/i.test(m)) return `no reply within ${timeoutMs / 1000} s (timeout_seconds)`;
-  if (/no responders|503/i.test(m)) return 'it is gone (no one is subscribed to its subject)';
-  return m;
 }
