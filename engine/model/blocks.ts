@@ -347,7 +347,7 @@ export function attentionBackward(c: AttnCache, w: AttnWeights, d: AttnDims, dou
  * position up to their own. Without its output bias, like `attention`. The cache holds this
  * rank's key/value heads only: B·KV rows.
  */
-export function attentionCached(h: tf.Tensor, w: AttnWeights, d: AttnDims, start: number, cache: KvCache, l: number, pads?: Int32Array): tf.Tensor {
+export function attentionCached(h: tf.Tensor, w: AttnWeights, d: AttnDims, start: number | Int32Array, cache: KvCache, l: number, pads?: Int32Array): tf.Tensor {
   return tf.tidy(() => {
     const { q, kT, v } = project(h, w, d);
     const layer = cache.write(l, start, kT, v);
@@ -360,6 +360,18 @@ export function attentionCached(h: tf.Tensor, w: AttnWeights, d: AttnDims, start
 
 /** cos and sin of each position's angles, [n, hd]: a head's two halves repeat the frequencies (the Hugging Face layout). */
 export type RopeTables = { cos: tf.Tensor; sin: tf.Tensor };
+
+/**
+ * The rotary tables of each sequence's own positions [starts[b], starts[b] + n), [B, 1, n, hd]:
+ * sequences of several turns decode at positions of their own.
+ */
+export function ropeTablesRows(theta: number, hd: number, starts: Int32Array, n: number): RopeTables {
+  const parts = Array.from(starts, (s) => ropeTables(theta, hd, s, n));
+  const stack = (k: 'cos' | 'sin') => tf.tidy(() => tf.reshape(tf.stack(parts.map((p) => p[k])), [starts.length, 1, n, hd]));
+  const out = { cos: stack('cos'), sin: stack('sin') };
+  for (const p of parts) tf.dispose([p.cos, p.sin]);
+  return out;
+}
 
 /**
  * The rotary tables of positions [start, start + n) for heads of `hd` elements and base `theta`:
@@ -387,8 +399,15 @@ function rotateHalf(x: tf.Tensor): tf.Tensor {
   return tf.concat([tf.neg(x2!), x1!], -1);
 }
 
-/** x·cos + rotateHalf(x)·sin, for x [·, n, hd] and tables [n, hd]. */
+/** x·cos + rotateHalf(x)·sin, for x [·, n, hd] and tables [n, hd], or x [B·H, n, hd] and each sequence's tables [B, 1, n, hd]. */
 export function rope(x: tf.Tensor, t: RopeTables): tf.Tensor {
+  if (t.cos.rank === 4) {
+    const [B, , n, hd] = t.cos.shape as number[];
+    return tf.tidy(() => {
+      const rows = tf.reshape(x, [B!, x.shape[0]! / B!, n!, hd!]);
+      return tf.reshape(tf.add(tf.mul(rows, t.cos), tf.mul(rotateHalf(rows), t.sin)), x.shape);
+    });
+  }
   return tf.tidy(() => tf.add(tf.mul(x, t.cos), tf.mul(rotateHalf(x), t.sin)));
 }
 
@@ -403,13 +422,21 @@ export function ropeBackward(dy: tf.Tensor, t: RopeTables): tf.Tensor {
  * Token embeddings of tokens [B, T] as rows [B·T, D], plus the position embeddings of positions
  * [start, start + T) when the model has them (wpe; rotary models turn their queries and keys
  * instead). A row left-padded by `pads[b]` tokens counts its positions from its first real token.
+ * With `start` per row, each row's positions start at its own.
  */
-export function embedRows(tokens: tf.Tensor2D, wte: tf.Tensor, wpe: tf.Tensor | undefined, start = 0, pads?: Int32Array): tf.Tensor2D {
+export function embedRows(tokens: tf.Tensor2D, wte: tf.Tensor, wpe: tf.Tensor | undefined, start: number | Int32Array = 0, pads?: Int32Array): tf.Tensor2D {
   return tf.tidy(() => {
     const [B, T] = tokens.shape;
     const D = wte.shape[1]!;
     const tok = tf.gather(wte, tf.reshape(tokens, [B * T]));
     if (!wpe) return tok as tf.Tensor2D;
+    if (typeof start !== 'number') {
+      const at = new Int32Array(B * T);
+      for (let b = 0; b < B; b++) for (let t = 0; t < T; t++) at[b * T + t] = Math.max(start[b]! + t - (pads?.[b] ?? 0), 0);
+      const top = Math.max(...at) + 1;
+      if (top > wpe.shape[0]!) throw new RangeError(`position ${top - 1} exceeds the context of ${wpe.shape[0]}`);
+      return tf.add(tok, tf.gather(wpe, tf.tensor1d(at, 'int32'))) as tf.Tensor2D;
+    }
     if (start + T > wpe.shape[0]!) throw new RangeError(`positions ${start}-${start + T} exceed the context of ${wpe.shape[0]}`);
     if (pads) return tf.add(tok, tf.gather(wpe, tf.tensor1d(paddedPositions(pads, T, start), 'int32'))) as tf.Tensor2D;
     return tf.reshape(tf.add(tf.reshape(tok, [B, T, D]), tf.slice(wpe, [start, 0], [T, D])), [B * T, D]) as tf.Tensor2D;

@@ -83,3 +83,97 @@ describe('KV cache', () => {
     comm.close();
   });
 });
+
+describe('sequences at positions of their own (episodes of several turns)', () => {
+  beforeAll(async () => {
+    await initBackend('wasm');
+  });
+
+  it('a start per sequence writes each at its own positions; the one-hot placement writes the same values as in place', () => {
+    const write = (inPlace: boolean) => {
+      const cache = new KvCache(4, 2, 6, { inPlace }); // 2 sequences × 2 heads, head size 2, 6 positions
+      cache.write(0, new Int32Array([0, 0]), tf.range(1, 17).reshape([4, 2, 2]), tf.range(1, 17).reshape([4, 2, 2]));
+      const layer = cache.write(0, new Int32Array([2, 4]), tf.range(21, 29).reshape([4, 2, 1]), tf.range(21, 29).reshape([4, 1, 2]));
+      const out = { kT: Array.from(layer.kT.dataSync()), v: Array.from(layer.v.dataSync()) };
+      cache.dispose();
+      return out;
+    };
+    const inPlace = write(true);
+    expect(write(false)).toEqual(inPlace);
+    // Sequence 0's first head: positions 0, 1 from the first write, 2 from the second; sequence 1's at 4.
+    expect(inPlace.kT.slice(0, 6)).toEqual([1, 2, 21, 0, 0, 0]);
+    expect(inPlace.kT.slice(24, 30)).toEqual([9, 10, 0, 0, 25, 0]);
+    const cache = new KvCache(4, 2, 6);
+    // Query 0 of sequence 1 at position 4 (its left padding: 1) sees positions 1..4.
+    expect(Array.from(cache.mask(new Int32Array([2, 4]), 1, new Int32Array([0, 1])).dataSync()).slice(6, 12)).toEqual([-1e9, 0, 0, 0, 0, -1e9]);
+    expect(() => cache.write(0, new Int32Array([2, 5]), tf.zeros([4, 2, 2]), tf.zeros([4, 2, 2]))).toThrow('the KV cache holds 6 positions; positions 5-7 do not fit');
+    cache.dispose();
+  });
+
+  const base = { kind: 'policy' as const, vocab: 9, context: 32, layers: 2, width: 8, heads: 2 };
+  for (const [family, spec] of [
+    ['gpt2', base],
+    ['llama', { ...base, family: 'llama' as const, kvHeads: 1, ffn: 16, ropeTheta: 500 }],
+  ] as const) {
+    it(`${family}: passes of uneven lengths, rows that sit some out, give each row the log-probs of reading its whole sequence`, async () => {
+      const comm = new Comm(new MemoryBus(), subjects(`rows-${family}`), 0);
+      const rank = new GptRank(spec, { devices: [0], dp: 1, tp: 1, pp: 1 }, 0, 5, undefined, comm);
+      const P = 4;
+      // What each row is fed, pass by pass ([] sits the pass out): a prompt, then turns of uneven lengths.
+      const feeds: number[][][] = [
+        [
+          [1, 2, 3, 4],
+          [5, 6, 7, 8],
+          [2, 2, 3, 3],
+        ],
+        [[1], [3], [4, 5, 6]],
+        [[7, 8], [], [1]],
+        [[2], [4, 4, 4], []],
+        [[], [5], [8]],
+      ];
+      const rows = 3;
+      const seqs: number[][] = [[], [], []];
+      const before = tf.memory().numTensors;
+      const dec = await rank.decoder('rows', rows, 16);
+      // logits[r][p]: row r's logits after its position p (the prediction of position p + 1).
+      const predicted: Array<Map<number, Float32Array>> = [new Map(), new Map(), new Map()];
+      for (const pass of feeds) {
+        const n = Math.max(...pass.map((f) => f.length));
+        const tokens = new Int32Array(rows * n);
+        const starts = Int32Array.from(seqs, (s) => s.length);
+        pass.forEach((f, r) => tokens.set(f, r * n));
+        const logits = await dec.pass(
+          tokens,
+          n,
+          starts,
+          Int32Array.from(pass, (f) => Math.max(f.length - 1, 0)),
+        );
+        pass.forEach((f, r) => {
+          if (!f.length) return;
+          seqs[r]!.push(...f);
+          predicted[r]!.set(seqs[r]!.length - 1, logits.slice(r * base.vocab, (r + 1) * base.vocab));
+        });
+      }
+      dec.dispose();
+      expect(tf.memory().numTensors).toBe(before);
+      // Reading the whole sequences at once (padded to one width at their ends, which no earlier position sees).
+      const W = Math.max(...seqs.map((s) => s.length));
+      const whole = new Int32Array(rows * W);
+      seqs.forEach((s, r) => whole.set(s, r * W));
+      const lp = await rank.infer('whole', whole, rows, P);
+      let compared = 0;
+      for (let r = 0; r < rows; r++) {
+        for (const [p, logits] of predicted[r]!) {
+          if (p + 1 >= seqs[r]!.length) continue;
+          const m = Math.max(...logits);
+          const lse = m + Math.log(logits.reduce((a, x) => a + Math.exp(x - m), 0));
+          expect(logits[seqs[r]![p + 1]!]! - lse).toBeCloseTo(lp[r * (W - P) + (p + 1 - P)]!, 4);
+          compared += 1;
+        }
+      }
+      expect(compared).toBe(9);
+      rank.dispose();
+      comm.close();
+    });
+  }
+});

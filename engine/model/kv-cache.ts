@@ -70,9 +70,11 @@ export class KvCache {
     readonly rows: number,
     readonly headSize: number,
     readonly capacity: number,
+    options: { inPlace?: boolean } = {},
   ) {
     const probe = tf.zeros([1]);
-    this.inPlace = hostView(probe) !== undefined;
+    // `inPlace: false` takes the path of a backend whose memory the host cannot reach (tests).
+    this.inPlace = hostView(probe) !== undefined && options.inPlace !== false;
     probe.dispose();
   }
 
@@ -80,13 +82,19 @@ export class KvCache {
    * Writes the keys (kT [rows, hd, n]) and values (v [rows, n, hd]) of positions
    * [start, start + n) of layer `l`, then returns the layer's keys and values to attend to: all
    * of the capacity when written in place (later positions masked by `mask`), else what is
-   * cached. The caller keeps nothing it got from an earlier step.
+   * cached. With `start` per sequence (an Int32Array of rows ÷ heads), each sequence's positions
+   * start at its own (episodes of several turns): the layer is then always the whole capacity.
+   * The caller keeps nothing it got from an earlier step.
    */
-  write(l: number, start: number, kT: tf.Tensor, v: tf.Tensor): LayerCache {
+  write(l: number, start: number | Int32Array, kT: tf.Tensor, v: tf.Tensor): LayerCache {
     const n = v.shape[1]!;
-    if (start + n > this.capacity) throw new RangeError(`the KV cache holds ${this.capacity} positions; positions ${start}-${start + n} do not fit`);
     const { rows, headSize: hd, capacity: C } = this;
+    const per = typeof start === 'number' ? undefined : start;
+    const startOf = (r: number) => (per ? per[Math.floor((r * per.length) / rows)]! : (start as number));
+    const last = per ? Math.max(...per) : (start as number);
+    if (last + n > this.capacity) throw new RangeError(`the KV cache holds ${this.capacity} positions; positions ${last}-${last + n} do not fit`);
     let layer = this.layers.get(l);
+    if (!this.inPlace && per) return this.place(l, per, kT, v);
     if (!this.inPlace) {
       // Kept: a caller's tf.tidy must not take the cache with it.
       if (!layer) layer = { kT: tf.keep(kT.clone()), v: tf.keep(v.clone()) };
@@ -106,17 +114,56 @@ export class KvCache {
     // Views taken after the reads: a read may grow the heap, which moves it.
     const [kc, vc] = [hostView(layer.kT)!, hostView(layer.v)!];
     // Keys go in column by column (a step writes one element per row of kT: no subarray per element).
-    for (let rd = 0; rd < rows * hd; rd++) for (let j = 0; j < n; j++) kc[rd * C + start + j] = k[rd * n + j]!;
-    for (let r = 0; r < rows; r++) vc.set(vv.subarray(r * n * hd, (r + 1) * n * hd), (r * C + start) * hd);
+    for (let rd = 0; rd < rows * hd; rd++) {
+      const at = startOf(Math.floor(rd / hd));
+      for (let j = 0; j < n; j++) kc[rd * C + at + j] = k[rd * n + j]!;
+    }
+    for (let r = 0; r < rows; r++) vc.set(vv.subarray(r * n * hd, (r + 1) * n * hd), (r * C + startOf(r)) * hd);
     return layer;
+  }
+
+  /**
+   * write() with a start per sequence where the backend's memory is out of the host's reach: the
+   * new columns are placed by a one-hot product (exact: each output is one value times 1 plus
+   * zeros) and the rest of the capacity kept, so the layer is always [rows, ·, capacity].
+   */
+  private place(l: number, starts: Int32Array, kT: tf.Tensor, v: tf.Tensor): LayerCache {
+    const n = v.shape[1]!;
+    const { rows, headSize: hd, capacity: C } = this;
+    const onehot = new Float32Array(rows * n * C);
+    for (let r = 0; r < rows; r++) {
+      const at = starts[Math.floor((r * starts.length) / rows)]!;
+      for (let j = 0; j < n; j++) onehot[(r * n + j) * C + at + j] = 1;
+    }
+    const old = this.layers.get(l) ?? { kT: tf.zeros([rows, hd, C]), v: tf.zeros([rows, C, hd]) };
+    const next = tf.tidy(() => {
+      const P = tf.tensor3d(onehot, [rows, n, C]);
+      const keepK = tf.sub(1, tf.sum(P, 1, true)); // [rows, 1, C]
+      const kNew = tf.add(tf.mul(old.kT, keepK), tf.matMul(kT as tf.Tensor3D, P));
+      const vNew = tf.add(tf.mul(old.v, tf.reshape(keepK, [rows, C, 1])), tf.matMul(P, v as tf.Tensor3D, true, false));
+      return { kT: tf.keep(kNew), v: tf.keep(vNew) };
+    });
+    tf.dispose([old.kT, old.v]);
+    this.layers.set(l, next);
+    return next;
   }
 
   /**
    * The additive mask of queries at positions [start, start + n) over the keys the cache hands
    * out: a query sees its own position and every earlier one, nothing later (nor, in place, any
    * position not yet written); with `pads`, per row, [rows, 1, n, width], nor its left padding.
+   * With `start` per sequence, always per row over the whole capacity.
    */
-  mask(start: number, n: number, pads?: Int32Array): tf.Tensor {
+  mask(start: number | Int32Array, n: number, pads?: Int32Array): tf.Tensor {
+    if (typeof start !== 'number') {
+      const C = this.capacity;
+      const m = new Float32Array(start.length * n * C);
+      for (let b = 0; b < start.length; b++) {
+        const lo = pads?.[b] ?? 0;
+        for (let i = 0; i < n; i++) for (let j = 0; j < C; j++) if (j > start[b]! + i || j < lo) m[(b * n + i) * C + j] = -1e9;
+      }
+      return tf.tensor4d(m, [start.length, 1, n, C]);
+    }
     const width = this.inPlace ? this.capacity : start + n;
     if (pads) return paddedMask(pads, n, width, start);
     const m = new Float32Array(n * width);
