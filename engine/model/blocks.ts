@@ -431,10 +431,15 @@ export function embedRows(tokens: tf.Tensor2D, wte: tf.Tensor, wpe: tf.Tensor | 
     const tok = tf.gather(wte, tf.reshape(tokens, [B * T]));
     if (!wpe) return tok as tf.Tensor2D;
     if (typeof start !== 'number') {
+      // A row's own first position must be in the table; past it, only the padding of a row that
+      // sits a pass out can reach, and it reads the table's last row (nothing ever sees its output).
+      const C = wpe.shape[0]!;
       const at = new Int32Array(B * T);
-      for (let b = 0; b < B; b++) for (let t = 0; t < T; t++) at[b * T + t] = Math.max(start[b]! + t - (pads?.[b] ?? 0), 0);
-      const top = Math.max(...at) + 1;
-      if (top > wpe.shape[0]!) throw new RangeError(`position ${top - 1} exceeds the context of ${wpe.shape[0]}`);
+      for (let b = 0; b < B; b++) {
+        const first = start[b]! - (pads?.[b] ?? 0);
+        if (first >= C) throw new RangeError(`position ${first} exceeds the context of ${C}`);
+        for (let t = 0; t < T; t++) at[b * T + t] = Math.min(Math.max(first + t, 0), C - 1);
+      }
       return tf.add(tok, tf.gather(wpe, tf.tensor1d(at, 'int32'))) as tf.Tensor2D;
     }
     if (start + T > wpe.shape[0]!) throw new RangeError(`positions ${start}-${start + T} exceed the context of ${wpe.shape[0]}`);

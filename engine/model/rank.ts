@@ -486,6 +486,8 @@ export class GptRank {
 
   /** wteᵀ for the length of one generate call (a tied head's decoding steps would each transpose it). */
   private headT?: tf.Tensor;
+  /** Decoding sessions open (decoder()): they share headT. */
+  private decoders = 0;
 
   /** The head over rows y [N, D]: y·head.w + head.b, or y·wteᵀ for a tied head ([N, V] or [N, 1]). */
   private headRows(y: tf.Tensor): tf.Tensor {
@@ -559,9 +561,13 @@ export class GptRank {
     const problem = kvCacheProblem(kvCacheBytes(rows * this.localKvHeads, this.arch.headSize, capacity, this.layers.length), opts.memoryBytes);
     if (problem) throw new ShardError(`generating ${rows} episodes of up to ${capacity} positions: ${problem}`);
     const kv = new KvCache(rows * this.localKvHeads, this.arch.headSize, capacity);
-    await this.syncTiedHead(group, 'ep');
-    if (isTied(this.spec)) this.headT ??= tf.transpose(this.headEmbedding);
+    // Sessions share the tied head's transpose (episodes play in several at once): the last one out frees it.
+    if (this.decoders++ === 0) {
+      await this.syncTiedHead(group, 'ep');
+      if (isTied(this.spec)) this.headT = tf.transpose(this.headEmbedding);
+    }
     let passes = 0;
+    let open = true;
     const V = this.spec.vocab;
     return {
       capacity,
@@ -572,9 +578,13 @@ export class GptRank {
         return values;
       },
       dispose: () => {
+        if (!open) return;
+        open = false;
         kv.dispose();
-        this.headT?.dispose();
-        this.headT = undefined;
+        if (--this.decoders === 0) {
+          this.headT?.dispose();
+          this.headT = undefined;
+        }
       },
     };
   }

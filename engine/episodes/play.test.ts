@@ -1,0 +1,151 @@
+import { beforeAll, describe, expect, it } from 'vitest';
+import * as tf from '@tensorflow/tfjs';
+import { Comm } from '../../mesh/parallel/index.ts';
+import { MemoryBus, subjects, type EnvTask, type EnvTurn } from '../../mesh/wire/index.ts';
+import { GptRank, initBackend } from '../model/index.ts';
+import { playEpisodes, type EpisodeEnv, type PlayOptions, type TurnCodec } from './play.ts';
+
+// Tokens 0-9 are digits, 10 ends a turn, 11 fills a sequence after its end.
+const [END, FILL, VOCAB] = [10, 11, 12];
+const codec: TurnCodec = {
+  action: (toks) => toks.filter((t) => t < 10).join(''),
+  observation: (text) => Array.from(text, (c) => Number(c)),
+};
+
+/** A number game: the secret is the task's seed mod 10; the observation is "1" (higher) or "0" (lower), or "22" after the first guess. */
+class Game implements EpisodeEnv {
+  readonly log: string[] = [];
+  readonly ended = new Set<string>();
+  private readonly secrets = new Map<string, number>();
+  constructor(
+    private readonly delay: () => number = () => 0,
+    private readonly fail?: (episode: string, turn: number) => boolean,
+  ) {}
+  private wait() {
+    return new Promise((r) => setTimeout(r, this.delay()));
+  }
+  async reset(episode: string, task: EnvTask): Promise<EnvTurn> {
+    await this.wait();
+    this.secrets.set(episode, task.seed % 10);
+    this.log.push(`reset ${episode}`);
+    return { observation: String(task.seed % 3), reward: 0, done: false, instance: 'i0' };
+  }
+  async step(episode: string, action: string): Promise<EnvTurn> {
+    await this.wait();
+    const turn = this.log.filter((l) => l.startsWith(`step ${episode} `)).length + 1;
+    this.log.push(`step ${episode} ${action}`);
+    if (this.fail?.(episode, turn)) throw new Error(`environment 'game' (instance i0): it is gone`);
+    const secret = this.secrets.get(episode)!;
+    const guess = action === '' ? -1 : Number(action.slice(-1));
+    if (guess === secret) return { observation: '', reward: 1, done: true, info: { turn }, instance: 'i0' };
+    return { observation: turn === 1 ? '22' : guess < secret ? '1' : '0', reward: -0.1, done: false, instance: 'i0' };
+  }
+  async end(episode: string): Promise<void> {
+    this.ended.add(episode);
+  }
+}
+
+describe('episodes of several turns on the generating device', () => {
+  let rank: GptRank;
+  beforeAll(async () => {
+    await initBackend('wasm');
+    const comm = new Comm(new MemoryBus(), subjects('episodes'), 0);
+    rank = new GptRank({ kind: 'policy', vocab: VOCAB, context: 48, layers: 2, width: 16, heads: 2 }, { devices: [0], dp: 1, tp: 1, pp: 1 }, 0, 11, undefined, comm);
+  });
+
+  const rows = 6;
+  const P = 3;
+  const options = (o: Partial<PlayOptions> = {}): PlayOptions => ({
+    prompts: Int32Array.from({ length: rows * P }, (_, i) => (i * 7) % 10),
+    tasks: Array.from({ length: rows }, (_, r) => ({ prompt_text: '', seed: 3 * r + 1 })),
+    ids: Array.from({ length: rows }, (_, r) => `0-${r}`),
+    seeds: Uint32Array.from({ length: rows }, (_, r) => 100 + r),
+    promptLen: P,
+    responseLen: 30,
+    budget: { maxTurns: 4, turnTokens: 3, stop: [END] },
+    groupSize: 4,
+    fill: FILL,
+    vocab: VOCAB,
+    temperature: 1,
+    decoder: (n, capacity) => rank.decoder('ep', n, capacity),
+    ...o,
+  });
+
+  it('keeps the sampled ids and appends each observation once: prompt, reset, then action and observation by turn; the mask marks the actions, rewards sit on their last tokens', async () => {
+    const env = new Game();
+    const before = tf.memory().numTensors;
+    const out = await playEpisodes(env, codec, options());
+    expect(tf.memory().numTensors).toBe(before);
+    const W = P + 30;
+    let multi = 0;
+    for (let r = 0; r < rows; r++) {
+      const ep = out.episodes[r]!;
+      const row = Array.from(out.tokens.subarray(r * W, (r + 1) * W));
+      // What the record says the sequence must be, rebuilt from it alone.
+      const want = [...row.slice(0, P), ...codec.observation(ep.reset.observation, true)];
+      const mask: number[] = new Array(want.length - P).fill(0);
+      const rewards: number[] = new Array(want.length - P).fill(0);
+      for (const t of ep.turns) {
+        want.push(...t.action);
+        mask.push(...t.action.map(() => 1));
+        rewards.push(...t.action.map((_, k) => (k === t.action.length - 1 ? t.reward : 0)));
+        expect(t.text).toBe(codec.action(t.action));
+        expect(t.action.length).toBeLessThanOrEqual(3);
+        // An action ends at its end token or its budget.
+        expect(t.action.slice(0, -1)).not.toContain(END);
+        if (t.observationTokens) {
+          want.push(...codec.observation(t.observation, false));
+          mask.push(...new Array(t.observationTokens).fill(0));
+          rewards.push(...new Array(t.observationTokens).fill(0));
+        }
+      }
+      expect(row.slice(0, want.length)).toEqual(want);
+      expect(row.slice(want.length).every((t) => t === FILL)).toBe(true);
+      expect(Array.from(out.mask.subarray(r * 30, r * 30 + mask.length))).toEqual(mask);
+      expect(Array.from(out.rewards.subarray(r * 30, r * 30 + rewards.length)).map((x) => Math.round(x * 10) / 10)).toEqual(rewards);
+      expect(out.mask.subarray(r * 30 + mask.length, (r + 1) * 30).every((m) => m === 0)).toBe(true);
+      expect(ep.return).toBeCloseTo(
+        ep.turns.reduce((a, t) => a + t.reward, 0),
+        6,
+      );
+      expect(ep.end).toBe(ep.turns.at(-1)?.done ? 'done' : ep.turns.length === 4 ? 'turns' : 'truncated');
+      if (ep.turns.length > 1) multi += 1;
+    }
+    expect(multi).toBeGreaterThan(0);
+    expect(env.ended).toEqual(new Set(out.episodes.map((e) => e.id)));
+    expect(out.busySeconds).toBeGreaterThan(0);
+    expect(out.busySeconds).toBeLessThanOrEqual(out.seconds);
+  });
+
+  it('the same episodes bit for bit whatever the environment takes to answer, and in whatever order groups become ready', async () => {
+    const a = await playEpisodes(new Game(), codec, options());
+    let k = 0;
+    const b = await playEpisodes(new Game(() => [30, 0, 7, 15][k++ % 4]!), codec, options());
+    expect(Array.from(b.tokens)).toEqual(Array.from(a.tokens));
+    expect(b.episodes.map((e) => e.turns.map((t) => t.text))).toEqual(a.episodes.map((e) => e.turns.map((t) => t.text)));
+    // Other seeds: other episodes.
+    const c = await playEpisodes(new Game(), codec, options({ seeds: Uint32Array.from({ length: rows }, (_, r) => 7 + r) }));
+    expect(Array.from(c.tokens)).not.toEqual(Array.from(a.tokens));
+  });
+
+  it('ends an episode at the turn budget, and as truncated where an observation does not fit', async () => {
+    const few = await playEpisodes(new Game(), codec, options({ budget: { maxTurns: 1, turnTokens: 3, stop: [END] } }));
+    for (const ep of few.episodes) {
+      expect(ep.turns).toHaveLength(1);
+      expect(ep.end).toBe(ep.turns[0]!.done ? 'done' : 'turns');
+    }
+    // 8 tokens after the prompt: the reset (1), an action (≤ 3), "22" and one more token do not always fit.
+    const tight = await playEpisodes(new Game(), codec, options({ responseLen: 6 }));
+    expect(tight.episodes.some((e) => e.end === 'truncated')).toBe(true);
+    for (const ep of tight.episodes) expect(1 + ep.turns.reduce((n, t) => n + t.action.length + t.observationTokens, 0)).toBeLessThanOrEqual(6);
+  });
+
+  it('an environment that fails fails the call, and every episode it opened is ended', async () => {
+    const env = new Game(
+      () => 0,
+      (episode, turn) => episode === '0-4' && turn === 2,
+    );
+    await expect(playEpisodes(env, codec, options({ budget: { maxTurns: 4, turnTokens: 3, stop: [END] }, seeds: Uint32Array.from({ length: rows }, () => 5) }))).rejects.toThrow(/it is gone/);
+    expect(env.ended).toEqual(new Set(options().ids));
+  });
+});
