@@ -98,11 +98,16 @@ export class TextTokenizer {
 
   /** The chat template applied to `messages`, ending where the assistant's turn begins. */
   chat(messages: readonly ChatMessage[]): string {
+    return this.render(messages, true);
+  }
+
+  /** The chat template applied to `messages`; with `generationPrompt`, the assistant's turn begun after them. */
+  render(messages: readonly ChatMessage[], generationPrompt: boolean): string {
     if (!this.template) throw new TokenizerError(`${this.where}: ${TOKENIZER_CONFIG_FILE} has no chat_template; set chat: false to use prompts as they are`);
     const token = (key: string) => {
       const v = this.config[key];
       return typeof v === 'string' ? v : ((v as { content?: string } | undefined)?.content ?? '');
     };
-    return this.template.render({ messages, add_generation_prompt: true, bos_token: token('bos_token'), eos_token: token('eos_token') });
+    return this.template.render({ messages, add_generation_prompt: generationPrompt, bos_token: token('bos_token'), eos_token: token('eos_token') });
   }
 }

@@ -126,6 +126,60 @@ const TensorManifest = z.strictObject({ name: z.string(), shape: z.array(nat), s
 export type TensorManifest = z.infer<typeof TensorManifest>;
 
 /** What a caller may ask of a device. Every call names the model whose shard it concerns. */
+/** How a device reads an action's tokens as text and an observation's text as tokens. */
+export const TurnCodecSpec = z.discriminatedUnion('kind', [
+  /** A digit task's: a token is its base-36 digit; other characters are refused. */
+  z.strictObject({ kind: z.literal('digits'), base: pos }),
+  /** A tokenizer directory's (tokenizer.json); with `template`, observations are rendered as user messages by its chat template. */
+  z.strictObject({ kind: z.literal('tokenizer'), dir: z.string().min(1), template: z.boolean() }),
+]);
+export type TurnCodecSpec = z.infer<typeof TurnCodecSpec>;
+
+/** One step of an episode as it happened (its record, kept in the run's store). */
+export const TurnRecordWire = z.strictObject({
+  action: z.array(nat),
+  text: z.string(),
+  observation: z.string(),
+  observationTokens: nat,
+  reward: z.number(),
+  done: z.boolean(),
+  info: z.record(z.string(), z.number()).optional(),
+  instance: z.string(),
+  seconds: z.number(),
+});
+
+export const EpisodeRecordWire = z.strictObject({
+  id: z.string(),
+  reset: z.strictObject({ observation: z.string(), tokens: nat, instance: z.string(), seconds: z.number() }),
+  turns: z.array(TurnRecordWire),
+  return: z.number(),
+  end: z.enum(['done', 'turns', 'truncated']),
+});
+export type EpisodeRecordWire = z.infer<typeof EpisodeRecordWire>;
+
+/** A generate call's episodes of several turns against an environment on the bus (docs/environment-protocol.md). */
+export const EpisodesSpec = z.strictObject({
+  /** The environment service's name. */
+  environment: z.string().min(1),
+  /** One episode id and task per row of the call. */
+  ids: z.array(z.string()),
+  tasks: z.array(z.strictObject({ prompt_text: z.string(), ground_truth: z.string().optional(), seed: nat })),
+  max_turns: pos,
+  turn_tokens: pos,
+  /** Tokens that end an action (kept in it), and texts that end one too. */
+  stop: z.array(nat),
+  stop_strings: z.array(z.string()).optional(),
+  /** Episodes decoded as one batch. */
+  group_size: pos,
+  codec: TurnCodecSpec,
+  /** The token after a sequence's end. */
+  fill: nat,
+  timeout_ms: pos,
+  retries: nat,
+  wait_ms: pos,
+});
+export type EpisodesSpec = z.infer<typeof EpisodesSpec>;
+
 export const CallBody = z.discriminatedUnion('fn', [
   z.strictObject({
     fn: z.literal('load'),
@@ -180,6 +234,8 @@ export const CallBody = z.discriminatedUnion('fn', [
     topP: z.number().gt(0).max(1).optional(),
     /** The end-of-sequence token: a row stops after it, and the rest of its response is this token again. */
     eos: nat.optional(),
+    /** Episodes of several turns: each row plays one against the environment. */
+    episodes: EpisodesSpec.optional(),
   }),
   z.strictObject({
     fn: z.literal('inference'),
@@ -512,7 +568,16 @@ export const ResultBodies = {
   load: z.strictObject({ parameters: nat, digest: z.string() }),
   sft: z.strictObject({ loss: z.number(), first_loss: z.number() }),
   preference: z.strictObject({ loss: z.number(), first_loss: z.number(), accuracy: z.number() }),
-  generate: z.strictObject({ tokens: i32, logprobs: f32 }),
+  /** With episodes, also the action mask, the step rewards by token, the episodes' records and the device's busy and total seconds. */
+  generate: z.strictObject({
+    tokens: i32,
+    logprobs: f32,
+    mask: f32.optional(),
+    rewards: f32.optional(),
+    episodes: z.array(EpisodeRecordWire).optional(),
+    busy_seconds: z.number().optional(),
+    seconds: z.number().optional(),
+  }),
   inference: z.union([z.strictObject({ logprobs: f32 }), z.strictObject({ values: f32 }), z.strictObject({ scores: f32 })]),
   /** The loss, its statistics (clip fraction, …: what the loss declares) and the gradient's norm. */
   train: z.strictObject({ loss: z.number(), grad_norm: z.number(), stats: z.record(z.string(), z.number()) }),
