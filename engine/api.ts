@@ -20,3 +20,6 @@ export { AGGREGATIONS, KL_ESTIMATORS, aggregate, clippedSurrogate, klTensor, out
 export { klParams, withRef } from './model/losses/clip-policy.ts';
 export { z } from 'zod';
 export * as tf from '@tensorflow/tfjs';
+// An environment of several turns on the bus, in TypeScript (docs/environment-protocol.md).
+export { serveEnvironment, type EnvStepResult, type EnvironmentServer, type ServeEnvironmentOptions } from '../mesh/wire/env-serve.ts';
+export type { EnvTask } from '../mesh/wire/env-protocol.ts';

@@ -278,7 +278,7 @@ describe('a run on a closed bus, by default', () => {
     expect(r.summary?.error).toBeUndefined();
     expect(r.code).toBe(0);
     const written = JSON.parse(readFileSync(join(out, 'credentials.json'), 'utf8')) as Credentials;
-    expect(Object.keys(written).sort()).toEqual(['launcher', 'reward', 'supervisor', 'workers']);
+    expect(Object.keys(written).sort()).toEqual(['environment', 'launcher', 'reward', 'supervisor', 'workers']);
     // One worker credential per device of the plan.
     expect(Object.keys(written.workers)).toEqual(['0', '1', '2', '3']);
     expect(written.reward.pass.length).toBeGreaterThan(16);

@@ -2,11 +2,28 @@
 // summed in index order so every process gets the same bits. The estimators are a registry
 // (ESTIMATORS): an algorithm's advantage step names one, and a variant is one more function. The
 // losses, which are differentiated, are TensorFlow.js (engine/model/losses/).
-import { lengthsOfMask, type KlEstimator } from '../model/index.ts';
+import type { KlEstimator } from '../model/index.ts';
 
-/** Each row's length: from a response mask (its ones, a prefix of the row), or the whole budget. */
+/**
+ * Each row's span: up to and with its last token the mask keeps (a response's length, when its
+ * ones are a prefix; an episode's last action, when observations sit between its actions), or
+ * the whole budget without a mask.
+ */
 export function rowLengths(rows: number, responseLen: number, mask?: ArrayLike<number>): Int32Array {
-  return mask ? lengthsOfMask(mask, responseLen) : new Int32Array(rows).fill(responseLen);
+  if (!mask) return new Int32Array(rows).fill(responseLen);
+  const out = new Int32Array(rows);
+  for (let b = 0; b < rows; b++) {
+    let last = -1;
+    for (let t = 0; t < responseLen; t++) if (mask[b * responseLen + t]! > 0) last = t;
+    out[b] = last + 1;
+  }
+  return out;
+}
+
+/** `advantages` with 0 wherever the mask is 0 (an episode's observations, in its span), in place. */
+function onMasked(advantages: Float32Array, mask: ArrayLike<number> | undefined): Float32Array {
+  if (mask) for (let i = 0; i < advantages.length; i++) if (!(mask[i]! > 0)) advantages[i] = 0;
+  return advantages;
 }
 
 /**
@@ -243,13 +260,13 @@ export const ESTIMATORS: Record<string, (inp: AdvantageInput, o: AdvantageOption
     const lengths = lengthsOf(inp);
     const { rewards, kl } = penalised(inp, o, lengths);
     const { advantages, flatGroups } = groupNormalised(rewards, inp.group, o.scale ?? true);
-    return { advantages: perToken(advantages, inp.responseLen, lengths), stats: { kl, flat_groups: flatGroups } };
+    return { advantages: onMasked(perToken(advantages, inp.responseLen, lengths), inp.mask), stats: { kl, flat_groups: flatGroups } };
   },
   /** RLOO: the reward less the mean of the group's other samples. */
   rloo(inp, o) {
     const lengths = lengthsOf(inp);
     const { rewards, kl } = penalised(inp, o, lengths);
-    return { advantages: perToken(leaveOneOut(rewards, inp.group), inp.responseLen, lengths), stats: { kl } };
+    return { advantages: onMasked(perToken(leaveOneOut(rewards, inp.group), inp.responseLen, lengths), inp.mask), stats: { kl } };
   },
   /** ReMax: the reward less the greedy response's reward. */
   remax(inp, o) {
@@ -257,10 +274,13 @@ export const ESTIMATORS: Record<string, (inp: AdvantageInput, o: AdvantageOption
     const { rewards, kl } = penalised(inp, o, lengths);
     const base = need(inp.baseline, 'baseline rewards', 'remax');
     return {
-      advantages: perToken(
-        Float64Array.from(rewards, (r, b) => r - base[b]!),
-        inp.responseLen,
-        lengths,
+      advantages: onMasked(
+        perToken(
+          Float64Array.from(rewards, (r, b) => r - base[b]!),
+          inp.responseLen,
+          lengths,
+        ),
+        inp.mask,
       ),
       stats: { kl, baseline_reward: mean(base) },
     };

@@ -12,6 +12,7 @@ import { ChaosAsk, Heartbeat, PROTOCOL_VERSION, SupervisorBeat } from '../../mes
 import { CHAOS_ENV } from '../../actors/chaos-client.ts';
 import { describeExit, Intensity, restarts, toRestart, type Exit } from '../runtime/index.ts';
 import { killPoints, type KillPoint } from '../runtime/index.ts';
+import { startEnvironments, type EnvironmentProcesses } from '../environments/index.ts';
 import { writeRunReport } from '../runtime/index.ts';
 import { subjects } from '../../mesh/wire/index.ts';
 import type { Summary } from '../runtime/index.ts';
@@ -114,6 +115,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
   const logs = join(o.out, 'logs');
   mkdirSync(logs, { recursive: true });
   let server: PrivateNatsServer | undefined;
+  let environments: EnvironmentProcesses | undefined;
   const slots: Slot[] = [];
   const all = () => slots.map((s) => s.child);
   let interrupted = false;
@@ -125,6 +127,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     const timer = setTimeout(() => children.forEach((c) => c.exitCode === null && c.kill('SIGKILL')), 5000);
     await Promise.all(children.map(exited));
     clearTimeout(timer);
+    await environments?.stop();
     await server?.stop();
   };
   // Ctrl-C stops the children; the run's own flow then sees the supervisor exit, stops the
@@ -149,13 +152,17 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     }
     if (!url) {
       // A reply may come as late as the longest call or reward request allows.
-      const replySeconds = Math.max(o.scenario.timeouts.call_seconds, ...o.scenario.reward.actors.map((a) => a.timeout_seconds)) + 60;
+      const replySeconds = Math.max(o.scenario.timeouts.call_seconds, ...o.scenario.reward.actors.map((a) => a.timeout_seconds), o.scenario.environment?.timeout_seconds ?? 0) + 60;
       server = await startNatsServer({ log: say, ...(creds ? { config: authConfig(o.run, creds, { replySeconds }) } : {}) });
       url = server.url;
       say(`nats-server on ${url} (private to this run, store in ${server.storeDir})`);
       if (interrupted) return { code: 130, natsUrl: url, chaos };
     } else {
       say(`using NATS at ${url}`);
+    }
+    // The scenario's environment processes, on the bus before the run needs them.
+    if (o.scenario.environment?.command !== undefined) {
+      environments = startEnvironments(o.scenario.environment, { url, ...(creds ? { credential: creds.environment } : {}), logs, say });
     }
     const nc = await connectBus(url, `ferry-launcher-${o.run}`, creds?.launcher ?? {});
     if (o.natsUrl && !hasCredentials() && !nc.info?.auth_required) {

@@ -11,11 +11,13 @@ import { subscribe } from '../../mesh/wire/index.ts';
 import { manifestOf, modelDigest, noTimes, offerTensors, pacer, receiveTensors, timed, type NamedTensor } from '../../mesh/wire/index.ts';
 import { randomUUID } from 'node:crypto';
 import { serveReward, type RewardActor } from '../../mesh/wire/index.ts';
+import { EnvCallError, EnvClient } from '../../mesh/wire/index.ts';
+import { CodecError, playEpisodes, turnCodec } from '../episodes/index.ts';
 import { modelInfo } from '../model/index.ts';
 import { tokensDigest } from './ledger.ts';
 import { Comm } from '../../mesh/parallel/index.ts';
 import { LossError, loadLossModule, lossOf, lossParams, lossSource, type Loss } from '../model/index.ts';
-import { GptRank, heldBytes, kvCacheProblem } from '../model/index.ts';
+import { GptRank, heldBytes, kvCacheProblem, masked, replicaRows } from '../model/index.ts';
 import { HfError, SafetensorsError, TextTokenizer, readHfWeights, responseLength } from '../model/index.ts';
 import { makeTask, TASKS, type TaskName } from './task.ts';
 import { VERIFIERS, verifier, type VerifierName } from './verify.ts';
@@ -129,6 +131,11 @@ function shapeProblem(body: CallBody, spec: { vocab: number; context: number } |
         expect('prompts', body.prompts.length, body.batch * body.promptLen) ??
         expect('seeds', body.seeds.length, body.batch) ??
         fits(body.promptLen + body.responseLen) ??
+        (body.episodes
+          ? (expect('episodes.ids', body.episodes.ids.length, body.batch) ??
+            expect('episodes.tasks', body.episodes.tasks.length, body.batch) ??
+            (body.episodes.stop.length ? tokensIn('episodes.stop', Int32Array.from(body.episodes.stop)) : undefined))
+          : undefined) ??
         tokensIn('prompts', body.prompts) ??
         (body.eos !== undefined ? tokensIn('eos', Int32Array.of(body.eos)) : undefined)
       );
@@ -190,6 +197,8 @@ export class Device {
   }, 10).unref();
 
   close(): void {
+    for (const c of this.environments.values()) c.close();
+    this.environments.clear();
     for (const h of this.hosted.values()) void this.drop(h);
     this.comm.close();
     clearInterval(this.sampler);
@@ -305,6 +314,7 @@ export class Device {
       if (call.group && h && h.layout.devices.length > 1) this.comm.abort(group, h.layout.devices);
       // A loss that fails (not finite, not a scalar, a module that does not load) fails the same way again.
       if (e instanceof LossError) throw new CallRejected('loss', `'${call.body.fn}' of '${call.model}' on device ${this.index}: ${e.message}`);
+      if (e instanceof EnvCallError || e instanceof CodecError) throw new CallRejected('environment', `'${call.body.fn}' of '${call.model}' on device ${this.index}: ${e.message}`);
       throw e;
     } finally {
       this.comm.forget(group);
@@ -644,6 +654,7 @@ export class Device {
       case 'sft':
         return s.sft(group, body.tokens, body.batch, body.promptLen, body.steps, body.minibatch, body.lr, body.seed, body.eos);
       case 'generate': {
+        if (body.episodes) return this.playEpisodes(s, body, group);
         const out = await s.generate(group, body.prompts, body.batch, body.promptLen, body.responseLen, body.seeds, { ...body, memoryBytes: this.options.memoryBytes });
         return { tokens: out.tokens, logprobs: out.logprobs };
       }
@@ -658,6 +669,44 @@ export class Device {
       default:
         return this.onWeights(h, body);
     }
+  }
+
+  /** Clients of the environments this device has played episodes against, kept for its life (they track presence). */
+  private readonly environments = new Map<string, EnvClient>();
+
+  /**
+   * A generate call's episodes of several turns: this replica's rows, each played against the
+   * environment on the bus (engine/episodes), then their log-probabilities as training will
+   * compute them, 0 at observations and after each end.
+   */
+  private async playEpisodes(s: GptRank, body: CallOf<'generate'>, group: string): Promise<ResultOf<'generate'>> {
+    const e = body.episodes!;
+    const [lo, hi] = replicaRows(body.batch, s.layout.dp, s.coords.dp);
+    const P = body.promptLen;
+    let client = this.environments.get(e.environment);
+    if (!client) {
+      client = new EnvClient(this.bus, e.environment, { run: this.subj.root.slice('ferry.'.length), timeoutMs: e.timeout_ms, retries: e.retries, waitMs: e.wait_ms, say: this.options.warn });
+      this.environments.set(e.environment, client);
+    }
+    const played = await playEpisodes(client, turnCodec(e.codec, e.stop[0]), {
+      prompts: body.prompts.subarray(lo * P, hi * P),
+      tasks: e.tasks.slice(lo, hi),
+      ids: e.ids.slice(lo, hi),
+      seeds: body.seeds.subarray(lo, hi),
+      promptLen: P,
+      responseLen: body.responseLen,
+      budget: { maxTurns: e.max_turns, turnTokens: e.turn_tokens, stop: e.stop, ...(e.stop_strings ? { stopStrings: e.stop_strings } : {}) },
+      groupSize: e.group_size,
+      fill: e.fill,
+      vocab: s.spec.vocab,
+      temperature: body.temperature,
+      ...(body.greedy ? { greedy: true } : {}),
+      ...(body.topK !== undefined ? { topK: body.topK } : {}),
+      ...(body.topP !== undefined ? { topP: body.topP } : {}),
+      decoder: (rows, capacity) => s.decoder(group, rows, capacity, { memoryBytes: this.options.memoryBytes }),
+    });
+    const logprobs = masked(await s.infer(`${group}/logp`, played.tokens, hi - lo, P), played.mask);
+    return { tokens: played.tokens, logprobs, mask: played.mask, rewards: played.rewards, episodes: played.episodes, busy_seconds: played.busySeconds, seconds: played.seconds };
   }
 
   /** Calls about a shard's weights and state, the same whatever its layout. */

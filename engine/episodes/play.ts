@@ -117,6 +117,17 @@ export async function playEpisodes(env: EpisodeEnv, codec: TurnCodec, o: PlayOpt
   const groups: number[][] = [];
   for (let lo = 0; lo < rows; lo += size) groups.push(Array.from({ length: Math.min(size, rows - lo) }, (_, i) => lo + i));
   const opened = new Set<string>();
+  // The device's busy time: the union of the groups' decoding, which interleave at their awaits.
+  let active = 0;
+  let since = 0;
+  const busy = async <T>(f: () => T | Promise<T>): Promise<T> => {
+    if (active++ === 0) since = performance.now();
+    try {
+      return await f();
+    } finally {
+      if (--active === 0) out.busySeconds += (performance.now() - since) / 1000;
+    }
+  };
   try {
     await Promise.all(groups.map((g) => playGroup(g)));
   } finally {
@@ -150,14 +161,14 @@ export async function playEpisodes(env: EpisodeEnv, codec: TurnCodec, o: PlayOpt
       if (widest === 0) return;
       const tokens = new Int32Array(n * widest).fill(o.fill);
       pending.forEach((p, i) => tokens.set(p, i * widest));
-      const t0 = performance.now();
-      const values = await dec.pass(
-        tokens,
-        widest,
-        len,
-        Int32Array.from(pending, (p) => Math.max(p.length - 1, 0)),
+      const values = await busy(() =>
+        dec.pass(
+          tokens,
+          widest,
+          len,
+          Int32Array.from(pending, (p) => Math.max(p.length - 1, 0)),
+        ),
       );
-      out.busySeconds += (performance.now() - t0) / 1000;
       pending.forEach((p, i) => {
         if (!p.length) return;
         logits[i] = values.subarray(i * o.vocab, (i + 1) * o.vocab);
@@ -194,8 +205,7 @@ export async function playEpisodes(env: EpisodeEnv, codec: TurnCodec, o: PlayOpt
         // Actions: one token per pass for every episode still writing.
         const action: number[][] = members.map(() => []);
         const writing = Uint8Array.from(live);
-        while (writing.some((x) => x)) {
-          const t0 = performance.now();
+        const sample = () => {
           for (let i = 0; i < n; i++) {
             if (!writing[i]) continue;
             const tok = sampleToken(logits[i]!, o, o.greedy ? 0 : rngs[i]!.uniform());
@@ -211,7 +221,9 @@ export async function playEpisodes(env: EpisodeEnv, codec: TurnCodec, o: PlayOpt
               if (full) finish(i, 'truncated');
             }
           }
-          out.busySeconds += (performance.now() - t0) / 1000;
+        };
+        while (writing.some((x) => x)) {
+          await busy(() => sample());
           // Those still writing feed their new token; those done wait for the observation.
           const hold = pending.map((p, i) => (writing[i] ? undefined : p));
           hold.forEach((_, i) => {

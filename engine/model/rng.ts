@@ -29,6 +29,8 @@ export const Stream = {
   shuffle: 4,
   demos: 5,
   pairs: 6,
+  /** An episode's seed for its environment (shared by the samples of one prompt). */
+  episodes: 7,
 } as const;
 
 /** mulberry32: small, fast, and identical everywhere JavaScript runs. */

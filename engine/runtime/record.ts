@@ -3,7 +3,7 @@
 import { appendFileSync, existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { decode, encode } from '../../mesh/wire/index.ts';
-import { CheckpointFile, Metrics, PROTOCOL_VERSION } from '../../mesh/wire/index.ts';
+import { CheckpointFile, Metrics, PROTOCOL_VERSION, type EpisodeRecordWire } from '../../mesh/wire/index.ts';
 import type { CheckpointSet } from './run.ts';
 import type { TransportStats } from './dispatch.ts';
 import type { RolloutAccount } from '../device/index.ts';
@@ -49,6 +49,8 @@ export interface Recorder {
   finished(summary: Summary): void;
   /** A recovery went back to a snapshot: the iterations after `kept` will be recorded again. */
   rewind?(kept: readonly Metrics[]): void;
+  /** A few of an iteration's episodes as they went (a run with an environment). */
+  episodes?(iteration: number, sample: readonly EpisodeRecordWire[]): void;
 }
 
 export class RunDirectory implements Recorder {
@@ -88,6 +90,10 @@ export class RunDirectory implements Recorder {
   iteration(metrics: Metrics): void {
     appendFileSync(join(this.dir, 'metrics.jsonl'), `${JSON.stringify(metrics)}\n`);
   }
+  /** episodes.jsonl: a line per iteration, with a few episodes' transcripts (report.html shows them). */
+  episodes(iteration: number, sample: readonly EpisodeRecordWire[]): void {
+    appendFileSync(join(this.dir, 'episodes.jsonl'), `${JSON.stringify({ iteration, episodes: sample })}\n`);
+  }
   finished(summary: Summary): void {
     writeFileSync(join(this.dir, 'summary.json'), `${JSON.stringify(summary, null, 2)}\n`);
   }
@@ -99,6 +105,7 @@ export function fanOut(...recorders: Recorder[]): Recorder {
     iteration: (m, n) => recorders.forEach((r) => r.iteration(m, n)),
     finished: (s) => recorders.forEach((r) => r.finished(s)),
     rewind: (kept) => recorders.forEach((r) => r.rewind?.(kept)),
+    episodes: (i, sample) => recorders.forEach((r) => r.episodes?.(i, sample)),
   };
 }
 

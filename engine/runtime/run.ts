@@ -4,18 +4,19 @@
 // digests. The supervisor machine (actors/supervisor.machine.ts) sequences them.
 import { createHash } from 'node:crypto';
 import type { CallBody, CallOf, Checkpoint, LedgerEntry, LossModule, ModelSpec, ResultOf } from '../../mesh/wire/index.ts';
-import type { RewardItem } from '../../mesh/wire/index.ts';
+import type { EpisodeRecordWire, RewardItem } from '../../mesh/wire/index.ts';
 import type { Dispatcher } from './dispatch.ts';
 import { layoutKey, shardSlices, sliceShape, type Layout } from '../../mesh/parallel/index.ts';
 import { planRealloc } from '../../mesh/parallel/index.ts';
 import { isHead, modelInfo, parameterShapes, type GptSpec } from '../model/index.ts';
-import { mean, ownerCall, readPairsFile, runGraph, taskPairs, type CallDecl, type Fields, type Graph, type ModelDecl } from '../algorithms/index.ts';
+import { mean, ownerCall, rowLengths, readPairsFile, runGraph, taskPairs, type CallDecl, type Fields, type Graph, type ModelDecl } from '../algorithms/index.ts';
 import type { PairsFile } from '../algorithms/index.ts';
 import { tokensDigest } from '../device/index.ts';
 import { Stream, masked, responseLengths, responseMask, seedOf } from '../model/index.ts';
 import { graphOf, policySpec, resolvePlan, rowsOf, ScenarioError, taskOf, tokenizerDir, verifierOf, type CallName, type Plan, type Scenario } from './scenario.ts';
 import type { RunStore } from './store.ts';
 import { demonstrations, type Task } from '../device/index.ts';
+import { EpisodeBook, episodesSpec, type EpisodeMetrics, type EpisodeTaskInfo } from '../environments/index.ts';
 
 export interface RunSpec {
   scenario: Scenario;
@@ -121,6 +122,9 @@ export async function callMesh<F extends 'generate' | 'inference' | 'train' | 's
         at += a.length;
       }
       merged[key] = out;
+    } else if (Array.isArray(values[0])) {
+      // Records (a generate call's episodes), replica after replica.
+      merged[key] = (values as unknown[][]).flat();
     } else if (typeof values[0] === 'object' && values[0] !== null) {
       // A train call's statistics: each the sum of the ranks' shares (ranks that hold none give none).
       const sums: Record<string, number> = {};
@@ -422,11 +426,12 @@ export interface RewardSources {
  * response is the tokens it has (up to and with its end token), not its padding; the text leaves
  * the end token out.
  */
-export function rewardItems(r: RunSpec, iteration: number, tokens: Int32Array): RewardItem[] {
+export function rewardItems(r: RunSpec, iteration: number, tokens: Int32Array, mask?: Float32Array): RewardItem[] {
   const { task } = r;
   const { promptLen, responseLen, eos } = task;
   const width = promptLen + responseLen;
-  const lengths = responseLengths(tokens, promptLen, responseLen, eos);
+  // An episode's response runs to its last action: its observations are in the text too.
+  const lengths = mask ? rowLengths(tokens.length / width, responseLen, mask) : responseLengths(tokens, promptLen, responseLen, eos);
   return Array.from({ length: tokens.length / width }, (_, b) => {
     const row = Array.from(tokens.subarray(b * width, (b + 1) * width));
     const prompt = row.slice(0, promptLen);
@@ -447,13 +452,15 @@ async function rewardScores(
   iteration: number,
   tokens: Int32Array,
   sources?: RewardSources,
+  /** For sequences that episodes made: each row's return, and the action mask. */
+  played?: { returns: Float64Array; mask: Float32Array },
 ): Promise<{ scores: Float32Array; sources: Record<string, number> }> {
   const rows = tokens.length / (r.task.promptLen + r.task.responseLen);
   const { weight, model: learned } = r.scenario.reward;
   // A learned reward model is reached like any reward actor: over the reward protocol.
   const actors = [...(learned && weight > 0 ? [{ name: r.rewardService, weight, as: 'learned' }] : []), ...r.scenario.reward.actors.map((a) => ({ ...a, as: a.name }))];
   if (actors.length && !sources) throw new Error(`reward actors (${actors.map((a) => a.as).join(', ')}) are reached over the bus; this run has none`);
-  const items = actors.length ? rewardItems(r, iteration, tokens) : [];
+  const items = actors.length ? rewardItems(r, iteration, tokens, played?.mask) : [];
   const [rule, ...fromActors] = await Promise.all([
     weight > 0 && !learned
       ? callMesh(
@@ -475,6 +482,7 @@ async function rewardScores(
   };
   if (rule) add('rule', weight, pick(rule, 'scores', call.name));
   actors.forEach((a, i) => add(a.as, a.weight, fromActors[i]!));
+  if (played && r.scenario.environment) add('environment', r.scenario.environment.weight, played.returns);
   return { scores: Float32Array.from(total), sources: means };
 }
 
@@ -552,6 +560,23 @@ export interface IterationResult {
   sources: Record<string, number>;
   /** Response tokens generated. */
   generated: number;
+  /** With an environment: the rollout's episodes, measured, and a few of them as they went. */
+  episodes?: EpisodeMetrics & { sample: EpisodeRecordWire[] };
+}
+
+/** What episodes need of the scenario's task: its texts, end token, and how its text becomes tokens. */
+export function episodeTaskOf(r: RunSpec): EpisodeTaskInfo {
+  const { task, scenario: s } = r;
+  const dir = tokenizerDir(s);
+  return {
+    promptLen: task.promptLen,
+    responseLen: task.responseLen,
+    ...(task.eos !== undefined ? { eos: task.eos } : {}),
+    fill: task.eos ?? task.pad ?? 0,
+    text: (t) => task.text(t),
+    answer: (p) => task.answer(p),
+    codec: s.data && dir ? { kind: 'tokenizer', dir, template: s.data.chat } : { kind: 'digits', base: s.task.base },
+  };
 }
 
 /**
@@ -568,9 +593,13 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
   let generated = 0;
   const trainIndex = new Map(r.graph.calls.filter((c) => c.fn === 'train').map((c, i) => [c.name, i]));
   const batchOf = (tokens: Int32Array) => ({ tokens, batch: tokens.length / (task.promptLen + task.responseLen), promptLen: task.promptLen, responseLen: task.responseLen });
-  // Every response's mask comes from its tokens and the task's end token: device calls get it
+  // Every response's mask comes from its tokens and the task's end token, or for episodes, from
+  // the generating device (their observations are read, never trained on): device calls get it
   // with the tokens they read, and generation writes it for the host steps.
-  const maskOf = (tokens: Int32Array) => responseMask(tokens, task.promptLen, task.responseLen, task.eos);
+  const book = new EpisodeBook();
+  const maskOf = (tokens: Int32Array) => book.mask(tokens) ?? responseMask(tokens, task.promptLen, task.responseLen, task.eos);
+  /** Each generate call's episodes, to be stored with its result. */
+  const playedBy = new Map<string, { mask: Float32Array; episodes: EpisodeRecordWire[]; busy_seconds: number; seconds: number }>();
   const runCall = async (c: CallDecl, inputs: Fields): Promise<Fields> => {
     const port = (p: string) => inputs[c.reads[p]!];
     if (c.fn === 'generate') {
@@ -592,11 +621,14 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
             seeds,
             ...samplingOf(r),
             ...(c.greedy ? { greedy: true } : {}),
+            ...(s.environment ? { episodes: episodesSpec(s.environment, episodeTaskOf(r), s.seed, iteration, prompts, r.graph.group) } : {}),
           },
           c.name,
         ),
       );
       if (out.moved) moved.push(out.moved);
+      const played = book.note(out.tokens, out);
+      if (played) playedBy.set(c.name, { mask: played.mask, episodes: played.records, busy_seconds: played.busySeconds, seconds: played.seconds });
       const mask = maskOf(out.tokens);
       generated += mask.reduce((n, m) => n + m, 0);
       return { tokens: out.tokens, logprobs: out.logprobs, mask };
@@ -604,7 +636,8 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
     if (c.fn === 'inference') {
       const tokens = port('tokens') as Int32Array;
       if (declOf(r, c.model).head === 'reward') {
-        const out = await rewardScores(d, r, c, iteration, tokens, sources);
+        const returns = book.returns(tokens);
+        const out = await rewardScores(d, r, c, iteration, tokens, sources, returns ? { returns, mask: book.mask(tokens)! } : undefined);
         callSources.set(c.name, out.sources);
         return { scores: out.scores };
       }
@@ -642,9 +675,16 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
     const c = node.call;
     const stage = stageOf(c.name);
     if (c.fn !== 'train') {
-      const kept = await store.loadStage<{ ports: Fields; sources?: Record<string, number>; generated?: number }>(iteration, stage);
+      const kept = await store.loadStage<{
+        ports: Fields;
+        sources?: Record<string, number>;
+        generated?: number;
+        played?: { mask: Float32Array; episodes: EpisodeRecordWire[]; busy_seconds: number; seconds: number };
+      }>(iteration, stage);
       if (kept && keptProblem(c, kept) === undefined) {
         if (kept.sources) callSources.set(c.name, kept.sources);
+        // Episodes are read back from their record, never played again.
+        if (kept.played && kept.ports.tokens instanceof Int32Array) book.note(kept.ports.tokens, kept.played);
         generated += kept.generated ?? 0;
         return rename(c, kept.ports);
       }
@@ -653,12 +693,22 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
     const ports = await runCall(c, inputs);
     if (c.fn !== 'train') {
       const own = callSources.get(c.name);
-      await store.saveStage(iteration, stage, { ports: keptPorts(c, ports), ...(own ? { sources: own } : {}), generated: generated - before });
+      const played = playedBy.get(c.name);
+      await store.saveStage(iteration, stage, { ports: keptPorts(c, ports), ...(own ? { sources: own } : {}), generated: generated - before, ...(played ? { played } : {}) });
     }
     return rename(c, ports);
   });
   const rewardCall = r.graph.calls.find((c) => c.fn === 'inference' && c.writes.scores === r.graph.reward);
-  return { fields, moved, sources: (rewardCall && callSources.get(rewardCall.name)) ?? {}, generated };
+  const rollout = rolloutField(r);
+  const tokens = rollout ? fields[rollout] : undefined;
+  const episodes = tokens instanceof Int32Array ? book.metrics(tokens) : undefined;
+  return {
+    fields,
+    moved,
+    sources: (rewardCall && callSources.get(rewardCall.name)) ?? {},
+    generated,
+    ...(episodes && tokens instanceof Int32Array ? { episodes: { ...episodes, sample: book.records(tokens)!.slice(0, 4) } } : {}),
+  };
 }
 
 /**
@@ -667,7 +717,7 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
  * record that fails is computed again (the store has checked its bytes, schema and place).
  */
 export function keptProblem(c: CallDecl, kept: unknown): string | undefined {
-  const k = kept as { ports?: unknown; sources?: unknown; generated?: unknown };
+  const k = kept as { ports?: unknown; sources?: unknown; generated?: unknown; played?: unknown };
   if (typeof k !== 'object' || k === null || typeof k.ports !== 'object' || k.ports === null) return 'no ports';
   for (const port of Object.keys(c.writes)) {
     const v = (k.ports as Record<string, unknown>)[port];
@@ -675,6 +725,10 @@ export function keptProblem(c: CallDecl, kept: unknown): string | undefined {
   }
   if (k.sources !== undefined && (typeof k.sources !== 'object' || k.sources === null || Object.values(k.sources).some((x) => typeof x !== 'number'))) return 'sources are not numbers';
   if (k.generated !== undefined && typeof k.generated !== 'number') return 'generated is not a number';
+  if (k.played !== undefined) {
+    const p = k.played as { mask?: unknown; episodes?: unknown };
+    if (typeof p !== 'object' || p === null || !(p.mask instanceof Float32Array) || !Array.isArray(p.episodes)) return 'played episodes are not a mask and records';
+  }
   return undefined;
 }
 

@@ -15,6 +15,7 @@ import type { Metrics } from '../../mesh/wire/index.ts';
 import { CallError, fence, type Dispatcher } from './dispatch.ts';
 import { accountRollouts } from '../device/index.ts';
 import { mean } from '../algorithms/index.ts';
+import { episodeFigures } from '../environments/index.ts';
 import { median, rewardWindows, type Recorder, type RolloutAccount, type Summary } from './record.ts';
 import type { Progress, RunStore } from './store.ts';
 import {
@@ -104,7 +105,7 @@ const failedNode = (e: unknown) => ((e as { node?: unknown })?.node as string | 
  * A failure that going back to a snapshot cannot mend: a reward actor that never came, or a loss
  * refused or failing on a device (unknown, from another copy of its file, not finite).
  */
-const fatal = (e: unknown) => (e as { fatal?: unknown })?.fatal === true || (e instanceof CallError && e.code === 'loss');
+const fatal = (e: unknown) => (e as { fatal?: unknown })?.fatal === true || (e instanceof CallError && (e.code === 'loss' || e.code === 'environment'));
 
 const errorText = (e: unknown) => (e instanceof Error ? `${e.name}: ${e.message}` : String(e));
 
@@ -274,9 +275,11 @@ export const supervisorMachine = setup({
         tokens_per_second: out.generated / seconds,
         realloc_seconds: out.moved.reduce((a, m) => a + m.seconds, 0),
         realloc_bytes: out.moved.reduce((a, m) => a + m.bytes, 0),
-        ...(tokens instanceof Int32Array ? { rule_score: ruleScore(context.spec, tokens), ...responseStats(context.spec, tokens) } : {}),
+        // A rollout of episodes is measured by its episodes; the task's rule reads single answers.
+        ...(out.episodes ? episodeFigures(out.episodes) : tokens instanceof Int32Array ? { rule_score: ruleScore(context.spec, tokens), ...responseStats(context.spec, tokens) } : {}),
         ...(Object.keys(out.sources).length ? { rewards: out.sources } : {}),
       };
+      if (out.episodes) context.recorder.episodes?.(context.iteration, out.episodes.sample);
       context.recorder.iteration(metrics, context.spec.scenario.rl.iterations);
       return { history: [...context.history, metrics] };
     }),

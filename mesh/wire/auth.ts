@@ -7,7 +7,7 @@ import { inboxOf } from './bus.ts';
 import type { RunEvent } from './protocol.ts';
 import { subjects, token } from './subjects.ts';
 
-export const ROLES = ['launcher', 'supervisor', 'worker', 'reward'] as const;
+export const ROLES = ['launcher', 'supervisor', 'worker', 'reward', 'environment'] as const;
 export type Role = (typeof ROLES)[number];
 export interface Credential {
   user: string;
@@ -18,6 +18,8 @@ export interface RunCredentials {
   launcher: Credential;
   supervisor: Credential;
   reward: Credential;
+  /** Environments (env-protocol.ts): they hear episode requests and answer them. */
+  environment: Credential;
   /** By device: a worker beats, hears calls and answers as its own device only. */
   workers: Record<number, Credential>;
 }
@@ -51,6 +53,7 @@ export function makeCredentials(run: string, devices: readonly number[]): RunCre
     launcher: role('launcher'),
     supervisor: role('supervisor'),
     reward: role('reward'),
+    environment: role('environment'),
     workers: Object.fromEntries(devices.map((d) => [d, { user: workerUser(run, d), pass: secret() }])),
   };
 }
@@ -65,6 +68,8 @@ export function permissions(run: string, devices: readonly number[]): Omit<Recor
   const s = subjects(run);
   // Every reward service's subjects (reward-protocol.ts): requests, one instance's requests, presence.
   const rewards = { all: 'ferry.reward.>', request: 'ferry.reward.*', instance: 'ferry.reward.*.i.*', presence: 'ferry.reward.*.hb' };
+  // Every environment's (env-protocol.ts): a generating worker plays episodes on one instance's subject.
+  const envs = { all: 'ferry.env.>', instance: 'ferry.env.*.i.*', presence: 'ferry.env.*.hb' };
   const inbox = (r: Role) => `${inboxOf(`${r}-${run}`)}.>`;
   return {
     // It hears the run, kills processes at chaos points, and says when processes exit and the run is done.
@@ -99,19 +104,21 @@ export function permissions(run: string, devices: readonly number[]): Omit<Recor
     // Its own heartbeats and calls, the chunks, receipts and collectives it sends (as its device
     // only: each names its sender in its subject), and nothing on results, events, go or the
     // run's state. It hears the supervisor beat (a `done` while it beats is not the run's end). A
-    // worker hosting a learned reward model serves it as a reward actor.
+    // worker hosting a learned reward model serves it as a reward actor; a generating one plays episodes against environments.
     workers: Object.fromEntries(
       devices.map((d) => [
         d,
         {
-          publish: [s.join, s.heartbeat(d), s.chaos, s.allReady, s.chunksFrom(d), s.receiptsFrom(d), s.collectivesFrom(d), rewards.presence],
-          subscribe: [s.call(d), s.events, s.supervisorBeat, s.allGo, s.allChunks, s.allReceipts, s.collectivesTo(d), `${inboxOf(workerUser(run, d))}.>`, rewards.all],
+          publish: [s.join, s.heartbeat(d), s.chaos, s.allReady, s.chunksFrom(d), s.receiptsFrom(d), s.collectivesFrom(d), rewards.presence, envs.instance],
+          subscribe: [s.call(d), s.events, s.supervisorBeat, s.allGo, s.allChunks, s.allReceipts, s.collectivesTo(d), `${inboxOf(workerUser(run, d))}.>`, rewards.all, envs.presence],
           responses: true,
         },
       ]),
     ),
     // A reward actor hears reward requests, says it is there, and answers: nothing else.
     reward: { publish: [rewards.presence], subscribe: [rewards.all], responses: true },
+    // An environment hears episode requests, says it is there, and answers: nothing else.
+    environment: { publish: [envs.presence], subscribe: [envs.all], responses: true },
   };
 }
 
@@ -127,6 +134,12 @@ export function authConfig(run: string, creds: RunCredentials, o: { replySeconds
   const expires = `${Math.ceil(o.replySeconds ?? 3600)}s`;
   const user = (c: Credential, p: Permissions) =>
     `    { user: ${JSON.stringify(c.user)}, password: ${JSON.stringify(c.pass)}, permissions: { publish: { allow: ${list(p.publish)} }, subscribe: { allow: ${list(p.subscribe)} }${p.responses ? `, allow_responses: { max: 1, expires: "${expires}" }` : ''} } }`;
-  const users = [user(creds.launcher, perms.launcher), user(creds.supervisor, perms.supervisor), user(creds.reward, perms.reward), ...devices.map((d) => user(creds.workers[d]!, perms.workers[d]!))];
+  const users = [
+    user(creds.launcher, perms.launcher),
+    user(creds.supervisor, perms.supervisor),
+    user(creds.reward, perms.reward),
+    user(creds.environment, perms.environment),
+    ...devices.map((d) => user(creds.workers[d]!, perms.workers[d]!)),
+  ];
   return `authorization {\n  users: [\n${users.join('\n')}\n  ]\n}`;
 }

@@ -344,8 +344,26 @@ export const Collective = z.strictObject({
 });
 export type Collective = z.infer<typeof Collective>;
 
-/** `loss`: the call's loss was refused or failed (unknown, another file, not finite): it would fail the same way again. */
-export const ERROR_CODES = ['malformed', 'busy', 'not_loaded', 'unsupported', 'invalid_state', 'digest_mismatch', 'timeout', 'unreachable', 'too_large', 'interrupted', 'failed', 'loss'] as const;
+/**
+ * `loss`: the call's loss was refused or failed (unknown, another file, not finite): it would fail
+ * the same way again. `environment`: an environment failed an episode past its retries, never
+ * appeared, or answered what the episode cannot take: the run stops, naming it.
+ */
+export const ERROR_CODES = [
+  'malformed',
+  'busy',
+  'not_loaded',
+  'unsupported',
+  'invalid_state',
+  'digest_mismatch',
+  'timeout',
+  'unreachable',
+  'too_large',
+  'interrupted',
+  'failed',
+  'loss',
+  'environment',
+] as const;
 export type ErrorCode = (typeof ERROR_CODES)[number];
 
 /**
