@@ -1,0 +1,112 @@
+// Multi-turn environments as users meet them: a scenario whose environment ferry starts as its own
+// processes (examples/env/guess.ts) on the run's closed bus, episodes played by real worker
+// processes over a real nats-server, runs that repeat bit for bit and leave no process behind,
+// and what is refused: an environment that never comes (the run fails naming it, no recovery
+// loop), budgets and plans that cannot hold episodes (before anything starts).
+import { execFileSync } from 'node:child_process';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { launch } from '../engine/cli/launch.ts';
+import { loadScenarioFile, ScenarioError } from '../engine/runtime/scenario.ts';
+import { ROOT, tempDir } from './helpers.ts';
+
+const quiet = { phase() {}, iteration() {}, stop() {} };
+const dir = tempDir('ferry-env-run-');
+
+/** The guess scenario, small: `extra` lines are appended (later keys win in YAML only if unique, so tests pass whole sections). */
+function scenario(name: string, environment: string, extra = ''): string {
+  const file = join(dir, `${name}.yaml`);
+  writeFileSync(
+    file,
+    `name: ${name}
+seed: 2
+backend: wasm
+task: { name: count, base: 10, max_new_tokens: 16 }
+model: { layers: 1, width: 32, heads: 2 }
+cluster: { nodes: 1, devices_per_node: 2 }
+algorithm: { name: grpo, group: 4, kl: loss, kl_estimator: k3 }
+reward: { weight: 0 }
+environment: ${environment}
+warmup: { steps: 0 }
+${extra || 'rl: { iterations: 3, batch: 4, epochs: 1, minibatches: 2, kl_coef: 0.001, lr: 3.0e-3 }'}
+`,
+  );
+  return file;
+}
+
+/** Processes whose command line holds `tag`. */
+function processesWith(tag: string): string[] {
+  const out = execFileSync('ps', ['-eo', 'pid,args'], { encoding: 'utf8' });
+  return out.split('\n').filter((l) => l.includes(tag) && !l.includes('ps -eo'));
+}
+
+describe('a scenario with an environment ferry starts', () => {
+  it('plays episodes of several turns, ends with equal digests twice, and leaves no environment process behind', async () => {
+    const tag = `ferry-env-test-${process.pid}`;
+    const env = `{ name: guess, max_turns: 4, turn_tokens: 2, group_size: 4, instances: 2, command: [node, --import, tsx, ${join(ROOT, 'examples/env/guess.ts')}, ${tag}] }`;
+    const file = scenario('guess', env);
+    const runs = [];
+    for (const n of [1, 2]) {
+      const out = join(dir, `run${n}`);
+      const run = await launch({ scenario: await loadScenarioFile(file), run: `guess${n}${Date.now()}`, out, progress: quiet, say: () => {}, workers: undefined });
+      expect(run.code, run.summary?.error).toBe(0);
+      expect(processesWith(tag)).toEqual([]);
+      runs.push({ run, out });
+    }
+    expect(runs[1]!.run.summary!.digests).toEqual(runs[0]!.run.summary!.digests);
+    const metrics = readFileSync(join(runs[0]!.out, 'metrics.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Record<string, number>);
+    expect(metrics).toHaveLength(3);
+    for (const m of metrics) {
+      expect(m.turns).toBeGreaterThan(1);
+      expect(m.observation_tokens).toBeGreaterThan(0);
+      expect(m.reward_mean).toBeCloseTo(m.episode_return!, 5);
+      for (const k of ['env_seconds', 'turn_limit', 'truncated', 'device_idle']) expect(typeof m[k]).toBe('number');
+    }
+    // A few episodes per iteration, as they went: actions and observations told apart.
+    const episodes = readFileSync(join(runs[0]!.out, 'episodes.jsonl'), 'utf8').trim().split('\n');
+    expect(episodes).toHaveLength(3);
+    const first = JSON.parse(episodes[0]!) as { iteration: number; episodes: Array<{ id: string; turns: Array<{ text: string; observation: string }> }> };
+    expect(first.iteration).toBe(0);
+    expect(first.episodes[0]!.id).toBe('0-0');
+    expect(first.episodes[0]!.turns.length).toBeGreaterThan(0);
+    // The environment's processes logged to the run's directory.
+    expect(existsSync(join(runs[0]!.out, 'logs', 'env-guess-0.log'))).toBe(true);
+  });
+
+  it('an environment that never appears fails the run once, naming it and where it was awaited', async () => {
+    const file = scenario('absent', '{ name: nobody, wait_seconds: 1 }', 'rl: { iterations: 2, batch: 4, epochs: 1, minibatches: 2 }');
+    const out = join(dir, 'absent');
+    const run = await launch({ scenario: await loadScenarioFile(file), run: `absent${Date.now()}`, out, progress: quiet, say: () => {}, workers: undefined });
+    expect(run.code).not.toBe(0);
+    expect(run.summary?.status).toBe('failed');
+    expect(run.summary?.error).toMatch(/no environment 'nobody' appeared on ferry\.env\.nobody\.hb within 1 s \(its wait_seconds\)/);
+    expect(run.summary?.recoveries ?? []).toEqual([]);
+  });
+});
+
+describe('scenarios that cannot hold episodes are refused before anything starts, naming the key', () => {
+  const refusal = async (name: string, environment: string, extra = '') => {
+    try {
+      await loadScenarioFile(scenario(name, environment, extra));
+    } catch (e) {
+      expect(e).toBeInstanceOf(ScenarioError);
+      return (e as Error).message;
+    }
+    throw new Error('expected a refusal');
+  };
+
+  it('an action budget beyond the response budget, a plan that splits the generating model, an algorithm of pairs', async () => {
+    expect(await refusal('turns', '{ name: g, turn_tokens: 20 }')).toMatch(/environment\.turn_tokens: 20 tokens per action exceed the 16 tokens after the prompt that all turns share \(task\.max_new_tokens\)/);
+    expect(await refusal('split', '{ name: g }', 'plan: { actor.generate: { mesh: "0:0-1", tp: 2 } }\nrl: { iterations: 2, batch: 4, epochs: 1, minibatches: 2 }')).toMatch(
+      /plan\.actor\.generate: episodes of several turns are generated by replicas of one device each \(tp = pp = 1\); the plan has tp=2, pp=1/,
+    );
+    const dpo = scenario('pairs', '{ name: g }').replace('pairs.yaml', 'pairs2.yaml');
+    writeFileSync(dpo, readFileSync(scenario('pairs', '{ name: g }'), 'utf8').replace('algorithm: { name: grpo, group: 4, kl: loss, kl_estimator: k3 }', 'algorithm: dpo'));
+    await expect(loadScenarioFile(dpo)).rejects.toThrow(/environment: 'dpo' learns from preference pairs and generates nothing/);
+    expect(await refusal('name', '{ name: "a.b" }')).toMatch(/environment\.name/);
+  });
+});
