@@ -25,6 +25,7 @@ import { ESTIMATOR_TASKS, estimatorBench, PLANS, searchBench } from './bench-est
 import { reallocBench } from './bench-realloc.ts';
 import { computeBench } from './bench-compute.ts';
 import { generateBench } from './bench-generate.ts';
+import { envBench } from './bench-env.ts';
 import { checkpointBench } from './bench-checkpoint.ts';
 import { searchQualityBench } from './bench-search-quality.ts';
 import { runChaos } from './chaos-run.ts';
@@ -48,6 +49,8 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
                                                 for the others) over NATS: s/iteration, tokens/s, reward first 5 -> last 5
   generate                                      a 4-layer, width-256 model samples 16 responses of 16, 64 and 256 tokens,
                                                 with the KV cache and without: tokens/s, speedup, growth of the time per token
+  env [--repeats N]                             32 episodes of 4 turns (actions of 12 tokens) against an environment on the bus answering after 0, 20 and
+                                                100 ms, in groups of 8 and in lock-step: episodes/s and the device's idle share
   checkpoint                                    a SmolLM-135M-shaped llama checkpoint written in F32 and BF16, read back,
                                                 loaded on one rank from its directory, and 8 tokens decoded: sizes and seconds`;
 
@@ -138,6 +141,14 @@ runMain(async () => {
   if (name === 'algorithms') return algorithmsBench(values);
   if (name === 'compute') return compute(values);
   if (name === 'generate') return generate(values);
+  if (name === 'env') {
+    const log = values.json ? () => {} : (line: string) => console.log(line);
+    const backend = await initBackend('auto');
+    log(`bench env on ${backend}: a 4-layer, width-256 model plays 32 episodes of 4 turns of 12 tokens; medians of ${values.repeats} calls`);
+    const rows = await envBench({ latencies: [0, 20, 100], episodes: 32, groups: [8, 32], repeats: whole('repeats', values.repeats, 1), log });
+    if (values.json) console.log(JSON.stringify({ backend, rows }));
+    return 0;
+  }
   if (name === 'checkpoint') {
     const r = await checkpointBench(values.json ? () => {} : (line) => console.log(line));
     if (values.json) console.log(JSON.stringify(r));
@@ -145,7 +156,7 @@ runMain(async () => {
   }
   if (name !== 'iteration')
     throw new UsageError(
-      `unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, search, search-quality, chaos, algorithms, compute, generate, checkpoint\n${USAGE}`,
+      `unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, search, search-quality, chaos, algorithms, compute, generate, env, checkpoint\n${USAGE}`,
     );
   let scenario = await loadScenarioFile(values.scenario ?? 'scenarios/quickstart.yaml');
   if (values.iterations !== undefined) {

@@ -117,16 +117,21 @@ export async function playEpisodes(env: EpisodeEnv, codec: TurnCodec, o: PlayOpt
   const groups: number[][] = [];
   for (let lo = 0; lo < rows; lo += size) groups.push(Array.from({ length: Math.min(size, rows - lo) }, (_, i) => lo + i));
   const opened = new Set<string>();
-  // The device's busy time: the union of the groups' decoding, which interleave at their awaits.
-  let active = 0;
-  let since = 0;
-  const busy = async <T>(f: () => T | Promise<T>): Promise<T> => {
-    if (active++ === 0) since = performance.now();
-    try {
-      return await f();
-    } finally {
-      if (--active === 0) out.busySeconds += (performance.now() - since) / 1000;
-    }
+  // The device decodes one group's round at a time, first come first served: a group that has its
+  // observations writes its whole next action while the others wait on their environment, so
+  // rounds stagger instead of moving in step. The order never changes what a group computes.
+  let queue: Promise<unknown> = Promise.resolve();
+  const onDevice = <T>(f: () => Promise<T>): Promise<T> => {
+    const run = queue.then(async () => {
+      const t0 = performance.now();
+      try {
+        return await f();
+      } finally {
+        out.busySeconds += (performance.now() - t0) / 1000;
+      }
+    });
+    queue = run.catch(() => {});
+    return run;
   };
   try {
     await Promise.all(groups.map((g) => playGroup(g)));
@@ -161,13 +166,11 @@ export async function playEpisodes(env: EpisodeEnv, codec: TurnCodec, o: PlayOpt
       if (widest === 0) return;
       const tokens = new Int32Array(n * widest).fill(o.fill);
       pending.forEach((p, i) => tokens.set(p, i * widest));
-      const values = await busy(() =>
-        dec.pass(
-          tokens,
-          widest,
-          len,
-          Int32Array.from(pending, (p) => Math.max(p.length - 1, 0)),
-        ),
+      const values = await dec.pass(
+        tokens,
+        widest,
+        len,
+        Int32Array.from(pending, (p) => Math.max(p.length - 1, 0)),
       );
       pending.forEach((p, i) => {
         if (!p.length) return;
@@ -200,7 +203,6 @@ export async function playEpisodes(env: EpisodeEnv, codec: TurnCodec, o: PlayOpt
         write(i, obs);
         if (value.done) finish(i, 'done');
       });
-      await feed();
       for (let turn = 1; live.some((x) => x); turn++) {
         // Actions: one token per pass for every episode still writing.
         const action: number[][] = members.map(() => []);
@@ -222,18 +224,22 @@ export async function playEpisodes(env: EpisodeEnv, codec: TurnCodec, o: PlayOpt
             }
           }
         };
-        while (writing.some((x) => x)) {
-          await busy(() => sample());
-          // Those still writing feed their new token; those done wait for the observation.
-          const hold = pending.map((p, i) => (writing[i] ? undefined : p));
-          hold.forEach((_, i) => {
-            if (!writing[i]) pending[i] = [];
-          });
+        // The observations (or the prompts) first, then the actions, token by token.
+        await onDevice(async () => {
           await feed();
-          hold.forEach((p, i) => {
-            if (p) pending[i] = p;
-          });
-        }
+          while (writing.some((x) => x)) {
+            sample();
+            // Those still writing feed their new token; those done wait for the observation.
+            const hold = pending.map((p, i) => (writing[i] ? undefined : p));
+            hold.forEach((_, i) => {
+              if (!writing[i]) pending[i] = [];
+            });
+            await feed();
+            hold.forEach((p, i) => {
+              if (p) pending[i] = p;
+            });
+          }
+        });
         // The environment answers every action of the round.
         const acting = members.map((_, i) => i).filter((i) => live[i]);
         const replies = await Promise.all(acting.map((i) => timed(() => env.step(o.ids[members[i]!]!, codec.action(action[i]!)))));
@@ -268,7 +274,6 @@ export async function playEpisodes(env: EpisodeEnv, codec: TurnCodec, o: PlayOpt
         pending.forEach((_, i) => {
           if (!live[i]) pending[i] = [];
         });
-        await feed();
       }
     } finally {
       dec.dispose();
