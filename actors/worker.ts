@@ -128,8 +128,15 @@ runMain(async () => {
       worker,
       log,
       reportRejected: (problem) => beat('serving', `rejected ${problem}`),
-      makeDevice: (index) => new Device(index, nc, subj, { transferTimeoutMs: transferMs }),
-      ...(chaos ? { beforeRun: (call: Call, device: number) => chaos.workerCall(device, call.model, call.body.fn, call.iteration) } : {}),
+      makeDevice: (index) =>
+        new Device(index, nc, subj, {
+          transferTimeoutMs: transferMs,
+          ...(chaos ? { midEpisode: (call: Call) => chaos.workerCall(index, call.model, call.body.fn, call.iteration) } : {}),
+        }),
+      // A generation of episodes reaches its kill points in its middle (the device's midEpisode), not before it runs.
+      ...(chaos
+        ? { beforeRun: (call: Call, device: number) => (call.body.fn === 'generate' && call.body.episodes ? Promise.resolve() : chaos.workerCall(device, call.model, call.body.fn, call.iteration)) }
+        : {}),
     },
   });
   const stop = () => actor.send({ type: 'stop' });

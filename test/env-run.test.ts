@@ -8,6 +8,7 @@ import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { launch } from '../engine/cli/launch.ts';
+import { runChaos } from '../engine/cli/chaos-run.ts';
 import { loadScenarioFile, ScenarioError } from '../engine/runtime/scenario.ts';
 import { ROOT, tempDir } from './helpers.ts';
 
@@ -75,6 +76,25 @@ describe('a scenario with an environment ferry starts', () => {
     expect(first.episodes[0]!.turns.length).toBeGreaterThan(0);
     // The environment's processes logged to the run's directory.
     expect(existsSync(join(runs[0]!.out, 'logs', 'env-guess-0.log'))).toBe(true);
+  });
+
+  it("chaos: the generating device killed mid-episode, and an environment instance killed mid-episode, end with the clean run's digests, no rollout lost or repeated", async () => {
+    const env = `{ name: guess, max_turns: 4, turn_tokens: 2, group_size: 4, instances: 2, command: [node, --import, tsx, ${join(ROOT, 'examples/env/guess.ts')}] }`;
+    const file = scenario(
+      'guess-chaos',
+      env,
+      'rl: { iterations: 4, batch: 4, epochs: 1, minibatches: 2, kl_coef: 0.001, lr: 3.0e-3 }\nchaos: { kills: [{ actor: actor, call: generate, iteration: 1 }, { actor: environment, call: generate, iteration: 2 }] }',
+    );
+    const lines: string[] = [];
+    const report = await runChaos(await loadScenarioFile(file), join(dir, 'chaos'), (l) => lines.push(l));
+    expect(report.chaos.status, report.chaos.error).toBe('succeeded');
+    expect(report.kills_by_actor).toEqual({ actor: 1, environment: 1 });
+    expect(report.recoveries).toBe(1);
+    expect(report.digests_equal).toBe(true);
+    expect(report.rollouts_lost).toBe(0);
+    expect(report.rollouts_duplicated).toBe(0);
+    // Each kill came after the episodes' first step: mid-episode.
+    expect(lines.join('\n')).toMatch(/chaos: killing environment 'guess' instance 0 \(pid \d+\) while device \d+, 'generate' of actor, iteration 2/);
   });
 
   it('an environment that never appears fails the run once, naming it and where it was awaited', async () => {

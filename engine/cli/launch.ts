@@ -11,7 +11,7 @@ import { encode } from '../../mesh/wire/index.ts';
 import { ChaosAsk, Heartbeat, PROTOCOL_VERSION, SupervisorBeat } from '../../mesh/wire/index.ts';
 import { CHAOS_ENV } from '../../actors/chaos-client.ts';
 import { describeExit, Intensity, restarts, toRestart, type Exit } from '../runtime/index.ts';
-import { killPoints, type KillPoint } from '../runtime/index.ts';
+import { ENVIRONMENT_ACTOR, killPoints, type KillPoint } from '../runtime/index.ts';
 import { startEnvironments, type EnvironmentProcesses } from '../environments/index.ts';
 import { writeRunReport } from '../runtime/index.ts';
 import { subjects } from '../../mesh/wire/index.ts';
@@ -220,6 +220,15 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
       (ask, msg) => {
         if (!answerable(msg)) return; // a process at a kill point asks with a request
         const k = points.find((p) => p.id === ask.target);
+        if (k && k.actor === ENVIRONMENT_ACTOR && !done.has(k.id)) {
+          // An environment instance dies mid-episode; the worker that reached the point goes on.
+          done.add(k.id);
+          const pid = environments?.kill(0);
+          chaos.kills.push({ ...k, at: Date.now(), pid: pid ?? 0, where: `environment instance 0, while ${ask.where}` });
+          say(`chaos: killing environment '${o.scenario.environment?.name}' instance 0${pid ? ` (pid ${pid})` : ' (not running)'} while ${ask.where}`);
+          msg.respond(encode({ type: 'spare', v: PROTOCOL_VERSION, target: ask.target }));
+          return;
+        }
         const slot = slots.find((s) => s.child.pid === ask.pid && s.child.exitCode === null);
         if (!k || done.has(k.id) || !slot) {
           msg.respond(encode({ type: 'spare', v: PROTOCOL_VERSION, target: ask.target }));

@@ -174,6 +174,8 @@ export interface DeviceOptions {
   memoryBytes?: number;
   /** Where a transfer says what it dropped or sent again (default: standard error). */
   warn?: (line: string) => void;
+  /** Called once in each generation of episodes, after their first step (chaos: a kill mid-episode). */
+  midEpisode?: (call: Call) => Promise<void>;
 }
 
 export class Device {
@@ -300,6 +302,7 @@ export class Device {
 
   async run(call: Call): Promise<Body> {
     const group = call.group ?? call.id;
+    this.running = call;
     try {
       const refused = this.check(call);
       if (refused) throw refused;
@@ -673,6 +676,8 @@ export class Device {
 
   /** Clients of the environments this device has played episodes against, kept for its life (they track presence). */
   private readonly environments = new Map<string, EnvClient>();
+  /** The call this device runs now (the last one given to run()). */
+  private running?: Call;
 
   /**
    * A generate call's episodes of several turns: this replica's rows, each played against the
@@ -688,7 +693,23 @@ export class Device {
       client = new EnvClient(this.bus, e.environment, { run: this.subj.root.slice('ferry.'.length), timeoutMs: e.timeout_ms, retries: e.retries, waitMs: e.wait_ms, say: this.options.warn });
       this.environments.set(e.environment, client);
     }
-    const played = await playEpisodes(client, turnCodec(e.codec, e.stop[0]), {
+    // Chaos reaches a generation of episodes in its middle: after the first step the environment answers.
+    const call = this.running;
+    const mid = this.options.midEpisode;
+    let reached = false;
+    const env = {
+      reset: client.reset.bind(client),
+      end: client.end.bind(client),
+      step: async (episode: string, action: string) => {
+        const out = await client.step(episode, action);
+        if (mid && call && !reached) {
+          reached = true;
+          await mid(call);
+        }
+        return out;
+      },
+    };
+    const played = await playEpisodes(env, turnCodec(e.codec, e.stop[0]), {
       prompts: body.prompts.subarray(lo * P, hi * P),
       tasks: e.tasks.slice(lo, hi),
       ids: e.ids.slice(lo, hi),

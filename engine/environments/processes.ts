@@ -13,6 +13,8 @@ export interface EnvironmentProcesses {
   readonly pids: number[];
   /** Restarts so far. */
   readonly restarts: number;
+  /** Kills instance `k` outright (chaos); it is started again. Returns its pid, if it ran. */
+  kill(k: number): number | undefined;
   stop(): Promise<void>;
 }
 
@@ -28,7 +30,7 @@ export function environmentEnv(key: EnvironmentKey, url: string, instance: strin
 
 export function startEnvironments(key: EnvironmentKey, o: { url: string; credential?: Credential; logs: string; say: (line: string) => void; maxRestarts?: number }): EnvironmentProcesses {
   const command = key.command;
-  if (command === undefined) return { pids: [], restarts: 0, stop: async () => {} };
+  if (command === undefined) return { pids: [], restarts: 0, kill: () => undefined, stop: async () => {} };
   let stopping = false;
   let restarts = 0;
   const children = new Map<number, ChildProcess>();
@@ -65,6 +67,16 @@ export function startEnvironments(key: EnvironmentKey, o: { url: string; credent
     },
     get restarts() {
       return restarts;
+    },
+    kill(k) {
+      const c = children.get(k);
+      if (!c?.pid) return undefined;
+      try {
+        process.kill(-c.pid, 'SIGKILL');
+      } catch {
+        return undefined;
+      }
+      return c.pid;
     },
     async stop() {
       stopping = true;

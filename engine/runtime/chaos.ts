@@ -16,9 +16,14 @@ export interface KillPoint {
   call: string;
   iteration: number;
   how: 'kill' | 'hang';
-  /** The device whose worker dies; absent for the supervisor. */
+  /** The device whose worker dies; absent for the supervisor. For an environment instance: the device whose episodes it serves. */
   device?: number;
+  /** An environment instance's kill: the model whose generation reaches it (mid-episode). */
+  model?: string;
 }
+
+/** The kill points' name for the environment's instances (a scenario whose environment ferry starts). */
+export const ENVIRONMENT_ACTOR = 'environment';
 
 /** The device that runs `fn` for `model` in an iteration (rank 0 of the layout), or why none does. */
 function deviceFor(r: RunSpec, model: string, fn: string, iteration: number): number | string {
@@ -67,6 +72,7 @@ function deviceFor(r: RunSpec, model: string, fn: string, iteration: number): nu
 
 /** The kinds of call an actor kind can be killed in within an iteration (for random kills): its graph's calls, reallocations, checkpoints. */
 function randomCalls(r: RunSpec, actor: ActorKind): string[] {
+  if (actor === ENVIRONMENT_ACTOR) return ['generate'];
   if (actor === 'supervisor') return [...new Set([...r.graph.calls.map((c) => c.fn), 'checkpoint'])];
   return [...new Set([...r.graph.calls.filter((c) => c.model === actor).map((c) => c.fn), 'realloc', 'checkpoint'])];
 }
@@ -76,13 +82,23 @@ export function killPoints(r: RunSpec): KillPoint[] {
   const chaos = r.scenario.chaos;
   if (!chaos) return [];
   const iterations = r.scenario.rl.iterations;
-  const kinds = [...r.graph.models.map((m) => m.name), 'supervisor'];
+  const kinds = [...r.graph.models.map((m) => m.name), 'supervisor', ...(r.scenario.environment?.command !== undefined ? [ENVIRONMENT_ACTOR] : [])];
   const out: KillPoint[] = [];
   const add = (k: Omit<KillPoint, 'id' | 'device'>, where: string) => {
     if (!kinds.includes(k.actor)) throw new ScenarioError(`${where}: '${k.actor}' is neither a model of the algorithm nor the supervisor; expected one of ${kinds.join(', ')}`);
     if (k.iteration >= iterations) throw new ScenarioError(`${where}: iteration ${k.iteration} is past the run's last (${iterations - 1})`);
     if (k.actor === 'supervisor') {
       out.push({ ...k, id: `k${out.length}` });
+      return;
+    }
+    if (k.actor === ENVIRONMENT_ACTOR) {
+      // An instance dies while a generation plays episodes against it: after the episodes' first step.
+      const model = r.graph.calls.find((c) => c.fn === 'generate')!.model;
+      if (k.call !== 'generate') throw new ScenarioError(`${where}: an environment instance dies while a generation plays episodes; call must be 'generate', not '${k.call}'`);
+      if (k.how !== 'kill') throw new ScenarioError(`${where}: an environment instance is killed, not hung`);
+      const device = deviceFor(r, model, 'generate', k.iteration);
+      if (typeof device === 'string') throw new ScenarioError(`${where}: ${device}`);
+      out.push({ ...k, id: `k${out.length}`, device, model });
       return;
     }
     const device = deviceFor(r, k.actor, k.call, k.iteration);
@@ -100,7 +116,8 @@ export function killPoints(r: RunSpec): KillPoint[] {
       const calls = randomCalls(r, actor).filter((c) => actor === 'supervisor' || typeof deviceFor(r, actor, c, 0) === 'number');
       if (calls.length === 0) throw new ScenarioError(`chaos.random: '${actor}' can be killed in no call with this scenario; leave it out of chaos.random.actors`);
       const call = calls[rng.int(calls.length)]!;
-      const how = rng.uniform() < chaos.random.hang ? 'hang' : 'kill';
+      // An environment instance is only ever killed (a draw of a hang kills it too).
+      const how = rng.uniform() < chaos.random.hang && actor !== ENVIRONMENT_ACTOR ? 'hang' : 'kill';
       add({ actor, call, iteration: rng.int(iterations), how }, `chaos.random (draw ${n})`);
     }
   }
@@ -109,7 +126,7 @@ export function killPoints(r: RunSpec): KillPoint[] {
 
 /** Whether a worker running `fn` of `model` in `iteration` on `device` has reached `k`. */
 export function reachedByWorker(k: KillPoint, device: number, model: string, fn: string, iteration: number): boolean {
-  return k.actor !== 'supervisor' && k.device === device && model.split('@')[0] === k.actor && fn === k.call && iteration === k.iteration;
+  return k.actor !== 'supervisor' && k.device === device && model.split('@')[0] === (k.model ?? k.actor) && fn === k.call && iteration === k.iteration;
 }
 
 /** Whether the supervisor, about to send `fn` in `iteration`, has reached `k`. */
