@@ -3,7 +3,7 @@
 // the planner's estimate, the training curves, and the chaos the run went through. Each section
 // carries data-items, the number of things it drew, so that a browser test can tell an empty
 // section from a rendered one.
-import type { Metrics } from '../../mesh/wire/index.ts';
+import type { EpisodeRecordWire, Metrics } from '../../mesh/wire/index.ts';
 import type { Simulation } from './plan/simulate.ts';
 import type { Summary } from './record.ts';
 import type { CallName, Placed } from './scenario.ts';
@@ -59,6 +59,8 @@ export interface ReportInput {
   calls?: CallRecord[];
   recoveries?: RecoveryRecord[];
   kills?: KillRecord[];
+  /** A few episodes per iteration (episodes.jsonl), for a run with an environment. */
+  episodes?: Array<{ iteration: number; episodes: EpisodeRecordWire[] }>;
   estimate?: { simulation: Simulation; iterationSeconds: number; profile: string } | { missing: string };
 }
 
@@ -231,17 +233,32 @@ function measuredSection(r: ReportInput): string {
       title: `${graphCallOf(c) ? `${graphCallOf(c)}: ` : ''}${c.fn} of ${c.model}, iteration ${c.iteration}, device ${c.device}: ${(c.device_ms / 1000).toFixed(3)} s on the device, ${((c.replied - c.sent) / 1000).toFixed(3)} s round trip${c.ok ? '' : ' (failed)'}`,
     };
   });
+  // With an environment: its time beside each generation of episodes, on a row of its own.
+  const envOf = new Map((r.metrics ?? []).filter((m) => typeof m.env_seconds === 'number').map((m) => [m.iteration, m]));
+  const envBars: Bar[] = envOf.size
+    ? calls
+        .filter((c) => c.fn === 'generate' && c.ok && envOf.has(c.iteration))
+        .map((c) => {
+          const m = envOf.get(c.iteration)!;
+          const startMs = c.device_ms > 0 ? c.replied - c.device_ms : c.sent;
+          return {
+            row: devices.length,
+            start: (startMs - t0) / 1000,
+            end: (c.replied - t0) / 1000,
+            color: ENV_COLOR,
+            title: `environment, iteration ${c.iteration}: ${fmt(m.env_seconds as number, 2)} s answering (summed over requests), the generating device idle ${fmt(100 * (m.device_idle as number), 1)}% of the call, ${fmt(m.turns as number, 2)} turns per episode`,
+          };
+        })
+    : [];
+  bars.push(...envBars);
   const bands: Bar[] = (r.recoveries ?? []).map((x) => ({ row: 0, start: (x.start - t0) / 1000, end: (x.end - t0) / 1000, color: KIND_COLORS.recovery, title: `recovery ${x.epoch}: ${x.reason}` }));
   const marks = (r.kills ?? []).map((k) => ({ at: (k.at - t0) / 1000, title: `chaos: ${k.how} ${k.actor} in ${k.where}` }));
-  const svg = timelineSvg(
-    devices.map((d) => `device ${d}`),
-    bars,
-    { bands, marks },
-  );
+  const svg = timelineSvg([...devices.map((d) => `device ${d}`), ...(envBars.length ? ['environment'] : [])], bars, { bands, marks });
   return (
     `<section id="timeline" data-items="${bars.length}"><h2>Measured timeline</h2>` +
     `<p>Every call each device ran, from its own clock (the bus and queueing are the rest of each round trip). Grey: waiting. Dashed outlines: calls that failed or were abandoned. Red bands: recoveries; red markers: kills.</p>` +
     legend(['generation', 'inference', 'training', 'reallocation', 'checkpoint', 'other', 'waiting', 'recovery']) +
+    (envBars.length ? `<p>The environment row: each generation of episodes, while the environment answered (hover for its seconds and the device's idle share).</p>` : '') +
     svg +
     `</section>`
   );
@@ -334,6 +351,29 @@ function chaosSection(r: ReportInput): string {
   );
 }
 
+const ENV_COLOR = '#76b7b2';
+
+/** A few episodes of the first and last iterations, as transcripts: the policy's actions and the environment's observations told apart. */
+function episodesSection(r: ReportInput): string {
+  const its = r.episodes ?? [];
+  if (its.length === 0) return '';
+  const shown = its.length > 1 ? [its[0]!, its.at(-1)!] : [its[0]!];
+  let items = 0;
+  const tables = shown.map(({ iteration, episodes }) => {
+    const rows = episodes.map((e) => {
+      items += 1;
+      const turns = e.turns
+        .map(
+          (t, i) => `<div><b>${i + 1}</b> <span class="act">${esc(t.text || '∅')}</span> → <span class="obs">${esc(t.observation || '∅')}</span>${t.reward ? ` <i>${fmt(t.reward, 2)}</i>` : ''}</div>`,
+        )
+        .join('');
+      return `<tr><td>${esc(e.id)}</td><td><span class="obs">${esc(e.reset.observation || '∅')}</span></td><td>${turns}</td><td>${fmt(e.return, 2)}</td><td>${esc(e.end)}</td></tr>`;
+    });
+    return `<h3>Iteration ${iteration}</h3><table><tr><th>episode</th><th>reset</th><th>turns: <span class="act">action</span> → <span class="obs">observation</span> (reward)</th><th>return</th><th>end</th></tr>${rows.join('')}</table>`;
+  });
+  return `<section id="episodes" data-items="${items}"><h2>Episodes</h2><p>A few episodes of the first and last iterations (episodes.jsonl has them for every iteration).</p>${tables.join('')}</section>`;
+}
+
 function summarySection(r: ReportInput): string {
   const s = r.summary;
   if (!s) return `<section id="summary" data-items="0"><h2>Summary</h2><p>No summary.json: the run did not finish.</p></section>`;
@@ -358,7 +398,8 @@ function summarySection(r: ReportInput): string {
 const STYLE = `body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;font-size:13px}th{background:#f5f5f5}
 .lbl{font-size:12px}.tick{font-size:10px;fill:#555}.cellt{font-size:10px;fill:#fff}.legend span{margin-right:12px;font-size:12px}.legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-2px}
-.charts{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0}figcaption{font-size:13px;font-weight:600}`;
+.charts{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0}figcaption{font-size:13px;font-weight:600}
+.act{font-family:monospace;color:#1f4e99;background:#eaf1fb}.obs{font-family:monospace;color:#555;background:#f1f1f1}`;
 
 /** The whole report for a run. */
 export function renderReport(r: ReportInput): string {
@@ -371,6 +412,7 @@ export function renderReport(r: ReportInput): string {
     measuredSection(r) +
     estimateSection(r, measuredIteration) +
     curvesSection(r) +
+    episodesSection(r) +
     chaosSection(r) +
     `</body></html>\n`
   );

@@ -3,7 +3,7 @@
 // from the planner's simulation of the run's plan.
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import type { Metrics } from '../../mesh/wire/index.ts';
+import type { EpisodeRecordWire, Metrics } from '../../mesh/wire/index.ts';
 import { Evaluator } from './plan/planner.ts';
 import { LOCAL_PROFILE, candidateOf, loadLocalProfile, localProfileFile, problemOf } from './plan/problem.ts';
 import type { DeviceProfile } from './plan/catalog.ts';
@@ -56,6 +56,7 @@ export function writeRunReport(dir: string): string {
     calls: timeline.filter((t): t is CallRecord => t.type === 'call'),
     recoveries: timeline.filter((t): t is RecoveryRecord => t.type === 'recovery'),
     kills: chaos?.kills ?? [],
+    episodes: jsonLines<{ iteration: number; episodes: EpisodeRecordWire[] }>(join(dir, 'episodes.jsonl')),
     estimate: estimateOf(scenario),
   });
   const out = join(dir, 'report.html');
