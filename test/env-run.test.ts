@@ -74,6 +74,11 @@ describe('a scenario with an environment ferry starts', () => {
     expect(first.iteration).toBe(0);
     expect(first.episodes[0]!.id).toBe('0-0');
     expect(first.episodes[0]!.turns.length).toBeGreaterThan(0);
+    // The report shows them, and the environment's time on the timeline.
+    const report = readFileSync(join(runs[0]!.out, 'report.html'), 'utf8');
+    expect(Number(report.match(/id="episodes" data-items="(\d+)"/)?.[1])).toBeGreaterThan(0);
+    expect(report).toMatch(/<text x="4" y="\d+" class="lbl">environment<\/text>/);
+    expect(report).toMatch(/<span class="act">/);
     // The environment's processes logged to the run's directory.
     expect(existsSync(join(runs[0]!.out, 'logs', 'env-guess-0.log'))).toBe(true);
   });
