@@ -1,5 +1,5 @@
 import { describe, it, expect } from 'vitest';
-import { ESTIMATORS, discountedReturns, estimator, gae, mean, perToken, sequenceKl, tokenRewards, whiten } from './advantages.ts';
+import { ESTIMATORS, discountedReturns, estimator, gae, mean, perToken, rowLengths, sequenceKl, tokenRewards, whiten } from './advantages.ts';
 
 describe('tokenRewards', () => {
   // batch 2, responseLen 2; row-major [b0t0, b0t1, b1t0, b1t1]
@@ -168,5 +168,28 @@ describe('ragged rows: each response counts up to its own end', () => {
         if (!m) expect(a.advantages[i], `${name} at padding ${i}`).toBe(0);
       });
     }
+  });
+});
+
+describe('episodes: masks with observations between the actions, and step rewards by token', () => {
+  // One row of 6 response tokens: an action (0-1), an observation (2-3), an action (4), then padding (5).
+  const mask = [1, 1, 0, 0, 1, 0];
+  const lp = [-1, -2, 0, 0, -0.5, 0];
+  const ref = [-1.5, -1, 0, 0, -0.5, 0];
+
+  it("a row's span runs to its last action; observations get no advantage", () => {
+    expect(Array.from(rowLengths(1, 6, mask))).toEqual([5]);
+    const out = ESTIMATORS.rloo!({ scores: [1, 0], logprobs: [...lp, ...lp], ref: [...ref, ...ref], responseLen: 6, group: 2, mask: [...mask, ...mask] }, { kl_coef: 0 });
+    expect(Array.from(out.advantages)).toEqual([1, 1, 0, 0, 1, 0, -1, -1, 0, 0, -1, 0]);
+  });
+
+  it('step rewards stay at their tokens and the last token gets the rest of the score; none, and the score sits on the last token as before', () => {
+    const step = [0, 0.25, 0, 0, 0.5, 0];
+    // KL shaping −β·(lp − ref) with β = 0.1: −0.05, 0.1, 0, 0, 0; the score 2 is 0.75 of steps and 1.25 of the rest.
+    const { rewards } = tokenRewards([2], lp, ref, 6, 0.1, rowLengths(1, 6, mask), step);
+    expect(Array.from(rewards).map((x) => Math.round(x * 1e6) / 1e6 + 0)).toEqual([-0.05, 0.35, 0, 0, 1.75, 0]);
+    const none = tokenRewards([2], lp, ref, 6, 0.1, rowLengths(1, 6, mask), new Array(6).fill(0));
+    const before = tokenRewards([2], lp, ref, 6, 0.1, rowLengths(1, 6, mask));
+    expect(Array.from(none.rewards)).toEqual(Array.from(before.rewards));
   });
 });

@@ -38,18 +38,30 @@ export function tokenRewards(
   responseLen: number,
   klCoef: number,
   lengths: ArrayLike<number> = rowLengths(scores.length, responseLen),
+  /**
+   * An episode's step rewards [rows, responseLen], each at the last token of its action: they stay
+   * where they are, and the last token gets the rest of the row's score (the rule's, reward
+   * actors'). 0 everywhere (or absent): the score sits on the last token alone.
+   */
+  stepRewards?: ArrayLike<number>,
 ): { rewards: Float64Array; kl: number } {
   const rewards = new Float64Array(logprobs.length);
   let klSum = 0;
   for (let b = 0; b < scores.length; b++) {
     const L = lengths[b]!;
+    let stepped = 0;
     for (let t = 0; t < L; t++) {
       const i = b * responseLen + t;
       const kl = logprobs[i]! - refLogprobs[i]!;
       klSum += kl;
       rewards[i] = -klCoef * kl;
+      const step = stepRewards?.[i] ?? 0;
+      if (step !== 0) {
+        rewards[i]! += step;
+        stepped += step;
+      }
     }
-    if (L > 0) rewards[b * responseLen + L - 1]! += scores[b]!;
+    if (L > 0) rewards[b * responseLen + L - 1]! += stepped === 0 ? scores[b]! : scores[b]! - stepped;
   }
   return { rewards, kl: scores.length > 0 ? klSum / scores.length : 0 };
 }
@@ -211,6 +223,8 @@ export interface AdvantageInput {
    * each row). Absent: every response has all `responseLen` tokens.
    */
   mask?: ArrayLike<number>;
+  /** An episode's step rewards by token (weighted, within `scores`): the token-level estimators place them (tokenRewards). */
+  stepRewards?: ArrayLike<number>;
 }
 
 export interface AdvantageOptions {
@@ -251,7 +265,7 @@ export const ESTIMATORS: Record<string, (inp: AdvantageInput, o: AdvantageOption
   /** PPO: KL-shaped token rewards, GAE over the values (stopping at each end), whitened over the batch's real tokens. */
   gae(inp, o) {
     const lengths = lengthsOf(inp);
-    const { rewards, kl } = tokenRewards(inp.scores, inp.logprobs, need(inp.ref, 'reference log-probs', 'gae'), inp.responseLen, o.kl_coef, lengths);
+    const { rewards, kl } = tokenRewards(inp.scores, inp.logprobs, need(inp.ref, 'reference log-probs', 'gae'), inp.responseLen, o.kl_coef, lengths, inp.stepRewards);
     const { advantages, returns } = gae(rewards, need(inp.values, 'values', 'gae'), inp.responseLen, o.gamma ?? 1, o.lambda ?? 0.95, lengths);
     return { advantages: Float32Array.from(whiten(advantages, 1e-8, inp.mask)), returns: Float32Array.from(returns), stats: { kl } };
   },
@@ -288,7 +302,7 @@ export const ESTIMATORS: Record<string, (inp: AdvantageInput, o: AdvantageOption
   /** REINFORCE++: KL-shaped token rewards, returns as suffix sums to each end, z-scored over the batch's real tokens. */
   reinforce_pp(inp, o) {
     const lengths = lengthsOf(inp);
-    const { rewards, kl } = tokenRewards(inp.scores, inp.logprobs, need(inp.ref, 'reference log-probs', 'reinforce_pp'), inp.responseLen, o.kl_coef, lengths);
+    const { rewards, kl } = tokenRewards(inp.scores, inp.logprobs, need(inp.ref, 'reference log-probs', 'reinforce_pp'), inp.responseLen, o.kl_coef, lengths, inp.stepRewards);
     return { advantages: Float32Array.from(whiten(discountedReturns(rewards, inp.responseLen, o.gamma ?? 1, lengths), 1e-8, inp.mask)), stats: { kl } };
   },
 };

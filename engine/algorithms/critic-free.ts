@@ -28,7 +28,7 @@ export function criticFree(
       { name: 'reward', head: 'reward', trained: false },
     ],
     calls: [
-      { name: 'actor.generate', model: 'actor', fn: 'generate', reads: { prompts: 'prompts' }, writes: { tokens: 'tokens', logprobs: 'logprobs', mask: 'mask' } },
+      { name: 'actor.generate', model: 'actor', fn: 'generate', reads: { prompts: 'prompts' }, writes: { tokens: 'tokens', logprobs: 'logprobs', mask: 'mask', step_rewards: 'step_rewards' } },
       { name: 'reference.inference', model: 'reference', fn: 'inference', reads: { tokens: 'tokens' }, writes: { logprobs: 'ref_logprobs' } },
       { name: 'reward.inference', model: 'reward', fn: 'inference', reads: { tokens: 'tokens' }, writes: { scores: 'scores' } },
       train,
@@ -36,7 +36,7 @@ export function criticFree(
     steps: [
       {
         name: 'advantages',
-        reads: ['scores', 'logprobs', 'ref_logprobs', 'mask'],
+        reads: ['scores', 'logprobs', 'ref_logprobs', 'mask', 'step_rewards'],
         writes: ['advantages', 'kl'],
         run: (f, ctx) => {
           const out = advantage(
@@ -47,6 +47,7 @@ export function criticFree(
               responseLen: ctx.responseLen,
               group: ctx.group,
               mask: f.mask as Float32Array,
+              stepRewards: f.step_rewards as Float32Array,
             },
             o.advantage,
           );

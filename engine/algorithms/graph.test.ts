@@ -96,7 +96,7 @@ describe('runGraph', () => {
     expect(log.slice(1, 3).sort()).toEqual(['start reference.inference', 'start reward.inference']);
     expect(most).toBe(2);
     expect(log.at(-1)).toBe('start actor.train');
-    expect(out.kl).toBe(4); // scores, logprobs, ref_logprobs, mask
+    expect(out.kl).toBe(5); // scores, logprobs, ref_logprobs, mask, step_rewards
     expect(out.actor_loss).toBe(1);
   });
 

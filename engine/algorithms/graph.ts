@@ -108,7 +108,7 @@ export interface Graph {
 
 /** The ports each function has; a train call's are its loss's (checked by the device). */
 export const PORTS = {
-  generate: { reads: ['prompts'], writes: ['tokens', 'logprobs', 'mask'] },
+  generate: { reads: ['prompts'], writes: ['tokens', 'logprobs', 'mask', 'step_rewards'] },
   inference: { reads: ['tokens'], writes: ['logprobs', 'values', 'scores'] },
   train: { reads: ['tokens'], writes: ['loss', 'grad_norm'] },
 } as const;

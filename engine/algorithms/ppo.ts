@@ -27,7 +27,7 @@ export const ppo = defineAlgorithm({
       { name: 'reward', head: 'reward', trained: false },
     ],
     calls: [
-      { name: 'actor.generate', model: 'actor', fn: 'generate', reads: { prompts: 'prompts' }, writes: { tokens: 'tokens', logprobs: 'logprobs', mask: 'mask' } },
+      { name: 'actor.generate', model: 'actor', fn: 'generate', reads: { prompts: 'prompts' }, writes: { tokens: 'tokens', logprobs: 'logprobs', mask: 'mask', step_rewards: 'step_rewards' } },
       { name: 'reference.inference', model: 'reference', fn: 'inference', reads: { tokens: 'tokens' }, writes: { logprobs: 'ref_logprobs' } },
       { name: 'reward.inference', model: 'reward', fn: 'inference', reads: { tokens: 'tokens' }, writes: { scores: 'scores' } },
       { name: 'critic.inference', model: 'critic', fn: 'inference', reads: { tokens: 'tokens' }, writes: { values: 'values' } },
@@ -49,7 +49,7 @@ export const ppo = defineAlgorithm({
     steps: [
       {
         name: 'advantages',
-        reads: ['scores', 'logprobs', 'ref_logprobs', 'values', 'mask'],
+        reads: ['scores', 'logprobs', 'ref_logprobs', 'values', 'mask', 'step_rewards'],
         writes: ['advantages', 'returns', 'kl'],
         run: (f, ctx) => {
           const out = estimator('gae')(
@@ -61,6 +61,7 @@ export const ppo = defineAlgorithm({
               responseLen: ctx.responseLen,
               group: ctx.group,
               mask: f.mask as Float32Array,
+              stepRewards: f.step_rewards as Float32Array,
             },
             { kl_coef: rl.kl_coef, gamma: o.gamma, lambda: o.lambda },
           );

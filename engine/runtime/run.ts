@@ -631,7 +631,10 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
       if (played) playedBy.set(c.name, { mask: played.mask, episodes: played.records, busy_seconds: played.busySeconds, seconds: played.seconds });
       const mask = maskOf(out.tokens);
       generated += mask.reduce((n, m) => n + m, 0);
-      return { tokens: out.tokens, logprobs: out.logprobs, mask };
+      // An episode's step rewards, weighted as its return is in the reward, for the token-level estimators.
+      const w = s.environment?.weight ?? 0;
+      const stepRewards = out.rewards && w !== 0 ? out.rewards.map((x) => w * x) : new Float32Array(mask.length);
+      return { tokens: out.tokens, logprobs: out.logprobs, mask, step_rewards: stepRewards };
     }
     if (c.fn === 'inference') {
       const tokens = port('tokens') as Int32Array;
