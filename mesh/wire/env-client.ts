@@ -162,7 +162,7 @@ export class EnvClient {
       }
       if (Date.now() - since > this.o.waitMs) {
         throw new EnvCallError(
-          `no environment '${this.name}' appeared on ${this.subj.presence} within ${this.o.waitMs / 1000} s (its wait_seconds)` + (failures.length ? `; earlier attempts: ${failures.join('; ')}` : ''),
+          `no environment '${this.name}' appeared on ${this.subj.presence} within ${this.o.waitMs / 1000} s (its wait_seconds)${failures.length ? `; earlier attempts: ${failures.join('; ')}` : ''}`,
           { fatal: true },
         );
       }
