@@ -1,13 +1,16 @@
 // A generated arithmetic word-problem dataset, shipped in the repository (examples/arith/) so that
 // nothing is downloaded: one-step problems of addition, subtraction, multiplication and division
 // with small numbers, each with a worked solution in GSM8K's format (the working, then `#### n`)
-// for warming a model up on the format, and the answer alone for the math verifier.
+// for warming a model up on the format, the same with a calculator call and its result (`tool`),
+// and the answer alone for the math verifier.
 import { Rng, seedOf } from '../model/index.ts';
 
 export interface ArithProblem {
   question: string;
   solution: string;
   answer: string;
+  /** The solution with a calculator: the call, the calculator's result, then `#### n` (examples/env/calculator.ts answers the call). */
+  tool: string;
 }
 
 const NAMES = ['Ann', 'Ben', 'Cleo', 'Dev', 'Eli', 'Fay', 'Gus', 'Hana', 'Ivo', 'Jun'];
@@ -24,7 +27,11 @@ export function arithProblem(seed: number, i: number): ArithProblem {
   const other = pick(NAMES.filter((n) => n !== name));
   const item = pick(ITEMS);
   const n = (lo: number, hi: number) => lo + rng.int(hi - lo + 1);
-  const worked = (expr: string, result: number) => ({ solution: `${expr} = ${result}\n#### ${result}`, answer: String(result) });
+  const worked = (expr: string, result: number) => ({
+    solution: `${expr} = ${result}\n#### ${result}`,
+    answer: String(result),
+    tool: `<calc>${expr}</calc><result>${result}</result>\n#### ${result}`,
+  });
   switch (rng.int(4)) {
     case 0: {
       const [a, b] = [n(2, 50), n(2, 50)];

@@ -5,7 +5,12 @@
 import { seedOf } from '../model/index.ts';
 import { CALL_BYTES, ScenarioError, dataTaskOf } from './scenario.ts';
 import type { DataTask } from './data-task.ts';
-import { callMesh } from './run.ts';
+import { callMesh, episodeTaskOf } from './run.ts';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { connectBus, startNatsServer, type NatsConnection } from '../../mesh/wire/index.ts';
+import { episodesSpec, startEnvironments, type EnvironmentKey } from '../environments/index.ts';
 import { restorePolicy, runPolicy } from './sample.ts';
 
 export class EvaluationError extends Error {
@@ -50,7 +55,15 @@ export async function evaluateRun(dir: string, o: EvalOptions): Promise<EvalResu
   if (!(Number.isInteger(rows) && rows > 0)) throw fail(`--max: expected a whole number > 0, got ${o.max}`);
   const P = task.promptLen;
   const width = P + task.responseLen;
-  const { d: dispatcher, layout } = await restorePolicy(policy, fail);
+  // With an environment, episodes are played against it as in training: ferry starts it on a
+  // private server of its own for the evaluation.
+  const env = r.scenario.environment;
+  if (env && env.command === undefined) throw fail(`${dir}: the run played episodes against '${env.name}', which has no environment.command; evaluation starts the environment itself`);
+  const bus = env ? await environmentBus(env) : undefined;
+  const { d: dispatcher, layout } = await restorePolicy(policy, fail, bus?.nc).catch(async (e) => {
+    await bus?.stop();
+    throw e;
+  });
   // As many rows per call as one message carries, and every replica gets some.
   const batch = Math.max(layout.dp, Math.min(rows, Math.floor(CALL_BYTES / (width * 4 * 2))));
   const seed = seedOf(o.seed ?? r.scenario.seed, EVAL_STREAM);
@@ -69,11 +82,30 @@ export async function evaluateRun(dir: string, o: EvalOptions): Promise<EvalResu
         temperature: o.sample ? r.scenario.rl.temperature : 1,
         ...(o.sample ? {} : { greedy: true }),
         eos: task.eos!,
+        ...(env ? { episodes: episodesSpec(env, episodeTaskOf(r, task), seed, call, prompts, 1) } : {}),
       });
       for (let b = 0; b < Math.min(n, rows - at); b++) correct += task.score(prompts.subarray(b * P, (b + 1) * P), gen.tokens.subarray(b * width + P, (b + 1) * width));
     }
   } finally {
     await dispatcher.close();
+    await bus?.stop();
   }
   return { model, rows, correct, accuracy: correct / rows, greedy: !o.sample };
+}
+
+/** A private nats-server with the environment's processes on it, and a connection for the devices. */
+async function environmentBus(env: EnvironmentKey): Promise<{ nc: NatsConnection; stop(): Promise<void> }> {
+  const server = await startNatsServer();
+  const logs = mkdtempSync(join(tmpdir(), 'ferry-eval-env-'));
+  const processes = startEnvironments(env, { url: server.url, logs, say: (line) => process.stderr.write(`${line}\n`) });
+  const nc = await connectBus(server.url, 'ferry-eval');
+  return {
+    nc,
+    async stop() {
+      await nc.drain().catch(() => {});
+      await processes.stop();
+      await server.stop();
+      rmSync(logs, { recursive: true, force: true });
+    },
+  };
 }

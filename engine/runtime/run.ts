@@ -565,8 +565,8 @@ export interface IterationResult {
 }
 
 /** What episodes need of the scenario's task: its texts, end token, and how its text becomes tokens. */
-export function episodeTaskOf(r: RunSpec): EpisodeTaskInfo {
-  const { task, scenario: s } = r;
+export function episodeTaskOf(r: RunSpec, task: Task = r.task): EpisodeTaskInfo {
+  const { scenario: s } = r;
   const dir = tokenizerDir(s);
   return {
     promptLen: task.promptLen,

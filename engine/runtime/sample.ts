@@ -5,6 +5,7 @@
 // the task's, or the tokenizer's), and the log-probability of each generated token is then scored
 // by an inference call of the same model: under the model itself (temperature 1), whatever the
 // sampling settings were.
+import type { Bus } from '../../mesh/wire/index.ts';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Layout } from '../../mesh/parallel/index.ts';
@@ -97,11 +98,11 @@ export async function sampleRun(dir: string, o: SampleOptions): Promise<Sample &
  * A run's policy put back from its checkpoint in this process, on the layout it trained on, with
  * its weights only (nothing here trains, so no optimizer); the caller closes the dispatcher.
  */
-export async function restorePolicy(p: Awaited<ReturnType<typeof runPolicy>>, fail: (message: string) => Error): Promise<{ d: LocalDispatcher; layout: Layout }> {
+export async function restorePolicy(p: Awaited<ReturnType<typeof runPolicy>>, fail: (message: string) => Error, bus?: Bus): Promise<{ d: LocalDispatcher; layout: Layout }> {
   const { r, resume, model, spec } = p;
   await initBackend(r.scenario.backend);
   const layout = layoutOf(r, ownerOf(r, model));
-  const d = new LocalDispatcher(Math.max(...layout.devices) + 1);
+  const d = new LocalDispatcher(Math.max(...layout.devices) + 1, bus);
   try {
     await Promise.all(layout.devices.map((device, rank) => d.call(device, model, -1, { fn: 'load', role: model, spec, layout, rank })));
     const shards = resume.checkpoint[model];
