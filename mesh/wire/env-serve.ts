@@ -9,7 +9,8 @@
 //   ...
 //   await env.stop();
 import { randomUUID } from 'node:crypto';
-import { answerable, connectBus, type Bus, type Msg, type NatsConnection } from './bus.ts';
+import { answerable, type Bus, type Msg } from './bus.ts';
+import { serveInstance } from './service.ts';
 import { decode, encode, ProtocolError } from './codec.ts';
 import { ENV_PROTOCOL_VERSION, EnvRequest, envSubjects, type EnvTask } from './env-protocol.ts';
 
@@ -49,8 +50,6 @@ export interface EnvironmentServer {
 export async function serveEnvironment<S>(o: ServeEnvironmentOptions<S>): Promise<EnvironmentServer> {
   const subj = envSubjects(o.name);
   const instance = o.instance ?? randomUUID().slice(0, 8);
-  const own: NatsConnection | undefined = typeof o.nats === 'string' ? await connectBus(o.nats, `ferry-env-${o.name}-${instance}`, { user: o.user, pass: o.pass }) : undefined;
-  const nc: Bus = own ?? (o.nats as Bus);
   const log = o.log ?? (() => {});
   const episodes = new Map<string, S>();
   let answered = 0;
@@ -86,11 +85,15 @@ export async function serveEnvironment<S>(o: ServeEnvironmentOptions<S>): Promis
       reply(msg, { type: 'env.error', id: r.id, message: `environment '${o.name}' (${instance}): ${(e as Error).message}` });
     }
   };
-  const subs = [nc.subscribe(subj.request, { queue: subj.queue, callback: (_e, m) => void handle(m) }), nc.subscribe(subj.instance(instance), { callback: (_e, m) => void handle(m) })];
-  const hello = () => nc.publish(subj.presence, encode({ type: 'env.hello', v: ENV_PROTOCOL_VERSION, name: o.name, instance }));
-  await nc.flush();
-  hello();
-  const beat = setInterval(hello, 1000);
+  const service = await serveInstance(o.nats, {
+    client: `ferry-env-${o.name}-${instance}`,
+    user: o.user,
+    pass: o.pass,
+    subjects: subj,
+    instance,
+    hello: () => encode({ type: 'env.hello', v: ENV_PROTOCOL_VERSION, name: o.name, instance }),
+    handle: (m) => void handle(m),
+  });
   log(`serving environment '${o.name}' as instance ${instance}`);
   return {
     name: o.name,
@@ -101,10 +104,6 @@ export async function serveEnvironment<S>(o: ServeEnvironmentOptions<S>): Promis
     get answered() {
       return answered;
     },
-    async stop() {
-      clearInterval(beat);
-      for (const s of subs) s.unsubscribe();
-      if (own) await own.drain().catch(() => {});
-    },
+    stop: () => service.stop(),
   };
 }

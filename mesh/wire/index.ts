@@ -18,3 +18,4 @@ export * from './env-client.ts';
 export * from './env-serve.ts';
 export * from './subjects.ts';
 export * from './transfer.ts';
+export * from './service.ts';

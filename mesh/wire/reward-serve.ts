@@ -9,7 +9,8 @@
 //   ...
 //   await rewards.stop();
 import { randomUUID } from 'node:crypto';
-import { answerable, connectBus, type Bus, type Msg, type NatsConnection } from './bus.ts';
+import { answerable, type Bus, type Msg } from './bus.ts';
+import { serveInstance } from './service.ts';
 import { decode, encode, ProtocolError } from './codec.ts';
 import { REWARD_PROTOCOL_VERSION, RewardRequest, rewardSubjects, type RewardItem } from './reward-protocol.ts';
 
@@ -37,8 +38,6 @@ export interface RewardActor {
 export async function serveReward(o: ServeRewardOptions): Promise<RewardActor> {
   const subj = rewardSubjects(o.name);
   const instance = o.instance ?? randomUUID().slice(0, 8);
-  const own: NatsConnection | undefined = typeof o.nats === 'string' ? await connectBus(o.nats, `ferry-reward-${o.name}-${instance}`, { user: o.user, pass: o.pass }) : undefined;
-  const nc: Bus = own ?? (o.nats as Bus);
   const log = o.log ?? (() => {});
   let answered = 0;
   const reply = (msg: Msg, body: Record<string, unknown> & { type: string }) => {
@@ -66,11 +65,15 @@ export async function serveReward(o: ServeRewardOptions): Promise<RewardActor> {
       reply(msg, { type: 'reward.error', id: request.id, instance, message: `reward actor '${o.name}' (${instance}): ${(e as Error).message}` });
     }
   };
-  const subs = [nc.subscribe(subj.request, { queue: subj.queue, callback: (_e, m) => void handle(m) }), nc.subscribe(subj.instance(instance), { callback: (_e, m) => void handle(m) })];
-  const hello = () => nc.publish(subj.presence, encode({ type: 'reward.hello', v: REWARD_PROTOCOL_VERSION, name: o.name, instance }));
-  await nc.flush();
-  hello();
-  const beat = setInterval(hello, 1000);
+  const service = await serveInstance(o.nats, {
+    client: `ferry-reward-${o.name}-${instance}`,
+    user: o.user,
+    pass: o.pass,
+    subjects: subj,
+    instance,
+    hello: () => encode({ type: 'reward.hello', v: REWARD_PROTOCOL_VERSION, name: o.name, instance }),
+    handle: (m) => void handle(m),
+  });
   log(`serving reward '${o.name}' as instance ${instance}`);
   return {
     name: o.name,
@@ -78,10 +81,6 @@ export async function serveReward(o: ServeRewardOptions): Promise<RewardActor> {
     get answered() {
       return answered;
     },
-    async stop() {
-      clearInterval(beat);
-      for (const s of subs) s.unsubscribe();
-      if (own) await own.drain().catch(() => {});
-    },
+    stop: () => service.stop(),
   };
 }
