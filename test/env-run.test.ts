@@ -10,6 +10,7 @@ import { describe, expect, it } from 'vitest';
 import { launch } from '../engine/cli/launch.ts';
 import { runChaos } from '../engine/cli/chaos-run.ts';
 import { loadScenarioFile, ScenarioError } from '../engine/runtime/scenario.ts';
+import { evaluateRun } from '../engine/runtime/evaluate.ts';
 import { ROOT, tempDir } from './helpers.ts';
 
 const quiet = { phase() {}, iteration() {}, stop() {} };
@@ -110,6 +111,50 @@ describe('a scenario with an environment ferry starts', () => {
     expect(run.summary?.status).toBe('failed');
     expect(run.summary?.error).toMatch(/no environment 'nobody' appeared on ferry\.env\.nobody\.hb within 1 s \(its wait_seconds\)/);
     expect(run.summary?.recoveries ?? []).toEqual([]);
+  });
+});
+
+describe('the calculator: a tool the policy calls in the middle of its answer', () => {
+  it('answers a call at the end of an action with its result, and ends the episode on an answer without one', async () => {
+    const { answer, calculate } = await import('../examples/env/calculator.ts');
+    expect(calculate('37 * 12')).toBe(444);
+    expect(calculate('27/9')).toBe(3);
+    expect(calculate('28 / 9')).toBeUndefined();
+    expect(calculate('2 ** 3')).toBeUndefined();
+    expect(answer('so <calc>22 - 7</calc>')).toEqual({ observation: '<result>15</result>', done: false, info: { calls: 1, errors: 0 } });
+    expect(answer('<calc>1 / 0</calc>')).toMatchObject({ observation: '<result>error</result>', done: false });
+    expect(answer('\n#### 15')).toEqual({ observation: '', done: true, info: { calls: 0 } });
+  });
+
+  it('a run on the arithmetic data with the calculator, then npm run eval playing its episodes against a calculator of its own, leaving no process', async () => {
+    const tag = `ferry-calc-test-${process.pid}`;
+    const file = join(dir, 'calc.yaml');
+    writeFileSync(
+      file,
+      `name: calc
+seed: 1
+backend: wasm
+data: { train: ${join(ROOT, 'examples/arith/train.jsonl')}, prompt_field: question, answer_field: answer, demo_field: tool, tokenizer: ${join(ROOT, 'examples/arith/tokenizer')}, prompt_tokens: 96 }
+task: { max_new_tokens: 56 }
+reward: { rule: math }
+environment: { name: calculator, max_turns: 3, turn_tokens: 40, stop_strings: ["</calc>"], weight: 0, command: [node, --import, tsx, ${join(ROOT, 'examples/env/calculator.ts')}, ${tag}] }
+model: { family: llama, layers: 1, width: 32, heads: 2, kv_heads: 1 }
+cluster: { nodes: 1, devices_per_node: 2 }
+warmup: { steps: 4, demos: 64, batch: 16 }
+algorithm: { name: grpo, group: 2 }
+rl: { iterations: 1, batch: 4, epochs: 1, minibatches: 2 }
+`,
+    );
+    const out = join(dir, 'calc');
+    const run = await launch({ scenario: await loadScenarioFile(file), run: `calc${Date.now()}`, out, progress: quiet, say: () => {}, workers: undefined });
+    expect(run.code, run.summary?.error).toBe(0);
+    const metrics = JSON.parse(readFileSync(join(out, 'metrics.jsonl'), 'utf8').trim().split('\n')[0]!) as Record<string, number>;
+    expect(metrics.turns).toBeGreaterThanOrEqual(1);
+    const evaluated = await evaluateRun(out, { data: join(ROOT, 'examples/arith/test.jsonl'), max: 6 });
+    expect(evaluated.rows).toBe(6);
+    expect(evaluated.accuracy).toBeGreaterThanOrEqual(0);
+    expect(evaluated.accuracy).toBeLessThanOrEqual(1);
+    expect(processesWith(tag)).toEqual([]);
   });
 });
 
