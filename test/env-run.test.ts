@@ -11,7 +11,7 @@ import { launch } from '../engine/cli/launch.ts';
 import { runChaos } from '../engine/cli/chaos-run.ts';
 import { loadScenarioFile, ScenarioError } from '../engine/runtime/scenario.ts';
 import { evaluateRun } from '../engine/runtime/evaluate.ts';
-import { ROOT, tempDir } from './helpers.ts';
+import { ensurePythonMsgpack, ROOT, tempDir } from './helpers.ts';
 
 const quiet = { phase() {}, iteration() {}, stop() {} };
 const dir = tempDir('ferry-env-run-');
@@ -44,19 +44,27 @@ function processesWith(tag: string): string[] {
 }
 
 describe('a scenario with an environment ferry starts', () => {
-  it('plays episodes of several turns, ends with equal digests twice, and leaves no environment process behind', async () => {
+  it('plays episodes of several turns, ends with equal digests twice and with the Python twin of its environment, and leaves no environment process behind', async () => {
     const tag = `ferry-env-test-${process.pid}`;
     const env = `{ name: guess, max_turns: 4, turn_tokens: 2, group_size: 4, instances: 2, command: [node, --import, tsx, ${join(ROOT, 'examples/env/guess.ts')}, ${tag}] }`;
     const file = scenario('guess', env);
+    // The same game in Python (examples/env/guess.py, msgpack and a socket): the same episodes.
+    const python = scenario('guess-py', env.replace(`node, --import, tsx, ${join(ROOT, 'examples/env/guess.ts')}`, `${ensurePythonMsgpack()}, ${join(ROOT, 'examples/env/guess.py')}`));
     const runs = [];
-    for (const n of [1, 2]) {
+    for (const [n, f] of [
+      [1, file],
+      [2, file],
+      [3, python],
+    ] as const) {
       const out = join(dir, `run${n}`);
-      const run = await launch({ scenario: await loadScenarioFile(file), run: `guess${n}${Date.now()}`, out, progress: quiet, say: () => {}, workers: undefined });
+      const run = await launch({ scenario: await loadScenarioFile(f), run: `guess${n}${Date.now()}`, out, progress: quiet, say: () => {}, workers: undefined });
       expect(run.code, run.summary?.error).toBe(0);
       expect(processesWith(tag)).toEqual([]);
       runs.push({ run, out });
     }
     expect(runs[1]!.run.summary!.digests).toEqual(runs[0]!.run.summary!.digests);
+    expect(runs[2]!.run.summary!.digests).toEqual(runs[0]!.run.summary!.digests);
+    expect(readFileSync(join(runs[2]!.out, 'logs', 'env-guess-0.log'), 'utf8')).toMatch(/serving .*guess-0/);
     const metrics = readFileSync(join(runs[0]!.out, 'metrics.jsonl'), 'utf8')
       .trim()
       .split('\n')
@@ -82,7 +90,7 @@ describe('a scenario with an environment ferry starts', () => {
     expect(report).toMatch(/<span class="act">/);
     // The environment's processes logged to the run's directory.
     expect(existsSync(join(runs[0]!.out, 'logs', 'env-guess-0.log'))).toBe(true);
-  });
+  }, 240_000);
 
   it("chaos: the generating device killed mid-episode, and an environment instance killed mid-episode, end with the clean run's digests, no rollout lost or repeated", async () => {
     const env = `{ name: guess, max_turns: 4, turn_tokens: 2, group_size: 4, instances: 2, command: [node, --import, tsx, ${join(ROOT, 'examples/env/guess.ts')}] }`;
@@ -101,7 +109,7 @@ describe('a scenario with an environment ferry starts', () => {
     expect(report.rollouts_duplicated).toBe(0);
     // Each kill came after the episodes' first step: mid-episode.
     expect(lines.join('\n')).toMatch(/chaos: killing environment 'guess' instance 0 \(pid \d+\) while device \d+, 'generate' of actor, iteration 2/);
-  });
+  }, 180_000);
 
   it('an environment that never appears fails the run once, naming it and where it was awaited', async () => {
     const file = scenario('absent', '{ name: nobody, wait_seconds: 1 }', 'rl: { iterations: 2, batch: 4, epochs: 1, minibatches: 2 }');
@@ -111,7 +119,7 @@ describe('a scenario with an environment ferry starts', () => {
     expect(run.summary?.status).toBe('failed');
     expect(run.summary?.error).toMatch(/no environment 'nobody' appeared on ferry\.env\.nobody\.hb within 1 s \(its wait_seconds\)/);
     expect(run.summary?.recoveries ?? []).toEqual([]);
-  });
+  }, 120_000);
 });
 
 describe('the calculator: a tool the policy calls in the middle of its answer', () => {
@@ -155,7 +163,7 @@ rl: { iterations: 1, batch: 4, epochs: 1, minibatches: 2 }
     expect(evaluated.accuracy).toBeGreaterThanOrEqual(0);
     expect(evaluated.accuracy).toBeLessThanOrEqual(1);
     expect(processesWith(tag)).toEqual([]);
-  });
+  }, 180_000);
 });
 
 describe('scenarios that cannot hold episodes are refused before anything starts, naming the key', () => {

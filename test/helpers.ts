@@ -1,5 +1,5 @@
 // Shared pieces of the integration tests: real nats-servers, real processes, small scenarios.
-import { spawn, type ChildProcess } from 'node:child_process';
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { connect as netConnect } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -100,4 +100,16 @@ export function ensureChromium(): string {
   const found = find() ?? (installDebianPackage('chromium') ? find() : undefined);
   if (!found) throw new Error("no chromium found: install Debian's chromium package (apt-get install chromium) or set FERRY_CHROMIUM");
   return found;
+}
+
+/**
+ * A python3 that has msgpack (examples/env/guess.py needs it and nothing else): Debian's, with its
+ * python3-msgpack installed when it is missing; a pyenv shim first on PATH may lack it.
+ */
+export function ensurePythonMsgpack(): string {
+  const python = existsSync('/usr/bin/python3') ? '/usr/bin/python3' : (findOnPath(['python3']) ?? 'python3');
+  const has = () => spawnSync(python, ['-c', 'import msgpack'], { stdio: 'ignore' }).status === 0;
+  if (!has()) installDebianPackage('python3-msgpack');
+  if (!has()) throw new Error(`${python} cannot import msgpack: install Debian's python3-msgpack (apt-get install python3-msgpack)`);
+  return python;
 }

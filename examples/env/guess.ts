@@ -1,6 +1,6 @@
 // Guess the number, as a multi-turn environment on ferry's bus, in TypeScript: the secret is a
 // digit drawn from the episode's seed; each wrong guess is answered "1" (higher) or "0" (lower), a
-// guess that is not a digit with "|"; finding it at turn k pays 1 − 0.25·(k − 1), not finding it
+// guess that is not a digit with "|"; finding it at turn k pays max(0, 1 − 0.25·(k − 1)), not finding it
 // within the turn budget pays 0. The policy speaks digits (the count task's vocabulary), so the
 // observations are digits too.
 //
@@ -21,7 +21,7 @@ const env = await serveEnvironment<{ secret: number; turn: number }>({
     const digit = action.match(/[0-9]/)?.[0];
     if (digit === undefined) return { observation: '|', done: false, info: { invalid: 1 } };
     const guess = Number(digit);
-    if (guess === s.secret) return { observation: '', reward: 1 - 0.25 * (s.turn - 1), done: true, info: { found: 1, invalid: 0 } };
+    if (guess === s.secret) return { observation: '', reward: Math.max(0, 1 - 0.25 * (s.turn - 1)), done: true, info: { found: 1, invalid: 0 } };
     return { observation: guess < s.secret ? '1' : '0', done: false, info: { invalid: 0 } };
   },
   log: (line) => process.stderr.write(`${line}\n`),
