@@ -44,17 +44,18 @@ function processesWith(tag: string): string[] {
 }
 
 describe('a scenario with an environment ferry starts', () => {
-  it('plays episodes of several turns, ends with equal digests twice and with the Python twin of its environment, and leaves no environment process behind', async () => {
+  it('plays episodes of several turns, ends with equal digests against the environment and its Python twin, and leaves no environment process behind', async () => {
     const tag = `ferry-env-test-${process.pid}`;
     const env = `{ name: guess, max_turns: 4, turn_tokens: 2, group_size: 4, instances: 2, command: [node, --import, tsx, ${join(ROOT, 'examples/env/guess.ts')}, ${tag}] }`;
     const file = scenario('guess', env);
     // The same game in Python (examples/env/guess.py, msgpack and a socket): the same episodes.
     const python = scenario('guess-py', env.replace(`node, --import, tsx, ${join(ROOT, 'examples/env/guess.ts')}`, `${ensurePythonMsgpack()}, ${join(ROOT, 'examples/env/guess.py')}`));
     const runs = [];
+    // Two runs, one against each twin: equal digests say both that a run repeats and that the
+    // Python environment plays the same game.
     for (const [n, f] of [
       [1, file],
-      [2, file],
-      [3, python],
+      [2, python],
     ] as const) {
       const out = join(dir, `run${n}`);
       const run = await launch({ scenario: await loadScenarioFile(f), run: `guess${n}${Date.now()}`, out, progress: quiet, say: () => {}, workers: undefined });
@@ -63,8 +64,7 @@ describe('a scenario with an environment ferry starts', () => {
       runs.push({ run, out });
     }
     expect(runs[1]!.run.summary!.digests).toEqual(runs[0]!.run.summary!.digests);
-    expect(runs[2]!.run.summary!.digests).toEqual(runs[0]!.run.summary!.digests);
-    expect(readFileSync(join(runs[2]!.out, 'logs', 'env-guess-0.log'), 'utf8')).toMatch(/serving .*guess-0/);
+    expect(readFileSync(join(runs[1]!.out, 'logs', 'env-guess-0.log'), 'utf8')).toMatch(/serving .*guess-0/);
     const metrics = readFileSync(join(runs[0]!.out, 'metrics.jsonl'), 'utf8')
       .trim()
       .split('\n')
