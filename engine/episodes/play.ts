@@ -121,8 +121,11 @@ export async function playEpisodes(env: EpisodeEnv, codec: TurnCodec, o: PlayOpt
   // observations writes its whole next action while the others wait on their environment, so
   // rounds stagger instead of moving in step. The order never changes what a group computes.
   let queue: Promise<unknown> = Promise.resolve();
+  // The first group that fails stops the others at their next round (the call has failed).
+  let failed: unknown;
   const onDevice = <T>(f: () => Promise<T>): Promise<T> => {
     const run = queue.then(async () => {
+      if (failed !== undefined) throw failed;
       const t0 = performance.now();
       try {
         return await f();
@@ -134,7 +137,14 @@ export async function playEpisodes(env: EpisodeEnv, codec: TurnCodec, o: PlayOpt
     return run;
   };
   try {
-    await Promise.all(groups.map((g) => playGroup(g)));
+    await Promise.all(
+      groups.map((g) =>
+        playGroup(g).catch((e: unknown) => {
+          failed ??= e;
+          throw e;
+        }),
+      ),
+    );
   } finally {
     await Promise.all([...opened].map((id) => env.end(id).catch(() => {})));
   }
