@@ -28,8 +28,10 @@ export interface ModelDecl {
 }
 
 /**
- * Generated rows, one per (prompt, sample): `tokens` [rows, P+R], `logprobs` [rows, R], and
- * `mask` [rows, R] (1 at the tokens each response has, 0 at the padding after its end). Device
+ * Generated rows, one per (prompt, sample): `tokens` [rows, P+R], `logprobs` [rows, R], `mask`
+ * [rows, R] (1 at the tokens each response has, 0 at the padding after its end and, for episodes
+ * of several turns, at the environment's observations), and `step_rewards` [rows, R] (an episode's
+ * step rewards, weighted, at the last token of each action; 0 without an environment). Device
  * calls need no mask bound: each gets the mask of the tokens it reads. Host steps that count
  * tokens read `mask`.
  */
