@@ -1,5 +1,5 @@
 // A hostile bus. During a run on the default (closed) bus, a client holds each role's credential
-// in turn — the launcher's, the supervisor's, a worker's (device 0's), the reward role's — and
+// in turn — the launcher's, the supervisor's, a worker's (device 0's), the reward role's, the environment role's — and
 // publishes on every subject that credential may publish: random bytes, msgpack that is not a
 // message, another subject's message, this subject's message with the wrong protocol version, and
 // well-formed forgeries; a client with no credential, or a wrong password, is refused. The run
@@ -48,7 +48,7 @@ const STAGES = ['actor__generate', 'reference__inference', 'reward__inference', 
 /** Exchange ids as they were before they carried random bits. */
 const GUESSED = ['ckpt-0-actor-7', 'ckpt-1-critic-9', 'init-critic-e0', 'rstr-1-critic-3'];
 
-type Who = 'none' | 'launcher' | 'supervisor' | 'worker' | 'reward';
+type Who = 'none' | 'launcher' | 'supervisor' | 'worker' | 'reward' | 'environment';
 
 /**
  * Every kind of message tried, per credential, and what becomes of it. "refused by the server":
@@ -98,6 +98,7 @@ const TRIED: Record<Who, Record<string, string>> = {
     'ready for a guessed exchange id': 'ignored: exchange ids carry 64 random bits',
     'a chaos request for a kill point the run does not have': 'answered spare by the launcher',
     'presence of a reward service': 'ignored: the run asks no reward service',
+    'request to an environment that does not exist': 'no one answers',
     "collective to another device, claiming a third, on the third's subject": 'refused by the server: a device sends collectives as itself',
     'collective to another device, claiming a third, on its own subject': "dropped: it names another sender than its subject's",
     "chunk of a checkpoint under way claiming its sender, digests consistent, on the sender's subject":
@@ -118,6 +119,13 @@ const TRIED: Record<Who, Record<string, string>> = {
     "another subject's message": 'dropped: not a presence',
     'wrong protocol version': 'dropped: v=2',
     'presence of a reward service': 'ignored: the run asks no reward service',
+  },
+  environment: {
+    'random bytes': 'dropped: not msgpack',
+    'msgpack, not a message': 'dropped: not a map',
+    "another subject's message": 'dropped: not a presence',
+    'wrong protocol version': 'dropped: v=2',
+    'presence of an environment': 'ignored: the run plays no episodes',
   },
 };
 
@@ -438,6 +446,10 @@ async function asWorker(url: string, subj: Subjects, creds: RunCredentials, devi
   const presence = { type: 'reward.hello', v: 1, name: 'hostile', instance: 'hostile-1' };
   h.malformed('ferry.reward.hostile.hb', presence);
   h.send('presence of a reward service', 'ferry.reward.hostile.hb', encode(presence));
+  // A generating worker may call environments: one that does not exist.
+  const reset = { type: 'env.reset', v: 1, id: 'hostile', run: 'x', episode: '0-0', task: { prompt_text: '', seed: 1 }, max_turns: 1 };
+  h.malformed('ferry.env.hostile.i.hostile', reset);
+  h.send('request to an environment that does not exist', 'ferry.env.hostile.i.hostile', encode(reset));
   await h.nc.flush();
   return h;
 }
@@ -459,6 +471,16 @@ async function asReward(url: string, creds: RunCredentials): Promise<Hostile> {
   return h;
 }
 
+/** The environment role's credential: presence, and nothing else. */
+async function asEnvironment(url: string, creds: RunCredentials): Promise<Hostile> {
+  const h = await Hostile.as('environment', url, creds.environment);
+  const presence = { type: 'env.hello', v: 1, name: 'hostile', instance: 'hostile-1' };
+  h.malformed('ferry.env.hostile.hb', presence, { type: 'env.reset', v: 1, id: 'x', run: 'x', episode: 'x', task: { prompt_text: '', seed: 0 }, max_turns: 1 });
+  h.send('presence of an environment', 'ferry.env.hostile.hb', encode(presence));
+  await h.close();
+  return h;
+}
+
 const quiet = { phase() {}, iteration() {}, stop() {} };
 
 /** Per iteration: its number, the tokens it generated and its mean reward. */
@@ -470,7 +492,7 @@ function metrics(dir: string): Array<[number, number, number]> {
     .map((m) => [m.iteration, m.tokens, m.reward_mean]);
 }
 
-const ROLES = ['launcher', 'supervisor', 'worker', 'reward'] as const;
+const ROLES = ['launcher', 'supervisor', 'worker', 'reward', 'environment'] as const;
 
 describe('a run on the closed bus with a hostile client beside it', () => {
   let dir: string;
@@ -525,6 +547,7 @@ describe('a run on the closed bus with a hostile client beside it', () => {
     by.supervisor = await asSupervisor(url, subj, run, creds, devices, iteration);
     by.worker = await asWorker(url, subj, creds, devices);
     by.reward = await asReward(url, creds);
+    by.environment = await asEnvironment(url, creds);
     // Every turn came while the run was iterating (a run too short to hold them fails here, not later).
     expect(ended).toBe(false);
     r = await running;
