@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { launch } from '../engine/cli/launch.ts';
 import { SafetensorsCheckpoint, encodeSafetensors, hfTensors, importHf, parseHfConfig, readHfConfig } from '../engine/model/index.ts';
-import { arithTokenizerFiles } from '../engine/runtime/arith.ts';
+import { arithTokenizerFiles } from '../engine/runtime/data/arith.ts';
 import { evaluateRun, exportRun, readResume, sampleRun, wholeTensors, layoutOf, loadScenario, modelSpec, ownerOf, runSpec } from '../engine/runtime/index.ts';
 import type { GptSpec } from '../engine/model/index.ts';
 import { ROOT, spawnTs, tempDir } from './helpers.ts';

@@ -9,8 +9,8 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { launch } from '../engine/cli/launch.ts';
 import { runChaos } from '../engine/cli/chaos-run.ts';
-import { loadScenarioFile, ScenarioError } from '../engine/runtime/scenario.ts';
-import { evaluateRun } from '../engine/runtime/evaluate.ts';
+import { loadScenarioFile, ScenarioError } from '../engine/runtime/scenario/scenario.ts';
+import { evaluateRun } from '../engine/runtime/tools/evaluate.ts';
 import { ensurePythonMsgpack, ROOT, tempDir } from './helpers.ts';
 
 const quiet = { phase() {}, iteration() {}, stop() {} };

@@ -17,8 +17,8 @@ import { RESEND } from '../mesh/wire/resend.ts';
 import { subjects } from '../mesh/wire/subjects.ts';
 import { BLOCK, blockDigests, chunkElements, chunksOf, listDigest, partyName, tensorDigest } from '../mesh/wire/transfer.ts';
 import { modelInfo, type GptSpec } from '../engine/model/params.ts';
-import { BusDispatcher } from '../engine/runtime/bus-dispatcher.ts';
-import { exchangeId, fetchCheckpoint, pushCheckpoint, runRealloc } from '../engine/runtime/dispatch.ts';
+import { BusDispatcher } from '../engine/runtime/dispatch/bus-dispatcher.ts';
+import { exchangeId, fetchCheckpoint, pushCheckpoint, runRealloc } from '../engine/runtime/dispatch/dispatch.ts';
 import { spawnTs, type Spawned } from './helpers.ts';
 
 const RUN = 'xfaults';

@@ -26,7 +26,7 @@ import { errors, headers, type Msg, type NatsConnection } from '@nats-io/transpo
 import { Packr } from 'msgpackr';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { launch, type LaunchResult } from '../engine/cli/launch.ts';
-import { loadScenario } from '../engine/runtime/scenario.ts';
+import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
 import { EVENTS_BY_ROLE, permissions, type RunCredentials } from '../mesh/wire/auth.ts';
 import { connectBus } from '../mesh/wire/bus.ts';
 import { subjectMatches } from '../mesh/wire/memory-bus.ts';

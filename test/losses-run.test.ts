@@ -3,10 +3,10 @@
 // behaviour and proximal log-probs are both the generation's) is the clipped loss exactly.
 import { beforeAll, describe, expect, it } from 'vitest';
 import { initBackend } from '../engine/model/backend.ts';
-import type { Summary } from '../engine/runtime/record.ts';
-import { runInProcess } from '../engine/runtime/local-run.ts';
-import { runSpec } from '../engine/runtime/run.ts';
-import { loadScenario } from '../engine/runtime/scenario.ts';
+import type { Summary } from '../engine/runtime/record/record.ts';
+import { runInProcess } from '../engine/runtime/run/local-run.ts';
+import { runSpec } from '../engine/runtime/run/run.ts';
+import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
 import { smallScenario, tempDir } from './helpers.ts';
 
 const dir = tempDir('ferry-losses-run-');

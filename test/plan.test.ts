@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
-import { parseScenario, planOnly, resolvePlan } from '../engine/runtime/scenario.ts';
+import { parseScenario, planOnly, resolvePlan } from '../engine/runtime/scenario/scenario.ts';
 import { PLACEMENTS } from '../engine/runtime/plan/planner.ts';
 import { evaluationsFor } from '../engine/runtime/plan/search.ts';
 import { ROOT, spawnTs, tempDir } from './helpers.ts';

@@ -4,7 +4,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { launch } from '../engine/cli/launch.ts';
-import { loadScenario } from '../engine/runtime/scenario.ts';
+import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
 import { ROOT, tempDir } from './helpers.ts';
 
 describe('scenarios/quickstart.yaml', () => {

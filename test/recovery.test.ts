@@ -5,9 +5,9 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { JetStreamStore } from '../engine/runtime/jetstream-store.ts';
+import { JetStreamStore } from '../engine/runtime/store/jetstream-store.ts';
 import { launch, type LaunchResult } from '../engine/cli/launch.ts';
-import { loadScenario, type Scenario } from '../engine/runtime/scenario.ts';
+import { loadScenario, type Scenario } from '../engine/runtime/scenario/scenario.ts';
 import { connectBus } from '../mesh/wire/bus.ts';
 import { startNatsCluster, startNatsServer, type PrivateNatsServer } from '../mesh/wire/nats-server.ts';
 import { PROTOCOL_VERSION, type Metrics } from '../mesh/wire/protocol.ts';

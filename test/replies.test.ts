@@ -2,7 +2,7 @@
 // subject — the results stream's, say — makes no one write there. And exchange ids cannot be guessed.
 import { describe, expect, it } from 'vitest';
 import { withWorkers } from '../engine/cli/workers.ts';
-import { exchangeId } from '../engine/runtime/dispatch.ts';
+import { exchangeId } from '../engine/runtime/dispatch/dispatch.ts';
 import { PROTOCOL_VERSION, encode } from '../mesh/wire/index.ts';
 
 describe('replies go to inboxes only', () => {

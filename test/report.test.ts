@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { chromium, type Browser } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { launch, type LaunchResult } from '../engine/cli/launch.ts';
-import { loadScenario } from '../engine/runtime/scenario.ts';
+import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
 import { ensureChromium, spawnTs, tempDir } from './helpers.ts';
 
 const SECTIONS = ['summary', 'plan', 'timeline', 'estimate', 'curves', 'chaos'] as const;

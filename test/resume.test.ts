@@ -5,7 +5,7 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { launch } from '../engine/cli/launch.ts';
-import { loadScenario } from '../engine/runtime/scenario.ts';
+import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
 import { smallScenario, tempDir } from './helpers.ts';
 
 const quiet = { phase() {}, iteration() {}, stop() {} };

@@ -6,7 +6,7 @@ import { spawn } from 'node:child_process';
 import { pack, unpack } from 'msgpackr';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { serveReward, type RewardActor } from '../actors/reward-actor.ts';
-import { RewardCallError, RewardClient, type RewardClientOptions } from '../engine/runtime/reward-client.ts';
+import { RewardCallError, RewardClient, type RewardClientOptions } from '../engine/runtime/run/reward-client.ts';
 import { connectBus, type NatsConnection } from '../mesh/wire/bus.ts';
 import { encode } from '../mesh/wire/codec.ts';
 import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/nats-server.ts';

@@ -5,11 +5,11 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { launch } from '../engine/cli/launch.ts';
-import { loadScenario } from '../engine/runtime/scenario.ts';
-import { runSpec } from '../engine/runtime/run.ts';
+import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
+import { runSpec } from '../engine/runtime/run/run.ts';
 import { initBackend } from '../engine/model/backend.ts';
-import type { Summary } from '../engine/runtime/record.ts';
-import { runInProcess } from '../engine/runtime/local-run.ts';
+import type { Summary } from '../engine/runtime/record/record.ts';
+import { runInProcess } from '../engine/runtime/run/local-run.ts';
 import { smallScenario, tempDir } from './helpers.ts';
 
 const quiet = { phase() {}, iteration() {}, stop() {} };

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { launch } from '../engine/cli/launch.ts';
 import { SampleError, sampleRun } from '../engine/runtime/index.ts';
-import { loadScenario } from '../engine/runtime/scenario.ts';
+import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
 import { smallScenario, spawnTs, tempDir } from './helpers.ts';
 
 const quiet = { phase() {}, iteration() {}, stop() {} };

@@ -2,7 +2,7 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { graphOf, loadScenario, planOnly, rowsOf } from '../engine/runtime/scenario.ts';
+import { graphOf, loadScenario, planOnly, rowsOf } from '../engine/runtime/scenario/scenario.ts';
 import { problemOf } from '../engine/runtime/plan/problem.ts';
 import { SCHEMA_FILE, schemaText } from '../engine/cli/schema.ts';
 import { ROOT } from './helpers.ts';

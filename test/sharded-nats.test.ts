@@ -9,7 +9,7 @@ import { cut } from '../mesh/parallel/slices.ts';
 import { initBackend } from '../engine/model/backend.ts';
 import { withWorkers } from '../engine/cli/workers.ts';
 import { modelInfo, type GptSpec } from '../engine/model/params.ts';
-import { callMesh } from '../engine/runtime/run.ts';
+import { callMesh } from '../engine/runtime/run/run.ts';
 import { ReferenceGpt } from './reference-gpt.ts';
 
 const spec: GptSpec = { kind: 'policy', vocab: 11, context: 9, layers: 4, width: 16, heads: 4 };

@@ -6,8 +6,8 @@ import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join, relative } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { launch } from '../engine/cli/launch.ts';
-import { loadScenarioFile } from '../engine/runtime/scenario.ts';
-import type { Summary } from '../engine/runtime/record.ts';
+import { loadScenarioFile } from '../engine/runtime/scenario/scenario.ts';
+import type { Summary } from '../engine/runtime/record/record.ts';
 import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/nats-server.ts';
 import { ROOT, smallScenario, spawnTs, tempDir } from './helpers.ts';
 

@@ -5,9 +5,9 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { shardSlices, sliceShape, type Layout } from '../../mesh/parallel/layout.ts';
 import type { CallBody, Checkpoint, Optim } from '../../mesh/wire/protocol.ts';
 import { initBackend } from '../model/backend.ts';
-import { LocalDispatcher } from '../runtime/local-dispatch.ts';
+import { LocalDispatcher } from '../runtime/dispatch/local-dispatch.ts';
 import { modelInfo, type GptSpec } from '../model/params.ts';
-import { callMesh } from '../runtime/run.ts';
+import { callMesh } from '../runtime/run/run.ts';
 
 const spec: GptSpec = { kind: 'policy', vocab: 11, context: 9, layers: 2, width: 16, heads: 4 };
 const optim: Optim = { lr: 1e-2, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 };

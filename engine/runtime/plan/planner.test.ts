@@ -6,7 +6,7 @@ import { describe, expect, it } from 'vitest';
 import { deviceCount, parseMesh, type Cluster } from '../../../mesh/parallel/cluster.ts';
 import { ownerCall } from '../../algorithms/index.ts';
 import { ppo } from '../../algorithms/ppo.ts';
-import { loadScenario, parseScenario, type CallName } from '../scenario.ts';
+import { loadScenario, parseScenario, type CallName } from '../scenario/scenario.ts';
 import { flowOf } from './simulate.ts';
 import { localShape, type DeviceProfile } from './catalog.ts';
 import { parameterCounts, reallocSeconds, strategyProblem } from './cost.ts';

@@ -3,7 +3,7 @@
 // published systems; search.ts searches for a faster plan from them.
 import { deviceCount, parseMesh, type Cluster } from '../../../mesh/parallel/index.ts';
 import { layoutKey, type Layout } from '../../../mesh/parallel/index.ts';
-import type { CallName } from '../scenario.ts';
+import type { CallName } from '../scenario/scenario.ts';
 import type { DeviceProfile, ModelShape } from './catalog.ts';
 import { callCost, parameterCounts, strategyProblem, type CallCost, type CallKind, type Workload } from './cost.ts';
 import { simulate, type Flow, type Simulation, type TaskSpec } from './simulate.ts';

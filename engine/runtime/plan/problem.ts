@@ -4,7 +4,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { totalmem } from 'node:os';
 import { join } from 'node:path';
 import { deviceCount } from '../../../mesh/parallel/index.ts';
-import { graphOf, planOnly, policySpec, presetOf, resolvePlan, rowsOf, taskOf, type Scenario } from '../scenario.ts';
+import { graphOf, planOnly, policySpec, presetOf, resolvePlan, rowsOf, taskOf, type Scenario } from '../scenario/scenario.ts';
 import { ownerCall } from '../../algorithms/index.ts';
 import { WASM_HEAP_MAX, archOf } from '../../model/index.ts';
 import { flowOf } from './simulate.ts';

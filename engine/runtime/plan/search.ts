@@ -1,7 +1,7 @@
 // The plan search: Metropolis–Hastings over plans, from the named placements, then a descent from
 // the best plan found. It is bounded by a number of plan evaluations, not by a clock, so a seed and
 // a budget give the same plan on any machine at any load.
-import type { CallName } from '../scenario.ts';
+import type { CallName } from '../scenario/scenario.ts';
 import { callCandidates, callNames, type Candidate, type Evaluator, type Placement } from './planner.ts';
 
 /**

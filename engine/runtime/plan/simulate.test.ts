@@ -1,7 +1,7 @@
 // The simulator on hand-built task sets whose schedules can be worked out on paper.
 import { describe, expect, it } from 'vitest';
 import { ppo } from '../../algorithms/ppo.ts';
-import type { CallName } from '../scenario.ts';
+import type { CallName } from '../scenario/scenario.ts';
 import { flowOf, simulate as simulateFlow, type Segment, type Simulation, type TaskSpec } from './simulate.ts';
 
 // PPO's graph: six calls, the train calls of one iteration before the next iteration's calls.

@@ -7,7 +7,7 @@
 // overlap in time share those cores: each progresses at min(1, cores / busy devices), and slower
 // still by the profile's parallel slowdown when more than one device is busy.
 import { dependencies, nodeName, nodesOf, type Graph } from '../../algorithms/index.ts';
-import type { CallName } from '../scenario.ts';
+import type { CallName } from '../scenario/scenario.ts';
 
 export interface Segment {
   kind: 'realloc' | 'compute';

@@ -1,0 +1,65 @@
+// Devices in this process, reached by direct calls; parameter transfers go over an in-memory bus.
+import { PROTOCOL_VERSION, type Call, type CallFn, type CallOf, type Checkpoint, type ResultOf } from '../../../mesh/wire/index.ts';
+import { MemoryBus, type Bus } from '../../../mesh/wire/index.ts';
+import { subjects } from '../../../mesh/wire/index.ts';
+import { Device, CallRejected } from '../../device/index.ts';
+import { CallError, InFlight, PerDeviceQueue, checkResult, fetchCheckpoint, pushCheckpoint, runRealloc, type Dispatcher, type ReallocOutcome, type ReallocRequest } from './dispatch.ts';
+
+/** Devices in this process over an in-memory bus: the same device code, no NATS, no processes. */
+export class LocalDispatcher implements Dispatcher {
+  private readonly devices: Device[];
+  private readonly bus: Bus;
+  /** Chunks of a transfer: what one message of the bus carries. */
+  private readonly chunkBytes: number;
+  private readonly subj = subjects('local');
+  private queue = new PerDeviceQueue();
+  private readonly inFlight = new InFlight();
+  private seq = 0;
+
+  /** `bus`: what the devices' collectives and environment clients ride (default: in memory; a NATS connection reaches environments). */
+  constructor(count: number, bus?: Bus) {
+    this.bus = bus ?? new MemoryBus();
+    this.chunkBytes = this.bus.info?.max_payload ?? new MemoryBus().info.max_payload;
+    this.devices = Array.from({ length: count }, (_, i) => new Device(i, this.bus, this.subj));
+  }
+
+  call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>, group?: string): Promise<ResultOf<F>> {
+    const call: Call = { type: 'call', v: PROTOCOL_VERSION, id: `local-${this.seq++}`, model, iteration, ...(group ? { group } : {}), body };
+    const epoch = this.epoch;
+    return this.inFlight.track(
+      this.queue.run(device, async () => {
+        if (this.epoch !== epoch) throw new CallError('interrupted', `abandoned before it ran: epoch ${epoch}, now ${this.epoch}`);
+        try {
+          return checkResult(body.fn as F, await this.devices[device]!.run(call), `device ${device}`);
+        } catch (e) {
+          if (e instanceof CallRejected) throw new CallError(e.code, `device ${device}, '${body.fn}' of ${model}: ${e.message}`);
+          throw e;
+        }
+      }),
+    );
+  }
+
+  get epoch(): number {
+    return this.inFlight.epoch;
+  }
+
+  /** Abandons the calls in flight; the devices here cannot be stopped mid-call, so a new queue starts. */
+  interrupt(reason: string): void {
+    this.inFlight.interrupt(reason);
+    this.queue = new PerDeviceQueue();
+  }
+
+  realloc(r: ReallocRequest): Promise<ReallocOutcome> {
+    return runRealloc(this.bus, this.subj, (d, m, i, b) => this.call(d, m, i, b), r, this.chunkBytes);
+  }
+
+  checkpointShard(device: number, model: string, iteration: number, shapes: ReadonlyArray<{ name: string; shape: number[] }>, optimizer: boolean): Promise<Checkpoint> {
+    return fetchCheckpoint(this.bus, this.subj, (d, m, i, b) => this.call(d, m, i, b), device, model, iteration, shapes, optimizer, this.chunkBytes);
+  }
+
+  restoreShard(device: number, model: string, iteration: number, checkpoint: Checkpoint): Promise<void> {
+    return pushCheckpoint(this.bus, this.subj, (d, m, i, b) => this.call(d, m, i, b), device, model, iteration, checkpoint, this.chunkBytes);
+  }
+
+  async close(): Promise<void> {}
+}

@@ -1,0 +1,789 @@
+// An RL run on devices, for any algorithm's graph, written against a Dispatcher so that it runs
+// the same over NATS or in one process: setting the models up, one iteration of the graph (its
+// calls on their layouts, views filled by reallocation, host steps between), checkpoints and
+// digests. The supervisor machine (actors/supervisor.machine.ts) sequences them.
+import { createHash } from 'node:crypto';
+import type { CallBody, CallOf, Checkpoint, LedgerEntry, LossModule, ModelSpec, ResultOf } from '../../../mesh/wire/index.ts';
+import type { EpisodeRecordWire, RewardItem } from '../../../mesh/wire/index.ts';
+import type { Dispatcher } from '../dispatch/dispatch.ts';
+import { layoutKey, shardSlices, sliceShape, type Layout } from '../../../mesh/parallel/index.ts';
+import { planRealloc } from '../../../mesh/parallel/index.ts';
+import { isHead, modelInfo, parameterShapes, type GptSpec } from '../../model/index.ts';
+import { mean, ownerCall, rowLengths, readPairsFile, runGraph, taskPairs, type CallDecl, type Fields, type Graph, type ModelDecl } from '../../algorithms/index.ts';
+import type { PairsFile } from '../../algorithms/index.ts';
+import { tokensDigest } from '../../device/index.ts';
+import { Stream, masked, responseLengths, responseMask, seedOf } from '../../model/index.ts';
+import { graphOf, policySpec, resolvePlan, rowsOf, ScenarioError, taskOf, tokenizerDir, verifierOf, type CallName, type Plan, type Scenario } from '../scenario/scenario.ts';
+import type { RunStore } from '../store/store.ts';
+import { demonstrations, type Task } from '../../device/index.ts';
+import { EpisodeBook, episodesSpec, type EpisodeMetrics, type EpisodeTaskInfo } from '../../environments/index.ts';
+
+export interface RunSpec {
+  scenario: Scenario;
+  plan: Plan;
+  task: Task;
+  /** The algorithm's graph: its models, calls and host steps. */
+  graph: Graph;
+  /** The reward service a learned reward model serves (unique to the run). */
+  rewardService: string;
+}
+
+export function runSpec(scenario: Scenario, run = 'local'): RunSpec {
+  const plan = resolvePlan(scenario);
+  const graph = graphOf(scenario);
+  const r: RunSpec = { scenario, plan, graph, task: taskOf(scenario), rewardService: `rm-${run}` };
+  for (const m of graph.models) {
+    if (m.head === 'reward' && scenario.reward.model && layoutOf(r, ownerOf(r, m.name)).devices.length !== 1) {
+      throw new ScenarioError(`reward.model: a learned reward model trains on one device; the plan gives ${ownerOf(r, m.name)} ${layoutOf(r, ownerOf(r, m.name)).devices.length}`);
+    }
+  }
+  return r;
+}
+
+/** The user's loss modules a model's train calls use, for its training layout's load call (none: nothing). */
+function lossModulesOf(r: RunSpec, model: string): { losses?: LossModule[] } {
+  const modules = new Map<string, LossModule>();
+  for (const c of r.graph.calls) if (c.fn === 'train' && c.model === model && c.loss.module) modules.set(c.loss.module.file, c.loss.module);
+  return modules.size ? { losses: [...modules.values()] } : {};
+}
+
+const declOf = (r: RunSpec, model: string): ModelDecl => {
+  const m = r.graph.models.find((x) => x.name === model);
+  if (!m) throw new Error(`'${model}' is not a model of the algorithm`);
+  return m;
+};
+
+/** Whether a model is a learned reward model (a value network), not the rule. */
+const learnedReward = (r: RunSpec, model: string) => declOf(r, model).head === 'reward' && r.scenario.reward.model !== undefined;
+
+export function modelSpec(r: RunSpec, model: string): ModelSpec {
+  const { scenario: s } = r;
+  const head = declOf(r, model).head;
+  if (head === 'reward' && !s.reward.model) {
+    if (!s.data) return { kind: 'rule', rule: s.reward.rule ?? s.task.name, digits: s.task.digits, base: s.task.base };
+    return { kind: 'rule', rule: verifierOf(s), tokenizer: tokenizerDir(s)! };
+  }
+  const { tied, ...shape } = policySpec(s);
+  // Every model reads the task's left-padded prompts as the prompts alone.
+  const body = r.task.pad === undefined ? shape : { ...shape, pad: r.task.pad };
+  // A value model has the policy's body under a head of its own.
+  return head === 'policy' ? { ...body, ...(tied ? { tied } : {}) } : { ...body, kind: 'value' };
+}
+
+/** The checkpoint directory a model's weights come from: the base policy's, with model.from. */
+const checkpointOf = (r: RunSpec, model: string): string | undefined => (model === basePolicy(r) ? r.scenario.model.from : undefined);
+
+let groups = 0;
+
+/** How the run's generations draw tokens: the scenario's sampling settings. */
+export function samplingOf(r: RunSpec): { temperature: number; topK?: number; topP?: number; eos?: number } {
+  const { temperature, top_k, top_p } = r.scenario.rl;
+  return { temperature, ...(top_k > 0 ? { topK: top_k } : {}), ...(top_p < 1 ? { topP: top_p } : {}), ...eosOf(r.task) };
+}
+
+/** The task's end token, as a call carries it. */
+const eosOf = (task: Task) => (task.eos === undefined ? {} : { eos: task.eos });
+
+/**
+ * Runs one call on every rank of a layout at once (they exchange activations and sums among
+ * themselves) and gathers the replies: arrays concatenated in rank order (only the ranks that
+ * hold a replica's output return rows), losses summed, gradient norms the largest.
+ */
+export async function callMesh<F extends 'generate' | 'inference' | 'train' | 'sft' | 'manifest'>(
+  d: Dispatcher,
+  layout: Layout,
+  model: string,
+  iteration: number,
+  body: CallOf<F>,
+  /** The graph's call this is (it names the group, so the timeline can show it). */
+  call?: CallName,
+): Promise<ResultOf<F>> {
+  const fn = (body as CallBody).fn;
+  const group = `g${d.epoch}-${iteration < 0 ? 'setup' : iteration}-${call === undefined ? `${model.replace('@', '-')}-${fn}` : `[${call}]`}-${groups++}`;
+  const outs = (await Promise.all(layout.devices.map((device) => d.call(device, model, iteration, body, group)))) as Array<Record<string, unknown>>;
+  if (outs.length === 1) return outs[0] as ResultOf<F>;
+  if (fn === 'manifest') {
+    // Every rank keeps its own ledger: they are all given back, rank after rank.
+    return {
+      manifest: outs.flatMap((o) => o.manifest as unknown[]),
+      digest: meshDigest(outs.map((o) => o.digest as string)),
+      ledger: outs.flatMap((o) => o.ledger as unknown[]),
+    } as ResultOf<F>;
+  }
+  const merged: Record<string, unknown> = {};
+  for (const key of Object.keys(outs[0]!)) {
+    const values = outs.map((o) => o[key]);
+    if (values[0] instanceof Float32Array || values[0] instanceof Int32Array) {
+      const arrays = values as Array<Float32Array | Int32Array>;
+      const out = new (arrays[0]!.constructor as { new (n: number): Float32Array | Int32Array })(arrays.reduce((n, a) => n + a.length, 0));
+      let at = 0;
+      for (const a of arrays) {
+        out.set(a, at);
+        at += a.length;
+      }
+      merged[key] = out;
+    } else if (Array.isArray(values[0])) {
+      // Records (a generate call's episodes), replica after replica.
+      merged[key] = (values as unknown[][]).flat();
+    } else if (typeof values[0] === 'object' && values[0] !== null) {
+      // A train call's statistics: each the sum of the ranks' shares (ranks that hold none give none).
+      const sums: Record<string, number> = {};
+      for (const v of values as Array<Record<string, number>>) for (const [k, x] of Object.entries(v)) sums[k] = (sums[k] ?? 0) + x;
+      merged[key] = sums;
+    } else {
+      const nums = values as number[];
+      merged[key] = key === 'grad_norm' ? Math.max(...nums) : nums.reduce((a, b) => a + b, 0);
+    }
+  }
+  return merged as ResultOf<F>;
+}
+
+/** One digest for a model held by several ranks: the ranks' digests, in rank order, hashed. */
+export function meshDigest(digests: readonly string[]): string {
+  return digests.length === 1 ? digests[0]! : createHash('sha256').update(digests.join(',')).digest('hex');
+}
+
+export function layoutOf(r: RunSpec, call: CallName): Layout {
+  const p = r.plan[call];
+  if (!p) throw new Error(`the plan has no call '${call}'`);
+  return { devices: p.devices, dp: p.dp, tp: p.tp, pp: p.pp };
+}
+
+/** The call whose layout owns a model's weights (and, if trained, its optimizer state). */
+export const ownerOf = (r: RunSpec, model: string): CallName => ownerCall(r.graph, model).name;
+
+const callDecl = (r: RunSpec, call: CallName): CallDecl => {
+  const c = r.graph.calls.find((x) => x.name === call);
+  if (!c) throw new Error(`'${call}' is not a call of the algorithm`);
+  return c;
+};
+
+/**
+ * The name under which a call finds its model: the owner itself when the call runs on the
+ * owner's layout, else a view of it that is filled before the call and released after.
+ */
+export function viewOf(r: RunSpec, call: CallName): { name: string; isView: boolean } {
+  const model = callDecl(r, call).model;
+  const isView = layoutKey(layoutOf(r, call)) !== layoutKey(layoutOf(r, ownerOf(r, model)));
+  return { name: isView ? `${model}@${call.slice(call.indexOf('.') + 1)}` : model, isView };
+}
+
+function nodeOf(r: RunSpec): (device: number) => number {
+  return (device) => Math.floor(device / r.scenario.cluster.devices_per_node);
+}
+
+export interface Moved {
+  seconds: number;
+  bytes: number;
+}
+
+/** Moves `names` (all when absent) of one model's shard to another model's shard over the plan. */
+export async function reallocate(
+  d: Dispatcher,
+  r: RunSpec,
+  id: string,
+  iteration: number,
+  from: { model: string; layout: Layout },
+  to: { model: string; layout: Layout },
+  spec: GptSpec,
+  names?: string[],
+  targetSpec: GptSpec = spec,
+): Promise<Moved> {
+  const plan = planRealloc(modelInfo(spec), from.layout, to.layout, nodeOf(r), names, modelInfo(targetSpec));
+  const out = await d.realloc({ id, iteration, from, to, plan });
+  if (out.received_bytes !== plan.minimumBytes) {
+    throw new Error(`reallocation ${id}: received ${out.received_bytes} bytes, the plan's minimum is ${plan.minimumBytes}`);
+  }
+  return { seconds: out.seconds, bytes: out.received_bytes };
+}
+
+async function loadModel(d: Dispatcher, r: RunSpec, name: string, role: string, layout: Layout, opts: { seed?: number; lr?: number; serve?: string }, iteration = -1) {
+  const s = r.scenario;
+  const results = await Promise.all(
+    layout.devices.map((device, rank) =>
+      d.call(device, name, iteration, {
+        fn: 'load',
+        role,
+        spec: modelSpec(r, role),
+        layout,
+        rank,
+        ...(opts.seed === undefined ? {} : { seed: opts.seed }),
+        ...(opts.seed !== undefined && checkpointOf(r, name) !== undefined ? { from: checkpointOf(r, name) } : {}),
+        ...(opts.lr === undefined ? {} : { optim: { lr: opts.lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: s.rl.clip_norm } }),
+        ...(opts.lr === undefined ? {} : lossModulesOf(r, name)),
+        ...(opts.serve === undefined ? {} : { serve: opts.serve }),
+      }),
+    ),
+  );
+  return results.reduce((n, x) => n + x.parameters, 0);
+}
+
+/**
+ * Fills the view a call needs from its owner, runs `body`, and releases the view. Calls on the
+ * owner's layout run directly.
+ */
+async function onLayout<T>(d: Dispatcher, r: RunSpec, call: CallName, iteration: number, body: (name: string) => Promise<T>): Promise<T & { moved?: Moved }> {
+  const { name, isView } = viewOf(r, call);
+  if (!isView) return body(name) as Promise<T & { moved?: Moved }>;
+  const model = callDecl(r, call).model;
+  const layout = layoutOf(r, call);
+  const spec = modelSpec(r, model) as GptSpec;
+  await loadModel(d, r, name, model, layout, {}, iteration);
+  try {
+    const moved = await reallocate(d, r, `it${iteration}-${name.replace(/[^A-Za-z0-9_-]/g, '-')}`, iteration, { model, layout: layoutOf(r, ownerOf(r, model)) }, { model: name, layout }, spec);
+    return { ...(await body(name)), moved };
+  } finally {
+    await Promise.all(layout.devices.map((device) => d.call(device, name, iteration, { fn: 'release' })));
+  }
+}
+
+/** Per kept model, one checkpoint per rank of its owner layout. */
+export type CheckpointSet = Record<string, Checkpoint[]>;
+
+/** The models whose state a checkpoint keeps: those with parameters (a learned reward model too, not a rule). */
+export function keptModels(r: RunSpec): string[] {
+  return r.graph.models.filter((m) => m.head !== 'reward' || r.scenario.reward.model).map((m) => m.name);
+}
+
+/** Whether a model's shards own an optimizer: trained ones, and a learned reward model (trained at setup). */
+const optimized = (r: RunSpec, model: string) => declOf(r, model).trained || learnedReward(r, model);
+
+/** The learning rate a model's optimizer takes, if it has one. */
+const lrOf = (r: RunSpec, model: string) => (learnedReward(r, model) ? r.scenario.reward.model!.lr : declOf(r, model).trained ? declOf(r, model).lr : undefined);
+
+/** Every rank of every kept model, at the end of an iteration: weights, and optimizer state where it trains. */
+export async function takeCheckpoint(d: Dispatcher, r: RunSpec, iteration: number): Promise<CheckpointSet> {
+  // Every rank's checkpoint is an exchange of its own: they all run at once.
+  const entries = await Promise.all(
+    keptModels(r).map(async (model) => {
+      const layout = layoutOf(r, ownerOf(r, model));
+      const info = modelInfo(modelSpec(r, model) as GptSpec);
+      const ranks = await Promise.all(
+        layout.devices.map((device, rank) => {
+          const shapes = shardSlices(info, layout, rank).map((s) => ({ name: s.name, shape: sliceShape(s) }));
+          return d.checkpointShard(device, model, iteration, shapes, optimized(r, model));
+        }),
+      );
+      return [model, ranks] as const;
+    }),
+  );
+  return Object.fromEntries(entries);
+}
+
+/** The policy every other model starts from: the trained policy drawn from the seed, warmed up first. */
+function basePolicy(r: RunSpec): string | undefined {
+  return r.graph.models.find((m) => m.head === 'policy' && m.trained && m.from === undefined)?.name;
+}
+
+/**
+ * Loads the algorithm's models. From scratch: warms the base policy up on demonstrations and
+ * copies it into the models that start from it (whole, or its body under another head). From a
+ * checkpoint: puts every kept model back as it was.
+ */
+export async function setupModels(d: Dispatcher, r: RunSpec, resume?: CheckpointSet): Promise<{ parameters: Record<string, number>; warmup?: WarmupReport; rewardModel?: RewardModelReport }> {
+  const { scenario: s } = r;
+  const parameters: Record<string, number> = {};
+  await Promise.all(
+    r.graph.models.map(async ({ name }) => {
+      const serve = learnedReward(r, name) ? r.rewardService : undefined;
+      parameters[name] = await loadModel(d, r, name, name, layoutOf(r, ownerOf(r, name)), { ...(resume ? {} : { seed: s.seed }), lr: lrOf(r, name), serve });
+    }),
+  );
+  if (resume) {
+    const kept = keptModels(r);
+    for (const model of kept) {
+      const ranks = layoutOf(r, ownerOf(r, model)).devices.length;
+      const held = resume[model]?.length ?? 0;
+      if (held !== ranks) throw new Error(`the checkpoint holds ${held} rank(s) of '${model}'; the plan gives it ${ranks}`);
+    }
+    await Promise.all(kept.flatMap((model) => layoutOf(r, ownerOf(r, model)).devices.map((device, rank) => d.restoreShard(device, model, -1, resume[model]![rank]!))));
+    return { parameters };
+  }
+  const base = basePolicy(r);
+  let warmup: WarmupReport | undefined;
+  if (base && s.warmup.steps > 0) {
+    const demos = demonstrations(r.task, s.seed, s.warmup.demos);
+    const out = await callMesh(d, layoutOf(r, ownerOf(r, base)), base, -1, {
+      fn: 'sft',
+      tokens: demos,
+      batch: s.warmup.demos,
+      promptLen: r.task.promptLen,
+      responseLen: r.task.responseLen,
+      steps: s.warmup.steps,
+      minibatch: s.warmup.batch,
+      lr: s.warmup.lr,
+      seed: seedOf(s.seed, Stream.demos),
+      ...eosOf(r.task),
+    });
+    warmup = { steps: s.warmup.steps, first_loss: out.first_loss, loss: out.loss };
+  }
+  // Models that start from another (a frozen reference, a critic's body) copy it once it is warm.
+  await Promise.all(r.graph.models.filter((m) => m.from !== undefined).map((m) => copyModel(d, r, m.from!, m.name, `init-${m.name}`)));
+  const learned = r.graph.models.find((m) => learnedReward(r, m.name));
+  const warm = warmup ? { warmup } : {};
+  if (!learned || !base) return { parameters, ...warm };
+  return { parameters, ...warm, rewardModel: await trainRewardModel(d, r, base, learned.name) };
+}
+
+/** Copies `from`'s weights into `to` over their owner layouts: all of them, or the body when the heads differ. */
+async function copyModel(d: Dispatcher, r: RunSpec, from: string, to: string, id: string): Promise<Moved> {
+  const fromSpec = modelSpec(r, from) as GptSpec;
+  const toSpec = modelSpec(r, to) as GptSpec;
+  const names =
+    fromSpec.kind === toSpec.kind
+      ? undefined
+      : parameterShapes(fromSpec)
+          .map(([n]) => n)
+          .filter((n) => !isHead(n));
+  // A value head weighs less than a token head: the stages of the copy may split elsewhere.
+  return reallocate(d, r, id, -1, { model: from, layout: layoutOf(r, ownerOf(r, from)) }, { model: to, layout: layoutOf(r, ownerOf(r, to)) }, fromSpec, names, toSpec);
+}
+
+/** The supervised warm-up: its steps and the cross-entropy of its first and last mini-batch. */
+export interface WarmupReport {
+  steps: number;
+  first_loss: number;
+  loss: number;
+}
+
+export interface RewardModelReport {
+  /** Pairs the rule told apart (ties are dropped), of those drawn. */
+  pairs: number;
+  drawn: number;
+  first_loss: number;
+  loss: number;
+  /** Share of the training pairs the trained model orders as the rule does. */
+  accuracy: number;
+}
+
+/**
+ * The learned reward: the reward model starts from the warmed-up policy's body, then learns from
+ * pairs of the policy's own responses to one prompt, labelled by the rule (the human, hidden from
+ * the RL iterations), with the Bradley–Terry loss.
+ */
+async function trainRewardModel(d: Dispatcher, r: RunSpec, base: string, reward: string): Promise<RewardModelReport> {
+  const { scenario: s, task } = r;
+  const m = s.reward.model!;
+  await copyModel(d, r, base, reward, `init-${reward}`);
+  // Two samples per prompt, from their own seed streams (iterations past any RL iteration's).
+  const prompts = task.prompts(s.seed, PREFERENCE_STREAM, m.pairs);
+  const both = new Int32Array(2 * m.pairs * task.promptLen);
+  both.set(prompts, 0);
+  both.set(prompts, prompts.length);
+  const seeds = Uint32Array.from({ length: 2 * m.pairs }, (_, i) => seedOf(s.seed, Stream.sample, PREFERENCE_STREAM + Math.floor(i / m.pairs), i % m.pairs));
+  const out = await callMesh(d, layoutOf(r, ownerOf(r, base)), base, -1, {
+    fn: 'generate',
+    prompts: both,
+    batch: 2 * m.pairs,
+    promptLen: task.promptLen,
+    responseLen: task.responseLen,
+    seeds,
+    ...samplingOf(r),
+  });
+  const width = task.promptLen + task.responseLen;
+  const chosen: number[][] = [];
+  const rejected: number[][] = [];
+  const judge = (a: ArrayLike<number>, b: ArrayLike<number>) => {
+    const score = (x: ArrayLike<number>) => task.score(Array.from(x).slice(0, task.promptLen), Array.from(x).slice(task.promptLen));
+    const [sa, sb] = [score(a), score(b)];
+    if (sa === sb) return;
+    chosen.push(Array.from(sa > sb ? a : b));
+    rejected.push(Array.from(sa > sb ? b : a));
+  };
+  for (let i = 0; i < m.pairs; i++) {
+    const a = out.tokens.subarray(i * width, (i + 1) * width);
+    const b = out.tokens.subarray((m.pairs + i) * width, (m.pairs + i + 1) * width);
+    judge(a, b);
+    // The human also writes the answer it wants (a demonstration) and compares a sample with it.
+    if (m.demonstrations) judge([...Array.from(a.subarray(0, task.promptLen)), ...task.target(a.subarray(0, task.promptLen))], a);
+  }
+  if (chosen.length === 0) throw new Error(`reward.model: the rule told none of ${m.pairs} pairs apart; draw more pairs or warm up longer`);
+  const res = await d.call(layoutOf(r, ownerOf(r, reward)).devices[0]!, reward, -1, {
+    fn: 'preference',
+    chosen: Int32Array.from(chosen.flat()),
+    rejected: Int32Array.from(rejected.flat()),
+    batch: chosen.length,
+    promptLen: task.promptLen,
+    responseLen: task.responseLen,
+    steps: m.steps,
+    minibatch: m.batch,
+    lr: m.lr,
+    seed: seedOf(s.seed, Stream.shuffle, PREFERENCE_STREAM),
+  });
+  return { pairs: chosen.length, drawn: m.pairs, first_loss: res.first_loss, loss: res.loss, accuracy: res.accuracy };
+}
+
+/** The "iteration" of the preference pairs' prompt and sample streams: past any RL iteration. */
+const PREFERENCE_STREAM = 1_000_000;
+
+/** Reward actors on the bus, by name (actors/reward-client.ts over NATS). */
+export interface RewardSources {
+  score(name: string, iteration: number, items: RewardItem[]): Promise<number[]>;
+}
+
+/**
+ * Rows of sequences as reward protocol items: tokens, their text, and the task's own answer. A
+ * response is the tokens it has (up to and with its end token), not its padding; the text leaves
+ * the end token out.
+ */
+export function rewardItems(r: RunSpec, iteration: number, tokens: Int32Array, mask?: Float32Array): RewardItem[] {
+  const { task } = r;
+  const { promptLen, responseLen, eos } = task;
+  const width = promptLen + responseLen;
+  // An episode's response runs to its last action: its observations are in the text too.
+  const lengths = mask ? rowLengths(tokens.length / width, responseLen, mask) : responseLengths(tokens, promptLen, responseLen, eos);
+  return Array.from({ length: tokens.length / width }, (_, b) => {
+    const row = Array.from(tokens.subarray(b * width, (b + 1) * width));
+    const prompt = row.slice(0, promptLen);
+    const response = row.slice(promptLen, promptLen + lengths[b]!);
+    return { id: `${iteration}-${b}`, prompt, response, prompt_text: task.text(prompt), response_text: task.text(response), ground_truth: task.answer(prompt) };
+  });
+}
+
+/**
+ * The reward of every row: the reward device's rule (its weight), a learned reward model and
+ * reward actors on the bus, each reached over the reward protocol, summed by weight in a fixed
+ * order (the rule, then the actors as listed) in float64. Also each source's mean.
+ */
+async function rewardScores(
+  d: Dispatcher,
+  r: RunSpec,
+  call: CallDecl,
+  iteration: number,
+  tokens: Int32Array,
+  sources?: RewardSources,
+  /** For sequences that episodes made: each row's return, and the action mask. */
+  played?: { returns: Float64Array; mask: Float32Array },
+): Promise<{ scores: Float32Array; sources: Record<string, number> }> {
+  const rows = tokens.length / (r.task.promptLen + r.task.responseLen);
+  const { weight, model: learned } = r.scenario.reward;
+  // A learned reward model is reached like any reward actor: over the reward protocol.
+  const actors = [...(learned && weight > 0 ? [{ name: r.rewardService, weight, as: 'learned' }] : []), ...r.scenario.reward.actors.map((a) => ({ ...a, as: a.name }))];
+  if (actors.length && !sources) throw new Error(`reward actors (${actors.map((a) => a.as).join(', ')}) are reached over the bus; this run has none`);
+  const items = actors.length ? rewardItems(r, iteration, tokens, played?.mask) : [];
+  const [rule, ...fromActors] = await Promise.all([
+    weight > 0 && !learned
+      ? callMesh(
+          d,
+          layoutOf(r, call.name),
+          call.model,
+          iteration,
+          { fn: 'inference', tokens, batch: rows, promptLen: r.task.promptLen, responseLen: r.task.responseLen, ...answersOf(r, tokens) },
+          call.name,
+        )
+      : Promise.resolve(undefined),
+    ...actors.map((a) => sources!.score(a.name, iteration, items)),
+  ]);
+  const total = new Float64Array(rows);
+  const means: Record<string, number> = {};
+  const add = (name: string, w: number, xs: ArrayLike<number>) => {
+    for (let b = 0; b < rows; b++) total[b]! += w * xs[b]!;
+    means[name] = mean(Array.from(xs));
+  };
+  if (rule) add('rule', weight, pick(rule, 'scores', call.name));
+  actors.forEach((a, i) => add(a.as, a.weight, fromActors[i]!));
+  if (played && r.scenario.environment) add('environment', r.scenario.environment.weight, played.returns);
+  return { scores: Float32Array.from(total), sources: means };
+}
+
+/** A verifier's reference answers, one per row (a dataset task's rule reads them from the call). */
+function answersOf(r: RunSpec, tokens: Int32Array): { answers?: string[] } {
+  if (!r.scenario.data) return {};
+  const { promptLen, responseLen } = r.task;
+  const width = promptLen + responseLen;
+  return { answers: Array.from({ length: tokens.length / width }, (_, b) => r.task.answer(tokens.subarray(b * width, b * width + promptLen))) };
+}
+
+function pick(o: object, key: string, call: string): Float32Array {
+  const v = (o as Record<string, unknown>)[key];
+  if (!(v instanceof Float32Array)) throw new Error(`${call} replied without '${key}'`);
+  return v;
+}
+
+/** The task's rule on rows of sequences, whatever the reward: what the hidden human thinks. */
+export function ruleScore(r: RunSpec, tokens: Int32Array): number {
+  const { promptLen, responseLen } = r.task;
+  const width = promptLen + responseLen;
+  const rows = tokens.length / width;
+  let sum = 0;
+  for (let b = 0; b < rows; b++) {
+    const row = tokens.subarray(b * width, (b + 1) * width);
+    sum += r.task.score(row.subarray(0, promptLen), row.subarray(promptLen));
+  }
+  return sum / rows;
+}
+
+/**
+ * The rollout's lengths, for a task whose answers end (every response of another task is the
+ * budget long): the mean tokens a response has, its end token counted, and the share of responses
+ * that ran into the budget without ending.
+ */
+export function responseStats(r: RunSpec, tokens: Int32Array): { response_length?: number; response_at_limit?: number } {
+  const { promptLen, responseLen, eos } = r.task;
+  if (eos === undefined) return {};
+  const lengths = responseLengths(tokens, promptLen, responseLen, eos);
+  const width = promptLen + responseLen;
+  let atLimit = 0;
+  for (let b = 0; b < lengths.length; b++) if (tokens[b * width + promptLen + lengths[b]! - 1] !== eos) atLimit += 1;
+  return { response_length: mean(lengths), response_at_limit: lengths.length ? atLimit / lengths.length : 0 };
+}
+
+/** Pairs files, read once per process. */
+const pairFiles = new Map<string, PairsFile>();
+
+/** The fields an iteration starts with: the task's prompts (each `group` times) or preference pairs. */
+export function sourceOf(r: RunSpec, iteration: number): Fields {
+  const { scenario: s, task, graph } = r;
+  if (graph.source === 'pairs') {
+    if (graph.pairsFile === undefined) return { pairs: taskPairs(task, s.seed, iteration, s.rl.batch) };
+    let file = pairFiles.get(graph.pairsFile);
+    if (!file) pairFiles.set(graph.pairsFile, (file = readPairsFile(graph.pairsFile, task)));
+    return { pairs: file.batch(s.seed, iteration, s.rl.batch) };
+  }
+  const once = task.prompts(s.seed, iteration, s.rl.batch);
+  const G = graph.group;
+  if (G === 1) return { prompts: once };
+  const P = task.promptLen;
+  const prompts = new Int32Array(once.length * G);
+  for (let p = 0; p < s.rl.batch; p++) for (let g = 0; g < G; g++) prompts.set(once.subarray(p * P, (p + 1) * P), (p * G + g) * P);
+  return { prompts };
+}
+
+/** What a stored call result is kept under: the call's name as a subject token. */
+export const stageOf = (call: CallName) => call.replaceAll('.', '__');
+
+export interface IterationResult {
+  fields: Fields;
+  /** Reallocations into views this iteration needed. */
+  moved: Moved[];
+  /** Each reward source's mean (`rule`, `learned`, actors by name). */
+  sources: Record<string, number>;
+  /** Response tokens generated. */
+  generated: number;
+  /** With an environment: the rollout's episodes, measured, and a few of them as they went. */
+  episodes?: EpisodeMetrics & { sample: EpisodeRecordWire[] };
+}
+
+/** What episodes need of the scenario's task: its texts, end token, and how its text becomes tokens. */
+export function episodeTaskOf(r: RunSpec, task: Task = r.task): EpisodeTaskInfo {
+  const { scenario: s } = r;
+  const dir = tokenizerDir(s);
+  return {
+    promptLen: task.promptLen,
+    responseLen: task.responseLen,
+    ...(task.eos !== undefined ? { eos: task.eos } : {}),
+    fill: task.eos ?? task.pad ?? 0,
+    text: (t) => task.text(t),
+    answer: (p) => task.answer(p),
+    codec: s.data && dir ? { kind: 'tokenizer', dir, template: s.data.chat } : { kind: 'digits', base: s.task.base },
+  };
+}
+
+/**
+ * One iteration of the algorithm's graph: every call and step as soon as its fields exist, calls
+ * with no path between them at once. A call that changes no state (generation, inference) is
+ * read back from the store when this iteration already ran it (a replay after a recovery), and
+ * stored when it runs; training always runs, from the restored state.
+ */
+export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number, store: Pick<RunStore, 'loadStage' | 'saveStage'>, sources?: RewardSources): Promise<IterationResult> {
+  const { scenario: s, task } = r;
+  const moved: Moved[] = [];
+  // Each reward call's sources; the metrics show those of the call that gives the reward.
+  const callSources = new Map<string, Record<string, number>>();
+  let generated = 0;
+  const trainIndex = new Map(r.graph.calls.filter((c) => c.fn === 'train').map((c, i) => [c.name, i]));
+  const batchOf = (tokens: Int32Array) => ({ tokens, batch: tokens.length / (task.promptLen + task.responseLen), promptLen: task.promptLen, responseLen: task.responseLen });
+  // Every response's mask comes from its tokens and the task's end token, or for episodes, from
+  // the generating device (their observations are read, never trained on): device calls get it
+  // with the tokens they read, and generation writes it for the host steps.
+  const book = new EpisodeBook();
+  const maskOf = (tokens: Int32Array) => book.mask(tokens) ?? responseMask(tokens, task.promptLen, task.responseLen, task.eos);
+  /** Each generate call's episodes, to be stored with its result. */
+  const playedBy = new Map<string, { mask: Float32Array; episodes: EpisodeRecordWire[]; busy_seconds: number; seconds: number }>();
+  const runCall = async (c: CallDecl, inputs: Fields): Promise<Fields> => {
+    const port = (p: string) => inputs[c.reads[p]!];
+    if (c.fn === 'generate') {
+      const prompts = port('prompts') as Int32Array;
+      const rows = prompts.length / task.promptLen;
+      const seeds = Uint32Array.from({ length: rows }, (_, i) => seedOf(s.seed, Stream.sample, iteration, i));
+      const out = await onLayout(d, r, c.name, iteration, (name) =>
+        callMesh(
+          d,
+          layoutOf(r, c.name),
+          name,
+          iteration,
+          {
+            fn: 'generate',
+            prompts,
+            batch: rows,
+            promptLen: task.promptLen,
+            responseLen: task.responseLen,
+            seeds,
+            ...samplingOf(r),
+            ...(c.greedy ? { greedy: true } : {}),
+            ...(s.environment ? { episodes: episodesSpec(s.environment, episodeTaskOf(r), s.seed, iteration, prompts, r.graph.group) } : {}),
+          },
+          c.name,
+        ),
+      );
+      if (out.moved) moved.push(out.moved);
+      const played = book.note(out.tokens, out);
+      if (played) playedBy.set(c.name, { mask: played.mask, episodes: played.records, busy_seconds: played.busySeconds, seconds: played.seconds });
+      const mask = maskOf(out.tokens);
+      generated += mask.reduce((n, m) => n + m, 0);
+      // An episode's step rewards, weighted as its return is in the reward, for the token-level estimators.
+      const w = s.environment?.weight ?? 0;
+      const stepRewards = out.rewards && w !== 0 ? out.rewards.map((x) => w * x) : new Float32Array(mask.length);
+      return { tokens: out.tokens, logprobs: out.logprobs, mask, step_rewards: stepRewards };
+    }
+    if (c.fn === 'inference') {
+      const tokens = port('tokens') as Int32Array;
+      if (declOf(r, c.model).head === 'reward') {
+        const returns = book.returns(tokens);
+        const out = await rewardScores(d, r, c, iteration, tokens, sources, returns ? { returns, mask: book.mask(tokens)! } : undefined);
+        callSources.set(c.name, out.sources);
+        return { scores: out.scores };
+      }
+      const out = await onLayout(d, r, c.name, iteration, (name) => callMesh(d, layoutOf(r, c.name), name, iteration, { fn: 'inference', ...batchOf(tokens) }, c.name));
+      if (out.moved) moved.push(out.moved);
+      const key = declOf(r, c.model).head === 'policy' ? 'logprobs' : 'values';
+      return { [key]: masked(pick(out, key, c.name), maskOf(tokens)) };
+    }
+    const data = Object.fromEntries(
+      Object.entries(c.reads)
+        .filter(([p]) => p !== 'tokens')
+        .map(([p, f]) => [p, inputs[f] as Float32Array]),
+    );
+    data.mask = maskOf(port('tokens') as Int32Array);
+    const out = await callMesh(
+      d,
+      layoutOf(r, c.name),
+      c.model,
+      iteration,
+      {
+        fn: 'train',
+        ...batchOf(port('tokens') as Int32Array),
+        seed: seedOf(s.seed, Stream.shuffle, iteration, trainIndex.get(c.name)!),
+        epochs: s.rl.epochs,
+        minibatches: s.rl.minibatches,
+        loss: c.loss,
+        data,
+      },
+      c.name,
+    );
+    return { loss: out.loss, grad_norm: out.grad_norm, ...out.stats };
+  };
+  const fields = await runGraph(r.graph, sourceOf(r, iteration), async (node, inputs) => {
+    if (node.kind === 'step') return node.step.run(inputs, { prompts: s.rl.batch, group: r.graph.group, promptLen: task.promptLen, responseLen: task.responseLen });
+    const c = node.call;
+    const stage = stageOf(c.name);
+    if (c.fn !== 'train') {
+      const kept = await store.loadStage<{
+        ports: Fields;
+        sources?: Record<string, number>;
+        generated?: number;
+        played?: { mask: Float32Array; episodes: EpisodeRecordWire[]; busy_seconds: number; seconds: number };
+      }>(iteration, stage);
+      if (kept && keptProblem(c, kept) === undefined) {
+        if (kept.sources) callSources.set(c.name, kept.sources);
+        // Episodes are read back from their record, never played again.
+        if (kept.played && kept.ports.tokens instanceof Int32Array) book.note(kept.ports.tokens, kept.played);
+        generated += kept.generated ?? 0;
+        return rename(c, kept.ports);
+      }
+    }
+    const before = generated;
+    const ports = await runCall(c, inputs);
+    if (c.fn !== 'train') {
+      const own = callSources.get(c.name);
+      const played = playedBy.get(c.name);
+      await store.saveStage(iteration, stage, { ports: keptPorts(c, ports), ...(own ? { sources: own } : {}), generated: generated - before, ...(played ? { played } : {}) });
+    }
+    return rename(c, ports);
+  });
+  const rewardCall = r.graph.calls.find((c) => c.fn === 'inference' && c.writes.scores === r.graph.reward);
+  const rollout = rolloutField(r);
+  const tokens = rollout ? fields[rollout] : undefined;
+  const episodes = tokens instanceof Int32Array ? book.metrics(tokens) : undefined;
+  return {
+    fields,
+    moved,
+    sources: (rewardCall && callSources.get(rewardCall.name)) ?? {},
+    generated,
+    ...(episodes && tokens instanceof Int32Array ? { episodes: { ...episodes, sample: book.records(tokens)!.slice(0, 4) } } : {}),
+  };
+}
+
+/**
+ * Why a stage record read back from the store cannot stand for the call's output, or undefined:
+ * every port the call writes must be there as numbers (a typed array), sources as numbers. A
+ * record that fails is computed again (the store has checked its bytes, schema and place).
+ */
+export function keptProblem(c: CallDecl, kept: unknown): string | undefined {
+  const k = kept as { ports?: unknown; sources?: unknown; generated?: unknown; played?: unknown };
+  if (typeof k !== 'object' || k === null || typeof k.ports !== 'object' || k.ports === null) return 'no ports';
+  for (const port of Object.keys(c.writes)) {
+    const v = (k.ports as Record<string, unknown>)[port];
+    if (!(v instanceof Int32Array || v instanceof Float32Array || v instanceof Uint32Array)) return `port ${port} is not an array of numbers`;
+  }
+  if (k.sources !== undefined && (typeof k.sources !== 'object' || k.sources === null || Object.values(k.sources).some((x) => typeof x !== 'number'))) return 'sources are not numbers';
+  if (k.generated !== undefined && typeof k.generated !== 'number') return 'generated is not a number';
+  if (k.played !== undefined) {
+    const p = k.played as { mask?: unknown; episodes?: unknown };
+    if (typeof p !== 'object' || p === null || !(p.mask instanceof Float32Array) || !Array.isArray(p.episodes)) return 'played episodes are not a mask and records';
+  }
+  return undefined;
+}
+
+/** The ports a call writes, of those it gave back. */
+const keptPorts = (c: CallDecl, ports: Fields): Fields => Object.fromEntries(Object.keys(c.writes).map((p) => [p, ports[p]!]));
+
+/** A call's ports as the batch fields they are bound to. */
+const rename = (c: CallDecl, ports: Fields): Fields => Object.fromEntries(Object.entries(c.writes).map(([p, f]) => [f, ports[p]!]));
+
+/** The field of generated sequences the task's rule judges (the first generation's), if any. */
+export function rolloutField(r: RunSpec): string | undefined {
+  const gen = r.graph.calls.find((c) => c.fn === 'generate' && !c.greedy) ?? r.graph.calls.find((c) => c.fn === 'generate');
+  return gen?.writes.tokens;
+}
+
+/**
+ * Per trained model, the sequences each iteration's train call took in, as the shards' ledgers
+ * record them (rows and SHA-256), from the store (generated) or the source (pairs, prompts).
+ */
+export async function trainedRollouts(r: RunSpec, store: Pick<RunStore, 'loadStage'>, iterations: number): Promise<Record<string, Array<{ iteration: number; rows: number; sha256: string }>>> {
+  const out: Record<string, Array<{ iteration: number; rows: number; sha256: string }>> = {};
+  const width = r.task.promptLen + r.task.responseLen;
+  for (const c of r.graph.calls.filter((x) => x.fn === 'train')) {
+    const field = c.reads.tokens!;
+    const writer = r.graph.calls.find((x) => Object.values(x.writes).includes(field));
+    const list = [];
+    for (let i = 0; i < iterations; i++) {
+      let tokens: Int32Array | undefined;
+      if (!writer) tokens = sourceOf(r, i)[field] as Int32Array | undefined;
+      else {
+        const kept = await store.loadStage<{ ports: Fields }>(i, stageOf(writer.name));
+        const port = Object.entries(writer.writes).find(([, f]) => f === field)?.[0];
+        tokens = port && kept && keptProblem(writer, kept) === undefined ? (kept.ports[port] as Int32Array) : undefined;
+      }
+      list.push(tokens ? { iteration: i, rows: tokens.length / width, sha256: tokensDigest(tokens) } : { iteration: i, rows: rowsOf(r.scenario), sha256: 'missing from the run store' });
+    }
+    out[c.model] = list;
+  }
+  return out;
+}
+
+/** SHA-256 of each trained model's parameters, and every rank's ledger, from the devices that own them. */
+export async function finalDigests(d: Dispatcher, r: RunSpec, iteration: number): Promise<{ digests: Record<string, string>; ledgers: Record<string, LedgerEntry[][]> }> {
+  const trained = r.graph.models.filter((m) => m.trained).map((m) => m.name);
+  const outs = await Promise.all(trained.map((model) => Promise.all(layoutOf(r, ownerOf(r, model)).devices.map((device) => d.call(device, model, iteration, { fn: 'manifest' })))));
+  return {
+    digests: Object.fromEntries(trained.map((model, i) => [model, meshDigest(outs[i]!.map((o) => o.digest))])),
+    ledgers: Object.fromEntries(trained.map((model, i) => [model, outs[i]!.map((o) => o.ledger)])),
+  };
+}
+
+/** Every device the plan uses, ascending. */
+export function planDevices(r: RunSpec): number[] {
+  return [...new Set(Object.values(r.plan).flatMap((p) => p.devices))].sort((a, b) => a - b);
+}

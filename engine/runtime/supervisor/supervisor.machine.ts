@@ -1,0 +1,543 @@
+// The supervisor: one XState machine that gathers a worker for every device, sets the models up,
+// then runs each iteration of the algorithm's graph (engine/rlhf.ts's runIteration: every call as
+// soon as its inputs exist), checkpoints, and finally collects digests and stops the workers. Each
+// stage is an invoked promise actor; the machine knows no algorithm.
+//
+// Failures are recovered in place. A device given up (its process exited, its heartbeats
+// stopped) or a stage that fails sends the machine to `recovering`: every call in flight is
+// abandoned, it waits until every device has a worker again (the launcher restarts them), resets
+// them all, restores the last snapshot, and goes on from the iteration after it. Rollouts and
+// scores already computed come back from the run store instead of being computed again; training
+// runs again from the restored state, so every prompt is trained on exactly once. Past the
+// supervision intensity it gives up with an error that names the failures.
+import { assign, fromCallback, fromPromise, setup } from 'xstate';
+import type { Metrics } from '../../../mesh/wire/index.ts';
+import { CallError, fence, type Dispatcher } from '../dispatch/dispatch.ts';
+import { accountRollouts } from '../../device/index.ts';
+import { mean } from '../../algorithms/index.ts';
+import { episodeFigures } from '../../environments/index.ts';
+import { median, rewardWindows, type Recorder, type RolloutAccount, type Summary } from '../record/record.ts';
+import type { Progress, RunStore } from '../store/store.ts';
+import {
+  takeCheckpoint,
+  type CheckpointSet,
+  finalDigests,
+  planDevices,
+  rolloutField,
+  ruleScore,
+  responseStats,
+  runIteration,
+  setupModels,
+  trainedRollouts,
+  type IterationResult,
+  type RewardSources,
+  type RunSpec,
+} from '../run/run.ts';
+import { Intensity } from './supervision.ts';
+
+export interface SupervisorInput {
+  spec: RunSpec;
+  run: string;
+  dispatcher: Dispatcher;
+  recorder: Recorder;
+  /** Where rollouts, scores, snapshots and progress live (JetStream over NATS). */
+  store: RunStore;
+  /** Also keep each snapshot in the run directory (for --resume); none when absent. */
+  saveCheckpoint?: (iteration: number, set: CheckpointSet) => Promise<void>;
+  /** Continue a run: its last checkpoint, the iteration it was taken after, and the metrics so far. */
+  resume?: { iteration: number; checkpoint: CheckpointSet; history: Metrics[] };
+  /** Take over a run whose supervisor died: its progress in the store. */
+  takeOver?: Progress;
+  /** Backends of workers that joined before the machine started (in-process runs). */
+  backends?: string[];
+  /** Reward actors on the bus (the scenario's reward.actors). */
+  rewards?: RewardSources;
+  /** Tells observers that a recovery is done (the bus's events subject). */
+  onRecovered?: (r: { epoch: number; iteration: number; snapshot: number; seconds: number; reason: string }) => void;
+}
+
+export type SupervisorEvent =
+  | { type: 'interrupt'; reason: string }
+  | { type: 'worker.joined'; device: number; worker: string; backend: string }
+  | { type: 'worker.lost'; device: number; worker: string; reason: string }
+  /** Someone's connection to NATS dropped and came back: messages in flight may be lost. */
+  | { type: 'bus.trouble'; reason: string };
+
+interface Context extends SupervisorInput {
+  need: number[];
+  joined: Record<number, { worker: string; backend: string }>;
+  iteration: number;
+  startedAt: number;
+  iterationStartedAt: number;
+  history: Metrics[];
+  parameters: Record<string, number>;
+  digests: Record<string, string>;
+  rollouts?: RolloutAccount;
+  /** The iteration after which the last snapshot was taken (-1: after setup); undefined: none. */
+  snapshot?: number;
+  intensity: Intensity;
+  /** Why the recovery under way started, and when. */
+  failure?: { reason: string; at: number };
+  recoveries: Summary['recoveries'];
+  /** Recoveries begun since the last one that completed: each waits longer before it starts. */
+  attempts: number;
+  snapshots: NonNullable<Summary['snapshots']>;
+  rewardModel?: Summary['reward_model'];
+  warmup?: Summary['warmup'];
+  error?: string;
+}
+
+type StageInput = { d: Dispatcher; r: RunSpec; store: RunStore; iteration: number; rewards?: RewardSources };
+
+/** In every state that works with the devices: a lost worker or trouble on the bus starts a recovery. */
+const RECOVER_ON_LOSS = {
+  'worker.lost': { target: '#supervisor.recovering', actions: ['unjoin', 'noteLoss'] },
+  'bus.trouble': { target: '#supervisor.recovering', actions: 'noteLoss' },
+} as const;
+
+/** The devices of the plan that have no worker now. */
+const missingDevices = (c: Pick<Context, 'need' | 'joined'>) => c.need.filter((d) => c.joined[d] === undefined);
+
+/** The call or step of the graph that failed (runGraph names it on the error). */
+const failedNode = (e: unknown) => ((e as { node?: unknown })?.node as string | undefined) ?? 'iteration';
+
+/**
+ * A failure that going back to a snapshot cannot mend: a reward actor that never came, or a loss
+ * refused or failing on a device (unknown, from another copy of its file, not finite).
+ */
+const fatal = (e: unknown) => (e as { fatal?: unknown })?.fatal === true || (e instanceof CallError && (e.code === 'loss' || e.code === 'environment'));
+
+const errorText = (e: unknown) => (e instanceof Error ? `${e.name}: ${e.message}` : String(e));
+
+export const supervisorMachine = setup({
+  types: {
+    context: {} as Context,
+    events: {} as SupervisorEvent,
+    input: {} as SupervisorInput,
+    output: {} as { status: 'succeeded' | 'failed'; error?: string },
+  },
+  actors: {
+    /** Keeps the run's membership: joins, heartbeats, exits. The process host provides the NATS version. */
+    membership: fromCallback<SupervisorEvent, { need: number[] }>(() => () => {}),
+    setupModels: fromPromise(async ({ input }: { input: StageInput & { resume?: CheckpointSet; resumeAfter?: number } }) => {
+      const out = await setupModels(input.d, input.r, input.resume);
+      // The first snapshot: what a recovery before the first iteration's goes back to.
+      const after = input.resumeAfter ?? -1;
+      await input.store.saveSnapshot(after, await takeCheckpoint(input.d, input.r, after));
+      return out;
+    }),
+    /**
+     * Back to the last snapshot on every device: reset them all (whatever they were running),
+     * then load and restore; with no snapshot yet, set up again: from the checkpoint a resumed
+     * run started from, else from scratch.
+     */
+    recover: fromPromise(async ({ input }: { input: StageInput & { devices: number[]; snapshot?: number; resume?: SupervisorInput['resume'] } }) => {
+      const { d, r, store } = input;
+      // A worker that has just reconnected (a server restart) may not be subscribed again yet.
+      const deadline = Date.now() + r.scenario.timeouts.recover_seconds * 1000;
+      const reset = async (device: number): Promise<unknown> => {
+        try {
+          return await d.call(device, '*', -1, { fn: 'reset', epoch: d.epoch });
+        } catch (e) {
+          if (!(e instanceof CallError && (e.code === 'unreachable' || e.code === 'timeout')) || Date.now() > deadline) throw e;
+          await new Promise((res) => setTimeout(res, 250));
+          return reset(device);
+        }
+      };
+      await Promise.all(input.devices.map(reset));
+      if (input.snapshot === undefined) {
+        const after = input.resume?.iteration ?? -1;
+        const out = await setupModels(d, r, input.resume?.checkpoint);
+        await store.saveSnapshot(after, await takeCheckpoint(d, r, after));
+        return { ...out, snapshot: after };
+      }
+      const set = await store.loadSnapshot(input.snapshot);
+      if (!set) throw new Error(`the run store has no snapshot after iteration ${input.snapshot} to recover from`);
+      return { ...(await setupModels(d, r, set)), snapshot: input.snapshot };
+    }),
+    /** A snapshot after the iteration (every `checkpoint.every`, and after the last), into the store and the run directory. */
+    checkpoint: fromPromise(async ({ input }: { input: StageInput & { save?: SupervisorInput['saveCheckpoint'] } }) => {
+      const every = input.r.scenario.checkpoint.every;
+      const last = input.iteration + 1 === input.r.scenario.rl.iterations;
+      if (every === 0 || ((input.iteration + 1) % every !== 0 && !last)) return undefined;
+      const t0 = performance.now();
+      const set = await takeCheckpoint(input.d, input.r, input.iteration);
+      const t1 = performance.now();
+      const { bytes } = await input.store.saveSnapshot(input.iteration, set);
+      const t2 = performance.now();
+      await input.save?.(input.iteration, set);
+      return { bytes, fetch_seconds: (t1 - t0) / 1000, store_seconds: (t2 - t1) / 1000 };
+    }),
+    saveProgress: fromPromise(({ input }: { input: { store: RunStore; progress: Progress } }) => input.store.saveProgress(input.progress)),
+    /**
+     * One iteration of the graph. Results of calls that change no state come from the store when
+     * this iteration already has them (a replay), and go into it when they are computed.
+     */
+    iteration: fromPromise(({ input }: { input: StageInput }): Promise<IterationResult> => runIteration(input.d, input.r, input.iteration, input.store, input.rewards)),
+    digest: fromPromise(async ({ input }: { input: StageInput }) => {
+      const { digests, ledgers } = await finalDigests(input.d, input.r, input.iteration);
+      const rollouts = await trainedRollouts(input.r, input.store, input.r.scenario.rl.iterations);
+      const accounts = Object.entries(ledgers).map(([model, ranks]) => accountRollouts({ [model]: ranks }, rollouts[model] ?? []));
+      return {
+        digests,
+        rollouts: accounts.reduce((a, b) => ({ prompts: a.prompts + b.prompts, lost: a.lost + b.lost, duplicated: a.duplicated + b.duplicated }), { prompts: 0, lost: 0, duplicated: 0 }),
+      };
+    }),
+    stopWorkers: fromPromise(async ({ input }: { input: StageInput }) => {
+      await Promise.all(planDevices(input.r).map((dev) => input.d.call(dev, '*', input.iteration, { fn: 'shutdown' })));
+    }),
+  },
+  guards: {
+    allJoined: ({ context }) => missingDevices(context).length === 0,
+    /** A supervisor taking a run over recovers as soon as every device has a worker. */
+    takingOver: ({ context }) => missingDevices(context).length === 0 && context.takeOver !== undefined,
+    moreIterations: ({ context }) => context.iteration + 1 < context.spec.scenario.rl.iterations,
+    nothingLeft: ({ context }) => context.iteration >= context.spec.scenario.rl.iterations,
+    escalated: ({ context }) => context.error !== undefined,
+  },
+  delays: {
+    joinTimeout: ({ context }) => context.spec.scenario.timeouts.join_seconds * 1000,
+    recoverTimeout: ({ context }) => context.spec.scenario.timeouts.recover_seconds * 1000,
+    /** A recovery that follows failed ones waits first: 0.25 s, 0.5 s, 1 s, … up to 5 s. */
+    backoff: ({ context }) => (context.attempts <= 1 ? 0 : Math.min(5000, 250 * 2 ** (context.attempts - 2))),
+  },
+  actions: {
+    fail: assign((_, params: { stage: string; error: unknown }) => ({
+      error: `${params.stage}: ${errorText(params.error)}`,
+    })),
+    /** What a stage's failure becomes: a reason to recover, naming the stage (unless a loss came first). */
+    stageFailed: assign(({ context }, params: { stage: string; error: unknown }) => ({
+      // Setup comes before any iteration: its failures name no iteration.
+      failure: context.failure ?? { reason: `${params.stage === 'setup' ? '' : `iteration ${context.iteration}, `}${params.stage}: ${errorText(params.error)}`, at: Date.now() },
+    })),
+    phase: ({ context }, params: { phase: string; detail: string }) => context.recorder.phase(params.phase, params.detail),
+    join: assign({
+      joined: ({ context, event }) => (event.type === 'worker.joined' ? { ...context.joined, [event.device]: { worker: event.worker, backend: event.backend } } : context.joined),
+    }),
+    unjoin: assign({
+      joined: ({ context, event }) => {
+        if (event.type !== 'worker.lost') return context.joined;
+        const { [event.device]: _gone, ...rest } = context.joined;
+        return rest;
+      },
+    }),
+    noteLoss: assign({
+      failure: ({ context, event }) => {
+        if (context.failure) return context.failure;
+        if (event.type === 'worker.lost') return { reason: `device ${event.device} (worker ${event.worker}): ${event.reason}`, at: Date.now() };
+        if (event.type === 'bus.trouble') return { reason: `bus: ${event.reason}`, at: Date.now() };
+        return undefined;
+      },
+    }),
+    /**
+     * Entering a recovery: abandon every call in flight, and count the failure against the
+     * supervision intensity; one too many ends the run.
+     */
+    beginRecovery: assign(({ context }) => {
+      const failure = context.failure ?? { reason: 'unknown failure', at: Date.now() };
+      context.dispatcher.interrupt(failure.reason);
+      const escalation = context.intensity.record({ at: Date.now(), actor: failure.reason.split(':')[0]!, reason: failure.reason.slice(failure.reason.indexOf(':') + 1).trim() });
+      context.recorder.phase('recovering', `${failure.reason} (recovery ${context.dispatcher.epoch})`);
+      return { attempts: context.attempts + 1, ...(escalation ? { error: `supervision: ${escalation}` } : {}) };
+    }),
+    recovered: assign(({ context }, out: { parameters: Record<string, number>; snapshot: number; warmup?: Summary['warmup']; rewardModel?: Summary['reward_model'] }) => {
+      const seconds = (Date.now() - (context.failure?.at ?? Date.now())) / 1000;
+      const history = context.history.filter((m) => m.iteration <= out.snapshot);
+      const entry = { epoch: context.dispatcher.epoch, reason: context.failure?.reason ?? 'unknown', snapshot: out.snapshot, iteration: out.snapshot + 1, seconds };
+      context.recorder.rewind?.(history);
+      context.onRecovered?.(entry);
+      return {
+        attempts: 0,
+        parameters: out.parameters,
+        rewardModel: out.rewardModel ?? context.rewardModel,
+        warmup: out.warmup ?? context.warmup,
+        snapshot: out.snapshot,
+        iteration: out.snapshot + 1,
+        history,
+        failure: undefined,
+        recoveries: [...context.recoveries, entry],
+      };
+    }),
+    /** The iteration's metrics: the reward, every statistic the graph produced, time, tokens, moves. */
+    recordIteration: assign(({ context }, out: IterationResult) => {
+      const seconds = (Date.now() - context.iterationStartedAt) / 1000;
+      const { fields } = out;
+      const reward = fields[context.spec.graph.reward];
+      const stats = Object.fromEntries(Object.entries(fields).filter((e): e is [string, number] => typeof e[1] === 'number' && e[0] !== context.spec.graph.reward));
+      const rollout = rolloutField(context.spec);
+      const tokens = rollout ? fields[rollout] : undefined;
+      const metrics: Metrics = {
+        iteration: context.iteration,
+        reward_mean: typeof reward === 'number' ? reward : mean(reward ?? []),
+        ...stats,
+        seconds,
+        tokens: out.generated,
+        tokens_per_second: out.generated / seconds,
+        realloc_seconds: out.moved.reduce((a, m) => a + m.seconds, 0),
+        realloc_bytes: out.moved.reduce((a, m) => a + m.bytes, 0),
+        // A rollout of episodes is measured by its episodes; the task's rule reads single answers.
+        ...(out.episodes ? episodeFigures(out.episodes) : tokens instanceof Int32Array ? { rule_score: ruleScore(context.spec, tokens), ...responseStats(context.spec, tokens) } : {}),
+        ...(Object.keys(out.sources).length ? { rewards: out.sources } : {}),
+      };
+      if (out.episodes) context.recorder.episodes?.(context.iteration, out.episodes.sample);
+      context.recorder.iteration(metrics, context.spec.scenario.rl.iterations);
+      return { history: [...context.history, metrics] };
+    }),
+    writeSummary: ({ context }) => {
+      const s = context.spec.scenario;
+      const windows = rewardWindows(context.history);
+      const backends = [...new Set([...(context.backends ?? []), ...Object.values(context.joined).map((j) => j.backend)])];
+      const summary: Summary = {
+        status: context.error ? 'failed' : 'succeeded',
+        scenario: s.name ?? 'scenario',
+        run: context.run,
+        iterations: context.history.length,
+        seed: s.seed,
+        backend: backends.join(',') || 'unknown',
+        plan: Object.fromEntries(Object.values(context.spec.plan).map((p) => [p.call, { mesh: p.mesh, dp: p.dp, tp: p.tp, pp: p.pp }])),
+        reward_first5: windows.first5,
+        reward_last5: windows.last5,
+        digests: context.digests,
+        wall_seconds: (Date.now() - context.startedAt) / 1000,
+        tokens_per_second: median(context.history.map((m) => m.tokens_per_second)),
+        parameters: context.parameters,
+        ...(context.dispatcher.stats ? { transport: context.dispatcher.stats() } : {}),
+        recoveries: context.recoveries,
+        ...(context.snapshots.count ? { snapshots: context.snapshots } : {}),
+        ...(context.warmup ? { warmup: context.warmup } : {}),
+        ...(context.rewardModel ? { reward_model: context.rewardModel } : {}),
+        ...(context.rollouts ? { rollouts: context.rollouts } : {}),
+        ...(context.error ? { error: context.error } : {}),
+      };
+      context.recorder.finished(summary);
+    },
+  },
+}).createMachine({
+  id: 'supervisor',
+  context: ({ input }) => ({
+    ...input,
+    need: planDevices(input.spec),
+    joined: {},
+    iteration: input.takeOver?.iteration ?? (input.resume ? input.resume.iteration + 1 : 0),
+    startedAt: input.takeOver?.startedAt ?? Date.now(),
+    iterationStartedAt: Date.now(),
+    history: input.takeOver?.history ?? input.resume?.history ?? [],
+    parameters: {},
+    digests: {},
+    snapshot: input.takeOver?.snapshot,
+    intensity: new Intensity(input.spec.scenario.supervision.intensity, input.spec.scenario.supervision.period_seconds),
+    recoveries: input.takeOver?.recoveries ?? [],
+    attempts: 0,
+    snapshots: { count: 0, bytes: 0, fetch_seconds: 0, store_seconds: 0 },
+    ...(input.takeOver ? { failure: { reason: 'supervisor: a new supervisor took the run over', at: Date.now() } } : {}),
+  }),
+  // Membership runs for the whole run: workers can die and be replaced at any time.
+  invoke: { src: 'membership', input: ({ context }) => ({ need: context.need }) },
+  initial: 'gathering',
+  on: {
+    // Ctrl-C, a stop request, or the launcher's escalation: the run ends as failed, and says why.
+    interrupt: { target: '#supervisor.failed', actions: assign({ error: ({ event }) => event.reason }) },
+    'worker.joined': { actions: 'join' },
+    'worker.lost': { actions: 'unjoin' },
+  },
+  states: {
+    gathering: {
+      entry: { type: 'phase', params: { phase: 'gathering', detail: 'waiting for a worker on every device' } },
+      always: [
+        { guard: 'takingOver', target: 'recovering' },
+        { guard: 'allJoined', target: 'settingUp' },
+      ],
+      after: {
+        joinTimeout: {
+          target: 'failed',
+          actions: assign({
+            error: ({ context }) => {
+              return `no worker joined for device(s) ${missingDevices(context).join(', ')} within ${context.spec.scenario.timeouts.join_seconds} s`;
+            },
+          }),
+        },
+      },
+    },
+    settingUp: {
+      entry: { type: 'phase', params: { phase: 'setup', detail: 'loading models, warm-up, copying the models that start from another' } },
+      on: RECOVER_ON_LOSS,
+      invoke: {
+        src: 'setupModels',
+        input: ({ context }) => ({
+          d: fence(context.dispatcher),
+          r: context.spec,
+          store: context.store,
+          iteration: -1,
+          resume: context.resume?.checkpoint,
+          resumeAfter: context.resume?.iteration,
+        }),
+        onDone: [
+          // Resumed from the last iteration's checkpoint: nothing is left to train.
+          {
+            guard: 'nothingLeft',
+            target: 'finishing',
+            actions: assign({ parameters: ({ event }) => event.output.parameters, iteration: ({ context }) => context.iteration - 1, snapshot: ({ context }) => context.iteration - 1 }),
+          },
+          {
+            target: 'saving',
+            actions: assign({
+              parameters: ({ event }) => event.output.parameters,
+              snapshot: ({ context }) => context.resume?.iteration ?? -1,
+              rewardModel: ({ event }) => event.output.rewardModel,
+              warmup: ({ event }) => event.output.warmup,
+            }),
+          },
+        ],
+        onError: [
+          { guard: ({ event }) => fatal(event.error), target: '#supervisor.failed', actions: { type: 'fail', params: ({ event }) => ({ stage: 'setup', error: event.error }) } },
+          { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'setup', error: event.error }) } },
+        ],
+      },
+    },
+    recovering: {
+      entry: 'beginRecovery',
+      always: { guard: 'escalated', target: 'failed' },
+      // Another loss while recovering: start the recovery over (it counts against the intensity too).
+      on: {
+        'worker.lost': { target: 'recovering', reenter: true, actions: ['unjoin', 'noteLoss'] },
+        'bus.trouble': { target: 'recovering', reenter: true, actions: 'noteLoss' },
+      },
+      initial: 'pausing',
+      states: {
+        pausing: { after: { backoff: 'waiting' } },
+        waiting: {
+          always: { guard: 'allJoined', target: 'restoring' },
+          after: {
+            recoverTimeout: {
+              target: '#supervisor.failed',
+              actions: assign({
+                error: ({ context }) => {
+                  return `recovery from "${context.failure?.reason}": no worker for device(s) ${missingDevices(context).join(', ')} within ${context.spec.scenario.timeouts.recover_seconds} s (timeouts.recover_seconds)`;
+                },
+              }),
+            },
+          },
+        },
+        restoring: {
+          invoke: {
+            src: 'recover',
+            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: -1, devices: context.need, snapshot: context.snapshot, resume: context.resume }),
+            onDone: [
+              {
+                guard: ({ context, event }) => event.output.snapshot + 1 >= context.spec.scenario.rl.iterations,
+                target: '#supervisor.finishing',
+                actions: [{ type: 'recovered', params: ({ event }) => event.output }, assign({ iteration: ({ context }) => context.iteration - 1 })],
+              },
+              { target: '#supervisor.saving', actions: { type: 'recovered', params: ({ event }) => event.output } },
+            ],
+            onError: [
+              { guard: ({ event }) => fatal(event.error), target: '#supervisor.failed', actions: { type: 'fail', params: ({ event }) => ({ stage: 'recovery', error: event.error }) } },
+              {
+                target: '#supervisor.recovering',
+                reenter: true,
+                actions: assign({ failure: ({ event }) => ({ reason: `recovery: ${errorText(event.error)}`, at: Date.now() }) }),
+              },
+            ],
+          },
+        },
+      },
+    },
+    /** The progress record: where a supervisor that takes over would start. */
+    saving: {
+      on: RECOVER_ON_LOSS,
+      invoke: {
+        src: 'saveProgress',
+        input: ({ context }) => ({
+          store: context.store,
+          progress: {
+            epoch: context.dispatcher.epoch,
+            iteration: context.iteration,
+            snapshot: context.snapshot,
+            history: context.history,
+            startedAt: context.startedAt,
+            recoveries: context.recoveries,
+          },
+        }),
+        onDone: [{ guard: 'nothingLeft', target: 'finishing', actions: assign({ iteration: ({ context }) => context.iteration - 1 }) }, { target: 'iterating' }],
+        onError: { target: 'failed', actions: { type: 'fail', params: ({ event }) => ({ stage: 'saving progress to the run store', error: event.error }) } },
+      },
+    },
+    iterating: {
+      initial: 'running',
+      entry: { type: 'phase', params: { phase: 'iterating', detail: 'iterating' } },
+      on: RECOVER_ON_LOSS,
+      states: {
+        running: {
+          entry: assign({ iterationStartedAt: () => Date.now() }),
+          invoke: {
+            src: 'iteration',
+            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration, rewards: context.rewards }),
+            onDone: { target: 'iterationDone', actions: { type: 'recordIteration', params: ({ event }) => event.output } },
+            onError: [
+              // A reward actor that never came, a loss that fails: going back to a snapshot would not mend it.
+              {
+                guard: ({ event }) => fatal(event.error),
+                target: '#supervisor.failed',
+                actions: { type: 'fail', params: ({ context, event }) => ({ stage: `iteration ${context.iteration}, ${failedNode(event.error)}`, error: event.error }) },
+              },
+              { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: failedNode(event.error), error: event.error }) } },
+            ],
+          },
+        },
+        iterationDone: {
+          invoke: {
+            src: 'checkpoint',
+            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration, save: context.saveCheckpoint }),
+            onDone: [
+              {
+                guard: ({ event }) => event.output !== undefined,
+                target: 'advancing',
+                actions: assign({
+                  snapshot: ({ context }) => context.iteration,
+                  snapshots: ({ context, event }) => ({
+                    count: context.snapshots.count + 1,
+                    bytes: event.output!.bytes,
+                    fetch_seconds: context.snapshots.fetch_seconds + event.output!.fetch_seconds,
+                    store_seconds: context.snapshots.store_seconds + event.output!.store_seconds,
+                  }),
+                }),
+              },
+              { target: 'advancing' },
+            ],
+            onError: { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'checkpoint', error: event.error }) } },
+          },
+        },
+        advancing: {
+          always: [{ guard: 'moreIterations', target: '#supervisor.saving', actions: assign({ iteration: ({ context }) => context.iteration + 1 }) }, { target: '#supervisor.finishing' }],
+        },
+      },
+    },
+    finishing: {
+      initial: 'digesting',
+      entry: { type: 'phase', params: { phase: 'finishing', detail: 'collecting digests, stopping workers' } },
+      states: {
+        digesting: {
+          on: RECOVER_ON_LOSS,
+          invoke: {
+            src: 'digest',
+            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration }),
+            onDone: { target: 'stopping', actions: assign({ digests: ({ event }) => event.output.digests, rollouts: ({ event }) => event.output.rollouts }) },
+            onError: { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'digests', error: event.error }) } },
+          },
+        },
+        stopping: {
+          entry: { type: 'phase', params: { phase: 'stopping', detail: 'stopping the workers' } },
+          invoke: {
+            src: 'stopWorkers',
+            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration }),
+            onDone: { target: '#supervisor.done' },
+            onError: { target: '#supervisor.failed', actions: { type: 'fail', params: ({ event }) => ({ stage: 'stopping the workers', error: event.error }) } },
+          },
+        },
+      },
+    },
+    done: { type: 'final', entry: 'writeSummary' },
+    failed: { type: 'final', entry: 'writeSummary' },
+  },
+  output: ({ context }) => ({ status: context.error ? 'failed' : 'succeeded', error: context.error }),
+});
