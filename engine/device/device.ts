@@ -4,151 +4,26 @@
 import type { Bus } from '../../mesh/wire/index.ts';
 import { encode } from '../../mesh/wire/index.ts';
 import { checkStrategy, shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../../mesh/parallel/index.ts';
-import { Go, PROTOCOL_VERSION, type LedgerEntry, type Call, type CallBody, type CallFn, type CallOf, type ErrorCode, type Layout, type ModelSpec, type ResultOf } from '../../mesh/wire/index.ts';
+import { Go, PROTOCOL_VERSION, type LedgerEntry, type Call, type CallBody, type CallFn, type CallOf, type Layout, type ResultOf } from '../../mesh/wire/index.ts';
 import { cut, pasteRange } from '../../mesh/parallel/index.ts';
 import type { Subjects } from '../../mesh/wire/index.ts';
 import { subscribe } from '../../mesh/wire/index.ts';
 import { manifestOf, modelDigest, noTimes, offerTensors, pacer, receiveTensors, timed, type NamedTensor } from '../../mesh/wire/index.ts';
 import { randomUUID } from 'node:crypto';
 import { serveReward, type RewardActor } from '../../mesh/wire/index.ts';
-import { EnvCallError, EnvClient } from '../../mesh/wire/index.ts';
-import { CodecError, playEpisodes, turnCodec } from '../episodes/index.ts';
+import { EnvCallError } from '../../mesh/wire/index.ts';
+import { CodecError } from '../episodes/index.ts';
+import { DeviceEpisodes } from './episodes.ts';
+import { RuleShard } from './rule.ts';
+import { CallRejected, lossProblem, shapeProblem } from './checks.ts';
 import { modelInfo } from '../model/index.ts';
 import { tokensDigest } from './ledger.ts';
 import { Comm } from '../../mesh/parallel/index.ts';
-import { LossError, loadLossModule, lossOf, lossParams, lossSource, type Loss } from '../model/index.ts';
-import { GptRank, heldBytes, kvCacheProblem, masked, replicaRows } from '../model/index.ts';
-import { HfError, SafetensorsError, TextTokenizer, readHfWeights, responseLength } from '../model/index.ts';
-import { makeTask, TASKS, type TaskName } from './task.ts';
-import { VERIFIERS, verifier, type VerifierName } from './verify.ts';
+import { LossError, loadLossModule } from '../model/index.ts';
+import { GptRank, heldBytes, kvCacheProblem } from '../model/index.ts';
+import { HfError, SafetensorsError, readHfWeights } from '../model/index.ts';
 
-export class CallRejected extends Error {
-  override name = 'CallRejected';
-  constructor(
-    readonly code: ErrorCode,
-    message: string,
-  ) {
-    super(message);
-  }
-}
-
-/**
- * A rule reward: a model with no parameters whose inference scores whole sequences. A digit
- * task's rule knows the answer from the prompt; a verifier reads each response through the
- * tokenizer and checks it against the reference answer the call carries for its row.
- */
-class RuleShard {
-  private readonly score: (prompt: Int32Array, response: Int32Array, answer: string | undefined) => number;
-  constructor(spec: Extract<ModelSpec, { kind: 'rule' }>) {
-    const rules = [...TASKS, ...VERIFIERS];
-    if ((VERIFIERS as readonly string[]).includes(spec.rule)) {
-      if (spec.tokenizer === undefined) throw new CallRejected('malformed', `the '${spec.rule}' verifier reads responses as text; the rule names no tokenizer`);
-      let tokenizer: TextTokenizer;
-      try {
-        tokenizer = TextTokenizer.load(spec.tokenizer);
-      } catch (e) {
-        throw new CallRejected('malformed', (e as Error).message);
-      }
-      const check = verifier(spec.rule as VerifierName);
-      this.score = (_, response, answer) => {
-        if (answer === undefined) throw new CallRejected('malformed', `the '${spec.rule}' verifier checks each response against its reference answer; the call carries none`);
-        return check(tokenizer.decode(response.subarray(0, responseLength(response, tokenizer.eos)).filter((t) => t !== tokenizer.eos)), answer);
-      };
-    } else if ((TASKS as readonly string[]).includes(spec.rule)) {
-      if (spec.digits === undefined || spec.base === undefined) throw new CallRejected('malformed', `the '${spec.rule}' rule needs the task's digits and base`);
-      const task = makeTask(spec.rule as TaskName, spec.digits, spec.base);
-      this.score = (prompt, response) => task.score(prompt, response);
-    } else {
-      throw new CallRejected('unsupported', `unknown reward rule '${spec.rule}'; expected one of ${rules.join(', ')}`);
-    }
-  }
-  scores(tokens: Int32Array, batch: number, promptLen: number, answers?: readonly string[]): Float32Array {
-    if (answers !== undefined && answers.length !== batch) throw new CallRejected('malformed', `answers: expected one per row (${batch}), got ${answers.length}`);
-    const width = tokens.length / batch;
-    const out = new Float32Array(batch);
-    for (let b = 0; b < batch; b++) {
-      const row = tokens.subarray(b * width, (b + 1) * width);
-      out[b] = this.score(row.subarray(0, promptLen), row.subarray(promptLen), answers?.[b]);
-    }
-    return out;
-  }
-}
-
-/**
- * What is wrong with a train call's loss: unknown here, from another copy of its file than the
- * one the supervisor planned with, or parameters its schema refuses. Refused with code `loss`:
- * it would fail the same way after any recovery.
- */
-function lossProblem(body: CallOf<'train'>): string | undefined {
-  try {
-    const fn = lossOf(body.loss.name);
-    const source = lossSource(fn.name);
-    const want = body.loss.module;
-    if (want && source?.sha256 !== want.sha256) {
-      return `the loss '${fn.name}' of ${want.file} (SHA-256 ${want.sha256}) is not loaded on this device${source ? `: it has the loss from ${source.file} (SHA-256 ${source.sha256})` : ' (the shard was loaded without its module)'}`;
-    }
-    if (!want && source) return `the loss '${fn.name}' here is ${source.file}'s, but the call names the built-in one`;
-    lossParams(fn, body.loss.params);
-    return undefined;
-  } catch (e) {
-    return (e as Error).message;
-  }
-}
-
-/** What is wrong with a train call's per-token arrays, given its loss; undefined when nothing is. */
-function dataProblem(body: CallOf<'train'>): string | undefined {
-  const fn: Loss = lossOf(body.loss.name);
-  if (body.batch % fn.rowsPerItem !== 0) return `the loss '${body.loss.name}' takes rows in groups of ${fn.rowsPerItem}; the batch has ${body.batch}`;
-  for (const port of fn.ports(lossParams(fn, body.loss.params))) {
-    const a = body.data[port];
-    if (!a) return `the loss '${body.loss.name}' reads '${port}'; the call's data has ${Object.keys(body.data).join(', ') || 'nothing'}`;
-    if (a.length !== body.batch * body.responseLen) return `data.${port} has ${a.length} values, expected ${body.batch * body.responseLen}`;
-  }
-  const mask = body.data.mask;
-  if (mask) {
-    if (mask.length !== body.batch * body.responseLen) return `data.mask has ${mask.length} values, expected ${body.batch * body.responseLen}`;
-    for (let i = 0; i < mask.length; i++) {
-      if (mask[i] !== 0 && mask[i] !== 1) return `data.mask[${i}] = ${mask[i]}; a response mask holds 1 (a token the response has) or 0 (padding)`;
-    }
-  }
-  return undefined;
-}
-
-/** What is wrong with a call's arrays, given the model's shape; undefined when nothing is. */
-function shapeProblem(body: CallBody, spec: { vocab: number; context: number } | undefined): string | undefined {
-  const expect = (what: string, got: number, want: number) => (got === want ? undefined : `${what} has ${got} values, expected ${want}`);
-  const tokensIn = (what: string, t: Int32Array) => {
-    if (!spec) return undefined;
-    for (let i = 0; i < t.length; i++) {
-      if (t[i]! < 0 || t[i]! >= spec.vocab) return `${what}[${i}] = ${t[i]} is not a token of a vocabulary of ${spec.vocab}`;
-    }
-    return undefined;
-  };
-  const fits = (len: number) => (spec && len > spec.context ? `sequences of ${len} tokens exceed the model's context of ${spec.context}` : undefined);
-  switch (body.fn) {
-    case 'generate':
-      return (
-        expect('prompts', body.prompts.length, body.batch * body.promptLen) ??
-        expect('seeds', body.seeds.length, body.batch) ??
-        fits(body.promptLen + body.responseLen) ??
-        (body.episodes
-          ? (expect('episodes.ids', body.episodes.ids.length, body.batch) ??
-            expect('episodes.tasks', body.episodes.tasks.length, body.batch) ??
-            (body.episodes.stop.length ? tokensIn('episodes.stop', Int32Array.from(body.episodes.stop)) : undefined))
-          : undefined) ??
-        tokensIn('prompts', body.prompts) ??
-        (body.eos !== undefined ? tokensIn('eos', Int32Array.of(body.eos)) : undefined)
-      );
-    case 'inference':
-    case 'sft':
-    case 'train': {
-      const width = body.promptLen + body.responseLen;
-      return expect('tokens', body.tokens.length, body.batch * width) ?? (body.fn === 'train' ? dataProblem(body) : undefined) ?? fits(width) ?? tokensIn('tokens', body.tokens);
-    }
-    default:
-      return undefined;
-  }
-}
+export { CallRejected } from './checks.ts';
 
 /** A model's shard: one rank of its layout (the whole model, on a one-device layout). */
 type ModelShard = GptRank;
@@ -190,6 +65,7 @@ export class Device {
     private readonly options: DeviceOptions = {},
   ) {
     this.comm = new Comm(bus, subj, index, options.transferTimeoutMs);
+    this.episodes = new DeviceEpisodes(bus, subj.root.slice('ferry.'.length), options.warn);
   }
 
   /** Highest RSS sampled since the last `stats` call: the memory a call needed at most. */
@@ -199,8 +75,7 @@ export class Device {
   }, 10).unref();
 
   close(): void {
-    for (const c of this.environments.values()) c.close();
-    this.environments.clear();
+    this.episodes.close();
     for (const h of this.hosted.values()) void this.drop(h);
     this.comm.close();
     clearInterval(this.sampler);
@@ -657,7 +532,7 @@ export class Device {
       case 'sft':
         return s.sft(group, body.tokens, body.batch, body.promptLen, body.steps, body.minibatch, body.lr, body.seed, body.eos);
       case 'generate': {
-        if (body.episodes) return this.playEpisodes(s, body, group);
+        if (body.episodes) return this.episodes.play(s, body, group, { call: this.running, midEpisode: this.options.midEpisode, memoryBytes: this.options.memoryBytes });
         const out = await s.generate(group, body.prompts, body.batch, body.promptLen, body.responseLen, body.seeds, { ...body, memoryBytes: this.options.memoryBytes });
         return { tokens: out.tokens, logprobs: out.logprobs };
       }
@@ -674,61 +549,10 @@ export class Device {
     }
   }
 
-  /** Clients of the environments this device has played episodes against, kept for its life (they track presence). */
-  private readonly environments = new Map<string, EnvClient>();
+  /** The environments this device plays episodes against. */
+  private readonly episodes: DeviceEpisodes;
   /** The call this device runs now (the last one given to run()). */
   private running?: Call;
-
-  /**
-   * A generate call's episodes of several turns: this replica's rows, each played against the
-   * environment on the bus (engine/episodes), then their log-probabilities as training will
-   * compute them, 0 at observations and after each end.
-   */
-  private async playEpisodes(s: GptRank, body: CallOf<'generate'>, group: string): Promise<ResultOf<'generate'>> {
-    const e = body.episodes!;
-    const [lo, hi] = replicaRows(body.batch, s.layout.dp, s.coords.dp);
-    const P = body.promptLen;
-    let client = this.environments.get(e.environment);
-    if (!client) {
-      client = new EnvClient(this.bus, e.environment, { run: this.subj.root.slice('ferry.'.length), timeoutMs: e.timeout_ms, retries: e.retries, waitMs: e.wait_ms, say: this.options.warn });
-      this.environments.set(e.environment, client);
-    }
-    // Chaos reaches a generation of episodes in its middle: after the first step the environment answers.
-    const call = this.running;
-    const mid = this.options.midEpisode;
-    let reached = false;
-    const env = {
-      reset: client.reset.bind(client),
-      end: client.end.bind(client),
-      step: async (episode: string, action: string) => {
-        const out = await client.step(episode, action);
-        if (mid && call && !reached) {
-          reached = true;
-          await mid(call);
-        }
-        return out;
-      },
-    };
-    const played = await playEpisodes(env, turnCodec(e.codec, e.stop[0]), {
-      prompts: body.prompts.subarray(lo * P, hi * P),
-      tasks: e.tasks.slice(lo, hi),
-      ids: e.ids.slice(lo, hi),
-      seeds: body.seeds.subarray(lo, hi),
-      promptLen: P,
-      responseLen: body.responseLen,
-      budget: { maxTurns: e.max_turns, turnTokens: e.turn_tokens, stop: e.stop, ...(e.stop_strings ? { stopStrings: e.stop_strings } : {}) },
-      groupSize: e.group_size,
-      fill: e.fill,
-      vocab: s.spec.vocab,
-      temperature: body.temperature,
-      ...(body.greedy ? { greedy: true } : {}),
-      ...(body.topK !== undefined ? { topK: body.topK } : {}),
-      ...(body.topP !== undefined ? { topP: body.topP } : {}),
-      decoder: (rows, capacity) => s.decoder(group, rows, capacity, { memoryBytes: this.options.memoryBytes }),
-    });
-    const logprobs = masked(await s.infer(`${group}/logp`, played.tokens, hi - lo, P), played.mask);
-    return { tokens: played.tokens, logprobs, mask: played.mask, rewards: played.rewards, episodes: played.episodes, busy_seconds: played.busySeconds, seconds: played.seconds };
-  }
 
   /** Calls about a shard's weights and state, the same whatever its layout. */
   private onWeights(h: Hosted, body: CallBody): Body {
