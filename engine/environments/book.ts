@@ -4,11 +4,11 @@
 import type { EpisodeRecordWire } from '../../mesh/wire/index.ts';
 import { episodeMetrics, episodeReturns, type EpisodeMetrics } from './episodes.ts';
 
-/** What a generate call with episodes gives back beside its tokens and log-probs. */
+/** What a generate call with episodes gives back beside its tokens and log-probs (as it is stored with the call's result). */
 export interface PlayedEpisodes {
   mask: Float32Array;
-  records: EpisodeRecordWire[];
-  busySeconds: number;
+  episodes: EpisodeRecordWire[];
+  busy_seconds: number;
   seconds: number;
 }
 
@@ -18,9 +18,14 @@ export class EpisodeBook {
   /** Keeps what a generate call played; for a call without episodes, nothing. */
   note(tokens: Int32Array, out: { mask?: Float32Array; episodes?: EpisodeRecordWire[]; busy_seconds?: number; seconds?: number }): PlayedEpisodes | undefined {
     if (!out.mask || !out.episodes) return undefined;
-    const p = { mask: out.mask, records: out.episodes, busySeconds: out.busy_seconds ?? 0, seconds: out.seconds ?? 0 };
+    const p = { mask: out.mask, episodes: out.episodes, busy_seconds: out.busy_seconds ?? 0, seconds: out.seconds ?? 0 };
     this.played.set(tokens, p);
     return p;
+  }
+
+  /** What episodes made these sequences, to be stored with the generation's result. */
+  of(tokens: Int32Array): PlayedEpisodes | undefined {
+    return this.played.get(tokens);
   }
 
   /** The action mask of sequences that episodes made (observations 0), or undefined. */
@@ -31,15 +36,15 @@ export class EpisodeBook {
   /** Each row's return, for sequences that episodes made. */
   returns(tokens: Int32Array): Float64Array | undefined {
     const p = this.played.get(tokens);
-    return p ? episodeReturns(p.records) : undefined;
+    return p ? episodeReturns(p.episodes) : undefined;
   }
 
   metrics(tokens: Int32Array): EpisodeMetrics | undefined {
     const p = this.played.get(tokens);
-    return p ? episodeMetrics(p.records, p.busySeconds, p.seconds) : undefined;
+    return p ? episodeMetrics(p.episodes, p.busy_seconds, p.seconds) : undefined;
   }
 
   records(tokens: Int32Array): EpisodeRecordWire[] | undefined {
-    return this.played.get(tokens)?.records;
+    return this.played.get(tokens)?.episodes;
   }
 }

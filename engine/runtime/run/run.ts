@@ -16,7 +16,7 @@ import { Stream, masked, responseLengths, responseMask, seedOf } from '../../mod
 import { graphOf, policySpec, resolvePlan, rowsOf, ScenarioError, taskOf, tokenizerDir, verifierOf, type CallName, type Plan, type Scenario } from '../scenario/scenario.ts';
 import type { RunStore } from '../store/store.ts';
 import { demonstrations, type Task } from '../../device/index.ts';
-import { EpisodeBook, episodesSpec, type EpisodeMetrics, type EpisodeTaskInfo } from '../../environments/index.ts';
+import { EpisodeBook, episodesSpec, type EpisodeMetrics, type EpisodeTaskInfo, type PlayedEpisodes } from '../../environments/index.ts';
 
 export interface RunSpec {
   scenario: Scenario;
@@ -598,8 +598,6 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
   // with the tokens they read, and generation writes it for the host steps.
   const book = new EpisodeBook();
   const maskOf = (tokens: Int32Array) => book.mask(tokens) ?? responseMask(tokens, task.promptLen, task.responseLen, task.eos);
-  /** Each generate call's episodes, to be stored with its result. */
-  const playedBy = new Map<string, { mask: Float32Array; episodes: EpisodeRecordWire[]; busy_seconds: number; seconds: number }>();
   const runCall = async (c: CallDecl, inputs: Fields): Promise<Fields> => {
     const port = (p: string) => inputs[c.reads[p]!];
     if (c.fn === 'generate') {
@@ -627,8 +625,7 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
         ),
       );
       if (out.moved) moved.push(out.moved);
-      const played = book.note(out.tokens, out);
-      if (played) playedBy.set(c.name, { mask: played.mask, episodes: played.records, busy_seconds: played.busySeconds, seconds: played.seconds });
+      book.note(out.tokens, out);
       const mask = maskOf(out.tokens);
       generated += mask.reduce((n, m) => n + m, 0);
       // An episode's step rewards, weighted as its return is in the reward, for the token-level estimators.
@@ -682,7 +679,7 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
         ports: Fields;
         sources?: Record<string, number>;
         generated?: number;
-        played?: { mask: Float32Array; episodes: EpisodeRecordWire[]; busy_seconds: number; seconds: number };
+        played?: PlayedEpisodes;
       }>(iteration, stage);
       if (kept && keptProblem(c, kept) === undefined) {
         if (kept.sources) callSources.set(c.name, kept.sources);
@@ -696,7 +693,8 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
     const ports = await runCall(c, inputs);
     if (c.fn !== 'train') {
       const own = callSources.get(c.name);
-      const played = playedBy.get(c.name);
+      // A generation's episodes are stored with it: a replay reads them back (above).
+      const played = ports.tokens instanceof Int32Array ? book.of(ports.tokens) : undefined;
       await store.saveStage(iteration, stage, { ports: keptPorts(c, ports), ...(own ? { sources: own } : {}), generated: generated - before, ...(played ? { played } : {}) });
     }
     return rename(c, ports);
