@@ -92,8 +92,10 @@ describe('a scenario with an environment ferry starts', () => {
     expect(existsSync(join(runs[0]!.out, 'logs', 'env-guess-0.log'))).toBe(true);
   }, 240_000);
 
-  it("chaos: the generating device killed mid-episode, and an environment instance killed mid-episode, end with the clean run's digests, no rollout lost or repeated", async () => {
-    const env = `{ name: guess, max_turns: 4, turn_tokens: 2, group_size: 4, instances: 2, command: [node, --import, tsx, ${join(ROOT, 'examples/env/guess.ts')}] }`;
+  it("chaos: the generating device killed mid-episode, and an environment instance killed mid-episode, end with the clean run's digests, no rollout lost or repeated, no answer asked twice", async () => {
+    // The guess game, noting every request it answers (a group per replica: the kill comes when every answer of the round is in).
+    const asked = join(dir, 'asked.log');
+    const env = `{ name: guess, max_turns: 4, turn_tokens: 2, group_size: 16, instances: 2, command: [node, --import, tsx, ${join(ROOT, 'test/fixtures/counted-guess.ts')}, ${asked}] }`;
     const file = scenario(
       'guess-chaos',
       env,
@@ -109,6 +111,26 @@ describe('a scenario with an environment ferry starts', () => {
     expect(report.rollouts_duplicated).toBe(0);
     // Each kill came after the episodes' first step: mid-episode.
     expect(lines.join('\n')).toMatch(/chaos: killing environment 'guess' instance 0 \(pid \d+\) while device \d+, 'generate' of actor, iteration 2/);
+    // Iteration 1 (the device killed after its first round): no step the environment answered
+    // before the kill was asked again (it was read from the record); the episodes that went on were
+    // brought to where they were by a reset and replays. The clean run asked exactly the same steps.
+    const runs = new Map<string, string[]>();
+    for (const line of readFileSync(asked, 'utf8').trim().split('\n')) {
+      const [bus, ...rest] = line.split(' ');
+      runs.set(bus!, [...(runs.get(bus!) ?? []), rest.join(' ')]);
+    }
+    expect(runs.size).toBe(2);
+    const firstAsks = (log: string[]) =>
+      log
+        .map((l) => l.split(' ').slice(1))
+        .filter(([kind, episode, , replay]) => kind === 'step' && episode!.startsWith('1-') && replay === 'false')
+        .map((w) => w.slice(0, 3).join(' '))
+        .sort();
+    const [clean, chaos] = [...runs.values()].sort((a, b) => a.filter((l) => l.endsWith(' true')).length - b.filter((l) => l.endsWith(' true')).length);
+    const chaosAsks = firstAsks(chaos!);
+    expect(new Set(chaosAsks).size).toBe(chaosAsks.length);
+    expect(chaosAsks).toEqual(firstAsks(clean!));
+    expect(chaos!.some((l) => / step 1-\d+ 1 true$/.test(l))).toBe(true);
   }, 180_000);
 
   it('an environment that never appears fails the run once, naming it and where it was awaited', async () => {

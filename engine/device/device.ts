@@ -49,7 +49,7 @@ export interface DeviceOptions {
   memoryBytes?: number;
   /** Where a transfer says what it dropped or sent again (default: standard error). */
   warn?: (line: string) => void;
-  /** Called once in each generation of episodes, after their first step (chaos: a kill mid-episode). */
+  /** Called once in each generation of episodes, after their first round of steps (chaos: a kill mid-episode). */
   midEpisode?: (call: Call) => Promise<void>;
 }
 
@@ -65,7 +65,7 @@ export class Device {
     private readonly options: DeviceOptions = {},
   ) {
     this.comm = new Comm(bus, subj, index, options.transferTimeoutMs);
-    this.episodes = new DeviceEpisodes(bus, subj.root.slice('ferry.'.length), options.warn);
+    this.episodes = new DeviceEpisodes(bus, subj, index, options.warn);
   }
 
   /** Highest RSS sampled since the last `stats` call: the memory a call needed at most. */

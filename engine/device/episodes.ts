@@ -1,9 +1,9 @@
 // A device's side of episodes of several turns: the clients of the environments it plays against
 // (kept for its life: they track the instances' presence), and a generate call's episodes for this
 // replica's rows, played by engine/episodes, then scored as training will score them.
-import type { Bus, Call, CallOf, ResultOf } from '../../mesh/wire/index.ts';
-import { EnvClient } from '../../mesh/wire/index.ts';
-import { playEpisodes, turnCodec } from '../episodes/index.ts';
+import type { Bus, Call, CallOf, EnvAnswer, ResultOf, Subjects, TurnLog } from '../../mesh/wire/index.ts';
+import { EnvClient, encode, PROTOCOL_VERSION } from '../../mesh/wire/index.ts';
+import { playEpisodes, RecordedEnv, turnCodec } from '../episodes/index.ts';
 import { masked, replicaRows, type GptRank } from '../model/index.ts';
 
 export class DeviceEpisodes {
@@ -11,9 +11,14 @@ export class DeviceEpisodes {
 
   constructor(
     private readonly bus: Bus,
-    private readonly run: string,
+    private readonly subj: Subjects,
+    private readonly device: number,
     private readonly warn?: (line: string) => void,
   ) {}
+
+  private get run(): string {
+    return this.subj.root.slice('ferry.'.length);
+  }
 
   close(): void {
     for (const c of this.clients.values()) c.close();
@@ -23,7 +28,9 @@ export class DeviceEpisodes {
   /**
    * A generate call's episodes: this replica's rows, each played against the environment on the
    * bus, then their log-probabilities as training will compute them, 0 at observations and after
-   * each end. `midEpisode` (chaos) is reached once, after the first step the environment answers.
+   * each end. Answers the call carries from before a fault are read, not asked again; every answer
+   * asked goes to the supervisor as it comes (on this device's `turns` subject), so that the next
+   * fault finds it recorded. `midEpisode` (chaos) is reached once, after the first round of steps.
    */
   async play(s: GptRank, body: CallOf<'generate'>, group: string, o: { call?: Call; midEpisode?: (call: Call) => Promise<void>; memoryBytes?: number }): Promise<ResultOf<'generate'>> {
     const e = body.episodes!;
@@ -34,20 +41,18 @@ export class DeviceEpisodes {
       client = new EnvClient(this.bus, e.environment, { run: this.run, timeoutMs: e.timeout_ms, retries: e.retries, waitMs: e.wait_ms, ...(this.warn ? { say: this.warn } : {}) });
       this.clients.set(e.environment, client);
     }
-    const live = client;
+    const call = o.call;
+    const stage = e.log;
+    const keep =
+      stage !== undefined && call
+        ? (a: EnvAnswer) => {
+            const log: TurnLog = { type: 'turns', v: PROTOCOL_VERSION, epoch: call.epoch ?? 0, iteration: call.iteration, stage, answers: [a] };
+            this.bus.publish(this.subj.turns(this.device), encode(log));
+          }
+        : () => {};
+    const env = new RecordedEnv(client, e.recorded ?? {}, keep);
     let reached = false;
-    const env = {
-      reset: live.reset.bind(live),
-      end: live.end.bind(live),
-      step: async (episode: string, action: string) => {
-        const out = await live.step(episode, action);
-        if (o.midEpisode && o.call && !reached) {
-          reached = true;
-          await o.midEpisode(o.call);
-        }
-        return out;
-      },
-    };
+    const midEpisode = o.midEpisode;
     const played = await playEpisodes(env, turnCodec(e.codec, e.stop[0]), {
       prompts: body.prompts.subarray(lo * P, hi * P),
       tasks: e.tasks.slice(lo, hi),
@@ -64,6 +69,15 @@ export class DeviceEpisodes {
       ...(body.topK !== undefined ? { topK: body.topK } : {}),
       ...(body.topP !== undefined ? { topP: body.topP } : {}),
       decoder: (rows, capacity) => s.decoder(group, rows, capacity, { memoryBytes: o.memoryBytes }),
+      ...(midEpisode && call
+        ? {
+            afterRound: async () => {
+              if (reached) return;
+              reached = true;
+              await midEpisode(call);
+            },
+          }
+        : {}),
     });
     const logprobs = masked(await s.infer(`${group}/logp`, played.tokens, hi - lo, P), played.mask);
     return { tokens: played.tokens, logprobs, mask: played.mask, rewards: played.rewards, episodes: played.episodes, busy_seconds: played.busySeconds, seconds: played.seconds };

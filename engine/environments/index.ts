@@ -3,4 +3,5 @@
 export * from './key.ts';
 export * from './episodes.ts';
 export * from './book.ts';
+export * from './ledger.ts';
 export * from './processes.ts';

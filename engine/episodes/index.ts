@@ -2,3 +2,4 @@
 // runs, and the codecs between an episode's tokens and the environment's text.
 export * from './play.ts';
 export * from './codec.ts';
+export * from './recorded.ts';

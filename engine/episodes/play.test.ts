@@ -1,9 +1,10 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import * as tf from '@tensorflow/tfjs';
 import { Comm } from '../../mesh/parallel/index.ts';
-import { MemoryBus, subjects, type EnvTask, type EnvTurn } from '../../mesh/wire/index.ts';
+import { MemoryBus, subjects, type EnvAnswer, type EnvTask, type EnvTurn } from '../../mesh/wire/index.ts';
 import { GptRank, initBackend } from '../model/index.ts';
 import { playEpisodes, type EpisodeEnv, type PlayOptions, type TurnCodec } from './play.ts';
+import { RecordedEnv } from './recorded.ts';
 
 // Tokens 0-9 are digits, 10 ends a turn, 11 fills a sequence after its end.
 const [END, FILL, VOCAB] = [10, 11, 12];
@@ -12,15 +13,22 @@ const codec: TurnCodec = {
   observation: (text) => Array.from(text, (c) => Number(c)),
 };
 
-/** A number game: the secret is the task's seed mod 10; the observation is "1" (higher) or "0" (lower), or "22" after the first guess. */
+/** A number game: the secret is the task's seed mod 10; the observation is "1" (higher) or "0" (lower), or `first` ("22") after the first guess. */
 class Game implements EpisodeEnv {
   readonly log: string[] = [];
   readonly ended = new Set<string>();
   private readonly secrets = new Map<string, number>();
+  private readonly turns = new Map<string, number>();
   constructor(
     private readonly delay: () => number = () => 0,
     private readonly fail?: (episode: string, turn: number) => boolean,
+    private readonly first = '22',
   ) {}
+  resume(episode: string, task: EnvTask, _maxTurns: number, actions: readonly string[]): void {
+    this.secrets.set(episode, task.seed % 10);
+    this.turns.set(episode, actions.length);
+    this.log.push(`resume ${episode} after ${actions.length}`);
+  }
   private wait() {
     return new Promise((r) => setTimeout(r, this.delay()));
   }
@@ -32,13 +40,14 @@ class Game implements EpisodeEnv {
   }
   async step(episode: string, action: string): Promise<EnvTurn> {
     await this.wait();
-    const turn = this.log.filter((l) => l.startsWith(`step ${episode} `)).length + 1;
-    this.log.push(`step ${episode} ${action}`);
+    const turn = (this.turns.get(episode) ?? 0) + 1;
+    this.turns.set(episode, turn);
+    this.log.push(`step ${episode} ${turn} ${action}`);
     if (this.fail?.(episode, turn)) throw new Error(`environment 'game' (instance i0): it is gone`);
     const secret = this.secrets.get(episode)!;
     const guess = action === '' ? -1 : Number(action.slice(-1));
     if (guess === secret) return { observation: '', reward: 1, done: true, info: { turn }, instance: 'i0' };
-    return { observation: turn === 1 ? '22' : guess < secret ? '1' : '0', reward: -0.1, done: false, instance: 'i0' };
+    return { observation: turn === 1 ? this.first : guess < secret ? '1' : '0', reward: -0.1, done: false, instance: 'i0' };
   }
   async end(episode: string): Promise<void> {
     this.ended.add(episode);
@@ -147,5 +156,54 @@ describe('episodes of several turns on the generating device', () => {
     );
     await expect(playEpisodes(env, codec, options({ budget: { maxTurns: 4, turnTokens: 3, stop: [END] }, seeds: Uint32Array.from({ length: rows }, () => 5) }))).rejects.toThrow(/it is gone/);
     expect(env.ended).toEqual(new Set(options().ids));
+  });
+
+  it('played again after a fault, reads what the environment answered before it from the record and asks only what comes after, even of an environment that now answers otherwise', async () => {
+    const one = options({ groupSize: rows });
+    const clean = await playEpisodes(new RecordedEnv(new Game(), {}, () => {}), codec, one);
+    // The first generation dies after its first round of steps; what it heard is kept as it comes.
+    const kept: EnvAnswer[] = [];
+    const killed = new Game();
+    await expect(
+      playEpisodes(new RecordedEnv(killed, {}, (a) => kept.push(a)), codec, {
+        ...one,
+        afterRound: async () => {
+          throw new Error('killed mid-episode');
+        },
+      }),
+    ).rejects.toThrow(/killed mid-episode/);
+    expect(kept.filter((a) => a.k === 0)).toHaveLength(rows);
+    expect(kept.filter((a) => a.k === 1)).toHaveLength(rows);
+    const recorded: Record<string, EnvAnswer[]> = {};
+    for (const a of kept) (recorded[a.episode] ??= []).push(a);
+    // Another instance that answers the first guess otherwise ("3", not "22").
+    const other = new Game(() => 0, undefined, '3');
+    const heard: EnvAnswer[] = [];
+    const again = await playEpisodes(new RecordedEnv(other, recorded, (a) => heard.push(a)), codec, one);
+    expect(Array.from(again.tokens)).toEqual(Array.from(clean.tokens));
+    expect(Array.from(again.mask)).toEqual(Array.from(clean.mask));
+    expect(again.episodes.map((e) => e.turns.map((t) => t.observation))).toEqual(clean.episodes.map((e) => e.turns.map((t) => t.observation)));
+    // Nothing recorded was asked again: no reset, no first step; an episode going on was resumed after its recorded action.
+    expect(other.log.filter((l) => l.startsWith('reset '))).toEqual([]);
+    expect(other.log.filter((l) => / 1 \S*$/.test(l) && l.startsWith('step '))).toEqual([]);
+    const live = clean.episodes.filter((e) => e.turns.length > 1).map((e) => e.id);
+    expect(live.length).toBeGreaterThan(0);
+    expect(other.log.filter((l) => l.startsWith('resume ')).sort()).toEqual(live.map((id) => `resume ${id} after 1`).sort());
+    expect(heard.every((a) => a.k >= 2)).toBe(true);
+    expect(other.ended).toEqual(new Set(live));
+    // Without the record the other instance's answers change the episodes.
+    const fresh = await playEpisodes(new RecordedEnv(new Game(() => 0, undefined, '3'), {}, () => {}), codec, one);
+    expect(Array.from(fresh.tokens)).not.toEqual(Array.from(clean.tokens));
+  });
+
+  it('a record whose action is not the one played again fails the call, saying so', async () => {
+    const one = options({ groupSize: rows });
+    const kept: EnvAnswer[] = [];
+    await playEpisodes(new RecordedEnv(new Game(), {}, (a) => kept.push(a)), codec, one);
+    const recorded: Record<string, EnvAnswer[]> = {};
+    for (const a of kept) (recorded[a.episode] ??= []).push(a.episode === '0-2' && a.k === 1 ? { ...a, action: `${a.action}9` } : a);
+    await expect(playEpisodes(new RecordedEnv(new Game(), recorded, () => {}), codec, one)).rejects.toThrow(
+      /episode 0-2, step 1: the action played again after a fault, ".*", is not the one the environment answered before it/,
+    );
   });
 });

@@ -36,8 +36,9 @@ export interface TurnCodec {
 
 /** The environment's side of an episode (EnvClient, or a record being replayed). */
 export interface EpisodeEnv {
-  reset(episode: string, task: EnvTask, maxTurns: number): Promise<EnvTurn>;
-  step(episode: string, action: string): Promise<EnvTurn>;
+  /** An answer read from a record carries the seconds it took when it was asked. */
+  reset(episode: string, task: EnvTask, maxTurns: number): Promise<EnvTurn & { seconds?: number }>;
+  step(episode: string, action: string): Promise<EnvTurn & { seconds?: number }>;
   end(episode: string): Promise<void>;
 }
 
@@ -97,6 +98,8 @@ export interface PlayOptions extends Sampling {
   /** A decoding session for `rows` sequences of `capacity` positions. */
   decoder(rows: number, capacity: number): Promise<RowDecoder>;
   vocab: number;
+  /** Reached after each round's answers are in, before they are appended (chaos: a kill mid-episode). */
+  afterRound?: () => Promise<void>;
 }
 
 export async function playEpisodes(env: EpisodeEnv, codec: TurnCodec, o: PlayOptions): Promise<Played> {
@@ -159,10 +162,10 @@ export async function playEpisodes(env: EpisodeEnv, codec: TurnCodec, o: PlayOpt
     const logits: Array<Float32Array | undefined> = members.map(() => undefined);
     const rngs = members.map((r) => new Rng(o.seeds[r]!));
     const live = new Uint8Array(n).fill(1);
-    const timed = async <T>(f: () => Promise<T>): Promise<{ value: T; seconds: number }> => {
+    const timed = async (f: () => Promise<EnvTurn & { seconds?: number }>): Promise<{ value: EnvTurn; seconds: number }> => {
       const t0 = performance.now();
       const value = await f();
-      return { value, seconds: (performance.now() - t0) / 1000 };
+      return { value, seconds: value.seconds ?? (performance.now() - t0) / 1000 };
     };
     // Positions may run past the sequence by one pass's padding (rows sitting a pass out).
     const dec = await o.decoder(n, 2 * width);
@@ -253,6 +256,7 @@ export async function playEpisodes(env: EpisodeEnv, codec: TurnCodec, o: PlayOpt
         // The environment answers every action of the round.
         const acting = members.map((_, i) => i).filter((i) => live[i]);
         const replies = await Promise.all(acting.map((i) => timed(() => env.step(o.ids[members[i]!]!, codec.action(action[i]!)))));
+        await o.afterRound?.();
         acting.forEach((i, k) => {
           const { value, seconds } = replies[k]!;
           const r = members[i]!;

@@ -90,6 +90,15 @@ export class EnvClient {
     return this.withRetries(episode, ep, 'reset', (instance) => this.send(instance, episode, { type: 'env.reset', task, max_turns: maxTurns }));
   }
 
+  /**
+   * Takes up an episode whose first `actions` were answered earlier (a generation played again
+   * after a fault reads those answers from its record): its next step goes to an instance that is
+   * first brought there by a reset and the actions, replayed.
+   */
+  resume(episode: string, task: EnvTask, maxTurns: number, actions: readonly string[]): void {
+    this.episodes.set(episode, { task, maxTurns, actions: [...actions] });
+  }
+
   /** The episode's next action: the environment's answer. */
   async step(episode: string, action: string): Promise<EnvTurn> {
     const ep = this.episodes.get(episode);

@@ -157,6 +157,38 @@ export const EpisodeRecordWire = z.strictObject({
 });
 export type EpisodeRecordWire = z.infer<typeof EpisodeRecordWire>;
 
+/**
+ * One answer of the environment as a generating device received it: the reset's (`k` 0) or the
+ * k-th step's, with the action it answered. Devices send them to the supervisor as they come
+ * (TurnLog); a generate call played again after a fault carries them back (`recorded`), and the
+ * device reads them instead of asking the environment again.
+ */
+export const EnvAnswer = z.strictObject({
+  episode: z.string(),
+  k: nat,
+  /** The action's text as sent (a step's), checked against the action played again. */
+  action: z.string().optional(),
+  observation: z.string(),
+  reward: z.number(),
+  done: z.boolean(),
+  info: z.record(z.string(), z.number()).optional(),
+  instance: z.string(),
+  seconds: z.number(),
+});
+export type EnvAnswer = z.infer<typeof EnvAnswer>;
+
+/** A device's answers from the environment, on its own `turns` subject as they arrive. */
+export const TurnLog = z.strictObject({
+  type: z.literal('turns'),
+  v: z.literal(PROTOCOL_VERSION),
+  /** The call's recovery epoch, iteration and the graph's call (the stage its result is stored under). */
+  epoch: nat,
+  iteration: nat,
+  stage: z.string().min(1),
+  answers: z.array(EnvAnswer),
+});
+export type TurnLog = z.infer<typeof TurnLog>;
+
 /** A generate call's episodes of several turns against an environment on the bus (docs/environment-protocol.md). */
 export const EpisodesSpec = z.strictObject({
   /** The environment service's name. */
@@ -177,6 +209,10 @@ export const EpisodesSpec = z.strictObject({
   timeout_ms: pos,
   retries: nat,
   wait_ms: pos,
+  /** The stage the device names when it sends its answers to the supervisor (TurnLog); none: it sends none. */
+  log: z.string().min(1).optional(),
+  /** Answers recorded before a fault, by episode, in order from its reset: read instead of asking again. */
+  recorded: z.record(z.string(), z.array(EnvAnswer)).optional(),
 });
 export type EpisodesSpec = z.infer<typeof EpisodesSpec>;
 

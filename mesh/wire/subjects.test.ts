@@ -75,6 +75,7 @@ describe('subjects', () => {
       'allReady',
       'allReceipts',
       'allResults',
+      'allTurns',
       'call',
       'calls',
       'chaos',
@@ -98,6 +99,7 @@ describe('subjects', () => {
       'supervisorBeat',
       'transferChunks',
       'transferReceipts',
+      'turns',
     ]);
   });
 

@@ -68,6 +68,9 @@ export function subjects(run: string) {
      */
     event: (type: string) => `${root}.events.${token('event type', type)}`,
     events: `${root}.events.>`,
+    /** A generating device's answers from environments, as they come (TurnLog); `allTurns` matches every device's. */
+    turns: (device: number) => `${root}.turns.${token('device', device)}`,
+    allTurns: `${root}.turns.*`,
     /** Chaos testing: scheduled kill points ask the launcher to kill them (request/reply). */
     chaos: `${root}.chaos`,
     /** The run's JetStream stream of stage results (rollouts, scores), one subject per iteration and stage. */

@@ -4,7 +4,7 @@
 import type { NatsConnection } from '@nats-io/transport-node';
 import { BusError, requestChecked } from '../../../mesh/wire/index.ts';
 import { ProtocolError } from '../../../mesh/wire/index.ts';
-import { PROTOCOL_VERSION, Reply, type CallFn, type CallOf, type Checkpoint, type ResultOf } from '../../../mesh/wire/index.ts';
+import { PROTOCOL_VERSION, Reply, type CallFn, type CallOf, type Checkpoint, type ResultOf, type TurnLog } from '../../../mesh/wire/index.ts';
 import type { Subjects } from '../../../mesh/wire/index.ts';
 import {
   CallError,
@@ -13,6 +13,7 @@ import {
   checkResult,
   exchangeId,
   fetchCheckpoint,
+  listenTurns,
   pushCheckpoint,
   runRealloc,
   type Dispatcher,
@@ -135,6 +136,10 @@ export class BusDispatcher implements Dispatcher {
     // The epoch in the id keeps an abandoned exchange's ready, go and chunks out of its retry's;
     // its random part keeps anyone else's out.
     return runRealloc(this.nc, this.subj, (d, m, i, b) => this.call(d, m, i, b), { ...r, id: exchangeId(`${r.id}-e${this.epoch}`) }, this.nc.info?.max_payload ?? 1 << 20);
+  }
+
+  turns(listener: (log: TurnLog, device: number) => void): () => void {
+    return listenTurns(this.nc, this.subj, listener, this.options.onDropped);
   }
 
   stats(): TransportStats {

@@ -6,7 +6,7 @@ import type { Bus } from '../../../mesh/wire/index.ts';
 import { subscribe } from '../../../mesh/wire/index.ts';
 import { encode } from '../../../mesh/wire/index.ts';
 import type { Layout } from '../../../mesh/parallel/index.ts';
-import { PROTOCOL_VERSION, Ready, ResultBodies, type CallFn, type CallOf, type Checkpoint, type ResultOf } from '../../../mesh/wire/index.ts';
+import { PROTOCOL_VERSION, Ready, ResultBodies, TurnLog, type CallFn, type CallOf, type Checkpoint, type ResultOf } from '../../../mesh/wire/index.ts';
 import { offerTensors, receiveTensors } from '../../../mesh/wire/index.ts';
 import type { ReallocPlan } from '../../../mesh/parallel/index.ts';
 import type { Subjects } from '../../../mesh/wire/index.ts';
@@ -41,6 +41,23 @@ export interface Dispatcher {
    * the supervisor does this when it gives a device up, before it recovers.
    */
   interrupt(reason: string): void;
+  /**
+   * Hears the answers generating devices receive from environments, as they come (their
+   * `turns` subjects): what a generation played again after a fault reads instead of asking.
+   * Returns the unsubscribe.
+   */
+  turns?(listener: (log: TurnLog, device: number) => void): () => void;
+}
+
+/** Devices' answers from environments on `bus`; a message that does not decode is said and dropped. */
+export function listenTurns(bus: Bus, subj: Subjects, listener: (log: TurnLog, device: number) => void, onDropped?: (line: string) => void): () => void {
+  return subscribe(
+    bus,
+    subj.allTurns,
+    TurnLog,
+    (log, msg) => listener(log, Number(msg.subject.slice(msg.subject.lastIndexOf('.') + 1))),
+    (e) => onDropped?.(`dropped environment answers: ${e.message}`),
+  );
 }
 
 /**
@@ -64,6 +81,7 @@ export function fence(d: Dispatcher): Dispatcher {
     close: () => d.close(),
     interrupt: (reason) => d.interrupt(reason),
     ...(d.stats ? { stats: () => d.stats!() } : {}),
+    ...(d.turns ? { turns: (listener) => d.turns!(listener) } : {}),
   };
 }
 

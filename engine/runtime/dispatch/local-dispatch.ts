@@ -1,9 +1,9 @@
 // Devices in this process, reached by direct calls; parameter transfers go over an in-memory bus.
-import { PROTOCOL_VERSION, type Call, type CallFn, type CallOf, type Checkpoint, type ResultOf } from '../../../mesh/wire/index.ts';
+import { PROTOCOL_VERSION, type Call, type CallFn, type CallOf, type Checkpoint, type ResultOf, type TurnLog } from '../../../mesh/wire/index.ts';
 import { MemoryBus, type Bus } from '../../../mesh/wire/index.ts';
 import { subjects } from '../../../mesh/wire/index.ts';
 import { Device, CallRejected } from '../../device/index.ts';
-import { CallError, InFlight, PerDeviceQueue, checkResult, fetchCheckpoint, pushCheckpoint, runRealloc, type Dispatcher, type ReallocOutcome, type ReallocRequest } from './dispatch.ts';
+import { CallError, InFlight, PerDeviceQueue, checkResult, fetchCheckpoint, listenTurns, pushCheckpoint, runRealloc, type Dispatcher, type ReallocOutcome, type ReallocRequest } from './dispatch.ts';
 
 /** Devices in this process over an in-memory bus: the same device code, no NATS, no processes. */
 export class LocalDispatcher implements Dispatcher {
@@ -24,7 +24,7 @@ export class LocalDispatcher implements Dispatcher {
   }
 
   call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>, group?: string): Promise<ResultOf<F>> {
-    const call: Call = { type: 'call', v: PROTOCOL_VERSION, id: `local-${this.seq++}`, model, iteration, ...(group ? { group } : {}), body };
+    const call: Call = { type: 'call', v: PROTOCOL_VERSION, id: `local-${this.seq++}`, model, iteration, epoch: this.epoch, ...(group ? { group } : {}), body };
     const epoch = this.epoch;
     return this.inFlight.track(
       this.queue.run(device, async () => {
@@ -47,6 +47,10 @@ export class LocalDispatcher implements Dispatcher {
   interrupt(reason: string): void {
     this.inFlight.interrupt(reason);
     this.queue = new PerDeviceQueue();
+  }
+
+  turns(listener: (log: TurnLog, device: number) => void): () => void {
+    return listenTurns(this.bus, this.subj, listener);
   }
 
   realloc(r: ReallocRequest): Promise<ReallocOutcome> {

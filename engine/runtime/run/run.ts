@@ -16,7 +16,7 @@ import { Stream, masked, responseLengths, responseMask, seedOf } from '../../mod
 import { graphOf, policySpec, resolvePlan, rowsOf, ScenarioError, taskOf, tokenizerDir, verifierOf, type CallName, type Plan, type Scenario } from '../scenario/scenario.ts';
 import type { RunStore } from '../store/store.ts';
 import { demonstrations, type Task } from '../../device/index.ts';
-import { EpisodeBook, episodesSpec, type EpisodeMetrics, type EpisodeTaskInfo, type PlayedEpisodes } from '../../environments/index.ts';
+import { EpisodeBook, TurnLedger, episodesSpec, type EpisodeMetrics, type EpisodeTaskInfo, type PlayedEpisodes } from '../../environments/index.ts';
 
 export interface RunSpec {
   scenario: Scenario;
@@ -604,6 +604,11 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
       const prompts = port('prompts') as Int32Array;
       const rows = prompts.length / task.promptLen;
       const seeds = Uint32Array.from({ length: rows }, (_, i) => seedOf(s.seed, Stream.sample, iteration, i));
+      // Episodes: the answers they receive are kept as they come (the ledger); played again after
+      // a fault, the call carries those answers and the environment is not asked them again.
+      const stage = stageOf(c.name);
+      const ledger = s.environment ? await TurnLedger.open(store, d.turns ? (listen) => d.turns!((log) => listen(log)) : undefined, { iteration, stage, epoch: d.epoch }) : undefined;
+      const recorded = ledger && ledger.size > 0 ? ledger.recorded().answers : undefined;
       const out = await onLayout(d, r, c.name, iteration, (name) =>
         callMesh(
           d,
@@ -619,11 +624,11 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
             seeds,
             ...samplingOf(r),
             ...(c.greedy ? { greedy: true } : {}),
-            ...(s.environment ? { episodes: episodesSpec(s.environment, episodeTaskOf(r), s.seed, iteration, prompts, r.graph.group) } : {}),
+            ...(s.environment ? { episodes: { ...episodesSpec(s.environment, episodeTaskOf(r), s.seed, iteration, prompts, r.graph.group), log: stage, ...(recorded ? { recorded } : {}) } } : {}),
           },
           c.name,
         ),
-      );
+      ).finally(() => ledger?.close());
       if (out.moved) moved.push(out.moved);
       book.note(out.tokens, out);
       const mask = maskOf(out.tokens);
