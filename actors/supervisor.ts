@@ -3,7 +3,7 @@
 //   npx tsx actors/supervisor.ts --scenario FILE --run RUN_ID --out DIR [--nats URL]
 import { createActor, fromCallback, toPromise } from 'xstate';
 import { connectBus, publishEvent, subscribeEvents, type RunEventOut } from '../mesh/wire/index.ts';
-import { encode } from '../mesh/wire/index.ts';
+import { encode, EnvClient } from '../mesh/wire/index.ts';
 import { PROTOCOL_VERSION, type Metrics } from '../mesh/wire/index.ts';
 import { subjects } from '../mesh/wire/index.ts';
 import { fanOut, readResume, RunDirectory, type Recorder, type Summary } from '../engine/runtime/index.ts';
@@ -115,10 +115,26 @@ runMain(async () => {
     ]),
   );
   const rewards: RewardSources = { score: (name, iteration, items) => clients.get(name)!.score(values.run!, iteration, items) };
+  // A warm-up from the environment's expert: the supervisor asks for its demonstrations.
+  const envKey = scenario.environment;
+  const expert =
+    envKey && scenario.warmup.source === 'environment' && scenario.warmup.steps > 0
+      ? new EnvClient(nc, envKey.name, {
+          run: values.run,
+          timeoutMs: envKey.timeout_seconds * 1000,
+          retries: envKey.retries,
+          waitMs: envKey.wait_seconds * 1000,
+          say: (line) => {
+            log(line);
+            publish({ type: 'log', level: 'warn', source: 'supervisor', message: line });
+          },
+        })
+      : undefined;
   const actor = createActor(machine, {
     input: {
       spec,
       rewards,
+      ...(expert ? { demonstrate: expert.demonstrate.bind(expert) } : {}),
       run: values.run,
       dispatcher,
       store,
@@ -153,6 +169,7 @@ runMain(async () => {
   const out = await toPromise(actor);
   clearInterval(beating);
   for (const c of clients.values()) c.close();
+  expert?.close();
   stopEscalations();
   await nc.flush().catch(() => {});
   await nc.drain().catch(() => {});

@@ -142,6 +142,45 @@ describe('a scenario with an environment ferry starts', () => {
     expect(run.summary?.error).toMatch(/no environment 'nobody' appeared on ferry\.env\.nobody\.hb within 1 s \(its wait_seconds\)/);
     expect(run.summary?.recoveries ?? []).toEqual([]);
   }, 120_000);
+
+  it("warms up on episodes the environment's expert plays; an environment without an expert fails the run once, naming it", async () => {
+    const warm = (name: string, command: string) => {
+      const file = scenario(name, `{ name: guess, max_turns: 4, turn_tokens: 2, command: [${command}] }`, 'rl: { iterations: 1, batch: 4, epochs: 1, minibatches: 2, lr: 3.0e-3 }');
+      writeFileSync(file, readFileSync(file, 'utf8').replace('warmup: { steps: 0 }', 'warmup: { source: environment, steps: 20, demos: 128, batch: 16 }'));
+      return file;
+    };
+    const out = join(dir, 'warm');
+    const run = await launch({
+      scenario: await loadScenarioFile(warm('warm', `node, --import, tsx, ${join(ROOT, 'examples/env/guess.ts')}`)),
+      run: `warm${Date.now()}`,
+      out,
+      progress: quiet,
+      say: () => {},
+      workers: undefined,
+    });
+    expect(run.code, run.summary?.error).toBe(0);
+    const summary = JSON.parse(readFileSync(join(out, 'summary.json'), 'utf8')) as { warmup: { source: string; turns: number; first_loss: number; loss: number } };
+    // Binary search over 0-9 takes 2.9 guesses on average; the demonstrations are drawn from seeds, so about that.
+    expect(summary.warmup.source).toBe('environment');
+    expect(summary.warmup.turns).toBeGreaterThan(2.3);
+    expect(summary.warmup.turns).toBeLessThan(3.5);
+    expect(summary.warmup.loss).toBeLessThan(summary.warmup.first_loss / 2);
+    // guess.py has no expert: it answers env.demo with an error, and the run stops there, once.
+    const py = join(dir, 'warm-py');
+    const refused = await launch({
+      scenario: await loadScenarioFile(warm('warm-py', `${ensurePythonMsgpack()}, ${join(ROOT, 'examples/env/guess.py')}`)),
+      run: `warmpy${Date.now()}`,
+      out: py,
+      progress: quiet,
+      say: () => {},
+      workers: undefined,
+    });
+    expect(refused.code).not.toBe(0);
+    expect(refused.summary?.error).toMatch(
+      /warm-up from environment 'guess': environment 'guess' \(instance guess-0\) could not answer env\.demo of episode warmup-0: .*unknown request type 'env\.demo'/,
+    );
+    expect(refused.summary?.recoveries ?? []).toEqual([]);
+  }, 180_000);
 });
 
 describe('the calculator: a tool the policy calls in the middle of its answer', () => {

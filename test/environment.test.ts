@@ -203,4 +203,78 @@ describe('replies that break the contract, and no environment at all', () => {
       client.close();
     }
   });
+
+  it('demonstrations: the expert plays on what the policy would see; an environment without one, or one that oversteps the budget, is refused at once', async () => {
+    const seen: string[] = [];
+    const expert = await serveEnvironment<{ secret: number }>({
+      nats: server.url,
+      name: 'guess-x',
+      instance: 'x0',
+      reset: (task) => ({ state: { secret: 1 + (task.seed % 10) }, observation: 'Guess 1..10.' }),
+      step: (st, action) => (Number(action) === st.secret ? { observation: 'Yes.', reward: 1, done: true } : { observation: Number(action) < st.secret ? 'Higher.' : 'Lower.', done: false }),
+      expert: ({ observation, turns }) => {
+        seen.push(`${observation} | ${turns.map((t) => `${t.action}:${t.observation}`).join(' ')}`);
+        let [lo, hi] = [1, 10];
+        for (const t of turns) {
+          if (t.observation === 'Higher.') lo = Number(t.action) + 1;
+          if (t.observation === 'Lower.') hi = Number(t.action) - 1;
+        }
+        return String(Math.floor((lo + hi) / 2));
+      },
+    });
+    const plain = await guess('guess-y', 'y0');
+    const client = new EnvClient(nc, 'guess-x', options());
+    const none = new EnvClient(nc, 'guess-y', options());
+    try {
+      await client.ready();
+      // Secret 7: 5 (higher), 8 (lower), 6 (higher), 7.
+      expect(await client.demonstrate('w0', TASK, 4)).toEqual({
+        instance: 'x0',
+        episode: 'w0',
+        observation: 'Guess 1..10.',
+        turns: [
+          { action: '5', observation: 'Higher.' },
+          { action: '8', observation: 'Lower.' },
+          { action: '6', observation: 'Higher.' },
+          { action: '7', observation: '' },
+        ],
+      });
+      expect(seen).toEqual(['Guess 1..10. | ', 'Guess 1..10. | 5:Higher.', 'Guess 1..10. | 5:Higher. 8:Lower.', 'Guess 1..10. | 5:Higher. 8:Lower. 6:Higher.']);
+      // A budget of 2: the expert stops there.
+      expect((await client.demonstrate('w1', TASK, 2)).turns).toHaveLength(2);
+      expect(expert.open).toBe(0);
+      await none.ready();
+      const e = await rejection(none.demonstrate('w2', TASK, 4));
+      expect(e).toBeInstanceOf(EnvCallError);
+      expect(e.message).toMatch(/environment 'guess-y' \(instance y0\) could not answer env\.demo of episode w2: .*has no expert to demonstrate with/);
+    } finally {
+      client.close();
+      none.close();
+      await expert.stop();
+      await plain.stop();
+    }
+  });
+
+  it('a demonstration longer than the turn budget is refused, naming the instance', async () => {
+    const long = raw('guess-z', 'z0', (req) =>
+      encode({
+        type: 'env.demonstration',
+        v: ENV_PROTOCOL_VERSION,
+        id: req.id,
+        instance: 'z0',
+        episode: req.episode,
+        observation: '',
+        turns: [1, 2, 3].map((k) => ({ action: String(k), observation: 'no' })),
+      }),
+    );
+    const client = new EnvClient(nc, 'guess-z', options({ retries: 0 }));
+    try {
+      await client.ready();
+      const e = await rejection(client.demonstrate('w0', TASK, 2));
+      expect(e.message).toMatch(/environment 'guess-z' \(instance z0\) demonstrated 3 turns of episode w0; its budget is 2/);
+    } finally {
+      client.close();
+      long.stop();
+    }
+  });
 });

@@ -83,7 +83,13 @@ export function shapeProblem(body: CallBody, spec: { vocab: number; context: num
     case 'sft':
     case 'train': {
       const width = body.promptLen + body.responseLen;
-      return expect('tokens', body.tokens.length, body.batch * width) ?? (body.fn === 'train' ? dataProblem(body) : undefined) ?? fits(width) ?? tokensIn('tokens', body.tokens);
+      return (
+        expect('tokens', body.tokens.length, body.batch * width) ??
+        (body.fn === 'train' ? dataProblem(body) : undefined) ??
+        (body.fn === 'sft' && body.mask ? expect('mask', body.mask.length, body.batch * body.responseLen) : undefined) ??
+        fits(width) ??
+        tokensIn('tokens', body.tokens)
+      );
     }
     default:
       return undefined;

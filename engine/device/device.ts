@@ -530,7 +530,7 @@ export class Device {
       case 'preference':
         return s.preference(group, body.chosen, body.rejected, body.batch, body.steps, body.minibatch, body.lr, body.seed);
       case 'sft':
-        return s.sft(group, body.tokens, body.batch, body.promptLen, body.steps, body.minibatch, body.lr, body.seed, body.eos);
+        return s.sft(group, body.tokens, body.batch, body.promptLen, body.steps, body.minibatch, body.lr, body.seed, body.eos, body.mask);
       case 'generate': {
         if (body.episodes) return this.episodes.play(s, body, group, { call: this.running, midEpisode: this.options.midEpisode, memoryBytes: this.options.memoryBytes });
         const out = await s.generate(group, body.prompts, body.batch, body.promptLen, body.responseLen, body.seeds, { ...body, memoryBytes: this.options.memoryBytes });

@@ -4,4 +4,5 @@ export * from './key.ts';
 export * from './episodes.ts';
 export * from './book.ts';
 export * from './ledger.ts';
+export * from './demos.ts';
 export * from './processes.ts';

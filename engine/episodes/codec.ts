@@ -18,23 +18,25 @@ export class CodecError extends Error {
 /** A digit task's codec: token t is the base-36 digit t, the separator `|`; the end token has no text. */
 export function digitCodec(base: number): TurnCodec {
   const text = (t: number) => (t < base ? t.toString(36) : t === base ? '|' : '');
+  const tokens = (what: string, s: string) =>
+    Array.from(s, (c, i) => {
+      const t = c === '|' ? base : Number.parseInt(c, 36);
+      if (!(c === '|' || (t >= 0 && t < base)))
+        throw new CodecError(`the ${what} ${JSON.stringify(s.slice(0, 40))} has ${JSON.stringify(c)} at ${i}, which is not a token of this task (digits 0-${(base - 1).toString(36)} and '|')`);
+      return t;
+    });
   return {
     action: (toks) => toks.map(text).join(''),
-    observation(obs) {
-      return Array.from(obs, (c, i) => {
-        const t = c === '|' ? base : Number.parseInt(c, 36);
-        if (!(c === '|' || (t >= 0 && t < base)))
-          throw new CodecError(`the observation ${JSON.stringify(obs.slice(0, 40))} has ${JSON.stringify(c)} at ${i}, which is not a token of this task (digits 0-${(base - 1).toString(36)} and '|')`);
-        return t;
-      });
-    },
+    observation: (obs) => tokens('observation', obs),
+    actionTokens: (act) => tokens('action', act),
   };
 }
 
 /** A tokenizer's codec; with `template`, observations are appended as the chat template renders a user message. */
 export function tokenizerCodec(tok: TextTokenizer, template: boolean, endOfTurn: number | undefined): TurnCodec {
   const action = (toks: readonly number[]) => tok.decode(toks, true);
-  if (!template) return { action, observation: (obs) => tok.encode(obs, false) };
+  const actionTokens = (text: string) => tok.encode(text, false);
+  if (!template) return { action, actionTokens, observation: (obs) => tok.encode(obs, false) };
   if (endOfTurn === undefined) throw new CodecError(`${tok.where}: a chat template's turns end with a token; the tokenizer names no eos_token`);
   const eot = tok.decode([endOfTurn], false);
   // Probe messages whose text cannot occur in a template, to find where the assistant's turn ends.
@@ -48,6 +50,7 @@ export function tokenizerCodec(tok: TextTokenizer, template: boolean, endOfTurn:
   const kept = before.slice(0, at + 1 + eot.length);
   return {
     action,
+    actionTokens,
     observation(obs) {
       const full = tok.render([...probe, { role: 'user', content: obs }], true);
       if (!full.startsWith(kept)) {

@@ -11,6 +11,7 @@ const [END, FILL, VOCAB] = [10, 11, 12];
 const codec: TurnCodec = {
   action: (toks) => toks.filter((t) => t < 10).join(''),
   observation: (text) => Array.from(text, (c) => Number(c)),
+  actionTokens: (text) => Array.from(text, (c) => Number(c)),
 };
 
 /** A number game: the secret is the task's seed mod 10; the observation is "1" (higher) or "0" (lower), or `first` ("22") after the first guess. */

@@ -32,6 +32,8 @@ export interface TurnCodec {
   action(tokens: readonly number[]): string;
   /** The tokens an observation appends (a chat template renders it as its role's message). */
   observation(text: string, first: boolean): number[];
+  /** The tokens of an action given as text (a demonstration's), without its end-of-turn token. */
+  actionTokens(text: string): number[];
 }
 
 /** The environment's side of an episode (EnvClient, or a record being replayed). */

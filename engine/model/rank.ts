@@ -750,11 +750,11 @@ export class GptRank {
     if (this.spec.kind !== kind) throw new ShardError(`${what} needs a ${kind} model; this shard is a ${this.spec.kind} model`);
   }
 
-  /** Supervised steps on demonstrations, with a warm-up optimizer of its own; a response counts up to its first `eos`. */
-  async sft(group: string, tokens: Int32Array, batch: number, promptLen: number, steps: number, minibatch: number, lr: number, seed: number, eos?: number) {
+  /** Supervised steps on demonstrations, with a warm-up optimizer of its own; a response counts up to its first `eos`, or where `given` is 1. */
+  async sft(group: string, tokens: Int32Array, batch: number, promptLen: number, steps: number, minibatch: number, lr: number, seed: number, eos?: number, given?: Float32Array) {
     if (!this.optim) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
     const width = tokens.length / batch;
-    const mask = eos === undefined ? undefined : responseMask(tokens, promptLen, width - promptLen, eos);
+    const mask = given ?? (eos === undefined ? undefined : responseMask(tokens, promptLen, width - promptLen, eos));
     const optimizer = new Adam(lr, this.optim.beta1, this.optim.beta2, this.optim.eps);
     let first = 0;
     let loss = 0;

@@ -2,7 +2,8 @@
 // digit drawn from the episode's seed; each wrong guess is answered "1" (higher) or "0" (lower), a
 // guess that is not a digit with "|"; finding it at turn k pays max(0, 1 − 0.25·(k − 1)), not finding it
 // within the turn budget pays 0. The policy speaks digits (the count task's vocabulary), so the
-// observations are digits too.
+// observations are digits too. Its expert (binary search on the answers so far) plays the episodes
+// the warm-up learns from.
 //
 // ferry starts it for scenarios/env/guess.yaml (environment.command) with the run's bus and
 // credentials in FERRY_NATS_URL, FERRY_NATS_USER and FERRY_NATS_PASS; started by hand, point
@@ -23,6 +24,16 @@ const env = await serveEnvironment<{ secret: number; turn: number }>({
     const guess = Number(digit);
     if (guess === s.secret) return { observation: '', reward: Math.max(0, 1 - 0.25 * (s.turn - 1)), done: true, info: { found: 1, invalid: 0 } };
     return { observation: guess < s.secret ? '1' : '0', done: false, info: { invalid: 0 } };
+  },
+  // Binary search on what the policy sees (never the secret), for a warm-up to learn from.
+  expert: ({ turns }) => {
+    let [lo, hi] = [0, 9];
+    for (const t of turns) {
+      const g = Number(t.action.match(/[0-9]/)?.[0] ?? Number.NaN);
+      if (t.observation === '1') lo = g + 1;
+      else if (t.observation === '0') hi = g - 1;
+    }
+    return String(Math.floor((lo + hi) / 2));
   },
   log: (line) => process.stderr.write(`${line}\n`),
 });

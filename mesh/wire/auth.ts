@@ -97,8 +97,10 @@ export function permissions(run: string, devices: readonly number[]): Omit<Recor
         '$JS.FC.>',
         rewards.request,
         rewards.instance,
+        // A warm-up from an environment's expert asks one of its instances.
+        envs.instance,
       ],
-      subscribe: [s.join, s.heartbeats, s.events, s.allReady, s.allChunks, s.allReceipts, s.allTurns, inbox('supervisor'), rewards.presence],
+      subscribe: [s.join, s.heartbeats, s.events, s.allReady, s.allChunks, s.allReceipts, s.allTurns, inbox('supervisor'), rewards.presence, envs.presence],
       responses: true,
     },
     // Its own heartbeats and calls, the chunks, receipts and collectives it sends (as its device

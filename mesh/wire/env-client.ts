@@ -9,7 +9,7 @@ import { randomUUID } from 'node:crypto';
 import { unpack } from 'msgpackr';
 import type { Bus } from './bus.ts';
 import { decode, encode, ProtocolError } from './codec.ts';
-import { ENV_PROTOCOL_VERSION, EnvPresence, EnvReply, envSubjects, type EnvObservation, type EnvTask } from './env-protocol.ts';
+import { ENV_PROTOCOL_VERSION, EnvPresence, EnvReply, envSubjects, type EnvDemonstration, type EnvObservation, type EnvTask } from './env-protocol.ts';
 import { describeRequestError, isGone, Presence } from './presence.ts';
 
 export class EnvCallError extends Error {
@@ -109,6 +109,33 @@ export class EnvClient {
     return out;
   }
 
+  /**
+   * An episode the environment's expert plays (`env.demo`), for a warm-up: on any instance, moved
+   * to another when one fails, as a step is. An environment without an expert answers an error,
+   * which fails the call at once (no instance would do better).
+   */
+  async demonstrate(episode: string, task: EnvTask, maxTurns: number): Promise<Omit<EnvDemonstration, 'type' | 'v' | 'id'>> {
+    const failures: string[] = [];
+    const failed = new Set<string>();
+    for (let attempt = 0; attempt <= this.o.retries; attempt++) {
+      const instance = await this.someInstance(failed, failures);
+      try {
+        const d = (await this.exchange(instance, episode, { type: 'env.demo', task, max_turns: maxTurns }, 'env.demonstration')) as EnvDemonstration;
+        if (d.turns.length > maxTurns)
+          throw new EnvCallError(`environment '${this.name}' (instance ${instance}) demonstrated ${d.turns.length} turns of episode ${episode}; its budget is ${maxTurns}`);
+        return { instance: d.instance, episode: d.episode, observation: d.observation, turns: d.turns };
+      } catch (e) {
+        if (e instanceof EnvCallError && /could not answer env\.demo/.test(e.message)) throw e;
+        const why = e instanceof EnvCallError ? e.message : `environment '${this.name}' (instance ${instance}): ${describeRequestError(e, this.o.timeoutMs)}`;
+        failures.push(`demonstration of episode ${episode}: ${why}`);
+        this.o.say?.(why);
+        failed.add(instance);
+        if (!(e instanceof EnvCallError) && isGone(e)) this.presence.forget(instance);
+      }
+    }
+    throw new EnvCallError(`environment '${this.name}': ${failures.length} attempt(s) failed: ${failures.join('; ')}`);
+  }
+
   /** Ends the episode where it lives; a failure to close loses nothing and is only said. */
   async end(episode: string): Promise<void> {
     const ep = this.episodes.get(episode);
@@ -182,6 +209,14 @@ export class EnvClient {
   }
 
   private async send(instance: string, episode: string, body: Record<string, unknown> & { type: string }, expect: 'env.observation' | 'env.closed' = 'env.observation'): Promise<EnvTurn> {
+    const reply = await this.exchange(instance, episode, body, expect);
+    if (reply.type === 'env.closed') return { observation: '', reward: 0, done: true, instance };
+    const obs = reply as EnvObservation;
+    return { observation: obs.observation, reward: obs.reward, done: obs.done, ...(obs.info ? { info: obs.info } : {}), instance };
+  }
+
+  /** A request to one instance and its reply, held to the contract: of the expected type, for this request and episode. */
+  private async exchange(instance: string, episode: string, body: Record<string, unknown> & { type: string }, expect: 'env.observation' | 'env.closed' | 'env.demonstration'): Promise<EnvReply> {
     const id = randomUUID().slice(0, 12);
     const msg = await this.nc.request(this.subj.instance(instance), encode({ ...body, v: ENV_PROTOCOL_VERSION, id, run: this.o.run, episode }), { timeout: this.o.timeoutMs });
     const who = `environment '${this.name}' (instance ${instance})`;
@@ -202,8 +237,6 @@ export class EnvClient {
     if (reply.id !== id) throw new EnvCallError(`${who} answered request ${reply.id}, expected ${id}`);
     if (reply.episode !== episode) throw new EnvCallError(`${who} answered for episode ${reply.episode}, expected ${episode}`);
     if (reply.type !== expect) throw new EnvCallError(`${who} answered ${body.type} with ${reply.type}, expected ${expect}`);
-    if (reply.type === 'env.closed') return { observation: '', reward: 0, done: true, instance };
-    const obs = reply as EnvObservation;
-    return { observation: obs.observation, reward: obs.reward, done: obs.done, ...(obs.info ? { info: obs.info } : {}), instance };
+    return reply;
   }
 }

@@ -60,7 +60,11 @@ export type EnvStep = z.infer<typeof EnvStep>;
 export const EnvClose = z.object({ type: z.literal('env.close'), ...request });
 export type EnvClose = z.infer<typeof EnvClose>;
 
-export const EnvRequest = z.discriminatedUnion('type', [EnvReset, EnvStep, EnvClose]);
+/** Optional: an episode played by the environment's own expert, for a warm-up to learn from (the expert acts on what the policy would see). */
+export const EnvDemo = z.object({ type: z.literal('env.demo'), ...request, task: EnvTask, max_turns: int.positive() });
+export type EnvDemo = z.infer<typeof EnvDemo>;
+
+export const EnvRequest = z.discriminatedUnion('type', [EnvReset, EnvStep, EnvClose, EnvDemo]);
 export type EnvRequest = z.infer<typeof EnvRequest>;
 
 export const EnvObservation = z.object({
@@ -84,6 +88,18 @@ export type EnvObservation = z.infer<typeof EnvObservation>;
 
 export const EnvClosed = z.object({ type: z.literal('env.closed'), v, id: z.string(), instance: z.string(), episode: z.string() });
 
+/** The expert's episode: the reset's observation, then each action and the observation that answered it. */
+export const EnvDemonstration = z.object({
+  type: z.literal('env.demonstration'),
+  v,
+  id: z.string(),
+  instance: z.string(),
+  episode: z.string(),
+  observation: text(ENV_LIMITS.observationBytes),
+  turns: z.array(z.object({ action: text(ENV_LIMITS.actionBytes), observation: text(ENV_LIMITS.observationBytes) })).min(1),
+});
+export type EnvDemonstration = z.infer<typeof EnvDemonstration>;
+
 export const EnvError = z.object({
   type: z.literal('env.error'),
   v: int,
@@ -92,7 +108,7 @@ export const EnvError = z.object({
   message: z.string(),
 });
 
-export const EnvReply = z.discriminatedUnion('type', [EnvObservation, EnvClosed, EnvError]);
+export const EnvReply = z.discriminatedUnion('type', [EnvObservation, EnvClosed, EnvDemonstration, EnvError]);
 export type EnvReply = z.infer<typeof EnvReply>;
 
 export const EnvPresence = z.object({ type: z.literal('env.hello'), v, name: z.string(), instance: z.string() });

@@ -32,6 +32,12 @@ export interface ServeEnvironmentOptions<S> {
   reset: (task: EnvTask, episode: { id: string; maxTurns: number }) => { state: S; observation: string } | Promise<{ state: S; observation: string }>;
   /** One action of the policy: what it sees next. May change `state` in place. */
   step: (state: S, action: string, turn: { turn: number; episode: string; replay: boolean }) => EnvStepResult | Promise<EnvStepResult>;
+  /**
+   * Optional: how an expert plays, for a warm-up to learn from (`env.demo`). It sees what the
+   * policy would see — the first observation and the turns so far — never the state, and gives
+   * the next action; the helper plays the episode with `reset` and `step` on a state of its own.
+   */
+  expert?: (seen: { observation: string; turns: ReadonlyArray<{ action: string; observation: string }> }) => string;
   /** This instance's id (letters, digits, '-', '_'); random by default. */
   instance?: string;
   log?: (line: string) => void;
@@ -75,6 +81,17 @@ export async function serveEnvironment<S>(o: ServeEnvironmentOptions<S>): Promis
         if (!episodes.has(r.episode)) throw new Error(`unknown episode ${r.episode} (never reset here, or closed)`);
         const out = await o.step(episodes.get(r.episode)!, r.action, { turn: r.turn, episode: r.episode, replay: r.replay ?? false });
         reply(msg, { type: 'env.observation', id: r.id, episode: r.episode, observation: out.observation, reward: out.reward ?? 0, done: out.done, ...(out.info ? { info: out.info } : {}) });
+      } else if (r.type === 'env.demo') {
+        if (!o.expert) throw new Error('this environment has no expert to demonstrate with (serveEnvironment without `expert`)');
+        const first = await o.reset(r.task, { id: r.episode, maxTurns: r.max_turns });
+        const turns: Array<{ action: string; observation: string }> = [];
+        for (let turn = 1; turn <= r.max_turns; turn++) {
+          const action = o.expert({ observation: first.observation, turns });
+          const out = await o.step(first.state, action, { turn, episode: r.episode, replay: false });
+          turns.push({ action, observation: out.done ? '' : out.observation });
+          if (out.done) break;
+        }
+        reply(msg, { type: 'env.demonstration', id: r.id, episode: r.episode, observation: first.observation, turns });
       } else {
         episodes.delete(r.episode);
         reply(msg, { type: 'env.closed', id: r.id, episode: r.episode });

@@ -252,7 +252,17 @@ export const CallBody = z.discriminatedUnion('fn', [
     seed: nat,
   }),
   /** Supervised steps on demonstrations; with `eos`, a response counts up to its first end token. */
-  z.strictObject({ fn: z.literal('sft'), ...Batch, steps: pos, minibatch: pos, lr: z.number().positive(), seed: nat, eos: nat.optional() }),
+  z.strictObject({
+    fn: z.literal('sft'),
+    ...Batch,
+    steps: pos,
+    minibatch: pos,
+    lr: z.number().positive(),
+    seed: nat,
+    /** A response counts up to its first end token; or, for demonstrations of several turns, where `mask` [batch, responseLen] is 1. */
+    eos: nat.optional(),
+    mask: f32.optional(),
+  }),
   z.strictObject({
     fn: z.literal('generate'),
     prompts: i32,

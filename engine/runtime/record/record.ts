@@ -34,7 +34,7 @@ export interface Summary {
    */
   snapshots?: { count: number; bytes: number; fetch_seconds: number; store_seconds: number };
   /** The supervised warm-up: its steps, and the cross-entropy of its first and last mini-batch. */
-  warmup?: { steps: number; first_loss: number; loss: number };
+  warmup?: { steps: number; first_loss: number; loss: number; source?: 'environment'; turns?: number };
   /** A learned reward model's training (reward.model): pairs, losses, and how many pairs it orders as the rule does. */
   reward_model?: { pairs: number; drawn: number; first_loss: number; loss: number; accuracy: number };
   /** Every prompt of every iteration trained on exactly once, by the shards' own ledgers. */

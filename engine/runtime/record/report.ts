@@ -388,7 +388,14 @@ function summarySection(r: ReportInput): string {
     ['reward, first 5 iterations → last 5', `${fmt(s.reward_first5)} → ${fmt(s.reward_last5)}`],
     ['recoveries', String(s.recoveries?.length ?? 0)],
     ...(s.rollouts ? ([['rollouts (prompts, lost, trained twice)', `${s.rollouts.prompts}, ${s.rollouts.lost}, ${s.rollouts.duplicated}`]] as Array<[string, string]>) : []),
-    ...(s.warmup ? ([['warm-up (steps, loss first → last)', `${s.warmup.steps}, ${fmt(s.warmup.first_loss, 3)} → ${fmt(s.warmup.loss, 3)}`]] as Array<[string, string]>) : []),
+    ...(s.warmup
+      ? ([
+          [
+            'warm-up (steps, loss first → last)',
+            `${s.warmup.steps}, ${fmt(s.warmup.first_loss, 3)} → ${fmt(s.warmup.loss, 3)}${s.warmup.source === 'environment' ? ` (the environment's expert, ${fmt(s.warmup.turns ?? 0, 2)} actions per demonstration)` : ''}`,
+          ],
+        ] as Array<[string, string]>)
+      : []),
     ...(s.reward_model ? ([['reward model (pairs, accuracy)', `${s.reward_model.pairs}, ${fmt(s.reward_model.accuracy, 3)}`]] as Array<[string, string]>) : []),
     ...Object.entries(s.digests).map(([k, v]) => [`${k} digest`, v] as [string, string]),
   ];

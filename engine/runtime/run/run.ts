@@ -5,18 +5,19 @@
 import { createHash } from 'node:crypto';
 import type { CallBody, CallOf, Checkpoint, LedgerEntry, LossModule, ModelSpec, ResultOf } from '../../../mesh/wire/index.ts';
 import type { EpisodeRecordWire, RewardItem } from '../../../mesh/wire/index.ts';
-import type { Dispatcher } from '../dispatch/dispatch.ts';
+import { CallError, type Dispatcher } from '../dispatch/dispatch.ts';
 import { layoutKey, shardSlices, sliceShape, type Layout } from '../../../mesh/parallel/index.ts';
 import { planRealloc } from '../../../mesh/parallel/index.ts';
 import { isHead, modelInfo, parameterShapes, type GptSpec } from '../../model/index.ts';
 import { mean, ownerCall, rowLengths, readPairsFile, runGraph, taskPairs, type CallDecl, type Fields, type Graph, type ModelDecl } from '../../algorithms/index.ts';
 import type { PairsFile } from '../../algorithms/index.ts';
 import { tokensDigest } from '../../device/index.ts';
+import { turnCodec } from '../../episodes/index.ts';
 import { Stream, masked, responseLengths, responseMask, seedOf } from '../../model/index.ts';
 import { graphOf, policySpec, resolvePlan, rowsOf, ScenarioError, taskOf, tokenizerDir, verifierOf, type CallName, type Plan, type Scenario } from '../scenario/scenario.ts';
 import type { RunStore } from '../store/store.ts';
 import { demonstrations, type Task } from '../../device/index.ts';
-import { EpisodeBook, TurnLedger, episodesSpec, type EpisodeMetrics, type EpisodeTaskInfo, type PlayedEpisodes } from '../../environments/index.ts';
+import { EpisodeBook, TurnLedger, demoRows, episodesSpec, type Demonstrate, type EpisodeMetrics, type EpisodeTaskInfo, type PlayedEpisodes } from '../../environments/index.ts';
 
 export interface RunSpec {
   scenario: Scenario;
@@ -280,7 +281,12 @@ function basePolicy(r: RunSpec): string | undefined {
  * copies it into the models that start from it (whole, or its body under another head). From a
  * checkpoint: puts every kept model back as it was.
  */
-export async function setupModels(d: Dispatcher, r: RunSpec, resume?: CheckpointSet): Promise<{ parameters: Record<string, number>; warmup?: WarmupReport; rewardModel?: RewardModelReport }> {
+export async function setupModels(
+  d: Dispatcher,
+  r: RunSpec,
+  resume?: CheckpointSet,
+  demonstrate?: Demonstrate,
+): Promise<{ parameters: Record<string, number>; warmup?: WarmupReport; rewardModel?: RewardModelReport }> {
   const { scenario: s } = r;
   const parameters: Record<string, number> = {};
   await Promise.all(
@@ -302,9 +308,11 @@ export async function setupModels(d: Dispatcher, r: RunSpec, resume?: Checkpoint
   const base = basePolicy(r);
   let warmup: WarmupReport | undefined;
   if (base && s.warmup.steps > 0) {
-    const demos = demonstrations(r.task, s.seed, s.warmup.demos);
+    const fromEnv = s.warmup.source === 'environment' ? await environmentDemos(r, demonstrate) : undefined;
+    const demos = fromEnv?.tokens ?? demonstrations(r.task, s.seed, s.warmup.demos);
     const out = await callMesh(d, layoutOf(r, ownerOf(r, base)), base, -1, {
       fn: 'sft',
+      ...(fromEnv ? { mask: fromEnv.mask } : {}),
       tokens: demos,
       batch: s.warmup.demos,
       promptLen: r.task.promptLen,
@@ -315,7 +323,7 @@ export async function setupModels(d: Dispatcher, r: RunSpec, resume?: Checkpoint
       seed: seedOf(s.seed, Stream.demos),
       ...eosOf(r.task),
     });
-    warmup = { steps: s.warmup.steps, first_loss: out.first_loss, loss: out.loss };
+    warmup = { steps: s.warmup.steps, first_loss: out.first_loss, loss: out.loss, ...(fromEnv ? { source: 'environment' as const, turns: fromEnv.turns } : {}) };
   }
   // Models that start from another (a frozen reference, a critic's body) copy it once it is warm.
   await Promise.all(r.graph.models.filter((m) => m.from !== undefined).map((m) => copyModel(d, r, m.from!, m.name, `init-${m.name}`)));
@@ -323,6 +331,37 @@ export async function setupModels(d: Dispatcher, r: RunSpec, resume?: Checkpoint
   const warm = warmup ? { warmup } : {};
   if (!learned || !base) return { parameters, ...warm };
   return { parameters, ...warm, rewardModel: await trainRewardModel(d, r, base, learned.name) };
+}
+
+/**
+ * The warm-up's demonstrations from the environment's expert: a prompt per row (the task's, apart
+ * from RL's), a game of its own per row, laid out as episodes are and trained on the actions only.
+ * A failure (no expert, no instance, a demonstration that does not encode) fails the run: setting
+ * up again would ask the same environment.
+ */
+async function environmentDemos(r: RunSpec, demonstrate: Demonstrate | undefined): Promise<{ tokens: Int32Array; mask: Float32Array; turns: number }> {
+  const { scenario: s, task } = r;
+  const key = s.environment!;
+  if (!demonstrate) throw new CallError('environment', `warm-up: warmup.source is 'environment' and this supervisor has no client for environment '${key.name}'`);
+  const info = episodeTaskOf(r);
+  const count = s.warmup.demos;
+  const prompts = task.prompts(seedOf(s.seed, Stream.demos), -1, count);
+  const spec = episodesSpec(key, info, seedOf(s.seed, Stream.demos), 0, prompts, 1);
+  try {
+    return await demoRows(demonstrate, turnCodec(spec.codec, info.eos), {
+      prompts,
+      tasks: spec.tasks,
+      ids: spec.ids.map((_, i) => `warmup-${i}`),
+      promptLen: task.promptLen,
+      responseLen: task.responseLen,
+      maxTurns: key.max_turns,
+      ...(info.eos !== undefined ? { eos: info.eos } : {}),
+      ...(key.stop_strings.length ? { stopStrings: key.stop_strings } : {}),
+      fill: info.fill,
+    });
+  } catch (e) {
+    throw new CallError('environment', `warm-up from environment '${key.name}': ${(e as Error).message}`, { cause: e });
+  }
 }
 
 /** Copies `from`'s weights into `to` over their owner layouts: all of them, or the body when the heads differ. */
@@ -344,6 +383,9 @@ export interface WarmupReport {
   steps: number;
   first_loss: number;
   loss: number;
+  /** From the environment's expert: its actions per demonstration, mean. */
+  source?: 'environment';
+  turns?: number;
 }
 
 export interface RewardModelReport {

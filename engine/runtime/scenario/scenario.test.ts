@@ -29,7 +29,7 @@ describe('parseScenario defaults', () => {
     lengths: {},
     algorithm: { name: 'ppo', critic_lr: 1e-3, value_clip: 0.2, gamma: 1, lambda: 0.95, loss: 'clip_policy' },
     plan: {},
-    warmup: { steps: 15, demos: 1024, batch: 32, lr: 3e-3 },
+    warmup: { steps: 15, demos: 1024, batch: 32, lr: 3e-3, source: 'task' },
     rl: {
       iterations: 40,
       batch: 64,
@@ -205,6 +205,11 @@ describe('plan checks', () => {
     expect(scenarioError('rl: {batch: 4, minibatches: 2}\nwarmup: {batch: 4}\nplan: {critic.train: {mesh: "0:0-3", dp: 4}}')).toContain(
       'plan.critic.train: dp=4 replicas need at least 4 rows per batch; this call gets 2',
     );
+  });
+
+  it('a warm-up from the environment needs an environment', () => {
+    expect(scenarioError('warmup: {source: environment}')).toContain("warmup.source: 'environment' draws demonstrations from the scenario's environment, and it names none");
+    expect(scenarioError('warmup: {source: expert}')).toMatch(/warmup\.source/);
   });
 
   it("a model's calls may use different meshes (the supervisor reallocates between them)", () => {

@@ -183,6 +183,10 @@ export const Scenario = z.strictObject({
       demos: pos.default(1024),
       batch: pos.default(32),
       lr: z.number().positive().default(3e-3),
+      source: z
+        .enum(['task', 'environment'])
+        .default('task')
+        .describe("where the demonstrations come from: the task's own answers, or episodes the environment's expert plays (env.demo; trained on the actions only)"),
     })
     .prefault({}),
   rl: z
@@ -395,10 +399,11 @@ export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
   const rows = rowsOf(s);
   // The warm-up's demonstrations go to the policy in one call, which one bus message carries.
   const task = taskOf(s);
-  const demoBytes = s.warmup.demos * (task.promptLen + task.responseLen) * 4;
+  // From an environment, each demonstration also carries its action mask.
+  const demoBytes = s.warmup.demos * (task.promptLen + task.responseLen + (s.warmup.source === 'environment' ? task.responseLen : 0)) * 4;
   if (s.warmup.steps > 0 && demoBytes > CALL_BYTES) {
     errors.push(
-      `warmup.demos: ${s.warmup.demos} demonstrations of ${task.promptLen + task.responseLen} tokens are ${demoBytes} bytes, more than one call carries (${CALL_BYTES}: NATS's 1 MiB message, less room for the rest of the call); at most ${Math.floor(CALL_BYTES / ((task.promptLen + task.responseLen) * 4))}`,
+      `warmup.demos: ${s.warmup.demos} demonstrations of ${task.promptLen + task.responseLen} tokens are ${demoBytes} bytes, more than one call carries (${CALL_BYTES}: NATS's 1 MiB message, less room for the rest of the call); at most ${Math.floor((CALL_BYTES * s.warmup.demos) / demoBytes)}`,
     );
   }
   // A train call carries the rows and their per-token arrays (old log-probs, advantages, returns, the mask: four at most).
@@ -450,7 +455,10 @@ export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
 /** What in a scenario's `environment:` does not fit its algorithm, plan or task. */
 function environmentProblems(s: Scenario, graph: Graph, plan: Plan, task: Task): string[] {
   const env = s.environment;
-  if (!env) return [];
+  if (!env)
+    return s.warmup.source === 'environment' && s.warmup.steps > 0
+      ? ["warmup.source: 'environment' draws demonstrations from the scenario's environment, and it names none (add environment:, or use source: task)"]
+      : [];
   if (graph.source === 'pairs') return [`environment: '${algorithmSpec(s).algorithm.name}' learns from preference pairs and generates nothing; episodes need an algorithm that samples`];
   const errors: string[] = [];
   for (const c of graph.calls.filter((c) => c.fn === 'generate')) {

@@ -10,6 +10,7 @@
 // scores already computed come back from the run store instead of being computed again; training
 // runs again from the restored state, so every prompt is trained on exactly once. Past the
 // supervision intensity it gives up with an error that names the failures.
+import type { Demonstrate } from '../../environments/index.ts';
 import { assign, fromCallback, fromPromise, setup } from 'xstate';
 import type { Metrics } from '../../../mesh/wire/index.ts';
 import { CallError, fence, type Dispatcher } from '../dispatch/dispatch.ts';
@@ -52,6 +53,8 @@ export interface SupervisorInput {
   backends?: string[];
   /** Reward actors on the bus (the scenario's reward.actors). */
   rewards?: RewardSources;
+  /** The environment's expert, for a warm-up drawn from it (warmup.source: environment). */
+  demonstrate?: Demonstrate;
   /** Tells observers that a recovery is done (the bus's events subject). */
   onRecovered?: (r: { epoch: number; iteration: number; snapshot: number; seconds: number; reason: string }) => void;
 }
@@ -87,7 +90,7 @@ interface Context extends SupervisorInput {
   error?: string;
 }
 
-type StageInput = { d: Dispatcher; r: RunSpec; store: RunStore; iteration: number; rewards?: RewardSources };
+type StageInput = { d: Dispatcher; r: RunSpec; store: RunStore; iteration: number; rewards?: RewardSources; demonstrate?: Demonstrate };
 
 /** In every state that works with the devices: a lost worker or trouble on the bus starts a recovery. */
 const RECOVER_ON_LOSS = {
@@ -120,7 +123,7 @@ export const supervisorMachine = setup({
     /** Keeps the run's membership: joins, heartbeats, exits. The process host provides the NATS version. */
     membership: fromCallback<SupervisorEvent, { need: number[] }>(() => () => {}),
     setupModels: fromPromise(async ({ input }: { input: StageInput & { resume?: CheckpointSet; resumeAfter?: number } }) => {
-      const out = await setupModels(input.d, input.r, input.resume);
+      const out = await setupModels(input.d, input.r, input.resume, input.demonstrate);
       // The first snapshot: what a recovery before the first iteration's goes back to.
       const after = input.resumeAfter ?? -1;
       await input.store.saveSnapshot(after, await takeCheckpoint(input.d, input.r, after));
@@ -147,7 +150,7 @@ export const supervisorMachine = setup({
       await Promise.all(input.devices.map(reset));
       if (input.snapshot === undefined) {
         const after = input.resume?.iteration ?? -1;
-        const out = await setupModels(d, r, input.resume?.checkpoint);
+        const out = await setupModels(d, r, input.resume?.checkpoint, input.demonstrate);
         await store.saveSnapshot(after, await takeCheckpoint(d, r, after));
         return { ...out, snapshot: after };
       }
@@ -368,6 +371,7 @@ export const supervisorMachine = setup({
           r: context.spec,
           store: context.store,
           iteration: -1,
+          demonstrate: context.demonstrate,
           resume: context.resume?.checkpoint,
           resumeAfter: context.resume?.iteration,
         }),
@@ -421,7 +425,16 @@ export const supervisorMachine = setup({
         restoring: {
           invoke: {
             src: 'recover',
-            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: -1, devices: context.need, snapshot: context.snapshot, resume: context.resume }),
+            input: ({ context }) => ({
+              d: fence(context.dispatcher),
+              r: context.spec,
+              store: context.store,
+              iteration: -1,
+              devices: context.need,
+              snapshot: context.snapshot,
+              resume: context.resume,
+              demonstrate: context.demonstrate,
+            }),
             onDone: [
               {
                 guard: ({ context, event }) => event.output.snapshot + 1 >= context.spec.scenario.rl.iterations,
