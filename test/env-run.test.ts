@@ -11,7 +11,7 @@ import { launch } from '../engine/cli/launch.ts';
 import { runChaos } from '../engine/cli/chaos-run.ts';
 import { loadScenarioFile, ScenarioError } from '../engine/runtime/scenario/scenario.ts';
 import { evaluateRun } from '../engine/runtime/tools/evaluate.ts';
-import { ensurePythonMsgpack, ROOT, tempDir } from './helpers.ts';
+import { ensurePython, ROOT, tempDir } from './helpers.ts';
 
 const quiet = { phase() {}, iteration() {}, stop() {} };
 const dir = tempDir('ferry-env-run-');
@@ -48,8 +48,8 @@ describe('a scenario with an environment ferry starts', () => {
     const tag = `ferry-env-test-${process.pid}`;
     const env = `{ name: guess, max_turns: 4, turn_tokens: 2, group_size: 4, instances: 2, command: [node, --import, tsx, ${join(ROOT, 'examples/env/guess.ts')}, ${tag}] }`;
     const file = scenario('guess', env);
-    // The same game in Python (examples/env/guess.py, msgpack and a socket): the same episodes.
-    const python = scenario('guess-py', env.replace(`node, --import, tsx, ${join(ROOT, 'examples/env/guess.ts')}`, `${ensurePythonMsgpack()}, ${join(ROOT, 'examples/env/guess.py')}`));
+    // The same game in Python (examples/env/guess.py, nats-py and msgpack): the same episodes.
+    const python = scenario('guess-py', env.replace(`node, --import, tsx, ${join(ROOT, 'examples/env/guess.ts')}`, `${ensurePython()}, ${join(ROOT, 'examples/env/guess.py')}`));
     const runs = [];
     // Two runs, one against each twin: equal digests say both that a run repeats and that the
     // Python environment plays the same game.
@@ -168,7 +168,7 @@ describe('a scenario with an environment ferry starts', () => {
     // guess.py has no expert: it answers env.demo with an error, and the run stops there, once.
     const py = join(dir, 'warm-py');
     const refused = await launch({
-      scenario: await loadScenarioFile(warm('warm-py', `${ensurePythonMsgpack()}, ${join(ROOT, 'examples/env/guess.py')}`)),
+      scenario: await loadScenarioFile(warm('warm-py', `${ensurePython()}, ${join(ROOT, 'examples/env/guess.py')}`)),
       run: `warmpy${Date.now()}`,
       out: py,
       progress: quiet,

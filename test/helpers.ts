@@ -103,13 +103,26 @@ export function ensureChromium(): string {
 }
 
 /**
- * A python3 that has msgpack (examples/env/guess.py needs it and nothing else): Debian's, with its
- * python3-msgpack installed when it is missing; a pyenv shim first on PATH may lack it.
+ * A python3 that has nats-py and msgpack (examples/env/guess.py needs them and nothing else):
+ * Debian's, with its python3-msgpack and python3-pip installed when missing, and nats-py from PyPI
+ * into the user's site (pip --user) when it cannot import it; a pyenv shim first on PATH may lack them.
  */
-export function ensurePythonMsgpack(): string {
+export function ensurePython(): string {
   const python = existsSync('/usr/bin/python3') ? '/usr/bin/python3' : (findOnPath(['python3']) ?? 'python3');
-  const has = () => spawnSync(python, ['-c', 'import msgpack'], { stdio: 'ignore' }).status === 0;
-  if (!has()) installDebianPackage('python3-msgpack');
-  if (!has()) throw new Error(`${python} cannot import msgpack: install Debian's python3-msgpack (apt-get install python3-msgpack)`);
+  const can = (module: string) => spawnSync(python, ['-c', `import ${module}`], { stdio: 'ignore' }).status === 0;
+  if (!can('msgpack')) installDebianPackage('python3-msgpack');
+  if (!can('nats')) {
+    if (!can('pip')) installDebianPackage('python3-pip');
+    spawnSync(python, ['-m', 'pip', 'install', '--quiet', '--user', '--break-system-packages', '--root-user-action=ignore', NATS_PY], { stdio: 'inherit' });
+  }
+  for (const [module, how] of [
+    ['msgpack', "Debian's python3-msgpack (apt-get install python3-msgpack)"],
+    ['nats', `nats-py (${python} -m pip install --user ${NATS_PY})`],
+  ] as const) {
+    if (!can(module)) throw new Error(`${python} cannot import ${module}: install ${how}`);
+  }
   return python;
 }
+
+/** The nats-py that .ci/run and ensurePython install (the example environment's NATS client). */
+export const NATS_PY = 'nats-py>=2.6,<3';
