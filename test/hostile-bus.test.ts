@@ -87,6 +87,7 @@ const TRIED: Record<Who, Record<string, string>> = {
     'progress and recovered events with made-up figures': "shown by the launcher only; metrics.jsonl is the supervisor's own",
     'resend request as the supervisor, for an observed checkpoint': 'the device sends that chunk again; the copy is ignored',
     'reward request to a service that does not exist': 'no one answers',
+    'demonstration request to an environment that does not exist': 'no one answers',
   },
   worker: {
     'random bytes': 'dropped: not msgpack',
@@ -99,6 +100,8 @@ const TRIED: Record<Who, Record<string, string>> = {
     'a chaos request for a kill point the run does not have': 'answered spare by the launcher',
     'presence of a reward service': 'ignored: the run asks no reward service',
     'request to an environment that does not exist': 'no one answers',
+    'answers of an environment on its own subject, in a run that plays no episodes': 'ignored: no generation of the run keeps a ledger of answers',
+    "answers of an environment on another device's subject": 'refused by the server: a device sends its answers as itself',
     "collective to another device, claiming a third, on the third's subject": 'refused by the server: a device sends collectives as itself',
     'collective to another device, claiming a third, on its own subject': "dropped: it names another sender than its subject's",
     "chunk of a checkpoint under way claiming its sender, digests consistent, on the sender's subject":
@@ -349,6 +352,10 @@ async function asSupervisor(url: string, subj: Subjects, run: string, creds: Run
   const request = { type: 'reward.request', v: 1, id: 'hostile', run, iteration, items: [] };
   for (const subject of ['ferry.reward.hostile', 'ferry.reward.hostile.i.hostile']) h.malformed(subject, request);
   h.send('reward request to a service that does not exist', 'ferry.reward.hostile', encode(request));
+  // A warm-up from an environment's expert is the supervisor's to ask for: of one that does not exist.
+  const demo = { type: 'env.demo', v: 1, id: 'hostile', run, episode: 'warmup-0', task: { prompt_text: '', seed: 1 }, max_turns: 1 };
+  h.malformed('ferry.env.hostile.i.hostile', demo);
+  h.send('demonstration request to an environment that does not exist', 'ferry.env.hostile.i.hostile', encode(demo));
   await h.close();
   return h;
 }
@@ -450,6 +457,11 @@ async function asWorker(url: string, subj: Subjects, creds: RunCredentials, devi
   const reset = { type: 'env.reset', v: 1, id: 'hostile', run: 'x', episode: '0-0', task: { prompt_text: '', seed: 1 }, max_turns: 1 };
   h.malformed('ferry.env.hostile.i.hostile', reset);
   h.send('request to an environment that does not exist', 'ferry.env.hostile.i.hostile', encode(reset));
+  // An environment's answers, as a generating device sends them: a recovery would read them.
+  const turns = { type: 'turns', v, epoch: 0, iteration: 0, stage: 'actor__generate', answers: [{ episode: '0-0', k: 0, observation: 'forged', reward: 1, done: true, instance: 'hostile', seconds: 0 }] };
+  h.malformed(subj.turns(DEVICE), turns);
+  h.send('answers of an environment on its own subject, in a run that plays no episodes', subj.turns(DEVICE), encode(turns));
+  h.send("answers of an environment on another device's subject", subj.turns(devices.find((d) => d !== DEVICE)!), encode(turns));
   await h.nc.flush();
   return h;
 }
