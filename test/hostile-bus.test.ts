@@ -458,7 +458,14 @@ async function asWorker(url: string, subj: Subjects, creds: RunCredentials, devi
   h.malformed('ferry.env.hostile.i.hostile', reset);
   h.send('request to an environment that does not exist', 'ferry.env.hostile.i.hostile', encode(reset));
   // An environment's answers, as a generating device sends them: a recovery would read them.
-  const turns = { type: 'turns', v, epoch: 0, iteration: 0, stage: 'actor__generate', answers: [{ episode: '0-0', k: 0, observation: 'forged', reward: 1, done: true, instance: 'hostile', seconds: 0 }] };
+  const turns = {
+    type: 'turns',
+    v,
+    epoch: 0,
+    iteration: 0,
+    stage: 'actor__generate',
+    answers: [{ episode: '0-0', k: 0, observation: 'forged', reward: 1, done: true, instance: 'hostile', seconds: 0 }],
+  };
   h.malformed(subj.turns(DEVICE), turns);
   h.send('answers of an environment on its own subject, in a run that plays no episodes', subj.turns(DEVICE), encode(turns));
   h.send("answers of an environment on another device's subject", subj.turns(devices.find((d) => d !== DEVICE)!), encode(turns));

@@ -44,6 +44,8 @@ export interface GenerateCall {
 /** A forward pass: a policy's `logprobs`, a value model's `values` ([rows, R]), a reward's `scores` ([rows]). */
 export interface InferenceCall {
   fn: 'inference';
+  /** Placed where this call of the same model is, unless the plan places it (a proximal policy's pass: on the train mesh). */
+  placedWith?: string;
 }
 
 /**

@@ -13,6 +13,7 @@ import { mean, ownerCall, rowLengths, readPairsFile, runGraph, taskPairs, type C
 import type { PairsFile } from '../../algorithms/index.ts';
 import { tokensDigest } from '../../device/index.ts';
 import { turnCodec } from '../../episodes/index.ts';
+import { aheadOf } from '../../asynchrony/index.ts';
 import { Stream, masked, responseLengths, responseMask, seedOf } from '../../model/index.ts';
 import { graphOf, policySpec, resolvePlan, rowsOf, ScenarioError, taskOf, tokenizerDir, verifierOf, type CallName, type Plan, type Scenario } from '../scenario/scenario.ts';
 import type { RunStore } from '../store/store.ts';
@@ -604,6 +605,8 @@ export interface IterationResult {
   generated: number;
   /** With an environment: the rollout's episodes, measured, and a few of them as they went. */
   episodes?: EpisodeMetrics & { sample: EpisodeRecordWire[] };
+  /** Under rl.lag: the policy version (updates before it) that generated the rollout trained on. */
+  version?: number;
 }
 
 /** What episodes need of the scenario's task: its texts, end token, and how its text becomes tokens. */
@@ -640,45 +643,59 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
   // with the tokens they read, and generation writes it for the host steps.
   const book = new EpisodeBook();
   const maskOf = (tokens: Int32Array) => book.mask(tokens) ?? responseMask(tokens, task.promptLen, task.responseLen, task.eos);
+  /**
+   * A generate call's rows for iteration `u`'s prompts (this iteration's, or one generated ahead
+   * under rl.lag). `queued`: told once the call's work is queued on its devices with the weights it
+   * reads (after the reallocation to its layout): nothing queued later can change them under it.
+   */
+  const generateRows = async (c: CallDecl & { fn: 'generate' }, prompts: Int32Array, u: number, queued?: () => void) => {
+    const rows = prompts.length / task.promptLen;
+    const seeds = Uint32Array.from({ length: rows }, (_, i) => seedOf(s.seed, Stream.sample, u, i));
+    // Episodes: the answers they receive are kept as they come (the ledger); played again after
+    // a fault, the call carries those answers and the environment is not asked them again.
+    const stage = stageOf(c.name);
+    const ledger = s.environment ? await TurnLedger.open(store, d.turns ? (listen) => d.turns!((log) => listen(log)) : undefined, { iteration: u, stage, epoch: d.epoch }) : undefined;
+    const recorded = ledger && ledger.size > 0 ? ledger.recorded().answers : undefined;
+    const out = await onLayout(d, r, c.name, u, (name) => {
+      const call = callMesh(
+        d,
+        layoutOf(r, c.name),
+        name,
+        u,
+        {
+          fn: 'generate',
+          prompts,
+          batch: rows,
+          promptLen: task.promptLen,
+          responseLen: task.responseLen,
+          seeds,
+          ...samplingOf(r),
+          ...(c.greedy ? { greedy: true } : {}),
+          ...(s.environment ? { episodes: { ...episodesSpec(s.environment, episodeTaskOf(r), s.seed, u, prompts, r.graph.group), log: stage, ...(recorded ? { recorded } : {}) } } : {}),
+        },
+        c.name,
+      );
+      queued?.();
+      return call;
+    }).finally(() => ledger?.close());
+    if (out.moved) moved.push(out.moved);
+    const mask = out.mask && out.episodes ? out.mask : responseMask(out.tokens, task.promptLen, task.responseLen, task.eos);
+    // An episode's step rewards, weighted as its return is in the reward, for the token-level estimators.
+    const w = s.environment?.weight ?? 0;
+    const stepRewards = out.rewards && w !== 0 ? out.rewards.map((x) => w * x) : new Float32Array(mask.length);
+    return {
+      ...out,
+      ports: { tokens: out.tokens, logprobs: out.logprobs, mask, step_rewards: stepRewards } as Fields,
+      generated: mask.reduce((n, m) => n + m, 0),
+    };
+  };
   const runCall = async (c: CallDecl, inputs: Fields): Promise<Fields> => {
     const port = (p: string) => inputs[c.reads[p]!];
     if (c.fn === 'generate') {
-      const prompts = port('prompts') as Int32Array;
-      const rows = prompts.length / task.promptLen;
-      const seeds = Uint32Array.from({ length: rows }, (_, i) => seedOf(s.seed, Stream.sample, iteration, i));
-      // Episodes: the answers they receive are kept as they come (the ledger); played again after
-      // a fault, the call carries those answers and the environment is not asked them again.
-      const stage = stageOf(c.name);
-      const ledger = s.environment ? await TurnLedger.open(store, d.turns ? (listen) => d.turns!((log) => listen(log)) : undefined, { iteration, stage, epoch: d.epoch }) : undefined;
-      const recorded = ledger && ledger.size > 0 ? ledger.recorded().answers : undefined;
-      const out = await onLayout(d, r, c.name, iteration, (name) =>
-        callMesh(
-          d,
-          layoutOf(r, c.name),
-          name,
-          iteration,
-          {
-            fn: 'generate',
-            prompts,
-            batch: rows,
-            promptLen: task.promptLen,
-            responseLen: task.responseLen,
-            seeds,
-            ...samplingOf(r),
-            ...(c.greedy ? { greedy: true } : {}),
-            ...(s.environment ? { episodes: { ...episodesSpec(s.environment, episodeTaskOf(r), s.seed, iteration, prompts, r.graph.group), log: stage, ...(recorded ? { recorded } : {}) } } : {}),
-          },
-          c.name,
-        ),
-      ).finally(() => ledger?.close());
-      if (out.moved) moved.push(out.moved);
+      const out = await generateRows(c, port('prompts') as Int32Array, iteration);
       book.note(out.tokens, out);
-      const mask = maskOf(out.tokens);
-      generated += mask.reduce((n, m) => n + m, 0);
-      // An episode's step rewards, weighted as its return is in the reward, for the token-level estimators.
-      const w = s.environment?.weight ?? 0;
-      const stepRewards = out.rewards && w !== 0 ? out.rewards.map((x) => w * x) : new Float32Array(mask.length);
-      return { tokens: out.tokens, logprobs: out.logprobs, mask, step_rewards: stepRewards };
+      generated += out.generated;
+      return out.ports;
     }
     if (c.fn === 'inference') {
       const tokens = port('tokens') as Int32Array;
@@ -717,6 +734,32 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
     );
     return { loss: out.loss, grad_norm: out.grad_norm, ...out.stats };
   };
+  // rl.lag: later iterations whose rollouts come from the policy this iteration starts with are
+  // generated now, while it trains, and stored as those iterations' stages (they read them back).
+  // Each is queued on its devices, with its weights in place, before anything of this iteration
+  // can update them.
+  const ahead: Array<Promise<void>> = [];
+  for (const u of aheadOf(iteration, s.rl.lag, s.rl.iterations)) {
+    const source = sourceOf(r, u);
+    for (const c of r.graph.calls) {
+      if (c.fn !== 'generate') continue;
+      const stage = stageOf(c.name);
+      const kept = await store.loadStage(u, stage);
+      if (kept && keptProblem(c, kept) === undefined) continue;
+      let queued!: () => void;
+      const ready = new Promise<void>((res) => (queued = res));
+      const done = generateRows(c, source[c.reads.prompts!] as Int32Array, u, queued).then(async (out) => {
+        const played = new EpisodeBook().note(out.tokens, out);
+        await store.saveStage(u, stage, { ports: keptPorts(c, out.ports), generated: out.generated, version: iteration, ...(played ? { played } : {}) });
+      });
+      // Awaited at the end of the iteration; a failure before then must not go unhandled.
+      done.catch(() => {});
+      await Promise.race([ready, done]);
+      ahead.push(done);
+    }
+  }
+  // The policy version each generation of this iteration came from.
+  const versions = new Map<string, number>();
   const fields = await runGraph(r.graph, sourceOf(r, iteration), async (node, inputs) => {
     if (node.kind === 'step') return node.step.run(inputs, { prompts: s.rl.batch, group: r.graph.group, promptLen: task.promptLen, responseLen: task.responseLen });
     const c = node.call;
@@ -727,8 +770,10 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
         sources?: Record<string, number>;
         generated?: number;
         played?: PlayedEpisodes;
+        version?: number;
       }>(iteration, stage);
       if (kept && keptProblem(c, kept) === undefined) {
+        if (c.fn === 'generate') versions.set(c.name, kept.version ?? iteration);
         if (kept.sources) callSources.set(c.name, kept.sources);
         // Episodes are read back from their record, never played again.
         if (kept.played && kept.ports.tokens instanceof Int32Array) book.note(kept.ports.tokens, kept.played);
@@ -738,6 +783,7 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
     }
     const before = generated;
     const ports = await runCall(c, inputs);
+    if (c.fn === 'generate') versions.set(c.name, iteration);
     if (c.fn !== 'train') {
       const own = callSources.get(c.name);
       // A generation's episodes are stored with it: a replay reads them back (above).
@@ -746,15 +792,20 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
     }
     return rename(c, ports);
   });
+  // What was generated ahead is stored before the iteration ends (its snapshot covers it).
+  await Promise.all(ahead);
   const rewardCall = r.graph.calls.find((c) => c.fn === 'inference' && c.writes.scores === r.graph.reward);
   const rollout = rolloutField(r);
   const tokens = rollout ? fields[rollout] : undefined;
   const episodes = tokens instanceof Int32Array ? book.metrics(tokens) : undefined;
+  const rolloutCall = r.graph.calls.find((c) => c.fn === 'generate' && c.writes.tokens === rollout);
+  const version = rolloutCall ? versions.get(rolloutCall.name) : undefined;
   return {
     fields,
     moved,
     sources: (rewardCall && callSources.get(rewardCall.name)) ?? {},
     generated,
+    ...(s.rl.lag > 0 && version !== undefined ? { version } : {}),
     ...(episodes && tokens instanceof Int32Array ? { episodes: { ...episodes, sample: book.records(tokens)!.slice(0, 4) } } : {}),
   };
 }

@@ -42,6 +42,7 @@ describe('parseScenario defaults', () => {
       top_p: 1,
       lr: 1e-3,
       clip_norm: 1,
+      lag: 0,
     },
     reward: { weight: 1, actors: [] },
     checkpoint: { every: 1 },

@@ -281,6 +281,8 @@ export const supervisorMachine = setup({
         // A rollout of episodes is measured by its episodes; the task's rule reads single answers.
         ...(out.episodes ? episodeFigures(out.episodes) : tokens instanceof Int32Array ? { rule_score: ruleScore(context.spec, tokens), ...responseStats(context.spec, tokens) } : {}),
         ...(Object.keys(out.sources).length ? { rewards: out.sources } : {}),
+        // Asynchrony: which policy made the rollout, and how many updates behind this one it is.
+        ...(out.version !== undefined ? { policy_version: out.version, staleness: context.iteration - out.version } : {}),
       };
       if (out.episodes) context.recorder.episodes?.(context.iteration, out.episodes.sample);
       context.recorder.iteration(metrics, context.spec.scenario.rl.iterations);
