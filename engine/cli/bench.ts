@@ -26,6 +26,7 @@ import { reallocBench } from './bench-realloc.ts';
 import { computeBench } from './bench-compute.ts';
 import { generateBench } from './bench-generate.ts';
 import { envBench } from './bench-env.ts';
+import { asyncBench } from './bench-async.ts';
 import { checkpointBench } from './bench-checkpoint.ts';
 import { searchQualityBench } from './bench-search-quality.ts';
 import { runChaos } from './chaos-run.ts';
@@ -51,6 +52,8 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
                                                 with the KV cache and without: tokens/s, speedup, growth of the time per token
   env [--repeats N]                             32 episodes of 4 turns (actions of 12 tokens) against an environment on the bus answering after 0, 20 and
                                                 100 ms, in groups of 8 and in lock-step: episodes/s and the device's idle share
+  async [--iterations N] [--scenario FILE]      scenarios/async.yaml lock-step and with rl.lag 1, over NATS: s/iteration (median),
+                                                the speedup, reward first 5 -> last 5 of each, the lagged run's staleness
   checkpoint                                    a SmolLM-135M-shaped llama checkpoint written in F32 and BF16, read back,
                                                 loaded on one rank from its directory, and 8 tokens decoded: sizes and seconds`;
 
@@ -149,6 +152,12 @@ runMain(async () => {
     if (values.json) console.log(JSON.stringify({ backend, rows }));
     return 0;
   }
+  if (name === 'async') {
+    const log = values.json ? () => {} : (line: string) => console.log(line);
+    const r = await asyncBench({ ...(values.scenario ? { file: values.scenario } : {}), ...(values.iterations !== undefined ? { iterations: whole('iterations', values.iterations, 3) } : {}), log });
+    if (values.json) console.log(JSON.stringify(r));
+    return 0;
+  }
   if (name === 'checkpoint') {
     const r = await checkpointBench(values.json ? () => {} : (line) => console.log(line));
     if (values.json) console.log(JSON.stringify(r));
@@ -156,7 +165,7 @@ runMain(async () => {
   }
   if (name !== 'iteration')
     throw new UsageError(
-      `unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, search, search-quality, chaos, algorithms, compute, generate, env, checkpoint\n${USAGE}`,
+      `unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, search, search-quality, chaos, algorithms, compute, generate, env, async, checkpoint\n${USAGE}`,
     );
   let scenario = await loadScenarioFile(values.scenario ?? 'scenarios/quickstart.yaml');
   if (values.iterations !== undefined) {
