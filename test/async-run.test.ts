@@ -90,7 +90,9 @@ describe('rl.lag: rollouts of an older policy, generated ahead', () => {
           'chaos: { kills: [{ actor: actor, call: generate, iteration: 2 }, { actor: actor, call: train, iteration: 1 }, { actor: supervisor, call: train, iteration: 2 }] }\n',
         ),
     );
-    const report = await runChaos(await loadScenarioFile(file), join(dir, 'chaos'), () => {});
+    const lines: string[] = [];
+    const report = await runChaos(await loadScenarioFile(file), join(dir, 'chaos'), (l) => lines.push(l));
+    if (report.chaos.status !== 'succeeded') console.log(lines.join('\n'));
     expect(report.chaos.status, report.chaos.error).toBe('succeeded');
     expect(report.kills_by_actor).toEqual({ actor: 2, supervisor: 1 });
     expect(report.digests_equal).toBe(true);

@@ -52,8 +52,9 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
                                                 with the KV cache and without: tokens/s, speedup, growth of the time per token
   env [--repeats N]                             32 episodes of 4 turns (actions of 12 tokens) against an environment on the bus answering after 0, 20 and
                                                 100 ms, in groups of 8 and in lock-step: episodes/s and the device's idle share
-  async [--iterations N] [--scenario FILE]      scenarios/async.yaml lock-step and with rl.lag 1, over NATS: s/iteration (median),
-                                                the speedup, reward first 5 -> last 5 of each, the lagged run's staleness
+  async [--iterations N] [--delay-ms D]        scenarios/async.yaml lock-step and with rl.lag 1, over NATS, with a reward actor that
+                                                takes D ms per request (150): s/iteration (median), the speedup,
+                                                reward first 5 -> last 5 of each, the lagged run's staleness
   checkpoint                                    a SmolLM-135M-shaped llama checkpoint written in F32 and BF16, read back,
                                                 loaded on one rank from its directory, and 8 tokens decoded: sizes and seconds`;
 
@@ -131,6 +132,7 @@ runMain(async () => {
     layers: { type: 'string', default: '6' },
     repeats: { type: 'string', default: '3' },
     task: { type: 'string', default: 'sort' },
+    'delay-ms': { type: 'string', default: '150' },
   });
   if (values.help) {
     console.log(USAGE);
@@ -154,7 +156,12 @@ runMain(async () => {
   }
   if (name === 'async') {
     const log = values.json ? () => {} : (line: string) => console.log(line);
-    const r = await asyncBench({ ...(values.scenario ? { file: values.scenario } : {}), ...(values.iterations !== undefined ? { iterations: whole('iterations', values.iterations, 3) } : {}), log });
+    const r = await asyncBench({
+      ...(values.scenario ? { file: values.scenario } : {}),
+      ...(values.iterations !== undefined ? { iterations: whole('iterations', values.iterations, 3) } : {}),
+      rewardDelayMs: whole('delay-ms', values['delay-ms'], 0),
+      log,
+    });
     if (values.json) console.log(JSON.stringify(r));
     return 0;
   }

@@ -735,23 +735,37 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
     return { loss: out.loss, grad_norm: out.grad_norm, ...out.stats };
   };
   // rl.lag: later iterations whose rollouts come from the policy this iteration starts with are
-  // generated now, while it trains, and stored as those iterations' stages (they read them back).
-  // Each is queued on its devices, with its weights in place, before anything of this iteration
-  // can update them.
+  // generated now and stored as those iterations' stages (they read them back). A generation
+  // reads its weights through its call's view, one generation at a time: those the iteration
+  // needs before its graph (its own, when none is stored: the first iteration, or a resumed one;
+  // at the first, all but the last ahead) run one after the other first; the last ahead of each
+  // call is queued on its devices, its weights in place, before anything of this iteration can
+  // update them, and runs while the iteration trains. Each is stored before the iteration ends.
   const ahead: Array<Promise<void>> = [];
-  for (const u of aheadOf(iteration, s.rl.lag, s.rl.iterations)) {
-    const source = sourceOf(r, u);
+  if (s.rl.lag > 0) {
+    const stored = async (c: CallDecl, u: number) => {
+      const kept = await store.loadStage(u, stageOf(c.name));
+      return kept !== undefined && keptProblem(c, kept) === undefined;
+    };
+    const generateAndStore = (c: CallDecl & { fn: 'generate' }, u: number, queued?: () => void) =>
+      generateRows(c, sourceOf(r, u)[c.reads.prompts!] as Int32Array, u, queued).then(async (out) => {
+        const played = new EpisodeBook().note(out.tokens, out);
+        await store.saveStage(u, stageOf(c.name), { ports: keptPorts(c, out.ports), generated: out.generated, version: iteration, ...(played ? { played } : {}) });
+      });
     for (const c of r.graph.calls) {
       if (c.fn !== 'generate') continue;
-      const stage = stageOf(c.name);
-      const kept = await store.loadStage(u, stage);
-      if (kept && keptProblem(c, kept) === undefined) continue;
+      const todo: number[] = [];
+      for (const u of [iteration, ...aheadOf(iteration, s.rl.lag, s.rl.iterations)]) if (!(await stored(c, u))) todo.push(u);
+      const last = todo.pop();
+      for (const u of todo) await generateAndStore(c, u);
+      if (last === undefined) continue;
+      if (last === iteration) {
+        await generateAndStore(c, last);
+        continue;
+      }
       let queued!: () => void;
       const ready = new Promise<void>((res) => (queued = res));
-      const done = generateRows(c, source[c.reads.prompts!] as Int32Array, u, queued).then(async (out) => {
-        const played = new EpisodeBook().note(out.tokens, out);
-        await store.saveStage(u, stage, { ports: keptPorts(c, out.ports), generated: out.generated, version: iteration, ...(played ? { played } : {}) });
-      });
+      const done = generateAndStore(c, last, queued);
       // Awaited at the end of the iteration; a failure before then must not go unhandled.
       done.catch(() => {});
       await Promise.race([ready, done]);
