@@ -98,5 +98,9 @@ describe('rl.lag: rollouts of an older policy, generated ahead', () => {
     expect(report.digests_equal).toBe(true);
     expect(report.rollouts_lost).toBe(0);
     expect(report.rollouts_duplicated).toBe(0);
+    // The supervisor process builds the stale graph from the resolved scenario it reads back: the
+    // proximal policy's pass is planned, on the train mesh.
+    const summary = JSON.parse(readFileSync(join(dir, 'chaos', 'clean', 'summary.json'), 'utf8')) as { plan: Record<string, { mesh: string }> };
+    expect(summary.plan['actor.prox']).toMatchObject({ mesh: '0:1' });
   }, 300_000);
 });

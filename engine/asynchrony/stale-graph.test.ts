@@ -22,7 +22,11 @@ describe('the graph of stale rollouts', () => {
     expect(resolvePlan(parseScenario(yaml, 'test.yaml'))['actor.prox']).toMatchObject({ mesh: '0:2', devices: [2] });
   });
 
-  it('keeps a loss the scenario names: one with a prox port reads the proximal policy, another the behaviour policy as before', () => {
+  it('is the same graph whether the scenario names clip_policy or leaves it to its default (a resolved scenario read back names it)', () => {
+    expect(graph('algorithm: { name: grpo, loss: clip_policy }\nrl: { lag: 1 }').calls).toEqual(graph('algorithm: grpo\nrl: { lag: 1 }').calls);
+  });
+
+  it('keeps another loss: one with a prox port reads the proximal policy, another the behaviour policy as before', () => {
     const decoupled = call('algorithm: { name: grpo, loss: decoupled }\nrl: { lag: 1 }', 'actor.train')!;
     expect(decoupled.reads.prox).toBe('prox_logprobs');
     expect(decoupled.reads.behav).toBe('logprobs');

@@ -3,8 +3,10 @@
 // the trainer's own weights before the update — so the graph gains a pass of the actor over the
 // rollout on its train mesh (`<actor>.prox`, writing `prox_logprobs`), and the actor's loss reads
 // it: the decoupled loss (AReaL's: clip against π_prox, weight by π_prox / π_behav, capped) in
-// place of the default clip_policy, a loss of the user's that has a `prox` port bound to it, any
-// other loss left as it was (it reads the generation's log-probs, the behaviour policy's).
+// place of clip_policy (with its clip and KL settings), any loss with a `prox` port bound to it,
+// any other loss left as it was (it reads the generation's log-probs, the behaviour policy's).
+// The rewrite depends on the graph alone (not on how the scenario spelled its options), so a
+// supervisor that reads the resolved scenario back builds the same graph.
 import type { LossSpec } from '../../mesh/wire/index.ts';
 import { GraphError, type CallDecl, type Graph } from '../algorithms/index.ts';
 import { lossOf, lossParams } from '../model/index.ts';
@@ -15,11 +17,8 @@ export const PROX_FIELD = 'prox_logprobs';
 /** Parameters clip_policy and the decoupled loss share (decoupled adds `cap`). */
 const SHARED = ['clip', 'clip_high', 'aggregation', 'kl_coef', 'kl'];
 
-/**
- * The graph with stale rollouts. `explicitLoss`: the scenario named the actor's loss (kept), or
- * left it to its default (clip_policy, replaced by decoupled with the same clip and KL settings).
- */
-export function staleGraph(g: Graph, explicitLoss: boolean): Graph {
+/** The graph with stale rollouts. */
+export function staleGraph(g: Graph): Graph {
   if (g.source === 'pairs') throw new GraphError('rl.lag: this algorithm learns from preference pairs and generates nothing, so its rollouts cannot be stale; leave rl.lag at 0');
   const generates = g.calls.filter((c) => c.fn === 'generate');
   const sources = new Set<string>(['prompts']);
@@ -36,7 +35,7 @@ export function staleGraph(g: Graph, explicitLoss: boolean): Graph {
       calls.push(c);
       continue;
     }
-    const loss = staleLoss(policyTrain.loss, explicitLoss);
+    const loss = staleLoss(policyTrain.loss);
     const ports = portsOf(loss);
     if (ports.includes('prox')) {
       // The proximal policy: the actor itself, before its update, on the rollout.
@@ -63,8 +62,8 @@ function portsOf(loss: LossSpec): string[] {
   }
 }
 
-function staleLoss(loss: LossSpec, explicit: boolean): LossSpec {
-  if (explicit || loss.name !== 'clip_policy') return loss;
+function staleLoss(loss: LossSpec): LossSpec {
+  if (loss.name !== 'clip_policy') return loss;
   const params = Object.fromEntries(Object.entries(loss.params ?? {}).filter(([k]) => SHARED.includes(k)));
   return { name: 'decoupled', params };
 }

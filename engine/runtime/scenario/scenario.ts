@@ -304,7 +304,7 @@ export function algorithmSpec(s: Scenario): AlgorithmSpec {
     // Stale rollouts (rl.lag): the actor's update reads the proximal policy too.
     let built = fresh;
     try {
-      built = s.rl.lag > 0 ? staleGraph(fresh, 'loss' in given) : fresh;
+      built = s.rl.lag > 0 ? staleGraph(fresh) : fresh;
     } catch (e) {
       if (e instanceof GraphError) throw new ScenarioError(e.message);
       throw e;
