@@ -735,41 +735,79 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
     return { loss: out.loss, grad_norm: out.grad_norm, ...out.stats };
   };
   // rl.lag: later iterations whose rollouts come from the policy this iteration starts with are
-  // generated now and stored as those iterations' stages (they read them back). A generation
-  // reads its weights through its call's view, one generation at a time: those the iteration
-  // needs before its graph (its own, when none is stored: the first iteration, or a resumed one;
-  // at the first, all but the last ahead) run one after the other first; the last ahead of each
-  // call is queued on its devices, its weights in place, before anything of this iteration can
-  // update them, and runs while the iteration trains. Each is stored before the iteration ends.
+  // generated now and stored as those iterations' stages (they read them back), and so are the
+  // calls of frozen models that read nothing but the rollout (the reference's log-probs, the
+  // reward; not with an environment, whose returns come with the episodes): none of them depends on
+  // the policy's updates. A generation reads its weights through its call's view, one at a time:
+  // those the iteration needs before its graph (its own, when none is stored: the first iteration
+  // or a resumed one; at the first, all but the last ahead) run one after the other first; the
+  // last ahead is queued on its devices, its weights in place, before anything of this iteration
+  // can update them, and runs (then is scored) while the iteration trains. All is stored before
+  // the iteration ends.
   const ahead: Array<Promise<void>> = [];
   if (s.rl.lag > 0) {
-    const stored = async (c: CallDecl, u: number) => {
-      const kept = await store.loadStage(u, stageOf(c.name));
-      return kept !== undefined && keptProblem(c, kept) === undefined;
+    const gens = r.graph.calls.filter((c): c is CallDecl & { fn: 'generate' } => c.fn === 'generate');
+    const rollout = new Set(gens.flatMap((c) => Object.values(c.writes)));
+    const frozen = s.environment ? [] : r.graph.calls.filter((c) => c.fn === 'inference' && !declOf(r, c.model).trained && Object.values(c.reads).every((f) => rollout.has(f)));
+    const keptFields = async (c: CallDecl, u: number): Promise<Fields | undefined> => {
+      const kept = await store.loadStage<{ ports: Fields }>(u, stageOf(c.name));
+      return kept && keptProblem(c, kept) === undefined ? rename(c, kept.ports) : undefined;
     };
-    const generateAndStore = (c: CallDecl & { fn: 'generate' }, u: number, queued?: () => void) =>
+    const generateAndStore = (c: CallDecl & { fn: 'generate' }, u: number, queued?: () => void): Promise<Fields> =>
       generateRows(c, sourceOf(r, u)[c.reads.prompts!] as Int32Array, u, queued).then(async (out) => {
         const played = new EpisodeBook().note(out.tokens, out);
         await store.saveStage(u, stageOf(c.name), { ports: keptPorts(c, out.ports), generated: out.generated, version: iteration, ...(played ? { played } : {}) });
+        return rename(c, out.ports);
       });
-    for (const c of r.graph.calls) {
-      if (c.fn !== 'generate') continue;
-      const todo: number[] = [];
-      for (const u of [iteration, ...aheadOf(iteration, s.rl.lag, s.rl.iterations)]) if (!(await stored(c, u))) todo.push(u);
-      const last = todo.pop();
-      for (const u of todo) await generateAndStore(c, u);
-      if (last === undefined) continue;
-      if (last === iteration) {
-        await generateAndStore(c, last);
+    const scoreAndStore = async (u: number, fields: Fields) => {
+      for (const c of frozen) {
+        if (await keptFields(c, u)) continue;
+        const tokens = fields[c.reads.tokens!] as Int32Array;
+        if (declOf(r, c.model).head === 'reward') {
+          const out = await rewardScores(d, r, c, u, tokens, sources);
+          await store.saveStage(u, stageOf(c.name), { ports: keptPorts(c, { scores: out.scores }), sources: out.sources, generated: 0 });
+          continue;
+        }
+        const out = await onLayout(d, r, c.name, u, (name) => callMesh(d, layoutOf(r, c.name), name, u, { fn: 'inference', ...batchOf(tokens) }, c.name));
+        if (out.moved) moved.push(out.moved);
+        const key = declOf(r, c.model).head === 'policy' ? 'logprobs' : 'values';
+        await store.saveStage(u, stageOf(c.name), { ports: keptPorts(c, { [key]: masked(pick(out, key, c.name), maskOf(tokens)) }), generated: 0 });
+      }
+    };
+    /** Iteration u's rollout (and, ahead, its scores); `overlap`: returns once the generations are queued, with the rest to await. */
+    const produce = async (u: number, overlap: boolean): Promise<{ rest: Promise<void> }> => {
+      const made: Array<Promise<Fields>> = [];
+      for (const c of gens) {
+        const have = await keptFields(c, u);
+        if (have) made.push(Promise.resolve(have));
+        else if (!overlap) made.push(Promise.resolve(await generateAndStore(c, u)));
+        else {
+          let queued!: () => void;
+          const ready = new Promise<void>((res) => (queued = res));
+          const done = generateAndStore(c, u, queued);
+          done.catch(() => {});
+          await Promise.race([ready, done]);
+          made.push(done);
+        }
+      }
+      // In an object: an async function's promise would wait for this one.
+      return {
+        rest: Promise.all(made).then(async (fs) => {
+          if (u !== iteration) await scoreAndStore(u, Object.assign({}, ...fs));
+        }),
+      };
+    };
+    const targets = [iteration, ...aheadOf(iteration, s.rl.lag, s.rl.iterations)];
+    for (const [i, u] of targets.entries()) {
+      const last = i === targets.length - 1 && u !== iteration;
+      const { rest } = await produce(u, last);
+      if (!last) {
+        await rest;
         continue;
       }
-      let queued!: () => void;
-      const ready = new Promise<void>((res) => (queued = res));
-      const done = generateAndStore(c, last, queued);
       // Awaited at the end of the iteration; a failure before then must not go unhandled.
-      done.catch(() => {});
-      await Promise.race([ready, done]);
-      ahead.push(done);
+      rest.catch(() => {});
+      ahead.push(rest);
     }
   }
   // The policy version each generation of this iteration came from.
