@@ -98,6 +98,11 @@ runMain(async () => {
     onDropped: log,
     ...(chaos ? { beforeCall: (_device, _model, iteration, fn) => chaos.supervisorCall(fn, iteration) } : {}),
   });
+  // What the bus's clients (reward actors, an environment) say goes to the log and the events subject.
+  const warn = (line: string) => {
+    log(line);
+    publish({ type: 'log', level: 'warn', source: 'supervisor', message: line });
+  };
   // Reward actors on the bus, one client per name; they say on the events subject what they wait for.
   const learned = scenario.reward.model ? [{ name: spec.rewardService, timeout_seconds: 30, retries: 2, wait_seconds: scenario.timeouts.recover_seconds }] : [];
   const clients = new Map(
@@ -107,10 +112,7 @@ runMain(async () => {
         timeoutMs: a.timeout_seconds * 1000,
         retries: a.retries,
         waitMs: a.wait_seconds * 1000,
-        say: (line) => {
-          log(line);
-          publish({ type: 'log', level: 'warn', source: 'supervisor', message: line });
-        },
+        say: warn,
       }),
     ]),
   );
@@ -124,10 +126,7 @@ runMain(async () => {
           timeoutMs: envKey.timeout_seconds * 1000,
           retries: envKey.retries,
           waitMs: envKey.wait_seconds * 1000,
-          say: (line) => {
-            log(line);
-            publish({ type: 'log', level: 'warn', source: 'supervisor', message: line });
-          },
+          say: warn,
         })
       : undefined;
   const actor = createActor(machine, {
