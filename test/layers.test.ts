@@ -6,7 +6,7 @@ import { describe, expect, it } from 'vitest';
 import { ROOT } from './helpers.ts';
 
 /** Bottom to top; processes and command lines (actors/, engine/cli/) sit above them all. */
-const LAYERS = ['mesh/wire', 'mesh/parallel', 'engine/model', 'engine/episodes', 'engine/device', 'engine/algorithms', 'engine/environments', 'engine/runtime'];
+const LAYERS = ['mesh/wire', 'mesh/parallel', 'engine/model', 'engine/episodes', 'engine/device', 'engine/algorithms', 'engine/environments', 'engine/asynchrony', 'engine/runtime'];
 const TOP = ['actors', 'engine/cli'];
 
 function sources(dir: string): string[] {

@@ -11,7 +11,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Metrics } from '../../mesh/wire/index.ts';
 import { runId, startNatsServer } from '../../mesh/wire/index.ts';
-import { loadScenarioFile } from '../runtime/scenario/scenario.ts';
+import { loadScenarioFile } from '../runtime/index.ts';
 import { launch } from './launch.ts';
 
 export interface AsyncRow {
