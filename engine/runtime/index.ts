@@ -17,6 +17,7 @@ export * from './record/report.ts';
 export * from './run/reward-client.ts';
 export * from './record/run-report.ts';
 export * from './run/run.ts';
+export * from './run/setup.ts';
 export * from './scenario/scenario.ts';
 export * from './store/store.ts';
 export * from './supervisor/supervision.ts';

@@ -4,7 +4,7 @@ import { appendFileSync, existsSync, mkdirSync, readFileSync, renameSync, writeF
 import { join } from 'node:path';
 import { decode, encode } from '../../../mesh/wire/index.ts';
 import { CheckpointFile, Metrics, PROTOCOL_VERSION, type EpisodeRecordWire } from '../../../mesh/wire/index.ts';
-import type { CheckpointSet } from '../run/run.ts';
+import type { CheckpointSet } from '../run/setup.ts';
 import type { TransportStats } from '../dispatch/dispatch.ts';
 import type { RolloutAccount } from '../../device/index.ts';
 

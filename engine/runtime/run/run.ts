@@ -1,24 +1,24 @@
 // An RL run on devices, for any algorithm's graph, written against a Dispatcher so that it runs
-// the same over NATS or in one process: setting the models up, one iteration of the graph (its
-// calls on their layouts, views filled by reallocation, host steps between), checkpoints and
-// digests. The supervisor machine (actors/supervisor.machine.ts) sequences them.
+// the same over NATS or in one process: a call on a mesh, views filled by reallocation, one
+// iteration of the graph (host steps between, generations ahead under rl.lag), rewards, digests.
+// Setting the models up and checkpoints are setup.ts's. The supervisor machine
+// (engine/runtime/supervisor/supervisor.machine.ts) sequences them.
 import { createHash } from 'node:crypto';
-import type { CallBody, CallOf, Checkpoint, LedgerEntry, LossModule, ModelSpec, ResultOf } from '../../../mesh/wire/index.ts';
+import type { CallBody, CallOf, LedgerEntry, LossModule, ModelSpec, ResultOf } from '../../../mesh/wire/index.ts';
 import type { EpisodeRecordWire, RewardItem } from '../../../mesh/wire/index.ts';
-import { CallError, type Dispatcher } from '../dispatch/dispatch.ts';
-import { layoutKey, shardSlices, sliceShape, type Layout } from '../../../mesh/parallel/index.ts';
+import type { Dispatcher } from '../dispatch/dispatch.ts';
+import { layoutKey, type Layout } from '../../../mesh/parallel/index.ts';
 import { planRealloc } from '../../../mesh/parallel/index.ts';
-import { isHead, modelInfo, parameterShapes, type GptSpec } from '../../model/index.ts';
+import { modelInfo, type GptSpec } from '../../model/index.ts';
 import { mean, ownerCall, rowLengths, readPairsFile, runGraph, taskPairs, type CallDecl, type Fields, type Graph, type ModelDecl } from '../../algorithms/index.ts';
 import type { PairsFile } from '../../algorithms/index.ts';
 import { tokensDigest } from '../../device/index.ts';
-import { turnCodec } from '../../episodes/index.ts';
 import { aheadOf } from '../../asynchrony/index.ts';
 import { Stream, masked, responseLengths, responseMask, seedOf } from '../../model/index.ts';
 import { graphOf, policySpec, resolvePlan, rowsOf, ScenarioError, taskOf, tokenizerDir, verifierOf, type CallName, type Plan, type Scenario } from '../scenario/scenario.ts';
 import type { RunStore } from '../store/store.ts';
-import { demonstrations, type Task } from '../../device/index.ts';
-import { EpisodeBook, TurnLedger, demoRows, episodesSpec, type Demonstrate, type EpisodeMetrics, type EpisodeTaskInfo, type PlayedEpisodes } from '../../environments/index.ts';
+import type { Task } from '../../device/index.ts';
+import { EpisodeBook, TurnLedger, episodesSpec, type EpisodeMetrics, type EpisodeTaskInfo, type PlayedEpisodes } from '../../environments/index.ts';
 
 export interface RunSpec {
   scenario: Scenario;
@@ -49,14 +49,14 @@ function lossModulesOf(r: RunSpec, model: string): { losses?: LossModule[] } {
   return modules.size ? { losses: [...modules.values()] } : {};
 }
 
-const declOf = (r: RunSpec, model: string): ModelDecl => {
+export const declOf = (r: RunSpec, model: string): ModelDecl => {
   const m = r.graph.models.find((x) => x.name === model);
   if (!m) throw new Error(`'${model}' is not a model of the algorithm`);
   return m;
 };
 
 /** Whether a model is a learned reward model (a value network), not the rule. */
-const learnedReward = (r: RunSpec, model: string) => declOf(r, model).head === 'reward' && r.scenario.reward.model !== undefined;
+export const learnedReward = (r: RunSpec, model: string) => declOf(r, model).head === 'reward' && r.scenario.reward.model !== undefined;
 
 export function modelSpec(r: RunSpec, model: string): ModelSpec {
   const { scenario: s } = r;
@@ -84,7 +84,7 @@ export function samplingOf(r: RunSpec): { temperature: number; topK?: number; to
 }
 
 /** The task's end token, as a call carries it. */
-const eosOf = (task: Task) => (task.eos === undefined ? {} : { eos: task.eos });
+export const eosOf = (task: Task) => (task.eos === undefined ? {} : { eos: task.eos });
 
 /**
  * Runs one call on every rank of a layout at once (they exchange activations and sums among
@@ -199,7 +199,7 @@ export async function reallocate(
   return { seconds: out.seconds, bytes: out.received_bytes };
 }
 
-async function loadModel(d: Dispatcher, r: RunSpec, name: string, role: string, layout: Layout, opts: { seed?: number; lr?: number; serve?: string }, iteration = -1) {
+export async function loadModel(d: Dispatcher, r: RunSpec, name: string, role: string, layout: Layout, opts: { seed?: number; lr?: number; serve?: string }, iteration = -1) {
   const s = r.scenario;
   const results = await Promise.all(
     layout.devices.map((device, rank) =>
@@ -239,225 +239,10 @@ async function onLayout<T>(d: Dispatcher, r: RunSpec, call: CallName, iteration:
   }
 }
 
-/** Per kept model, one checkpoint per rank of its owner layout. */
-export type CheckpointSet = Record<string, Checkpoint[]>;
-
-/** The models whose state a checkpoint keeps: those with parameters (a learned reward model too, not a rule). */
-export function keptModels(r: RunSpec): string[] {
-  return r.graph.models.filter((m) => m.head !== 'reward' || r.scenario.reward.model).map((m) => m.name);
-}
-
-/** Whether a model's shards own an optimizer: trained ones, and a learned reward model (trained at setup). */
-const optimized = (r: RunSpec, model: string) => declOf(r, model).trained || learnedReward(r, model);
-
-/** The learning rate a model's optimizer takes, if it has one. */
-const lrOf = (r: RunSpec, model: string) => (learnedReward(r, model) ? r.scenario.reward.model!.lr : declOf(r, model).trained ? declOf(r, model).lr : undefined);
-
-/** Every rank of every kept model, at the end of an iteration: weights, and optimizer state where it trains. */
-export async function takeCheckpoint(d: Dispatcher, r: RunSpec, iteration: number): Promise<CheckpointSet> {
-  // Every rank's checkpoint is an exchange of its own: they all run at once.
-  const entries = await Promise.all(
-    keptModels(r).map(async (model) => {
-      const layout = layoutOf(r, ownerOf(r, model));
-      const info = modelInfo(modelSpec(r, model) as GptSpec);
-      const ranks = await Promise.all(
-        layout.devices.map((device, rank) => {
-          const shapes = shardSlices(info, layout, rank).map((s) => ({ name: s.name, shape: sliceShape(s) }));
-          return d.checkpointShard(device, model, iteration, shapes, optimized(r, model));
-        }),
-      );
-      return [model, ranks] as const;
-    }),
-  );
-  return Object.fromEntries(entries);
-}
-
 /** The policy every other model starts from: the trained policy drawn from the seed, warmed up first. */
-function basePolicy(r: RunSpec): string | undefined {
+export function basePolicy(r: RunSpec): string | undefined {
   return r.graph.models.find((m) => m.head === 'policy' && m.trained && m.from === undefined)?.name;
 }
-
-/**
- * Loads the algorithm's models. From scratch: warms the base policy up on demonstrations and
- * copies it into the models that start from it (whole, or its body under another head). From a
- * checkpoint: puts every kept model back as it was.
- */
-export async function setupModels(
-  d: Dispatcher,
-  r: RunSpec,
-  resume?: CheckpointSet,
-  demonstrate?: Demonstrate,
-): Promise<{ parameters: Record<string, number>; warmup?: WarmupReport; rewardModel?: RewardModelReport }> {
-  const { scenario: s } = r;
-  const parameters: Record<string, number> = {};
-  await Promise.all(
-    r.graph.models.map(async ({ name }) => {
-      const serve = learnedReward(r, name) ? r.rewardService : undefined;
-      parameters[name] = await loadModel(d, r, name, name, layoutOf(r, ownerOf(r, name)), { ...(resume ? {} : { seed: s.seed }), lr: lrOf(r, name), serve });
-    }),
-  );
-  if (resume) {
-    const kept = keptModels(r);
-    for (const model of kept) {
-      const ranks = layoutOf(r, ownerOf(r, model)).devices.length;
-      const held = resume[model]?.length ?? 0;
-      if (held !== ranks) throw new Error(`the checkpoint holds ${held} rank(s) of '${model}'; the plan gives it ${ranks}`);
-    }
-    await Promise.all(kept.flatMap((model) => layoutOf(r, ownerOf(r, model)).devices.map((device, rank) => d.restoreShard(device, model, -1, resume[model]![rank]!))));
-    return { parameters };
-  }
-  const base = basePolicy(r);
-  let warmup: WarmupReport | undefined;
-  if (base && s.warmup.steps > 0) {
-    const fromEnv = s.warmup.source === 'environment' ? await environmentDemos(r, demonstrate) : undefined;
-    const demos = fromEnv?.tokens ?? demonstrations(r.task, s.seed, s.warmup.demos);
-    const out = await callMesh(d, layoutOf(r, ownerOf(r, base)), base, -1, {
-      fn: 'sft',
-      ...(fromEnv ? { mask: fromEnv.mask } : {}),
-      tokens: demos,
-      batch: s.warmup.demos,
-      promptLen: r.task.promptLen,
-      responseLen: r.task.responseLen,
-      steps: s.warmup.steps,
-      minibatch: s.warmup.batch,
-      lr: s.warmup.lr,
-      seed: seedOf(s.seed, Stream.demos),
-      ...eosOf(r.task),
-    });
-    warmup = { steps: s.warmup.steps, first_loss: out.first_loss, loss: out.loss, ...(fromEnv ? { source: 'environment' as const, turns: fromEnv.turns } : {}) };
-  }
-  // Models that start from another (a frozen reference, a critic's body) copy it once it is warm.
-  await Promise.all(r.graph.models.filter((m) => m.from !== undefined).map((m) => copyModel(d, r, m.from!, m.name, `init-${m.name}`)));
-  const learned = r.graph.models.find((m) => learnedReward(r, m.name));
-  const warm = warmup ? { warmup } : {};
-  if (!learned || !base) return { parameters, ...warm };
-  return { parameters, ...warm, rewardModel: await trainRewardModel(d, r, base, learned.name) };
-}
-
-/**
- * The warm-up's demonstrations from the environment's expert: a prompt per row (the task's, apart
- * from RL's), a game of its own per row, laid out as episodes are and trained on the actions only.
- * A failure (no expert, no instance, a demonstration that does not encode) fails the run: setting
- * up again would ask the same environment.
- */
-async function environmentDemos(r: RunSpec, demonstrate: Demonstrate | undefined): Promise<{ tokens: Int32Array; mask: Float32Array; turns: number }> {
-  const { scenario: s, task } = r;
-  const key = s.environment!;
-  if (!demonstrate) throw new CallError('environment', `warm-up: warmup.source is 'environment' and this supervisor has no client for environment '${key.name}'`);
-  const info = episodeTaskOf(r);
-  const count = s.warmup.demos;
-  const prompts = task.prompts(seedOf(s.seed, Stream.demos), -1, count);
-  const spec = episodesSpec(key, info, seedOf(s.seed, Stream.demos), 0, prompts, 1);
-  try {
-    return await demoRows(demonstrate, turnCodec(spec.codec, info.eos), {
-      prompts,
-      tasks: spec.tasks,
-      ids: spec.ids.map((_, i) => `warmup-${i}`),
-      promptLen: task.promptLen,
-      responseLen: task.responseLen,
-      maxTurns: key.max_turns,
-      ...(info.eos !== undefined ? { eos: info.eos } : {}),
-      ...(key.stop_strings.length ? { stopStrings: key.stop_strings } : {}),
-      fill: info.fill,
-    });
-  } catch (e) {
-    throw new CallError('environment', `warm-up from environment '${key.name}': ${(e as Error).message}`, { cause: e });
-  }
-}
-
-/** Copies `from`'s weights into `to` over their owner layouts: all of them, or the body when the heads differ. */
-async function copyModel(d: Dispatcher, r: RunSpec, from: string, to: string, id: string): Promise<Moved> {
-  const fromSpec = modelSpec(r, from) as GptSpec;
-  const toSpec = modelSpec(r, to) as GptSpec;
-  const names =
-    fromSpec.kind === toSpec.kind
-      ? undefined
-      : parameterShapes(fromSpec)
-          .map(([n]) => n)
-          .filter((n) => !isHead(n));
-  // A value head weighs less than a token head: the stages of the copy may split elsewhere.
-  return reallocate(d, r, id, -1, { model: from, layout: layoutOf(r, ownerOf(r, from)) }, { model: to, layout: layoutOf(r, ownerOf(r, to)) }, fromSpec, names, toSpec);
-}
-
-/** The supervised warm-up: its steps and the cross-entropy of its first and last mini-batch. */
-export interface WarmupReport {
-  steps: number;
-  first_loss: number;
-  loss: number;
-  /** From the environment's expert: its actions per demonstration, mean. */
-  source?: 'environment';
-  turns?: number;
-}
-
-export interface RewardModelReport {
-  /** Pairs the rule told apart (ties are dropped), of those drawn. */
-  pairs: number;
-  drawn: number;
-  first_loss: number;
-  loss: number;
-  /** Share of the training pairs the trained model orders as the rule does. */
-  accuracy: number;
-}
-
-/**
- * The learned reward: the reward model starts from the warmed-up policy's body, then learns from
- * pairs of the policy's own responses to one prompt, labelled by the rule (the human, hidden from
- * the RL iterations), with the Bradley–Terry loss.
- */
-async function trainRewardModel(d: Dispatcher, r: RunSpec, base: string, reward: string): Promise<RewardModelReport> {
-  const { scenario: s, task } = r;
-  const m = s.reward.model!;
-  await copyModel(d, r, base, reward, `init-${reward}`);
-  // Two samples per prompt, from their own seed streams (iterations past any RL iteration's).
-  const prompts = task.prompts(s.seed, PREFERENCE_STREAM, m.pairs);
-  const both = new Int32Array(2 * m.pairs * task.promptLen);
-  both.set(prompts, 0);
-  both.set(prompts, prompts.length);
-  const seeds = Uint32Array.from({ length: 2 * m.pairs }, (_, i) => seedOf(s.seed, Stream.sample, PREFERENCE_STREAM + Math.floor(i / m.pairs), i % m.pairs));
-  const out = await callMesh(d, layoutOf(r, ownerOf(r, base)), base, -1, {
-    fn: 'generate',
-    prompts: both,
-    batch: 2 * m.pairs,
-    promptLen: task.promptLen,
-    responseLen: task.responseLen,
-    seeds,
-    ...samplingOf(r),
-  });
-  const width = task.promptLen + task.responseLen;
-  const chosen: number[][] = [];
-  const rejected: number[][] = [];
-  const judge = (a: ArrayLike<number>, b: ArrayLike<number>) => {
-    const score = (x: ArrayLike<number>) => task.score(Array.from(x).slice(0, task.promptLen), Array.from(x).slice(task.promptLen));
-    const [sa, sb] = [score(a), score(b)];
-    if (sa === sb) return;
-    chosen.push(Array.from(sa > sb ? a : b));
-    rejected.push(Array.from(sa > sb ? b : a));
-  };
-  for (let i = 0; i < m.pairs; i++) {
-    const a = out.tokens.subarray(i * width, (i + 1) * width);
-    const b = out.tokens.subarray((m.pairs + i) * width, (m.pairs + i + 1) * width);
-    judge(a, b);
-    // The human also writes the answer it wants (a demonstration) and compares a sample with it.
-    if (m.demonstrations) judge([...Array.from(a.subarray(0, task.promptLen)), ...task.target(a.subarray(0, task.promptLen))], a);
-  }
-  if (chosen.length === 0) throw new Error(`reward.model: the rule told none of ${m.pairs} pairs apart; draw more pairs or warm up longer`);
-  const res = await d.call(layoutOf(r, ownerOf(r, reward)).devices[0]!, reward, -1, {
-    fn: 'preference',
-    chosen: Int32Array.from(chosen.flat()),
-    rejected: Int32Array.from(rejected.flat()),
-    batch: chosen.length,
-    promptLen: task.promptLen,
-    responseLen: task.responseLen,
-    steps: m.steps,
-    minibatch: m.batch,
-    lr: m.lr,
-    seed: seedOf(s.seed, Stream.shuffle, PREFERENCE_STREAM),
-  });
-  return { pairs: chosen.length, drawn: m.pairs, first_loss: res.first_loss, loss: res.loss, accuracy: res.accuracy };
-}
-
-/** The "iteration" of the preference pairs' prompt and sample streams: past any RL iteration. */
-const PREFERENCE_STREAM = 1_000_000;
 
 /** Reward actors on the bus, by name (actors/reward-client.ts over NATS). */
 export interface RewardSources {

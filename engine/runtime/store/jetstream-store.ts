@@ -20,7 +20,7 @@ import { decode, encode } from '../../../mesh/wire/index.ts';
 import { CheckpointFile, PROTOCOL_VERSION, ProgressRecord, StageRecord } from '../../../mesh/wire/index.ts';
 import { createHash } from 'node:crypto';
 import { subjects, type Subjects } from '../../../mesh/wire/index.ts';
-import type { CheckpointSet } from '../run/run.ts';
+import type { CheckpointSet } from '../run/setup.ts';
 import type { Progress, RunStore, Stage } from './store.ts';
 
 export interface JetStreamStoreOptions {

@@ -3,7 +3,7 @@
 // live in JetStream (mesh/jetstream.ts: a KV bucket, a stream, an Object Store); in one process
 // (benchmarks, unit tests) in memory, behind the same interface.
 import type { Metrics } from '../../../mesh/wire/index.ts';
-import type { CheckpointSet } from '../run/run.ts';
+import type { CheckpointSet } from '../run/setup.ts';
 
 /** Where the supervisor is: enough for a new supervisor to take the run over. */
 export interface Progress {

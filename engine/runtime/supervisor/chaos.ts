@@ -3,7 +3,8 @@
 // iteration, and the device whose worker dies there (the supervisor has none), so that a worker
 // or the supervisor can tell, call by call, whether it has reached one.
 import { Rng, seedOf } from '../../model/index.ts';
-import { keptModels, layoutOf, ownerOf, viewOf, type RunSpec } from '../run/run.ts';
+import { layoutOf, ownerOf, viewOf, type RunSpec } from '../run/run.ts';
+import { keptModels } from '../run/setup.ts';
 import { ScenarioError, type CallName } from '../scenario/scenario.ts';
 
 /** A model of the algorithm, or the supervisor. */

@@ -6,7 +6,8 @@ import type { Metrics } from '../../../mesh/wire/protocol.ts';
 import type { Dispatcher } from '../dispatch/dispatch.ts';
 import type { Recorder, Summary } from '../record/record.ts';
 import type { Progress, RunStore } from '../store/store.ts';
-import { planDevices, runSpec, type CheckpointSet, type IterationResult, type RunSpec } from '../run/run.ts';
+import { planDevices, runSpec, type IterationResult, type RunSpec } from '../run/run.ts';
+import type { CheckpointSet } from '../run/setup.ts';
 import { parseScenario } from '../scenario/scenario.ts';
 import { supervisorMachine, type SupervisorEvent, type SupervisorInput } from './supervisor.machine.ts';
 

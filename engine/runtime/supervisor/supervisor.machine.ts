@@ -19,21 +19,8 @@ import { mean } from '../../algorithms/index.ts';
 import { episodeFigures } from '../../environments/index.ts';
 import { median, rewardWindows, type Recorder, type RolloutAccount, type Summary } from '../record/record.ts';
 import type { Progress, RunStore } from '../store/store.ts';
-import {
-  takeCheckpoint,
-  type CheckpointSet,
-  finalDigests,
-  planDevices,
-  rolloutField,
-  ruleScore,
-  responseStats,
-  runIteration,
-  setupModels,
-  trainedRollouts,
-  type IterationResult,
-  type RewardSources,
-  type RunSpec,
-} from '../run/run.ts';
+import { finalDigests, planDevices, rolloutField, ruleScore, responseStats, runIteration, trainedRollouts, type IterationResult, type RewardSources, type RunSpec } from '../run/run.ts';
+import { setupModels, takeCheckpoint, type CheckpointSet } from '../run/setup.ts';
 import { Intensity } from './supervision.ts';
 
 export interface SupervisorInput {
