@@ -2,7 +2,7 @@
 // is a function of the iteration and the lag, so a lagged run repeats bit for bit; iteration u's
 // rollouts come from version max(0, u − lag) (the same rollouts as another lag's run where that
 // version is the same); the actor trains with the decoupled loss against the proximal policy.
-import { readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { beforeAll, describe, expect, it } from 'vitest';
 import type { Metrics } from '../mesh/wire/index.ts';
 import { initBackend } from '../engine/model/backend.ts';
@@ -102,5 +102,116 @@ describe('rl.lag: rollouts of an older policy, generated ahead', () => {
     // proximal policy's pass is planned, on the train mesh.
     const summary = JSON.parse(readFileSync(join(dir, 'chaos', 'clean', 'summary.json'), 'utf8')) as { plan: Record<string, { mesh: string }> };
     expect(summary.plan['actor.prox']).toMatchObject({ mesh: '0:1' });
+  }, 300_000);
+});
+
+/** A free-running (or replayed) run of scenarios/async-staleness.yaml made small: generation on device 0, training on device 1. */
+async function staleRun(name: string, rl: string): Promise<{ summary: Summary; metrics: Metrics[]; file: string }> {
+  const file = join(dir, `${name}.yaml`);
+  writeFileSync(
+    file,
+    readFileSync(join(ROOT, 'scenarios/async-staleness.yaml'), 'utf8')
+      .replace('name: async-staleness', `name: ${name}`)
+      .replace('warmup: { steps: 15, demos: 1024, batch: 32, lr: 3.0e-3 }', 'warmup: { steps: 3, demos: 64, batch: 16, lr: 3.0e-3 }')
+      .replace(/rl:\n(  .*\n)+/, `rl: ${rl}\n`),
+  );
+  const summaries: Summary[] = [];
+  const metrics: Metrics[] = [];
+  const out = await runInProcess(runSpec(loadScenario(file)), { phase() {}, iteration: (m) => metrics.push(m), finished: (s) => summaries.push(s) }, backend);
+  expect(out.status, summaries[0]?.error).toBe('succeeded');
+  return { summary: summaries[0]!, metrics, file };
+}
+
+describe('rl.staleness: free-running rollouts within η, written ahead, replayed without timing', () => {
+  it('admits nothing older than η, says so in the metrics and the summary, and its recorded schedule replays to the same digests', async () => {
+    const free = await staleRun('free', '{ iterations: 6, batch: 8, staleness: 2 }');
+    const versions = free.metrics.map((m) => m.policy_version as number);
+    expect(free.summary.staleness?.versions).toEqual(versions);
+    versions.forEach((v, u) => {
+      expect(v).toBeLessThanOrEqual(u);
+      expect(u - v).toBeLessThanOrEqual(2);
+      expect(free.metrics[u]!.staleness).toBe(u - v);
+    });
+    // The first admitted iteration is decided before each iteration trains: at least one-step-off.
+    expect(versions.slice(1).every((v, i) => v <= i)).toBe(true);
+    const ages = versions.map((v, u) => u - v);
+    expect(free.summary.staleness).toMatchObject({ max: Math.max(...ages), mean: ages.reduce((a, b) => a + b, 0) / ages.length });
+    expect(Object.values(free.summary.staleness!.histogram).reduce((a, b) => a + b, 0)).toBe(6);
+    expect(free.summary.rollouts).toEqual({ prompts: 6 * 8 * 4, lost: 0, duplicated: 0 });
+    const again = await staleRun('free-replayed', `{ iterations: 6, batch: 8, staleness: 2, versions: [${versions.join(', ')}] }`);
+    expect(again.metrics.map((m) => m.policy_version)).toEqual(versions);
+    expect(again.summary.digests).toEqual(free.summary.digests);
+  }, 300_000);
+
+  it('a recorded schedule decides the versions, whatever the timing: one no lag gives replays as recorded, to its own digests', async () => {
+    // Ages 0, 1, 1, 2, 1, 2: a timing no fixed lag has.
+    const versions = [0, 0, 1, 1, 3, 3];
+    const a = await staleRun('recorded', `{ iterations: 6, batch: 8, staleness: 2, versions: [${versions.join(', ')}] }`);
+    expect(a.metrics.map((m) => m.policy_version)).toEqual(versions);
+    expect(a.summary.staleness).toMatchObject({ versions, max: 2, histogram: { 0: 1, 1: 3, 2: 2 } });
+    const b = await staleRun('recorded-again', `{ iterations: 6, batch: 8, staleness: 2, versions: [${versions.join(', ')}] }`);
+    expect(b.summary.digests).toEqual(a.summary.digests);
+    const lag2 = await staleRun('recorded-lag2', '{ iterations: 6, batch: 8, lag: 2 }');
+    expect(lag2.summary.digests).not.toEqual(a.summary.digests);
+  }, 300_000);
+
+  it('is refused before work starts where it cannot hold, naming the key', () => {
+    const refused = (extra: string, rl: string) => {
+      const file = smallScenario(dir, extra, 'refused-staleness');
+      writeFileSync(file, readFileSync(file, 'utf8').replace('rl: { iterations: 3, batch: 16 }', rl));
+      try {
+        runSpec(loadScenario(file));
+      } catch (e) {
+        expect(e).toBeInstanceOf(ScenarioError);
+        return (e as Error).message;
+      }
+      throw new Error('expected a refusal');
+    };
+    expect(refused('', 'rl: { iterations: 3, batch: 16, staleness: 3 }')).toMatch(/rl\.staleness: 3 is not less than rl\.iterations \(3\)/);
+    expect(refused('', 'rl: { iterations: 3, batch: 16, staleness: -1 }')).toMatch(/rl\.staleness/);
+    expect(refused('algorithm: dpo', 'rl: { iterations: 3, batch: 16, staleness: 1 }')).toMatch(/rl\.staleness: this algorithm learns from preference pairs and generates nothing/);
+    expect(refused('', 'rl: { iterations: 3, batch: 16, lag: 1, staleness: 1 }')).toMatch(/rl\.lag \(1\) and rl\.staleness \(1\): .* set one of them/);
+    expect(refused('', 'rl: { iterations: 3, batch: 16, versions: [0, 0, 1] }')).toMatch(/rl\.versions: a recorded schedule replays a free-running run; it needs the rl\.staleness/);
+    expect(refused('', 'rl: { iterations: 3, batch: 16, staleness: 1, versions: [0, 0, 0] }')).toMatch(
+      /rl\.versions: iteration 2's rollouts from version 0 are 2 updates old, more than rl\.staleness \(1\)/,
+    );
+  });
+
+  it('--replay takes only a finished free-running run, and says why not', async () => {
+    const { replayOf } = await import('../engine/cli/replay.ts');
+    await expect(replayOf(join(dir, 'nowhere'), join(dir, 'replay-out'))).rejects.toThrow(/expected a run directory with scenario.json and summary.json/);
+    const lagged = join(dir, 'lagged-run');
+    mkdirSync(lagged, { recursive: true });
+    writeFileSync(join(lagged, 'scenario.json'), JSON.stringify({ rl: { iterations: 4, lag: 1, staleness: 0 } }));
+    writeFileSync(join(lagged, 'summary.json'), JSON.stringify({ status: 'succeeded', digests: { actor: 'x' } }));
+    await expect(replayOf(lagged, join(dir, 'replay-out'))).rejects.toThrow(/is not a free-running run \(its rl.staleness is 0\); a lagged run's schedule is a function of rl.lag/);
+    writeFileSync(join(lagged, 'scenario.json'), JSON.stringify({ rl: { iterations: 4, staleness: 1 } }));
+    writeFileSync(join(lagged, 'summary.json'), JSON.stringify({ status: 'failed' }));
+    await expect(replayOf(lagged, join(dir, 'replay-out'))).rejects.toThrow(/did not succeed \(status failed\)/);
+  });
+
+  it("chaos over NATS, free-running: the generating and the training device and the supervisor killed while rollouts of the next versions are in flight; the chaos run's recorded schedule, replayed, ends with its digests, nothing lost or repeated", async () => {
+    const file = join(dir, 'stale-chaos.yaml');
+    writeFileSync(
+      file,
+      readFileSync(join(ROOT, 'scenarios/async-staleness.yaml'), 'utf8')
+        .replace('name: async-staleness', 'name: stale-chaos')
+        .replace('warmup: { steps: 15, demos: 1024, batch: 32, lr: 3.0e-3 }', 'warmup: { steps: 3, demos: 64, batch: 16, lr: 3.0e-3 }')
+        .replace('iterations: 40', 'iterations: 5')
+        .replace('batch: 16\n', 'batch: 8\n')
+        .concat('chaos: { kills: [{ actor: actor, call: generate, iteration: 2 }, { actor: actor, call: train, iteration: 1 }, { actor: supervisor, call: train, iteration: 3 }] }\n'),
+    );
+    const lines: string[] = [];
+    const report = await runChaos(await loadScenarioFile(file), join(dir, 'stale-chaos'), (l) => lines.push(l));
+    if (report.chaos.status !== 'succeeded' || !report.digests_equal) console.log(lines.join('\n'));
+    expect(report.chaos.status, report.chaos.error).toBe('succeeded');
+    expect(report.clean_replays).toBe(true);
+    expect(report.kills_by_actor).toEqual({ actor: 2, supervisor: 1 });
+    expect(report.digests_equal).toBe(true);
+    expect(report.rollouts_lost).toBe(0);
+    expect(report.rollouts_duplicated).toBe(0);
+    const chaos = JSON.parse(readFileSync(join(dir, 'stale-chaos', 'chaos', 'summary.json'), 'utf8')) as Summary;
+    const clean = JSON.parse(readFileSync(join(dir, 'stale-chaos', 'clean', 'scenario.json'), 'utf8')) as { rl: { versions: number[] } };
+    expect(clean.rl.versions).toEqual(chaos.staleness!.versions);
   }, 300_000);
 });

@@ -24,6 +24,8 @@ export interface ChaosReport {
   clean: { status: string; wall_seconds: number; digests: Record<string, string> };
   chaos: { status: string; wall_seconds: number; digests: Record<string, string>; error?: string };
   runs: { clean: string; chaos: string };
+  /** Free-running (rl.staleness): the clean run replayed the schedule the chaos run recorded. */
+  clean_replays?: boolean;
 }
 
 const count = (xs: readonly string[]) => xs.reduce<Record<string, number>>((m, x) => ((m[x] = (m[x] ?? 0) + 1), m), {});
@@ -55,16 +57,33 @@ export function chaosReport(scenario: string, clean: LaunchResult, chaos: Launch
   };
 }
 
-/** Runs `scenario` without its chaos section, then with it; both in `out`. */
+/**
+ * Runs `scenario` without its chaos section, then with it; both in `out`. A free-running scenario
+ * (rl.staleness) has no schedule of its own to compare with (which version made which rollout
+ * depends on timing): its chaos run comes first, and the clean run replays the schedule the chaos
+ * run recorded (rl.versions), without timing and without kills.
+ */
 export async function runChaos(scenario: Scenario, out: string, say: (line: string) => void = () => {}): Promise<ChaosReport> {
   const quiet = { phase() {}, iteration() {}, stop() {} };
   const name = scenario.name ?? 'scenario';
   const { chaos: _none, ...clean } = scenario;
   const runs = { clean: join(out, 'clean'), chaos: join(out, 'chaos') };
   mkdirSync(out, { recursive: true });
-  say(`clean run: ${runs.clean}`);
-  const a = await launch({ scenario: clean, run: runId(`${name}-clean`), out: runs.clean, progress: quiet, say: () => {} });
-  say(`chaos run: ${runs.chaos}`);
-  const b = await launch({ scenario, run: runId(`${name}-chaos`), out: runs.chaos, progress: quiet, say: (l) => (l.startsWith('chaos:') || l.startsWith('recovered') ? say(`  ${l}`) : undefined) });
+  const cleanRun = (s: Scenario) => {
+    say(`clean run: ${runs.clean}${s.rl.versions ? ` (the chaos run's schedule, replayed: versions ${s.rl.versions.join(' ')})` : ''}`);
+    return launch({ scenario: s, run: runId(`${name}-clean`), out: runs.clean, progress: quiet, say: () => {} });
+  };
+  const chaosRun = () => {
+    say(`chaos run: ${runs.chaos}`);
+    return launch({ scenario, run: runId(`${name}-chaos`), out: runs.chaos, progress: quiet, say: (l) => (l.startsWith('chaos:') || l.startsWith('recovered') ? say(`  ${l}`) : undefined) });
+  };
+  if (scenario.rl.staleness > 0 && !scenario.rl.versions) {
+    const b = await chaosRun();
+    const versions = b.summary?.staleness?.versions;
+    const a = await cleanRun(versions && b.summary?.status === 'succeeded' ? { ...clean, rl: { ...clean.rl, versions } } : clean);
+    return { ...chaosReport(name, a, b, runs), clean_replays: true };
+  }
+  const a = await cleanRun(clean);
+  const b = await chaosRun();
   return chaosReport(name, a, b, runs);
 }

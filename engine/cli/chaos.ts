@@ -64,7 +64,9 @@ runMain(async () => {
     console.log(`kills: ${report.kills} (${report.hangs} hangs); by actor ${JSON.stringify(report.kills_by_actor)}; by call ${JSON.stringify(report.kills_by_call)}`);
     console.log(`recovered: ${report.recovered} of ${report.kills}; ${report.recoveries} recoveries, ${report.restarts} process restarts`);
     console.log(`recovery time: median ${s(report.recovery_seconds_median)}, max ${s(report.recovery_seconds_max)}`);
-    console.log(`digests equal to the clean run's: ${report.digests_equal}; rollouts lost: ${report.rollouts_lost ?? 'n/a'}, trained twice: ${report.rollouts_duplicated ?? 'n/a'}`);
+    console.log(
+      `digests equal to the clean run's${report.clean_replays ? " (a replay of the chaos run's recorded schedule: the run is free-running)" : ''}: ${report.digests_equal}; rollouts lost: ${report.rollouts_lost ?? 'n/a'}, trained twice: ${report.rollouts_duplicated ?? 'n/a'}`,
+    );
     console.log(
       `clean: ${report.clean.status} in ${report.clean.wall_seconds.toFixed(1)} s; chaos: ${report.chaos.status} in ${report.chaos.wall_seconds.toFixed(1)} s${report.chaos.error ? ` (${report.chaos.error})` : ''}`,
     );

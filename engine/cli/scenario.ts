@@ -1,17 +1,20 @@
-// npm run scenario [-- FILE] [--plan PLAN.yaml] [--resume RUN_DIR] [--out DIR] [--nats URL] [--workers N] [--backend NAME]
+// npm run scenario [-- FILE] [--plan PLAN.yaml] [--resume RUN_DIR] [--replay RUN_DIR] [--out DIR] [--nats URL] [--workers N] [--backend NAME]
 // Runs a scenario: a private NATS server (unless NATS_URL or --nats names one), the supervisor
 // and one worker process per device. Exit code 0 only when the run succeeded.
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
 import { runId } from '../../mesh/wire/index.ts';
 import { BACKENDS } from '../model/index.ts';
 import { loadScenarioFile, planOnly } from '../runtime/index.ts';
 import { UsageError, args, runMain } from '../../actors/host.ts';
 import { launch } from './launch.ts';
+import { replayOf, replayVerdict } from './replay.ts';
 
-const USAGE = `usage: npm run scenario [-- FILE] [--plan PLAN.yaml] [--resume RUN_DIR] [--out DIR] [--nats URL] [--workers N] [--backend ${BACKENDS.join('|')}] [--open]
+const USAGE = `usage: npm run scenario [-- FILE] [--plan PLAN.yaml] [--resume RUN_DIR] [--replay RUN_DIR] [--out DIR] [--nats URL] [--workers N] [--backend ${BACKENDS.join('|')}] [--open]
   FILE       scenario file (default scenarios/quickstart.yaml)
   --plan     a plan (as npm run plan --write writes it) that replaces the scenario's
   --resume   a run directory to go on from its last checkpoint (FILE defaults to its scenario.json)
+  --replay   a free-running run's directory (rl.staleness) to run again on the schedule it recorded,
+             without timing, into a new directory; exits 0 only when it ends with the same digests
   --out      run directory (default runs/<scenario>-<timestamp>)
   --nats     NATS server to use (default: $NATS_URL, else a private nats-server)
   --workers  worker processes to start here (default: one per device; others join with npm run worker)
@@ -24,6 +27,7 @@ runMain(async () => {
     out: { type: 'string' },
     plan: { type: 'string' },
     resume: { type: 'string' },
+    replay: { type: 'string' },
     nats: { type: 'string' },
     workers: { type: 'string' },
     backend: { type: 'string' },
@@ -34,6 +38,8 @@ runMain(async () => {
     return 0;
   }
   if (positionals.length > 1) throw new UsageError(`expected one scenario file, got ${positionals.length}: ${positionals.join(' ')}\n${USAGE}`);
+  if (values.replay !== undefined && (positionals.length || values.resume || values.plan))
+    throw new UsageError(`--replay runs the recorded run's own scenario and plan; it takes no FILE, --plan or --resume\n${USAGE}`);
   const file = positionals[0] ?? (values.resume ? join(values.resume, 'scenario.json') : 'scenarios/quickstart.yaml');
   if (values.backend !== undefined && !(BACKENDS as readonly string[]).includes(values.backend)) {
     throw new UsageError(`--backend: expected one of ${BACKENDS.join(', ')}, got ${values.backend}`);
@@ -42,13 +48,19 @@ runMain(async () => {
   if (workers !== undefined && !(Number.isInteger(workers) && workers >= 0)) {
     throw new UsageError(`--workers: expected a whole number >= 0, got ${values.workers}`);
   }
-  const scenario = await loadScenarioFile(file, values.plan);
+  const replayOut = values.replay !== undefined ? (values.out ?? join('runs', runId(`replay-${basename(values.replay)}`))) : undefined;
+  const replay = values.replay !== undefined ? await replayOf(values.replay, replayOut!) : undefined;
+  const scenario = replay?.scenario ?? (await loadScenarioFile(file, values.plan));
   const planning = planOnly(scenario);
   if (planning) throw new UsageError(`${file} is a scenario to plan, not to run here: ${planning}. Plan it with: npm run plan -- ${file}`);
   const run = runId(scenario.name ?? 'run');
   if (values.resume && values.out && values.out !== values.resume) throw new UsageError(`--resume goes on in its own run directory; --out ${values.out} differs from ${values.resume}`);
-  const out = values.resume ?? values.out ?? join('runs', run);
-  console.log(`ferry: scenario ${file}, run ${run}, output in ${out}`);
+  const out = replayOut ?? values.resume ?? values.out ?? join('runs', run);
+  console.log(
+    replay
+      ? `ferry: replaying ${values.replay} on its recorded schedule (versions ${scenario.rl.versions!.join(' ')}), run ${run}, output in ${out}`
+      : `ferry: scenario ${file}, run ${run}, output in ${out}`,
+  );
   const t0 = Date.now();
   const result = await launch({
     scenario,
@@ -72,5 +84,11 @@ runMain(async () => {
   }
   console.log(`run directory: ${out}`);
   if (result.code === 130) return 130;
-  return result.code === 0 && s?.status === 'succeeded' ? 0 : 1;
+  const ok = result.code === 0 && s?.status === 'succeeded';
+  if (replay && ok) {
+    const verdict = replayVerdict(replay.digests, s?.digests);
+    console.log(`replay of ${values.replay}: ${verdict.equal ? 'the same digests' : 'the digests differ'}\n  ${verdict.lines.join('\n  ')}`);
+    return verdict.equal ? 0 : 1;
+  }
+  return ok ? 0 : 1;
 });

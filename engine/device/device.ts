@@ -183,7 +183,9 @@ export class Device {
       if (refused) throw refused;
       const out = await this.dispatch(call, group);
       if (call.body.fn === 'train') {
-        this.hosted.get(call.model)?.ledger.push({ iteration: call.iteration, rows: call.body.batch, sha256: tokensDigest(call.body.tokens) });
+        this.hosted
+          .get(call.model)
+          ?.ledger.push({ iteration: call.iteration, rows: call.body.batch, sha256: tokensDigest(call.body.tokens), ...(call.body.version !== undefined ? { version: call.body.version } : {}) });
       }
       return out;
     } catch (e) {

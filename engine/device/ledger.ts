@@ -19,14 +19,14 @@ export interface RolloutAccount {
  * exactly once. A prompt is lost when some rank of a trained model never took its iteration in
  * (or took in other tokens than the rollout's), duplicated when some rank took it in twice.
  */
-export function accountRollouts(ledgers: Record<string, LedgerEntry[][]>, rollouts: ReadonlyArray<{ iteration: number; rows: number; sha256: string }>): RolloutAccount {
+export function accountRollouts(ledgers: Record<string, LedgerEntry[][]>, rollouts: ReadonlyArray<{ iteration: number; rows: number; sha256: string; version?: number }>): RolloutAccount {
   let lost = 0;
   let duplicated = 0;
   let prompts = 0;
   for (const ranks of Object.values(ledgers)) {
     for (const ro of rollouts) {
       prompts += ro.rows;
-      const counts = ranks.map((ledger) => ledger.filter((e) => e.iteration === ro.iteration && e.sha256 === ro.sha256 && e.rows === ro.rows).length);
+      const counts = ranks.map((ledger) => ledger.filter((e) => e.iteration === ro.iteration && e.sha256 === ro.sha256 && e.rows === ro.rows && e.version === ro.version).length);
       if (counts.some((c) => c === 0)) lost += ro.rows;
       else if (counts.some((c) => c > 1)) duplicated += ro.rows;
     }

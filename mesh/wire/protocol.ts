@@ -102,7 +102,8 @@ const SliceSpec = z.strictObject({
  * SHA-256 of their tokens. It travels with the shard's state (checkpoints and restores), so after
  * any recovery the ledger says which rollouts the parameters have really been trained on.
  */
-export const LedgerEntry = z.strictObject({ iteration: nat, rows: nat, sha256: z.string() });
+/** A rollout a shard trained on: the iteration (the update) that consumed it, and under asynchrony the policy version that generated it. */
+export const LedgerEntry = z.strictObject({ iteration: nat, rows: nat, sha256: z.string(), version: nat.optional() });
 export type LedgerEntry = z.infer<typeof LedgerEntry>;
 
 /** A shard as a plain record: its weight slices, its optimizer's step and moments, and its ledger. */
@@ -299,6 +300,8 @@ export const CallBody = z.discriminatedUnion('fn', [
     loss: LossSpec,
     /** The loss's per-token arrays by port (`old`, `advantages`, `returns`, `ref`, …), [batch, responseLen] each. */
     data: z.record(z.string(), f32),
+    /** Under asynchrony: the policy version that generated the rollout (the shard's ledger keeps it). */
+    version: nat.optional(),
   }),
   z.strictObject({
     fn: z.literal('realloc'),

@@ -7,6 +7,7 @@ import { CheckpointFile, Metrics, PROTOCOL_VERSION, type EpisodeRecordWire } fro
 import type { CheckpointSet } from '../run/setup.ts';
 import type { TransportStats } from '../dispatch/dispatch.ts';
 import type { RolloutAccount } from '../../device/index.ts';
+import { stalenessSummary } from '../../asynchrony/index.ts';
 
 export type { RolloutAccount };
 
@@ -39,7 +40,20 @@ export interface Summary {
   reward_model?: { pairs: number; drawn: number; first_loss: number; loss: number; accuracy: number };
   /** Every prompt of every iteration trained on exactly once, by the shards' own ledgers. */
   rollouts?: RolloutAccount;
+  /**
+   * Under rl.lag or rl.staleness: the policy version each iteration trained on (the schedule that
+   * `npm run scenario -- --replay` re-runs), and the rollouts' age when trained on — mean, max,
+   * and iterations per age.
+   */
+  staleness?: { versions: number[]; mean: number; max: number; histogram: Record<string, number> };
   error?: string;
+}
+
+/** The summary's staleness from the iterations' metrics: none for a lock-step run. */
+export function asynchronySummary(history: readonly Metrics[]): Pick<Summary, 'staleness'> {
+  const versions = history.map((m) => m.policy_version);
+  if (versions.length === 0 || versions.some((v) => typeof v !== 'number')) return {};
+  return { staleness: { versions: versions as number[], ...stalenessSummary(history.map((m) => (typeof m.staleness === 'number' ? m.staleness : 0))) } };
 }
 
 /** Observers of a run: the run directory, the bus's event subject, a progress bar. */

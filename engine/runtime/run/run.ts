@@ -1,6 +1,7 @@
 // An RL run on devices, for any algorithm's graph, written against a Dispatcher so that it runs
 // the same over NATS or in one process: a call on a mesh, views filled by reallocation, one
-// iteration of the graph (host steps between, generations ahead under rl.lag), rewards, digests.
+// iteration of the graph (host steps between, generations ahead under rl.lag and rl.staleness),
+// rewards, digests.
 // Setting the models up and checkpoints are setup.ts's. The supervisor machine
 // (engine/runtime/supervisor/supervisor.machine.ts) sequences them.
 import { createHash } from 'node:crypto';
@@ -13,7 +14,7 @@ import { modelInfo, type GptSpec } from '../../model/index.ts';
 import { mean, ownerCall, rowLengths, readPairsFile, runGraph, taskPairs, type CallDecl, type Fields, type Graph, type ModelDecl } from '../../algorithms/index.ts';
 import type { PairsFile } from '../../algorithms/index.ts';
 import { tokensDigest } from '../../device/index.ts';
-import { aheadOf } from '../../asynchrony/index.ts';
+import { admitted, asynchronyOf, decidedAhead } from '../../asynchrony/index.ts';
 import { Stream, masked, responseLengths, responseMask, seedOf } from '../../model/index.ts';
 import { graphOf, policySpec, resolvePlan, rowsOf, ScenarioError, taskOf, tokenizerDir, verifierOf, type CallName, type Plan, type Scenario } from '../scenario/scenario.ts';
 import type { RunStore } from '../store/store.ts';
@@ -225,17 +226,41 @@ export async function loadModel(d: Dispatcher, r: RunSpec, name: string, role: s
  * owner's layout run directly.
  */
 async function onLayout<T>(d: Dispatcher, r: RunSpec, call: CallName, iteration: number, body: (name: string) => Promise<T>): Promise<T & { moved?: Moved }> {
+  const held = await holdView(d, r, call, iteration);
+  try {
+    return { ...(await body(held.name)), ...(held.moved ? { moved: held.moved } : {}) };
+  } finally {
+    await held.release();
+  }
+}
+
+/** A call's view, loaded and filled once, for as many calls as need those weights. */
+export interface HeldView {
+  name: string;
+  isView: boolean;
+  moved?: Moved;
+  release(): Promise<void>;
+}
+
+/**
+ * Loads a call's view and moves its weights into it from the model's own layout, as they are
+ * now; they stay, whatever later updates the model, until `release`. A call on its model's own
+ * layout holds the model itself (nothing to move or release): what runs there sees each update.
+ */
+export async function holdView(d: Dispatcher, r: RunSpec, call: CallName, iteration: number): Promise<HeldView> {
   const { name, isView } = viewOf(r, call);
-  if (!isView) return body(name) as Promise<T & { moved?: Moved }>;
+  if (!isView) return { name, isView, release: async () => {} };
   const model = callDecl(r, call).model;
   const layout = layoutOf(r, call);
   const spec = modelSpec(r, model) as GptSpec;
+  const release = async () => void (await Promise.all(layout.devices.map((device) => d.call(device, name, iteration, { fn: 'release' }))));
   await loadModel(d, r, name, model, layout, {}, iteration);
   try {
     const moved = await reallocate(d, r, `it${iteration}-${name.replace(/[^A-Za-z0-9_-]/g, '-')}`, iteration, { model, layout: layoutOf(r, ownerOf(r, model)) }, { model: name, layout }, spec);
-    return { ...(await body(name)), moved };
-  } finally {
-    await Promise.all(layout.devices.map((device) => d.call(device, name, iteration, { fn: 'release' })));
+    return { name, isView, moved, release };
+  } catch (e) {
+    await release().catch(() => {});
+    throw e;
   }
 }
 
@@ -377,6 +402,9 @@ export function sourceOf(r: RunSpec, iteration: number): Fields {
   return { prompts };
 }
 
+/** Where a free-running run writes, ahead, the version that generates an iteration's rollouts. */
+export const SCHEDULE_STAGE = 'schedule';
+
 /** What a stored call result is kept under: the call's name as a subject token. */
 export const stageOf = (call: CallName) => call.replaceAll('.', '__');
 
@@ -390,7 +418,7 @@ export interface IterationResult {
   generated: number;
   /** With an environment: the rollout's episodes, measured, and a few of them as they went. */
   episodes?: EpisodeMetrics & { sample: EpisodeRecordWire[] };
-  /** Under rl.lag: the policy version (updates before it) that generated the rollout trained on. */
+  /** Under rl.lag or rl.staleness: the policy version (updates before it) that generated the rollout trained on. */
   version?: number;
 }
 
@@ -422,6 +450,7 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
   const callSources = new Map<string, Record<string, number>>();
   let generated = 0;
   const trainIndex = new Map(r.graph.calls.filter((c) => c.fn === 'train').map((c, i) => [c.name, i]));
+  const asynchrony = asynchronyOf(s.rl);
   const batchOf = (tokens: Int32Array) => ({ tokens, batch: tokens.length / (task.promptLen + task.responseLen), promptLen: task.promptLen, responseLen: task.responseLen });
   // Every response's mask comes from its tokens and the task's end token, or for episodes, from
   // the generating device (their observations are read, never trained on): device calls get it
@@ -433,7 +462,7 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
    * under rl.lag). `queued`: told once the call's work is queued on its devices with the weights it
    * reads (after the reallocation to its layout): nothing queued later can change them under it.
    */
-  const generateRows = async (c: CallDecl & { fn: 'generate' }, prompts: Int32Array, u: number, queued?: () => void) => {
+  const generateRows = async (c: CallDecl & { fn: 'generate' }, prompts: Int32Array, u: number, queued?: () => void, on?: HeldView) => {
     const rows = prompts.length / task.promptLen;
     const seeds = Uint32Array.from({ length: rows }, (_, i) => seedOf(s.seed, Stream.sample, u, i));
     // Episodes: the answers they receive are kept as they come (the ledger); played again after
@@ -441,7 +470,7 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
     const stage = stageOf(c.name);
     const ledger = s.environment ? await TurnLedger.open(store, d.turns ? (listen) => d.turns!((log) => listen(log)) : undefined, { iteration: u, stage, epoch: d.epoch }) : undefined;
     const recorded = ledger && ledger.size > 0 ? ledger.recorded().answers : undefined;
-    const out = await onLayout(d, r, c.name, u, (name) => {
+    const body = (name: string) => {
       const call = callMesh(
         d,
         layoutOf(r, c.name),
@@ -462,8 +491,10 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
       );
       queued?.();
       return call;
-    }).finally(() => ledger?.close());
-    if (out.moved) moved.push(out.moved);
+    };
+    const out = await (on ? body(on.name) : onLayout(d, r, c.name, u, body)).finally(() => ledger?.close());
+    const into = (out as { moved?: Moved }).moved;
+    if (into) moved.push(into);
     const mask = out.mask && out.episodes ? out.mask : responseMask(out.tokens, task.promptLen, task.responseLen, task.eos);
     // An episode's step rewards, weighted as its return is in the reward, for the token-level estimators.
     const w = s.environment?.weight ?? 0;
@@ -514,23 +545,28 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
         minibatches: s.rl.minibatches,
         loss: c.loss,
         data,
+        ...(asynchrony ? { version: versionOf(c) } : {}),
       },
       c.name,
     );
     return { loss: out.loss, grad_norm: out.grad_norm, ...out.stats };
   };
-  // rl.lag: later iterations whose rollouts come from the policy this iteration starts with are
-  // generated now and stored as those iterations' stages (they read them back), and so are the
-  // calls of frozen models that read nothing but the rollout (the reference's log-probs, the
-  // reward; not with an environment, whose returns come with the episodes): none of them depends on
-  // the policy's updates. A generation reads its weights through its call's view, one at a time:
-  // those the iteration needs before its graph (its own, when none is stored: the first iteration
-  // or a resumed one; at the first, all but the last ahead) run one after the other first; the
-  // last ahead is queued on its devices, its weights in place, before anything of this iteration
-  // can update them, and runs (then is scored) while the iteration trains. All is stored before
-  // the iteration ends.
+  // Asynchrony (rl.lag, rl.staleness; engine/asynchrony/schedule.ts): later iterations whose
+  // rollouts come from the version this iteration starts with are generated now and stored as
+  // those iterations' stages (they read them back), and so are the calls of frozen models that read
+  // nothing but the rollout (the reference's log-probs, the reward; not with an environment, whose
+  // returns come with the episodes): none of them depends on the policy's updates. A generation
+  // holds its view, filled once with this version's weights, for all it generates. This
+  // iteration's own rollout, when none is stored (the first iteration, or a resumed one), is
+  // generated before its graph; the decided ahead are queued on their devices before anything of
+  // this iteration can update the weights they read, and run (then are scored) while it trains.
+  // Free-running (rl.staleness), the rollout devices then go on with the next admitted iterations
+  // until the training is done, each written ahead before it starts. All is stored before the
+  // iteration ends.
   const ahead: Array<Promise<void>> = [];
-  if (s.rl.lag > 0) {
+  const held = new Map<CallName, Promise<HeldView>>();
+  let trained = false;
+  if (asynchrony) {
     const gens = r.graph.calls.filter((c): c is CallDecl & { fn: 'generate' } => c.fn === 'generate');
     const rollout = new Set(gens.flatMap((c) => Object.values(c.writes)));
     const frozen = s.environment ? [] : r.graph.calls.filter((c) => c.fn === 'inference' && !declOf(r, c.model).trained && Object.values(c.reads).every((f) => rollout.has(f)));
@@ -538,12 +574,18 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
       const kept = await store.loadStage<{ ports: Fields }>(u, stageOf(c.name));
       return kept && keptProblem(c, kept) === undefined ? rename(c, kept.ports) : undefined;
     };
-    const generateAndStore = (c: CallDecl & { fn: 'generate' }, u: number, queued?: () => void): Promise<Fields> =>
-      generateRows(c, sourceOf(r, u)[c.reads.prompts!] as Int32Array, u, queued).then(async (out) => {
-        const played = new EpisodeBook().note(out.tokens, out);
-        await store.saveStage(u, stageOf(c.name), { ports: keptPorts(c, out.ports), generated: out.generated, version: iteration, ...(played ? { played } : {}) });
-        return rename(c, out.ports);
-      });
+    const viewFor = (c: CallDecl) => {
+      if (!held.has(c.name)) held.set(c.name, holdView(d, r, c.name, iteration));
+      return held.get(c.name)!;
+    };
+    const generateAndStore = async (c: CallDecl & { fn: 'generate' }, u: number, queued?: () => void): Promise<Fields> => {
+      const view = await viewFor(c);
+      if (view.moved && !moved.includes(view.moved)) moved.push(view.moved);
+      const out = await generateRows(c, sourceOf(r, u)[c.reads.prompts!] as Int32Array, u, queued, view);
+      const played = new EpisodeBook().note(out.tokens, out);
+      await store.saveStage(u, stageOf(c.name), { ports: keptPorts(c, out.ports), generated: out.generated, version: iteration, ...(played ? { played } : {}) });
+      return rename(c, out.ports);
+    };
     const scoreAndStore = async (u: number, fields: Fields) => {
       for (const c of frozen) {
         if (await keptFields(c, u)) continue;
@@ -559,13 +601,13 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
         await store.saveStage(u, stageOf(c.name), { ports: keptPorts(c, { [key]: masked(pick(out, key, c.name), maskOf(tokens)) }), generated: 0 });
       }
     };
-    /** Iteration u's rollout (and, ahead, its scores); `overlap`: returns once the generations are queued, with the rest to await. */
-    const produce = async (u: number, overlap: boolean): Promise<{ rest: Promise<void> }> => {
+    /** Iteration u's rollout; `queue`: returns once its generations are queued, with the rest (and, ahead, the scores) to await. */
+    const produce = async (u: number, queue: boolean): Promise<{ rest: Promise<void> }> => {
       const made: Array<Promise<Fields>> = [];
       for (const c of gens) {
         const have = await keptFields(c, u);
         if (have) made.push(Promise.resolve(have));
-        else if (!overlap) made.push(Promise.resolve(await generateAndStore(c, u)));
+        else if (!queue) made.push(Promise.resolve(await generateAndStore(c, u)));
         else {
           let queued!: () => void;
           const ready = new Promise<void>((res) => (queued = res));
@@ -576,28 +618,59 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
         }
       }
       // In an object: an async function's promise would wait for this one.
-      return {
-        rest: Promise.all(made).then(async (fs) => {
-          if (u !== iteration) await scoreAndStore(u, Object.assign({}, ...fs));
-        }),
-      };
+      return { rest: Promise.all(made).then(async (fs) => (u !== iteration ? scoreAndStore(u, Object.assign({}, ...fs)) : undefined)) };
     };
-    const targets = [iteration, ...aheadOf(iteration, s.rl.lag, s.rl.iterations)];
-    for (const [i, u] of targets.entries()) {
-      const last = i === targets.length - 1 && u !== iteration;
-      const { rest } = await produce(u, last);
-      if (!last) {
-        await rest;
-        continue;
+    // Written ahead (free-running): the version that generates iteration u, before it starts.
+    const record = (u: number) => (asynchrony.mode === 'staleness' ? store.saveStage(u, SCHEDULE_STAGE, { version: iteration }) : Promise.resolve());
+    const recorded = async (u: number) => (await store.loadStage<{ version?: unknown }>(u, SCHEDULE_STAGE).then((x) => (typeof x?.version === 'number' ? x.version : undefined))) ?? undefined;
+    const stored = async (u: number) => (await Promise.all(gens.map((c) => keptFields(c, u)))).every((f) => f !== undefined);
+    if (!(await stored(iteration))) await record(iteration);
+    await (await produce(iteration, false)).rest;
+    const decided = await decidedAhead(asynchrony, iteration, s.rl.iterations, recorded);
+    let last = iteration;
+    if (asynchrony.mode === 'staleness') {
+      for (let u = iteration + 1; u <= iteration + asynchrony.eta; u++) if ((await recorded(u)) !== undefined) last = u;
+      // The first admitted iteration is decided now, whatever the timing: free-running at η = 1 is one-step-off.
+      const next = decided.length ? undefined : admitted(iteration, last, asynchrony.eta, s.rl.iterations);
+      if (next !== undefined) {
+        await record(next);
+        decided.push((last = next));
       }
+    }
+    for (const u of decided) {
+      const { rest } = await produce(u, true);
       // Awaited at the end of the iteration; a failure before then must not go unhandled.
       rest.catch(() => {});
       ahead.push(rest);
     }
+    // Free-running: while the iteration trains, the next admitted iterations, one after the other,
+    // on views that hold this version (a generation on the model's own layout would see the update).
+    if (asynchrony.mode === 'staleness' && gens.every((c) => viewOf(r, c.name).isView)) {
+      const eta = asynchrony.eta;
+      const more = Promise.all(ahead).then(async () => {
+        // Each next generation starts once the last is done; their scoring goes on beside them.
+        const scored: Array<Promise<void>> = [];
+        for (let u = admitted(iteration, last, eta, s.rl.iterations); u !== undefined && !trained; u = admitted(iteration, last, eta, s.rl.iterations)) {
+          await record(u);
+          last = u;
+          const { rest } = await produce(u, false);
+          rest.catch(() => {});
+          scored.push(rest);
+        }
+        await Promise.all(scored);
+      });
+      more.catch(() => {});
+      ahead.push(more);
+    }
   }
   // The policy version each generation of this iteration came from.
   const versions = new Map<string, number>();
-  const fields = await runGraph(r.graph, sourceOf(r, iteration), async (node, inputs) => {
+  /** The version that generated the rollout a train call reads (this iteration's, when no generation writes it). */
+  const versionOf = (c: CallDecl) => {
+    const gen = r.graph.calls.find((g) => g.fn === 'generate' && Object.values(g.writes).includes(c.reads.tokens!));
+    return (gen && versions.get(gen.name)) ?? iteration;
+  };
+  const graph = runGraph(r.graph, sourceOf(r, iteration), async (node, inputs) => {
     if (node.kind === 'step') return node.step.run(inputs, { prompts: s.rl.batch, group: r.graph.group, promptLen: task.promptLen, responseLen: task.responseLen });
     const c = node.call;
     const stage = stageOf(c.name);
@@ -629,8 +702,15 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
     }
     return rename(c, ports);
   });
+  let fields: Fields;
+  try {
+    fields = await graph;
+  } finally {
+    trained = true;
+  }
   // What was generated ahead is stored before the iteration ends (its snapshot covers it).
   await Promise.all(ahead);
+  await Promise.all([...held.values()].map((h) => h.then((v) => v.release())));
   const rewardCall = r.graph.calls.find((c) => c.fn === 'inference' && c.writes.scores === r.graph.reward);
   const rollout = rolloutField(r);
   const tokens = rollout ? fields[rollout] : undefined;
@@ -642,7 +722,7 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
     moved,
     sources: (rewardCall && callSources.get(rewardCall.name)) ?? {},
     generated,
-    ...(s.rl.lag > 0 && version !== undefined ? { version } : {}),
+    ...(asynchrony && version !== undefined ? { version } : {}),
     ...(episodes && tokens instanceof Int32Array ? { episodes: { ...episodes, sample: book.records(tokens)!.slice(0, 4) } } : {}),
   };
 }
@@ -684,22 +764,31 @@ export function rolloutField(r: RunSpec): string | undefined {
  * Per trained model, the sequences each iteration's train call took in, as the shards' ledgers
  * record them (rows and SHA-256), from the store (generated) or the source (pairs, prompts).
  */
-export async function trainedRollouts(r: RunSpec, store: Pick<RunStore, 'loadStage'>, iterations: number): Promise<Record<string, Array<{ iteration: number; rows: number; sha256: string }>>> {
-  const out: Record<string, Array<{ iteration: number; rows: number; sha256: string }>> = {};
+export async function trainedRollouts(
+  r: RunSpec,
+  store: Pick<RunStore, 'loadStage'>,
+  iterations: number,
+): Promise<Record<string, Array<{ iteration: number; rows: number; sha256: string; version?: number }>>> {
+  const out: Record<string, Array<{ iteration: number; rows: number; sha256: string; version?: number }>> = {};
   const width = r.task.promptLen + r.task.responseLen;
+  const asynchronous = asynchronyOf(r.scenario.rl) !== undefined;
   for (const c of r.graph.calls.filter((x) => x.fn === 'train')) {
     const field = c.reads.tokens!;
     const writer = r.graph.calls.find((x) => Object.values(x.writes).includes(field));
     const list = [];
     for (let i = 0; i < iterations; i++) {
       let tokens: Int32Array | undefined;
+      // Under asynchrony, the version that generated it (the train call tells the shard's ledger).
+      let version = i;
       if (!writer) tokens = sourceOf(r, i)[field] as Int32Array | undefined;
       else {
-        const kept = await store.loadStage<{ ports: Fields }>(i, stageOf(writer.name));
+        const kept = await store.loadStage<{ ports: Fields; version?: number }>(i, stageOf(writer.name));
         const port = Object.entries(writer.writes).find(([, f]) => f === field)?.[0];
         tokens = port && kept && keptProblem(writer, kept) === undefined ? (kept.ports[port] as Int32Array) : undefined;
+        if (writer.fn === 'generate' && typeof kept?.version === 'number') version = kept.version;
       }
-      list.push(tokens ? { iteration: i, rows: tokens.length / width, sha256: tokensDigest(tokens) } : { iteration: i, rows: rowsOf(r.scenario), sha256: 'missing from the run store' });
+      const v = asynchronous ? { version } : {};
+      list.push(tokens ? { iteration: i, rows: tokens.length / width, sha256: tokensDigest(tokens), ...v } : { iteration: i, rows: rowsOf(r.scenario), sha256: 'missing from the run store', ...v });
     }
     out[c.model] = list;
   }

@@ -43,6 +43,7 @@ describe('parseScenario defaults', () => {
       lr: 1e-3,
       clip_norm: 1,
       lag: 0,
+      staleness: 0,
     },
     reward: { weight: 1, actors: [] },
     checkpoint: { every: 1 },

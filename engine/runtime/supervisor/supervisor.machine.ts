@@ -17,7 +17,7 @@ import { CallError, fence, type Dispatcher } from '../dispatch/dispatch.ts';
 import { accountRollouts } from '../../device/index.ts';
 import { mean } from '../../algorithms/index.ts';
 import { episodeFigures } from '../../environments/index.ts';
-import { median, rewardWindows, type Recorder, type RolloutAccount, type Summary } from '../record/record.ts';
+import { asynchronySummary, median, rewardWindows, type Recorder, type RolloutAccount, type Summary } from '../record/record.ts';
 import type { Progress, RunStore } from '../store/store.ts';
 import { finalDigests, planDevices, rolloutField, ruleScore, responseStats, runIteration, trainedRollouts, type IterationResult, type RewardSources, type RunSpec } from '../run/run.ts';
 import { setupModels, takeCheckpoint, type CheckpointSet } from '../run/setup.ts';
@@ -299,6 +299,7 @@ export const supervisorMachine = setup({
         ...(context.warmup ? { warmup: context.warmup } : {}),
         ...(context.rewardModel ? { reward_model: context.rewardModel } : {}),
         ...(context.rollouts ? { rollouts: context.rollouts } : {}),
+        ...asynchronySummary(context.history),
         ...(context.error ? { error: context.error } : {}),
       };
       context.recorder.finished(summary);
