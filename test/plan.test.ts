@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
-import { parseScenario, planOnly, resolvePlan } from '../engine/runtime/scenario/scenario.ts';
+import { loadScenario, parseScenario, planOnly, resolvePlan } from '../engine/runtime/scenario/scenario.ts';
 import { PLACEMENTS } from '../engine/runtime/plan/planner.ts';
 import { evaluationsFor } from '../engine/runtime/plan/search.ts';
 import { ROOT, spawnTs, tempDir } from './helpers.ts';
@@ -61,6 +61,13 @@ interface PlanJson {
   plans_evaluated: number;
   calls: Record<string, { mesh: string; dp: number; tp: number; pp: number; seconds: number; realloc_seconds: number; memory_gb_per_device: number }>;
   baselines: Record<string, number | null>;
+  lag: number;
+  pools: { rollout: number[]; train: number[]; shared: boolean };
+  estimated_period: number;
+  sync_iteration_seconds: number;
+  estimated_speedup: number;
+  lags: Array<{ lag: number; iteration_seconds: number; feasible: boolean }>;
+  asynchrony: string;
 }
 
 /** Exactly one JSON object on stdout. */
@@ -142,7 +149,9 @@ describe('npm run plan', () => {
     expect(out.iteration_seconds).toBeGreaterThan(0);
     expect(Number.isFinite(out.iteration_seconds)).toBe(true);
     expect(out.plans_evaluated).toBeGreaterThan(PLACEMENTS.length);
-    expect(out.plans_evaluated).toBeLessThanOrEqual(evaluationsFor(2));
+    // The budget buys each lag the search tries (0, 1, 2 by default) its evaluations.
+    expect(out.lags.map((l) => l.lag)).toEqual([0, 1, 2]);
+    expect(out.plans_evaluated).toBeLessThanOrEqual(evaluationsFor(2) * out.lags.length);
     expectShape(out);
     // The search starts from the named plans: it is never slower than the best of them.
     expect(out.iteration_seconds).toBeLessThanOrEqual(bestBaseline(out) * (1 + 1e-9));
@@ -247,13 +256,46 @@ describe('npm run plan', () => {
     expect(missing.stderr).toMatch(/no-such-file\.yaml/);
   });
 
+  it('chooses the lag too: the best plan at each lag, the pools, and asynchrony only where it pays; --write keeps the lag for --plan', async () => {
+    const dir = tempDir('ferry-plan-lag-');
+    const file = join(dir, 'plan.yaml');
+    const scenario = join(ROOT, 'scenarios/cluster/grpo-llama7b-8gpu.yaml');
+    const r = await plan([scenario, '--budget', '1', '--json', '--write', file]);
+    expect(r.code, r.stderr).toBe(0);
+    const out = json(r);
+    expect(out.lags.map((l) => l.lag)).toEqual([0, 1, 2]);
+    expect(out.sync_iteration_seconds).toBe(out.lags[0]!.iteration_seconds);
+    expect(out.estimated_period).toBe(out.iteration_seconds);
+    expect(out.estimated_period).toBe(out.lags.find((l) => l.lag === out.lag)!.iteration_seconds);
+    if (out.lag > 0) {
+      expect(out.estimated_speedup).toBeCloseTo(out.sync_iteration_seconds / out.estimated_period, 12);
+      expect(out.estimated_speedup).toBeGreaterThanOrEqual(1.1);
+      expect(Object.keys(out.calls)).toContain('actor.prox');
+    } else expect(out.estimated_speedup).toBe(1);
+    expect(out.asynchrony).toMatch(out.lag > 0 ? /^lag \d is/ : /^lock-step kept/);
+    expect(out.pools.rollout.length).toBeGreaterThan(0);
+    expect(out.pools.train.length).toBeGreaterThan(0);
+    expect(out.pools.shared).toBe(out.pools.rollout.some((d) => out.pools.train.includes(d)));
+    const written = parse(readFileSync(file, 'utf8')) as { lag?: number };
+    expect(written.lag ?? 0).toBe(out.lag);
+    const s = loadScenario(scenario, file);
+    expect(s.rl.lag).toBe(out.lag);
+    // Lock-step only, on request.
+    const sync = json(await plan([scenario, '--budget', '1', '--json', '--max-lag', '0']));
+    expect(sync.lag).toBe(0);
+    expect(sync.lags.map((l) => l.lag)).toEqual([0]);
+    const bad = await plan([scenario, '--max-lag', 'two']);
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toMatch(/--max-lag: expected a whole number >= 0, got two/);
+  }, 120_000);
+
   describe('on the 128-GPU scenario with --budget 3', () => {
     let r: Result;
     let out: PlanJson;
     let file: string;
     beforeAll(async () => {
       file = join(tempDir('ferry-plan-128-'), 'plan.yaml');
-      r = await plan([LLAMA70B, '--budget', '3', '--json', '--write', file]);
+      r = await plan([LLAMA70B, '--budget', '3', '--max-lag', '0', '--json', '--write', file]);
       out = json(r);
     }, 180_000);
 

@@ -52,9 +52,9 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
                                                 with the KV cache and without: tokens/s, speedup, growth of the time per token
   env [--repeats N]                             32 episodes of 4 turns (actions of 12 tokens) against an environment on the bus answering after 0, 20 and
                                                 100 ms, in groups of 8 and in lock-step: episodes/s and the device's idle share
-  async [--iterations N] [--delay-ms D]        scenarios/async.yaml lock-step and with rl.lag 1, over NATS, with a reward actor that
-                                                takes D ms per request (100): s/iteration (median), the speedup,
-                                                reward first 5 -> last 5 of each, the lagged run's staleness
+  async [--iterations N] [--delay-ms D]        scenarios/async.yaml lock-step and with rl.lag 1, each on the planner's plan for it, over
+                                                NATS, with a reward actor that takes D ms per request (100): s/iteration (median), the
+                                                speedup against the planner's estimate, reward first 5 -> last 5, the staleness
   checkpoint                                    a SmolLM-135M-shaped llama checkpoint written in F32 and BF16, read back,
                                                 loaded on one rank from its directory, and 8 tokens decoded: sizes and seconds`;
 

@@ -1,21 +1,24 @@
-// npm run plan -- FILE [--placement NAME] [--budget SECONDS] [--seed N] [--json] [--write PLAN.yaml] [--html OUT.html]
+// npm run plan -- FILE [--placement NAME] [--budget SECONDS] [--max-lag K] [--seed N] [--json] [--write PLAN.yaml] [--html OUT.html]
 // Plans a scenario: every named placement and (by default) a search, each evaluated with the cost
-// model and the simulator; prints the chosen plan call by call and how it compares. The budget is
-// a number of plan evaluations (SECONDS × EVALUATIONS_PER_SECOND), so a seed gives the same plan
-// on any machine.
+// model and the simulator; prints the chosen plan call by call and how it compares. The search
+// also chooses asynchrony: the best plan at each lag 0..K (its own split of the devices into a
+// rollout and a train pool, or shared ones), and a lag only where it pays over lock-step. The
+// budget is a number of plan evaluations per lag (SECONDS × EVALUATIONS_PER_SECOND), so a seed
+// gives the same plan on any machine.
 import { writeFileSync } from 'node:fs';
 import { stringify } from 'yaml';
 import { UsageError, args, runMain } from '../../actors/host.ts';
 import { loadScenarioFile } from '../runtime/index.ts';
-import { PLACEMENTS, Evaluator, evaluationsFor, namedPlan, search, type Candidate, type Evaluation, type NamedPlacement } from '../runtime/index.ts';
-import { problemOf } from '../runtime/index.ts';
+import { PLACEMENTS, chooseLag, evaluationsFor, lagOf, lagsFor, namedPlan, poolsOf, type Candidate, type Evaluation, type NamedPlacement } from '../runtime/index.ts';
 import { planRows, renderPlan } from '../runtime/index.ts';
 
-const USAGE = `usage: npm run plan -- FILE [--placement search|${PLACEMENTS.join('|')}] [--budget SECONDS] [--seed N] [--json] [--write PLAN.yaml] [--html OUT.html]`;
+const USAGE = `usage: npm run plan -- FILE [--placement search|${PLACEMENTS.join('|')}] [--budget SECONDS] [--max-lag K] [--seed N] [--json] [--write PLAN.yaml] [--html OUT.html]
+  --max-lag  the largest rl.lag the search may choose (default 2; 0: lock-step only)`;
 
-export function planYaml(c: Candidate): string {
+/** A plan as a scenario takes it (--plan): the placements, and the lag they were planned for when one was chosen. */
+export function planYaml(c: Candidate, lag = 0): string {
   const plan = Object.fromEntries(Object.entries(c).map(([call, p]) => [call, { mesh: p.mesh, dp: p.dp, tp: p.tp, pp: p.pp }]));
-  return stringify({ plan }, { lineWidth: 0 });
+  return stringify(lag > 0 ? { plan, lag } : { plan }, { lineWidth: 0 });
 }
 
 function report(placement: string, ev: Evaluation) {
@@ -44,6 +47,7 @@ runMain(async () => {
     write: { type: 'string' },
     html: { type: 'string' },
     seed: { type: 'string', default: '1' },
+    'max-lag': { type: 'string', default: '2' },
   });
   if (values.help) {
     console.log(USAGE);
@@ -58,35 +62,39 @@ runMain(async () => {
   if (!(budget > 0)) throw new UsageError(`--budget: expected seconds > 0, got ${values.budget}`);
   const seed = Number(values.seed);
   if (!Number.isInteger(seed)) throw new UsageError(`--seed: expected a whole number, got ${values.seed}`);
+  const maxLag = Number(values['max-lag']);
+  if (!(Number.isInteger(maxLag) && maxLag >= 0)) throw new UsageError(`--max-lag: expected a whole number >= 0, got ${values['max-lag']}`);
   const scenario = await loadScenarioFile(positionals[0]!);
-  const problem = problemOf(scenario);
-  const ev = new Evaluator(problem);
-
+  // A named placement is priced at the scenario's own lag; a search chooses the lag too.
+  const lags = placement === 'search' ? lagsFor(scenario, maxLag) : [lagOf(scenario)];
+  const choice = chooseLag(scenario, lags, { placement, search: { evaluations: evaluationsFor(budget), seed } });
+  const { chosen: best, sync } = choice;
+  const { problem, evaluator: ev, plan: chosen, evaluation } = best;
+  if (placement === 'search' && !evaluation.feasible) {
+    throw new Error(`no feasible plan found for ${problem.name} in ${best.search?.evaluated ?? 0} plans (every named plan: ${PLACEMENTS.map((n) => ev.evaluate(namedPlan(ev, n)).why).join('; ')})`);
+  }
   const named = Object.fromEntries(PLACEMENTS.map((n) => [n, namedPlan(ev, n)])) as Record<NamedPlacement, Candidate>;
   const baselines = Object.fromEntries(PLACEMENTS.map((n) => [n, ev.evaluate(named[n]).iterationSeconds]));
-  let chosen: Candidate;
-  let searchInfo: { seed: number; seconds: number; evaluated: number; accepted: number } | undefined;
-  if (placement === 'search') {
-    const starts = PLACEMENTS.map((n) => named[n]).sort((a, b) => ev.objective(a) - ev.objective(b));
-    const r = search(ev, starts, { evaluations: evaluationsFor(budget), seed });
-    if (r.best.length === 0) throw new Error(`no feasible plan found for ${problem.name} in ${r.evaluated} plans (every named plan: ${PLACEMENTS.map((n) => ev.evaluate(named[n]).why).join('; ')})`);
-    chosen = r.best[0]!.plan;
-    searchInfo = { seed: r.seed, seconds: r.seconds, evaluated: r.evaluated, accepted: r.accepted };
-  } else {
-    chosen = named[placement as NamedPlacement];
-  }
-  const evaluation = ev.evaluate(chosen, true);
+  const searchInfo = best.search;
+  const pools = poolsOf(problem, chosen);
   const out = {
     scenario: problem.name,
     device: problem.device.name,
     devices: problem.cluster.nodes * problem.cluster.devicesPerNode,
     ...report(placement, evaluation),
-    search_seconds: searchInfo?.seconds ?? 0,
+    search_seconds: choice.tried.reduce((a, t) => a + (t.search?.seconds ?? 0), 0),
     search_seed: searchInfo?.seed ?? null,
-    plans_evaluated: searchInfo?.evaluated ?? 0,
+    plans_evaluated: choice.tried.reduce((a, t) => a + (t.search?.evaluated ?? 0), 0),
     baselines,
+    lag: best.lag,
+    pools: { rollout: pools.rollout, train: pools.train, shared: pools.shared },
+    estimated_period: evaluation.iterationSeconds,
+    sync_iteration_seconds: sync.evaluation.iterationSeconds,
+    estimated_speedup: choice.speedup,
+    lags: choice.tried.map((t) => ({ lag: t.lag, iteration_seconds: t.evaluation.iterationSeconds, feasible: t.evaluation.feasible })),
+    asynchrony: choice.why,
   };
-  if (values.write) writeFileSync(values.write, planYaml(chosen));
+  if (values.write) writeFileSync(values.write, planYaml(chosen, placement === 'search' ? best.lag : 0));
   if (values.html) {
     writeFileSync(
       values.html,
@@ -118,6 +126,15 @@ runMain(async () => {
   }
   if (!evaluation.feasible) console.log(`not feasible: ${evaluation.why}`);
   console.log(`iteration: ${evaluation.iterationSeconds.toFixed(3)} s (estimated)`);
+  if (placement === 'search') {
+    const pool = (ds: number[]) => (ds.length ? `${ds.length} device(s) ${ds[0]}${ds.length > 1 ? `–${ds.at(-1)}` : ''}` : 'none');
+    console.log(`asynchrony: ${best.lag === 0 ? 'lock-step' : `rl.lag ${best.lag}`}: ${choice.why}`);
+    console.log(
+      `  rollout pool ${pool(pools.rollout)}, train pool ${pool(pools.train)}${pools.shared ? ' (shared devices)' : ''}; estimated period ${evaluation.iterationSeconds.toFixed(3)} s, best lock-step ${sync.evaluation.iterationSeconds.toFixed(3)} s: ${(sync.evaluation.iterationSeconds / evaluation.iterationSeconds).toFixed(2)}×`,
+    );
+    for (const t of choice.tried)
+      console.log(`  lag ${t.lag}: ${Number.isFinite(t.evaluation.iterationSeconds) ? `${t.evaluation.iterationSeconds.toFixed(3)} s` : `infeasible: ${t.evaluation.why}`}`);
+  }
   for (const n of PLACEMENTS) {
     const t = baselines[n]!;
     console.log(`  ${pad(n, 14)}${Number.isFinite(t) ? `${t.toFixed(3)} s  (${(t / evaluation.iterationSeconds).toFixed(2)}× the chosen plan)` : `infeasible: ${ev.evaluate(named[n]).why}`}`);

@@ -24,6 +24,7 @@ export * from './supervisor/supervision.ts';
 export * from './supervisor/supervisor.machine.ts';
 export * from './plan/catalog.ts';
 export * from './plan/cost.ts';
+export * from './plan/lag.ts';
 export * from './plan/planner.ts';
 export * from './plan/problem.ts';
 export * from './plan/search.ts';

@@ -16,6 +16,8 @@ export interface PlanCall {
   kind: CallKind;
   /** Sequences it processes per iteration (generation: prompts × samples per prompt). */
   rows: number;
+  /** Seconds it waits on something off the devices (reward actors on the bus), occupying none. */
+  waitSeconds?: number;
 }
 
 export interface PlanModel {
@@ -193,6 +195,20 @@ export class Evaluator {
       const cost = this.callCost(model.owner, owner, true);
       for (const d of owner.devices) resident.set(d, (resident.get(d) ?? 0) + (cost?.residentBytes ?? 0));
     }
+    // Under a lag, a generation's view holds its version's weights for the whole iteration (the
+    // rollout devices keep that copy while the model trains): resident beside everything there.
+    // (The generation's own cost counts that copy already.)
+    const held = new Map<number, number>();
+    const holders = new Set<CallName>();
+    if (this.problem.graph.flow.lag) {
+      for (const info of this.infos) {
+        const p = c[info.name]!;
+        if (callOf(this.problem, info.name).kind !== 'generate' || !info.shape || this.key(p) === this.key(c[info.model.owner]!)) continue;
+        holders.add(info.name);
+        const bytes = (parameterCounts(info.shape, info.model.valueHead).total * info.shape.dtypeBytes) / (p.tp * p.pp);
+        for (const d of p.devices) held.set(d, (held.get(d) ?? 0) + bytes);
+      }
+    }
     const calls: Priced['calls'] = [];
     let why: string | undefined;
     let overflow = 0;
@@ -203,7 +219,7 @@ export class Evaluator {
       const problem = info.shape ? strategyProblem(info.shape, p) : undefined;
       if (problem) why ??= `${info.name}: ${problem}`;
       let residentHere = 0;
-      for (const d of p.devices) residentHere = Math.max(residentHere, resident.get(d) ?? 0);
+      for (const d of p.devices) residentHere = Math.max(residentHere, (resident.get(d) ?? 0) + (holders.has(info.name) ? 0 : (held.get(d) ?? 0)));
       const cost = this.callCost(info.name, p, isOwner, device.memoryBytes - residentHere);
       const memory = residentHere + (cost?.transientBytes ?? 0);
       if (memory > device.memoryBytes) {
@@ -228,6 +244,8 @@ export class Evaluator {
       const move = moves ? this.moveSeconds(x) : 0;
       if (move > 0) segments.push({ kind: 'realloc', devices: [...new Set([...x.owner!.devices, ...x.placement.devices])].sort((a, b) => a - b), seconds: move });
       segments.push({ kind: 'compute', devices: x.placement.devices, seconds: x.seconds });
+      const wait = callOf(this.problem, x.info.name).waitSeconds ?? 0;
+      if (wait > 0) segments.push({ kind: 'compute', devices: [], seconds: wait });
       tasks[x.info.name] = { call: x.info.name, segments };
     }
     const { sharedCores, parallelSlowdown } = this.problem.device;

@@ -50,8 +50,19 @@ export function loadLocalProfile(file = LOCAL_PROFILE): DeviceProfile {
   return JSON.parse(readFileSync(file, 'utf8')) as DeviceProfile;
 }
 
-export function problemOf(s: Scenario, local?: DeviceProfile): Problem {
+/** The lag the planner prices a scenario at: rl.lag, or a free-running run's bound η (its steady state when generation keeps up). */
+export const lagOf = (s: Scenario): number => s.rl.lag || s.rl.staleness;
+
+/** The scenario lagged by `lag` (its graph too: the proximal policy's pass); itself at its own lag. */
+export const atLag = (s: Scenario, lag: number): Scenario => (lag === lagOf(s) ? s : { ...s, rl: { ...s.rl, lag, staleness: 0, versions: undefined } });
+
+/**
+ * The scenario as a planning problem. `lag`: priced at that lag instead of the scenario's own
+ * (its graph too: stale rollouts add the proximal policy's pass).
+ */
+export function problemOf(s: Scenario, local?: DeviceProfile, lag = lagOf(s)): Problem {
   const task = taskOf(s); // its budget too: task.max_new_tokens
+  s = atLag(s, lag);
   const g = graphOf(s);
   const shape = (model: string): ModelShape | undefined => {
     const preset = presetOf(s, model);
@@ -63,10 +74,18 @@ export function problemOf(s: Scenario, local?: DeviceProfile): Problem {
   };
   const device = s.cluster.device === 'local' ? (local ?? loadLocalProfile()) : DEVICES[s.cluster.device]!;
   const rows = rowsOf(s);
+  // Reward actors on the bus are asked at once, beside the rule: the reward call waits for the slowest.
+  const actorSeconds = Math.max(0, ...s.reward.actors.map((a) => a.seconds ?? 0));
   const graph: PlanGraph = {
-    calls: g.calls.map((c) => ({ name: c.name, model: c.model, kind: c.fn, rows })),
+    calls: g.calls.map((c) => ({
+      name: c.name,
+      model: c.model,
+      kind: c.fn,
+      rows,
+      ...(c.fn === 'inference' && c.writes.scores !== undefined && !shape(c.model) && actorSeconds > 0 ? { waitSeconds: actorSeconds } : {}),
+    })),
     models: g.models.map((m) => ({ name: m.name, valueHead: m.head !== 'policy', trainable: m.trained, owner: ownerCall(g, m.name).name })),
-    flow: flowOf(g),
+    flow: flowOf(g, lag),
   };
   return {
     name: s.name ?? 'scenario',

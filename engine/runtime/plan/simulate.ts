@@ -39,25 +39,43 @@ export interface Simulation {
 /**
  * The calls of a graph in order, and what each waits for: within an iteration, the calls whose
  * outputs it reads (through host steps too); from the previous one, every train call — the
- * supervisor starts an iteration once the last one's training has ended (it does not pipeline
- * iterations), so every call waits for them, not only the calls that read their weights.
+ * supervisor starts an iteration once the last one's training has ended, so every call waits for
+ * them, not only the calls that read their weights.
+ *
+ * Under asynchrony (rl.lag: k), the rollout calls (`ahead`: the generations, and the frozen
+ * models' calls that read nothing but the rollout) of iteration i run during iteration i − k, with
+ * the weights it starts with: they wait for the train calls of i − k − 1 instead, and go before
+ * that iteration's own calls on devices they share (the runtime queues them first); iteration
+ * i − k ends once they have. The steady period becomes about max(generate + sync, train).
  */
 export interface Flow {
   order: CallName[];
   same: Record<CallName, CallName[]>;
   previous: CallName[];
+  /** rl.lag (0: lock-step). */
+  lag?: number;
+  /** The calls that run ahead under a lag. */
+  ahead?: CallName[];
 }
 
-export function flowOf(g: Graph): Flow {
+export function flowOf(g: Graph, lag = 0): Flow {
   const nodes = nodesOf(g);
   const deps = dependencies(nodes);
   const calls = new Set(g.calls.map((c) => c.name));
   const upstream = (n: string, seen = new Set<string>()): string[] => (deps.get(n) ?? []).flatMap((d) => (seen.has(d) ? [] : (seen.add(d), calls.has(d) ? [d] : upstream(d, seen))));
-  return {
+  const flow: Flow = {
     order: g.calls.map((c) => c.name),
     same: Object.fromEntries(nodes.filter((n) => n.kind === 'call').map((n) => [nodeName(n), [...new Set(upstream(nodeName(n)))]])),
     previous: g.calls.filter((c) => c.fn === 'train').map((c) => c.name),
   };
+  if (lag === 0) return flow;
+  // As the runtime runs them ahead (engine/runtime/run/run.ts): generations of the prompts, then
+  // inference of untrained models that reads only what the generations wrote.
+  const gens = g.calls.filter((c) => c.fn === 'generate');
+  const rollout = new Set(gens.flatMap((c) => Object.values(c.writes)));
+  const trained = new Set(g.models.filter((m) => m.trained).map((m) => m.name));
+  const frozen = g.calls.filter((c) => c.fn === 'inference' && !trained.has(c.model) && Object.values(c.reads).every((f) => rollout.has(f)));
+  return { ...flow, lag, ahead: [...gens, ...frozen].map((c) => c.name) };
 }
 
 interface Running {
@@ -72,7 +90,9 @@ interface Running {
  * entry per device per segment is most of the work on a large cluster.
  */
 export function simulate(tasks: Record<CallName, TaskSpec>, flow: Flow, options: { iterations?: number; sharedCores?: number; parallelSlowdown?: number; timeline?: boolean } = {}): Simulation {
-  const K = options.iterations ?? 4;
+  const lag = flow.lag ?? 0;
+  // Enough iterations past the pipeline's filling for its steady period to show.
+  const K = options.iterations ?? 4 + 2 * lag;
   const keepTimeline = options.timeline ?? true;
   const ORDER = flow.order;
   const n = ORDER.length;
@@ -92,16 +112,33 @@ export function simulate(tasks: Record<CallName, TaskSpec>, flow: Flow, options:
   const timeline: TimelineEntry[] = [];
   let now = 0;
 
+  const isAhead = ORDER.map((c) => lag > 0 && (flow.ahead ?? []).includes(c));
+  const aheadPositions = ORDER.flatMap((_, p) => (isAhead[p] ? [p] : []));
+  /** Every call of iteration `it` at `positions` has finished (true for iterations outside the run). */
+  const done = (it: number, positions: readonly number[]) => it < 0 || it >= K || positions.every((c) => finished[it * n + c]! >= 0);
   const ready = (i: number) => {
-    const base = i - (i % n);
+    const it = Math.floor(i / n);
+    const base = it * n;
     if (!same[i % n]!.every((c) => finished[base + c]! >= 0)) return false;
-    return base === 0 || previous.every((c) => finished[base - n + c]! >= 0);
+    // A rollout call ahead waits for the weights it reads, k + 1 updates back (none at first).
+    if (isAhead[i % n]) return done(it - lag - 1, previous);
+    if (!done(it - 1, previous)) return false;
+    // An iteration ends once what it generated ahead has: the next one's calls wait for it.
+    return lag === 0 || it === 0 || done(it - 1 + lag, aheadPositions);
   };
+  // Priority: by the iteration that runs a task (a rollout call ahead runs in iteration i − k, at
+  // its start), the rollout calls first, then the call order.
+  const priority = Array.from({ length: total }, (_, i) => i).sort((a, b) => {
+    const key = (i: number) => [isAhead[i % n] ? Math.max(0, Math.floor(i / n) - lag) : Math.floor(i / n), isAhead[i % n] ? 0 : 1, Math.floor(i / n), i % n];
+    const [x, y] = [key(a), key(b)];
+    for (let j = 0; j < x.length; j++) if (x[j] !== y[j]) return x[j]! - y[j]!;
+    return 0;
+  });
 
   const startWhatCan = () => {
-    // In priority order (iteration, then call order): a task's next segment starts when its
-    // inputs are done and all of its devices are free.
-    for (let i = 0; i < total; i++) {
+    // In priority order: a task's next segment starts when its inputs are done and all of its
+    // devices are free.
+    for (const i of priority) {
       if (finished[i]! >= 0 || isRunning[i] || !ready(i)) continue;
       const seg = specs[i % n]!.segments[nextSegment[i]!]!;
       if (seg.devices.some((d) => busy[d] === 1)) continue;
@@ -141,8 +178,12 @@ export function simulate(tasks: Record<CallName, TaskSpec>, flow: Flow, options:
     startWhatCan();
   }
   if (finished.some((f) => f < 0)) throw new Error('simulation stalled: a task never became ready');
-  const iterationEnd = (it: number) => Math.max(...finished.slice(it * n, (it + 1) * n));
-  // Steady state: the time between the ends of the first and the last iteration, per iteration.
-  const iterationSeconds = K > 1 ? (iterationEnd(K - 1) - iterationEnd(0)) / (K - 1) : iterationEnd(0);
+  // An iteration ends when its own calls have, and the rollout calls it runs ahead (those of
+  // iteration it + k): the runtime waits for them before the next one starts.
+  const iterationEnd = (it: number) => Math.max(...ORDER.flatMap((_, p) => (isAhead[p] ? (it + lag < K ? [finished[(it + lag) * n + p]!] : []) : [finished[it * n + p]!])));
+  // Steady state: the time between the ends of the first and the last iteration, per iteration —
+  // under a lag, of those past the pipeline's filling whose rollouts ahead were simulated too.
+  const [first, last] = [lag, K - 1 - lag];
+  const iterationSeconds = last > first ? (iterationEnd(last) - iterationEnd(first)) / (last - first) : iterationEnd(0);
   return { iterationSeconds, makespan: now, timeline };
 }

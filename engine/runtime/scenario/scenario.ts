@@ -756,6 +756,15 @@ export function loadScenario(file: string, planFile?: string): Scenario {
       throw new ScenarioError(`${planFile}: expected a YAML map with a 'plan' key (as npm run plan --write writes it), got ${describeValue(plan)}`);
     }
     doc.set('plan', (plan as { plan: unknown }).plan);
+    // The lag the plan was searched for (npm run plan --write): a lagged run's k, a free-running
+    // run's bound η (the planner prices it at its steady state), 0 for lock-step.
+    const lag = (plan as { lag?: unknown }).lag;
+    if (lag !== undefined) {
+      const rl = (doc.get('rl') ?? {}) as unknown;
+      const freeRunning = rl !== null && typeof rl === 'object' && 'get' in rl && Number((rl as { get(k: string): unknown }).get('staleness') ?? 0) > 0;
+      doc.setIn(['rl', freeRunning ? 'staleness' : 'lag'], lag);
+      if (!freeRunning) doc.setIn(['rl', 'staleness'], 0);
+    }
     text = doc.toString();
     where = `${file} with the plan of ${planFile}`;
   }

@@ -1,0 +1,101 @@
+// The simulator's pipeline under a lag, on hand-built tasks whose schedules can be worked out on
+// paper, and the planner's choice of a lag: only where it pays.
+import { describe, expect, it } from 'vitest';
+import { grpo } from '../../algorithms/grpo.ts';
+import { staleGraph } from '../../asynchrony/index.ts';
+import type { CallName } from '../scenario/scenario.ts';
+import { loadScenario } from '../scenario/scenario.ts';
+import { flowOf, simulate, type TaskSpec } from './simulate.ts';
+import { ASYNC_MIN_SPEEDUP, chooseLag, lagsFor, poolsOf } from './lag.ts';
+import { loadLocalProfile, DEFAULT_LOCAL_PROFILE } from './problem.ts';
+import { smallScenarioText } from './pipeline.fixture.ts';
+
+const RL = { iterations: 8, batch: 1, epochs: 1, minibatches: 1, clip: 0.2, kl_coef: 0, temperature: 1, lr: 1e-3, clip_norm: 1 };
+const fresh = grpo.graph(grpo.options.parse({}), RL);
+const stale = staleGraph(fresh);
+
+/** GRPO's calls, each on `devices` for `seconds`; the generation after a move of `sync` seconds. */
+function tasks(calls: readonly CallName[], spec: Record<string, { devices: number[]; seconds: number; sync?: number }>): Record<CallName, TaskSpec> {
+  return Object.fromEntries(
+    calls.map((call) => {
+      const s = spec[call]!;
+      const segments: TaskSpec['segments'] = [];
+      if (s.sync) segments.push({ kind: 'realloc', devices: [0, 1], seconds: s.sync });
+      segments.push({ kind: 'compute', devices: s.devices, seconds: s.seconds });
+      return [call, { call, segments }];
+    }),
+  );
+}
+
+describe('the pipeline under a lag', () => {
+  // Generation 3 s on device 0 after a 0.5 s move of the weights; scoring 0.25 s each beside it;
+  // the proximal pass 0.5 s and training 3 s on device 1.
+  const split = {
+    'actor.generate': { devices: [0], seconds: 3, sync: 0.5 },
+    'reference.inference': { devices: [0], seconds: 0.25 },
+    'reward.inference': { devices: [0], seconds: 0.25 },
+    'actor.prox': { devices: [1], seconds: 0.5 },
+    'actor.train': { devices: [1], seconds: 3 },
+  };
+
+  it('lock-step, an iteration is the sum of its chain: move, generate, score, train', () => {
+    const flow = flowOf(fresh);
+    const { 'actor.prox': _p, ...rest } = split;
+    expect(simulate(tasks(flow.order, rest), flow).iterationSeconds).toBeCloseTo(0.5 + 3 + 0.25 + 0.25 + 3, 9);
+  });
+
+  it('one-step-off on two pools, the period is about max(generate + sync + scoring, prox + train), not their sum', () => {
+    const flow = flowOf(stale, 1);
+    expect(flow.ahead).toEqual(['actor.generate', 'reference.inference', 'reward.inference']);
+    const sim = simulate(tasks(flow.order, split), flow);
+    expect(sim.iterationSeconds).toBeCloseTo(Math.max(0.5 + 3 + 0.25 + 0.25, 0.5 + 3), 9);
+    // Iteration i's generation waits for the weights of i − 2's training, and starts before i − 1's ends.
+    const at = (call: string, it: number) => sim.timeline.filter((e) => e.call === call && e.iteration === it && e.kind === 'compute')[0]!;
+    expect(at('actor.generate', 3).start).toBeGreaterThanOrEqual(at('actor.train', 1).end - 1e-9);
+    expect(at('actor.generate', 3).start).toBeLessThan(at('actor.train', 2).end);
+  });
+
+  it('on devices the rollout and the training share, a lag overlaps nothing: no faster than lock-step', () => {
+    const shared = Object.fromEntries(Object.entries(split).map(([c, s]) => [c, { ...s, devices: [0, 1] }]));
+    const lagged = simulate(tasks(flowOf(stale, 1).order, shared), flowOf(stale, 1)).iterationSeconds;
+    const { 'actor.prox': _p, ...rest } = shared;
+    const lockStep = simulate(tasks(flowOf(fresh).order, rest), flowOf(fresh)).iterationSeconds;
+    expect(lagged).toBeGreaterThanOrEqual(lockStep);
+  });
+
+  it('a longer lag hides a generation that takes longer than training, up to the train pool', () => {
+    const slow = { ...split, 'actor.generate': { devices: [0], seconds: 6, sync: 0.5 } };
+    const one = simulate(tasks(flowOf(stale, 1).order, slow), flowOf(stale, 1)).iterationSeconds;
+    // The rollout pool is the bottleneck: 0.5 + 6 + 0.5 per iteration, whatever the lag.
+    expect(one).toBeCloseTo(7, 9);
+    expect(simulate(tasks(flowOf(stale, 2).order, slow), flowOf(stale, 2)).iterationSeconds).toBeCloseTo(7, 9);
+  });
+});
+
+describe('the choice of a lag', () => {
+  const local = loadLocalProfile(DEFAULT_LOCAL_PROFILE);
+
+  it('chooses one-step-off where a reward actor on the bus is slow, and says so', () => {
+    const s = loadScenario(smallScenarioText('slow-actor', 0.1));
+    expect(lagsFor(s, 2)).toEqual([0, 1, 2]);
+    const c = chooseLag(s, [0, 1], { local, search: { evaluations: 2000, seed: 1 } });
+    expect(c.chosen.lag).toBe(1);
+    expect(c.speedup).toBeGreaterThanOrEqual(ASYNC_MIN_SPEEDUP);
+    expect(c.speedup).toBeCloseTo(c.sync.evaluation.iterationSeconds / c.chosen.evaluation.iterationSeconds, 12);
+    expect(c.why).toMatch(/lag 1 is \d\.\d\d× the best lock-step plan/);
+    expect(poolsOf(c.chosen.problem, c.chosen.plan).rollout.length).toBeGreaterThan(0);
+  });
+
+  it('keeps lock-step where asynchrony does not pay (nothing off the devices to overlap)', () => {
+    const s = loadScenario(smallScenarioText('no-actor', 0));
+    const c = chooseLag(s, [0, 1], { local, search: { evaluations: 2000, seed: 1 } });
+    expect(c.chosen.lag).toBe(0);
+    expect(c.speedup).toBe(1);
+    expect(c.why).toMatch(/lock-step kept: the best lag \(1\) would be \d\.\d\d×, less than the 1\.1×/);
+  });
+
+  it('offers no lag to an algorithm of pairs, nor one as long as the run', () => {
+    expect(lagsFor(loadScenario(smallScenarioText('pairs', 0, 'dpo')), 2)).toEqual([0]);
+    expect(lagsFor(loadScenario(smallScenarioText('short', 0, 'grpo', 2)), 3)).toEqual([0, 1]);
+  });
+});
