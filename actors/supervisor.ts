@@ -2,7 +2,7 @@
 // directory. The launcher starts it; it can also be started by hand against an existing server:
 //   npx tsx actors/supervisor.ts --scenario FILE --run RUN_ID --out DIR [--nats URL]
 import { createActor, fromCallback, toPromise } from 'xstate';
-import { connectBus, publishEvent, subscribeEvents, type RunEventOut } from '../mesh/wire/index.ts';
+import { BUS_SYNC_ENV, connectBus, publishEvent, subscribeEvents, type RunEventOut } from '../mesh/wire/index.ts';
 import { encode, EnvClient } from '../mesh/wire/index.ts';
 import { PROTOCOL_VERSION, type Metrics } from '../mesh/wire/index.ts';
 import { subjects } from '../mesh/wire/index.ts';
@@ -135,6 +135,8 @@ runMain(async () => {
       rewards,
       ...(expert ? { demonstrate: expert.demonstrate.bind(expert) } : {}),
       run: values.run,
+      // The launcher says how the server it started syncs; of a server it did not start, ferry cannot know.
+      bus: { server_version: nc.info?.version ?? 'unknown', sync: process.env[BUS_SYNC_ENV] ?? 'unknown: a server ferry did not start' },
       dispatcher,
       store,
       recorder: fanOut(directory, busEvents),

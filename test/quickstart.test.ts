@@ -6,6 +6,7 @@ import { describe, expect, it } from 'vitest';
 import { launch } from '../engine/cli/launch.ts';
 import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
 import { ROOT, tempDir } from './helpers.ts';
+import { SYNC_VERSION, atLeast } from '../mesh/wire/server-binary.ts';
 
 describe('scenarios/quickstart.yaml', () => {
   it('raises the reward from the first five iterations to the last five', async () => {
@@ -18,5 +19,9 @@ describe('scenarios/quickstart.yaml', () => {
     expect(s.iterations).toBe(scenario.rl.iterations);
     expect(s.reward_last5! - s.reward_first5!).toBeGreaterThan(0.2);
     expect(readFileSync(join(out, 'metrics.jsonl'), 'utf8').trim().split('\n')).toHaveLength(scenario.rl.iterations);
+    // Its private server syncs every write: a nats-server of 2.10 or later (ferry fetches Debian
+    // trixie's where the installed one is older), which the summary names.
+    expect(s.bus?.sync).toBe('always');
+    expect(atLeast(s.bus?.server_version, SYNC_VERSION)).toBe(true);
   }, 180_000);
 });

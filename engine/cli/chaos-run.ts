@@ -26,6 +26,8 @@ export interface ChaosReport {
   runs: { clean: string; chaos: string };
   /** Free-running (rl.staleness): the clean run replayed the schedule the chaos run recorded. */
   clean_replays?: boolean;
+  /** The chaos run's bus: the NATS server's version and how its JetStream syncs writes. */
+  bus?: { server_version: string; sync: string };
 }
 
 const count = (xs: readonly string[]) => xs.reduce<Record<string, number>>((m, x) => ((m[x] = (m[x] ?? 0) + 1), m), {});
@@ -54,6 +56,7 @@ export function chaosReport(scenario: string, clean: LaunchResult, chaos: Launch
     clean: { status: c?.status ?? 'failed', wall_seconds: c?.wall_seconds ?? 0, digests: c?.digests ?? {} },
     chaos: { status: x?.status ?? 'failed', wall_seconds: x?.wall_seconds ?? 0, digests: x?.digests ?? {}, ...(x?.error ? { error: x.error } : {}) },
     runs,
+    ...(x?.bus ? { bus: x.bus } : {}),
   };
 }
 

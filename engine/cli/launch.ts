@@ -4,7 +4,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createWriteStream, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { CREDENTIAL_ENV, answerable, connectBus, hasCredentials, publishEvent, subscribe, subscribeEvents, type RunEventOut } from '../../mesh/wire/index.ts';
+import { BUS_SYNC_ENV, CREDENTIAL_ENV, answerable, connectBus, hasCredentials, publishEvent, subscribe, subscribeEvents, type RunEventOut } from '../../mesh/wire/index.ts';
 import { startNatsServer, type PrivateNatsServer } from '../../mesh/wire/index.ts';
 import { authConfig, makeCredentials } from '../../mesh/wire/index.ts';
 import { encode } from '../../mesh/wire/index.ts';
@@ -153,7 +153,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     if (!url) {
       // A reply may come as late as the longest call or reward request allows.
       const replySeconds = Math.max(o.scenario.timeouts.call_seconds, ...o.scenario.reward.actors.map((a) => a.timeout_seconds), o.scenario.environment?.timeout_seconds ?? 0) + 60;
-      server = await startNatsServer({ log: say, ...(creds ? { config: authConfig(o.run, creds, { replySeconds }) } : {}) });
+      server = await startNatsServer({ log: say, sync: o.scenario.bus.sync, ...(creds ? { config: authConfig(o.run, creds, { replySeconds }) } : {}) });
       url = server.url;
       say(`nats-server on ${url} (private to this run, store in ${server.storeDir})`);
       if (interrupted) return { code: 130, natsUrl: url, chaos };
@@ -290,7 +290,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     }, 500).unref();
     await nc.flush();
 
-    const env: NodeJS.ProcessEnv = { ...o.env, NATS_URL: url, ...(points.length ? { [CHAOS_ENV]: JSON.stringify(points) } : {}) };
+    const env: NodeJS.ProcessEnv = { ...o.env, NATS_URL: url, ...(points.length ? { [CHAOS_ENV]: JSON.stringify(points) } : {}), ...(server ? { [BUS_SYNC_ENV]: server.sync } : {}) };
     // The supervisor reads the scenario as resolved here (defaults filled in, overrides applied),
     // and the run directory keeps it: the exact input of this run.
     const resolved = join(o.out, 'scenario.json');

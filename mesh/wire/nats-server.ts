@@ -1,11 +1,16 @@
 // A private nats-server for one run or one test: loopback only, a free port, JetStream with its
-// store in a temporary directory, stopped (and its store removed) when the run ends.
+// store in a temporary directory, stopped (and its store removed) when the run ends. It is a
+// nats-server that can sync every write (2.10 or later; server-binary.ts), where one can be had.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { findOnPath, installDebianPackage } from './debian.ts';
+import { SYNC_VERSION, atLeast, fetchTrixieServer, ownServer, serverVersion } from './server-binary.ts';
+
+/** Set by the launcher for the supervisor: how the private server's JetStream syncs writes. */
+export const BUS_SYNC_ENV = 'FERRY_BUS_SYNC';
 
 export class NatsServerError extends Error {
   override name = 'NatsServerError';
@@ -37,6 +42,26 @@ export function ensureNatsServer(log: (line: string) => void = () => {}): string
   throw new NatsServerError(`no nats-server binary found on PATH or in /usr/sbin; ${INSTALL_HINT}`);
 }
 
+/**
+ * The nats-server to run: the installed one where it can sync every write (2.10 or later), else
+ * ferry's own from Debian trixie (server-binary.ts: fetched through apt once, kept in a folder of
+ * its own), else the installed one all the same, saying why. $FERRY_NATS_SERVER is used as it is.
+ */
+export function syncCapableServer(log: (line: string) => void = () => {}): string {
+  const installed = ensureNatsServer(log);
+  if (process.env.FERRY_NATS_SERVER || atLeast(serverVersion(installed), SYNC_VERSION)) return installed;
+  const own = ownServer();
+  if (own) return own;
+  // Tried once per process (and, failing, not again for an hour: server-binary.ts keeps why).
+  fetched ??= fetchTrixieServer(log);
+  if ('bin' in fetched) return fetched.bin;
+  if (!warned) log(`using nats-server ${serverVersion(installed) ?? '(unknown version)'}, which cannot sync every write: ${fetched.why}`);
+  warned = true;
+  return installed;
+}
+let warned = false;
+let fetched: ReturnType<typeof fetchTrixieServer> | undefined;
+
 export async function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
     const srv = createServer();
@@ -57,12 +82,22 @@ export interface NatsServerOptions {
   /** Milliseconds to wait for "Server is ready". */
   readyTimeoutMs?: number;
   log?: (line: string) => void;
+  /**
+   * JetStream's `sync_interval`: 'always' (every write is on disk before it is acknowledged), or a
+   * duration ('2m', the server's default). Needs nats-server 2.10; an older one runs without it,
+   * and says so in `sync`.
+   */
+  sync?: string;
 }
 
 export interface PrivateNatsServer {
   url: string;
   port: number;
   storeDir: string;
+  /** The server's version ("2.10.27"). */
+  version: string;
+  /** How JetStream syncs its writes: 'always', an interval, or why it cannot be set. */
+  sync: string;
   process: ChildProcess;
   /**
    * Kills the server outright (SIGKILL, as a crash would) and starts it again on the same port
@@ -74,16 +109,28 @@ export interface PrivateNatsServer {
   stop(): Promise<void>;
 }
 
+/** The server's sync setting as `jetstream {}` takes it, and as a run reports it. */
+function syncOf(bin: string, options: NatsServerOptions): { version: string; sync: string; setting?: string } {
+  const version = serverVersion(bin) ?? 'unknown';
+  if (options.sync === undefined) return { version, sync: 'the server default (2m)' };
+  if (!atLeast(version, SYNC_VERSION)) return { version, sync: `not set: nats-server ${version} has no sync_interval (2.10 has)` };
+  return { version, sync: options.sync, setting: `sync_interval: ${options.sync}` };
+}
+
 export async function startNatsServer(options: NatsServerOptions = {}): Promise<PrivateNatsServer> {
-  const bin = ensureNatsServer(options.log);
+  const bin = syncCapableServer(options.log);
+  const { version, sync, setting } = syncOf(bin, options);
   // A port can be taken between freePort() and the server's bind; try a few.
   let lastError: unknown;
   for (let attempt = 0; attempt < 5; attempt++) {
     const dir = mkdtempSync(join(tmpdir(), 'ferry-nats-'));
     const port = await freePort();
-    const launch = () => spawnServer(bin, dir, ['-a', '127.0.0.1', '-p', String(port), '-js', '-sd', join(dir, 'store'), ...(options.args ?? [])], options);
+    // With a sync setting, JetStream is configured in the file (its block takes it), else by flags.
+    const js = setting ? [] : ['-js', '-sd', join(dir, 'store')];
+    const config = setting ? [options.config ?? '', `jetstream { store_dir: "${join(dir, 'store')}", ${setting} }`].join('\n') : options.config;
+    const launch = () => spawnServer(bin, dir, ['-a', '127.0.0.1', '-p', String(port), ...js, ...(options.args ?? [])], { ...options, ...(config !== undefined ? { config } : {}) });
     try {
-      return handle(`nats://127.0.0.1:${port}`, port, join(dir, 'store'), dir, await launch(), launch);
+      return handle(`nats://127.0.0.1:${port}`, port, join(dir, 'store'), dir, await launch(), launch, { version, sync });
     } catch (err) {
       rmSync(dir, { recursive: true, force: true });
       lastError = err;
@@ -97,7 +144,8 @@ export async function startNatsServer(options: NatsServerOptions = {}): Promise<
  * replicas survives the loss of any one server. Each server has its own client port.
  */
 export async function startNatsCluster(size = 3, options: NatsServerOptions = {}): Promise<PrivateNatsServer[]> {
-  const bin = ensureNatsServer(options.log);
+  const bin = syncCapableServer(options.log);
+  const { version, sync, setting } = syncOf(bin, options);
   const ports = [];
   for (let i = 0; i < size; i++) ports.push({ client: await freePort(), cluster: await freePort() });
   const name = `ferry-${process.pid}-${Date.now()}`;
@@ -110,12 +158,12 @@ export async function startNatsCluster(size = 3, options: NatsServerOptions = {}
         `server_name: ${name}-s${i}`,
         'host: 127.0.0.1',
         `port: ${p.client}`,
-        `jetstream { store_dir: "${store}" }`,
+        `jetstream { store_dir: "${store}"${setting ? `, ${setting}` : ''} }`,
         `cluster { name: ${name}, listen: 127.0.0.1:${p.cluster}, routes: [${routes}] }`,
         options.config ?? '',
       ].join('\n');
       const launch = () => spawnServer(bin, dir, options.args ?? [], { ...options, config });
-      return handle(`nats://127.0.0.1:${p.client}`, p.client, store, dir, await launch(), launch);
+      return handle(`nats://127.0.0.1:${p.client}`, p.client, store, dir, await launch(), launch, { version, sync });
     }),
   );
   return servers;
@@ -151,12 +199,13 @@ function spawnServer(bin: string, dir: string, args: string[], options: NatsServ
 
 const gone = (child: ChildProcess) => (child.exitCode !== null || child.signalCode !== null ? Promise.resolve() : new Promise<void>((r) => child.once('exit', () => r())));
 
-function handle(url: string, port: number, storeDir: string, dir: string, first: ChildProcess, launch: () => Promise<ChildProcess>): PrivateNatsServer {
+function handle(url: string, port: number, storeDir: string, dir: string, first: ChildProcess, launch: () => Promise<ChildProcess>, bus: { version: string; sync: string }): PrivateNatsServer {
   let stopping: Promise<void> | undefined;
   const server: PrivateNatsServer = {
     url,
     port,
     storeDir,
+    ...bus,
     process: first,
     async kill() {
       server.process.kill('SIGKILL');

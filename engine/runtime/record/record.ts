@@ -46,6 +46,8 @@ export interface Summary {
    * and iterations per age.
    */
   staleness?: { versions: number[]; mean: number; max: number; histogram: Record<string, number> };
+  /** Over NATS: the server's version, and how its JetStream syncs writes ('always', an interval, or why not set). */
+  bus?: { server_version: string; sync: string };
   error?: string;
 }
 

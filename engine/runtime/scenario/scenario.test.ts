@@ -47,6 +47,7 @@ describe('parseScenario defaults', () => {
     },
     reward: { weight: 1, actors: [] },
     checkpoint: { every: 1 },
+    bus: { sync: 'always' },
     timeouts: { join_seconds: 60, call_seconds: 300, heartbeat_seconds: 10, recover_seconds: 120 },
     supervision: { strategy: 'one_for_one', intensity: 10, period_seconds: 60, restart: { worker: 'permanent', supervisor: 'transient' } },
   };
@@ -137,7 +138,7 @@ describe('parseScenario refusals', () => {
     const many = Array.from({ length: 12 }, (_, i) => `k${i}: 1`).join('\n');
     const m = scenarioError(many);
     expect(m).toBe(
-      'test.yaml: 1 problem(s):\n  k0, k1, k2, k3, k4, … and 7 more: unknown keys (expected one of: name, seed, backend, task, model, data, cluster, models, lengths, algorithm, plan, warmup, rl, reward, environment, checkpoint, timeouts, supervision, chaos)',
+      'test.yaml: 1 problem(s):\n  k0, k1, k2, k3, k4, … and 7 more: unknown keys (expected one of: name, seed, backend, task, model, data, cluster, models, lengths, algorithm, plan, warmup, rl, reward, environment, checkpoint, bus, timeouts, supervision, chaos)',
     );
     const wrong = scenarioError('seed: -1\nrl: {epochs: 0, batch: 0, iterations: 0, clip: "x", lr: -1, temperature: 0}');
     expect(wrong).toMatch(/^test\.yaml: 7 problem\(s\):/);

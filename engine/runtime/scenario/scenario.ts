@@ -253,6 +253,18 @@ export const Scenario = z.strictObject({
     })
     .prefault({})
     .describe('checkpoints let npm run scenario -- --resume RUN_DIR go on with a run'),
+  bus: z
+    .strictObject({
+      sync: z
+        .string()
+        .regex(/^(always|\d+(ms|s|m|h))$/, "'always' or a duration such as 10s or 2m")
+        .default('always')
+        .describe(
+          "how often the private server's JetStream syncs the run's store to disk (nats-server's sync_interval): always (every write is on disk before it is acknowledged), or an interval such as 2m (the server's default: faster, but a power loss can take the last interval's writes — stage results, progress, snapshots — and a recovery then goes back further, or the run resumes from the run directory's checkpoint); needs nats-server 2.10, which ferry fetches from Debian trixie where the installed one is older",
+        ),
+    })
+    .prefault({})
+    .describe('the private NATS server ferry starts for the run (not one given by --nats or NATS_URL)'),
   timeouts: z
     .strictObject({
       join_seconds: z.number().positive().default(60).describe('how long to wait for every device to have a worker'),

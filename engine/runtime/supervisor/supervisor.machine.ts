@@ -38,6 +38,8 @@ export interface SupervisorInput {
   takeOver?: Progress;
   /** Backends of workers that joined before the machine started (in-process runs). */
   backends?: string[];
+  /** The bus the run rides: the NATS server's version and how its JetStream syncs writes. */
+  bus?: { server_version: string; sync: string };
   /** Reward actors on the bus (the scenario's reward.actors). */
   rewards?: RewardSources;
   /** The environment's expert, for a warm-up drawn from it (warmup.source: environment). */
@@ -300,6 +302,7 @@ export const supervisorMachine = setup({
         ...(context.rewardModel ? { reward_model: context.rewardModel } : {}),
         ...(context.rollouts ? { rollouts: context.rollouts } : {}),
         ...asynchronySummary(context.history),
+        ...(context.bus ? { bus: context.bus } : {}),
         ...(context.error ? { error: context.error } : {}),
       };
       context.recorder.finished(summary);
