@@ -5,7 +5,7 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { JetStreamStore } from '../engine/runtime/store/jetstream-store.ts';
+import { JetStreamStore, sealProgress } from '../engine/runtime/store/jetstream-store.ts';
 import { launch, type LaunchResult } from '../engine/cli/launch.ts';
 import { loadScenario, type Scenario } from '../engine/runtime/scenario/scenario.ts';
 import { connectBus } from '../mesh/wire/bus.ts';
@@ -14,6 +14,7 @@ import { PROTOCOL_VERSION, type Metrics } from '../mesh/wire/protocol.ts';
 import { encode } from '../mesh/wire/codec.ts';
 import { subjects } from '../mesh/wire/subjects.ts';
 import { jetstream } from '@nats-io/jetstream';
+import { Kvm } from '@nats-io/kv';
 import { smallScenario, tempDir } from './helpers.ts';
 
 const quiet = { phase() {}, iteration() {}, stop() {} };
@@ -158,6 +159,38 @@ describe('the run store in JetStream', () => {
       // Only the last two snapshots are kept.
       expect(await store.loadSnapshot(0)).toBeUndefined();
       expect(await store.loadSnapshot(-1)).toBeUndefined();
+    } finally {
+      await nc.close();
+    }
+  }, 60_000);
+
+  it('seals its progress records: garbage written over the newest is passed over, and a supervisor taking over reads the last whole one', async () => {
+    const nc = await connectBus(server.url, 'store-sealed');
+    try {
+      const logs: string[] = [];
+      const store = await JetStreamStore.open(nc, 'st3', { log: (l) => logs.push(l) });
+      const good = { epoch: 1, iteration: 4, snapshot: 3, history: [], startedAt: 7, recoveries: [] };
+      await store.saveProgress({ ...good, iteration: 3, snapshot: 2 });
+      await store.saveProgress(good);
+      const kv = await new Kvm(jetstream(nc)).open('ferry-st3');
+      const record = encode({ type: 'progress', v: PROTOCOL_VERSION, ...good, iteration: 9 });
+      const sealed = sealProgress(record);
+      const forged = [
+        new Uint8Array([0xc1, 0x00, 0xff]), // random bytes
+        record, // a record without its seal
+        Uint8Array.from([...sealed.subarray(0, 40), ...sealed.subarray(40).map((b, i) => (i === 3 ? b ^ 1 : b))]), // a seal that does not match
+        sealProgress(encode({ type: 'progress', v: PROTOCOL_VERSION, epoch: 'x' })), // sealed, not a progress record
+      ];
+      for (const bytes of forged) await kv.put('progress', bytes);
+      const taker = await JetStreamStore.open(nc, 'st3', { log: (l) => logs.push(l) });
+      expect(await taker.loadProgress()).toEqual(good);
+      expect(logs.join('\n')).toMatch(/not a sealed progress record \(3 bytes\): passed over/);
+      expect(logs.join('\n')).toMatch(/its seal does not match its contents: passed over/);
+      expect(logs).toHaveLength(4);
+      // Nothing whole at all: no progress (the take-over starts the run again, as before any progress).
+      const empty = await JetStreamStore.open(nc, 'st4', { log: () => {} });
+      await (await new Kvm(jetstream(nc)).open('ferry-st4')).put('progress', forged[0]!);
+      expect(await empty.loadProgress()).toBeUndefined();
     } finally {
       await nc.close();
     }

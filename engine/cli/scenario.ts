@@ -76,9 +76,7 @@ runMain(async () => {
   const secs = ((Date.now() - t0) / 1000).toFixed(1);
   if (s) {
     const r = (x: number | null) => (x === null ? 'n/a' : x.toFixed(3));
-    console.log(
-      `${s.status}: ${s.iterations} iterations in ${secs} s on ${s.backend}; reward ${r(s.reward_first5)} (first 5) -> ${r(s.reward_last5)} (last 5)${s.error ? `\nerror: ${s.error}` : ''}`,
-    );
+    console.log(`${s.status}: ${s.iterations} iterations in ${secs} s on ${s.backend}; reward ${r(s.reward_first5)} (first 5) -> ${r(s.reward_last5)} (last 5)${s.error ? `\nerror: ${s.error}` : ''}`);
   } else {
     console.log(`failed after ${secs} s: no summary was written (see ${join(out, 'logs')})`);
   }

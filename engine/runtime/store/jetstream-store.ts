@@ -1,6 +1,7 @@
 // The run's durable state in NATS JetStream, so that any process, the supervisor included, can die
 // without losing it:
-//   - KV bucket `ferry-<run>` key `progress`: where the supervisor is (engine/store.ts Progress);
+//   - KV bucket `ferry-<run>` key `progress`: where the supervisor is (engine/store.ts Progress),
+//     sealed (its SHA-256 before it), the last few kept: a take-over reads the newest whole one;
 //   - stream `FERRY-<run>` on `ferry.<run>.results.<iteration>.<stage>`: each iteration's rollout
 //     and scores, published with a Nats-Msg-Id so that a repeated publish is stored once, the
 //     last few per subject kept. Nothing read back is trusted blindly: the supervisor keeps each
@@ -13,15 +14,38 @@
 //     record as a run directory's checkpoint.msgpack), the last two kept.
 // All three are file-backed, so they survive a restart of the server.
 import { jetstreamManager, jetstream, type JetStreamClient, type JetStreamManager } from '@nats-io/jetstream';
-import { Kvm, type KV } from '@nats-io/kv';
+import { Kvm, type KV, type KvEntry } from '@nats-io/kv';
 import { Objm, type ObjectStore } from '@nats-io/obj';
 import type { NatsConnection } from '@nats-io/transport-node';
-import { decode, encode } from '../../../mesh/wire/index.ts';
+import { ProtocolError, decode, encode } from '../../../mesh/wire/index.ts';
 import { CheckpointFile, PROTOCOL_VERSION, ProgressRecord, StageRecord } from '../../../mesh/wire/index.ts';
 import { createHash } from 'node:crypto';
 import { subjects, type Subjects } from '../../../mesh/wire/index.ts';
 import type { CheckpointSet } from '../run/setup.ts';
 import type { Progress, RunStore, Stage } from './store.ts';
+
+/** Progress records the bucket keeps: the newest whole one is read back. */
+const PROGRESS_KEPT = 8;
+const SEAL = new TextEncoder().encode('FSP1');
+
+/** A record with its SHA-256 before it (after a 4-byte mark): what a take-over checks. */
+export function sealProgress(bytes: Uint8Array): Uint8Array {
+  const digest = createHash('sha256').update(bytes).digest();
+  const out = new Uint8Array(SEAL.length + digest.length + bytes.length);
+  out.set(SEAL, 0);
+  out.set(digest, SEAL.length);
+  out.set(bytes, SEAL.length + digest.length);
+  return out;
+}
+
+/** The record inside a sealed value, or a ProtocolError saying why it is not whole. */
+export function unsealProgress(where: string, value: Uint8Array): Uint8Array {
+  if (value.length < SEAL.length + 32 || !SEAL.every((b, i) => value[i] === b)) throw new ProtocolError(where, `not a sealed progress record (${value.length} bytes)`);
+  const body = value.subarray(SEAL.length + 32);
+  const digest = createHash('sha256').update(body).digest();
+  if (!digest.equals(Buffer.from(value.subarray(SEAL.length, SEAL.length + 32)))) throw new ProtocolError(where, 'its seal does not match its contents');
+  return body;
+}
 
 export interface JetStreamStoreOptions {
   /** Copies of each stream (1, 3 or 5); default 3 on a clustered server, else 1. */
@@ -87,21 +111,39 @@ export class JetStreamStore implements RunStore {
         await jsm.streams.add({ name: stream, subjects: [subj.allResults], max_msgs_per_subject: KEPT_PER_SUBJECT, num_replicas: replicas });
       }
     });
-    const kv = await patiently(`creating KV bucket ferry-${run}`, patience, () => new Kvm(js).create(`ferry-${run}`, { history: 1, replicas }));
+    const kv = await patiently(`creating KV bucket ferry-${run}`, patience, () => new Kvm(js).create(`ferry-${run}`, { history: PROGRESS_KEPT, replicas }));
     const objects = await patiently(`creating object store ferry-${run}-snapshots`, patience, () => new Objm(js).create(`ferry-${run}-snapshots`, { replicas }));
     return new JetStreamStore(patience, run, subj, js, jsm, stream, kv, objects, options.log ?? (() => {}), options.ownOnly ?? false);
   }
 
+  /** The progress record, sealed: its SHA-256 before it (sealProgress). */
   async saveProgress(p: Progress): Promise<void> {
-    const bytes = encode({ type: 'progress', v: PROTOCOL_VERSION, ...p });
+    const bytes = sealProgress(encode({ type: 'progress', v: PROTOCOL_VERSION, ...p }));
     await patiently('saving progress', this.patienceMs, () => this.kv.put('progress', bytes));
   }
 
+  /**
+   * The newest progress record that is whole: the bucket keeps the last few, and one that is not
+   * sealed, or whose seal or contents do not check, is passed over (and said), so that garbage
+   * written there cannot stop a supervisor from taking the run over.
+   */
   async loadProgress(): Promise<Progress | undefined> {
-    const entry = await patiently('reading progress', this.patienceMs, () => this.kv.get('progress'));
-    if (entry?.operation !== 'PUT' || entry.value.length === 0) return undefined;
-    const { type: _t, v: _v, ...p } = decode(`KV ferry-${this.run}/progress`, entry.value, ProgressRecord);
-    return p;
+    const entries = await patiently('reading progress', this.patienceMs, async () => {
+      const out: KvEntry[] = [];
+      for await (const e of await this.kv.history({ key: 'progress' })) out.push(e);
+      return out;
+    });
+    for (const entry of entries.reverse()) {
+      if (entry.operation !== 'PUT' || entry.value.length === 0) continue;
+      const where = `KV ferry-${this.run}/progress (revision ${entry.revision})`;
+      try {
+        const { type: _t, v: _v, ...p } = decode(where, unsealProgress(where, entry.value), ProgressRecord);
+        return p;
+      } catch (e) {
+        this.log(`${(e as Error).message}: passed over for the record before it`);
+      }
+    }
+    return undefined;
   }
 
   async saveStage(iteration: number, stage: Stage, value: unknown): Promise<void> {
