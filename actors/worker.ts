@@ -84,7 +84,7 @@ runMain(async () => {
         let waited = false;
         for (;;) {
           try {
-            const reply = await request(nc, subj.join, hello, JoinReply, 2000);
+            const reply = await request(nc, preferred === undefined ? subj.join : subj.joinAs(preferred), hello, JoinReply, 2000);
             if (reply.type === 'error') {
               // Every device taken may be a moment's state (the worker this one replaces is
               // still being given up): ask again until the join deadline.

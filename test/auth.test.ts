@@ -125,7 +125,7 @@ describe('a closed bus', () => {
     const sup = await client(server.url, 'supervisor', creds.supervisor);
     try {
       // What its part of the protocol needs.
-      for (const subject of [subj.heartbeat(0), subj.turns(0), subj.join, subj.ready('r1'), subj.chunks('w1', 0), subj.receipts('w1', 0), subj.collective(1, 0), subj.chaos])
+      for (const subject of [subj.heartbeat(0), subj.turns(0), subj.joinAs(0), subj.ready('r1'), subj.chunks('w1', 0), subj.receipts('w1', 0), subj.collective(1, 0), subj.chaos])
         expect(await w.publishes(subject)).toEqual([]);
       for (const subject of [subj.events, subj.supervisorBeat, subj.go('r1'), subj.transferChunks('w1'), subj.transferReceipts('w1'), subj.collectivesTo(0)])
         expect(await w.subscribes(subject)).toEqual([]);
@@ -150,6 +150,9 @@ describe('a closed bus', () => {
         subj.go('r1'),
         subj.heartbeat(1),
         subj.call(1),
+        // A hello as another device (while it is recovered, say), or as any device.
+        subj.joinAs(1),
+        subj.join,
         // Another device's answers from an environment (a forged record a recovery would read).
         subj.turns(1),
         // Chunks, receipts and collectives as another device or as the supervisor.
@@ -163,7 +166,7 @@ describe('a closed bus', () => {
       for (const subject of forbidden) expect(await w.publishes(subject)).toEqual([`publish ${subject}`]);
       // Nor may it hear another device's calls (and so answer them), hellos (and welcome workers),
       // chaos requests, or anybody's replies.
-      for (const subject of [subj.call(1), subj.collectivesTo(1), subj.join, subj.chaos, '_INBOX.>', `_INBOX.supervisor-${RUN}.>`, subj.allResults, subj.allTurns]) {
+      for (const subject of [subj.call(1), subj.collectivesTo(1), subj.join, subj.joins, subj.chaos, '_INBOX.>', `_INBOX.supervisor-${RUN}.>`, subj.allResults, subj.allTurns]) {
         expect(await w.subscribes(subject)).toEqual([`subscription ${subject}`]);
       }
       expect(sup.refused).toEqual([]);

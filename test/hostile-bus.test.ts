@@ -71,11 +71,13 @@ const TRIED: Record<Who, Record<string, string>> = {
     'a log line': 'printed by the launcher',
   },
   supervisor: {
-    'random bytes': "dropped: not msgpack; on the JetStream API, an error reply to no one; in the KV bucket, replaced by the supervisor's next progress record",
+    'random bytes':
+      "dropped: not msgpack; on the JetStream API, an error reply to no one; in the KV bucket, not a sealed progress record: passed over by a take-over, replaced by the supervisor's next record",
     'msgpack, not a message': 'dropped: not a map with type and v',
     "another subject's message": "dropped: not this subject's schema",
     'wrong protocol version': 'dropped: v=2 (a call: the device says so on its heartbeat)',
-    'JSON of the wrong shape': "an error from the JetStream API; in the KV bucket, replaced by the next progress record; an object-store entry that is not a snapshot's is left alone",
+    'JSON of the wrong shape':
+      "an error from the JetStream API; in the KV bucket, not sealed: passed over by a take-over, replaced by the next progress record; an object-store entry that is not a snapshot's is left alone",
     'go for a guessed exchange id': 'ignored: exchange ids carry 64 random bits',
     'go-abort for a guessed exchange id': 'ignored: exchange ids carry 64 random bits',
     'a results record for this iteration and the next': 'ignored: a supervisor that started the run reads back only the records it wrote (by sequence and SHA-256)',

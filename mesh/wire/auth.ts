@@ -100,7 +100,7 @@ export function permissions(run: string, devices: readonly number[]): Omit<Recor
         // A warm-up from an environment's expert asks one of its instances.
         envs.instance,
       ],
-      subscribe: [s.join, s.heartbeats, s.events, s.allReady, s.allChunks, s.allReceipts, s.allTurns, inbox('supervisor'), rewards.presence, envs.presence],
+      subscribe: [s.join, s.joins, s.heartbeats, s.events, s.allReady, s.allChunks, s.allReceipts, s.allTurns, inbox('supervisor'), rewards.presence, envs.presence],
       responses: true,
     },
     // Its own heartbeats and calls, the chunks, receipts and collectives it sends (as its device
@@ -111,7 +111,7 @@ export function permissions(run: string, devices: readonly number[]): Omit<Recor
       devices.map((d) => [
         d,
         {
-          publish: [s.join, s.heartbeat(d), s.turns(d), s.chaos, s.allReady, s.chunksFrom(d), s.receiptsFrom(d), s.collectivesFrom(d), rewards.presence, envs.instance],
+          publish: [s.joinAs(d), s.heartbeat(d), s.turns(d), s.chaos, s.allReady, s.chunksFrom(d), s.receiptsFrom(d), s.collectivesFrom(d), rewards.presence, envs.instance],
           subscribe: [s.call(d), s.events, s.supervisorBeat, s.allGo, s.allChunks, s.allReceipts, s.collectivesTo(d), `${inboxOf(workerUser(run, d))}.>`, rewards.all, envs.presence],
           responses: true,
         },

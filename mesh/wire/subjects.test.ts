@@ -91,6 +91,8 @@ describe('subjects', () => {
       'heartbeat',
       'heartbeats',
       'join',
+      'joinAs',
+      'joins',
       'ready',
       'receipts',
       'receiptsFrom',

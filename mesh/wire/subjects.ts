@@ -22,8 +22,15 @@ export function subjects(run: string) {
   const root = `ferry.${token('run id', run)}`;
   return {
     root,
-    /** Workers announce themselves here (request/reply); the supervisor answers with a device. */
+    /**
+     * Workers announce themselves (request/reply); the supervisor answers with a device. A worker
+     * that knows its device asks on its own subject, the only one its credential may use on a
+     * closed bus, so that no other can say hello as it (while it is recovered, say); `join` is
+     * for one that takes any free device (an open bus), `joins` hears them all.
+     */
     join: `${root}.join`,
+    joinAs: (device: number) => `${root}.join.${token('device', device)}`,
+    joins: `${root}.join.*`,
     /** Calls to one device (request/reply). */
     call: (device: number) => `${root}.dev.${token('device', device)}.call`,
     calls: `${root}.dev.*.call`,

@@ -57,6 +57,19 @@ afterEach(() => {
 });
 
 describe('Membership: joining', () => {
+  it("on a device's own join subject, a hello is for that device only: an impostor asking for another, or for any, is refused", async () => {
+    const m = setup([0, 1]);
+    open = m.membership;
+    const ask = async (subject: string, worker: string, device?: number) =>
+      decode(subject, (await m.bus.request(subject, encode({ type: 'hello', v, worker, pid: 5, host: 'h', backend: 'wasm', ...(device === undefined ? {} : { device }) }), { timeout: 1000 })).data, JoinReply);
+    expect(await ask(subj.joinAs(0), 'impostor', 1)).toMatchObject({ type: 'error', code: 'invalid_state', message: `a hello on ${subj.joinAs(0)} is for device 0; this one asks for 1` });
+    expect(await ask(subj.joinAs(0), 'impostor')).toMatchObject({ type: 'error', message: `a hello on ${subj.joinAs(0)} is for device 0; this one asks for any device` });
+    expect(m.rejected.join('\n')).toMatch(/worker impostor: a hello on .*join\.0 is for device 0/);
+    // Device 1's own subject, for device 1: welcome.
+    expect(await ask(subj.joinAs(1), 'w1', 1)).toMatchObject({ type: 'welcome', device: 1 });
+    expect(m.joined).toEqual([]);
+  });
+
   it('ignores a hello whose reply subject is not an inbox: it gives no device, and writes nothing to the subject it named', async () => {
     const { bus, rejected, join } = setup();
     const written: string[] = [];

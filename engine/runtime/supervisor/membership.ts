@@ -71,29 +71,33 @@ export class Membership {
       o.onRejected?.(error.message);
     };
     this.stops.push(subscribe(nc, subj.heartbeats, Heartbeat, (beat) => this.beat(beat), rejected));
-    this.stops.push(
-      subscribe(
-        nc,
-        subj.join,
-        Hello,
-        (hello, msg) => {
-          // A worker asks with a request: a hello that cannot be answered on an inbox is not one.
-          if (!answerable(msg)) return rejected({ message: `a hello from ${hello.worker} whose reply subject ${JSON.stringify(msg.reply ?? null)} is not an inbox` });
-          const answer = this.join(hello);
-          msg.respond(
-            encode(
-              typeof answer === 'string'
-                ? { type: 'error', v: PROTOCOL_VERSION, code: 'invalid_state', message: answer, subject: msg.subject }
-                : { type: 'welcome', v: PROTOCOL_VERSION, device: answer, run },
-            ),
-          );
-        },
-        (error, msg) => {
-          rejected(error);
-          if (answerable(msg)) msg.respond(encode({ type: 'error', v: PROTOCOL_VERSION, code: 'malformed', message: error.problem, subject: error.subject }));
-        },
-      ),
-    );
+    for (const subject of [subj.join, subj.joins])
+      this.stops.push(
+        subscribe(
+          nc,
+          subject,
+          Hello,
+          (hello, msg) => {
+            // A worker asks with a request: a hello that cannot be answered on an inbox is not one.
+            if (!answerable(msg)) return rejected({ message: `a hello from ${hello.worker} whose reply subject ${JSON.stringify(msg.reply ?? null)} is not an inbox` });
+            // On a device's own subject, a hello is for that device only.
+            const own = msg.subject === subj.join ? undefined : Number(msg.subject.slice(subj.join.length + 1));
+            const answer = own !== undefined && hello.device !== own ? `a hello on ${msg.subject} is for device ${own}; this one asks for ${hello.device ?? 'any device'}` : this.join(hello);
+            if (own !== undefined && hello.device !== own) rejected({ message: `worker ${hello.worker}: ${answer}` });
+            msg.respond(
+              encode(
+                typeof answer === 'string'
+                  ? { type: 'error', v: PROTOCOL_VERSION, code: 'invalid_state', message: answer, subject: msg.subject }
+                  : { type: 'welcome', v: PROTOCOL_VERSION, device: answer, run },
+              ),
+            );
+          },
+          (error, msg) => {
+            rejected(error);
+            if (answerable(msg)) msg.respond(encode({ type: 'error', v: PROTOCOL_VERSION, code: 'malformed', message: error.problem, subject: error.subject }));
+          },
+        ),
+      );
     this.stops.push(
       subscribeEvents(
         nc,
