@@ -2,6 +2,7 @@
 // process, and worker processes; everything it starts, it stops, on success, failure and Ctrl-C.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { createWriteStream, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { hostname } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { BUS_SYNC_ENV, CREDENTIAL_ENV, answerable, connectBus, hasCredentials, publishEvent, subscribe, subscribeEvents, type RunEventOut } from '../../mesh/wire/index.ts';
@@ -343,7 +344,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
       const finished = slot.kind === 'supervisor' && (supervisorDone || interrupted || exit.code === 0 || exit.code === 1);
       const policy = slot.kind === 'supervisor' ? sup.restart.supervisor : sup.restart.worker;
       const restart = !ending && !interrupted && !escalation && !finished && (slot.takenDown || restarts(policy, exit));
-      publish({ type: 'exit', kind: slot.kind, pid: slot.child.pid ?? 0, code: exit.code, signal: exit.signal, restart });
+      publish({ type: 'exit', kind: slot.kind, pid: slot.child.pid ?? 0, host: hostname(), code: exit.code, signal: exit.signal, restart });
       if (!restart) {
         if (slot.kind === 'supervisor') {
           supervisorCode = exit.code;

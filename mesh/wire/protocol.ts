@@ -621,6 +621,8 @@ export const RunEvent = z.discriminatedUnion('type', [
     v,
     kind: z.enum(['worker', 'supervisor']),
     pid: nat,
+    /** The machine the process ran on (the launcher's): a pid names a process on one machine only. */
+    host: z.string().optional(),
     code: z.number().int().nullable(),
     signal: z.string().nullable(),
     restart: z.boolean(),

@@ -36,8 +36,8 @@ function setup(need: readonly number[] = [0, 1], heartbeatMs = 60_000) {
     bus.publish(subj.heartbeat(device), encode({ type: 'heartbeat', v, device, worker, state: 'serving', at: Date.now(), ...(pid === undefined ? {} : { pid }), ...(backend ? { backend } : {}) }));
     await settle();
   };
-  const exit = async (pid: number, code: number | null, signal: string | null, kind: 'worker' | 'supervisor' = 'worker') => {
-    bus.publish(subj.event('exit'), encode({ type: 'exit', v, kind, pid, code, signal, restart: true }));
+  const exit = async (pid: number, code: number | null, signal: string | null, kind: 'worker' | 'supervisor' = 'worker', host?: string) => {
+    bus.publish(subj.event('exit'), encode({ type: 'exit', v, kind, pid, code, signal, restart: true, ...(host === undefined ? {} : { host }) }));
     await settle();
   };
   const lostEvents = () => events.filter((e): e is Extract<RunEvent, { type: 'lost' }> => e.type === 'lost');
@@ -61,7 +61,11 @@ describe('Membership: joining', () => {
     const m = setup([0, 1]);
     open = m.membership;
     const ask = async (subject: string, worker: string, device?: number) =>
-      decode(subject, (await m.bus.request(subject, encode({ type: 'hello', v, worker, pid: 5, host: 'h', backend: 'wasm', ...(device === undefined ? {} : { device }) }), { timeout: 1000 })).data, JoinReply);
+      decode(
+        subject,
+        (await m.bus.request(subject, encode({ type: 'hello', v, worker, pid: 5, host: 'h', backend: 'wasm', ...(device === undefined ? {} : { device }) }), { timeout: 1000 })).data,
+        JoinReply,
+      );
     expect(await ask(subj.joinAs(0), 'impostor', 1)).toMatchObject({ type: 'error', code: 'invalid_state', message: `a hello on ${subj.joinAs(0)} is for device 0; this one asks for 1` });
     expect(await ask(subj.joinAs(0), 'impostor')).toMatchObject({ type: 'error', message: `a hello on ${subj.joinAs(0)} is for device 0; this one asks for any device` });
     expect(m.rejected.join('\n')).toMatch(/worker impostor: a hello on .*join\.0 is for device 0/);
@@ -227,6 +231,21 @@ describe('Membership: a worker whose process exits', () => {
     await m.beat(0, 'w3', 13);
     expect(m.joined.at(-1)).toEqual({ device: 0, worker: 'w3', backend: 'wasm' });
     expect(m.lost).toHaveLength(1);
+    m.membership.close();
+  });
+
+  it('matches an exit to a worker by machine and pid: a pid of another machine is not its process', async () => {
+    const m = setup([0]);
+    open = m.membership;
+    // w1 runs on 'h' (setup's hellos say so); a launcher on another machine saw its own pid 11 exit.
+    await m.join('w1', 11);
+    await m.beat(0, 'w1', 11);
+    await m.exit(11, null, 'SIGKILL', 'worker', 'elsewhere');
+    expect(m.lost).toEqual([]);
+    expect(m.logs.at(-1)).toBe("ignored an exit of pid 11 on elsewhere: device 0's worker w1 with that pid runs on h");
+    // The launcher on w1's own machine: lost (this supervisor need not share that machine).
+    await m.exit(11, null, 'SIGKILL', 'worker', 'h');
+    expect(m.lost).toMatchObject([{ device: 0, worker: 'w1' }]);
     m.membership.close();
   });
 

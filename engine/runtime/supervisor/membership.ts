@@ -105,7 +105,12 @@ export class Membership {
         (e) => {
           if (e.type !== 'exit' || e.kind !== 'worker') return;
           for (const [device, m] of this.members) {
+            // A pid names a process on one machine: the launcher's exit is of a worker there.
             if (m.pid !== e.pid) continue;
+            if (e.host !== undefined && m.host !== e.host) {
+              o.log(`ignored an exit of pid ${e.pid} on ${e.host}: device ${device}'s worker ${m.worker} with that pid runs on ${m.host}`);
+              continue;
+            }
             // The launcher says so once the process has gone: one this machine sees alive has not.
             if (aliveHere(m)) o.log(`ignored an exit of pid ${e.pid} (device ${device}, worker ${m.worker}): that process is alive on this machine`);
             else this.lose(device, `its process (pid ${e.pid}) ${describeExit(e)}`, false);
