@@ -139,7 +139,7 @@ describe('npm run plan for other algorithms', () => {
 
 describe('npm run plan', () => {
   it('--budget 2 --json prints one JSON object: placement, times, all six calls, all five baselines', async () => {
-    const r = await plan([LLAMA7B, '--budget', '2', '--json']);
+    const r = await plan([LLAMA7B, '--budget', '2', '--max-lag', '1', '--json']);
     expect(r.code, r.stderr).toBe(0);
     const out = json(r);
     expect(out.placement).toBe('search');
@@ -149,13 +149,13 @@ describe('npm run plan', () => {
     expect(out.iteration_seconds).toBeGreaterThan(0);
     expect(Number.isFinite(out.iteration_seconds)).toBe(true);
     expect(out.plans_evaluated).toBeGreaterThan(PLACEMENTS.length);
-    // The budget buys each lag the search tries (0, 1, 2 by default) its evaluations.
-    expect(out.lags.map((l) => l.lag)).toEqual([0, 1, 2]);
+    // The budget buys each lag the search tries its evaluations.
+    expect(out.lags.map((l) => l.lag)).toEqual([0, 1]);
     expect(out.plans_evaluated).toBeLessThanOrEqual(evaluationsFor(2) * out.lags.length);
     expectShape(out);
     // The search starts from the named plans: it is never slower than the best of them.
     expect(out.iteration_seconds).toBeLessThanOrEqual(bestBaseline(out) * (1 + 1e-9));
-  });
+  }, 120_000);
 
   it('--placement colocate --json --write returns the colocate plan and writes it as a scenario plan', async () => {
     const dir = tempDir('ferry-plan-');
