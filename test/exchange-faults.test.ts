@@ -117,13 +117,15 @@ beforeAll(async () => {
       () => {},
     );
   });
-  subscribe(
-    nc,
-    subj.join,
-    Hello,
-    (hello, msg) => msg.respond(encode({ type: 'welcome', v: PROTOCOL_VERSION, device: hello.device ?? 0, run: RUN })),
-    () => {},
-  );
+  // A worker that knows its device says hello on that device's join subject.
+  for (const subject of [subj.join, subj.joins])
+    subscribe(
+      nc,
+      subject,
+      Hello,
+      (hello, msg) => msg.respond(encode({ type: 'welcome', v: PROTOCOL_VERSION, device: hello.device ?? 0, run: RUN })),
+      () => {},
+    );
   subscribe(
     nc,
     subj.allReceipts,

@@ -96,7 +96,8 @@ const TRIED: Record<Who, Record<string, string>> = {
     'msgpack, not a message': 'dropped: not a map with type and v',
     "another subject's message": "dropped: not this subject's schema",
     'wrong protocol version': 'dropped: v=2',
-    'hello for its own device, another, and any': 'refused by the supervisor: every device has a worker',
+    'hello for its own device, another, and any':
+      "refused by the supervisor: its own device has a worker, and on its device's join subject a hello is for that device only (another device's join, and the generic one, the server refuses it)",
     'heartbeat of a worker the run does not have, saying reconnected': 'ignored: not the worker of that device',
     'ready for a guessed exchange id': 'ignored: exchange ids carry 64 random bits',
     'a chaos request for a kill point the run does not have': 'answered spare by the launcher',
@@ -429,8 +430,8 @@ async function asWorker(url: string, subj: Subjects, creds: RunCredentials, devi
   await until(() => h.sent.some((x) => x.kind.startsWith('chunk of a checkpoint')) && answered.length >= 2 * replies.length, 20_000);
 
   const hello = { ...HELLO, device: DEVICE };
-  h.malformed(subj.join, hello, { type: 'heartbeat', v, device: DEVICE, worker: 'hostile', state: 'serving', at: Date.now() });
-  await Promise.all([hello, { ...hello, device: devices.find((d) => d !== DEVICE)! }, { ...HELLO }].map((m) => h.ask('hello for its own device, another, and any', subj.join, m)));
+  h.malformed(subj.joinAs(DEVICE), hello, { type: 'heartbeat', v, device: DEVICE, worker: 'hostile', state: 'serving', at: Date.now() });
+  await Promise.all([hello, { ...hello, device: devices.find((d) => d !== DEVICE)! }, { ...HELLO }].map((m) => h.ask('hello for its own device, another, and any', subj.joinAs(DEVICE), m)));
   const beat = { type: 'heartbeat', v, device: DEVICE, worker: 'hostile-1-deadbeef', state: 'reconnected', at: Date.now(), pid: 4_000_029, warning: 'forged' };
   h.malformed(subj.heartbeat(DEVICE), beat);
   h.send('heartbeat of a worker the run does not have, saying reconnected', subj.heartbeat(DEVICE), encode(beat));
@@ -616,6 +617,8 @@ describe('a run on the closed bus with a hostile client beside it', () => {
         .sort(),
     );
     expect(supervisorLog).toMatch(new RegExp(`dropped a message on ${subj.root}\\.xfer\\.ckpt-\\S+\\.chunk\\.${DEVICE}: a 'chunk' that says it comes from device \\d, on another party's subject`));
-    expect(supervisorLog.match(/refused worker hostile: (device \d already has|every device)/g)).toHaveLength(3);
+    // Its own device's hello: that device has a worker; another device's, or any, on its own device's join subject: not its to ask.
+    expect(supervisorLog.match(/refused worker hostile: device \d already has/g)).toHaveLength(1);
+    expect(supervisorLog.match(/worker hostile: a hello on \S+\.join\.\d is for device \d; this one asks for (\d|any device)/g)).toHaveLength(2);
   });
 });

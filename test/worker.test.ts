@@ -39,15 +39,17 @@ beforeAll(async () => {
       () => {},
     );
   });
-  subscribe(
-    nc,
-    subj.join,
-    Hello,
-    (hello, msg) => {
-      msg.respond(encode({ type: 'welcome', v: PROTOCOL_VERSION, device: hello.device ?? 0, run: RUN }));
-    },
-    () => {},
-  );
+  // A worker that knows its device says hello on that device's join subject; one that does not, on the generic one.
+  for (const subject of [subj.join, subj.joins])
+    subscribe(
+      nc,
+      subject,
+      Hello,
+      (hello, msg) => {
+        msg.respond(encode({ type: 'welcome', v: PROTOCOL_VERSION, device: hello.device ?? 0, run: RUN }));
+      },
+      () => {},
+    );
   await nc.flush();
   worker = spawnTs('actors/worker.ts', ['--run', RUN, '--nats', server.url, '--device', '0', '--backend', 'cpu']);
   await beat;

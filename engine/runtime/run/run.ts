@@ -622,7 +622,10 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
     };
     // Written ahead (free-running): the version that generates iteration u, before it starts.
     const record = (u: number) => (asynchrony.mode === 'staleness' ? store.saveStage(u, SCHEDULE_STAGE, { version: iteration }) : Promise.resolve());
-    const recorded = async (u: number) => (await store.loadStage<{ version?: unknown }>(u, SCHEDULE_STAGE).then((x) => (typeof x?.version === 'number' ? x.version : undefined))) ?? undefined;
+    const recorded = async (u: number) => {
+      const x = await store.loadStage<{ version?: unknown }>(u, SCHEDULE_STAGE);
+      return typeof x?.version === 'number' ? x.version : undefined;
+    };
     const stored = async (u: number) => (await Promise.all(gens.map((c) => keptFields(c, u)))).every((f) => f !== undefined);
     if (!(await stored(iteration))) await record(iteration);
     await (await produce(iteration, false)).rest;
