@@ -25,6 +25,9 @@ import { HfError, SafetensorsError, readHfWeights } from '../model/index.ts';
 
 export { CallRejected } from './checks.ts';
 
+/** How often a reallocation's receiver samples what it holds while chunks are placed. */
+const HELD_SAMPLE_MS = 50;
+
 /** A model's shard: one rank of its layout (the whole model, on a one-device layout). */
 type ModelShard = GptRank;
 
@@ -327,23 +330,37 @@ export class Device {
     for (const p of incomingPieces) {
       if (!targetSlices.has(p.name)) throw new CallRejected('invalid_state', `'${model}' on device ${this.index} holds no '${p.name}' to fill`);
     }
-    // One parameter of the source at a time (pieces of one parameter come together).
+    // One parameter of the source at a time (pieces of one parameter come together), read where
+    // the backend holds it: nothing allocates in this device's backend between go and the last
+    // send (one call runs at a time; the target's slices were staged before), so the view stays
+    // valid while its chunks are cut, hashed and framed. Taken anew if it ever went empty.
     let cached: { name: string; data: Float32Array } | undefined;
     const sourceData = (name: string) => {
-      if (cached?.name !== name) cached = { name, data: (sourceHost!.shard as ModelShard).exportTensor(name) };
+      if (cached?.name !== name || (cached.data.byteLength === 0 && sourceSlices.has(name) && sliceElements(sourceSlices.get(name)!) > 0)) {
+        cached = { name, data: (sourceHost!.shard as ModelShard).viewTensor(name) };
+      }
       return cached.data;
     };
     // What this exchange makes the device hold beyond what it held before: sampled as chunks are placed.
     const held0 = heldBytes();
     let heldPeak = 0;
-    const sampleHeld = () => (heldPeak = Math.max(heldPeak, heldBytes() - held0));
+    let sampledAt = 0;
+    const sampleHeld = () => {
+      sampledAt = performance.now();
+      heldPeak = Math.max(heldPeak, heldBytes() - held0);
+    };
+    // As chunks are placed, at most every HELD_SAMPLE_MS: process.memoryUsage() walks the heap's
+    // spaces, and once a chunk it cost as much as hashing the chunk.
+    const sampleHeldNow = () => {
+      if (performance.now() - sampledAt >= HELD_SAMPLE_MS) sampleHeld();
+    };
     const target = targetHost?.shard as ModelShard | undefined;
     const staging = target?.stage(new Set(incomingPieces.map((p) => p.name)));
     const filled = new Map<string, number>();
     const put = (part: Slice, offset: number, data: Float32Array) => {
       pasteRange(staging!.view(part.name), targetSlices.get(part.name)!, part, offset, data);
       filled.set(part.name, (filled.get(part.name) ?? 0) + data.length);
-      sampleHeld();
+      sampleHeldNow();
     };
     const byKey = new Map(body.recvs.flatMap((r) => r.pieces.map((p) => [sliceKey(p), p] as const)));
     const incoming = receiveTensors(

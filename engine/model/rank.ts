@@ -46,7 +46,7 @@ import { archOf, isTied, modelInfo, parameterShapes, specProblem, type Arch, typ
 import { Rng, Stream, sampleToken, samplingProblem, seedOf, type Sampling } from './rng.ts';
 import { leftPadding, masked, responseMask } from './mask.ts';
 import { Adam, type AdamState } from './adam.ts';
-import { Staging } from './staging.ts';
+import { Staging, hostView } from './staging.ts';
 import { KvCache, kvCacheBytes, kvCacheProblem } from './kv-cache.ts';
 import { ShardError, ownCopy, pickRows, trainEpochs, yieldToLoop, type TrainStats } from './steps.ts';
 
@@ -235,6 +235,17 @@ export class GptRank {
   /** One parameter (this shard's slice of it), copied out. */
   exportTensor(name: string): Float32Array {
     return ownCopy(this.w(name));
+  }
+
+  /**
+   * One parameter (this shard's slice of it) to read at once: a view of the backend's own memory
+   * where the backend keeps it in the host's reach (wasm, cpu), else a copy. A view is valid until
+   * the backend next allocates (the wasm heap moves when it grows and an earlier view goes empty)
+   * or the parameter changes: read it before either, or check `byteLength` first.
+   */
+  viewTensor(name: string): Float32Array {
+    const v = this.w(name);
+    return hostView(v) ?? ownCopy(v);
   }
 
   importTensors(tensors: readonly NamedTensor[]): void {

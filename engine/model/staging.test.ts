@@ -21,6 +21,17 @@ describe.each(['wasm', 'cpu'] as const)('staged weights on %s', (backend) => {
     t!.dispose();
   });
 
+  it('staged slices start as zeros, whatever the memory they take held before', async () => {
+    await initBackend(backend);
+    // Memory a disposed tensor held is handed out again by the backend's allocator.
+    const dirty = tf.fill([4096], 7.5);
+    dirty.dataSync();
+    dirty.dispose();
+    const staging = new Staging(new Map([['w', [64, 64]]]));
+    expect(staging.view('w').every((x) => x === 0)).toBe(true);
+    staging.dispose();
+  });
+
   it('a rank commits staged slices as its weights without a copy, and a dropped staging frees what it held', async () => {
     await initBackend(backend);
     const spec = { kind: 'policy' as const, vocab: 5, context: 4, layers: 1, width: 4, heads: 2 };

@@ -27,13 +27,32 @@ export function hostView(t: tf.Tensor): Float32Array | undefined {
   return undefined;
 }
 
+/** The part of the wasm backend that allocates a tensor in its heap without writing it. */
+interface HeapAlloc {
+  makeOutput?: (shape: number[], dtype: 'float32') => tf.TensorInfo;
+}
+
+/**
+ * A float32 tensor of zeros allocated in the wasm heap and zeroed there: `tf.zeros` builds the
+ * zeros in a JavaScript array first and copies them in, which for a reallocation's new shard is as
+ * many bytes of garbage as the shard (and the collections that garbage sets off). Undefined on
+ * other backends.
+ */
+function zerosInPlace(shape: readonly number[]): tf.Tensor | undefined {
+  const backend = tf.backend() as unknown as HeapAlloc;
+  if (tf.getBackend() !== 'wasm' || !backend.makeOutput) return undefined;
+  const tensor = tf.engine().makeTensorFromTensorInfo(backend.makeOutput([...shape], 'float32'));
+  hostView(tensor)!.fill(0);
+  return tensor;
+}
+
 /** Slices being filled for a model: fresh, zeroed, and nobody's weights until taken. */
 export class Staging {
   private readonly slots = new Map<string, { tensor: tf.Tensor; host?: Float32Array }>();
 
   constructor(shapes: ReadonlyMap<string, readonly number[]>) {
     for (const [name, shape] of shapes) {
-      const tensor = tf.zeros([...shape]);
+      const tensor = zerosInPlace(shape) ?? tf.zeros([...shape]);
       this.slots.set(name, { tensor, host: hostView(tensor) ? undefined : new Float32Array(tensor.size) });
     }
   }

@@ -1,6 +1,6 @@
 import { describe, it, expect } from 'vitest';
 import { Packr } from 'msgpackr';
-import { ProtocolError, decode, encode } from './codec.ts';
+import { FRAME, ProtocolError, decode, encode } from './codec.ts';
 import { Call, Chunk, PROTOCOL_VERSION, Reply, type Call as CallT } from './protocol.ts';
 import { REWARD_PROTOCOL_VERSION, RewardReply } from './reward-protocol.ts';
 
@@ -117,6 +117,33 @@ describe('encode/decode round trip', () => {
     expect(bytes.length).toBeLessThan(4100);
   });
 
+  it('a chunk travels framed: its elements follow the header raw, bit for bit, and are read where they arrived', () => {
+    const data = new Float32Array([-0, 1e-45, Number.NaN, Infinity, 0.1, -3.5]);
+    const chunk = { type: 'chunk', v: PROTOCOL_VERSION, transfer: 't', from: 'supervisor', tensor: 'wte', offset: 0, total: 6, data, sha256: 'a', whole: 'b' } as const;
+    const bytes = encode(chunk);
+    expect(Array.from(bytes.subarray(0, 4))).toEqual(Array.from(FRAME));
+    // The elements end the message, as they are in memory.
+    expect(bits(bytes.subarray(bytes.length - data.byteLength))).toBe(bits(data));
+    const back = decode('s', bytes, Chunk);
+    expect(bits(back.data)).toBe(bits(data));
+    expect({ ...back, data: undefined }).toEqual({ ...chunk, data: undefined });
+    // On a 4-byte boundary the elements are a view of the message, not a copy.
+    expect(back.data.buffer).toBe(bytes.buffer);
+    // Off it (a message that arrived at an odd place in a read), they are copied, equal.
+    const odd = new Uint8Array(bytes.length + 1).subarray(1);
+    odd.set(bytes);
+    const moved = decode('s', odd, Chunk);
+    expect(moved.data.buffer).not.toBe(odd.buffer);
+    expect(bits(moved.data)).toBe(bits(data));
+    // Messages come as Node.js Buffers, often views of a larger pool: the copy is the elements alone.
+    const pool = Buffer.alloc(bytes.length + 4096);
+    const inPool = pool.subarray(1, 1 + bytes.length);
+    inPool.set(bytes);
+    const pooled = decode('s', inPool, Chunk);
+    expect(pooled.data.length).toBe(data.length);
+    expect(bits(pooled.data)).toBe(bits(data));
+  });
+
   it('replies decode with the Reply union', () => {
     const ok = decode('s', encode({ type: 'result', v: PROTOCOL_VERSION, id: 'a', body: { x: new Float32Array([1.5]) } }), Reply);
     expect(ok.type).toBe('result');
@@ -126,6 +153,38 @@ describe('encode/decode round trip', () => {
 });
 
 describe('decode errors name the subject and the problem', () => {
+  const framed = (header: Uint8Array, tail: Uint8Array = new Uint8Array(0), length = header.length) => {
+    const pad = (4 - ((8 + header.length) % 4)) % 4;
+    const out = new Uint8Array(8 + header.length + pad + tail.length);
+    out.set(FRAME);
+    new DataView(out.buffer).setUint32(4, length, true);
+    out.set(header, 8);
+    out.set(tail, 8 + header.length + pad);
+    return out;
+  };
+  const chunkHeader = { type: 'chunk', v: PROTOCOL_VERSION, transfer: 't', from: 0, tensor: 'x', offset: 0, total: 2, sha256: 'a', whole: 'b' };
+
+  it('a frame whose header runs past its end', () => {
+    const e = decodeError(framed(raw.pack(chunkHeader), new Uint8Array(8), 4096), Chunk);
+    expect(e.message).toContain('says its header has 4096 bytes, past its end');
+  });
+
+  it("a frame whose header is not msgpack, or not a map, or holds 'data'", () => {
+    expect(decodeError(framed(new Uint8Array([0x82, 0xa1])), Chunk).message).toContain("a framed message's header (2 bytes) is not msgpack");
+    expect(decodeError(framed(raw.pack([1, 2])), Chunk).message).toContain("expected a framed message's header to be a msgpack map, got an array");
+    expect(decodeError(framed(raw.pack({ ...chunkHeader, data: 1 }), new Uint8Array(8)), Chunk).message).toContain("may not hold 'data'");
+  });
+
+  it('a frame whose elements are not whole float32s', () => {
+    const e = decodeError(framed(raw.pack(chunkHeader), new Uint8Array(7)), Chunk);
+    expect(e.message).toContain('expected a multiple of 4 bytes after the header, got 7');
+  });
+
+  it('a frame that is not a chunk goes through the schema like any message', () => {
+    const e = decodeError(framed(raw.pack({ ...chunkHeader, offset: -1 }), new Uint8Array(8)), Chunk);
+    expect(e.message).toMatch(/offset/);
+  });
+
   it('garbage bytes (not msgpack)', () => {
     const e = decodeError(new TextEncoder().encode('hello world'));
     expect(e.subject).toBe(SUBJECT);
@@ -152,8 +211,8 @@ describe('decode errors name the subject and the problem', () => {
   });
 
   it('a wrong protocol version', () => {
-    const e = decodeError(raw.pack({ ...generateCall(), v: 2 }));
-    expect(e.problem).toBe(`expected protocol version v=${PROTOCOL_VERSION}, got 2`);
+    const e = decodeError(raw.pack({ ...generateCall(), v: PROTOCOL_VERSION - 1 }));
+    expect(e.problem).toBe(`expected protocol version v=${PROTOCOL_VERSION}, got ${PROTOCOL_VERSION - 1}`);
   });
 
   it('no protocol version', () => {

@@ -2,7 +2,7 @@
 // protocol version `v`; decoding (mesh/codec.ts) is the one place where bytes become these types.
 import { z } from 'zod';
 
-export const PROTOCOL_VERSION = 1;
+export const PROTOCOL_VERSION = 2;
 const v = z.literal(PROTOCOL_VERSION);
 
 const typed = <T>(ctor: new (...a: never[]) => T, name: string) => z.custom<T>((x) => x instanceof ctor, { message: `expected a ${name}` });
