@@ -5,7 +5,7 @@
 import { shardSlices, sliceElements, type Layout } from '../../mesh/parallel/index.ts';
 import { planRealloc } from '../../mesh/parallel/index.ts';
 import { runExchange } from '../runtime/index.ts';
-import { FLUSH_EVERY } from '../../mesh/wire/index.ts';
+import { FLUSH_EVERY, blockDigests } from '../../mesh/wire/index.ts';
 import { modelInfo, parameterCount, type GptSpec } from '../model/index.ts';
 import { median } from '../runtime/index.ts';
 import { withWorkers } from './workers.ts';
@@ -22,6 +22,21 @@ export interface ReallocBenchOptions {
 }
 
 const MB = 1e6;
+
+/**
+ * Milliseconds per megabyte of the transfers' digest (SHA-256 of 64 KiB blocks, chunks.ts) in this
+ * process with the workers idle: the median of `rounds` passes over 64 MiB.
+ */
+export function digestMsPerMb(rounds = 5): number {
+  const data = new Float32Array(16 << 20).map((_, i) => i);
+  const times: number[] = [];
+  for (let r = 0; r < rounds; r++) {
+    const t0 = performance.now();
+    blockDigests(data);
+    times.push(performance.now() - t0);
+  }
+  return median(times)! / (data.byteLength / MB);
+}
 
 /**
  * CPU seconds (user + system) a process has used, from /proc/PID/stat; undefined where there is
@@ -147,6 +162,13 @@ export async function reallocBench(o: ReallocBenchOptions) {
       realloc: { ...perMb(spent.realloc, plan.minimumBytes), cores_busy: (spent.realloc.server + spent.realloc.workers) / sum(reallocSeconds) },
       raw: { ...perMb(spent.raw, plan.receivedBytes), cores_busy: (spent.raw.server + spent.raw.workers) / sum(rawSeconds) },
     };
+    // Every byte is hashed twice, by its sender and by its receiver. Where the bus keeps the cores
+    // busy, a transfer that did nothing else beyond raw NATS would still spend that much more CPU
+    // per megabyte: the highest ratio this protocol can reach on these cores.
+    const digest = digestMsPerMb();
+    const rawCpu = perMb(spent.raw, plan.receivedBytes);
+    const rawMsPerMb = rawCpu.server_ms_per_mb + rawCpu.workers_ms_per_mb;
+    const digests = { ms_per_mb_each_side: digest, ratio_ceiling: rawMsPerMb / (rawMsPerMb + 2 * digest) };
     const reallocMbS = plan.minimumBytes / MB / median(reallocSeconds)!;
     const rawMbS = plan.receivedBytes / MB / median(rawSeconds)!;
     return {
@@ -166,6 +188,8 @@ export async function reallocBench(o: ReallocBenchOptions) {
       time_shares,
       /** CPU milliseconds per megabyte moved, of the nats-server and of the workers together, and the cores each phase kept busy on average. */
       cpu_per_mb,
+      /** SHA-256's milliseconds per MB on this machine, and the ratio two of them per byte leave at most (where the cores are busy). */
+      digests,
       peak_worker_mb: Math.max(...perWorker.map((w) => w.peak_mb)),
       workers: perWorker,
     };
