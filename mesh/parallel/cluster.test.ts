@@ -1,5 +1,5 @@
 import { describe, it, expect } from 'vitest';
-import { MeshError, deviceCount, parseMesh, singleDeviceMesh, type Cluster } from './cluster.ts';
+import { MeshError, availableDevices, deviceCount, meshAvailable, parseMesh, singleDeviceMesh, type Cluster } from './cluster.ts';
 
 const two8: Cluster = { nodes: 2, devicesPerNode: 8 };
 
@@ -96,5 +96,22 @@ describe('deviceCount and singleDeviceMesh', () => {
     expect(singleDeviceMesh(8, two8)).toBe('1:0');
     expect(singleDeviceMesh(13, two8)).toBe('1:5');
     for (let d = 0; d < 16; d++) expect(parseMesh(singleDeviceMesh(d, two8), two8).devices).toEqual([d]);
+  });
+});
+
+describe('a cluster that has lost devices', () => {
+  const holed: Cluster = { nodes: 2, devicesPerNode: 4, lost: [5] };
+
+  it('refuses a mesh that holds a lost device, naming it; takes the others as before', () => {
+    expect(() => parseMesh('1:0-1', holed)).toThrow('mesh "1:0-1": holds device 5, which the run has lost');
+    expect(() => parseMesh('0-1:*', { ...holed, lost: [5, 2] })).toThrow('mesh "0-1:*": holds devices 2, 5, which the run has lost');
+    expect(parseMesh('1:2-3', holed).devices).toEqual([6, 7]);
+    expect(parseMesh('0:0-3', holed).devices).toEqual([0, 1, 2, 3]);
+  });
+
+  it('says which meshes are still whole and which devices are left', () => {
+    expect(['1:0', '1:1', '1:0-1', '1:0-3', '0-1:*', '0:0-3'].map((m) => meshAvailable(m, holed))).toEqual([true, false, false, false, false, true]);
+    expect(availableDevices(holed)).toEqual([0, 1, 2, 3, 4, 6, 7]);
+    expect(availableDevices({ nodes: 1, devicesPerNode: 2 })).toEqual([0, 1]);
   });
 });

@@ -5,6 +5,11 @@
 export interface Cluster {
   nodes: number;
   devicesPerNode: number;
+  /**
+   * Devices the run has lost for good (global indices): no mesh may hold one, so a plan searched
+   * on this cluster runs on the devices left. A mesh still names its devices by where they sit.
+   */
+  lost?: readonly number[];
 }
 
 export interface Mesh {
@@ -22,6 +27,23 @@ const isPow2 = (n: number) => n > 0 && (n & (n - 1)) === 0;
 
 /** Parses "N:D", "N:D-E" or "N-M:*" against a cluster; the error says what was expected. */
 export function parseMesh(written: string, cluster: Cluster): Mesh {
+  const mesh = parseMeshShape(written, cluster);
+  const lost = mesh.devices.filter((d) => cluster.lost?.includes(d));
+  if (lost.length) throw new MeshError(`mesh "${mesh.name}": holds device${lost.length > 1 ? 's' : ''} ${lost.join(', ')}, which the run has lost`);
+  return mesh;
+}
+
+/** Whether a mesh holds none of the cluster's lost devices. */
+export function meshAvailable(written: string, cluster: Cluster): boolean {
+  return !parseMeshShape(written, cluster).devices.some((d) => cluster.lost?.includes(d));
+}
+
+/** The devices the cluster still has, ascending. */
+export function availableDevices(cluster: Cluster): number[] {
+  return Array.from({ length: deviceCount(cluster) }, (_, d) => d).filter((d) => !cluster.lost?.includes(d));
+}
+
+function parseMeshShape(written: string, cluster: Cluster): Mesh {
   const text = written.trim();
   const m = /^(\d+)(?:-(\d+))?:(\*|\d+(?:-\d+)?)$/.exec(text);
   if (!m) throw new MeshError(`mesh ${JSON.stringify(text)}: expected "NODE:DEVICE", "NODE:FIRST-LAST" or "FIRSTNODE-LASTNODE:*"`);

@@ -3,7 +3,7 @@
 // with exactly the minimum bytes received and nothing published twice on one node.
 import { describe, expect, it } from 'vitest';
 import { layoutKey, shardSlices, sliceShape, type Layout, type ModelInfo, type Slice } from './layout.ts';
-import { planRealloc } from './realloc.ts';
+import { planMigration, planRealloc } from './realloc.ts';
 import { cut, paste, pasteRange } from './slices.ts';
 
 // A GPT-shaped model: 4 layers of column/row-split matrices, replicated norms, embeddings, head.
@@ -191,5 +191,94 @@ describe('reallocation plans', () => {
     expect(plan.publishedBytes).toBe(total);
     expect(plan.receivedBytes).toBe(3 * total);
     expect(plan.locals.filter((l) => l.device === 0)).toHaveLength(model.params.length);
+  });
+});
+
+describe('migration plans after a device is lost', () => {
+  const four = layouts([[0], [1], [2], [3], [0, 1], [2, 3], [0, 1, 2, 3]]);
+
+  /** Runs a migration in memory: survivors send and copy what they hold, the snapshot (the truth) fills the rest. */
+  function migrate(from: Layout, to: Layout, lost: number) {
+    const plan = planMigration(model, from, to, () => 0, new Set([lost]));
+    const held = (dev: number, name: string) => {
+      const rank = from.devices.indexOf(dev);
+      expect(dev, `a piece from the lost device ${lost}`).not.toBe(lost);
+      const s = shardSlices(model, from, rank).find((x) => x.name === name)!;
+      return { slice: s, data: cut(truth.get(name)!, { ...s, axis: null, start: 0, end: s.shape[0]! }, s) };
+    };
+    const built = new Map<string, { slice: Slice; data: Float32Array; filled: number }>();
+    to.devices.forEach((dev, rank) => {
+      for (const s of shardSlices(model, to, rank)) built.set(`${dev}/${s.name}`, { slice: s, data: new Float32Array(sliceShape(s).reduce((a, b) => a * b, 1)).fill(NaN), filled: 0 });
+    });
+    const put = (dev: number, part: Slice, data: Float32Array) => {
+      const t = built.get(`${dev}/${part.name}`)!;
+      paste(t.data, t.slice, part, data);
+      t.filled += data.length;
+    };
+    for (const l of plan.locals) {
+      const h = held(l.device, l.name);
+      put(l.device, l, cut(h.data, h.slice, l));
+    }
+    for (const g of plan.transfers) {
+      for (const piece of g.pieces) {
+        const h = held(g.src, piece.name);
+        for (const dst of g.dsts) put(dst, piece, cut(h.data, h.slice, piece));
+      }
+    }
+    for (const r of plan.restores) put(r.device, r, cut(truth.get(r.name)!, { ...r, axis: null, start: 0, end: r.shape[0]! }, r));
+    for (const [key, { slice, data, filled }] of built) {
+      expect(filled, `${key} filled once`).toBe(data.length);
+      const want = cut(truth.get(slice.name)!, { ...slice, axis: null, start: 0, end: slice.shape[0]! }, slice);
+      expect(bytesOf(data).equals(bytesOf(want)), `${key} bit-exact`).toBe(true);
+    }
+    return plan;
+  }
+
+  it('rebuilds every layout on the devices left, bit-exact, reading from the snapshot only what no survivor holds', () => {
+    let cases = 0;
+    let fromSnapshot = 0;
+    for (const a of four.filter((l) => l.devices.length > 1))
+      for (const lost of a.devices)
+        for (const b of four.filter((l) => !l.devices.includes(lost))) {
+          const plan = migrate(a, b, lost);
+          cases += 1;
+          // What the survivors and the snapshot give together is what the destinations lacked.
+          expect(plan.minimumBytes + plan.snapshotBytes).toBe(independentMinimum(a, b));
+          expect(plan.receivedBytes).toBe(plan.minimumBytes);
+          // A restored interval is one that no surviving rank holds.
+          for (const r of plan.restores) {
+            const survivors = a.devices.map((d, rank) => ({ d, rank })).filter(({ d }) => d !== lost);
+            for (const { rank } of survivors) {
+              const s = shardSlices(model, a, rank).find((x) => x.name === r.name);
+              if (!s) continue; // another pipeline stage's
+              const [lo, hi] = s.axis === null ? [0, Infinity] : [s.start, s.end];
+              const [rlo, rhi] = r.axis === null ? [0, Infinity] : [r.start, r.end];
+              expect(Math.min(hi, rhi) <= Math.max(lo, rlo), `${r.name} ${rlo}-${rhi} restored though device ${a.devices[rank]} holds ${lo}-${hi}`).toBe(true);
+            }
+          }
+          if (a.dp === a.devices.length) expect(plan.snapshotBytes, 'every replica whole: nothing from the snapshot').toBe(0);
+          fromSnapshot += plan.snapshotBytes > 0 ? 1 : 0;
+        }
+    expect(cases).toBeGreaterThan(60);
+    expect(fromSnapshot).toBeGreaterThan(10);
+  });
+
+  it('a tp shard at dp = 1 comes back from the snapshot; its replica at dp = 2 from the survivor', () => {
+    const tp2: Layout = { devices: [0, 1], dp: 1, tp: 2, pp: 1 };
+    const one: Layout = { devices: [0], dp: 1, tp: 1, pp: 1 };
+    const alone = planMigration(model, tp2, one, () => 0, new Set([1]));
+    expect(alone.snapshotBytes).toBeGreaterThan(0);
+    expect(alone.receivedBytes).toBe(0); // device 0 keeps its half; the other half is device 1's alone
+    const dp2: Layout = { devices: [0, 1, 2, 3], dp: 2, tp: 2, pp: 1 };
+    const replica = planMigration(model, dp2, { devices: [0, 2], dp: 1, tp: 2, pp: 1 }, () => 0, new Set([1]));
+    expect(replica.snapshotBytes).toBe(0);
+    expect(replica.receivedBytes).toBeGreaterThan(0);
+    expect(replica.transfers.some((g) => g.src === 1)).toBe(false);
+  });
+
+  it('refuses a new layout on a lost device, naming it', () => {
+    expect(() => planMigration(model, { devices: [0, 1], dp: 2, tp: 1, pp: 1 }, { devices: [1], dp: 1, tp: 1, pp: 1 }, () => 0, new Set([1]))).toThrow(
+      'the new layout places shards on device 1, which the run has lost',
+    );
   });
 });

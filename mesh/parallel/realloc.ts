@@ -39,6 +39,19 @@ export interface ReallocPlan {
   devices: number[];
 }
 
+/** A slice a destination needs that no surviving device holds: it comes from the last snapshot. */
+export interface Restore extends Slice {
+  device: number;
+}
+
+/** A reallocation after devices were lost: what survivors send, and what only a snapshot has. */
+export interface MigrationPlan extends ReallocPlan {
+  /** Slices nobody left holds (a tp or pp shard at dp = 1 on a lost device), by destination. */
+  restores: Restore[];
+  /** Bytes destinations read from the snapshot. */
+  snapshotBytes: number;
+}
+
 const BYTES = 4;
 
 interface Held {
@@ -98,19 +111,47 @@ function pieceSlice(p: ParamInfo, lo: number, hi: number): Slice {
  * but another head, so its pipeline stages may fall elsewhere).
  */
 export function planRealloc(model: ModelInfo, from: Layout, to: Layout, nodeOf: (device: number) => number, names?: readonly string[], target: ModelInfo = model): ReallocPlan {
+  const { restores: _r, snapshotBytes: _b, ...plan } = plan_(model, from, to, nodeOf, names, target, undefined);
+  return plan;
+}
+
+/**
+ * Plans the move of a model from layout `from`, some of whose devices are `lost`, to layout `to`
+ * on devices that are not: each interval from a surviving holder, as planRealloc chooses, and one
+ * that no survivor holds from the snapshot (`restores`). The bytes from survivors are the minimum
+ * for what survives; nothing a survivor holds is read from the snapshot.
+ */
+export function planMigration(model: ModelInfo, from: Layout, to: Layout, nodeOf: (device: number) => number, lost: ReadonlySet<number>): MigrationPlan {
+  const onLost = to.devices.filter((d) => lost.has(d));
+  if (onLost.length) throw new Error(`the new layout places shards on device${onLost.length > 1 ? 's' : ''} ${onLost.join(', ')}, which the run has lost`);
+  return plan_(model, from, to, nodeOf, undefined, model, lost);
+}
+
+function plan_(
+  model: ModelInfo,
+  from: Layout,
+  to: Layout,
+  nodeOf: (device: number) => number,
+  names: readonly string[] | undefined,
+  target: ModelInfo,
+  lost: ReadonlySet<number> | undefined,
+): MigrationPlan {
   const wanted = names ? new Set(names) : undefined;
   const held = holdings(model, from, wanted);
   const needed = holdings(target, to, wanted);
   const load = new Map<number, number>();
   const pieces: Piece[] = [];
   const locals: LocalCopy[] = [];
+  const restores: Restore[] = [];
   let minimum = 0;
+  let snapshotBytes = 0;
 
   for (const p of model.params) {
     const needs = needed.get(p.name);
     if (!needs) continue;
-    const has = held.get(p.name) ?? [];
-    if (has.length === 0) throw new Error(`no device of the source layout holds '${p.name}'`);
+    const all = held.get(p.name) ?? [];
+    if (all.length === 0) throw new Error(`no device of the source layout holds '${p.name}'`);
+    const has = lost ? all.filter((h) => !lost.has(h.device)) : all;
     const rowElems = sliceElements(pieceSlice(p, 0, p.shape[p.splitAxis ?? 0]!)) / p.shape[p.splitAxis ?? 0]!;
     const points = [...new Set([...has, ...needs].flatMap((h) => [h.lo, h.hi]))].sort((a, b) => a - b);
     // Open pieces per node, to merge adjacent intervals with the same source and destinations.
@@ -123,6 +164,14 @@ export function planRealloc(model: ModelInfo, from: Layout, to: Layout, nodeOf: 
       const remote = new Map<number, number[]>(); // node → destinations
       for (const n of needs) {
         if (!(n.lo <= lo && n.hi >= hi)) continue;
+        if (holders.length === 0) {
+          // Only the lost held it: from the snapshot, merged with the same device's last interval.
+          const last = [...restores].reverse().find((r) => r.device === n.device && r.name === p.name);
+          if (last && last.axis !== null && last.end === lo) last.end = hi;
+          else restores.push({ ...pieceSlice(p, lo, hi), device: n.device });
+          snapshotBytes += (hi - lo) * rowElems * BYTES;
+          continue;
+        }
         if (holderDevices.has(n.device)) {
           locals.push({ ...pieceSlice(p, lo, hi), device: n.device });
           continue;
@@ -162,7 +211,7 @@ export function planRealloc(model: ModelInfo, from: Layout, to: Layout, nodeOf: 
     }
   }
   // A merged piece may have grown to the whole axis: write it as a whole tensor.
-  for (const piece of pieces) {
+  for (const piece of [...pieces, ...restores]) {
     const p = info(model, piece.name);
     if (piece.axis !== null && piece.start === 0 && piece.end === p.shape[piece.axis]) Object.assign(piece, { axis: null, start: 0, end: p.shape[0] ?? 1 });
   }
@@ -187,5 +236,7 @@ export function planRealloc(model: ModelInfo, from: Layout, to: Layout, nodeOf: 
     publishedBytes: published,
     minimumBytes: minimum,
     devices: [...devices].sort((a, b) => a - b),
+    restores,
+    snapshotBytes,
   };
 }

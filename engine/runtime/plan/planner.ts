@@ -1,7 +1,7 @@
 // Plans: every model function call on a mesh with a dp × tp × pp strategy. This module evaluates a
 // plan (cost model + simulator, with memory feasibility) and generates the named placements of the
 // published systems; search.ts searches for a faster plan from them.
-import { deviceCount, parseMesh, type Cluster } from '../../../mesh/parallel/index.ts';
+import { deviceCount, meshAvailable, parseMesh, type Cluster } from '../../../mesh/parallel/index.ts';
 import { layoutKey, type Layout } from '../../../mesh/parallel/index.ts';
 import type { CallName } from '../scenario/scenario.ts';
 import type { DeviceProfile, ModelShape } from './catalog.ts';
@@ -304,8 +304,13 @@ export class Evaluator {
 
 // ---- candidates ----------------------------------------------------------------------------------
 
-/** Every mesh of the cluster: aligned power-of-two blocks inside a node, runs of whole nodes. */
+/** Every mesh of the cluster: aligned power-of-two blocks inside a node, runs of whole nodes; none that holds a lost device. */
 export function meshes(cluster: Cluster): Placement['mesh'][] {
+  const all = everyMesh(cluster);
+  return cluster.lost?.length ? all.filter((m) => meshAvailable(m, cluster)) : all;
+}
+
+function everyMesh(cluster: Cluster): Placement['mesh'][] {
   const out: string[] = [];
   for (let n = 0; n < cluster.nodes; n++) {
     for (let size = 1; size <= cluster.devicesPerNode; size *= 2) {
