@@ -127,6 +127,41 @@ describe('npm run plan for other algorithms', () => {
     expect(page).not.toContain('critic');
   }, 120_000);
 
+  it('--lose re-plans on the devices left: no lost device in the new plan, the move at the minimum bytes, the period before and after', async () => {
+    const r = await plan([join(ROOT, 'scenarios/cluster/grpo-llama7b-8gpu.yaml'), '--budget', '1', '--max-lag', '0', '--lose', '6,7', '--remaining', '40', '--json']);
+    expect(r.code, r.stderr).toBe(0);
+    const out = JSON.parse(r.stdout) as {
+      iteration_seconds: number;
+      replan: {
+        lost: number[];
+        devices: number[];
+        plan: Record<string, { mesh: string }>;
+        period_before: number;
+        period_after: number;
+        migration_bytes_ratio: number;
+        migration_seconds: number;
+        remaining: number;
+        objective_seconds: number;
+      };
+    };
+    const rp = out.replan;
+    expect(rp.lost).toEqual([6, 7]);
+    expect(rp.devices).toEqual([0, 1, 2, 3, 4, 5]);
+    expect(Object.keys(rp.plan)).toEqual(['actor.generate', 'reference.inference', 'reward.inference', 'actor.train']);
+    // Device 6 is 0:6, device 7 is 0:7: no mesh of the new plan may reach them.
+    for (const p of Object.values(rp.plan)) expect(p.mesh).not.toMatch(/^0:(6|7)$|^0:(0-7|4-7|6-7)$/);
+    expect(rp.period_before).toBeCloseTo(out.iteration_seconds, 9);
+    expect(rp.period_after).toBeGreaterThanOrEqual(rp.period_before * 0.999);
+    expect(rp.migration_bytes_ratio).toBe(1);
+    expect(rp.objective_seconds).toBeCloseTo(rp.migration_seconds + 40 * rp.period_after, 6);
+    const bad = await plan([join(ROOT, 'scenarios/cluster/grpo-llama7b-8gpu.yaml'), '--budget', '1', '--max-lag', '0', '--lose', '8']);
+    expect(bad.code).toBe(1);
+    expect(bad.stderr).toContain('device 8: the cluster has devices 0-7');
+    const syntax = await plan([join(ROOT, 'scenarios/cluster/grpo-llama7b-8gpu.yaml'), '--lose', 'five']);
+    expect(syntax.code).toBe(2);
+    expect(syntax.stderr).toContain('--lose: expected device numbers separated by commas');
+  }, 120_000);
+
   it('refuses a plan key the algorithm lacks, listing the calls it has', async () => {
     const dir = tempDir();
     const file = join(dir, 'grpo.yaml');

@@ -1,19 +1,51 @@
-// npm run plan -- FILE [--placement NAME] [--budget SECONDS] [--max-lag K] [--seed N] [--json] [--write PLAN.yaml] [--html OUT.html]
+// npm run plan -- FILE [--placement NAME] [--budget SECONDS] [--max-lag K] [--seed N] [--lose D,…] [--remaining N] [--json] [--write PLAN.yaml] [--html OUT.html]
 // Plans a scenario: every named placement and (by default) a search, each evaluated with the cost
 // model and the simulator; prints the chosen plan call by call and how it compares. The search
 // also chooses asynchrony: the best plan at each lag 0..K (its own split of the devices into a
 // rollout and a train pool, or shared ones), and a lag only where it pays over lock-step. The
 // budget is a number of plan evaluations per lag (SECONDS × EVALUATIONS_PER_SECOND), so a seed
-// gives the same plan on any machine.
+// gives the same plan on any machine. --lose asks what the run would do if those devices were lost
+// for good: the re-plan on the devices left (engine/runtime/plan/replan.ts), its migration and its
+// period.
 import { writeFileSync } from 'node:fs';
 import { stringify } from 'yaml';
 import { UsageError, args, runMain } from '../../actors/host.ts';
 import { loadScenarioFile } from '../runtime/index.ts';
-import { PLACEMENTS, chooseLag, evaluationsFor, lagOf, lagsFor, namedPlan, poolsOf, type Candidate, type Evaluation, type NamedPlacement } from '../runtime/index.ts';
+import { PLACEMENTS, chooseLag, evaluationsFor, lagOf, lagsFor, namedPlan, poolsOf, replan, type Candidate, type Evaluation, type NamedPlacement, type Replan } from '../runtime/index.ts';
 import { planRows, renderPlan } from '../runtime/index.ts';
 
-const USAGE = `usage: npm run plan -- FILE [--placement search|${PLACEMENTS.join('|')}] [--budget SECONDS] [--max-lag K] [--seed N] [--json] [--write PLAN.yaml] [--html OUT.html]
-  --max-lag  the largest rl.lag the search may choose (default 2; 0: lock-step only)`;
+const USAGE = `usage: npm run plan -- FILE [--placement search|${PLACEMENTS.join('|')}] [--budget SECONDS] [--max-lag K] [--seed N] [--lose D,…] [--remaining N] [--json] [--write PLAN.yaml] [--html OUT.html]
+  --max-lag    the largest rl.lag the search may choose (default 2; 0: lock-step only)
+  --lose       devices lost for good (e.g. 5 or 5,6): the re-plan on the devices left, its migration and period
+  --remaining  iterations left when they are lost (default: the scenario's rl.iterations), for the re-plan's objective`;
+
+/** Devices as --lose writes them: whole numbers, comma-separated. */
+function devicesArg(text: string): number[] {
+  const parts = text.split(',').map((x) => x.trim());
+  const bad = parts.find((x) => !/^\d+$/.test(x));
+  if (bad !== undefined) throw new UsageError(`--lose: expected device numbers separated by commas (e.g. 5 or 5,6), got ${JSON.stringify(text)}`);
+  return parts.map(Number);
+}
+
+function replanReport(r: Replan) {
+  const placements = Object.fromEntries(Object.entries(r.plan).map(([call, p]) => [call, { mesh: p.mesh, dp: p.dp, tp: p.tp, pp: p.pp }]));
+  return {
+    lost: r.lost,
+    devices: r.devices,
+    plan: placements,
+    period_before: r.period.before,
+    period_after: r.period.after,
+    migration_seconds: r.migration.seconds,
+    migration_bytes: r.migration.bytes,
+    migration_minimum_bytes: r.migration.minimumBytes,
+    migration_bytes_ratio: r.migration.minimumBytes > 0 ? r.migration.bytes / r.migration.minimumBytes : 1,
+    snapshot_bytes: r.migration.snapshotBytes,
+    remaining: r.remaining,
+    objective_seconds: r.objective,
+    search_seconds: r.search.seconds,
+    plans_evaluated: r.search.evaluated,
+  };
+}
 
 /** A plan as a scenario takes it (--plan): the placements, and the lag they were planned for when one was chosen. */
 export function planYaml(c: Candidate, lag = 0): string {
@@ -48,6 +80,8 @@ runMain(async () => {
     html: { type: 'string' },
     seed: { type: 'string', default: '1' },
     'max-lag': { type: 'string', default: '2' },
+    lose: { type: 'string' },
+    remaining: { type: 'string' },
   });
   if (values.help) {
     console.log(USAGE);
@@ -64,6 +98,9 @@ runMain(async () => {
   if (!Number.isInteger(seed)) throw new UsageError(`--seed: expected a whole number, got ${values.seed}`);
   const maxLag = Number(values['max-lag']);
   if (!(Number.isInteger(maxLag) && maxLag >= 0)) throw new UsageError(`--max-lag: expected a whole number >= 0, got ${values['max-lag']}`);
+  const lose = values.lose === undefined ? undefined : devicesArg(values.lose);
+  const remainingArg = values.remaining === undefined ? undefined : Number(values.remaining);
+  if (remainingArg !== undefined && !(Number.isInteger(remainingArg) && remainingArg >= 0)) throw new UsageError(`--remaining: expected a whole number >= 0, got ${values.remaining}`);
   const scenario = await loadScenarioFile(positionals[0]!);
   // A named placement is priced at the scenario's own lag; a search chooses the lag too.
   const lags = placement === 'search' ? lagsFor(scenario, maxLag) : [lagOf(scenario)];
@@ -93,6 +130,7 @@ runMain(async () => {
     estimated_speedup: choice.speedup,
     lags: choice.tried.map((t) => ({ lag: t.lag, iteration_seconds: t.evaluation.iterationSeconds, feasible: t.evaluation.feasible })),
     asynchrony: choice.why,
+    ...(lose ? { replan: replanReport(replan(problem, chosen, lose, { remaining: remainingArg ?? scenario.rl.iterations, search: { evaluations: evaluationsFor(budget), seed } })) } : {}),
   };
   if (values.write) writeFileSync(values.write, planYaml(chosen, placement === 'search' ? best.lag : 0));
   if (values.html) {
@@ -138,6 +176,14 @@ runMain(async () => {
   for (const n of PLACEMENTS) {
     const t = baselines[n]!;
     console.log(`  ${pad(n, 14)}${Number.isFinite(t) ? `${t.toFixed(3)} s  (${(t / evaluation.iterationSeconds).toFixed(2)}× the chosen plan)` : `infeasible: ${ev.evaluate(named[n]).why}`}`);
+  }
+  if (out.replan) {
+    const r = out.replan;
+    console.log(`losing device(s) ${lose!.join(', ')}: re-planned on ${r.devices.length} device(s) (${r.plans_evaluated} plans in ${r.search_seconds.toFixed(1)} s)`);
+    for (const [call, p] of Object.entries(r.plan)) console.log(`  ${pad(call, 20)}${pad(p.mesh, 10)}${p.dp}/${p.tp}/${p.pp}`);
+    console.log(
+      `  period ${r.period_before.toFixed(3)} s -> ${r.period_after.toFixed(3)} s; migration ${r.migration_seconds.toFixed(3)} s: ${(r.migration_bytes / 1e9).toFixed(2)} GB from survivors (${r.migration_bytes_ratio.toFixed(2)} × the minimum), ${(r.snapshot_bytes / 1e9).toFixed(2)} GB from the snapshot; ${r.remaining} iterations left: ${r.objective_seconds.toFixed(1)} s`,
+    );
   }
   if (values.write) console.log(`plan written to ${values.write}`);
   if (values.html) console.log(`plan drawn in ${values.html}`);

@@ -27,6 +27,7 @@ export * from './plan/cost.ts';
 export * from './plan/lag.ts';
 export * from './plan/planner.ts';
 export * from './plan/problem.ts';
+export * from './plan/replan.ts';
 export * from './plan/search.ts';
 export * from './plan/simulate.ts';
 export * from './tools/sample.ts';

@@ -6,7 +6,7 @@
 // an α–β ring model over the link they cross (inside a node or between nodes); pipelines add a
 // bubble of (pp − 1) / micro-batches; each layer pass pays a fixed overhead. Reallocation time
 // comes from the runtime's own transfer planner (mesh/realloc.ts).
-import type { Layout, ModelInfo, ParamInfo } from '../../../mesh/parallel/index.ts';
+import type { Layout, ModelInfo, ParamInfo, Piece } from '../../../mesh/parallel/index.ts';
 import { planRealloc } from '../../../mesh/parallel/index.ts';
 import { kvCacheBytes } from '../../model/index.ts';
 import type { DeviceProfile, ModelShape } from './catalog.ts';
@@ -278,10 +278,19 @@ export function coarseInfo(m: ModelShape, valueHead = false): ModelInfo {
  */
 export function reallocSeconds(m: ModelShape, from: Layout, to: Layout, dev: DeviceProfile, perNode: number, valueHead = false): number {
   const plan = planRealloc(coarseInfo(m, valueHead), from, to, (d) => Math.floor(d / perNode));
+  return piecesSeconds(m, plan.pieces, dev, perNode);
+}
+
+/**
+ * Time for a transfer plan's pieces (of model `m`, planned over its coarseInfo): the slowest
+ * destination's receive time or the slowest source's send time, whichever is larger. `recv`:
+ * seconds some destinations spend receiving besides (reading from a snapshot, say).
+ */
+export function piecesSeconds(m: ModelShape, pieces: readonly Piece[], dev: DeviceProfile, perNode: number, recvAlso: ReadonlyMap<number, number> = new Map()): number {
   const scale = m.dtypeBytes / 4; // the planner counts 4-byte elements
-  const recv = new Map<number, number>();
+  const recv = new Map(recvAlso);
   const send = new Map<number, number>();
-  for (const p of plan.pieces) {
+  for (const p of pieces) {
     const size = p.axis === null ? p.shape.reduce((a, b) => a * b, 1) : (p.shape.reduce((a, b) => a * b, 1) / p.shape[p.axis]!) * (p.end - p.start);
     const b = size * 4 * scale;
     for (const d of p.dsts) {

@@ -1,0 +1,159 @@
+// Re-planning after devices are lost for good: a plan on the devices left, searched within the
+// scenario's budget from the current plan (each call kept where its devices all survive, else put
+// on the largest whole block of its old mesh, or of the cluster) and from every call on each
+// largest surviving block. The plans the search keeps are ranked by what the rest of the run costs:
+// the migration (each model moved off its old layout by planMigration — from survivors, and from
+// the snapshot only what the lost devices alone held) plus the remaining iterations × the new
+// period. Pure: the supervisor acts on what it returns.
+import { availableDevices, deviceCount, meshAvailable, parseMesh, planMigration, type Layout } from '../../../mesh/parallel/index.ts';
+import type { CallName } from '../scenario/scenario.ts';
+import { coarseInfo, piecesSeconds } from './cost.ts';
+import { Evaluator, callCandidates, callNames, meshes, type Candidate, type Evaluation, type Placement, type Problem } from './planner.ts';
+import { search, type SearchOptions } from './search.ts';
+
+export class ReplanError extends Error {
+  override name = 'ReplanError';
+}
+
+export interface ModelMigration {
+  model: string;
+  from: Layout;
+  to: Layout;
+  /** Bytes survivors send (each destination counted). */
+  bytes: number;
+  /** The least survivors could send for this move. */
+  minimumBytes: number;
+  /** Bytes read from the snapshot: what only the lost devices held. */
+  snapshotBytes: number;
+  seconds: number;
+}
+
+export interface Replan {
+  lost: number[];
+  /** The devices the new plan may use. */
+  devices: number[];
+  plan: Candidate;
+  evaluation: Evaluation;
+  /** Seconds per iteration: the current plan on every device, and the new one on those left. */
+  period: { before: number; after: number };
+  migration: { seconds: number; bytes: number; minimumBytes: number; snapshotBytes: number; models: ModelMigration[] };
+  /** migration.seconds + remaining × period.after: what the search's kept plans are ranked by. */
+  objective: number;
+  remaining: number;
+  search: { seconds: number; evaluations: number; evaluated: number; kept: number };
+}
+
+const layoutOf = (p: Placement): Layout => ({ devices: p.devices, dp: p.dp, tp: p.tp, pp: p.pp });
+
+/** Names the devices of a cluster, as an error says what was expected. */
+const range = (n: number) => (n === 1 ? 'device 0' : `devices 0-${n - 1}`);
+
+/**
+ * The best plan for the rest of the run on the devices `lost` leaves. `current`: the plan the run
+ * has now, on the whole cluster; `remaining`: the iterations still to run.
+ */
+export function replan(problem: Problem, current: Candidate, lost: readonly number[], o: { remaining: number; search: SearchOptions }): Replan {
+  const total = deviceCount(problem.cluster);
+  const gone = [...new Set([...(problem.cluster.lost ?? []), ...lost])].sort((a, b) => a - b);
+  for (const d of lost) {
+    if (!Number.isInteger(d) || d < 0 || d >= total) throw new ReplanError(`device ${d}: the cluster has ${range(total)}`);
+  }
+  const cluster = { ...problem.cluster, lost: gone };
+  const devices = availableDevices(cluster);
+  if (devices.length === 0) throw new ReplanError(`no device is left: the cluster's ${range(total)} are all lost`);
+  const before = new Evaluator(problem).evaluate(current).iterationSeconds;
+  const left: Problem = { ...problem, cluster };
+  const ev = new Evaluator(left);
+  const starts = startsFor(ev, current);
+  const t0 = performance.now();
+  const found = search(ev, starts, { ...o.search, keep: Math.max(o.search.keep ?? 0, 8) });
+  const seconds = (performance.now() - t0) / 1000;
+  const kept = found.best.length ? found.best.map((b) => b.plan) : starts;
+  const ranked = kept
+    .map((plan) => {
+      const evaluation = ev.evaluate(plan, true);
+      const migration = migrationOf(problem, current, plan, new Set(gone));
+      return { plan, evaluation, migration, objective: migration.seconds + o.remaining * evaluation.iterationSeconds };
+    })
+    .sort((a, b) => Number(b.evaluation.feasible) - Number(a.evaluation.feasible) || a.objective - b.objective);
+  const best = ranked[0]!;
+  if (!best.evaluation.feasible) {
+    throw new ReplanError(`no plan fits the ${devices.length} device(s) left (${devices.join(', ')}) after losing ${lost.join(', ')}: ${best.evaluation.why}`);
+  }
+  return {
+    lost: gone,
+    devices,
+    plan: best.plan,
+    evaluation: best.evaluation,
+    period: { before, after: best.evaluation.iterationSeconds },
+    migration: best.migration,
+    objective: best.objective,
+    remaining: o.remaining,
+    search: { seconds, evaluations: found.evaluations, evaluated: found.evaluated, kept: ranked.length },
+  };
+}
+
+/**
+ * Where the search starts: the current plan repaired (a call whose devices all survive stays; one
+ * that lost any goes to the largest surviving block of its mesh, else of the cluster, with the
+ * strategy fastest there on its own), and every call together on each largest surviving block.
+ */
+function startsFor(ev: Evaluator, current: Candidate): Candidate[] {
+  const { cluster } = ev.problem;
+  const whole = meshes(cluster);
+  const size = (m: string) => parseMesh(m, cluster).devices.length;
+  const largest = Math.max(...whole.map(size));
+  const fastestOn = (call: CallName, mesh: string): Placement | undefined =>
+    callCandidates(ev.problem, call)
+      .filter((p) => p.mesh === mesh)
+      .sort((a, b) => (ev.callCost(call, a, true)?.seconds ?? 0) - (ev.callCost(call, b, true)?.seconds ?? 0))[0];
+  const repaired = Object.fromEntries(
+    callNames(ev.problem).map((call) => {
+      const p = current[call]!;
+      if (meshAvailable(p.mesh, cluster)) return [call, p];
+      const inside = whole.filter((m) => parseMesh(m, cluster).devices.every((d) => p.devices.includes(d))).sort((a, b) => size(b) - size(a));
+      for (const mesh of [...inside, ...whole.filter((m) => size(m) === largest)]) {
+        const q = fastestOn(call, mesh);
+        if (q) return [call, q];
+      }
+      throw new ReplanError(`'${call}' has no placement on the devices left`);
+    }),
+  ) as Candidate;
+  const together = whole.filter((m) => size(m) === largest).map((mesh) => Object.fromEntries(callNames(ev.problem).map((call) => [call, fastestOn(call, mesh) ?? repaired[call]!])) as Candidate);
+  return [repaired, ...together].sort((a, b) => ev.objective(a) - ev.objective(b));
+}
+
+/** Every model with weights moved from its owner's old placement to its new one, off the lost devices. */
+function migrationOf(problem: Problem, from: Candidate, to: Candidate, lost: ReadonlySet<number>): Replan['migration'] {
+  const perNode = problem.cluster.devicesPerNode;
+  const nodeOf = (d: number) => Math.floor(d / perNode);
+  const models: ModelMigration[] = [];
+  for (const m of problem.graph.models) {
+    const shape = problem.models[m.name];
+    if (!shape) continue; // the rule reward: nothing to move
+    const a = layoutOf(from[m.owner]!);
+    const b = layoutOf(to[m.owner]!);
+    const plan = planMigration(coarseInfo(shape, m.valueHead), a, b, nodeOf, lost);
+    const scale = shape.dtypeBytes / 4; // the transfer planner counts 4-byte elements
+    // A destination reads what only the lost held from the store, at the bus's rate.
+    const storeBw = problem.device.busBandwidth ?? problem.device.interBandwidth;
+    const reads = new Map<number, number>();
+    for (const r of plan.restores) {
+      const elements = r.axis === null ? r.shape.reduce((x, y) => x * y, 1) : (r.shape.reduce((x, y) => x * y, 1) / r.shape[r.axis]!) * (r.end - r.start);
+      reads.set(r.device, (reads.get(r.device) ?? 0) + (elements * 4 * scale) / storeBw + problem.device.latency);
+    }
+    models.push({
+      model: m.name,
+      from: a,
+      to: b,
+      bytes: plan.receivedBytes * scale,
+      minimumBytes: plan.minimumBytes * scale,
+      snapshotBytes: plan.snapshotBytes * scale,
+      seconds: piecesSeconds(shape, plan.pieces, problem.device, perNode, reads),
+    });
+  }
+  // Counted as if the models moved one after another: where they share devices and links they
+  // cannot all go at full speed at once.
+  const sum = (k: 'bytes' | 'minimumBytes' | 'snapshotBytes' | 'seconds') => models.reduce((n, x) => n + x[k], 0);
+  return { seconds: sum('seconds'), bytes: sum('bytes'), minimumBytes: sum('minimumBytes'), snapshotBytes: sum('snapshotBytes'), models };
+}
