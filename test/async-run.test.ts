@@ -33,6 +33,19 @@ beforeAll(async () => {
   backend = await initBackend('wasm');
 });
 
+/** The message a scenario with `extra` and the `rl` line is refused with, before any work starts. */
+function refusal(extra: string, rl: string, name: string): string {
+  const file = smallScenario(dir, extra, name);
+  writeFileSync(file, readFileSync(file, 'utf8').replace('rl: { iterations: 3, batch: 16 }', rl));
+  try {
+    runSpec(loadScenario(file));
+  } catch (e) {
+    expect(e).toBeInstanceOf(ScenarioError);
+    return (e as Error).message;
+  }
+  throw new Error('expected a refusal');
+}
+
 describe('rl.lag: rollouts of an older policy, generated ahead', () => {
   it('lag 1 repeats bit for bit, trains another model than lock-step, and says which version made each rollout', async () => {
     const a = await run(1, 'lag1');
@@ -60,17 +73,7 @@ describe('rl.lag: rollouts of an older policy, generated ahead', () => {
   }, 300_000);
 
   it('is refused before work starts where it cannot hold: a lag as long as the run, an algorithm of pairs', () => {
-    const refused = (extra: string, rl: string) => {
-      const file = smallScenario(dir, extra, 'refused');
-      writeFileSync(file, readFileSync(file, 'utf8').replace('rl: { iterations: 3, batch: 16 }', rl));
-      try {
-        runSpec(loadScenario(file));
-      } catch (e) {
-        expect(e).toBeInstanceOf(ScenarioError);
-        return (e as Error).message;
-      }
-      throw new Error('expected a refusal');
-    };
+    const refused = (extra: string, rl: string) => refusal(extra, rl, 'refused');
     expect(refused('', 'rl: { iterations: 3, batch: 16, lag: 3 }')).toMatch(/rl\.lag: 3 is not less than rl\.iterations \(3\)/);
     expect(refused('algorithm: dpo', 'rl: { iterations: 3, batch: 16, lag: 1 }')).toMatch(/rl\.lag: this algorithm learns from preference pairs and generates nothing/);
     expect(refused('', 'rl: { iterations: 3, batch: 16, lag: -1 }')).toMatch(/rl\.lag/);
@@ -156,17 +159,7 @@ describe('rl.staleness: free-running rollouts within η, written ahead, replayed
   }, 300_000);
 
   it('is refused before work starts where it cannot hold, naming the key', () => {
-    const refused = (extra: string, rl: string) => {
-      const file = smallScenario(dir, extra, 'refused-staleness');
-      writeFileSync(file, readFileSync(file, 'utf8').replace('rl: { iterations: 3, batch: 16 }', rl));
-      try {
-        runSpec(loadScenario(file));
-      } catch (e) {
-        expect(e).toBeInstanceOf(ScenarioError);
-        return (e as Error).message;
-      }
-      throw new Error('expected a refusal');
-    };
+    const refused = (extra: string, rl: string) => refusal(extra, rl, 'refused-staleness');
     expect(refused('', 'rl: { iterations: 3, batch: 16, staleness: 3 }')).toMatch(/rl\.staleness: 3 is not less than rl\.iterations \(3\)/);
     expect(refused('', 'rl: { iterations: 3, batch: 16, staleness: -1 }')).toMatch(/rl\.staleness/);
     expect(refused('algorithm: dpo', 'rl: { iterations: 3, batch: 16, staleness: 1 }')).toMatch(/rl\.staleness: this algorithm learns from preference pairs and generates nothing/);
