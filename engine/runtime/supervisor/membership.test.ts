@@ -199,6 +199,19 @@ describe('Membership: refusals', () => {
     expect(await m.join('w1', 11)).toMatchObject({ type: 'welcome', device: 0 });
     m.membership.close();
   });
+
+  it('refuses a worker of another protocol version, naming both versions, and keeps the device free', async () => {
+    const m = setup();
+    open = m.membership;
+    const older = v - 1;
+    const reply = await m.bus.request(subj.join, encode({ type: 'hello', v: older, worker: 'old', pid: 12, host: 'h', backend: 'wasm' } as never), { timeout: 1000 });
+    const answer = decode(reply.subject, reply.data, JoinReply);
+    expect(answer).toMatchObject({ type: 'error', code: 'malformed' });
+    expect(answer.type === 'error' && answer.message).toContain(`expected protocol version v=${v}, got ${older}`);
+    expect(m.rejected).toHaveLength(1);
+    expect(await m.join('w1', 11)).toMatchObject({ type: 'welcome', device: 0 });
+    m.membership.close();
+  });
 });
 
 describe('Membership: a worker whose process exits', () => {
