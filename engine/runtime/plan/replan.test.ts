@@ -4,7 +4,7 @@ import { parseMesh } from '../../../mesh/parallel/cluster.ts';
 import { loadScenario } from '../scenario/scenario.ts';
 import { Evaluator, namedPlan } from './planner.ts';
 import { problemOf } from './problem.ts';
-import { ReplanError, replan } from './replan.ts';
+import { ReplanError, deviceRuns, replan } from './replan.ts';
 import { search } from './search.ts';
 
 const file = (name: string) => fileURLToPath(new URL(`../../../scenarios/cluster/${name}`, import.meta.url));
@@ -19,6 +19,12 @@ function planned(name: string) {
 }
 
 describe('re-planning after a device is lost', () => {
+  it('writes devices as runs', () => {
+    expect(deviceRuns([8, 7, 0, 1, 2, 5])).toBe('0-2, 5, 7-8');
+    expect(deviceRuns([3])).toBe('3');
+    expect(deviceRuns([])).toBe('');
+  });
+
   const { problem, plan } = planned('grpo-llama7b-8gpu.yaml');
   const used = [...new Set(Object.values(plan).flatMap((p) => p.devices))];
 
@@ -67,6 +73,8 @@ describe('re-planning after a device is lost', () => {
   it('fails, naming what does not fit, when the devices left cannot hold the models', () => {
     const big = planned('llama70b-64gpu-h100.yaml');
     const lost = Array.from({ length: 63 }, (_, i) => i + 1);
-    expect(() => replan(big.problem, big.plan, lost, { remaining: 1, search: { evaluations: 50 } })).toThrow(/no plan fits the 1 device\(s\) left \(0\) after losing 1, 2, .*: /);
+    expect(() => replan(big.problem, big.plan, lost, { remaining: 1, search: { evaluations: 50 } })).toThrow(
+      /^no plan fits the 1 device\(s\) left \(0\) after losing 1-63: actor\.\w+ needs [\d.]+ GB on a device of 80 GB/,
+    );
   });
 });

@@ -48,6 +48,19 @@ const layoutOf = (p: Placement): Layout => ({ devices: p.devices, dp: p.dp, tp: 
 /** Names the devices of a cluster, as an error says what was expected. */
 const range = (n: number) => (n === 1 ? 'device 0' : `devices 0-${n - 1}`);
 
+/** Devices as runs: [0, 1, 2, 5, 7, 8] → "0-2, 5, 7-8". */
+export function deviceRuns(devices: readonly number[]): string {
+  const sorted = [...new Set(devices)].sort((a, b) => a - b);
+  const out: string[] = [];
+  for (let i = 0; i < sorted.length; ) {
+    let j = i;
+    while (j + 1 < sorted.length && sorted[j + 1] === sorted[j]! + 1) j += 1;
+    out.push(j === i ? `${sorted[i]}` : `${sorted[i]}-${sorted[j]}`);
+    i = j + 1;
+  }
+  return out.join(', ');
+}
+
 /**
  * The best plan for the rest of the run on the devices `lost` leaves. `current`: the plan the run
  * has now, on the whole cluster; `remaining`: the iterations still to run.
@@ -78,7 +91,7 @@ export function replan(problem: Problem, current: Candidate, lost: readonly numb
     .sort((a, b) => Number(b.evaluation.feasible) - Number(a.evaluation.feasible) || a.objective - b.objective);
   const best = ranked[0]!;
   if (!best.evaluation.feasible) {
-    throw new ReplanError(`no plan fits the ${devices.length} device(s) left (${devices.join(', ')}) after losing ${lost.join(', ')}: ${best.evaluation.why}`);
+    throw new ReplanError(`no plan fits the ${devices.length} device(s) left (${deviceRuns(devices)}) after losing ${deviceRuns(lost)}: ${best.evaluation.why}`);
   }
   return {
     lost: gone,
