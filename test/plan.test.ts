@@ -127,7 +127,7 @@ describe('npm run plan for other algorithms', () => {
     expect(page).not.toContain('critic');
   }, 120_000);
 
-  it('--lose re-plans on the devices left: no lost device in the new plan, the move at the minimum bytes, the period before and after', async () => {
+  it('--lose re-plans on the devices left: no lost device in the new plan, the move at the minimum bytes, the period before and after; --join takes a device back', async () => {
     const r = await plan([join(ROOT, 'scenarios/cluster/grpo-llama7b-8gpu.yaml'), '--budget', '1', '--max-lag', '0', '--lose', '6,7', '--remaining', '40', '--json']);
     expect(r.code, r.stderr).toBe(0);
     const out = JSON.parse(r.stdout) as {
@@ -154,6 +154,19 @@ describe('npm run plan for other algorithms', () => {
     expect(rp.period_after).toBeGreaterThanOrEqual(rp.period_before * 0.999);
     expect(rp.migration_bytes_ratio).toBe(1);
     expect(rp.objective_seconds).toBeCloseTo(rp.migration_seconds + 40 * rp.period_after, 6);
+    // A lost device whose worker joins again is taken back where it pays over the iterations left.
+    const back = await plan([join(ROOT, 'scenarios/cluster/grpo-llama7b-8gpu.yaml'), '--budget', '1', '--max-lag', '0', '--join', '7', '--remaining', '50', '--json']);
+    expect(back.code, back.stderr).toBe(0);
+    const both = JSON.parse(back.stdout) as {
+      replan: { lost: number[]; period_after: number };
+      rejoin: { lost: number[]; changed: boolean; gain_seconds: number; migration_seconds: number; period_before: number; why: string };
+    };
+    expect(both.replan.lost).toEqual([7]);
+    expect(both.rejoin.lost).toEqual([]);
+    expect(both.rejoin.period_before).toBeCloseTo(both.replan.period_after, 9);
+    expect(both.rejoin.changed).toBe(true);
+    expect(both.rejoin.gain_seconds).toBeGreaterThan(both.rejoin.migration_seconds);
+    expect(both.rejoin.why).toMatch(/^device\(s\) 7 joined and are used/);
     const bad = await plan([join(ROOT, 'scenarios/cluster/grpo-llama7b-8gpu.yaml'), '--budget', '1', '--max-lag', '0', '--lose', '8']);
     expect(bad.code).toBe(1);
     expect(bad.stderr).toContain('device 8: the cluster has devices 0-7');

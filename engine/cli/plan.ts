@@ -1,4 +1,4 @@
-// npm run plan -- FILE [--placement NAME] [--budget SECONDS] [--max-lag K] [--seed N] [--lose D,…] [--remaining N] [--json] [--write PLAN.yaml] [--html OUT.html]
+// npm run plan -- FILE [--placement NAME] [--budget SECONDS] [--max-lag K] [--seed N] [--lose D,…] [--join D,…] [--remaining N] [--json] [--write PLAN.yaml] [--html OUT.html]
 // Plans a scenario: every named placement and (by default) a search, each evaluated with the cost
 // model and the simulator; prints the chosen plan call by call and how it compares. The search
 // also chooses asynchrony: the best plan at each lag 0..K (its own split of the devices into a
@@ -6,7 +6,8 @@
 // budget is a number of plan evaluations per lag (SECONDS × EVALUATIONS_PER_SECOND), so a seed
 // gives the same plan on any machine. --lose asks what the run would do if those devices were lost
 // for good: the re-plan on the devices left (engine/runtime/plan/replan.ts), its migration and its
-// period.
+// period; --join, what it would do when workers for lost devices join again: use them only where
+// they save more over the remaining iterations than moving onto them costs.
 import { writeFileSync } from 'node:fs';
 import { stringify } from 'yaml';
 import { UsageError, args, runMain } from '../../actors/host.ts';
@@ -14,16 +15,17 @@ import { loadScenarioFile } from '../runtime/index.ts';
 import { PLACEMENTS, chooseLag, evaluationsFor, lagOf, lagsFor, namedPlan, poolsOf, replan, type Candidate, type Evaluation, type NamedPlacement, type Replan } from '../runtime/index.ts';
 import { planRows, renderPlan } from '../runtime/index.ts';
 
-const USAGE = `usage: npm run plan -- FILE [--placement search|${PLACEMENTS.join('|')}] [--budget SECONDS] [--max-lag K] [--seed N] [--lose D,…] [--remaining N] [--json] [--write PLAN.yaml] [--html OUT.html]
+const USAGE = `usage: npm run plan -- FILE [--placement search|${PLACEMENTS.join('|')}] [--budget SECONDS] [--max-lag K] [--seed N] [--lose D,…] [--join D,…] [--remaining N] [--json] [--write PLAN.yaml] [--html OUT.html]
   --max-lag    the largest rl.lag the search may choose (default 2; 0: lock-step only)
   --lose       devices lost for good (e.g. 5 or 5,6): the re-plan on the devices left, its migration and period
+  --join       devices lost (with --lose, or by themselves) whose workers then join again: whether the plan takes them back
   --remaining  iterations left when they are lost (default: the scenario's rl.iterations), for the re-plan's objective`;
 
-/** Devices as --lose writes them: whole numbers, comma-separated. */
-function devicesArg(text: string): number[] {
+/** Devices as --lose and --join write them: whole numbers, comma-separated. */
+function devicesArg(flag: string, text: string): number[] {
   const parts = text.split(',').map((x) => x.trim());
   const bad = parts.find((x) => !/^\d+$/.test(x));
-  if (bad !== undefined) throw new UsageError(`--lose: expected device numbers separated by commas (e.g. 5 or 5,6), got ${JSON.stringify(text)}`);
+  if (bad !== undefined) throw new UsageError(`--${flag}: expected device numbers separated by commas (e.g. 5 or 5,6), got ${JSON.stringify(text)}`);
   return parts.map(Number);
 }
 
@@ -42,6 +44,9 @@ function replanReport(r: Replan) {
     snapshot_bytes: r.migration.snapshotBytes,
     remaining: r.remaining,
     objective_seconds: r.objective,
+    changed: r.changed,
+    gain_seconds: r.gainSeconds,
+    why: r.why,
     search_seconds: r.search.seconds,
     plans_evaluated: r.search.evaluated,
   };
@@ -81,6 +86,7 @@ runMain(async () => {
     seed: { type: 'string', default: '1' },
     'max-lag': { type: 'string', default: '2' },
     lose: { type: 'string' },
+    join: { type: 'string' },
     remaining: { type: 'string' },
   });
   if (values.help) {
@@ -98,7 +104,9 @@ runMain(async () => {
   if (!Number.isInteger(seed)) throw new UsageError(`--seed: expected a whole number, got ${values.seed}`);
   const maxLag = Number(values['max-lag']);
   if (!(Number.isInteger(maxLag) && maxLag >= 0)) throw new UsageError(`--max-lag: expected a whole number >= 0, got ${values['max-lag']}`);
-  const lose = values.lose === undefined ? undefined : devicesArg(values.lose);
+  const join = values.join === undefined ? [] : devicesArg('join', values.join);
+  // A device joins again after it was lost: --join alone loses it first.
+  const lose = values.lose === undefined && join.length === 0 ? undefined : [...new Set([...(values.lose === undefined ? [] : devicesArg('lose', values.lose)), ...join])];
   const remainingArg = values.remaining === undefined ? undefined : Number(values.remaining);
   if (remainingArg !== undefined && !(Number.isInteger(remainingArg) && remainingArg >= 0)) throw new UsageError(`--remaining: expected a whole number >= 0, got ${values.remaining}`);
   const scenario = await loadScenarioFile(positionals[0]!);
@@ -109,6 +117,15 @@ runMain(async () => {
   const { problem, evaluator: ev, plan: chosen, evaluation } = best;
   if (placement === 'search' && !evaluation.feasible) {
     throw new Error(`no feasible plan found for ${problem.name} in ${best.search?.evaluated ?? 0} plans (every named plan: ${PLACEMENTS.map((n) => ev.evaluate(namedPlan(ev, n)).why).join('; ')})`);
+  }
+  /** --lose, then --join: the re-plans, each from the plan before it. */
+  function changes() {
+    if (!lose) return {};
+    const o = { remaining: remainingArg ?? scenario.rl.iterations, search: { evaluations: evaluationsFor(budget), seed } };
+    const lost = replan(problem, chosen, { lost: lose }, o);
+    if (join.length === 0) return { replan: replanReport(lost) };
+    const back = replan({ ...problem, cluster: { ...problem.cluster, lost: lost.lost } }, lost.plan, { joined: join }, o);
+    return { replan: replanReport(lost), rejoin: replanReport(back) };
   }
   const named = Object.fromEntries(PLACEMENTS.map((n) => [n, namedPlan(ev, n)])) as Record<NamedPlacement, Candidate>;
   const baselines = Object.fromEntries(PLACEMENTS.map((n) => [n, ev.evaluate(named[n]).iterationSeconds]));
@@ -130,7 +147,7 @@ runMain(async () => {
     estimated_speedup: choice.speedup,
     lags: choice.tried.map((t) => ({ lag: t.lag, iteration_seconds: t.evaluation.iterationSeconds, feasible: t.evaluation.feasible })),
     asynchrony: choice.why,
-    ...(lose ? { replan: replanReport(replan(problem, chosen, lose, { remaining: remainingArg ?? scenario.rl.iterations, search: { evaluations: evaluationsFor(budget), seed } })) } : {}),
+    ...changes(),
   };
   if (values.write) writeFileSync(values.write, planYaml(chosen, placement === 'search' ? best.lag : 0));
   if (values.html) {
@@ -177,12 +194,12 @@ runMain(async () => {
     const t = baselines[n]!;
     console.log(`  ${pad(n, 14)}${Number.isFinite(t) ? `${t.toFixed(3)} s  (${(t / evaluation.iterationSeconds).toFixed(2)}× the chosen plan)` : `infeasible: ${ev.evaluate(named[n]).why}`}`);
   }
-  if (out.replan) {
-    const r = out.replan;
-    console.log(`losing device(s) ${lose!.join(', ')}: re-planned on ${r.devices.length} device(s) (${r.plans_evaluated} plans in ${r.search_seconds.toFixed(1)} s)`);
+  for (const r of [out.replan, out.rejoin]) {
+    if (!r) continue;
+    console.log(`${r.why} (${r.plans_evaluated} plans in ${r.search_seconds.toFixed(1)} s)`);
     for (const [call, p] of Object.entries(r.plan)) console.log(`  ${pad(call, 20)}${pad(p.mesh, 10)}${p.dp}/${p.tp}/${p.pp}`);
     console.log(
-      `  period ${r.period_before.toFixed(3)} s -> ${r.period_after.toFixed(3)} s; migration ${r.migration_seconds.toFixed(3)} s: ${(r.migration_bytes / 1e9).toFixed(2)} GB from survivors (${r.migration_bytes_ratio.toFixed(2)} × the minimum), ${(r.snapshot_bytes / 1e9).toFixed(2)} GB from the snapshot; ${r.remaining} iterations left: ${r.objective_seconds.toFixed(1)} s`,
+      `  period ${r.period_before.toFixed(3)} s -> ${r.period_after.toFixed(3)} s; migration ${r.migration_seconds.toFixed(3)} s: ${(r.migration_bytes / 1e9).toFixed(2)} GB from the devices that hold it (${r.migration_bytes_ratio.toFixed(2)} × the minimum), ${(r.snapshot_bytes / 1e9).toFixed(2)} GB from the snapshot; ${r.remaining} iterations left: ${r.objective_seconds.toFixed(1)} s`,
     );
   }
   if (values.write) console.log(`plan written to ${values.write}`);

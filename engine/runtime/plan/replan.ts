@@ -1,10 +1,13 @@
-// Re-planning after devices are lost for good: a plan on the devices left, searched within the
-// scenario's budget from the current plan (each call kept where its devices all survive, else put
-// on the largest whole block of its old mesh, or of the cluster) and from every call on each
-// largest surviving block. The plans the search keeps are ranked by what the rest of the run costs:
-// the migration (each model moved off its old layout by planMigration — from survivors, and from
-// the snapshot only what the lost devices alone held) plus the remaining iterations × the new
-// period. Pure: the supervisor acts on what it returns.
+// Re-planning when the devices change for good: lost (past their restart intensity, cordoned) or
+// back (a worker that joins for a device the plan no longer uses). A plan on the devices the run
+// has, searched within the scenario's budget from the current plan repaired (each call kept where
+// its devices all remain, else put on the largest whole block of its old mesh, or of the cluster)
+// and from every call on each largest block; the current plan itself stays a candidate where it
+// still fits, at no migration. Candidates are ranked by what the rest of the run costs: the
+// migration (each model moved off its old layout by planMigration — from the devices that hold
+// it, and from the snapshot only what lost devices alone held) plus the remaining iterations × the
+// period. So a device that comes back is used only where the time it saves over the remaining
+// iterations is more than its migration costs. Pure: the supervisor acts on what it returns.
 import { availableDevices, deviceCount, meshAvailable, parseMesh, planMigration, type Layout } from '../../../mesh/parallel/index.ts';
 import type { CallName } from '../scenario/scenario.ts';
 import { coarseInfo, piecesSeconds } from './cost.ts';
@@ -29,6 +32,7 @@ export interface ModelMigration {
 }
 
 export interface Replan {
+  /** Devices the run no longer has, after the change. */
   lost: number[];
   /** The devices the new plan may use. */
   devices: number[];
@@ -40,6 +44,12 @@ export interface Replan {
   /** migration.seconds + remaining × period.after: what the search's kept plans are ranked by. */
   objective: number;
   remaining: number;
+  /** Whether the plan changes (after a loss it must; after a join only where it pays). */
+  changed: boolean;
+  /** remaining × (period.before − period.after): what the new plan saves, against migration.seconds. */
+  gainSeconds: number;
+  /** The decision in a sentence, with both estimates. */
+  why: string;
   search: { seconds: number; evaluations: number; evaluated: number; kept: number };
 }
 
@@ -61,16 +71,37 @@ export function deviceRuns(devices: readonly number[]): string {
   return out.join(', ');
 }
 
+/** What changed: devices lost for good, and devices (lost before) whose workers joined again. */
+export interface DeviceChange {
+  lost?: readonly number[];
+  joined?: readonly number[];
+}
+
+const planKey = (c: Candidate) =>
+  Object.keys(c)
+    .sort()
+    .map((call) => `${call}=${c[call]!.mesh}/${c[call]!.dp}/${c[call]!.tp}/${c[call]!.pp}`)
+    .join('|');
+
 /**
- * The best plan for the rest of the run on the devices `lost` leaves. `current`: the plan the run
- * has now, on the whole cluster; `remaining`: the iterations still to run.
+ * The best plan for the rest of the run once `change` has happened. `problem.cluster.lost`: the
+ * devices the run had already lost, which `current` (the plan it has now) does not use;
+ * `remaining`: the iterations still to run.
  */
-export function replan(problem: Problem, current: Candidate, lost: readonly number[], o: { remaining: number; search: SearchOptions }): Replan {
+export function replan(problem: Problem, current: Candidate, change: DeviceChange, o: { remaining: number; search: SearchOptions }): Replan {
   const total = deviceCount(problem.cluster);
-  const gone = [...new Set([...(problem.cluster.lost ?? []), ...lost])].sort((a, b) => a - b);
-  for (const d of lost) {
+  const lostBefore = new Set(problem.cluster.lost ?? []);
+  const lost = change.lost ?? [];
+  const joined = change.joined ?? [];
+  for (const d of [...lost, ...joined]) {
     if (!Number.isInteger(d) || d < 0 || d >= total) throw new ReplanError(`device ${d}: the cluster has ${range(total)}`);
   }
+  for (const d of joined) {
+    if (!lostBefore.has(d)) throw new ReplanError(`device ${d} joined, but the run has not lost it: it is the plan's already`);
+    if (lost.includes(d)) throw new ReplanError(`device ${d} is both lost and joined`);
+  }
+  for (const d of lost) if (lostBefore.has(d)) throw new ReplanError(`device ${d} is lost already`);
+  const gone = [...new Set([...lostBefore, ...lost])].filter((d) => !joined.includes(d)).sort((a, b) => a - b);
   const cluster = { ...problem.cluster, lost: gone };
   const devices = availableDevices(cluster);
   if (devices.length === 0) throw new ReplanError(`no device is left: the cluster's ${range(total)} are all lost`);
@@ -82,26 +113,42 @@ export function replan(problem: Problem, current: Candidate, lost: readonly numb
   const found = search(ev, starts, { ...o.search, keep: Math.max(o.search.keep ?? 0, 8) });
   const seconds = (performance.now() - t0) / 1000;
   const kept = found.best.length ? found.best.map((b) => b.plan) : starts;
-  const ranked = kept
+  // The plan the run has stays a candidate where it still fits the devices: moving costs nothing.
+  const stays = Object.values(current).every((p) => meshAvailable(p.mesh, cluster));
+  const candidates = stays && !kept.some((c) => planKey(c) === planKey(current)) ? [current, ...kept] : kept;
+  const lostNow = new Set(lost);
+  const ranked = candidates
     .map((plan) => {
       const evaluation = ev.evaluate(plan, true);
-      const migration = migrationOf(problem, current, plan, new Set(gone));
+      const migration = migrationOf(problem, current, plan, lostNow);
       return { plan, evaluation, migration, objective: migration.seconds + o.remaining * evaluation.iterationSeconds };
     })
     .sort((a, b) => Number(b.evaluation.feasible) - Number(a.evaluation.feasible) || a.objective - b.objective);
   const best = ranked[0]!;
   if (!best.evaluation.feasible) {
-    throw new ReplanError(`no plan fits the ${devices.length} device(s) left (${deviceRuns(devices)}) after losing ${deviceRuns(lost)}: ${best.evaluation.why}`);
+    throw new ReplanError(`no plan fits the ${devices.length} device(s) left (${deviceRuns(devices)}) after losing ${deviceRuns([...gone])}: ${best.evaluation.why}`);
   }
+  const after = best.evaluation.iterationSeconds;
+  const changed = planKey(best.plan) !== planKey(current);
+  const gainSeconds = o.remaining * (before - after);
+  const s = (x: number) => `${x.toFixed(1)} s`;
+  const why = lost.length
+    ? `device(s) ${deviceRuns(lost)} lost: a new plan on ${devices.length} device(s), ${s(after)} per iteration (was ${s(before)}), after a migration of ${s(best.migration.seconds)}`
+    : changed
+      ? `device(s) ${deviceRuns(joined)} joined and are used: they save ${s(gainSeconds)} over ${o.remaining} iterations, more than the migration's ${s(best.migration.seconds)}`
+      : `device(s) ${deviceRuns(joined)} joined and are left idle: no plan that uses them saves more over ${o.remaining} iterations than its migration costs`;
   return {
     lost: gone,
     devices,
     plan: best.plan,
     evaluation: best.evaluation,
-    period: { before, after: best.evaluation.iterationSeconds },
+    period: { before, after },
     migration: best.migration,
     objective: best.objective,
     remaining: o.remaining,
+    changed,
+    gainSeconds,
+    why,
     search: { seconds, evaluations: found.evaluations, evaluated: found.evaluated, kept: ranked.length },
   };
 }
