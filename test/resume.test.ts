@@ -1,11 +1,14 @@
 // A run stopped after iteration k and resumed from its checkpoint ends bit-identical to a run that
 // was never stopped: weights and optimizer state come back exactly, and prompts, sampling and
 // mini-batches are seeded by iteration.
-import { readFileSync, writeFileSync } from 'node:fs';
+import { cpSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { launch } from '../engine/cli/launch.ts';
 import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
+import { readResume } from '../engine/runtime/index.ts';
+import { PROTOCOL_VERSION } from '../mesh/wire/index.ts';
+import { Packr } from 'msgpackr';
 import { smallScenario, tempDir } from './helpers.ts';
 
 const quiet = { phase() {}, iteration() {}, stop() {} };
@@ -38,6 +41,43 @@ describe('npm run scenario -- --resume RUN_DIR', () => {
     expect(resumed.summary!.digests).toEqual(whole.summary!.digests);
     expect(rewards(join(dir, 'resumed'))).toEqual(rewards(join(dir, 'whole')));
   }, 180_000);
+
+  it('goes on with another plan: the checkpoint, taken tensor-parallel, resharded onto a pipeline; two such resumes end alike', async () => {
+    const dir = tempDir();
+    const planned = (name: string, n: number, strategy: string) =>
+      withIterations(dir, name, n, `algorithm: { name: grpo, group: 2 }\ncluster: { nodes: 1, devices_per_node: 2 }\nplan:\n  actor.train: { mesh: "0:0-1", ${strategy} }`);
+    const first = join(dir, 'tp');
+    const stopped = await launch({ scenario: loadScenario(planned('tp', 2, 'tp: 2')), run: `tp${Date.now()}`, out: first, progress: quiet, say: () => {} });
+    expect(stopped.code).toBe(0);
+    const pp = planned('pp', 3, 'pp: 2');
+    const ends: string[][] = [];
+    for (const copy of ['a', 'b']) {
+      const out = join(dir, `pp-${copy}`);
+      cpSync(first, out, { recursive: true });
+      const resumed = await launch({ scenario: loadScenario(pp), run: `pp${copy}${Date.now()}`, out, resume: true, progress: quiet, say: () => {} });
+      expect(resumed.code, readFileSync(join(out, 'logs', 'supervisor.log'), 'utf8')).toBe(0);
+      expect(resumed.summary!.iterations).toBe(3);
+      expect(rewards(out)).toHaveLength(3);
+      expect(readFileSync(join(out, 'logs', 'supervisor.log'), 'utf8')).toMatch(/resuming after iteration 1 from .*, resharding 'actor' onto this plan/);
+      ends.push(resumed.summary!.digests as unknown as string[]);
+    }
+    expect(ends[1]).toEqual(ends[0]);
+    // The iterations before the checkpoint are the tensor-parallel run's own.
+    expect(rewards(join(dir, 'pp-a')).slice(0, 2)).toEqual(rewards(first));
+  }, 300_000);
+
+  it('reads a checkpoint written by protocol 1 (only how chunks travel changed since), and refuses one of an unknown version', () => {
+    const dir = tempDir();
+    const packr = new Packr({ useRecords: false, moreTypes: true, mapsAsObjects: true });
+    const models = { actor: [{ tensors: [{ name: 'wte', shape: [2], data: new Float32Array([1, -0]) }] }] };
+    writeFileSync(join(dir, 'checkpoint.msgpack'), packr.pack({ type: 'checkpoint', v: 1, iteration: 4, models }));
+    const old = readResume(dir);
+    expect(old.iteration).toBe(4);
+    expect(old.layouts).toBeUndefined();
+    expect(Array.from(old.checkpoint.actor![0]!.tensors[0]!.data)).toEqual([1, -0]);
+    writeFileSync(join(dir, 'checkpoint.msgpack'), packr.pack({ type: 'checkpoint', v: 9, iteration: 4, models }));
+    expect(() => readResume(dir)).toThrow(`expected protocol version v=1 or v=${PROTOCOL_VERSION}, got 9`);
+  });
 
   it('says what is missing when a run directory has no checkpoint', async () => {
     const dir = tempDir();

@@ -20,6 +20,7 @@ export * from './run/run.ts';
 export * from './run/setup.ts';
 export * from './scenario/scenario.ts';
 export * from './store/store.ts';
+export * from './store/reshard.ts';
 export * from './supervisor/supervision.ts';
 export * from './supervisor/supervisor.machine.ts';
 export * from './plan/catalog.ts';

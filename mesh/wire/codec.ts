@@ -89,7 +89,7 @@ function unframe(subject: string, bytes: Uint8Array): unknown {
  * Bytes to a typed message, or a ProtocolError naming the subject and what was wrong.
  * `schema` is the set of messages this subject accepts.
  */
-export function decode<S extends z.ZodType>(subject: string, bytes: Uint8Array, schema: S, expectVersion: number = PROTOCOL_VERSION): z.infer<S> {
+export function decode<S extends z.ZodType>(subject: string, bytes: Uint8Array, schema: S, expectVersion: number | readonly number[] = PROTOCOL_VERSION): z.infer<S> {
   let raw: unknown;
   if (isFramed(bytes)) raw = unframe(subject, bytes);
   else {
@@ -103,8 +103,9 @@ export function decode<S extends z.ZodType>(subject: string, bytes: Uint8Array, 
     throw new ProtocolError(subject, `expected a msgpack map with 'type' and 'v', got ${typeof raw}`);
   }
   const version = (raw as { v?: unknown }).v;
-  if (version !== expectVersion) {
-    throw new ProtocolError(subject, `expected protocol version v=${expectVersion}, got ${JSON.stringify(version) ?? 'none'}`);
+  const versions: readonly number[] = typeof expectVersion === 'number' ? [expectVersion] : expectVersion;
+  if (!versions.includes(version as number)) {
+    throw new ProtocolError(subject, `expected protocol version v=${versions.join(' or v=')}, got ${JSON.stringify(version) ?? 'none'}`);
   }
   const parsed = schema.safeParse(raw);
   if (!parsed.success) {

@@ -114,13 +114,21 @@ export const Checkpoint = z.strictObject({
 });
 export type Checkpoint = z.infer<typeof Checkpoint>;
 
+/**
+ * The protocol versions whose checkpoint files read as this one's: version 2 changed only how
+ * chunks travel, so a run directory written by version 1 still resumes.
+ */
+export const CHECKPOINT_VERSIONS = [1, PROTOCOL_VERSION] as const;
+
 /** A run's checkpoint file: every rank of the kept models (those with parameters) after `iteration`. */
 export const CheckpointFile = z.strictObject({
   type: z.literal('checkpoint'),
-  v,
+  v: z.union([z.literal(1), v]),
   /** -1: taken after setup, before the first iteration. */
   iteration: z.number().int().min(-1),
   models: z.record(z.string(), z.array(Checkpoint)),
+  /** The layout each model's ranks were taken on (a run goes on with another plan by resharding); absent in older files. */
+  layouts: z.record(z.string(), Layout).optional(),
 });
 
 const TensorManifest = z.strictObject({ name: z.string(), shape: z.array(nat), sha256: z.string() });

@@ -3,7 +3,8 @@
 import { appendFileSync, existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { decode, encode } from '../../../mesh/wire/index.ts';
-import { CheckpointFile, Metrics, PROTOCOL_VERSION, type EpisodeRecordWire } from '../../../mesh/wire/index.ts';
+import { CHECKPOINT_VERSIONS, CheckpointFile, Metrics, PROTOCOL_VERSION, type EpisodeRecordWire } from '../../../mesh/wire/index.ts';
+import type { Layout } from '../../../mesh/parallel/index.ts';
 import type { CheckpointSet } from '../run/setup.ts';
 import type { TransportStats } from '../dispatch/dispatch.ts';
 import type { RolloutAccount } from '../../device/index.ts';
@@ -97,9 +98,9 @@ export class RunDirectory implements Recorder {
   }
 
   /** The checkpoint after `iteration`, replacing the last one only once it is written whole. */
-  saveCheckpoint(iteration: number, set: CheckpointSet): void {
+  saveCheckpoint(iteration: number, set: CheckpointSet, layouts?: Record<string, Layout>): void {
     const file = join(this.dir, 'checkpoint.msgpack');
-    writeFileSync(`${file}.tmp`, encode({ type: 'checkpoint', v: PROTOCOL_VERSION, iteration, models: set }));
+    writeFileSync(`${file}.tmp`, encode({ type: 'checkpoint', v: PROTOCOL_VERSION, iteration, models: set, ...(layouts ? { layouts } : {}) }));
     renameSync(`${file}.tmp`, file);
   }
   phase(): void {}
@@ -145,10 +146,10 @@ export class ResumeError extends Error {
 }
 
 /** What a run directory holds to go on from: its last checkpoint and the metrics up to it. */
-export function readResume(dir: string): { iteration: number; checkpoint: CheckpointSet; history: Metrics[] } {
+export function readResume(dir: string): { iteration: number; checkpoint: CheckpointSet; layouts?: Record<string, Layout>; history: Metrics[] } {
   const file = join(dir, 'checkpoint.msgpack');
   if (!existsSync(file)) throw new ResumeError(`${dir} has no checkpoint.msgpack to resume from (checkpoint.every: 0, or the run ended before its first iteration)`);
-  const c = decode(file, readFileSync(file), CheckpointFile);
+  const c = decode(file, readFileSync(file), CheckpointFile, CHECKPOINT_VERSIONS);
   const metricsFile = join(dir, 'metrics.jsonl');
   const lines = existsSync(metricsFile) ? readFileSync(metricsFile, 'utf8').split('\n').filter(Boolean) : [];
   const history = lines.map((l, i) => {
@@ -156,5 +157,5 @@ export function readResume(dir: string): { iteration: number; checkpoint: Checkp
     if (!parsed.success) throw new ResumeError(`${metricsFile}:${i + 1}: not a metrics line: ${parsed.error.message}`);
     return parsed.data;
   });
-  return { iteration: c.iteration, checkpoint: c.models, history: history.filter((m) => m.iteration <= c.iteration) };
+  return { iteration: c.iteration, checkpoint: c.models, ...(c.layouts ? { layouts: c.layouts } : {}), history: history.filter((m) => m.iteration <= c.iteration) };
 }

@@ -3,7 +3,7 @@
 // models that start from another, a learned reward model's training, and checkpoints of every
 // kept model's ranks. run.ts holds the calls on meshes these are made of.
 import type { Checkpoint } from '../../../mesh/wire/index.ts';
-import { shardSlices, sliceShape } from '../../../mesh/parallel/index.ts';
+import { shardSlices, sliceShape, type Layout } from '../../../mesh/parallel/index.ts';
 import { isHead, modelInfo, parameterShapes, type GptSpec } from '../../model/index.ts';
 import { Stream, seedOf } from '../../model/index.ts';
 import { turnCodec } from '../../episodes/index.ts';
@@ -25,6 +25,11 @@ const optimized = (r: RunSpec, model: string) => declOf(r, model).trained || lea
 
 /** The learning rate a model's optimizer takes, if it has one. */
 const lrOf = (r: RunSpec, model: string) => (learnedReward(r, model) ? r.scenario.reward.model!.lr : declOf(r, model).trained ? declOf(r, model).lr : undefined);
+
+/** The layout each kept model's checkpoint ranks are taken on: its owner's. */
+export function checkpointLayouts(r: RunSpec): Record<string, Layout> {
+  return Object.fromEntries(keptModels(r).map((model) => [model, layoutOf(r, ownerOf(r, model))]));
+}
 
 /** Every rank of every kept model, at the end of an iteration: weights, and optimizer state where it trains. */
 export async function takeCheckpoint(d: Dispatcher, r: RunSpec, iteration: number): Promise<CheckpointSet> {

@@ -13,6 +13,7 @@
 import type { Demonstrate } from '../../environments/index.ts';
 import { assign, fromCallback, fromPromise, setup } from 'xstate';
 import type { Metrics } from '../../../mesh/wire/index.ts';
+import type { Layout } from '../../../mesh/parallel/index.ts';
 import { CallError, fence, type Dispatcher } from '../dispatch/dispatch.ts';
 import { accountRollouts } from '../../device/index.ts';
 import { mean } from '../../algorithms/index.ts';
@@ -20,7 +21,7 @@ import { episodeFigures } from '../../environments/index.ts';
 import { asynchronySummary, median, rewardWindows, type Recorder, type RolloutAccount, type Summary } from '../record/record.ts';
 import type { Progress, RunStore } from '../store/store.ts';
 import { finalDigests, planDevices, rolloutField, ruleScore, responseStats, runIteration, trainedRollouts, type IterationResult, type RewardSources, type RunSpec } from '../run/run.ts';
-import { setupModels, takeCheckpoint, type CheckpointSet } from '../run/setup.ts';
+import { checkpointLayouts, setupModels, takeCheckpoint, type CheckpointSet } from '../run/setup.ts';
 import { Intensity } from './supervision.ts';
 
 export interface SupervisorInput {
@@ -31,7 +32,8 @@ export interface SupervisorInput {
   /** Where rollouts, scores, snapshots and progress live (JetStream over NATS). */
   store: RunStore;
   /** Also keep each snapshot in the run directory (for --resume); none when absent. */
-  saveCheckpoint?: (iteration: number, set: CheckpointSet) => Promise<void>;
+  /** Writes a checkpoint where a user finds it; `layouts`: what each model's ranks were taken on. */
+  saveCheckpoint?: (iteration: number, set: CheckpointSet, layouts: Record<string, Layout>) => Promise<void>;
   /** Continue a run: its last checkpoint, the iteration it was taken after, and the metrics so far. */
   resume?: { iteration: number; checkpoint: CheckpointSet; history: Metrics[] };
   /** Take over a run whose supervisor died: its progress in the store. */
@@ -157,7 +159,7 @@ export const supervisorMachine = setup({
       const t1 = performance.now();
       const { bytes } = await input.store.saveSnapshot(input.iteration, set);
       const t2 = performance.now();
-      await input.save?.(input.iteration, set);
+      await input.save?.(input.iteration, set, checkpointLayouts(input.r));
       return { bytes, fetch_seconds: (t1 - t0) / 1000, store_seconds: (t2 - t1) / 1000 };
     }),
     saveProgress: fromPromise(({ input }: { input: { store: RunStore; progress: Progress } }) => input.store.saveProgress(input.progress)),

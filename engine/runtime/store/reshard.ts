@@ -1,0 +1,100 @@
+// A checkpoint taken on one layout, put onto another: each model's ranks joined into whole tensors
+// (weights, and the optimizer's two moments, which are elementwise and so slice as the weights
+// do), then cut as the new layout's ranks hold them. Every element is copied, never computed, so
+// the logical tensors after are the ones before, bit for bit. What a resumed run needs when it
+// goes on with another plan (`--resume RUN_DIR --plan PLAN.yaml`), and what a re-planned run will
+// restore from its snapshot.
+import { cut, layoutKey, paste, shardSlices, sliceShape, type Layout } from '../../../mesh/parallel/index.ts';
+import type { Checkpoint, LedgerEntry } from '../../../mesh/wire/index.ts';
+import { modelInfo, type GptSpec } from '../../model/index.ts';
+import type { CheckpointSet } from '../run/setup.ts';
+import { layoutOf, modelSpec, ownerOf, type RunSpec } from '../run/run.ts';
+
+export class ReshardError extends Error {
+  override name = 'ReshardError';
+}
+
+type Whole = Map<string, Float32Array>;
+
+/** One field of every rank (weights, first or second moment) joined into whole tensors. */
+function join(spec: GptSpec, layout: Layout, shards: readonly Checkpoint[], model: string, field: (c: Checkpoint) => ReadonlyArray<{ name: string; data: Float32Array }>, what: string): Whole {
+  const info = modelInfo(spec);
+  const whole: Whole = new Map(info.params.map((p) => [p.name, new Float32Array(p.shape.reduce((a, b) => a * b, 1))]));
+  const filled = new Map<string, number>();
+  shards.forEach((shard, rank) => {
+    const slices = new Map(shardSlices(info, layout, rank).map((s) => [s.name, s]));
+    for (const t of field(shard)) {
+      const s = slices.get(t.name);
+      const w = whole.get(t.name);
+      if (!s || !w) throw new ReshardError(`'${model}': rank ${rank} of the checkpoint holds ${what} '${t.name}', which its layout does not give it`);
+      const size = sliceShape(s).reduce((a, b) => a * b, 1);
+      if (t.data.length !== size) throw new ReshardError(`'${model}': rank ${rank}'s ${what} '${t.name}' has ${t.data.length} elements; its layout gives it [${sliceShape(s)}]`);
+      paste(w, { ...s, axis: null, start: 0, end: s.shape[0]! }, s, t.data);
+      filled.set(t.name, (filled.get(t.name) ?? 0) + t.data.length);
+    }
+  });
+  for (const p of info.params) {
+    // Replicated slices repeat on every tensor or data-parallel rank: at least the whole must be there.
+    if ((filled.get(p.name) ?? 0) < whole.get(p.name)!.length) throw new ReshardError(`'${model}': the checkpoint's ranks do not cover ${what} '${p.name}'`);
+  }
+  return whole;
+}
+
+/** The slices of whole tensors that rank `rank` of `layout` holds, in its own order. */
+function split(spec: GptSpec, layout: Layout, rank: number, whole: Whole): Array<{ name: string; shape: number[]; data: Float32Array }> {
+  return shardSlices(modelInfo(spec), layout, rank).map((s) => ({
+    name: s.name,
+    shape: sliceShape(s),
+    data: cut(whole.get(s.name)!, { ...s, axis: null, start: 0, end: s.shape[0]! }, s).slice(),
+  }));
+}
+
+const sameLedger = (a: readonly LedgerEntry[] | undefined, b: readonly LedgerEntry[] | undefined) => JSON.stringify(a ?? []) === JSON.stringify(b ?? []);
+
+/**
+ * One model's ranks, taken on layout `from`, as the ranks of layout `to` would hold the same
+ * state: weights, optimizer moments (and its step) and the ledger, which every rank keeps alike.
+ */
+export function reshard(spec: GptSpec, model: string, from: Layout, shards: readonly Checkpoint[], to: Layout): Checkpoint[] {
+  if (shards.length !== from.devices.length) throw new ReshardError(`'${model}': the checkpoint holds ${shards.length} rank(s); the layout it was taken on has ${from.devices.length}`);
+  if (layoutKey(from) === layoutKey(to)) return [...shards];
+  const first = shards[0]!;
+  shards.forEach((s, rank) => {
+    if (!sameLedger(s.ledger, first.ledger)) throw new ReshardError(`'${model}': ranks 0 and ${rank} of the checkpoint trained on different rollouts (their ledgers differ)`);
+    if ((s.optimizer === undefined) !== (first.optimizer === undefined) || (s.optimizer && s.optimizer.step !== first.optimizer!.step)) {
+      throw new ReshardError(`'${model}': ranks 0 and ${rank} of the checkpoint hold different optimizer states`);
+    }
+  });
+  const weights = join(spec, from, shards, model, (c) => c.tensors, 'weight');
+  const moments = first.optimizer && {
+    m: join(spec, from, shards, model, (c) => c.optimizer!.moments.map((x) => ({ name: x.name, data: x.m })), 'first moment'),
+    v: join(spec, from, shards, model, (c) => c.optimizer!.moments.map((x) => ({ name: x.name, data: x.v })), 'second moment'),
+  };
+  return to.devices.map((_, rank) => {
+    const tensors = split(spec, to, rank, weights);
+    const out: Checkpoint = { tensors };
+    if (moments) {
+      const m = split(spec, to, rank, moments.m);
+      const v = split(spec, to, rank, moments.v);
+      out.optimizer = { step: first.optimizer!.step, moments: m.map((t, i) => ({ name: t.name, m: t.data, v: v[i]!.data })) };
+    }
+    if (first.ledger) out.ledger = first.ledger.map((e) => ({ ...e }));
+    return out;
+  });
+}
+
+/**
+ * A run's checkpoint put onto the run's own plan: each model taken on another layout (`layouts`,
+ * as the checkpoint recorded them) resharded; a checkpoint that recorded none is taken as it is.
+ */
+export function reshardToPlan(r: RunSpec, set: CheckpointSet, layouts: Readonly<Record<string, Layout>> | undefined): CheckpointSet {
+  if (!layouts) return set;
+  return Object.fromEntries(
+    Object.entries(set).map(([model, shards]) => {
+      const from = layouts[model];
+      const decl = r.graph.models.find((m) => m.name === model);
+      if (!from || !decl) return [model, shards];
+      return [model, reshard(modelSpec(r, model) as GptSpec, model, from, shards, layoutOf(r, ownerOf(r, model)))];
+    }),
+  );
+}
