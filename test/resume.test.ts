@@ -1,7 +1,7 @@
 // A run stopped after iteration k and resumed from its checkpoint ends bit-identical to a run that
 // was never stopped: weights and optimizer state come back exactly, and prompts, sampling and
 // mini-batches are seeded by iteration.
-import { cpSync, readFileSync, writeFileSync } from 'node:fs';
+import { copyFileSync, cpSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { launch } from '../engine/cli/launch.ts';
@@ -9,7 +9,7 @@ import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
 import { readResume } from '../engine/runtime/index.ts';
 import { PROTOCOL_VERSION } from '../mesh/wire/index.ts';
 import { Packr } from 'msgpackr';
-import { smallScenario, tempDir } from './helpers.ts';
+import { ROOT, smallScenario, spawnTs, tempDir } from './helpers.ts';
 
 const quiet = { phase() {}, iteration() {}, stop() {} };
 const rewards = (dir: string) =>
@@ -64,6 +64,42 @@ describe('npm run scenario -- --resume RUN_DIR', () => {
     expect(ends[1]).toEqual(ends[0]);
     // The iterations before the checkpoint are the tensor-parallel run's own.
     expect(rewards(join(dir, 'pp-a')).slice(0, 2)).toEqual(rewards(first));
+  }, 300_000);
+
+  it('a device lost for good, by hand: npm run plan --lose --write plans the devices left, and the run goes on there from its checkpoint', async () => {
+    const dir = tempDir();
+    const file = withIterations(
+      dir,
+      'two-devices',
+      3,
+      'algorithm: { name: grpo, group: 2 }\ncluster: { nodes: 1, devices_per_node: 2 }\nplan:\n  actor.train: { mesh: "0:0-1", dp: 2 }\n  actor.generate: { mesh: "0:0-1", dp: 2 }',
+    );
+    const out = join(dir, 'run');
+    const two = withIterations(
+      dir,
+      'two-devices-2',
+      2,
+      'algorithm: { name: grpo, group: 2 }\ncluster: { nodes: 1, devices_per_node: 2 }\nplan:\n  actor.train: { mesh: "0:0-1", dp: 2 }\n  actor.generate: { mesh: "0:0-1", dp: 2 }',
+    );
+    const stopped = await launch({ scenario: loadScenario(two), run: `two${Date.now()}`, out, progress: quiet, say: () => {} });
+    expect(stopped.code).toBe(0);
+    // Device 1 is gone: plan the rest of the run without it.
+    const planFile = join(dir, 'without-1.yaml');
+    // The planner prices a local scenario with this machine's profile (profiles/local.json where it
+    // runs): ferry's shipped one stands in for `npm run profile`.
+    mkdirSync(join(dir, 'profiles'));
+    copyFileSync(join(ROOT, 'profiles', 'default-local.json'), join(dir, 'profiles', 'local.json'));
+    const p = spawnTs('engine/cli/plan.ts', [file, '--lose', '1', '--remaining', '1', '--budget', '1', '--max-lag', '0', '--write', planFile], {}, { cwd: dir });
+    expect(await p.exited, p.output()).toBe(0);
+    expect(p.output()).toMatch(/device\(s\) 1 lost: a new plan on 1 device\(s\)/);
+    const resumed = await launch({ scenario: loadScenario(file, planFile), run: `one${Date.now()}`, out, resume: true, progress: quiet, say: () => {} });
+    expect(resumed.code, readFileSync(join(out, 'logs', 'supervisor.log'), 'utf8')).toBe(0);
+    expect(resumed.summary!.iterations).toBe(3);
+    expect(readFileSync(join(out, 'logs', 'supervisor.log'), 'utf8')).toMatch(/resharding 'actor'/);
+    // Every call of the rest of the run on device 0.
+    const plan = JSON.parse(readFileSync(join(out, 'summary.json'), 'utf8')).plan as Record<string, { mesh: string }>;
+    expect(Object.keys(plan).length).toBeGreaterThan(1);
+    for (const [call, p] of Object.entries(plan)) expect(p.mesh, call).toBe('0:0');
   }, 300_000);
 
   it('reads a checkpoint written by protocol 1 (only how chunks travel changed since), and refuses one of an unknown version', () => {

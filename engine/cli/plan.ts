@@ -118,15 +118,16 @@ runMain(async () => {
   if (placement === 'search' && !evaluation.feasible) {
     throw new Error(`no feasible plan found for ${problem.name} in ${best.search?.evaluated ?? 0} plans (every named plan: ${PLACEMENTS.map((n) => ev.evaluate(namedPlan(ev, n)).why).join('; ')})`);
   }
-  /** --lose, then --join: the re-plans, each from the plan before it. */
-  function changes() {
-    if (!lose) return {};
+  /** --lose, then --join: the re-plans, each from the plan before it, and the plan they end with. */
+  function changes(): { report: { replan?: ReturnType<typeof replanReport>; rejoin?: ReturnType<typeof replanReport> }; plan?: Candidate } {
+    if (!lose) return { report: {} };
     const o = { remaining: remainingArg ?? scenario.rl.iterations, search: { evaluations: evaluationsFor(budget), seed } };
     const lost = replan(problem, chosen, { lost: lose }, o);
-    if (join.length === 0) return { replan: replanReport(lost) };
+    if (join.length === 0) return { report: { replan: replanReport(lost) }, plan: lost.plan };
     const back = replan({ ...problem, cluster: { ...problem.cluster, lost: lost.lost } }, lost.plan, { joined: join }, o);
-    return { replan: replanReport(lost), rejoin: replanReport(back) };
+    return { report: { replan: replanReport(lost), rejoin: replanReport(back) }, plan: back.plan };
   }
+  const changed = changes();
   const named = Object.fromEntries(PLACEMENTS.map((n) => [n, namedPlan(ev, n)])) as Record<NamedPlacement, Candidate>;
   const baselines = Object.fromEntries(PLACEMENTS.map((n) => [n, ev.evaluate(named[n]).iterationSeconds]));
   const searchInfo = best.search;
@@ -147,9 +148,10 @@ runMain(async () => {
     estimated_speedup: choice.speedup,
     lags: choice.tried.map((t) => ({ lag: t.lag, iteration_seconds: t.evaluation.iterationSeconds, feasible: t.evaluation.feasible })),
     asynchrony: choice.why,
-    ...changes(),
+    ...changed.report,
   };
-  if (values.write) writeFileSync(values.write, planYaml(chosen, placement === 'search' ? best.lag : 0));
+  // With --lose, the plan for the devices left: a run stopped for the loss goes on with it (--resume RUN_DIR --plan).
+  if (values.write) writeFileSync(values.write, planYaml(changed.plan ?? chosen, placement === 'search' ? best.lag : 0));
   if (values.html) {
     writeFileSync(
       values.html,
