@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { launch } from '../engine/cli/launch.ts';
 import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
-import { readResume } from '../engine/runtime/index.ts';
+import { readResume, sampleRun } from '../engine/runtime/index.ts';
 import { PROTOCOL_VERSION } from '../mesh/wire/index.ts';
 import { Packr } from 'msgpackr';
 import { ROOT, smallScenario, spawnTs, tempDir } from './helpers.ts';
@@ -64,6 +64,15 @@ describe('npm run scenario -- --resume RUN_DIR', () => {
     expect(ends[1]).toEqual(ends[0]);
     // The iterations before the checkpoint are the tensor-parallel run's own.
     expect(rewards(join(dir, 'pp-a')).slice(0, 2)).toEqual(rewards(first));
+    // A resumed run that died before its first checkpoint on the new plan has the new scenario.json
+    // beside the old checkpoint: sampling still reads the checkpoint on the layout it was taken on.
+    const died = join(dir, 'died');
+    cpSync(first, died, { recursive: true });
+    writeFileSync(join(died, 'scenario.json'), JSON.stringify(loadScenario(pp)));
+    const prompt = [1, 2, 3, 4];
+    const before = await sampleRun(first, { tokens: prompt, greedy: true });
+    const after = await sampleRun(died, { tokens: prompt, greedy: true });
+    expect(after.tokens).toEqual(before.tokens);
   }, 300_000);
 
   it('a device lost for good, by hand: npm run plan --lose --write plans the devices left, and the run goes on there from its checkpoint', async () => {

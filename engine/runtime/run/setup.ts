@@ -10,6 +10,7 @@ import { turnCodec } from '../../episodes/index.ts';
 import { demonstrations } from '../../device/index.ts';
 import { demoRows, episodesSpec, type Demonstrate } from '../../environments/index.ts';
 import { CallError, type Dispatcher } from '../dispatch/dispatch.ts';
+import { shardsProblem } from '../store/reshard.ts';
 import { basePolicy, callMesh, declOf, eosOf, episodeTaskOf, layoutOf, learnedReward, loadModel, modelSpec, ownerOf, reallocate, samplingOf, type Moved, type RunSpec } from './run.ts';
 
 /** Per kept model, one checkpoint per rank of its owner layout. */
@@ -72,9 +73,8 @@ export async function setupModels(
   if (resume) {
     const kept = keptModels(r);
     for (const model of kept) {
-      const ranks = layoutOf(r, ownerOf(r, model)).devices.length;
-      const held = resume[model]?.length ?? 0;
-      if (held !== ranks) throw new Error(`the checkpoint holds ${held} rank(s) of '${model}'; the plan gives it ${ranks}`);
+      const problem = shardsProblem(modelSpec(r, model) as GptSpec, model, layoutOf(r, ownerOf(r, model)), resume[model] ?? []);
+      if (problem) throw new Error(problem);
     }
     await Promise.all(kept.flatMap((model) => layoutOf(r, ownerOf(r, model)).devices.map((device, rank) => d.restoreShard(device, model, -1, resume[model]![rank]!))));
     return { parameters };

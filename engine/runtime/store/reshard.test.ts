@@ -3,7 +3,7 @@ import { checkStrategy, cut as cutOf, shardSlices, sliceShape, type Layout } fro
 import type { Checkpoint } from '../../../mesh/wire/index.ts';
 import { modelInfo, type GptSpec } from '../../model/index.ts';
 import { wholeTensors } from '../tools/export.ts';
-import { ReshardError, reshard } from './reshard.ts';
+import { ReshardError, reshard, shardsProblem } from './reshard.ts';
 
 const spec: GptSpec = { kind: 'policy', vocab: 11, context: 9, layers: 2, width: 16, heads: 4 };
 const info = modelInfo(spec);
@@ -85,5 +85,18 @@ describe('resharding a checkpoint onto another layout', () => {
     expect(() => reshard(spec, 'actor', tp2, [shards[0]!], pp2)).toThrow("'actor': the checkpoint holds 1 rank(s); the layout it was taken on has 2");
     const swapped = [shards[1]!, { ...shards[0]!, tensors: [...shards[0]!.tensors, { name: 'nope', shape: [1], data: new Float32Array(1) }] }];
     expect(() => reshard(spec, 'actor', tp2, swapped, pp2)).toThrow("'actor': rank 1 of the checkpoint holds weight 'nope', which its layout does not give it");
+  });
+
+  it('says why ranks do not fit a layout before anything is sent: their count, a shape, a tensor missing or foreign', () => {
+    const tp2: Layout = { devices: [0, 1], dp: 1, tp: 2, pp: 1 };
+    const pp2: Layout = { devices: [0, 1], dp: 1, tp: 1, pp: 2 };
+    const shards = checkpointOn(tp2);
+    expect(shardsProblem(spec, 'actor', tp2, shards)).toBeUndefined();
+    expect(shardsProblem(spec, 'actor', { devices: [0], dp: 1, tp: 1, pp: 1 }, shards)).toBe("the checkpoint holds 2 rank(s) of 'actor'; the plan gives it 1");
+    expect(shardsProblem(spec, 'actor', pp2, shards)).toMatch(
+      /^rank 0 of the checkpoint of 'actor' holds '[\w.]+' as \[[\d,]+\]; the plan's layout gives that rank \[[\d,]+\] \(a checkpoint taken on another layout, which it does not record\)$|^rank 0 of the checkpoint of 'actor' holds '[\w.]+', which rank 0 of the plan's layout does not$/,
+    );
+    const short = [{ ...shards[0]!, tensors: shards[0]!.tensors.slice(1) }, shards[1]!];
+    expect(shardsProblem(spec, 'actor', tp2, short)).toBe(`rank 0 of the checkpoint of 'actor' lacks '${shards[0]!.tensors[0]!.name}'`);
   });
 });

@@ -49,6 +49,28 @@ function split(spec: GptSpec, layout: Layout, rank: number, whole: Whole): Array
   }));
 }
 
+/**
+ * Why a model's checkpoint ranks do not fit `layout`, or undefined: each rank must hold exactly the
+ * weights its rank of the layout holds, in their shapes. Checked before anything is sent, so a
+ * checkpoint taken on another layout is refused by name instead of failing chunk by chunk.
+ */
+export function shardsProblem(spec: GptSpec, model: string, layout: Layout, shards: readonly Checkpoint[]): string | undefined {
+  if (shards.length !== layout.devices.length) return `the checkpoint holds ${shards.length} rank(s) of '${model}'; the plan gives it ${layout.devices.length}`;
+  const info = modelInfo(spec);
+  for (const [rank, shard] of shards.entries()) {
+    const want = new Map(shardSlices(info, layout, rank).map((s) => [s.name, sliceShape(s)]));
+    for (const t of shard.tensors) {
+      const shape = want.get(t.name);
+      if (!shape) return `rank ${rank} of the checkpoint of '${model}' holds '${t.name}', which rank ${rank} of the plan's layout does not`;
+      if (shape.join('x') !== t.shape.join('x'))
+        return `rank ${rank} of the checkpoint of '${model}' holds '${t.name}' as [${t.shape}]; the plan's layout gives that rank [${shape}] (a checkpoint taken on another layout, which it does not record)`;
+      want.delete(t.name);
+    }
+    if (want.size) return `rank ${rank} of the checkpoint of '${model}' lacks ${[...want.keys()].map((n) => `'${n}'`).join(', ')}`;
+  }
+  return undefined;
+}
+
 const sameLedger = (a: readonly LedgerEntry[] | undefined, b: readonly LedgerEntry[] | undefined) => JSON.stringify(a ?? []) === JSON.stringify(b ?? []);
 
 /**

@@ -57,7 +57,7 @@ export async function exportRun(dir: string, o: ExportOptions): Promise<{ model:
     if (e instanceof HfError) throw new ExportError(`${model}: ${e.message}`);
     throw e;
   }
-  const tensors = exportHf(hf, wholeTensors(spec, layoutOf(r, ownerOf(r, model)), resume.checkpoint[model] ?? []));
+  const tensors = exportHf(hf, wholeTensors(spec, resume.layouts?.[model] ?? layoutOf(r, ownerOf(r, model)), resume.checkpoint[model] ?? []));
   const dtype = o.dtype ?? 'f32';
   mkdirSync(o.out, { recursive: true });
   const config = { ...hfConfig(hf), torch_dtype: dtype === 'f32' ? 'float32' : 'bfloat16' };

@@ -13,6 +13,7 @@ import { SafetensorsCheckpoint, TOKENIZER_FILE, TextTokenizer, gptSpecOf, import
 import { LocalDispatcher } from '../dispatch/local-dispatch.ts';
 import { ResumeError, readResume } from '../record/record.ts';
 import { callMesh, layoutOf, modelSpec, ownerOf, runSpec } from '../run/run.ts';
+import { shardsProblem } from '../store/reshard.ts';
 import { loadScenarioFile } from '../scenario/scenario.ts';
 import { TaskError } from '../../device/index.ts';
 
@@ -101,12 +102,15 @@ export async function sampleRun(dir: string, o: SampleOptions): Promise<Sample &
 export async function restorePolicy(p: Awaited<ReturnType<typeof runPolicy>>, fail: (message: string) => Error, bus?: Bus): Promise<{ d: LocalDispatcher; layout: Layout }> {
   const { r, resume, model, spec } = p;
   await initBackend(r.scenario.backend);
-  const layout = layoutOf(r, ownerOf(r, model));
+  // The layout the checkpoint was taken on, where it says (a run resumed on another plan may have
+  // rewritten scenario.json before its first checkpoint on the new plan).
+  const layout = resume.layouts?.[model] ?? layoutOf(r, ownerOf(r, model));
   const d = new LocalDispatcher(Math.max(...layout.devices) + 1, bus);
   try {
     await Promise.all(layout.devices.map((device, rank) => d.call(device, model, -1, { fn: 'load', role: model, spec, layout, rank })));
-    const shards = resume.checkpoint[model];
-    if (shards?.length !== layout.devices.length) throw fail(`the checkpoint holds ${shards?.length ?? 0} rank(s) of '${model}'; its layout has ${layout.devices.length}`);
+    const shards = resume.checkpoint[model] ?? [];
+    const problem = shardsProblem(spec, model, layout, shards);
+    if (problem) throw fail(problem);
     await Promise.all(
       layout.devices.map((device, rank) => {
         const { optimizer: _, ...weights } = shards[rank]!;
