@@ -131,14 +131,14 @@ export class Device {
     if (body.fn === 'preference' && h.layout.devices.length > 1) {
       return new CallRejected('unsupported', `'preference' trains a reward model on a one-device layout; '${model}' on device ${this.index} is one rank of ${h.layout.devices.length}`);
     }
-    if ((body.fn === 'train' || body.fn === 'sft' || body.fn === 'preference') && !(h.shard as ModelShard).trainable) {
+    if ((body.fn === 'train' || body.fn === 'sft' || body.fn === 'preference') && !(h.shard as ModelShard).weights.trainable) {
       return new CallRejected('invalid_state', `'${model}' on device ${this.index} is not on its training layout (no optimizer); '${body.fn}' is refused`);
     }
-    if (body.fn === 'checkpoint' && body.optimizer !== (h.shard as ModelShard).trainable) {
-      const has = (h.shard as ModelShard).trainable ? 'one' : 'none';
+    if (body.fn === 'checkpoint' && body.optimizer !== (h.shard as ModelShard).weights.trainable) {
+      const has = (h.shard as ModelShard).weights.trainable ? 'one' : 'none';
       return new CallRejected('invalid_state', `'${model}' on device ${this.index}: expected ${body.optimizer ? 'an' : 'no'} optimizer state, the shard has ${has}`);
     }
-    if (body.fn === 'restore' && body.optimizer && !(h.shard as ModelShard).trainable) {
+    if (body.fn === 'restore' && body.optimizer && !(h.shard as ModelShard).weights.trainable) {
       return new CallRejected('invalid_state', `'${model}' on device ${this.index} holds no optimizer (not its training layout); the checkpoint has optimizer state`);
     }
     const lossBad = body.fn === 'train' ? lossProblem(body) : undefined;
@@ -260,13 +260,13 @@ export class Device {
     const shard = spec.kind === 'rule' ? new RuleShard(spec) : new GptRank(spec, layout, rank, body.from === undefined ? body.seed : undefined, body.optim, this.comm);
     if (body.from !== undefined && shard instanceof GptRank) {
       try {
-        const loaded = readHfWeights(body.from, shard.spec, shard.parameterNames());
-        shard.importWhole(loaded);
+        const loaded = readHfWeights(body.from, shard.spec, shard.weights.parameterNames());
+        shard.weights.importWhole(loaded);
         const have = new Set(loaded.map((t) => t.name));
         if (body.seed !== undefined)
-          shard.seedParameters(
+          shard.weights.seed(
             body.seed,
-            shard.parameterNames().filter((n) => !have.has(n)),
+            shard.weights.parameterNames().filter((n) => !have.has(n)),
           );
       } catch (e) {
         shard.dispose();
@@ -297,7 +297,7 @@ export class Device {
         },
       });
     }
-    const tensors = shard instanceof RuleShard ? [] : shard.exportTensors();
+    const tensors = shard instanceof RuleShard ? [] : shard.weights.exportTensors();
     return { parameters: tensors.reduce((n, t) => n + t.data.length, 0), digest: modelDigest(tensors) };
   }
 
@@ -337,7 +337,7 @@ export class Device {
     let cached: { name: string; data: Float32Array } | undefined;
     const sourceData = (name: string) => {
       if (cached?.name !== name || (cached.data.byteLength === 0 && sourceSlices.has(name) && sliceElements(sourceSlices.get(name)!) > 0)) {
-        cached = { name, data: (sourceHost!.shard as ModelShard).viewTensor(name) };
+        cached = { name, data: (sourceHost!.shard as ModelShard).weights.viewTensor(name) };
       }
       return cached.data;
     };
@@ -355,7 +355,7 @@ export class Device {
       if (performance.now() - sampledAt >= HELD_SAMPLE_MS) sampleHeld();
     };
     const target = targetHost?.shard as ModelShard | undefined;
-    const staging = target?.stage(new Set(incomingPieces.map((p) => p.name)));
+    const staging = target?.weights.stage(new Set(incomingPieces.map((p) => p.name)));
     const filled = new Map<string, number>();
     const put = (part: Slice, offset: number, data: Float32Array) => {
       pasteRange(staging!.view(part.name), targetSlices.get(part.name)!, part, offset, data);
@@ -388,7 +388,7 @@ export class Device {
           },
           tensor: (key) => {
             const p = byName.get(key);
-            return p && piece(p, (sourceHost!.shard as ModelShard).exportTensor(p.name));
+            return p && piece(p, (sourceHost!.shard as ModelShard).weights.exportTensor(p.name));
           },
         },
         body.chunkBytes,
@@ -427,7 +427,7 @@ export class Device {
         const want = sliceElements(targetSlices.get(name)!);
         if (filled.get(name) !== want) throw new CallRejected('invalid_state', `reallocation ${body.realloc}: '${name}' of '${model}' got ${filled.get(name) ?? 0} of ${want} elements`);
       }
-      timed(times, 'place', () => target.commit(staging!));
+      timed(times, 'place', () => target.weights.commit(staging!));
       committed = true;
       return {
         sent_bytes: sent,
@@ -578,11 +578,11 @@ export class Device {
     const s = h.shard as ModelShard;
     switch (body.fn) {
       case 'manifest': {
-        const tensors = s.exportTensors();
+        const tensors = s.weights.exportTensors();
         return { manifest: manifestOf(tensors), digest: modelDigest(tensors), ledger: h.ledger };
       }
       case 'weights':
-        return { tensors: s.exportTensors() };
+        return { tensors: s.weights.exportTensors() };
       default:
         throw new CallRejected('unsupported', `'${body.fn}' cannot run on a shard`);
     }
@@ -592,8 +592,8 @@ export class Device {
   private async checkpoint(h: Hosted, body: CallOf<'checkpoint'>): Promise<ResultOf<'checkpoint'>> {
     const s = h.shard as ModelShard;
     const timeout = this.options.transferTimeoutMs ?? 300_000;
-    const tensors = s.exportTensors();
-    const state = s.optimizerState();
+    const tensors = s.weights.exportTensors();
+    const state = s.weights.optimizerState();
     const out: NamedTensor[] = tensors.map((t) => ({ ...t, name: `w:${t.name}` }));
     if (state) {
       // A parameter never stepped has zero moments, exactly what a fresh slot would hold.
@@ -641,9 +641,9 @@ export class Device {
       await signal.ready();
       incoming.arm();
       await Promise.race([incoming.done, signal.aborted]);
-      s.importTensors(slices.map((sl) => ({ ...got.get(`w:${sl.name}`)!, name: sl.name })));
+      s.weights.importTensors(slices.map((sl) => ({ ...got.get(`w:${sl.name}`)!, name: sl.name })));
       if (body.optimizer) {
-        s.loadOptimizerState({ step: body.step, moments: slices.map((sl) => ({ name: sl.name, m: got.get(`m:${sl.name}`)!.data, v: got.get(`v:${sl.name}`)!.data })) });
+        s.weights.loadOptimizerState({ step: body.step, moments: slices.map((sl) => ({ name: sl.name, m: got.get(`m:${sl.name}`)!.data, v: got.get(`v:${sl.name}`)!.data })) });
       }
       h.ledger = [...body.ledger];
       return {};

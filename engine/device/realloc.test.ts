@@ -44,11 +44,11 @@ describe('reallocation between real devices', () => {
         expect(out.received_bytes).toBe(plan.minimumBytes);
         const held = await Promise.all(to.devices.map((dev) => d.call(dev, 'dst', 0, { fn: 'manifest' })));
         to.devices.forEach((dev, rank) => {
-          const device = (d as unknown as { devices: Array<{ hosted: Map<string, { shard: { exportTensors(): Array<{ name: string; data: Float32Array }> } }> }> }).devices[dev]!;
+          const device = (d as unknown as { devices: Array<{ hosted: Map<string, { shard: { weights: { exportTensors(): Array<{ name: string; data: Float32Array }> } } }> }> }).devices[dev]!;
           const got = new Map(
             device.hosted
               .get('dst')!
-              .shard.exportTensors()
+              .shard.weights.exportTensors()
               .map((t) => [t.name, t.data]),
           );
           for (const s of shardSlices(info, to, rank)) {

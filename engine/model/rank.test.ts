@@ -113,7 +113,9 @@ async function scenario(layout: Layout, actorSpec: GptSpec = policy, criticSpec:
   const after = async (model: string) => (await m.run(model, () => ({ fn: 'manifest' }))).map((o) => o.digest as string);
   // The parameters after training, per rank, as the ranks hold them.
   const slices = (model: string) =>
-    m.devices.map((d) => (d as unknown as { hosted: Map<string, { shard: { exportTensors(): Array<{ name: string; data: Float32Array }> } }> }).hosted.get(model)!.shard.exportTensors());
+    m.devices.map((d) =>
+      (d as unknown as { hosted: Map<string, { shard: { weights: { exportTensors(): Array<{ name: string; data: Float32Array }> } } }> }).hosted.get(model)!.shard.weights.exportTensors(),
+    );
   return {
     tokens,
     genLogprobs,
@@ -286,7 +288,9 @@ describe('left-padded prompts read as the prompts alone (padding masked out, pos
     ['llama', { ...policy, context: P + EXTRA + R, family: 'llama', kvHeads: 2, ffn: 24, ropeTheta: 500 }],
   ];
   const held = (m: ReturnType<typeof mesh>) =>
-    m.devices.flatMap((d) => (d as unknown as { hosted: Map<string, { shard: { exportTensors(): Array<{ name: string; data: Float32Array }> } }> }).hosted.get('actor')!.shard.exportTensors());
+    m.devices.flatMap((d) =>
+      (d as unknown as { hosted: Map<string, { shard: { weights: { exportTensors(): Array<{ name: string; data: Float32Array }> } } }> }).hosted.get('actor')!.shard.weights.exportTensors(),
+    );
 
   it.each(specs)(
     '%s: each padded row generates (greedy) and scores as its prompt alone does, on one device and on dp=1 tp=2 pp=2',
@@ -436,9 +440,9 @@ describe('a loss over pairs (dpo) against the unsharded model', () => {
       const info = modelInfo(policy);
       m.devices.forEach((d, rank) => {
         const held = new Map(
-          (d as unknown as { hosted: Map<string, { shard: { exportTensors(): Array<{ name: string; data: Float32Array }> } }> }).hosted
+          (d as unknown as { hosted: Map<string, { shard: { weights: { exportTensors(): Array<{ name: string; data: Float32Array }> } } }> }).hosted
             .get('actor')!
-            .shard.exportTensors()
+            .shard.weights.exportTensors()
             .map((t) => [t.name, t.data]),
         );
         for (const s of shardSlices(info, layout, rank)) {

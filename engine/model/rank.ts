@@ -8,13 +8,11 @@
 // forward pass of a training step kept; automatic differentiation is left only the loss on the
 // head's output. Every sum across ranks runs in rank order, so repeated runs are bit-identical.
 import * as tf from '@tensorflow/tfjs';
-import { rankCoords, rankOf, shardSlices, sliceShape, stageBounds, type Coords, type Layout, type Slice } from '../../mesh/parallel/index.ts';
+import { rankCoords, rankOf, shardSlices, stageBounds, type Coords, type Layout } from '../../mesh/parallel/index.ts';
 import type { LossSpec, Optim } from '../../mesh/wire/index.ts';
-import { cut } from '../../mesh/parallel/index.ts';
-import type { NamedTensor } from '../../mesh/wire/index.ts';
 import type { Comm } from '../../mesh/parallel/index.ts';
 import { LossError, checkedValue, evaluateLoss, itemRows, lossOf, lossParams, preferenceLoss, type Loss, type LossNorm, type LossParams } from './losses/index.ts';
-import { causalMask, initialParameter, logprobsOf, paddedMask, valuesOf } from './gpt.ts';
+import { causalMask, logprobsOf, paddedMask, valuesOf } from './gpt.ts';
 import {
   attention,
   attentionBackward,
@@ -42,15 +40,13 @@ import {
   type MlpCache,
   type NormCache,
 } from './blocks.ts';
-import { archOf, isTied, modelInfo, parameterShapes, specProblem, type Arch, type GptSpec } from './params.ts';
+import { archOf, isTied, modelInfo, specProblem, type Arch, type GptSpec } from './params.ts';
 import { Rng, Stream, sampleToken, samplingProblem, seedOf, type Sampling } from './rng.ts';
 import { leftPadding, masked, responseMask } from './mask.ts';
-import { Adam, type AdamState } from './adam.ts';
-import { Staging, hostView } from './staging.ts';
+import { Adam } from './adam.ts';
+import { ShardWeights } from './weights.ts';
 import { KvCache, kvCacheBytes, kvCacheProblem } from './kv-cache.ts';
-import { ShardError, ownCopy, pickRows, trainEpochs, yieldToLoop, type TrainStats } from './steps.ts';
-
-let shardCount = 0;
+import { ShardError, pickRows, trainEpochs, yieldToLoop, type TrainStats } from './steps.ts';
 
 /** How `generate` draws tokens and when a response ends. */
 export interface GenerateOptions extends Sampling {
@@ -107,12 +103,11 @@ export interface RowDecoder {
 
 export class GptRank {
   readonly coords: Coords;
-  private readonly vars = new Map<string, tf.Variable>();
-  private readonly slices: Slice[];
+  /** This rank's slices of the parameters, and its optimizer on the training layout. */
+  readonly weights: ShardWeights;
   private readonly layers: number[];
   private readonly first: boolean;
   private readonly last: boolean;
-  private optimizer: Adam | undefined;
   /** Devices of this rank's tensor group, data-parallel group and model-parallel group, in rank order. */
   private readonly tpGroup: number[];
   private readonly dpGroup: number[];
@@ -148,7 +143,7 @@ export class GptRank {
     const c = (this.coords = rankCoords(layout, rank));
     const info = modelInfo(spec);
     const bounds = stageBounds(info, layout.pp);
-    this.slices = shardSlices(info, layout, rank, bounds);
+    this.weights = new ShardWeights(spec, shardSlices(info, layout, rank, bounds), rank, optim, () => (this.headStale = true));
     this.layers = [];
     for (let l = bounds[c.pp]!; l < bounds[c.pp + 1]!; l++) this.layers.push(l);
     this.first = c.pp === 0;
@@ -162,30 +157,8 @@ export class GptRank {
     this.firstOfReplica = dev({ pp: 0 });
     this.lastOfReplica = dev({ pp: layout.pp - 1 });
     this.tiedCopy = isTied(spec) && layout.pp > 1;
-    this.prefix = `sharded${shardCount++}`;
     // A view that a reallocation will fill holds nothing until then: no zeros to replace.
-    if (seed !== undefined)
-      this.seedParameters(
-        seed,
-        this.slices.map((s) => s.name),
-      );
-    this.optimizer = optim ? new Adam(optim.lr, optim.beta1, optim.beta2, optim.eps) : undefined;
-  }
-
-  /** Draws the named parameters (this rank's slices of them) from the seed, as a new model starts. */
-  seedParameters(seed: number, names: readonly string[]): void {
-    const shapes = new Map(parameterShapes(this.spec).map(([n, s], i) => [n, { shape: s, index: i }]));
-    for (const name of names) {
-      const s = this.slices.find((x) => x.name === name);
-      if (!s) throw new ShardError(`rank ${this.rank} holds no parameter '${name}'`);
-      const { shape, index } = shapes.get(name)!;
-      // Each parameter has its own random stream, so a rank draws only what it holds.
-      this.create(s, cut(initialParameter(this.spec, seed, name, shape, index).data, { ...s, axis: null, start: 0, end: shape[0]! }, s));
-    }
-  }
-
-  get trainable(): boolean {
-    return this.optimizer !== undefined;
+    if (seed !== undefined) this.weights.seed(seed, this.weights.parameterNames());
   }
 
   /** Whether this rank returns its replica's outputs (the last stage's first tensor rank). */
@@ -193,126 +166,8 @@ export class GptRank {
     return this.last && this.coords.tp === 0;
   }
 
-  private readonly prefix: string;
-
-  private create(s: Slice, data: Float32Array): tf.Variable {
-    const value = tf.tensor(data, sliceShape(s));
-    const v = tf.variable(value, true, `${this.prefix}/${s.name}`);
-    value.dispose();
-    this.vars.set(s.name, v);
-    return v;
-  }
-
-  /** This rank's slice of a parameter; one never filled starts at zero. */
-  private w(name: string): tf.Variable {
-    const v = this.vars.get(name);
-    if (v) return v;
-    const s = this.slices.find((x) => x.name === name);
-    if (!s) throw new ShardError(`rank ${this.rank} holds no parameter '${name}'`);
-    return this.create(s, new Float32Array(sliceShape(s).reduce((a, b) => a * b, 1)));
-  }
-
-  exportTensors(): NamedTensor[] {
-    return this.slices.map((s) => ({ name: s.name, shape: sliceShape(s), data: ownCopy(this.w(s.name)) }));
-  }
-
-  /** The parameters this rank holds (slices of them), in the canonical order. */
-  parameterNames(): string[] {
-    return this.slices.map((s) => s.name);
-  }
-
-  /** Whole parameters (a checkpoint's), cut to this rank's slices and taken as its weights. */
-  importWhole(tensors: readonly NamedTensor[]): void {
-    this.importTensors(
-      tensors.map((t) => {
-        const s = this.slices.find((x) => x.name === t.name);
-        if (!s) throw new ShardError(`rank ${this.rank} holds no parameter '${t.name}'`);
-        return { name: t.name, shape: sliceShape(s), data: cut(t.data, { ...s, axis: null, start: 0, end: s.shape[0]! }, s) };
-      }),
-    );
-  }
-
-  /** One parameter (this shard's slice of it), copied out. */
-  exportTensor(name: string): Float32Array {
-    return ownCopy(this.w(name));
-  }
-
-  /**
-   * One parameter (this shard's slice of it) to read at once: a view of the backend's own memory
-   * where the backend keeps it in the host's reach (wasm, cpu), else a copy. A view is valid until
-   * the backend next allocates (the wasm heap moves when it grows and an earlier view goes empty)
-   * or the parameter changes: read it before either, or check `byteLength` first.
-   */
-  viewTensor(name: string): Float32Array {
-    const v = this.w(name);
-    return hostView(v) ?? ownCopy(v);
-  }
-
-  importTensors(tensors: readonly NamedTensor[]): void {
-    for (const t of tensors) {
-      const s = this.slices.find((x) => x.name === t.name);
-      if (!s) throw new ShardError(`rank ${this.rank} holds no parameter '${t.name}'`);
-      const shape = sliceShape(s);
-      if (shape.join('x') !== t.shape.join('x') || t.data.length !== shape.reduce((a, b) => a * b, 1)) {
-        throw new ShardError(`parameter '${t.name}': expected a slice of shape [${shape}], got [${t.shape}] with ${t.data.length} values`);
-      }
-    }
-    for (const t of tensors) {
-      const v = this.vars.get(t.name);
-      if (!v) {
-        this.create(this.slices.find((x) => x.name === t.name)!, t.data);
-        continue;
-      }
-      const value = tf.tensor(t.data, t.shape);
-      v.assign(value);
-      value.dispose();
-    }
-    this.headStale = true;
-    this.optimizer?.dispose();
-    this.optimizer = this.optim ? new Adam(this.optim.lr, this.optim.beta1, this.optim.beta2, this.optim.eps) : undefined;
-  }
-
-  /** Fresh slices for `names`, to fill in place (a reallocation's receiver) and then `commit`. */
-  stage(names: Iterable<string>): Staging {
-    const shapes = new Map<string, number[]>();
-    for (const name of names) {
-      const s = this.slices.find((x) => x.name === name);
-      if (!s) throw new ShardError(`rank ${this.rank} holds no parameter '${name}'`);
-      shapes.set(name, sliceShape(s));
-    }
-    return new Staging(shapes);
-  }
-
-  /**
-   * Makes staged slices this rank's weights, as importTensors does (the optimizer starts afresh),
-   * without a copy: each variable takes over the staged tensor's memory.
-   */
-  commit(staging: Staging): void {
-    for (const [name, t] of staging.take()) {
-      const v = this.vars.get(name);
-      if (v) v.assign(t);
-      else this.vars.set(name, tf.variable(t, true, `${this.prefix}/${name}`));
-      t.dispose();
-    }
-    this.headStale = true;
-    this.optimizer?.dispose();
-    this.optimizer = this.optim ? new Adam(this.optim.lr, this.optim.beta1, this.optim.beta2, this.optim.eps) : undefined;
-  }
-
-  /** The optimizer's state (moments and step), for a checkpoint; undefined off the training layout. */
-  optimizerState(): AdamState | undefined {
-    return this.optimizer?.state();
-  }
-
-  /** Puts an optimizer state back (after importTensors, which starts a fresh one). */
-  loadOptimizerState(state: AdamState): void {
-    if (!this.optimizer) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
-    this.optimizer.load(state, (name) => sliceShape(this.slices.find((s) => s.name === name)!));
-  }
-
   dispose(): void {
-    for (const v of this.vars.values()) v.dispose();
-    this.optimizer?.dispose();
+    this.weights.dispose();
     this.headWte?.dispose();
   }
 
@@ -320,7 +175,7 @@ export class GptRank {
   private async syncTiedHead(group: string, tag: string): Promise<void> {
     if (!this.tiedCopy || !this.headStale) return;
     this.headStale = false;
-    if (this.first) this.sendTensor(group, this.lastOfReplica, `${tag}/wte`, this.w('wte'));
+    if (this.first) this.sendTensor(group, this.lastOfReplica, `${tag}/wte`, this.weights.get('wte'));
     else if (this.last) {
       this.headWte?.dispose();
       this.headWte = await this.recvTensor(group, this.firstOfReplica, `${tag}/wte`, [this.spec.vocab, this.spec.width]);
@@ -329,7 +184,7 @@ export class GptRank {
 
   /** The token embedding as the head reads it: this stage's wte, or (a pipeline's last stage) its copy. */
   private get headEmbedding(): tf.Tensor {
-    return this.tiedCopy ? this.headWte! : this.w('wte');
+    return this.tiedCopy ? this.headWte! : this.weights.get('wte');
   }
 
   // ---- communication helpers ------------------------------------------------------------------
@@ -353,7 +208,7 @@ export class GptRank {
   // ---- forward ----------------------------------------------------------------------------------
 
   private attn(l: number): AttnWeights {
-    const g = (n: string) => this.w(`h${l}.attn.${n}`);
+    const g = (n: string) => this.weights.get(`h${l}.attn.${n}`);
     const w: AttnWeights = { wq: g('wq'), wk: g('wk'), wv: g('wv'), wo: g('wo') };
     return this.arch.qkvBias ? { ...w, bq: g('bq'), bk: g('bk'), bv: g('bv') } : w;
   }
@@ -378,18 +233,18 @@ export class GptRank {
 
   /** The norm named `prefix` (ln1, ln2, lnf) over rows x: layer norm (gpt2) or RMSNorm (llama). */
   private norm(prefix: string, x: tf.Tensor, keep: boolean): { y: tf.Tensor; cache?: NormCache } {
-    if (this.gpt2) return layerNorm(x, this.w(`${prefix}.g`), this.w(`${prefix}.b`), keep);
-    return rmsNorm(x, this.w(`${prefix}.g`), this.arch.normEps, keep);
+    if (this.gpt2) return layerNorm(x, this.weights.get(`${prefix}.g`), this.weights.get(`${prefix}.b`), keep);
+    return rmsNorm(x, this.weights.get(`${prefix}.g`), this.arch.normEps, keep);
   }
 
   /** The norm's backward pass, its gradients added under their names; returns dx. */
   private normBackward(prefix: string, c: NormCache, dy: tf.Tensor, add: (name: string, g: tf.Tensor) => void): tf.Tensor {
     if (!this.gpt2) {
-      const r = rmsNormBackward(c, this.w(`${prefix}.g`), dy);
+      const r = rmsNormBackward(c, this.weights.get(`${prefix}.g`), dy);
       add(`${prefix}.g`, r.dg);
       return r.dx;
     }
-    const r = layerNormBackward(c, this.w(`${prefix}.g`), dy);
+    const r = layerNormBackward(c, this.weights.get(`${prefix}.g`), dy);
     add(`${prefix}.g`, r.dg);
     add(`${prefix}.b`, r.db);
     return r.dx;
@@ -398,7 +253,7 @@ export class GptRank {
   /** Adds a bias the family has (gpt2's output biases), or nothing; disposes x when it adds. */
   private bias(x: tf.Tensor, name: string): tf.Tensor {
     if (!this.gpt2) return x;
-    const out = tf.add(x, this.w(name));
+    const out = tf.add(x, this.weights.get(name));
     x.dispose();
     return out;
   }
@@ -408,7 +263,7 @@ export class GptRank {
    * then x1 + Σtp MLP(LN2(x1)) + b2. With `keep`, also what the layer's backward pass reads.
    */
   private async layer(group: string, tag: string, l: number, x: tf.Tensor, attend: (h: tf.Tensor) => { out: tf.Tensor; cache?: AttnCache }, keep: boolean) {
-    const W = (n: string) => this.w(`h${l}.${n}`);
+    const W = (n: string) => this.weights.get(`h${l}.${n}`);
     const n1 = this.norm(`h${l}.ln1`, x, keep);
     const at = attend(n1.y);
     const a = await this.allReduceTp(group, `${tag}/l${l}/attn`, at.out);
@@ -441,7 +296,7 @@ export class GptRank {
     let tokensT: tf.Tensor2D | undefined;
     if (this.first) {
       tokensT = tf.tensor2d(tokens, [b, T], 'int32');
-      x = embedRows(tokensT, this.w('wte'), this.positions, 0, pads);
+      x = embedRows(tokensT, this.weights.get('wte'), this.positions, 0, pads);
     } else {
       x = await this.recvTensor(group, this.prev!, `${tag}/act`, [b * T, D]);
     }
@@ -476,7 +331,7 @@ export class GptRank {
 
   /** Position embeddings (gpt2's wpe), or none (llama turns queries and keys instead). */
   private get positions(): tf.Tensor | undefined {
-    return this.gpt2 ? this.w('wpe') : undefined;
+    return this.gpt2 ? this.weights.get('wpe') : undefined;
   }
 
   // ---- calls ------------------------------------------------------------------------------------
@@ -502,7 +357,7 @@ export class GptRank {
 
   /** The head over rows y [N, D]: y·head.w + head.b, or y·wteᵀ for a tied head ([N, V] or [N, 1]). */
   private headRows(y: tf.Tensor): tf.Tensor {
-    if (!isTied(this.spec)) return linear(y, this.w('head.w'), this.gpt2 ? this.w('head.b') : undefined);
+    if (!isTied(this.spec)) return linear(y, this.weights.get('head.w'), this.gpt2 ? this.weights.get('head.b') : undefined);
     // Transposed explicitly: a product with a transposed operand is slow on wasm (blocks.ts).
     if (this.headT) return tf.matMul(y as tf.Tensor2D, this.headT as tf.Tensor2D);
     return tf.tidy(() => tf.matMul(y as tf.Tensor2D, tf.transpose(this.headEmbedding) as tf.Tensor2D));
@@ -528,7 +383,7 @@ export class GptRank {
     let x: tf.Tensor;
     if (this.first) {
       const tokensT = tf.tensor2d(tokens, [b, T], 'int32');
-      x = embedRows(tokensT, this.w('wte'), this.positions, start, pads);
+      x = embedRows(tokensT, this.weights.get('wte'), this.positions, start, pads);
       tokensT.dispose();
     } else {
       x = await this.recvTensor(group, this.prev!, `${tag}/act`, [b * T, D]);
@@ -821,7 +676,7 @@ export class GptRank {
     promptLen: number,
     optimizer?: Adam,
   ): Promise<{ loss: number; stats: Record<string, number>; gradNorm: number }> {
-    const opt = optimizer ?? this.optimizer;
+    const opt = optimizer ?? this.weights.optimizer;
     if (!opt || !this.optim) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
     const R = width - promptLen;
     // Replicas split the mini-batch's items; a loss over pairs takes both rows of each of its items.
@@ -899,7 +754,7 @@ export class GptRank {
       const tied = isTied(this.spec);
       const gh: { dx: tf.Tensor; dw: tf.Tensor; db?: tf.Tensor } = tf.tidy(() => {
         const dy = tf.reshape(g[0]!, [b * width, -1]);
-        if (!tied) return linearBackward(head.y, this.w('head.w'), dy);
+        if (!tied) return linearBackward(head.y, this.weights.get('head.w'), dy);
         // logits = y·wteᵀ: dy·wte back into the rows, dyᵀ·y into the embedding.
         return { dx: tf.matMul(dy as tf.Tensor2D, this.headEmbedding as tf.Tensor2D), dw: weightGrad(dy, head.y) };
       });
@@ -921,7 +776,7 @@ export class GptRank {
     for (let i = this.layers.length - 1; i >= 0; i--) {
       const l = this.layers[i]!;
       const c = fwd.saved[i]!;
-      const W = (n: string) => this.w(`h${l}.${n}`);
+      const W = (n: string) => this.weights.get(`h${l}.${n}`);
       // MLP: x2 = x1 + Σtp M(h2) (+ b2), h2 = N2(x1)
       let dm: tf.Tensor;
       if (this.gpt2) {
@@ -964,7 +819,7 @@ export class GptRank {
       dx.dispose();
     }
     // Gradient all-reduce across replicas, in replica order.
-    const names = this.slices.map((s) => s.name);
+    const names = this.weights.parameterNames();
     if (this.layout.dp > 1) {
       // One message per replica: every gradient of this shard, flattened in parameter order.
       const flat = new Float32Array(names.reduce((n, name) => n + grads.get(name)!.size, 0));
@@ -985,7 +840,7 @@ export class GptRank {
     // Global norm over the whole model: split slices count on every tensor rank, replicated
     // parameters once (on tensor rank 0); then summed over the pipeline and tensor ranks.
     let sq = 0;
-    for (const s of this.slices) {
+    for (const s of this.weights.slices) {
       if (s.axis === null && this.coords.tp !== 0 && this.layout.tp > 1) continue;
       const t = tf.tidy(() => tf.sum(tf.square(grads.get(s.name)!)));
       sq += t.dataSync()[0]!;
@@ -994,7 +849,7 @@ export class GptRank {
     const total = this.mpGroup.length > 1 ? (await this.comm.allReduce(group, this.mpGroup, `${tag}/norm`, new Float32Array([sq])))[0]! : sq;
     const gradNorm = Math.sqrt(total);
     const scale = this.optim.clipNorm > 0 && gradNorm > this.optim.clipNorm ? this.optim.clipNorm / (gradNorm + 1e-6) : 1;
-    const list = names.map((n) => ({ name: n, variable: this.w(n), gradient: scale === 1 ? grads.get(n)! : tf.mul(grads.get(n)!, scale) }));
+    const list = names.map((n) => ({ name: n, variable: this.weights.get(n), gradient: scale === 1 ? grads.get(n)! : tf.mul(grads.get(n)!, scale) }));
     opt.apply(list);
     this.headStale = true; // wte moved (on the first stage): a tied head's copy is sent again before it is read
     tf.dispose([...grads.values(), ...(scale === 1 ? [] : list.map((x) => x.gradient))]);
