@@ -7,8 +7,7 @@ import { encode, EnvClient } from '../mesh/wire/index.ts';
 import { PROTOCOL_VERSION, type Metrics } from '../mesh/wire/index.ts';
 import { subjects } from '../mesh/wire/index.ts';
 import { fanOut, readResume, RunDirectory, type Recorder, type Summary } from '../engine/runtime/index.ts';
-import { checkpointLayouts, reshardToPlan, runSpec, type RewardSources } from '../engine/runtime/index.ts';
-import { layoutKey, type Layout } from '../mesh/parallel/index.ts';
+import { reshardToPlan, runSpec, type RewardSources } from '../engine/runtime/index.ts';
 import { loadScenarioFile } from '../engine/runtime/index.ts';
 import { BusDispatcher } from '../engine/runtime/index.ts';
 import { DEFAULT_NATS, UsageError, args, logger, runMain } from './host.ts';
@@ -90,8 +89,10 @@ runMain(async () => {
   // --resume: go on from the run directory's last checkpoint, keeping the metrics up to it.
   const found = values.resume && !takeOver ? readResume(values.out) : undefined;
   // Taken on another plan: each model's ranks put together and cut as this plan holds them.
-  const resume = found && { ...found, checkpoint: reshardToPlan(spec, found.checkpoint, found.layouts) };
-  if (resume) log(`resuming after iteration ${resume.iteration} from ${values.out}${resharded(spec, found!.layouts)}`);
+  const onPlan = found && reshardToPlan(spec, found.checkpoint, found.layouts);
+  const resume = found && { ...found, checkpoint: onPlan!.set };
+  const moved = onPlan?.resharded.length ? `, resharding ${onPlan.resharded.map((m) => `'${m}'`).join(', ')} onto this plan` : '';
+  if (resume) log(`resuming after iteration ${resume.iteration} from ${values.out}${moved}`);
   const directory = new RunDirectory(values.out, takeOver?.history ?? resume?.history, takeOver !== undefined || values.resume);
   const dispatcher = new BusDispatcher(nc, subj, values.run, scenario.timeouts.call_seconds * 1000, {
     // The measured timeline: every call, one line each.
@@ -184,11 +185,3 @@ runMain(async () => {
   log('run succeeded');
   return 0;
 });
-
-/** The models a resume puts onto another layout than it was checkpointed on, for the log. */
-function resharded(spec: ReturnType<typeof runSpec>, layouts: Record<string, Layout> | undefined): string {
-  if (!layouts) return '';
-  const now = checkpointLayouts(spec);
-  const moved = Object.keys(layouts).filter((m) => now[m] && layoutKey(now[m]!) !== layoutKey(layouts[m]!));
-  return moved.length ? `, resharding ${moved.map((m) => `'${m}'`).join(', ')} onto this plan` : '';
-}

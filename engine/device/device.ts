@@ -333,12 +333,11 @@ export class Device {
     // One parameter of the source at a time (pieces of one parameter come together), read where
     // the backend holds it: nothing allocates in this device's backend between go and the last
     // send (one call runs at a time; the target's slices were staged before), so the view stays
-    // valid while its chunks are cut, hashed and framed. Taken anew if it ever went empty.
+    // valid while its chunks are cut, hashed and framed. (Were it ever to go empty, receivers would
+    // refuse its chunks by their digests and ask again; an answer is cut from a copy.)
     let cached: { name: string; data: Float32Array } | undefined;
     const sourceData = (name: string) => {
-      if (cached?.name !== name || (cached.data.byteLength === 0 && sourceSlices.has(name) && sliceElements(sourceSlices.get(name)!) > 0)) {
-        cached = { name, data: (sourceHost!.shard as ModelShard).weights.viewTensor(name) };
-      }
+      if (cached?.name !== name) cached = { name, data: (sourceHost!.shard as ModelShard).weights.viewTensor(name) };
       return cached.data;
     };
     // What this exchange makes the device hold beyond what it held before: sampled as chunks are placed.

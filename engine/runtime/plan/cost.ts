@@ -7,7 +7,7 @@
 // bubble of (pp − 1) / micro-batches; each layer pass pays a fixed overhead. Reallocation time
 // comes from the runtime's own transfer planner (mesh/realloc.ts).
 import type { Layout, ModelInfo, ParamInfo, Piece } from '../../../mesh/parallel/index.ts';
-import { planRealloc } from '../../../mesh/parallel/index.ts';
+import { planRealloc, sliceElements } from '../../../mesh/parallel/index.ts';
 import { kvCacheBytes } from '../../model/index.ts';
 import type { DeviceProfile, ModelShape } from './catalog.ts';
 
@@ -291,8 +291,7 @@ export function piecesSeconds(m: ModelShape, pieces: readonly Piece[], dev: Devi
   const recv = new Map(recvAlso);
   const send = new Map<number, number>();
   for (const p of pieces) {
-    const size = p.axis === null ? p.shape.reduce((a, b) => a * b, 1) : (p.shape.reduce((a, b) => a * b, 1) / p.shape[p.axis]!) * (p.end - p.start);
-    const b = size * 4 * scale;
+    const b = sliceElements(p) * 4 * scale;
     for (const d of p.dsts) {
       const bw = Math.floor(d / perNode) === Math.floor(p.src / perNode) ? dev.intraBandwidth : dev.interBandwidth;
       recv.set(d, (recv.get(d) ?? 0) + b / bw + dev.latency);

@@ -8,11 +8,11 @@
 // it, and from the snapshot only what lost devices alone held) plus the remaining iterations × the
 // period. So a device that comes back is used only where the time it saves over the remaining
 // iterations is more than its migration costs. Pure: the supervisor acts on what it returns.
-import { availableDevices, deviceCount, meshAvailable, parseMesh, planMigration, type Layout } from '../../../mesh/parallel/index.ts';
+import { availableDevices, deviceCount, meshAvailable, parseMesh, planMigration, sliceElements, type Layout } from '../../../mesh/parallel/index.ts';
 import type { CallName } from '../scenario/scenario.ts';
 import { coarseInfo, piecesSeconds } from './cost.ts';
 import { Evaluator, callCandidates, callNames, meshes, type Candidate, type Evaluation, type Placement, type Problem } from './planner.ts';
-import { search, type SearchOptions } from './search.ts';
+import { planKey, search, type SearchOptions } from './search.ts';
 
 export class ReplanError extends Error {
   override name = 'ReplanError';
@@ -76,12 +76,6 @@ export interface DeviceChange {
   lost?: readonly number[];
   joined?: readonly number[];
 }
-
-const planKey = (c: Candidate) =>
-  Object.keys(c)
-    .sort()
-    .map((call) => `${call}=${c[call]!.mesh}/${c[call]!.dp}/${c[call]!.tp}/${c[call]!.pp}`)
-    .join('|');
 
 /**
  * The best plan for the rest of the run once `change` has happened. `problem.cluster.lost`: the
@@ -199,8 +193,7 @@ function migrationOf(problem: Problem, from: Candidate, to: Candidate, lost: Rea
     const storeBw = problem.device.busBandwidth ?? problem.device.interBandwidth;
     const reads = new Map<number, number>();
     for (const r of plan.restores) {
-      const elements = r.axis === null ? r.shape.reduce((x, y) => x * y, 1) : (r.shape.reduce((x, y) => x * y, 1) / r.shape[r.axis]!) * (r.end - r.start);
-      reads.set(r.device, (reads.get(r.device) ?? 0) + (elements * 4 * scale) / storeBw + problem.device.latency);
+      reads.set(r.device, (reads.get(r.device) ?? 0) + (sliceElements(r) * 4 * scale) / storeBw + problem.device.latency);
     }
     models.push({
       model: m.name,

@@ -57,7 +57,8 @@ function random(seed: number) {
 }
 
 const placementKey = (p: Placement) => `${p.mesh}/${p.dp}/${p.tp}/${p.pp}`;
-const planKey = (c: Candidate) =>
+/** A plan as a key: its calls' placements, in call order. */
+export const planKey = (c: Candidate) =>
   Object.keys(c)
     .sort()
     .map((call) => placementKey(c[call]!))

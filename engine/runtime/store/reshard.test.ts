@@ -2,8 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { checkStrategy, cut as cutOf, shardSlices, sliceShape, type Layout } from '../../../mesh/parallel/index.ts';
 import type { Checkpoint } from '../../../mesh/wire/index.ts';
 import { modelInfo, type GptSpec } from '../../model/index.ts';
-import { wholeTensors } from '../tools/export.ts';
-import { ReshardError, reshard, shardsProblem } from './reshard.ts';
+import { ReshardError, reshard, shardsProblem, wholeTensors } from './reshard.ts';
 
 const spec: GptSpec = { kind: 'policy', vocab: 11, context: 9, layers: 2, width: 16, heads: 4 };
 const info = modelInfo(spec);

@@ -5,7 +5,7 @@
 // goes on with another plan (`--resume RUN_DIR --plan PLAN.yaml`), and what a re-planned run will
 // restore from its snapshot.
 import { cut, layoutKey, paste, shardSlices, sliceShape, type Layout } from '../../../mesh/parallel/index.ts';
-import type { Checkpoint, LedgerEntry } from '../../../mesh/wire/index.ts';
+import type { Checkpoint, LedgerEntry, NamedTensor } from '../../../mesh/wire/index.ts';
 import { modelInfo, type GptSpec } from '../../model/index.ts';
 import type { CheckpointSet } from '../run/setup.ts';
 import { layoutOf, modelSpec, ownerOf, type RunSpec } from '../run/run.ts';
@@ -17,7 +17,14 @@ export class ReshardError extends Error {
 type Whole = Map<string, Float32Array>;
 
 /** One field of every rank (weights, first or second moment) joined into whole tensors. */
-function join(spec: GptSpec, layout: Layout, shards: readonly Checkpoint[], model: string, field: (c: Checkpoint) => ReadonlyArray<{ name: string; data: Float32Array }>, what: string): Whole {
+function join(
+  spec: GptSpec,
+  layout: Layout,
+  shards: readonly Checkpoint[],
+  model: string,
+  field: (c: Checkpoint) => ReadonlyArray<{ name: string; shape?: number[]; data: Float32Array }>,
+  what: string,
+): Whole {
   const info = modelInfo(spec);
   const whole: Whole = new Map(info.params.map((p) => [p.name, new Float32Array(p.shape.reduce((a, b) => a * b, 1))]));
   const filled = new Map<string, number>();
@@ -27,8 +34,10 @@ function join(spec: GptSpec, layout: Layout, shards: readonly Checkpoint[], mode
       const s = slices.get(t.name);
       const w = whole.get(t.name);
       if (!s || !w) throw new ReshardError(`'${model}': rank ${rank} of the checkpoint holds ${what} '${t.name}', which its layout does not give it`);
-      const size = sliceShape(s).reduce((a, b) => a * b, 1);
-      if (t.data.length !== size) throw new ReshardError(`'${model}': rank ${rank}'s ${what} '${t.name}' has ${t.data.length} elements; its layout gives it [${sliceShape(s)}]`);
+      const shape = sliceShape(s);
+      if (t.data.length !== shape.reduce((a, b) => a * b, 1) || (t.shape && t.shape.join('x') !== shape.join('x'))) {
+        throw new ReshardError(`'${model}': rank ${rank}'s ${what} '${t.name}' is [${t.shape ?? t.data.length}]; its layout gives it [${shape}]`);
+      }
       paste(w, { ...s, axis: null, start: 0, end: s.shape[0]! }, s, t.data);
       filled.set(t.name, (filled.get(t.name) ?? 0) + t.data.length);
     }
@@ -38,6 +47,13 @@ function join(spec: GptSpec, layout: Layout, shards: readonly Checkpoint[], mode
     if ((filled.get(p.name) ?? 0) < whole.get(p.name)!.length) throw new ReshardError(`'${model}': the checkpoint's ranks do not cover ${what} '${p.name}'`);
   }
   return whole;
+}
+
+/** A model's whole weights from the ranks of a checkpoint taken on `layout`, in the canonical order. */
+export function wholeTensors(spec: GptSpec, layout: Layout, shards: readonly Checkpoint[], model = 'the model'): NamedTensor[] {
+  if (shards.length !== layout.devices.length) throw new ReshardError(`'${model}': the checkpoint holds ${shards.length} rank(s); its layout has ${layout.devices.length}`);
+  const whole = join(spec, layout, shards, model, (c) => c.tensors, 'weight');
+  return modelInfo(spec).params.map((p) => ({ name: p.name, shape: p.shape, data: whole.get(p.name)! }));
 }
 
 /** The slices of whole tensors that rank `rank` of `layout` holds, in its own order. */
@@ -107,16 +123,20 @@ export function reshard(spec: GptSpec, model: string, from: Layout, shards: read
 
 /**
  * A run's checkpoint put onto the run's own plan: each model taken on another layout (`layouts`,
- * as the checkpoint recorded them) resharded; a checkpoint that recorded none is taken as it is.
+ * as the checkpoint recorded them) resharded, and named in `resharded`; a checkpoint that recorded
+ * none is taken as it is.
  */
-export function reshardToPlan(r: RunSpec, set: CheckpointSet, layouts: Readonly<Record<string, Layout>> | undefined): CheckpointSet {
-  if (!layouts) return set;
-  return Object.fromEntries(
+export function reshardToPlan(r: RunSpec, set: CheckpointSet, layouts: Readonly<Record<string, Layout>> | undefined): { set: CheckpointSet; resharded: string[] } {
+  const resharded: string[] = [];
+  const out = Object.fromEntries(
     Object.entries(set).map(([model, shards]) => {
-      const from = layouts[model];
-      const decl = r.graph.models.find((m) => m.name === model);
-      if (!from || !decl) return [model, shards];
-      return [model, reshard(modelSpec(r, model) as GptSpec, model, from, shards, layoutOf(r, ownerOf(r, model)))];
+      const from = layouts?.[model];
+      if (!from || !r.graph.models.some((m) => m.name === model)) return [model, shards];
+      const to = layoutOf(r, ownerOf(r, model));
+      if (layoutKey(from) === layoutKey(to)) return [model, shards];
+      resharded.push(model);
+      return [model, reshard(modelSpec(r, model) as GptSpec, model, from, shards, to)];
     }),
   );
+  return { set: out, resharded };
 }
