@@ -2,12 +2,14 @@
 // directory. The launcher starts it; it can also be started by hand against an existing server:
 //   npx tsx actors/supervisor.ts --scenario FILE --run RUN_ID --out DIR [--nats URL]
 import { createActor, fromCallback, toPromise } from 'xstate';
-import { BUS_SYNC_ENV, connectBus, publishEvent, subscribeEvents, type RunEventOut } from '../mesh/wire/index.ts';
+import { BUS_SYNC_ENV, answerable, connectBus, publishEvent, subscribe, subscribeEvents, type RunEventOut } from '../mesh/wire/index.ts';
+import { CordonAsk } from '../mesh/wire/index.ts';
 import { encode, EnvClient } from '../mesh/wire/index.ts';
 import { PROTOCOL_VERSION, type Metrics } from '../mesh/wire/index.ts';
 import { subjects } from '../mesh/wire/index.ts';
 import { fanOut, readResume, RunDirectory, type Recorder, type Summary } from '../engine/runtime/index.ts';
-import { reshardToPlan, runSpec, type RewardSources } from '../engine/runtime/index.ts';
+import { planDevices, reshardToPlan, runSpec, type RewardSources } from '../engine/runtime/index.ts';
+import { cordonProblem, specOnPlan } from '../engine/elastic/index.ts';
 import { loadScenarioFile } from '../engine/runtime/index.ts';
 import { BusDispatcher } from '../engine/runtime/index.ts';
 import { DEFAULT_NATS, UsageError, args, logger, runMain } from './host.ts';
@@ -15,7 +17,7 @@ import { ChaosClient } from './chaos-client.ts';
 import { JetStreamStore } from '../engine/runtime/index.ts';
 import { Membership } from '../engine/runtime/index.ts';
 import { RewardClient } from '../engine/runtime/index.ts';
-import { supervisorMachine, type SupervisorEvent } from '../engine/runtime/index.ts';
+import { supervisorMachine, type MembershipCommand, type SupervisorEvent } from '../engine/runtime/index.ts';
 
 const USAGE = 'usage: supervisor --scenario FILE --run RUN_ID --out DIR [--nats URL] [--resume] [--take-over]';
 
@@ -31,7 +33,7 @@ runMain(async () => {
   if (!values.scenario || !values.run || !values.out) throw new UsageError(USAGE);
   const log = logger('supervisor');
   const scenario = await loadScenarioFile(values.scenario);
-  const spec = runSpec(scenario, values.run);
+  let spec = runSpec(scenario, values.run);
   const nc = await connectBus(values.nats ?? process.env.NATS_URL ?? DEFAULT_NATS, `ferry-supervisor-${values.run}`);
   const subj = subjects(values.run);
   const publish = (event: RunEventOut) => publishEvent(nc, subj, event);
@@ -50,7 +52,7 @@ runMain(async () => {
   let membership: Membership | undefined;
   const machine = supervisorMachine.provide({
     actors: {
-      membership: fromCallback<SupervisorEvent, { need: number[] }>(({ sendBack, input }) => {
+      membership: fromCallback<MembershipCommand, { need: number[] }>(({ sendBack, input, receive }) => {
         membership = new Membership(nc, subj, values.run!, input.need, {
           heartbeatMs,
           onJoined: (j) => sendBack({ type: 'worker.joined', ...j }),
@@ -61,6 +63,8 @@ runMain(async () => {
           // A worker may not publish events: what it rejected comes on its heartbeat, and is said here.
           onWarning: (device, worker, message) => publish({ type: 'log', level: 'warn', source: `worker ${worker} (device ${device})`, message }),
         });
+        // A re-plan: the devices of the new plan.
+        receive((command) => membership?.setNeed(command.need));
         return () => membership?.close();
       }),
     },
@@ -85,6 +89,11 @@ runMain(async () => {
   const takeOver = values['take-over'] ? await store.loadProgress() : undefined;
   if (values['take-over'])
     log(takeOver ? `taking the run over at iteration ${takeOver.iteration} (last snapshot after ${takeOver.snapshot})` : 'taking the run over before it saved any progress: starting it again');
+  // An elastic run that re-planned goes on on its new plan (written ahead to the store before it was acted on).
+  if (takeOver?.plan) {
+    spec = specOnPlan(spec, takeOver.plan);
+    log(`the run re-planned onto devices ${planDevices(spec).join(', ')} (lost for good: ${takeOver.lost?.join(', ')})`);
+  }
   const chaos = ChaosClient.fromEnv(nc, subj, log);
   // --resume: go on from the run directory's last checkpoint, keeping the metrics up to it.
   const found = values.resume && !takeOver ? readResume(values.out) : undefined;
@@ -145,6 +154,7 @@ runMain(async () => {
       store,
       recorder: fanOut(directory, busEvents),
       saveCheckpoint: async (iteration, set, layouts) => directory.saveCheckpoint(iteration, set, layouts),
+      onCordoned: (c) => publish({ type: 'cordoned', ...c }),
       onRecovered: (r) => {
         publish({ type: 'recovered', ...r });
         directory.timeline({ type: 'recovery', start: Date.now() - r.seconds * 1000, end: Date.now(), ...r });
@@ -166,6 +176,34 @@ runMain(async () => {
     () => {},
   );
   actorRef = actor;
+  // Devices lost for good, asked by an operator (npm run cordon) or the launcher: answered here, acted on by the machine.
+  const stopCordons = subscribe(
+    nc,
+    subj.cordon,
+    CordonAsk,
+    (ask, msg) => {
+      if (!answerable(msg)) return;
+      const c = actor.getSnapshot().context;
+      let problem: string | undefined;
+      try {
+        problem = cordonProblem(c.spec, c.need, c.lost, ask, (c.snapshot ?? -1) + 1);
+      } catch (e) {
+        problem = `could not check the re-plan: ${(e as Error).message}`;
+      }
+      if (problem) {
+        log(`refused to run on without device ${ask.device} (${ask.trigger}: ${ask.reason}): ${problem}`);
+        msg.respond(encode({ type: 'error', v: PROTOCOL_VERSION, code: 'invalid_state', message: problem, subject: msg.subject }));
+        return;
+      }
+      log(`device ${ask.device} is lost for good (${ask.trigger}: ${ask.reason})`);
+      msg.respond(encode({ type: 'cordoned', v: PROTOCOL_VERSION, device: ask.device, left: c.need.filter((d) => d !== ask.device) }));
+      actor.send({ type: 'device.lost', device: ask.device, trigger: ask.trigger, reason: ask.reason });
+    },
+    (err, msg) => {
+      log(`rejected a cordon request: ${err.message}`);
+      if (answerable(msg)) msg.respond(encode({ type: 'error', v: PROTOCOL_VERSION, code: 'malformed', message: err.problem, subject: err.subject }));
+    },
+  );
   // Alive: the launcher kills (and replaces) a supervisor whose beats stop.
   const beat = () => nc.publish(subj.supervisorBeat, encode({ type: 'beat', v: PROTOCOL_VERSION, pid: process.pid, at: Date.now() }));
   beat();
@@ -176,6 +214,7 @@ runMain(async () => {
   for (const c of clients.values()) c.close();
   expert?.close();
   stopEscalations();
+  stopCordons();
   await nc.flush().catch(() => {});
   await nc.drain().catch(() => {});
   if (out.status === 'failed') {

@@ -324,12 +324,17 @@ async function asSupervisor(url: string, subj: Subjects, run: string, creds: Run
   const ask = { type: 'chaos', v, target: 'hostile', pid: 4_000_023, where: 'nowhere' };
   h.malformed(subj.chaos, ask);
   await h.ask('a chaos request for a kill point the run does not have', subj.chaos, ask);
+  // A cordon would take a device out of the run (the launcher's and the operator's to ask).
+  const cordon = { type: 'cordon', v, device: 1, trigger: 'cordon', reason: 'hostile' };
+  h.malformed(subj.cordon, cordon);
+  await h.ask('a request to cordon a device', subj.cordon, cordon);
   const events: Record<(typeof EVENTS_BY_ROLE.supervisor)[number], Record<string, unknown>> = {
     phase: { type: 'phase', v, phase: 'iterating', detail: 'forged' },
     progress: { type: 'progress', v, iterations: 99, metrics: { iteration: 42, reward_mean: 1, seconds: 1, tokens: 1, tokens_per_second: 1, realloc_seconds: 0, realloc_bytes: 0 } },
     log: { type: 'log', v, level: 'warn', source: 'hostile', message: 'forged' },
     recovered: { type: 'recovered', v, epoch: 7, iteration: 3, snapshot: 2, seconds: 1, reason: 'forged' },
     lost: { type: 'lost', v, device: 1, worker: 'hostile-worker', pid: pids.get(1)!, reason: 'forged: no heartbeat' },
+    cordoned: { type: 'cordoned', v, device: 1, trigger: 'cordon', reason: 'forged' },
   };
   for (const [type, event] of Object.entries(events)) h.malformed(subj.event(type), event);
   h.send("lost naming a live worker's pid, for a worker the run does not have", subj.event('lost'), encode(events.lost as never));

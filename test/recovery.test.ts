@@ -154,7 +154,7 @@ describe('the run store in JetStream', () => {
       // The second publish had the same id: the first result is the one kept.
       expect((await store.loadStage<{ tokens: Int32Array }>(0, 'rollout'))!.tokens).toEqual(tokens);
       expect(await store.loadProgress()).toEqual({ epoch: 2, iteration: 1, snapshot: 0, history: [], startedAt: 5, recoveries: [] });
-      expect((await store.loadSnapshot(2))!.actor[0]!.tensors[0]!.data).toEqual(w.data);
+      expect((await store.loadSnapshot(2))!.set.actor[0]!.tensors[0]!.data).toEqual(w.data);
       expect(await store.loadSnapshot(1)).toBeDefined();
       // Only the last two snapshots are kept.
       expect(await store.loadSnapshot(0)).toBeUndefined();

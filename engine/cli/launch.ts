@@ -11,6 +11,7 @@ import { authConfig, makeCredentials } from '../../mesh/wire/index.ts';
 import { encode } from '../../mesh/wire/index.ts';
 import { ChaosAsk, Heartbeat, PROTOCOL_VERSION, SupervisorBeat } from '../../mesh/wire/index.ts';
 import { CHAOS_ENV } from '../../actors/chaos-client.ts';
+import { askCordon } from '../elastic/index.ts';
 import { describeExit, Intensity, restarts, toRestart, type Exit } from '../runtime/index.ts';
 import { ENVIRONMENT_ACTOR, killPoints, type KillPoint } from '../runtime/index.ts';
 import { startEnvironments, type EnvironmentProcesses } from '../environments/index.ts';
@@ -172,6 +173,10 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
       );
     }
     const subj = subjects(o.run);
+    // Where the run's bus is, for the tools that talk to a running run (npm run cordon).
+    writeFileSync(join(o.out, 'bus.json'), `${JSON.stringify({ url, run: o.run }, null, 2)}\n`);
+    // Devices an elastic run goes on without: their workers are not restarted.
+    const retired = new Set<number>();
     // The launcher's own events: a process exited, the run is done, supervision gave up.
     const publish = (e: RunEventOut) => {
       if (nc.isClosed() || nc.isDraining()) return;
@@ -197,6 +202,9 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
           chaos.recoveries.push({ at: now, epoch: e.epoch, seconds: e.seconds, reason: e.reason });
           for (const k of chaos.kills) k.recovery_seconds ??= (now - k.at) / 1000;
           say(`recovered (${e.reason}) in ${e.seconds.toFixed(1)} s: going on from iteration ${e.iteration}`);
+        } else if (e.type === 'cordoned') {
+          if (!retired.has(e.device)) say(`device ${e.device} is lost for good (${e.trigger}: ${e.reason}): the run re-plans without it, and its worker is not restarted`);
+          retired.add(e.device);
         } else if (e.type === 'lost') {
           // A hung worker of ours: kill it (SIGKILL also ends a stopped process); its exit restarts it.
           // The supervisor names the worker it gave up: a pid this launcher heard beat as another
@@ -237,6 +245,14 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
         }
         done.add(k.id);
         chaos.kills.push({ ...k, at: Date.now(), pid: ask.pid, where: ask.where });
+        if (k.lose) {
+          // Lost for good: killed, never restarted, and the supervisor told to go on without it.
+          retired.add(k.device!);
+          say(`chaos: device ${k.device} is lost for good in ${ask.where}: killing worker ${slot.index} (pid ${ask.pid})`);
+          slot.child.kill('SIGKILL');
+          loseDevice(k.device!, 'chaos', `chaos: lost for good in ${ask.where}`);
+          return;
+        }
         say(`chaos: ${k.how === 'hang' ? 'hanging' : 'killing'} ${slot.kind === 'supervisor' ? 'the supervisor' : `worker ${slot.index}`} (pid ${ask.pid}) in ${ask.where}`);
         slot.child.kill(k.how === 'hang' ? 'SIGSTOP' : 'SIGKILL');
       },
@@ -296,8 +312,33 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     // and the run directory keeps it: the exact input of this run.
     const resolved = join(o.out, 'scenario.json');
     writeFileSync(resolved, `${JSON.stringify(o.scenario, null, 2)}\n`);
-    const intensity = new Intensity(sup.intensity, sup.period_seconds);
+    let intensity = new Intensity(sup.intensity, sup.period_seconds);
     let escalation: string | undefined;
+    const escalate = (message: string) => {
+      escalation = message;
+      say(`supervision: ${message}`);
+      publish({ type: 'log', level: 'error', source: 'launcher', message: `supervision: ${message}` });
+    };
+    // An elastic run's device lost for good: the supervisor is asked to go on without it (asked
+    // again while no supervisor answers); a refusal (no plan survives the loss) ends the run.
+    const loseDevice = (device: number, trigger: 'chaos' | 'intensity', reason: string) => {
+      askCordon(nc, subj, { device, trigger, reason }, o.scenario.timeouts.recover_seconds * 1000).then(
+        (answer) => {
+          if (answer.ok) say(`the run goes on without device ${device}, on devices ${answer.left.join(', ')}`);
+          else if (!ending) escalate(`device ${device} is lost for good (${reason}), and the run cannot go on without it: ${answer.problem}`);
+        },
+        (e: unknown) => {
+          if (!ending) escalate(`device ${device} is lost for good (${reason}), and no supervisor answered: ${(e as Error).message}`);
+        },
+      );
+    };
+    /** Whether a worker slot's device is out of the run: on an open bus, whether the workers left already cover the devices left. */
+    const retiredSlot = (slot: Slot) => {
+      if (slot.kind !== 'worker' || retired.size === 0) return false;
+      const device = deviceOf(slot.index);
+      if (device !== undefined) return retired.has(device);
+      return slots.filter((x) => x !== slot && x.kind === 'worker' && alive(x.child)).length >= devices.length - retired.size;
+    };
     let supervisorGone!: () => void;
     const supervisorEnded = new Promise<void>((r) => (supervisorGone = r));
     let supervisorCode = null as number | null;
@@ -343,7 +384,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
       // summary; one killed by a signal has not, and a new one takes the run over.
       const finished = slot.kind === 'supervisor' && (supervisorDone || interrupted || exit.code === 0 || exit.code === 1);
       const policy = slot.kind === 'supervisor' ? sup.restart.supervisor : sup.restart.worker;
-      const restart = !ending && !interrupted && !escalation && !finished && (slot.takenDown || restarts(policy, exit));
+      const restart = !ending && !interrupted && !escalation && !finished && !retiredSlot(slot) && (slot.takenDown || restarts(policy, exit));
       publish({ type: 'exit', kind: slot.kind, pid: slot.child.pid ?? 0, host: hostname(), code: exit.code, signal: exit.signal, restart });
       if (!restart) {
         if (slot.kind === 'supervisor') {
@@ -356,10 +397,17 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
       const reason = slot.takenDown ? `taken down with another (${sup.strategy})` : describeExit(exit);
       if (!slot.takenDown) {
         const giveUp = intensity.record({ at: Date.now(), actor: `${who} (pid ${slot.child.pid})`, reason });
+        const device = slot.kind === 'worker' ? deviceOf(slot.index) : undefined;
+        if (giveUp && o.scenario.elastic && device !== undefined) {
+          // An elastic run gives up the device instead of the run: its worker is not restarted, and the count starts over.
+          retired.add(device);
+          intensity = new Intensity(sup.intensity, sup.period_seconds);
+          say(`supervision: worker ${slot.index} (device ${device}) ${reason}, past the restart intensity: device ${device} is lost for good`);
+          loseDevice(device, 'intensity', `its worker failed past supervision.intensity (${sup.intensity} in ${sup.period_seconds} s), the last time ${reason}`);
+          return;
+        }
         if (giveUp) {
-          escalation = giveUp;
-          say(`supervision: ${giveUp}`);
-          publish({ type: 'log', level: 'error', source: 'launcher', message: `supervision: ${giveUp}` });
+          escalate(giveUp);
           if (slot.kind === 'supervisor') {
             supervisorCode = 1;
             supervisorGone();

@@ -34,7 +34,7 @@ export interface Permissions {
 /** Which run events each role may publish; nobody else publishes any. */
 export const EVENTS_BY_ROLE = {
   launcher: ['done', 'exit', 'log'],
-  supervisor: ['phase', 'progress', 'log', 'recovered', 'lost'],
+  supervisor: ['phase', 'progress', 'log', 'recovered', 'lost', 'cordoned'],
 } as const satisfies Partial<Record<Role, ReadonlyArray<RunEvent['type']>>>;
 
 const workerUser = (run: string, device: number) => `worker${token('device', device)}-${run}`;
@@ -74,8 +74,8 @@ export function permissions(run: string, devices: readonly number[]): Omit<Recor
   return {
     // It hears the run, kills processes at chaos points, and says when processes exit and the run is done.
     launcher: {
-      publish: EVENTS_BY_ROLE.launcher.map((t) => s.event(t)),
-      subscribe: [s.events, s.chaos, s.supervisorBeat, s.heartbeats],
+      publish: [...EVENTS_BY_ROLE.launcher.map((t) => s.event(t)), s.cordon],
+      subscribe: [s.events, s.chaos, s.supervisorBeat, s.heartbeats, inbox('launcher')],
       responses: true,
     },
     // It alone writes the run's JetStream stream, KV bucket and snapshots, sends calls and go, and
@@ -100,7 +100,7 @@ export function permissions(run: string, devices: readonly number[]): Omit<Recor
         // A warm-up from an environment's expert asks one of its instances.
         envs.instance,
       ],
-      subscribe: [s.join, s.joins, s.heartbeats, s.events, s.allReady, s.allChunks, s.allReceipts, s.allTurns, inbox('supervisor'), rewards.presence, envs.presence],
+      subscribe: [s.join, s.joins, s.cordon, s.heartbeats, s.events, s.allReady, s.allChunks, s.allReceipts, s.allTurns, inbox('supervisor'), rewards.presence, envs.presence],
       responses: true,
     },
     // Its own heartbeats and calls, the chunks, receipts and collectives it sends (as its device

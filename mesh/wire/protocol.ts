@@ -563,6 +563,45 @@ export const ChaosAsk = z.strictObject({ type: z.literal('chaos'), v, target: z.
 export type ChaosAsk = z.infer<typeof ChaosAsk>;
 export const ChaosSpare = z.strictObject({ type: z.literal('spare'), v, target: z.string() });
 
+/** Why a device is lost for good: an operator's cordon, its worker past the restart intensity, a chaos event, or not back within the grace period. */
+export const LOSS_TRIGGERS = ['cordon', 'intensity', 'chaos', 'grace'] as const;
+export type LossTrigger = (typeof LOSS_TRIGGERS)[number];
+
+/** A request to run on without a device (npm run cordon, or the launcher): the supervisor answers. */
+export const CordonAsk = z.strictObject({ type: z.literal('cordon'), v, device: nat, trigger: z.enum(LOSS_TRIGGERS), reason: z.string() });
+export type CordonAsk = z.infer<typeof CordonAsk>;
+/** The supervisor takes the device out of the run: it re-plans on `left` at the next boundary. */
+export const Cordoned = z.strictObject({ type: z.literal('cordoned'), v, device: nat, left: z.array(nat) });
+export const CordonReply = z.discriminatedUnion('type', [Cordoned, ErrorReply]);
+
+/** A re-plan the supervisor decided, as progress records keep it (written before it is acted on). */
+export const ReplanRecord = z.strictObject({
+  /** The iteration the run goes on from (the snapshot's next). */
+  iteration: z.number().int(),
+  trigger: z.enum(LOSS_TRIGGERS),
+  lost: z.array(nat),
+  reason: z.string(),
+  search_seconds: z.number(),
+  plans_evaluated: nat,
+  plan_before: z.record(z.string(), z.strictObject({ mesh: z.string(), dp: pos, tp: pos, pp: pos })),
+  plan_after: z.record(z.string(), z.strictObject({ mesh: z.string(), dp: pos, tp: pos, pp: pos })),
+  /** The cost model's seconds per iteration, before (all devices) and after (those left). */
+  estimated_period_before: z.number(),
+  estimated_period_after: z.number(),
+  estimated_migration_seconds: z.number(),
+  /** What survivors would have to send at least (the minimal-byte planner), and what only the snapshot holds. */
+  minimum_bytes: nat,
+  snapshot_only_bytes: nat,
+  why: z.string(),
+  /** Filled in once the migration is done: its seconds (restore and check), the bytes it sent and the least a migration could send (optimizer moments counted), seconds from the loss to going on. */
+  migration_seconds: z.number().optional(),
+  migration_bytes: nat.optional(),
+  migration_minimum_bytes: nat.optional(),
+  parameters_equal_after_migration: z.boolean().optional(),
+  seconds: z.number().optional(),
+});
+export type ReplanRecord = z.infer<typeof ReplanRecord>;
+
 /** Where a supervisor is in its run (see engine/store.ts), as the JetStream KV bucket keeps it. */
 export const ProgressRecord = z.strictObject({
   type: z.literal('progress'),
@@ -574,6 +613,10 @@ export const ProgressRecord = z.strictObject({
   /** When the run started (ms since the epoch), and its recoveries so far. */
   startedAt: z.number(),
   recoveries: z.array(z.strictObject({ epoch: nat, reason: z.string(), snapshot: z.number().int(), iteration: z.number().int(), seconds: z.number() })),
+  /** An elastic run's plan once it re-planned (placements as a scenario's plan: takes them), the devices it lost, its re-plans. */
+  plan: z.record(z.string(), z.strictObject({ mesh: z.string(), dp: pos, tp: pos, pp: pos })).optional(),
+  lost: z.array(nat).optional(),
+  replans: z.array(ReplanRecord).optional(),
 });
 
 /** One stage result of one iteration, as the run's JetStream stream keeps it. */
@@ -635,6 +678,8 @@ export const RunEvent = z.discriminatedUnion('type', [
     signal: z.string().nullable(),
     restart: z.boolean(),
   }),
+  /** The supervisor runs on without a device from now on (a cordon, the restart intensity, chaos, the grace period): nobody restarts its worker. */
+  z.strictObject({ type: z.literal('cordoned'), v, device: nat, trigger: z.enum(LOSS_TRIGGERS), reason: z.string() }),
   /** The supervisor put every device back to its last snapshot and goes on from `iteration`. */
   z.strictObject({ type: z.literal('recovered'), v, epoch: nat, iteration: z.number().int(), snapshot: z.number().int(), seconds: z.number(), reason: z.string() }),
 ]);

@@ -85,6 +85,7 @@ describe('subjects', () => {
       'collectives',
       'collectivesFrom',
       'collectivesTo',
+      'cordon',
       'event',
       'events',
       'go',

@@ -80,6 +80,8 @@ export function subjects(run: string) {
     allTurns: `${root}.turns.*`,
     /** Chaos testing: scheduled kill points ask the launcher to kill them (request/reply). */
     chaos: `${root}.chaos`,
+    /** A device lost for good (npm run cordon, or the launcher): the supervisor answers whether it re-plans without it (request/reply). */
+    cordon: `${root}.cordon`,
     /** The run's JetStream stream of stage results (rollouts, scores), one subject per iteration and stage. */
     results: (iteration: number, stage: string) => `${root}.results.${token('iteration', iteration)}.${token('stage', stage)}`,
     allResults: `${root}.results.>`,

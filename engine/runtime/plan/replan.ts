@@ -166,7 +166,8 @@ function startsFor(ev: Evaluator, current: Candidate): Candidate[] {
       const p = current[call]!;
       if (meshAvailable(p.mesh, cluster)) return [call, p];
       const inside = whole.filter((m) => parseMesh(m, cluster).devices.every((d) => p.devices.includes(d))).sort((a, b) => size(b) - size(a));
-      for (const mesh of [...inside, ...whole.filter((m) => size(m) === largest)]) {
+      // Then the largest blocks of the cluster, then any (a rule reward runs on one device only).
+      for (const mesh of [...inside, ...whole.filter((m) => size(m) === largest), ...[...whole].sort((a, b) => size(b) - size(a))]) {
         const q = fastestOn(call, mesh);
         if (q) return [call, q];
       }

@@ -3,7 +3,7 @@
 import { appendFileSync, existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { decode, encode } from '../../../mesh/wire/index.ts';
-import { CHECKPOINT_VERSIONS, CheckpointFile, Metrics, PROTOCOL_VERSION, type EpisodeRecordWire } from '../../../mesh/wire/index.ts';
+import { CHECKPOINT_VERSIONS, CheckpointFile, Metrics, PROTOCOL_VERSION, type EpisodeRecordWire, type ReplanRecord } from '../../../mesh/wire/index.ts';
 import type { Layout } from '../../../mesh/parallel/index.ts';
 import type { CheckpointSet } from '../run/setup.ts';
 import type { TransportStats } from '../dispatch/dispatch.ts';
@@ -30,6 +30,9 @@ export interface Summary {
   transport?: TransportStats;
   /** Recoveries: how many, and each one's cause, snapshot and duration. */
   recoveries: Array<{ epoch: number; reason: string; snapshot: number; iteration: number; seconds: number }>;
+  /** An elastic run's re-plans (each with its trigger, search, plans, estimates and what was measured), and the devices it lost for good. */
+  replans?: Array<ReplanRecord & { measured_period_after?: number }>;
+  lost?: number[];
   /**
    * Snapshots taken after iterations (by this supervisor): how many, the last one's size, and the
    * seconds spent fetching them from the devices and storing them (JetStream Object Store).

@@ -5,14 +5,14 @@ import { LocalDispatcher } from '../dispatch/local-dispatch.ts';
 import { planDevices, type RunSpec } from './run.ts';
 import type { Recorder } from '../record/record.ts';
 import { MemoryStore } from '../store/store.ts';
-import { supervisorMachine, type SupervisorEvent } from '../supervisor/supervisor.machine.ts';
+import { supervisorMachine, type MembershipCommand } from '../supervisor/supervisor.machine.ts';
 
 export async function runInProcess(spec: RunSpec, recorder: Recorder, backend: string, run = 'local') {
   const devices = planDevices(spec);
   const dispatcher = new LocalDispatcher(Math.max(...devices) + 1);
   const machine = supervisorMachine.provide({
     actors: {
-      membership: fromCallback<SupervisorEvent, { need: number[] }>(({ sendBack, input }) => {
+      membership: fromCallback<MembershipCommand, { need: number[] }>(({ sendBack, input }) => {
         for (const device of input.need) sendBack({ type: 'worker.joined', device, worker: `local-${device}`, backend });
         return () => {};
       }),

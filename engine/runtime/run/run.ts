@@ -171,7 +171,7 @@ export function viewOf(r: RunSpec, call: CallName): { name: string; isView: bool
   return { name: isView ? `${model}@${call.slice(call.indexOf('.') + 1)}` : model, isView };
 }
 
-function nodeOf(r: RunSpec): (device: number) => number {
+export function nodeOf(r: RunSpec): (device: number) => number {
   return (device) => Math.floor(device / r.scenario.cluster.devices_per_node);
 }
 

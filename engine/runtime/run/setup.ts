@@ -22,7 +22,7 @@ export function keptModels(r: RunSpec): string[] {
 }
 
 /** Whether a model's shards own an optimizer: trained ones, and a learned reward model (trained at setup). */
-const optimized = (r: RunSpec, model: string) => declOf(r, model).trained || learnedReward(r, model);
+export const optimized = (r: RunSpec, model: string): boolean => declOf(r, model).trained || learnedReward(r, model);
 
 /** The learning rate a model's optimizer takes, if it has one. */
 const lrOf = (r: RunSpec, model: string) => (learnedReward(r, model) ? r.scenario.reward.model!.lr : declOf(r, model).trained ? declOf(r, model).lr : undefined);

@@ -138,7 +138,7 @@ describe('parseScenario refusals', () => {
     const many = Array.from({ length: 12 }, (_, i) => `k${i}: 1`).join('\n');
     const m = scenarioError(many);
     expect(m).toBe(
-      'test.yaml: 1 problem(s):\n  k0, k1, k2, k3, k4, … and 7 more: unknown keys (expected one of: name, seed, backend, task, model, data, cluster, models, lengths, algorithm, plan, warmup, rl, reward, environment, checkpoint, bus, timeouts, supervision, chaos)',
+      'test.yaml: 1 problem(s):\n  k0, k1, k2, k3, k4, … and 7 more: unknown keys (expected one of: name, seed, backend, task, model, data, cluster, models, lengths, algorithm, plan, warmup, rl, reward, environment, checkpoint, bus, timeouts, supervision, chaos, elastic)',
     );
     const wrong = scenarioError('seed: -1\nrl: {epochs: 0, batch: 0, iterations: 0, clip: "x", lr: -1, temperature: 0}');
     expect(wrong).toMatch(/^test\.yaml: 7 problem\(s\):/);

@@ -77,12 +77,19 @@ export const RewardActorRef = z.strictObject({
 export const Chaos = z.strictObject({
   kills: z
     .array(
-      z.strictObject({
-        actor: z.string().describe("a model of the algorithm whose worker dies (its rank 0 for the call), or 'supervisor'"),
-        call: z.enum(CHAOS_CALLS).describe('the call during which it dies'),
-        iteration: z.number().int().min(-1).describe('-1: during setup'),
-        how: z.enum(['kill', 'hang']).default('kill').describe('kill: SIGKILL; hang: SIGSTOP, found by missed heartbeats, then killed'),
-      }),
+      z.union([
+        z.strictObject({
+          actor: z.string().describe("a model of the algorithm whose worker dies (its rank 0 for the call), or 'supervisor'"),
+          call: z.enum(CHAOS_CALLS).describe('the call during which it dies'),
+          iteration: z.number().int().min(-1).describe('-1: during setup'),
+          how: z.enum(['kill', 'hang']).default('kill').describe('kill: SIGKILL; hang: SIGSTOP, found by missed heartbeats, then killed'),
+        }),
+        z.strictObject({
+          lose: z.number().int().min(0).describe('a device lost for good: its worker is killed during the call and never restarted (needs elastic:)'),
+          call: z.enum(CHAOS_CALLS).describe('the call during which it is lost'),
+          iteration: z.number().int().min(0).describe('the iteration'),
+        }),
+      ]),
     )
     .default([]),
   random: z
@@ -275,6 +282,15 @@ export const Scenario = z.strictObject({
     .prefault({}),
   supervision: Supervision.prefault({}).describe("restart policies and strategy, in Erlang/OTP's terms"),
   chaos: Chaos.optional().describe('kills to inject (npm run chaos runs the scenario with and without them)'),
+  elastic: z
+    .strictObject({
+      grace_seconds: z.number().positive().default(30).describe('a worker that does not come back within this long is lost for good'),
+      search_seconds: z.number().positive().default(2).describe("the re-plan's search budget (evaluations, as npm run plan --budget counts them)"),
+    })
+    .optional()
+    .describe(
+      'go on when a device is lost for good (its worker past the restart intensity, not back within grace_seconds, or cordoned with npm run cordon): re-plan on the devices left, restore the last snapshot onto the new plan, replay from it; without elastic:, such a loss ends the run',
+    ),
 });
 export type Scenario = z.output<typeof Scenario>;
 export type ScenarioInput = z.input<typeof Scenario>;
@@ -796,6 +812,14 @@ export async function loadScenarioFile(file: string, planFile?: string): Promise
   const name = typeof a === 'string' ? a : typeof a === 'object' && a !== null && typeof (a as { name?: unknown }).name === 'string' ? (a as { name: string }).name : undefined;
   if (name !== undefined && isPath(name)) await loadAlgorithmFile(algorithmPath(name, dirname(file)));
   return loadScenario(file, planFile);
+}
+
+/** The scenario with another plan (an elastic run's re-plan), checked against its cluster and models as a file's would be. */
+export function withPlan(s: Scenario, plan: Scenario['plan']): Scenario {
+  const out = { ...s, plan };
+  specs.set(out, algorithmSpec(s));
+  resolvePlan(out, 'the re-plan');
+  return out;
 }
 
 /** The JSON Schema of scenario files, for editors (yaml-language-server, VS Code). */

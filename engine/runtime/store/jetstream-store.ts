@@ -22,7 +22,8 @@ import { CheckpointFile, PROTOCOL_VERSION, ProgressRecord, StageRecord } from '.
 import { createHash } from 'node:crypto';
 import { subjects, type Subjects } from '../../../mesh/wire/index.ts';
 import type { CheckpointSet } from '../run/setup.ts';
-import type { Progress, RunStore, Stage } from './store.ts';
+import type { Progress, RunStore, Snapshot, Stage } from './store.ts';
+import type { Layout } from '../../../mesh/parallel/index.ts';
 
 /** Progress records the bucket keeps: the newest whole one is read back. */
 const PROGRESS_KEPT = 8;
@@ -188,8 +189,8 @@ export class JetStreamStore implements RunStore {
     return record.value as T;
   }
 
-  async saveSnapshot(iteration: number, set: CheckpointSet): Promise<{ bytes: number }> {
-    const bytes = encode({ type: 'checkpoint', v: PROTOCOL_VERSION, iteration, models: set });
+  async saveSnapshot(iteration: number, set: CheckpointSet, layouts?: Record<string, Layout>): Promise<{ bytes: number }> {
+    const bytes = encode({ type: 'checkpoint', v: PROTOCOL_VERSION, iteration, models: set, ...(layouts ? { layouts } : {}) });
     await patiently(`storing the snapshot after iteration ${iteration}`, this.patienceMs, () => this.objects.putBlob({ name: `snapshot-${iteration}` }, bytes));
     // Keep the one before too: a failure while this one was being written leaves that one whole.
     await this.dropSnapshotsBefore(iteration - 1);
@@ -229,11 +230,11 @@ export class JetStreamStore implements RunStore {
     }
   }
 
-  async loadSnapshot(iteration: number): Promise<CheckpointSet | undefined> {
+  async loadSnapshot(iteration: number): Promise<Snapshot | undefined> {
     const bytes = await patiently(`reading the snapshot after iteration ${iteration}`, this.patienceMs, () => this.objects.getBlob(`snapshot-${iteration}`));
     if (!bytes) return undefined;
     const c = decode(`object ferry-${this.run}-snapshots/snapshot-${iteration}`, bytes, CheckpointFile);
-    return c.models;
+    return { set: c.models, ...(c.layouts ? { layouts: c.layouts } : {}) };
   }
 
   async close(): Promise<void> {}

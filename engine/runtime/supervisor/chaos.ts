@@ -3,7 +3,7 @@
 // iteration, and the device whose worker dies there (the supervisor has none), so that a worker
 // or the supervisor can tell, call by call, whether it has reached one.
 import { Rng, seedOf } from '../../model/index.ts';
-import { layoutOf, ownerOf, viewOf, type RunSpec } from '../run/run.ts';
+import { layoutOf, ownerOf, planDevices, viewOf, type RunSpec } from '../run/run.ts';
 import { keptModels } from '../run/setup.ts';
 import { ScenarioError, type CallName } from '../scenario/scenario.ts';
 
@@ -21,6 +21,8 @@ export interface KillPoint {
   device?: number;
   /** An environment instance's kill: the model whose generation reaches it (mid-episode). */
   model?: string;
+  /** The device is lost for good: its worker is killed and never restarted (an elastic run re-plans). */
+  lose?: true;
 }
 
 /** The kill points' name for the environment's instances (a scenario whose environment ferry starts). */
@@ -106,7 +108,7 @@ export function killPoints(r: RunSpec): KillPoint[] {
     if (typeof device === 'string') throw new ScenarioError(`${where}: ${k.actor} never dies in '${k.call}' of iteration ${k.iteration}: ${device}`);
     out.push({ ...k, id: `k${out.length}`, device });
   };
-  chaos.kills.forEach((k, i) => add(k, `chaos.kills[${i}]`));
+  chaos.kills.forEach((k, i) => ('lose' in k ? out.push(losePoint(r, k, `chaos.kills[${i}]`, `k${out.length}`)) : add(k, `chaos.kills[${i}]`)));
   if (chaos.random) {
     const rng = new Rng(seedOf(chaos.random.seed, 0xc4a05));
     const drawFrom = chaos.random.actors ?? kinds;
@@ -125,8 +127,29 @@ export function killPoints(r: RunSpec): KillPoint[] {
   return out;
 }
 
+/**
+ * A device lost for good during a call (`{ lose: DEVICE, call, iteration }`): the scenario must be
+ * elastic, the device the plan's, and the call one the device runs in that iteration.
+ */
+function losePoint(r: RunSpec, k: { lose: number; call: string; iteration: number }, where: string, id: string): KillPoint {
+  if (!r.scenario.elastic) throw new ScenarioError(`${where}: a device lost for good ends a run that is not elastic; add elastic: to the scenario (it re-plans onto the devices left)`);
+  const devices = planDevices(r);
+  if (!devices.includes(k.lose)) throw new ScenarioError(`${where}: lose: ${k.lose} is not a device of the plan (devices ${devices.join(', ')})`);
+  if (k.iteration >= r.scenario.rl.iterations) throw new ScenarioError(`${where}: iteration ${k.iteration} is past the run's last (${r.scenario.rl.iterations - 1})`);
+  const graphCall = ['generate', 'inference', 'train'].includes(k.call);
+  const runs = graphCall
+    ? r.graph.calls.some((c) => c.fn === k.call && layoutOf(r, c.name).devices.includes(k.lose))
+    : k.call === 'checkpoint' && keptModels(r).some((m) => layoutOf(r, ownerOf(r, m)).devices.includes(k.lose));
+  if (!runs) {
+    const calls = [...new Set(r.graph.calls.filter((c) => layoutOf(r, c.name).devices.includes(k.lose)).map((c) => c.fn))];
+    throw new ScenarioError(`${where}: device ${k.lose} runs no '${k.call}' in an iteration with this plan; it runs ${[...calls, 'checkpoint'].map((c) => `'${c}'`).join(', ')}`);
+  }
+  return { id, actor: 'device', call: k.call, iteration: k.iteration, how: 'kill', device: k.lose, lose: true };
+}
+
 /** Whether a worker running `fn` of `model` in `iteration` on `device` has reached `k`. */
 export function reachedByWorker(k: KillPoint, device: number, model: string, fn: string, iteration: number): boolean {
+  if (k.lose) return k.device === device && fn === k.call && iteration === k.iteration;
   return k.actor !== 'supervisor' && k.device === device && model.split('@')[0] === (k.model ?? k.actor) && fn === k.call && iteration === k.iteration;
 }
 

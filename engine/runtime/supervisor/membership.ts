@@ -63,7 +63,7 @@ export class Membership {
     private readonly nc: Bus,
     private readonly subj: Subjects,
     run: string,
-    private readonly need: readonly number[],
+    private need: readonly number[],
     private readonly o: MembershipOptions,
   ) {
     const rejected = (error: { message: string }) => {
@@ -131,6 +131,17 @@ export class Membership {
 
   close(): void {
     for (const stop of this.stops.splice(0)) stop();
+  }
+
+  /** The devices of the plan now (an elastic run re-planned): a worker on a device left out is given up, and whoever started it stops it. */
+  setNeed(need: readonly number[]): void {
+    this.need = [...need];
+    for (const device of [...this.members.keys()]) if (!this.need.includes(device)) this.lose(device, 'its device is no longer in the plan (lost for good)', true);
+  }
+
+  /** The devices of the plan now. */
+  get devices(): readonly number[] {
+    return this.need;
   }
 
   /** The seal of the worker process that is `device` now, when it said one. */

@@ -9,7 +9,7 @@ import type { Progress, RunStore } from '../store/store.ts';
 import { planDevices, runSpec, type IterationResult, type RunSpec } from '../run/run.ts';
 import type { CheckpointSet } from '../run/setup.ts';
 import { parseScenario } from '../scenario/scenario.ts';
-import { supervisorMachine, type SupervisorEvent, type SupervisorInput } from './supervisor.machine.ts';
+import { supervisorMachine, type MembershipCommand, type SupervisorInput } from './supervisor.machine.ts';
 
 type Impl = NonNullable<NonNullable<Parameters<typeof supervisorMachine.provide>[0]>['actors']>;
 /** The input the machine gives a stage actor. */
@@ -133,7 +133,7 @@ function startSupervisor(o: Options = {}) {
   const attempts = new Map<number, number>();
   const machine = supervisorMachine.provide({
     actors: {
-      membership: fromCallback<SupervisorEvent, { need: number[] }>(({ input }) => {
+      membership: fromCallback<MembershipCommand, { need: number[] }>(({ input }) => {
         calls.membership.push(input);
         return () => void calls.membershipStopped++;
       }),

@@ -11,8 +11,9 @@
 // runs again from the restored state, so every prompt is trained on exactly once. Past the
 // supervision intensity it gives up with an error that names the failures.
 import type { Demonstrate } from '../../environments/index.ts';
-import { assign, fromCallback, fromPromise, setup } from 'xstate';
-import type { Metrics } from '../../../mesh/wire/index.ts';
+import { assign, fromCallback, fromPromise, sendTo, setup } from 'xstate';
+import type { LossTrigger, Metrics, ReplanRecord } from '../../../mesh/wire/index.ts';
+import { decideReplan, migrateToPlan, placementsOf, type Loss } from '../../elastic/index.ts';
 import type { Layout } from '../../../mesh/parallel/index.ts';
 import { CallError, fence, type Dispatcher } from '../dispatch/dispatch.ts';
 import { accountRollouts } from '../../device/index.ts';
@@ -23,6 +24,7 @@ import type { Progress, RunStore } from '../store/store.ts';
 import { finalDigests, planDevices, rolloutField, ruleScore, responseStats, runIteration, trainedRollouts, type IterationResult, type RewardSources, type RunSpec } from '../run/run.ts';
 import { checkpointLayouts, setupModels, takeCheckpoint, type CheckpointSet } from '../run/setup.ts';
 import { Intensity } from './supervision.ts';
+import { restoreDevices } from './recovery.ts';
 
 export interface SupervisorInput {
   spec: RunSpec;
@@ -48,14 +50,21 @@ export interface SupervisorInput {
   demonstrate?: Demonstrate;
   /** Tells observers that a recovery is done (the bus's events subject). */
   onRecovered?: (r: { epoch: number; iteration: number; snapshot: number; seconds: number; reason: string }) => void;
+  /** Tells whoever restarts workers that a device is out of the run for good (an elastic run's loss). */
+  onCordoned?: (c: { device: number; trigger: LossTrigger; reason: string }) => void;
 }
+
+/** What the machine tells its membership actor: the devices of the plan now (after a re-plan). */
+export type MembershipCommand = { type: 'need'; need: number[] };
 
 export type SupervisorEvent =
   | { type: 'interrupt'; reason: string }
   | { type: 'worker.joined'; device: number; worker: string; backend: string }
   | { type: 'worker.lost'; device: number; worker: string; reason: string }
   /** Someone's connection to NATS dropped and came back: messages in flight may be lost. */
-  | { type: 'bus.trouble'; reason: string };
+  | { type: 'bus.trouble'; reason: string }
+  /** A device is lost for good (cordoned, past the restart intensity, a chaos event): an elastic run re-plans without it. */
+  | { type: 'device.lost'; device: number; trigger: LossTrigger; reason: string };
 
 interface Context extends SupervisorInput {
   need: number[];
@@ -79,6 +88,13 @@ interface Context extends SupervisorInput {
   rewardModel?: Summary['reward_model'];
   warmup?: Summary['warmup'];
   error?: string;
+  /** Devices lost for good (an elastic run), and its re-plans. */
+  lost: number[];
+  replans: ReplanRecord[];
+  /** The loss a re-plan under way answers, and when it was heard. */
+  loss?: Loss & { at: number };
+  /** The run's spec before the re-plan under way. */
+  from?: RunSpec;
 }
 
 type StageInput = { d: Dispatcher; r: RunSpec; store: RunStore; iteration: number; rewards?: RewardSources; demonstrate?: Demonstrate };
@@ -87,6 +103,7 @@ type StageInput = { d: Dispatcher; r: RunSpec; store: RunStore; iteration: numbe
 const RECOVER_ON_LOSS = {
   'worker.lost': { target: '#supervisor.recovering', actions: ['unjoin', 'noteLoss'] },
   'bus.trouble': { target: '#supervisor.recovering', actions: 'noteLoss' },
+  'device.lost': { target: '#supervisor.replanning', actions: 'noteLostForGood' },
 } as const;
 
 /** The devices of the plan that have no worker now. */
@@ -103,6 +120,16 @@ const fatal = (e: unknown) => (e as { fatal?: unknown })?.fatal === true || (e i
 
 const errorText = (e: unknown) => (e instanceof Error ? `${e.name}: ${e.message}` : String(e));
 
+/** Each re-plan with the period measured after it: the median seconds of the iterations it ran (up to the next re-plan). */
+function measuredPeriods(replans: readonly ReplanRecord[], history: readonly Metrics[]): Summary['replans'] {
+  return replans.map((r, i) => {
+    const until = replans[i + 1]?.iteration ?? Number.POSITIVE_INFINITY;
+    const seconds = history.filter((m) => m.iteration >= r.iteration && m.iteration < until).map((m) => m.seconds);
+    const measured = median(seconds);
+    return { ...r, ...(typeof measured === 'number' ? { measured_period_after: measured } : {}) };
+  });
+}
+
 export const supervisorMachine = setup({
   types: {
     context: {} as Context,
@@ -112,43 +139,30 @@ export const supervisorMachine = setup({
   },
   actors: {
     /** Keeps the run's membership: joins, heartbeats, exits. The process host provides the NATS version. */
-    membership: fromCallback<SupervisorEvent, { need: number[] }>(() => () => {}),
+    membership: fromCallback<MembershipCommand, { need: number[] }>(() => () => {}),
+    /** The plan for the devices left, written ahead to the run's store before anything acts on it. */
+    decide: fromPromise(async ({ input }: { input: { r: RunSpec; store: RunStore; lost: number[]; loss: Loss; progress: Progress } }) => {
+      const { spec, record } = decideReplan(input.r, input.lost, input.loss, input.progress.iteration);
+      const replans = [...(input.progress.replans ?? []), record];
+      const lost = [...input.lost, ...input.loss.devices];
+      await input.store.saveProgress({ ...input.progress, plan: record.plan_after, lost, replans });
+      return { spec, record };
+    }),
+    /** The last snapshot onto the new plan, checked bit for bit (elastic/migrate.ts); with none yet, setup on it. */
+    migrate: fromPromise(async ({ input }: { input: StageInput & { from: RunSpec; lost: number[]; devices: number[]; snapshot?: number; resume?: SupervisorInput['resume'] } }) => {
+      if (input.snapshot === undefined) return { ...(await restoreDevices(input)), migration: undefined };
+      const m = await migrateToPlan({ ...input, snapshot: input.snapshot });
+      return { parameters: m.parameters, rewardModel: m.rewardModel, warmup: m.warmup, snapshot: m.snapshot, migration: m };
+    }),
     setupModels: fromPromise(async ({ input }: { input: StageInput & { resume?: CheckpointSet; resumeAfter?: number } }) => {
       const out = await setupModels(input.d, input.r, input.resume, input.demonstrate);
       // The first snapshot: what a recovery before the first iteration's goes back to.
       const after = input.resumeAfter ?? -1;
-      await input.store.saveSnapshot(after, await takeCheckpoint(input.d, input.r, after));
+      await input.store.saveSnapshot(after, await takeCheckpoint(input.d, input.r, after), checkpointLayouts(input.r));
       return out;
     }),
-    /**
-     * Back to the last snapshot on every device: reset them all (whatever they were running),
-     * then load and restore; with no snapshot yet, set up again: from the checkpoint a resumed
-     * run started from, else from scratch.
-     */
-    recover: fromPromise(async ({ input }: { input: StageInput & { devices: number[]; snapshot?: number; resume?: SupervisorInput['resume'] } }) => {
-      const { d, r, store } = input;
-      // A worker that has just reconnected (a server restart) may not be subscribed again yet.
-      const deadline = Date.now() + r.scenario.timeouts.recover_seconds * 1000;
-      const reset = async (device: number): Promise<unknown> => {
-        try {
-          return await d.call(device, '*', -1, { fn: 'reset', epoch: d.epoch });
-        } catch (e) {
-          if (!(e instanceof CallError && (e.code === 'unreachable' || e.code === 'timeout')) || Date.now() > deadline) throw e;
-          await new Promise((res) => setTimeout(res, 250));
-          return reset(device);
-        }
-      };
-      await Promise.all(input.devices.map(reset));
-      if (input.snapshot === undefined) {
-        const after = input.resume?.iteration ?? -1;
-        const out = await setupModels(d, r, input.resume?.checkpoint, input.demonstrate);
-        await store.saveSnapshot(after, await takeCheckpoint(d, r, after));
-        return { ...out, snapshot: after };
-      }
-      const set = await store.loadSnapshot(input.snapshot);
-      if (!set) throw new Error(`the run store has no snapshot after iteration ${input.snapshot} to recover from`);
-      return { ...(await setupModels(d, r, set)), snapshot: input.snapshot };
-    }),
+    /** Back to the last snapshot on every device (recovery.ts). */
+    recover: fromPromise(({ input }: { input: StageInput & { devices: number[]; snapshot?: number; resume?: SupervisorInput['resume'] } }) => restoreDevices(input)),
     /** A snapshot after the iteration (every `checkpoint.every`, and after the last), into the store and the run directory. */
     checkpoint: fromPromise(async ({ input }: { input: StageInput & { save?: SupervisorInput['saveCheckpoint'] } }) => {
       const every = input.r.scenario.checkpoint.every;
@@ -157,7 +171,7 @@ export const supervisorMachine = setup({
       const t0 = performance.now();
       const set = await takeCheckpoint(input.d, input.r, input.iteration);
       const t1 = performance.now();
-      const { bytes } = await input.store.saveSnapshot(input.iteration, set);
+      const { bytes } = await input.store.saveSnapshot(input.iteration, set, checkpointLayouts(input.r));
       const t2 = performance.now();
       await input.save?.(input.iteration, set, checkpointLayouts(input.r));
       return { bytes, fetch_seconds: (t1 - t0) / 1000, store_seconds: (t2 - t1) / 1000 };
@@ -186,12 +200,14 @@ export const supervisorMachine = setup({
     /** A supervisor taking a run over recovers as soon as every device has a worker. */
     takingOver: ({ context }) => missingDevices(context).length === 0 && context.takeOver !== undefined,
     moreIterations: ({ context }) => context.iteration + 1 < context.spec.scenario.rl.iterations,
+    elastic: ({ context }) => context.spec.scenario.elastic !== undefined && missingDevices(context).length > 0,
     nothingLeft: ({ context }) => context.iteration >= context.spec.scenario.rl.iterations,
     escalated: ({ context }) => context.error !== undefined,
   },
   delays: {
     joinTimeout: ({ context }) => context.spec.scenario.timeouts.join_seconds * 1000,
     recoverTimeout: ({ context }) => context.spec.scenario.timeouts.recover_seconds * 1000,
+    grace: ({ context }) => (context.spec.scenario.elastic?.grace_seconds ?? 0) * 1000,
     /** A recovery that follows failed ones waits first: 0.25 s, 0.5 s, 1 s, … up to 5 s. */
     backoff: ({ context }) => (context.attempts <= 1 ? 0 : Math.min(5000, 250 * 2 ** (context.attempts - 2))),
   },
@@ -233,6 +249,43 @@ export const supervisorMachine = setup({
       const escalation = context.intensity.record({ at: Date.now(), actor: failure.reason.split(':')[0]!, reason: failure.reason.slice(failure.reason.indexOf(':') + 1).trim() });
       context.recorder.phase('recovering', `${failure.reason} (recovery ${context.dispatcher.epoch})`);
       return { attempts: context.attempts + 1, ...(escalation ? { error: `supervision: ${escalation}` } : {}) };
+    }),
+    /** A device lost for good: the re-plan that follows leaves it out (and whoever restarts workers hears so). */
+    noteLostForGood: assign(({ context, event }) => {
+      if (event.type !== 'device.lost') return {};
+      const devices = [...new Set([...(context.loss?.devices ?? []), event.device])];
+      return {
+        loss: { devices, trigger: context.loss?.trigger ?? event.trigger, reason: context.loss ? `${context.loss.reason}; ${event.reason}` : event.reason, at: context.loss?.at ?? Date.now() },
+      };
+    }),
+    /** Devices of the plan still missing past elastic.grace_seconds: lost for good. */
+    graceExpired: assign(({ context }) => {
+      const missing = missingDevices(context);
+      const reason = `no worker for device(s) ${missing.join(', ')} within elastic.grace_seconds (${context.spec.scenario.elastic?.grace_seconds} s)`;
+      return { loss: { devices: missing, trigger: 'grace' as const, reason, at: Date.now() } };
+    }),
+    /** Entering a re-plan: abandon every call in flight; a loss is a decision, not a failure, and does not count against the intensity. */
+    beginReplan: ({ context }) => {
+      const loss = context.loss!;
+      context.dispatcher.interrupt(`re-planning: ${loss.reason}`);
+      context.recorder.phase('replanning', `device(s) ${loss.devices.join(', ')} lost for good (${loss.trigger}: ${loss.reason}): searching a plan on the devices left`);
+      for (const device of loss.devices) context.onCordoned?.({ device, trigger: loss.trigger, reason: loss.reason });
+    },
+    adoptPlan: assign(({ context }, out: { spec: RunSpec; record: ReplanRecord }) => {
+      context.recorder.phase('migrating', out.record.why);
+      return { from: context.spec, spec: out.spec, need: planDevices(out.spec), lost: [...context.lost, ...context.loss!.devices], replans: [...context.replans, out.record] };
+    }),
+    migrated: assign(({ context }, out: { snapshot: number; migration?: { seconds: number; bytes: number; minimumBytes: number; equal: boolean } }) => {
+      const last = context.replans.at(-1)!;
+      const m = out.migration;
+      const done: ReplanRecord = {
+        ...last,
+        ...(m ? { migration_seconds: m.seconds, migration_bytes: m.bytes, migration_minimum_bytes: m.minimumBytes, parameters_equal_after_migration: m.equal } : {}),
+        seconds: (Date.now() - (context.loss?.at ?? Date.now())) / 1000,
+      };
+      // What the recovery entry that follows says: the run went back to its snapshot by a re-plan.
+      const failure = { reason: `re-plan without device(s) ${last.lost.join(', ')} (${last.trigger}): ${last.reason}`, at: context.loss?.at ?? Date.now() };
+      return { replans: [...context.replans.slice(0, -1), done], loss: undefined, from: undefined, failure };
     }),
     recovered: assign(({ context }, out: { parameters: Record<string, number>; snapshot: number; warmup?: Summary['warmup']; rewardModel?: Summary['reward_model'] }) => {
       const seconds = (Date.now() - (context.failure?.at ?? Date.now())) / 1000;
@@ -299,6 +352,7 @@ export const supervisorMachine = setup({
         parameters: context.parameters,
         ...(context.dispatcher.stats ? { transport: context.dispatcher.stats() } : {}),
         recoveries: context.recoveries,
+        ...(context.replans.length ? { replans: measuredPeriods(context.replans, context.history), lost: context.lost } : {}),
         ...(context.snapshots.count ? { snapshots: context.snapshots } : {}),
         ...(context.warmup ? { warmup: context.warmup } : {}),
         ...(context.rewardModel ? { reward_model: context.rewardModel } : {}),
@@ -325,12 +379,14 @@ export const supervisorMachine = setup({
     snapshot: input.takeOver?.snapshot,
     intensity: new Intensity(input.spec.scenario.supervision.intensity, input.spec.scenario.supervision.period_seconds),
     recoveries: input.takeOver?.recoveries ?? [],
+    lost: input.takeOver?.lost ?? [],
+    replans: input.takeOver?.replans ?? [],
     attempts: 0,
     snapshots: { count: 0, bytes: 0, fetch_seconds: 0, store_seconds: 0 },
     ...(input.takeOver ? { failure: { reason: 'supervisor: a new supervisor took the run over', at: Date.now() } } : {}),
   }),
   // Membership runs for the whole run: workers can die and be replaced at any time.
-  invoke: { src: 'membership', input: ({ context }) => ({ need: context.need }) },
+  invoke: { id: 'membership', src: 'membership', input: ({ context }) => ({ need: context.need }) },
   initial: 'gathering',
   on: {
     // Ctrl-C, a stop request, or the launcher's escalation: the run ends as failed, and says why.
@@ -400,6 +456,7 @@ export const supervisorMachine = setup({
       on: {
         'worker.lost': { target: 'recovering', reenter: true, actions: ['unjoin', 'noteLoss'] },
         'bus.trouble': { target: 'recovering', reenter: true, actions: 'noteLoss' },
+        'device.lost': { target: '#supervisor.replanning', actions: 'noteLostForGood' },
       },
       initial: 'pausing',
       states: {
@@ -407,6 +464,8 @@ export const supervisorMachine = setup({
         waiting: {
           always: { guard: 'allJoined', target: 'restoring' },
           after: {
+            // An elastic run does not wait past its grace period for a device: it goes on without it.
+            grace: { guard: 'elastic', target: '#supervisor.replanning', actions: 'graceExpired' },
             recoverTimeout: {
               target: '#supervisor.failed',
               actions: assign({
@@ -450,6 +509,100 @@ export const supervisorMachine = setup({
         },
       },
     },
+    /**
+     * A device lost for good (elastic runs): the calls in flight are abandoned; a plan on the
+     * devices left is searched and written ahead to the store; once every device of the new plan
+     * has a worker, the last snapshot is restored onto it (checked bit for bit) and the run goes
+     * on from the iteration after it, its recorded rollouts replayed. A failure in the migration
+     * is recovered as any other, onto the new plan.
+     */
+    replanning: {
+      entry: 'beginReplan',
+      on: {
+        'worker.lost': { actions: 'unjoin' },
+        'bus.trouble': {},
+        'device.lost': { target: 'replanning', reenter: true, actions: 'noteLostForGood' },
+      },
+      initial: 'searching',
+      states: {
+        searching: {
+          invoke: {
+            src: 'decide',
+            input: ({ context }) => ({
+              r: context.spec,
+              store: context.store,
+              lost: context.lost,
+              loss: context.loss!,
+              progress: {
+                epoch: context.dispatcher.epoch,
+                iteration: (context.snapshot ?? -1) + 1,
+                snapshot: context.snapshot,
+                history: context.history.filter((m) => m.iteration <= (context.snapshot ?? -1)),
+                startedAt: context.startedAt,
+                recoveries: context.recoveries,
+                replans: context.replans,
+              },
+            }),
+            onDone: {
+              target: 'waiting',
+              actions: [{ type: 'adoptPlan', params: ({ event }) => event.output }, sendTo('membership', ({ context }) => ({ type: 'need', need: context.need }) as MembershipCommand)],
+            },
+            onError: { target: '#supervisor.failed', actions: { type: 'fail', params: ({ event }) => ({ stage: 're-planning', error: event.error }) } },
+          },
+        },
+        waiting: {
+          always: { guard: 'allJoined', target: 'migrating' },
+          after: {
+            recoverTimeout: {
+              target: '#supervisor.failed',
+              actions: assign({
+                error: ({ context }) =>
+                  `re-planned onto devices ${context.need.join(', ')}, but no worker for device(s) ${missingDevices(context).join(', ')} came within ${context.spec.scenario.timeouts.recover_seconds} s (timeouts.recover_seconds)`,
+              }),
+            },
+          },
+        },
+        migrating: {
+          invoke: {
+            src: 'migrate',
+            input: ({ context }) => ({
+              d: fence(context.dispatcher),
+              r: context.spec,
+              from: context.from!,
+              lost: context.lost,
+              store: context.store,
+              iteration: -1,
+              devices: context.need,
+              snapshot: context.snapshot,
+              resume: context.resume,
+              demonstrate: context.demonstrate,
+            }),
+            onDone: [
+              {
+                guard: ({ context, event }) => event.output.snapshot + 1 >= context.spec.scenario.rl.iterations,
+                target: '#supervisor.finishing',
+                actions: [
+                  { type: 'migrated', params: ({ event }) => event.output },
+                  { type: 'recovered', params: ({ event }) => event.output },
+                  assign({ iteration: ({ context }) => context.iteration - 1 }),
+                ],
+              },
+              {
+                target: '#supervisor.saving',
+                actions: [
+                  { type: 'migrated', params: ({ event }) => event.output },
+                  { type: 'recovered', params: ({ event }) => event.output },
+                ],
+              },
+            ],
+            onError: [
+              { guard: ({ event }) => fatal(event.error), target: '#supervisor.failed', actions: { type: 'fail', params: ({ event }) => ({ stage: 'migration', error: event.error }) } },
+              { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'migration', error: event.error }) } },
+            ],
+          },
+        },
+      },
+    },
     /** The progress record: where a supervisor that takes over would start. */
     saving: {
       on: RECOVER_ON_LOSS,
@@ -464,6 +617,7 @@ export const supervisorMachine = setup({
             history: context.history,
             startedAt: context.startedAt,
             recoveries: context.recoveries,
+            ...(context.replans.length ? { plan: placementsOf(context.spec), lost: context.lost, replans: context.replans } : {}),
           },
         }),
         onDone: [{ guard: 'nothingLeft', target: 'finishing', actions: assign({ iteration: ({ context }) => context.iteration - 1 }) }, { target: 'iterating' }],

@@ -1,0 +1,91 @@
+// An elastic run's migration onto its new plan: the last snapshot, resharded onto the new layouts
+// (every element copied, none computed), restored on the devices left; then read back and
+// compared, model by model, as logical tensors (each model's ranks joined into whole tensors):
+// the parameters right after the migration must equal the snapshot's, bit for bit. The snapshot
+// is stored again on the new layouts, so that later recoveries restore it as it is.
+import { createHash } from 'node:crypto';
+import { layoutKey, planMigration, type Layout } from '../../mesh/parallel/index.ts';
+import { modelInfo, type GptSpec } from '../model/index.ts';
+import { wholeTensors } from '../runtime/store/reshard.ts';
+import { layoutOf, modelSpec, nodeOf, ownerOf, type RunSpec } from '../runtime/run/run.ts';
+import { checkpointLayouts, optimized, takeCheckpoint, type CheckpointSet } from '../runtime/run/setup.ts';
+import { restoreDevices, type RestoreInput, type SetupOutput } from '../runtime/supervisor/recovery.ts';
+
+export class MigrationError extends Error {
+  override name = 'MigrationError';
+  readonly fatal = true;
+}
+
+/** Each model's weights as whole tensors, hashed in the canonical order (names, shapes, bytes). */
+export function logicalDigests(r: RunSpec, set: CheckpointSet, layouts: Readonly<Record<string, Layout>>): Record<string, string> {
+  return Object.fromEntries(
+    Object.entries(set).map(([model, shards]) => {
+      const h = createHash('sha256');
+      for (const t of wholeTensors(modelSpec(r, model) as GptSpec, layouts[model]!, shards, model)) {
+        h.update(`${t.name}:${t.shape.join('x')};`);
+        h.update(new Uint8Array(t.data.buffer, t.data.byteOffset, t.data.byteLength));
+      }
+      return [model, h.digest('hex')];
+    }),
+  );
+}
+
+/** Bytes a restore of `set` sends: every rank's weights, and its optimizer's two moments where it has them. */
+export function setBytes(set: CheckpointSet): number {
+  let n = 0;
+  for (const shards of Object.values(set)) {
+    for (const c of shards) {
+      for (const t of c.tensors) n += t.data.byteLength;
+      for (const m of c.optimizer?.moments ?? []) n += m.m.byteLength + m.v.byteLength;
+    }
+  }
+  return n;
+}
+
+export interface Migrated extends SetupOutput {
+  snapshot: number;
+  seconds: number;
+  /** Bytes sent to the devices (the restore of the resharded snapshot). */
+  bytes: number;
+  /** The least any migration could send: what each new rank lacks of what survivors hold, plus what only the lost held (optimizer moments counted). */
+  minimumBytes: number;
+  /** Models whose layout changed. */
+  moved: string[];
+  /** Per model: the snapshot's logical digest and the devices' after the migration. */
+  digests: Record<string, { before: string; after: string }>;
+  equal: boolean;
+}
+
+/** Moves the run from `from` (its plan before) onto `input.r` (the new plan), without the `lost` devices. */
+export async function migrateToPlan(input: RestoreInput & { from: RunSpec; lost: readonly number[]; snapshot: number }): Promise<Migrated> {
+  const t0 = performance.now();
+  const { r, from } = input;
+  const loaded = await input.store.loadSnapshot(input.snapshot);
+  if (!loaded) throw new MigrationError(`the run store has no snapshot after iteration ${input.snapshot} to migrate from`);
+  const fromLayouts = loaded.layouts ?? checkpointLayouts(from);
+  const before = logicalDigests(from, loaded.set, fromLayouts);
+  const out = await restoreDevices({ ...input, loaded });
+  const toLayouts = checkpointLayouts(r);
+  const after = await takeCheckpoint(input.d, r, input.snapshot);
+  const afterDigests = logicalDigests(r, after, toLayouts);
+  const digests = Object.fromEntries(Object.keys(before).map((m) => [m, { before: before[m]!, after: afterDigests[m] ?? '' }]));
+  const equal = Object.values(digests).every((x) => x.before === x.after);
+  if (!equal) {
+    const bad = Object.entries(digests).filter(([, x]) => x.before !== x.after);
+    throw new MigrationError(
+      `the parameters after the migration differ from the snapshot's: ${bad.map(([m, x]) => `'${m}' ${x.before.slice(0, 12)} before, ${x.after.slice(0, 12)} after`).join('; ')}`,
+    );
+  }
+  await input.store.saveSnapshot(input.snapshot, after, toLayouts);
+  const lost = new Set(input.lost);
+  let minimumBytes = 0;
+  const moved: string[] = [];
+  for (const model of Object.keys(loaded.set)) {
+    const a = fromLayouts[model]!;
+    const b = layoutOf(r, ownerOf(r, model));
+    if (layoutKey(a) !== layoutKey(b)) moved.push(model);
+    const plan = planMigration(modelInfo(modelSpec(r, model) as GptSpec), a, b, nodeOf(r), lost);
+    minimumBytes += plan.minimumBytes * (optimized(r, model) ? 3 : 1);
+  }
+  return { ...out, snapshot: input.snapshot, seconds: (performance.now() - t0) / 1000, bytes: setBytes(out.restored ?? {}), minimumBytes, moved, digests, equal };
+}
