@@ -184,6 +184,11 @@ runMain(async () => {
     (ask, msg) => {
       if (!answerable(msg)) return;
       const c = actor.getSnapshot().context;
+      // Asked again (the launcher does, of a supervisor that takes the run over): it is out already.
+      if (c.lost.includes(ask.device) || c.loss?.devices.includes(ask.device)) {
+        msg.respond(encode({ type: 'cordoned', v: PROTOCOL_VERSION, device: ask.device, left: c.need }));
+        return;
+      }
       let problem: string | undefined;
       try {
         problem = cordonProblem(c.spec, c.need, c.lost, ask, (c.snapshot ?? -1) + 1);

@@ -69,6 +69,7 @@ const TRIED: Record<Who, Record<string, string>> = {
     "exit of a live worker's pid": "ignored by the supervisor: that worker's process is alive",
     'exit of a pid the run never had': 'ignored: no worker has that pid',
     'a log line': 'printed by the launcher',
+    'a request to cordon a device of a run that is not elastic': 'refused by the supervisor, which says so: a device lost for good ends a run that is not elastic',
   },
   supervisor: {
     'random bytes':
@@ -278,6 +279,10 @@ async function asLauncher(url: string, subj: Subjects, creds: RunCredentials): P
   h.send("exit of a live worker's pid", subj.event('exit'), encode(events.exit));
   h.send('exit of a pid the run never had', subj.event('exit'), encode({ ...events.exit, pid: 4_000_017 }));
   h.send('a log line', subj.event('log'), encode(events.log));
+  // A cordon takes a device out of an elastic run (the launcher's and the operator's to ask, with this credential).
+  const cordon = { type: 'cordon', v, device: 1, trigger: 'cordon', reason: 'hostile' };
+  h.malformed(subj.cordon, cordon);
+  await h.ask('a request to cordon a device of a run that is not elastic', subj.cordon, cordon);
   await h.close();
   return h;
 }
@@ -324,10 +329,6 @@ async function asSupervisor(url: string, subj: Subjects, run: string, creds: Run
   const ask = { type: 'chaos', v, target: 'hostile', pid: 4_000_023, where: 'nowhere' };
   h.malformed(subj.chaos, ask);
   await h.ask('a chaos request for a kill point the run does not have', subj.chaos, ask);
-  // A cordon would take a device out of the run (the launcher's and the operator's to ask).
-  const cordon = { type: 'cordon', v, device: 1, trigger: 'cordon', reason: 'hostile' };
-  h.malformed(subj.cordon, cordon);
-  await h.ask('a request to cordon a device', subj.cordon, cordon);
   const events: Record<(typeof EVENTS_BY_ROLE.supervisor)[number], Record<string, unknown>> = {
     phase: { type: 'phase', v, phase: 'iterating', detail: 'forged' },
     progress: { type: 'progress', v, iterations: 99, metrics: { iteration: 42, reward_mean: 1, seconds: 1, tokens: 1, tokens_per_second: 1, realloc_seconds: 0, realloc_bytes: 0 } },
@@ -613,6 +614,7 @@ describe('a run on the closed bus with a hostile client beside it', () => {
     const supervisorLog = log('supervisor.log');
     for (const d of devices) expect(log(`worker-${d}.log`)).toMatch(/ignored a 'done' \(failed: forged\): the supervisor still beats/);
     expect(supervisorLog).toMatch(/ignored an exit of pid \d+ \(device 1, worker \S+\): that process is alive on this machine/);
+    expect(supervisorLog).toMatch(/refused to run on without device 1 \(cordon: hostile\): this run is not elastic/);
     expect(said.join('\n')).toMatch(/ignored a 'lost' of device 1 \(forged: no heartbeat\): it names worker hostile-worker, but pid \d+ beats as worker \S+/);
     // Each kind of forged reply came first at least once, and was dropped.
     const dropped = new Set(by.worker!.answered.filter((a) => supervisorLog.includes(`dropped a reply to call ${a.call} `)).map((a) => a.kind));

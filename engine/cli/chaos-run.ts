@@ -3,8 +3,8 @@
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { runId } from '../../mesh/wire/index.ts';
-import { median } from '../runtime/index.ts';
-import type { Scenario } from '../runtime/index.ts';
+import { median, withPlan } from '../runtime/index.ts';
+import type { Scenario, Summary } from '../runtime/index.ts';
 import { launch, type LaunchResult } from './launch.ts';
 
 export interface ChaosReport {
@@ -28,6 +28,17 @@ export interface ChaosReport {
   clean_replays?: boolean;
   /** The chaos run's bus: the NATS server's version and how its JetStream syncs writes. */
   bus?: { server_version: string; sync: string };
+  /**
+   * An elastic run that lost devices for good: its re-plans, and what they moved. The clean run it
+   * is compared with is then the reference item 3 of the elastic issue names: the run stopped
+   * where each re-plan went back to, and resumed from that checkpoint on the re-plan's plan.
+   */
+  replans?: NonNullable<Summary['replans']>;
+  migration_bytes_ratio?: number | null;
+  parameters_equal_after_migration?: boolean;
+  /** Bytes of snapshots that went through the supervisor's process (every snapshot does today). */
+  snapshot_bytes_via_supervisor?: number;
+  reference?: 'clean' | 'resumed on each re-plan';
 }
 
 const count = (xs: readonly string[]) => xs.reduce<Record<string, number>>((m, x) => ((m[x] = (m[x] ?? 0) + 1), m), {});
@@ -57,7 +68,41 @@ export function chaosReport(scenario: string, clean: LaunchResult, chaos: Launch
     chaos: { status: x?.status ?? 'failed', wall_seconds: x?.wall_seconds ?? 0, digests: x?.digests ?? {}, ...(x?.error ? { error: x.error } : {}) },
     runs,
     ...(x?.bus ? { bus: x.bus } : {}),
+    ...(x?.replans?.length ? elasticFigures(x) : {}),
   };
+}
+
+/** What an elastic run's re-plans moved: bytes sent against the least a migration could send, and whether the parameters came through bit for bit. */
+function elasticFigures(x: Summary): Partial<ChaosReport> {
+  const replans = x.replans ?? [];
+  const sent = replans.reduce((n, r) => n + (r.migration_bytes ?? 0), 0);
+  const least = replans.reduce((n, r) => n + (r.migration_minimum_bytes ?? 0), 0);
+  return {
+    replans,
+    migration_bytes_ratio: least > 0 ? sent / least : null,
+    parameters_equal_after_migration: replans.every((r) => r.parameters_equal_after_migration === true),
+    snapshot_bytes_via_supervisor: (x.snapshots?.bytes ?? 0) * (x.snapshots?.count ?? 0),
+  };
+}
+
+/** Whether the scenario loses devices for good (chaos `lose` events). */
+const losesDevices = (s: Scenario) => s.chaos?.kills.some((k) => 'lose' in k) ?? false;
+
+/**
+ * The reference of an elastic chaos run: the clean scenario stopped where each re-plan went back
+ * to (its iteration), then resumed from that checkpoint on the re-plan's plan, up to the next.
+ */
+async function resumedOnEachPlan(clean: Scenario, replans: NonNullable<Summary['replans']>, out: string, name: string): Promise<LaunchResult> {
+  const quiet = { phase() {}, iteration() {}, stop() {} };
+  const stops = [...replans.map((r) => r.iteration), clean.rl.iterations];
+  let last: LaunchResult | undefined;
+  for (const [i, stop] of stops.entries()) {
+    const leg = { ...clean, rl: { ...clean.rl, iterations: stop } };
+    const scenario = i === 0 ? leg : withPlan(leg, replans[i - 1]!.plan_after);
+    last = await launch({ scenario, run: runId(`${name}-ref${i}`), out, progress: quiet, say: () => {}, ...(i > 0 ? { resume: true } : {}) });
+    if (last.code !== 0) return last;
+  }
+  return last!;
 }
 
 /**
@@ -80,6 +125,13 @@ export async function runChaos(scenario: Scenario, out: string, say: (line: stri
     say(`chaos run: ${runs.chaos}`);
     return launch({ scenario, run: runId(`${name}-chaos`), out: runs.chaos, progress: quiet, say: (l) => (l.startsWith('chaos:') || l.startsWith('recovered') ? say(`  ${l}`) : undefined) });
   };
+  if (losesDevices(scenario)) {
+    const b = await chaosRun();
+    const replans = b.summary?.replans ?? [];
+    say(`reference: ${runs.clean}, stopped before each re-plan's iteration (${replans.map((r) => r.iteration).join(', ') || 'none'}) and resumed on its plan`);
+    const a = b.summary?.status === 'succeeded' && replans.length ? await resumedOnEachPlan(clean, replans, runs.clean, name) : await cleanRun(clean);
+    return { ...chaosReport(name, a, b, runs), reference: replans.length ? 'resumed on each re-plan' : 'clean' };
+  }
   if (scenario.rl.staleness > 0 && !scenario.rl.versions) {
     const b = await chaosRun();
     const versions = b.summary?.staleness?.versions;

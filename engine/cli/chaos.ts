@@ -64,13 +64,30 @@ runMain(async () => {
     console.log(`kills: ${report.kills} (${report.hangs} hangs); by actor ${JSON.stringify(report.kills_by_actor)}; by call ${JSON.stringify(report.kills_by_call)}`);
     console.log(`recovered: ${report.recovered} of ${report.kills}; ${report.recoveries} recoveries, ${report.restarts} process restarts`);
     console.log(`recovery time: median ${s(report.recovery_seconds_median)}, max ${s(report.recovery_seconds_max)}`);
-    console.log(
-      `digests equal to the clean run's${report.clean_replays ? " (a replay of the chaos run's recorded schedule: the run is free-running)" : ''}: ${report.digests_equal}; rollouts lost: ${report.rollouts_lost ?? 'n/a'}, trained twice: ${report.rollouts_duplicated ?? 'n/a'}`,
-    );
+    const against = report.clean_replays
+      ? " (a replay of the chaos run's recorded schedule: the run is free-running)"
+      : report.reference === 'resumed on each re-plan'
+        ? " (stopped before each re-plan's iteration and resumed from that checkpoint on its plan: a new layout changes reduction order)"
+        : '';
+    console.log(`digests equal to the clean run's${against}: ${report.digests_equal}; rollouts lost: ${report.rollouts_lost ?? 'n/a'}, trained twice: ${report.rollouts_duplicated ?? 'n/a'}`);
+    for (const r of report.replans ?? []) {
+      const plan = (p: Record<string, { mesh: string; dp: number; tp: number; pp: number }>) =>
+        Object.entries(p)
+          .map(([call, q]) => `${call} ${q.mesh} dp${q.dp}·tp${q.tp}·pp${q.pp}`)
+          .join(', ');
+      console.log(`re-plan at iteration ${r.iteration} (${r.trigger}: device(s) ${r.lost.join(', ')} lost): ${r.why}`);
+      console.log(
+        `  search ${r.search_seconds.toFixed(2)} s (${r.plans_evaluated} plans); migration ${r.migration_seconds?.toFixed(2) ?? 'n/a'} s, ${r.migration_bytes ?? 'n/a'} bytes (least ${r.migration_minimum_bytes ?? 'n/a'}); parameters equal after it: ${r.parameters_equal_after_migration ?? 'n/a'}`,
+      );
+      console.log(
+        `  period: estimated ${r.estimated_period_after.toFixed(3)} s, measured ${r.measured_period_after?.toFixed(3) ?? 'n/a'} s (before: estimated ${r.estimated_period_before.toFixed(3)} s)`,
+      );
+      console.log(`  before: ${plan(r.plan_before)}\n  after:  ${plan(r.plan_after)}`);
+    }
     console.log(
       `clean: ${report.clean.status} in ${report.clean.wall_seconds.toFixed(1)} s; chaos: ${report.chaos.status} in ${report.chaos.wall_seconds.toFixed(1)} s${report.chaos.error ? ` (${report.chaos.error})` : ''}`,
     );
   }
-  const good = report.digests_equal && report.rollouts_lost === 0 && report.rollouts_duplicated === 0;
+  const good = report.digests_equal && report.rollouts_lost === 0 && report.rollouts_duplicated === 0 && report.parameters_equal_after_migration !== false;
   return good ? 0 : 1;
 });

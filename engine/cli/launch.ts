@@ -176,7 +176,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     // Where the run's bus is, for the tools that talk to a running run (npm run cordon).
     writeFileSync(join(o.out, 'bus.json'), `${JSON.stringify({ url, run: o.run }, null, 2)}\n`);
     // Devices an elastic run goes on without: their workers are not restarted.
-    const retired = new Set<number>();
+    const retired = new Map<number, { trigger: 'chaos' | 'intensity' | 'cordon' | 'grace'; reason: string }>();
     // The launcher's own events: a process exited, the run is done, supervision gave up.
     const publish = (e: RunEventOut) => {
       if (nc.isClosed() || nc.isDraining()) return;
@@ -204,7 +204,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
           say(`recovered (${e.reason}) in ${e.seconds.toFixed(1)} s: going on from iteration ${e.iteration}`);
         } else if (e.type === 'cordoned') {
           if (!retired.has(e.device)) say(`device ${e.device} is lost for good (${e.trigger}: ${e.reason}): the run re-plans without it, and its worker is not restarted`);
-          retired.add(e.device);
+          retired.set(e.device, { trigger: e.trigger, reason: e.reason });
         } else if (e.type === 'lost') {
           // A hung worker of ours: kill it (SIGKILL also ends a stopped process); its exit restarts it.
           // The supervisor names the worker it gave up: a pid this launcher heard beat as another
@@ -247,7 +247,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
         chaos.kills.push({ ...k, at: Date.now(), pid: ask.pid, where: ask.where });
         if (k.lose) {
           // Lost for good: killed, never restarted, and the supervisor told to go on without it.
-          retired.add(k.device!);
+          retired.set(k.device!, { trigger: 'chaos', reason: `chaos: lost for good in ${ask.where}` });
           say(`chaos: device ${k.device} is lost for good in ${ask.where}: killing worker ${slot.index} (pid ${ask.pid})`);
           slot.child.kill('SIGKILL');
           loseDevice(k.device!, 'chaos', `chaos: lost for good in ${ask.where}`);
@@ -321,7 +321,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     };
     // An elastic run's device lost for good: the supervisor is asked to go on without it (asked
     // again while no supervisor answers); a refusal (no plan survives the loss) ends the run.
-    const loseDevice = (device: number, trigger: 'chaos' | 'intensity', reason: string) => {
+    const loseDevice = (device: number, trigger: 'chaos' | 'intensity' | 'cordon' | 'grace', reason: string) => {
       askCordon(nc, subj, { device, trigger, reason }, o.scenario.timeouts.recover_seconds * 1000).then(
         (answer) => {
           if (answer.ok) say(`the run goes on without device ${device}, on devices ${answer.left.join(', ')}`);
@@ -400,7 +400,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
         const device = slot.kind === 'worker' ? deviceOf(slot.index) : undefined;
         if (giveUp && o.scenario.elastic && device !== undefined) {
           // An elastic run gives up the device instead of the run: its worker is not restarted, and the count starts over.
-          retired.add(device);
+          retired.set(device, { trigger: 'intensity', reason });
           intensity = new Intensity(sup.intensity, sup.period_seconds);
           say(`supervision: worker ${slot.index} (device ${device}) ${reason}, past the restart intensity: device ${device} is lost for good`);
           loseDevice(device, 'intensity', `its worker failed past supervision.intensity (${sup.intensity} in ${sup.period_seconds} s), the last time ${reason}`);
@@ -426,6 +426,8 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
         }
       }
       slots[slots.indexOf(slot)] = start(slot.kind, slot.index, true);
+      // A supervisor taking the run over hears again which devices are out (it may have died before it wrote so).
+      if (slot.kind === 'supervisor') for (const [device, why] of retired) loseDevice(device, why.trigger, why.reason);
     };
 
     slots.push(start('supervisor', 0, false));

@@ -2,7 +2,7 @@
 // or the launcher (a worker past the restart intensity, a chaos `lose` event) asks the supervisor
 // on the run's cordon subject; the supervisor answers whether the run goes on without the device,
 // and re-plans at once. Refused, with the reason, and nothing changed: a run that is not elastic,
-// a device the run does not have (or has lost already), the last device, and, for an operator's
+// a device the run does not have, the last device, and, for an operator's
 // cordon of a device that still works, a loss no plan survives.
 import { BusError, CordonReply, PROTOCOL_VERSION, request, type Bus, type CordonAsk, type Subjects } from '../../mesh/wire/index.ts';
 import { ReplanError } from '../runtime/plan/replan.ts';
@@ -12,7 +12,6 @@ import { decideReplan } from './decide.ts';
 /** Why the supervisor of `r` (on devices `need`, having lost `lost`) refuses `ask`, or undefined. */
 export function cordonProblem(r: RunSpec, need: readonly number[], lost: readonly number[], ask: Pick<CordonAsk, 'device' | 'trigger'>, iteration: number): string | undefined {
   if (!r.scenario.elastic) return 'this run is not elastic: a device lost for good ends it (elastic: in the scenario lets it re-plan onto the devices left)';
-  if (lost.includes(ask.device)) return `device ${ask.device} is lost already; the run goes on on devices ${need.join(', ')}`;
   if (!need.includes(ask.device)) return `device ${ask.device} is not one of this run's devices (${need.join(', ')})`;
   if (need.length === 1) return `device ${ask.device} is the run's last device: no plan runs on none`;
   if (ask.trigger !== 'cordon') return undefined;

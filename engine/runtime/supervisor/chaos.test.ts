@@ -312,3 +312,35 @@ describe('reachedBySupervisor', () => {
     expect(reachedBySupervisor(worker, 'inference', 2)).toBe(false);
   });
 });
+
+describe('killPoints: a device lost for good (lose:)', () => {
+  const elastic = (kills: string, withElastic = true) => spec(CHAOS_PLAN, `${withElastic ? 'elastic: {}\n' : ''}chaos:\n  kills:\n${kills}\n`);
+  const refused = (kills: string, withElastic = true) => {
+    try {
+      killPoints(elastic(kills, withElastic));
+    } catch (e) {
+      expect(e).toBeInstanceOf(ScenarioError);
+      return (e as Error).message;
+    }
+    throw new Error(`killPoints accepted ${kills}`);
+  };
+
+  it('puts the point on the device, whatever model it runs there, and matches only that device, call and iteration', () => {
+    const [k] = killPoints(elastic('    - { lose: 3, call: generate, iteration: 2 }'));
+    expect(k).toMatchObject({ id: 'k0', actor: 'device', device: 3, call: 'generate', iteration: 2, lose: true, how: 'kill' });
+    expect(reachedByWorker(k!, 3, 'actor@generate', 'generate', 2)).toBe(true);
+    expect(reachedByWorker(k!, 2, 'actor@generate', 'generate', 2)).toBe(false);
+    expect(reachedByWorker(k!, 3, 'actor@generate', 'generate', 1)).toBe(false);
+    expect(reachedByWorker(k!, 3, 'critic', 'inference', 2)).toBe(false);
+    expect(reachedBySupervisor(k!, 'generate', 2)).toBe(false);
+  });
+
+  it('refuses one in a run that is not elastic, on a device the plan does not have, in a call the device never runs, past the last iteration', () => {
+    expect(refused('    - { lose: 3, call: generate, iteration: 2 }', false)).toMatch(/chaos\.kills\[0\]: a device lost for good ends a run that is not elastic; add elastic:/);
+    expect(refused('    - { lose: 7, call: generate, iteration: 2 }')).toMatch(/chaos\.kills\[0\]: lose: 7 is not a device of the plan \(devices 0, 1, 2, 3\)/);
+    expect(refused('    - { lose: 3, call: train, iteration: 2 }')).toMatch(
+      /chaos\.kills\[0\]: device 3 runs no 'train' in an iteration with this plan; it runs 'generate', 'inference', 'checkpoint'/,
+    );
+    expect(refused('    - { lose: 0, call: generate, iteration: 9 }')).toMatch(/iteration 9 is past the run's last \(5\)/);
+  });
+});

@@ -13,7 +13,7 @@
 import type { Demonstrate } from '../../environments/index.ts';
 import { assign, fromCallback, fromPromise, sendTo, setup } from 'xstate';
 import type { LossTrigger, Metrics, ReplanRecord } from '../../../mesh/wire/index.ts';
-import { decideReplan, migrateToPlan, placementsOf, type Loss } from '../../elastic/index.ts';
+import { decideReplan, migrateToPlan, placementsOf, specOnPlan, type Loss } from '../../elastic/index.ts';
 import type { Layout } from '../../../mesh/parallel/index.ts';
 import { CallError, fence, type Dispatcher } from '../dispatch/dispatch.ts';
 import { accountRollouts } from '../../device/index.ts';
@@ -80,7 +80,7 @@ interface Context extends SupervisorInput {
   snapshot?: number;
   intensity: Intensity;
   /** Why the recovery under way started, and when. */
-  failure?: { reason: string; at: number };
+  failure?: { reason: string; at: number; device?: number };
   recoveries: Summary['recoveries'];
   /** Recoveries begun since the last one that completed: each waits longer before it starts. */
   attempts: number;
@@ -95,6 +95,8 @@ interface Context extends SupervisorInput {
   loss?: Loss & { at: number };
   /** The run's spec before the re-plan under way. */
   from?: RunSpec;
+  /** When the loss that the migration under way answers was heard. */
+  lossAt?: number;
 }
 
 type StageInput = { d: Dispatcher; r: RunSpec; store: RunStore; iteration: number; rewards?: RewardSources; demonstrate?: Demonstrate };
@@ -119,6 +121,13 @@ const failedNode = (e: unknown) => ((e as { node?: unknown })?.node as string | 
 const fatal = (e: unknown) => (e as { fatal?: unknown })?.fatal === true || (e instanceof CallError && (e.code === 'loss' || e.code === 'environment'));
 
 const errorText = (e: unknown) => (e instanceof Error ? `${e.name}: ${e.message}` : String(e));
+
+/** Where the supervisor a run is taken over from died between a re-plan's decision and the end of its migration: the loss and the plan before it. */
+function unfinishedMigration(input: SupervisorInput): Pick<Context, 'lossAt' | 'from'> {
+  const last = input.takeOver?.replans?.at(-1);
+  if (!last || last.migration_seconds !== undefined || last.seconds !== undefined) return {};
+  return { lossAt: Date.now(), from: specOnPlan(input.spec, last.plan_before) };
+}
 
 /** Each re-plan with the period measured after it: the median seconds of the iterations it ran (up to the next re-plan). */
 function measuredPeriods(replans: readonly ReplanRecord[], history: readonly Metrics[]): Summary['replans'] {
@@ -199,10 +208,15 @@ export const supervisorMachine = setup({
     allJoined: ({ context }) => missingDevices(context).length === 0,
     /** A supervisor taking a run over recovers as soon as every device has a worker. */
     takingOver: ({ context }) => missingDevices(context).length === 0 && context.takeOver !== undefined,
+    /** …or, where its predecessor died migrating onto a new plan, migrates again. */
+    takingOverMigration: ({ context }) => context.takeOver !== undefined && context.from !== undefined,
+    takenOver: ({ context }) => context.takeOver !== undefined,
     moreIterations: ({ context }) => context.iteration + 1 < context.spec.scenario.rl.iterations,
     elastic: ({ context }) => context.spec.scenario.elastic !== undefined && missingDevices(context).length > 0,
     nothingLeft: ({ context }) => context.iteration >= context.spec.scenario.rl.iterations,
     escalated: ({ context }) => context.error !== undefined,
+    /** A loss for good was decided (an elastic run's worker past the intensity): re-plan. */
+    losing: ({ context }) => context.loss !== undefined,
   },
   delays: {
     joinTimeout: ({ context }) => context.spec.scenario.timeouts.join_seconds * 1000,
@@ -234,7 +248,7 @@ export const supervisorMachine = setup({
     noteLoss: assign({
       failure: ({ context, event }) => {
         if (context.failure) return context.failure;
-        if (event.type === 'worker.lost') return { reason: `device ${event.device} (worker ${event.worker}): ${event.reason}`, at: Date.now() };
+        if (event.type === 'worker.lost') return { reason: `device ${event.device} (worker ${event.worker}): ${event.reason}`, at: Date.now(), device: event.device };
         if (event.type === 'bus.trouble') return { reason: `bus: ${event.reason}`, at: Date.now() };
         return undefined;
       },
@@ -247,6 +261,12 @@ export const supervisorMachine = setup({
       const failure = context.failure ?? { reason: 'unknown failure', at: Date.now() };
       context.dispatcher.interrupt(failure.reason);
       const escalation = context.intensity.record({ at: Date.now(), actor: failure.reason.split(':')[0]!, reason: failure.reason.slice(failure.reason.indexOf(':') + 1).trim() });
+      // An elastic run gives up the device whose worker keeps failing, not the run; the count starts over.
+      if (escalation && context.spec.scenario.elastic && failure.device !== undefined && context.need.length > 1) {
+        const s = context.spec.scenario.supervision;
+        const reason = `its worker failed past supervision.intensity (${s.intensity} in ${s.period_seconds} s), the last time: ${failure.reason}`;
+        return { attempts: context.attempts + 1, intensity: new Intensity(s.intensity, s.period_seconds), loss: { devices: [failure.device], trigger: 'intensity' as const, reason, at: Date.now() } };
+      }
       context.recorder.phase('recovering', `${failure.reason} (recovery ${context.dispatcher.epoch})`);
       return { attempts: context.attempts + 1, ...(escalation ? { error: `supervision: ${escalation}` } : {}) };
     }),
@@ -266,14 +286,29 @@ export const supervisorMachine = setup({
     }),
     /** Entering a re-plan: abandon every call in flight; a loss is a decision, not a failure, and does not count against the intensity. */
     beginReplan: ({ context }) => {
-      const loss = context.loss!;
+      const loss = context.loss;
+      if (!loss) {
+        // Taking over a run whose supervisor died migrating: the plan was decided and written ahead.
+        context.dispatcher.interrupt('re-planning: taking over a migration');
+        context.recorder.phase('migrating', `taking over the migration onto devices ${context.need.join(', ')} (the plan written ahead)`);
+        return;
+      }
       context.dispatcher.interrupt(`re-planning: ${loss.reason}`);
       context.recorder.phase('replanning', `device(s) ${loss.devices.join(', ')} lost for good (${loss.trigger}: ${loss.reason}): searching a plan on the devices left`);
       for (const device of loss.devices) context.onCordoned?.({ device, trigger: loss.trigger, reason: loss.reason });
     },
     adoptPlan: assign(({ context }, out: { spec: RunSpec; record: ReplanRecord }) => {
       context.recorder.phase('migrating', out.record.why);
-      return { from: context.spec, spec: out.spec, need: planDevices(out.spec), lost: [...context.lost, ...context.loss!.devices], replans: [...context.replans, out.record] };
+      // Decided: the loss is answered (a recovery from here on restores onto the new plan).
+      return {
+        from: context.spec,
+        spec: out.spec,
+        need: planDevices(out.spec),
+        lost: [...context.lost, ...context.loss!.devices],
+        replans: [...context.replans, out.record],
+        loss: undefined,
+        lossAt: context.loss!.at,
+      };
     }),
     migrated: assign(({ context }, out: { snapshot: number; migration?: { seconds: number; bytes: number; minimumBytes: number; equal: boolean } }) => {
       const last = context.replans.at(-1)!;
@@ -281,11 +316,11 @@ export const supervisorMachine = setup({
       const done: ReplanRecord = {
         ...last,
         ...(m ? { migration_seconds: m.seconds, migration_bytes: m.bytes, migration_minimum_bytes: m.minimumBytes, parameters_equal_after_migration: m.equal } : {}),
-        seconds: (Date.now() - (context.loss?.at ?? Date.now())) / 1000,
+        seconds: (Date.now() - (context.lossAt ?? Date.now())) / 1000,
       };
       // What the recovery entry that follows says: the run went back to its snapshot by a re-plan.
-      const failure = { reason: `re-plan without device(s) ${last.lost.join(', ')} (${last.trigger}): ${last.reason}`, at: context.loss?.at ?? Date.now() };
-      return { replans: [...context.replans.slice(0, -1), done], loss: undefined, from: undefined, failure };
+      const failure = { reason: `re-plan without device(s) ${last.lost.join(', ')} (${last.trigger}): ${last.reason}`, at: context.lossAt ?? Date.now() };
+      return { replans: [...context.replans.slice(0, -1), done], from: undefined, lossAt: undefined, failure };
     }),
     recovered: assign(({ context }, out: { parameters: Record<string, number>; snapshot: number; warmup?: Summary['warmup']; rewardModel?: Summary['reward_model'] }) => {
       const seconds = (Date.now() - (context.failure?.at ?? Date.now())) / 1000;
@@ -381,6 +416,8 @@ export const supervisorMachine = setup({
     recoveries: input.takeOver?.recoveries ?? [],
     lost: input.takeOver?.lost ?? [],
     replans: input.takeOver?.replans ?? [],
+    // A supervisor that died in a migration: the one taking over does it again, onto the plan written ahead.
+    ...unfinishedMigration(input),
     attempts: 0,
     snapshots: { count: 0, bytes: 0, fetch_seconds: 0, store_seconds: 0 },
     ...(input.takeOver ? { failure: { reason: 'supervisor: a new supervisor took the run over', at: Date.now() } } : {}),
@@ -398,9 +435,12 @@ export const supervisorMachine = setup({
     gathering: {
       entry: { type: 'phase', params: { phase: 'gathering', detail: 'waiting for a worker on every device' } },
       always: [
+        { guard: 'takingOverMigration', target: '#supervisor.replanning.waiting' },
         { guard: 'takingOver', target: 'recovering' },
         { guard: 'allJoined', target: 'settingUp' },
       ],
+      // Taking a run over whose device was lost for good (the launcher asks again): re-plan without it.
+      on: { 'device.lost': { guard: 'takenOver', target: '#supervisor.replanning', actions: 'noteLostForGood' } },
       after: {
         joinTimeout: {
           target: 'failed',
@@ -451,7 +491,10 @@ export const supervisorMachine = setup({
     },
     recovering: {
       entry: 'beginRecovery',
-      always: { guard: 'escalated', target: 'failed' },
+      always: [
+        { guard: 'escalated', target: 'failed' },
+        { guard: 'losing', target: 'replanning' },
+      ],
       // Another loss while recovering: start the recovery over (it counts against the intensity too).
       on: {
         'worker.lost': { target: 'recovering', reenter: true, actions: ['unjoin', 'noteLoss'] },

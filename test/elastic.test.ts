@@ -1,0 +1,123 @@
+// Elastic runs, end to end over a real NATS server with worker processes: a device lost for good —
+// by a chaos event, past the restart intensity, not back within the grace period, or cordoned by
+// an operator — and the run re-plans onto the devices left, restores its last snapshot there
+// (the parameters checked bit for bit), and succeeds, no rollout lost or trained twice. A run
+// that lost a device ends where the same run, stopped before the re-plan's iteration and resumed
+// from that checkpoint on the new plan, ends.
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { runChaos } from '../engine/cli/chaos-run.ts';
+import { launch } from '../engine/cli/launch.ts';
+import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
+import type { Summary } from '../engine/runtime/index.ts';
+import { ROOT, spawnTs, tempDir } from './helpers.ts';
+
+const quiet = { phase() {}, iteration() {}, stop() {} };
+
+/** scenarios/elastic.yaml's run without its chaos section, with `extra` appended. */
+function elastic(dir: string, name: string, extra: string, iterations = 6): string {
+  const text = readFileSync(join(ROOT, 'scenarios', 'elastic.yaml'), 'utf8')
+    .replace(/^chaos:[\s\S]*$/m, '')
+    .replace('rl: { iterations: 6, batch: 32 }', `rl: { iterations: ${iterations}, batch: 32 }`)
+    .replace('name: elastic', `name: ${name}`);
+  const file = join(dir, `${name}.yaml`);
+  writeFileSync(file, `${text}\n${extra}\n`);
+  return file;
+}
+
+const meshes = (plan: Record<string, { mesh: string }>) => Object.values(plan).map((p) => p.mesh);
+
+describe('elastic runs', () => {
+  it('scenarios/elastic.yaml: device 3 lost for good in iteration 3, the supervisor killed in the migration; the run ends where a resume on the new plan ends', async () => {
+    const dir = tempDir();
+    const scenario = loadScenario(join(ROOT, 'scenarios', 'elastic.yaml'));
+    const report = await runChaos(scenario, join(dir, 'chaos'));
+    const log = readFileSync(join(report.runs.chaos, 'logs', 'supervisor.log'), 'utf8');
+    expect(report.chaos.status, `${report.chaos.error}\n${log}`).toBe('succeeded');
+    expect(report.reference).toBe('resumed on each re-plan');
+    expect(report.clean.status).toBe('succeeded');
+    expect(report.digests_equal).toBe(true);
+    expect(report.rollouts_lost).toBe(0);
+    expect(report.rollouts_duplicated).toBe(0);
+    expect(report.parameters_equal_after_migration).toBe(true);
+    expect(report.kills_by_actor).toEqual({ device: 1, supervisor: 1 });
+    const [r] = report.replans!;
+    expect(report.replans).toHaveLength(1);
+    expect(r).toMatchObject({ iteration: 3, trigger: 'chaos', lost: [3], parameters_equal_after_migration: true });
+    expect(meshes(r!.plan_before)).toContain('0:3');
+    for (const mesh of meshes(r!.plan_after)) expect(['0:0', '0:1', '0:2', '0:0-1']).toContain(mesh);
+    expect(r!.plans_evaluated).toBeGreaterThan(0);
+    expect(r!.migration_bytes).toBeGreaterThan(0);
+    expect(r!.measured_period_after).toBeGreaterThan(0);
+    expect(report.migration_bytes_ratio).toBe(r!.migration_bytes! / r!.migration_minimum_bytes!);
+    // The decision was written ahead: the supervisor that took over migrated onto it.
+    expect(existsSync(join(report.runs.chaos, 'logs'))).toBe(true);
+    const summary = JSON.parse(readFileSync(join(report.runs.chaos, 'summary.json'), 'utf8')) as Summary;
+    expect(summary.lost).toEqual([3]);
+    expect(summary.plan).toEqual(r!.plan_after);
+  }, 300_000);
+
+  it.each([
+    {
+      trigger: 'intensity',
+      // Two deaths of device 3's worker within a minute: one more than supervision.intensity allows.
+      extra: 'supervision: { intensity: 1, period_seconds: 60 }\nchaos:\n  kills:\n    - { actor: reward, call: inference, iteration: 1 }\n    - { actor: reward, call: inference, iteration: 2 }',
+    },
+    {
+      trigger: 'grace',
+      // Workers are never restarted: device 3's does not come back within elastic.grace_seconds.
+      extra: 'supervision: { restart: { worker: temporary } }\nchaos:\n  kills:\n    - { actor: reward, call: inference, iteration: 1 }',
+    },
+  ])(
+    'a device lost for good by $trigger: re-planned without it, and the run succeeds',
+    async ({ trigger, extra }) => {
+      const dir = tempDir();
+      const file = elastic(dir, `lost-by-${trigger}`, extra);
+      const text = readFileSync(file, 'utf8').replace('elastic: { grace_seconds: 20, search_seconds: 1 }', 'elastic: { grace_seconds: 2, search_seconds: 1 }');
+      writeFileSync(file, text);
+      const out = join(dir, 'run');
+      const res = await launch({ scenario: loadScenario(file), run: `${trigger}${Date.now()}`, out, progress: quiet, say: () => {} });
+      const log = readFileSync(join(out, 'logs', 'supervisor.log'), 'utf8');
+      expect(res.code, log).toBe(0);
+      const s = res.summary!;
+      expect(s.iterations).toBe(6);
+      expect(s.replans).toHaveLength(1);
+      expect(s.replans![0]).toMatchObject({ trigger, lost: [3], parameters_equal_after_migration: true });
+      expect(s.rollouts).toMatchObject({ lost: 0, duplicated: 0 });
+      for (const mesh of meshes(s.plan)) expect(mesh).not.toMatch(/3/);
+    },
+    180_000,
+  );
+
+  it('npm run cordon: an operator takes a device out of a running run; bad requests are refused, named, and change nothing', async () => {
+    const dir = tempDir();
+    const out = join(dir, 'run');
+    const cordon = async (...argv: string[]) => {
+      const p = spawnTs('engine/cli/cordon.ts', argv);
+      return { code: await p.exited, output: p.output() };
+    };
+    const missing = await cordon(join(dir, 'nowhere'), '1');
+    expect(missing.code).not.toBe(0);
+    expect(missing.output).toMatch(/nowhere\/bus\.json: not found; expected the run's bus/);
+    const running = launch({ scenario: loadScenario(elastic(dir, 'cordoned', '', 40)), run: `cordon${Date.now()}`, out, progress: quiet, say: () => {} });
+    const metrics = join(out, 'metrics.jsonl');
+    const deadline = Date.now() + 120_000;
+    while (!(existsSync(metrics) && readFileSync(metrics, 'utf8').trim().split('\n').length >= 2) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
+    const bad = await cordon(out, '9');
+    expect(bad.code).toBe(1);
+    expect(bad.output).toMatch(/refused: device 9 is not one of this run's devices \(0, 1, 2, 3\)/);
+    expect((await cordon(out, 'two')).output).toMatch(/DEVICE: expected a device number \(e\.g\. 3\), got "two"/);
+    const ok = await cordon(out, '2', '--reason', 'maintenance');
+    expect(ok.code, ok.output).toBe(0);
+    expect(ok.output).toMatch(/device 2 is out of run \S+: it re-plans onto devices 0, 1, 3/);
+    const res = await running;
+    expect(res.code, readFileSync(join(out, 'logs', 'supervisor.log'), 'utf8')).toBe(0);
+    const s = res.summary!;
+    expect(s.iterations).toBe(40);
+    expect(s.replans).toHaveLength(1);
+    expect(s.replans![0]).toMatchObject({ trigger: 'cordon', lost: [2], reason: 'maintenance', parameters_equal_after_migration: true });
+    expect(s.rollouts).toMatchObject({ lost: 0, duplicated: 0 });
+    for (const mesh of meshes(s.plan)) expect(['0:0', '0:1', '0:3', '0:0-1']).toContain(mesh);
+  }, 300_000);
+});
