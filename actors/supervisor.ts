@@ -62,9 +62,11 @@ runMain(async () => {
           onRejected: (problem) => publish({ type: 'log', level: 'warn', source: 'supervisor', message: `rejected ${problem}` }),
           // A worker may not publish events: what it rejected comes on its heartbeat, and is said here.
           onWarning: (device, worker, message) => publish({ type: 'log', level: 'warn', source: `worker ${worker} (device ${device})`, message }),
+          // An elastic run takes workers for any device of its cluster: the planner decides whether to use them.
+          ...(scenario.elastic ? { cluster: Array.from({ length: scenario.cluster.nodes * scenario.cluster.devices_per_node }, (_, d) => d) } : {}),
         });
         // A re-plan: the devices of the new plan.
-        receive((command) => membership?.setNeed(command.need));
+        receive((command) => membership?.setNeed(command.need, command.lost));
         return () => membership?.close();
       }),
     },
@@ -191,7 +193,10 @@ runMain(async () => {
       }
       let problem: string | undefined;
       try {
-        problem = cordonProblem(c.spec, c.need, c.lost, ask, (c.snapshot ?? -1) + 1);
+        const spares = Object.keys(c.joined)
+          .map(Number)
+          .filter((d) => !c.need.includes(d));
+        problem = cordonProblem(c.spec, c.need, spares, ask, (c.snapshot ?? -1) + 1);
       } catch (e) {
         problem = `could not check the re-plan: ${(e as Error).message}`;
       }

@@ -94,7 +94,7 @@ describe('recovery from failures of the bus and of the actors', () => {
     const all: Scenario = {
       ...scenario,
       supervision: { ...scenario.supervision, strategy: 'one_for_all' },
-      chaos: { kills: [{ actor: 'critic', call: 'train', iteration: 2, how: 'kill' }] },
+      chaos: { kills: [{ actor: 'critic', call: 'train', iteration: 2, how: 'kill' }], joins: [] },
     };
     const r = await launch({ scenario: all, run: `all${Date.now()}`, out: join(dir, 'all'), progress: quiet, say: () => {} });
     expect(r.summary?.error).toBeUndefined();

@@ -277,7 +277,7 @@ async function chaosSoak(values: { json?: boolean; kills?: string; seed?: string
   const iterations = values.iterations === undefined ? 20 : whole('iterations', values.iterations, 1);
   // Kills come faster here than any real failure would: the intensity must not end the soak.
   const supervision = { ...base.supervision, intensity: Math.max(base.supervision.intensity, 2 * kills) };
-  const scenario: Scenario = { ...base, supervision, rl: { ...base.rl, iterations }, chaos: { kills: [], random: { kills, seed, hang: 0.1 } } };
+  const scenario: Scenario = { ...base, supervision, rl: { ...base.rl, iterations }, chaos: { kills: [], joins: [], random: { kills, seed, hang: 0.1 } } };
   const out = mkdtempSync(join(tmpdir(), 'ferry-soak-'));
   log(`bench chaos: ${scenario.name}, ${iterations} iterations, ${kills} random kills (seed ${seed}), clean and under fire; runs in ${out}`);
   const r = await runChaos(scenario, out, values.json ? () => {} : (line) => (line.startsWith('  chaos:') ? undefined : log(line)));

@@ -75,12 +75,14 @@ export function chaosReport(scenario: string, clean: LaunchResult, chaos: Launch
 /** What an elastic run's re-plans moved: bytes sent against the least a migration could send, and whether the parameters came through bit for bit. */
 function elasticFigures(x: Summary): Partial<ChaosReport> {
   const replans = x.replans ?? [];
-  const sent = replans.reduce((n, r) => n + (r.migration_bytes ?? 0), 0);
-  const least = replans.reduce((n, r) => n + (r.migration_minimum_bytes ?? 0), 0);
+  // A decision to keep the plan (workers that joined, and did not pay) moves nothing.
+  const moved = replans.filter((r) => r.changed);
+  const sent = moved.reduce((n, r) => n + (r.migration_bytes ?? 0), 0);
+  const least = moved.reduce((n, r) => n + (r.migration_minimum_bytes ?? 0), 0);
   return {
     replans,
     migration_bytes_ratio: least > 0 ? sent / least : null,
-    parameters_equal_after_migration: replans.every((r) => r.parameters_equal_after_migration === true),
+    parameters_equal_after_migration: moved.every((r) => r.parameters_equal_after_migration === true),
     snapshot_bytes_via_supervisor: (x.snapshots?.bytes ?? 0) * (x.snapshots?.count ?? 0),
   };
 }
@@ -94,11 +96,12 @@ const losesDevices = (s: Scenario) => s.chaos?.kills.some((k) => 'lose' in k) ??
  */
 async function resumedOnEachPlan(clean: Scenario, replans: NonNullable<Summary['replans']>, out: string, name: string): Promise<LaunchResult> {
   const quiet = { phase() {}, iteration() {}, stop() {} };
-  const stops = [...replans.map((r) => r.iteration), clean.rl.iterations];
+  const changed = replans.filter((r) => r.changed);
+  const stops = [...changed.map((r) => r.iteration), clean.rl.iterations];
   let last: LaunchResult | undefined;
   for (const [i, stop] of stops.entries()) {
     const leg = { ...clean, rl: { ...clean.rl, iterations: stop } };
-    const scenario = i === 0 ? leg : withPlan(leg, replans[i - 1]!.plan_after);
+    const scenario = i === 0 ? leg : withPlan(leg, changed[i - 1]!.plan_after);
     last = await launch({ scenario, run: runId(`${name}-ref${i}`), out, progress: quiet, say: () => {}, ...(i > 0 ? { resume: true } : {}) });
     if (last.code !== 0) return last;
   }
@@ -127,7 +130,7 @@ export async function runChaos(scenario: Scenario, out: string, say: (line: stri
   };
   if (losesDevices(scenario)) {
     const b = await chaosRun();
-    const replans = b.summary?.replans ?? [];
+    const replans = (b.summary?.replans ?? []).filter((r) => r.changed);
     say(`reference: ${runs.clean}, stopped before each re-plan's iteration (${replans.map((r) => r.iteration).join(', ') || 'none'}) and resumed on its plan`);
     const a = b.summary?.status === 'succeeded' && replans.length ? await resumedOnEachPlan(clean, replans, runs.clean, name) : await cleanRun(clean);
     return { ...chaosReport(name, a, b, runs), reference: replans.length ? 'resumed on each re-plan' : 'clean' };

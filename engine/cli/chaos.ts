@@ -49,7 +49,7 @@ runMain(async () => {
   if (kills !== undefined) {
     // N kills come faster than real failures would: the intensity must not end the run for them.
     const supervision = { ...scenario.supervision, intensity: Math.max(scenario.supervision.intensity, 2 * kills) };
-    scenario = { ...scenario, supervision, chaos: { kills: [], random: { kills, seed, hang } } };
+    scenario = { ...scenario, supervision, chaos: { kills: [], joins: [], random: { kills, seed, hang } } };
   } else if (values.seed !== undefined || values.hang !== undefined) throw new UsageError('--seed and --hang go with --kills');
   if (!scenario.chaos || (scenario.chaos.kills.length === 0 && !scenario.chaos.random?.kills)) {
     throw new UsageError(`${file} has no chaos: section with kills; add one, or pass --kills N`);

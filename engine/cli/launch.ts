@@ -13,7 +13,7 @@ import { ChaosAsk, Heartbeat, PROTOCOL_VERSION, SupervisorBeat } from '../../mes
 import { CHAOS_ENV } from '../../actors/chaos-client.ts';
 import { askCordon } from '../elastic/index.ts';
 import { describeExit, Intensity, restarts, toRestart, type Exit } from '../runtime/index.ts';
-import { ENVIRONMENT_ACTOR, killPoints, type KillPoint } from '../runtime/index.ts';
+import { ENVIRONMENT_ACTOR, joinPoints, killPoints, type KillPoint } from '../runtime/index.ts';
 import { startEnvironments, type EnvironmentProcesses } from '../environments/index.ts';
 import { writeRunReport } from '../runtime/index.ts';
 import { subjects } from '../../mesh/wire/index.ts';
@@ -95,6 +95,8 @@ export interface ChaosLog {
   kills: Array<KillPoint & { at: number; pid: number; where: string; recovery_seconds?: number }>;
   recoveries: Array<{ at: number; epoch: number; seconds: number; reason: string }>;
   restarts: Array<{ at: number; kind: 'worker' | 'supervisor'; slot: number; reason: string }>;
+  /** Workers started for devices beyond the plan (chaos.joins). */
+  joins: Array<{ at: number; device: number; pid: number }>;
 }
 
 interface Slot {
@@ -113,6 +115,9 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
   const spec = runSpec(o.scenario);
   const devices = planDevices(spec);
   const points = killPoints(spec);
+  const joins = joinPoints(spec);
+  // An elastic run may take workers for any device of its cluster (a lost one back, one the plan does not use).
+  const cluster = Array.from({ length: o.scenario.cluster.nodes * o.scenario.cluster.devices_per_node }, (_, d) => d);
   const sup = o.scenario.supervision;
   const logs = join(o.out, 'logs');
   mkdirSync(logs, { recursive: true });
@@ -121,7 +126,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
   const slots: Slot[] = [];
   const all = () => slots.map((s) => s.child);
   let interrupted = false;
-  const chaos: ChaosLog = { kills: [], recoveries: [], restarts: [] };
+  const chaos: ChaosLog = { kills: [], recoveries: [], restarts: [], joins: [] };
 
   const cleanup = async () => {
     const children = all();
@@ -145,7 +150,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
   try {
     let url = o.natsUrl;
     // Closed by default: a private server requires per-run credentials for every role.
-    const creds = !o.open && !url ? makeCredentials(o.run, devices) : undefined;
+    const creds = !o.open && !url ? makeCredentials(o.run, o.scenario.elastic ? cluster : devices) : undefined;
     if (creds) {
       writeFileSync(join(o.out, 'credentials.json'), `${JSON.stringify(creds, null, 2)}\n`, { mode: 0o600 });
       say(`the bus is closed: credentials per role in ${join(o.out, 'credentials.json')}`);
@@ -195,8 +200,11 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
           // The supervisor has written its summary: however its process ends now, the run is over.
           if (e.phase === 'finished') supervisorDone = ending = true;
           bar.phase(e.phase, e.detail);
-        } else if (e.type === 'progress') bar.iteration(e.metrics, e.iterations);
-        else if (e.type === 'log') say(`${e.source}: ${e.message}`);
+        } else if (e.type === 'progress') {
+          bar.iteration(e.metrics, e.iterations);
+          // chaos.joins: a worker for the device starts once the iteration before its own is done.
+          for (const j of joins.filter((x) => x.iteration === e.metrics.iteration + 1 && !joined.has(x.device))) joinDevice(j.device);
+        } else if (e.type === 'log') say(`${e.source}: ${e.message}`);
         else if (e.type === 'recovered') {
           const now = Date.now();
           chaos.recoveries.push({ at: now, epoch: e.epoch, seconds: e.seconds, reason: e.reason });
@@ -353,7 +361,9 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     };
     // With a credential per device, worker slot i is device devices[i], restarts included; on an
     // open bus a worker takes whichever device is free, so that it never waits for one taken by hand.
-    const deviceOf = (index: number) => (creds ? devices[index] : undefined);
+    // Slot i beyond the plan's: a worker started for a device that joins (chaos.joins).
+    const slotDevices = [...devices];
+    const deviceOf = (index: number) => (creds ? slotDevices[index] : undefined);
     const start = (kind: Slot['kind'], index: number, again: boolean): Slot => {
       const device = deviceOf(index);
       const child =
@@ -428,6 +438,26 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
       slots[slots.indexOf(slot)] = start(slot.kind, slot.index, true);
       // A supervisor taking the run over hears again which devices are out (it may have died before it wrote so).
       if (slot.kind === 'supervisor') for (const [device, why] of retired) loseDevice(device, why.trigger, why.reason);
+    };
+
+    // chaos.joins: a worker for a device beyond the plan (or back for one the run lost).
+    const joined = new Set<number>();
+    const joinDevice = (device: number) => {
+      joined.add(device);
+      if (!creds) {
+        say(`chaos: no worker started for device ${device}: on an open bus a worker takes whichever device is free`);
+        return;
+      }
+      retired.delete(device);
+      let index = slotDevices.indexOf(device);
+      if (index < 0) index = slotDevices.push(device) - 1;
+      const at = slots.findIndex((x) => x.kind === 'worker' && x.index === index);
+      if (at >= 0 && alive(slots[at]!.child)) return;
+      const fresh = start('worker', index, at >= 0);
+      if (at >= 0) slots[at] = fresh;
+      else slots.push(fresh);
+      chaos.joins.push({ at: Date.now(), device, pid: fresh.child.pid ?? 0 });
+      say(`chaos: a worker joins for device ${device} (pid ${fresh.child.pid})`);
     };
 
     slots.push(start('supervisor', 0, false));

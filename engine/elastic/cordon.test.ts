@@ -27,7 +27,7 @@ describe('cordonProblem', () => {
   it('refuses a run that is not elastic, a device it does not have, its last device', () => {
     expect(cordonProblem(spec(''), [0, 1, 2, 3], [], { device: 2, trigger: 'cordon' }, 1)).toMatch(/this run is not elastic/);
     expect(cordonProblem(spec(), [0, 1, 2, 3], [], { device: 9, trigger: 'cordon' }, 1)).toBe("device 9 is not one of this run's devices (0, 1, 2, 3)");
-    expect(cordonProblem(spec(), [0], [1, 2, 3], { device: 0, trigger: 'intensity' }, 1)).toBe("device 0 is the run's last device: no plan runs on none");
+    expect(cordonProblem(spec(), [0], [], { device: 0, trigger: 'intensity' }, 1)).toBe("device 0 is the run's last device: no plan runs on none");
   });
 
   it("refuses an operator's cordon that no plan on the devices left survives, naming the model and the memory it needs", () => {

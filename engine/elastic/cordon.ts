@@ -9,15 +9,15 @@ import { ReplanError } from '../runtime/plan/replan.ts';
 import type { RunSpec } from '../runtime/run/run.ts';
 import { decideReplan } from './decide.ts';
 
-/** Why the supervisor of `r` (on devices `need`, having lost `lost`) refuses `ask`, or undefined. */
-export function cordonProblem(r: RunSpec, need: readonly number[], lost: readonly number[], ask: Pick<CordonAsk, 'device' | 'trigger'>, iteration: number): string | undefined {
+/** Why the supervisor of `r` (on devices `need`, with workers beyond the plan on `spares`) refuses `ask`, or undefined. */
+export function cordonProblem(r: RunSpec, need: readonly number[], spares: readonly number[], ask: Pick<CordonAsk, 'device' | 'trigger'>, iteration: number): string | undefined {
   if (!r.scenario.elastic) return 'this run is not elastic: a device lost for good ends it (elastic: in the scenario lets it re-plan onto the devices left)';
   if (!need.includes(ask.device)) return `device ${ask.device} is not one of this run's devices (${need.join(', ')})`;
   if (need.length === 1) return `device ${ask.device} is the run's last device: no plan runs on none`;
   if (ask.trigger !== 'cordon') return undefined;
   // A device that still works is taken out only where the run can go on without it.
   try {
-    decideReplan(r, lost, { devices: [ask.device], trigger: 'cordon', reason: 'a check' }, iteration);
+    decideReplan(r, spares, { devices: [ask.device], trigger: 'cordon', reason: 'a check' }, iteration);
   } catch (e) {
     if (e instanceof ReplanError) return `the run cannot go on without device ${ask.device}: ${e.message}`;
     throw e;

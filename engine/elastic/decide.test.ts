@@ -1,6 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import { runSpec } from '../runtime/run/run.ts';
-import { parseScenario } from '../runtime/scenario/scenario.ts';
+import { join } from 'node:path';
+import { loadScenario, parseScenario, withPlan } from '../runtime/scenario/scenario.ts';
+import { ROOT } from '../../test/helpers.ts';
 import { decideReplan, placementsOf, specOnPlan } from './decide.ts';
 
 const FOUR = `
@@ -39,11 +41,39 @@ describe('decideReplan', () => {
   it('plans on from a plan that lost devices before', () => {
     const r = spec();
     const first = decideReplan(r, [], { devices: [3], trigger: 'chaos', reason: 'gone' }, 2);
-    const second = decideReplan(first.spec, [3], { devices: [2], trigger: 'cordon', reason: 'maintenance' }, 4);
+    const second = decideReplan(first.spec, [], { devices: [2], trigger: 'cordon', reason: 'maintenance' }, 4);
     for (const mesh of devicesOf(second.record.plan_after)) expect(['0:0', '0:1', '0:0-1']).toContain(mesh);
   });
 
   it('a spec on a plan the scenario could not hold is refused as a scenario file would be', () => {
     expect(() => specOnPlan(spec(), { 'actor.train': { mesh: '0:0-1', dp: 4, tp: 1, pp: 1 } })).toThrow(/plan\.actor\.train: dp×tp×pp = 4×1×1 = 4, but mesh "0:0-1" has 2 device/);
+  });
+});
+
+describe('decideReplan after a join', () => {
+  // GRPO on LLaMA-2 7B over 8 A100s (scenarios/cluster/grpo-llama7b-8gpu.yaml), planned for 50 iterations.
+  const cluster = () => {
+    const s = loadScenario(join(ROOT, 'scenarios', 'cluster', 'grpo-llama7b-8gpu.yaml'));
+    // Every call on all eight devices, two replicas of four tensor-parallel ranks.
+    const plan = Object.fromEntries(runSpec(s).graph.calls.map((c) => [c.name, { mesh: '0:0-7', dp: 2, tp: 4, pp: 1 }]));
+    return runSpec(withPlan({ ...s, elastic: { grace_seconds: 30, search_seconds: 2 }, rl: { ...s.rl, iterations: 50 } }, plan));
+  };
+
+  it('takes a device back where what it saves over the iterations left is more than moving onto it costs, and leaves it idle where not', () => {
+    const lost = decideReplan(cluster(), [], { devices: [7], trigger: 'chaos', reason: 'gone' }, 0);
+    for (const p of Object.values(lost.spec.plan)) expect(p.devices).not.toContain(7);
+    // Device 6's worker is idle after the loss (the plan on 7 devices leaves it out): a spare.
+    const idle = [0, 1, 2, 3, 4, 5, 6].filter((d) => !Object.values(lost.spec.plan).some((p) => p.devices.includes(d)));
+    const back = decideReplan(lost.spec, idle, { devices: [], joined: [7], trigger: 'join', reason: 'a worker joined' }, 1);
+    expect(back.changed).toBe(true);
+    expect(back.record).toMatchObject({ trigger: 'join', lost: [], joined: [7], changed: true });
+    expect(back.record.gain_seconds).toBeGreaterThan(back.record.estimated_migration_seconds);
+    expect(back.record.why).toMatch(/^device\(s\) 6-7 joined and are used: they save [\d.]+ s over 49 iterations, more than the migration.s/);
+    expect(back.spec.plan).not.toEqual(lost.spec.plan);
+    // With no iteration left to use them in, the devices do not pay for any move.
+    const late = decideReplan(lost.spec, idle, { devices: [], joined: [7], trigger: 'join', reason: 'a worker joined' }, 50);
+    expect(late.changed).toBe(false);
+    expect(late.spec).toBe(lost.spec);
+    expect(late.record.why).toMatch(/device\(s\) 6-7 joined and are left idle/);
   });
 });

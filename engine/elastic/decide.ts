@@ -1,20 +1,23 @@
-// The decision of an elastic run that lost devices for good: a plan on the devices left, searched
-// within the scenario's budget (plan/replan.ts: warm-started from the current plan, ranked by the
-// migration plus the remaining iterations × the period), as the run spec the supervisor goes on
-// with and the record it writes ahead to the run's store before acting on it.
-import type { ReplanRecord } from '../../mesh/wire/index.ts';
+// The decision of an elastic run whose devices changed for good: lost (cordoned, past the restart
+// intensity, not back within the grace period, a chaos event) or joined (workers for devices the
+// plan does not use). A plan on the devices that have a worker, searched within the scenario's
+// budget (plan/replan.ts: warm-started from the current plan, ranked by the migration plus the
+// remaining iterations × the period; after a join the current plan stays unless the gain pays for
+// the migration), as the run spec the supervisor goes on with and the record it writes ahead to
+// the run's store before acting on it.
+import { deviceCount } from '../../mesh/parallel/index.ts';
+import type { ReplanRecord, ReplanTrigger } from '../../mesh/wire/index.ts';
 import { candidateOf, loadLocalProfile, localProfileFile, problemOf } from '../runtime/plan/problem.ts';
 import { replan } from '../runtime/plan/replan.ts';
 import { evaluationsFor } from '../runtime/plan/search.ts';
+import { planDevices, runSpec, type RunSpec } from '../runtime/run/run.ts';
 import { withPlan } from '../runtime/scenario/scenario.ts';
-import type { RunSpec } from '../runtime/run/run.ts';
-import { runSpec } from '../runtime/run/run.ts';
-import type { LossTrigger } from '../../mesh/wire/index.ts';
 
-/** Devices lost for good, why, and when the supervisor heard it. */
+/** What changed: devices lost for good, devices whose workers joined beyond the plan; why. */
 export interface Loss {
   devices: number[];
-  trigger: LossTrigger;
+  joined?: number[];
+  trigger: ReplanTrigger;
   reason: string;
 }
 
@@ -29,30 +32,39 @@ export function specOnPlan(r: RunSpec, plan: Placements): RunSpec {
 }
 
 /**
- * The plan for the rest of the run once `loss` has happened. `lostBefore`: the devices the run
- * had lost already (the current plan does not use them); `iteration`: the one the run goes on
- * from (the last snapshot's next). Throws ReplanError where no plan fits what is left.
+ * The plan for the rest of the run once `loss` has happened. `spares`: devices whose workers
+ * joined earlier and that the plan does not use (offered to the search again with the change);
+ * `iteration`: the one the run goes on from. The search sees only devices with a worker: the
+ * plan's, the spares and the newly joined. Throws ReplanError where no plan fits what is left.
  */
-export function decideReplan(r: RunSpec, lostBefore: readonly number[], loss: Loss, iteration: number): { spec: RunSpec; record: ReplanRecord } {
+export function decideReplan(r: RunSpec, spares: readonly number[], loss: Loss, iteration: number): { spec: RunSpec; record: ReplanRecord; changed: boolean } {
   const s = r.scenario;
   const file = s.cluster.device === 'local' ? localProfileFile() : undefined;
   const problem = problemOf(s, file ? loadLocalProfile(file) : undefined);
   const budget = s.elastic?.search_seconds ?? 2;
   const remaining = Math.max(0, s.rl.iterations - iteration);
+  // To the planner, every device the plan does not use is lost; those with a worker come back as joined.
+  const used = planDevices(r);
+  const unused = Array.from({ length: deviceCount(problem.cluster) }, (_, d) => d).filter((d) => !used.includes(d));
+  const joined = [...new Set([...spares, ...(loss.joined ?? [])])].filter((d) => !loss.devices.includes(d) && unused.includes(d));
   const out = replan(
-    { ...problem, cluster: { ...problem.cluster, lost: [...lostBefore] } },
+    { ...problem, cluster: { ...problem.cluster, lost: unused } },
     candidateOf(s),
-    { lost: loss.devices },
+    { lost: loss.devices, joined },
     { remaining, search: { evaluations: evaluationsFor(budget), seed: s.seed } },
   );
   const plan: Placements = Object.fromEntries(Object.entries(out.plan).map(([call, p]) => [call, { mesh: p.mesh, dp: p.dp, tp: p.tp, pp: p.pp }]));
   return {
-    spec: specOnPlan(r, plan),
+    spec: out.changed ? specOnPlan(r, plan) : r,
+    changed: out.changed,
     record: {
       iteration,
       trigger: loss.trigger,
       lost: [...loss.devices],
+      joined: [...(loss.joined ?? [])],
       reason: loss.reason,
+      changed: out.changed,
+      gain_seconds: out.gainSeconds,
       search_seconds: out.search.seconds,
       plans_evaluated: out.search.evaluated,
       plan_before: placementsOf(r),

@@ -566,6 +566,9 @@ export const ChaosSpare = z.strictObject({ type: z.literal('spare'), v, target: 
 /** Why a device is lost for good: an operator's cordon, its worker past the restart intensity, a chaos event, or not back within the grace period. */
 export const LOSS_TRIGGERS = ['cordon', 'intensity', 'chaos', 'grace'] as const;
 export type LossTrigger = (typeof LOSS_TRIGGERS)[number];
+/** What sets off a re-plan: a device lost for good, or workers that joined for devices the plan does not use. */
+export const REPLAN_TRIGGERS = [...LOSS_TRIGGERS, 'join'] as const;
+export type ReplanTrigger = (typeof REPLAN_TRIGGERS)[number];
 
 /** A request to run on without a device (npm run cordon, or the launcher): the supervisor answers. */
 export const CordonAsk = z.strictObject({ type: z.literal('cordon'), v, device: nat, trigger: z.enum(LOSS_TRIGGERS), reason: z.string() });
@@ -578,9 +581,14 @@ export const CordonReply = z.discriminatedUnion('type', [Cordoned, ErrorReply]);
 export const ReplanRecord = z.strictObject({
   /** The iteration the run goes on from (the snapshot's next). */
   iteration: z.number().int(),
-  trigger: z.enum(LOSS_TRIGGERS),
+  trigger: z.enum(REPLAN_TRIGGERS),
   lost: z.array(nat),
+  /** Devices whose workers joined beyond the plan, offered to the planner with this change. */
+  joined: z.array(nat).default([]),
   reason: z.string(),
+  /** Whether the plan changed (after a loss it must; after a join only where the gain pays for the migration), and what the new plan saves over the remaining iterations. */
+  changed: z.boolean().default(true),
+  gain_seconds: z.number().default(0),
   search_seconds: z.number(),
   plans_evaluated: nat,
   plan_before: z.record(z.string(), z.strictObject({ mesh: z.string(), dp: pos, tp: pos, pp: pos })),

@@ -92,6 +92,15 @@ export const Chaos = z.strictObject({
       ]),
     )
     .default([]),
+  joins: z
+    .array(
+      z.strictObject({
+        device: nat.describe('a device of the cluster: one the run lost, or one its plan does not use'),
+        iteration: z.number().int().min(1).describe('its worker starts once the iteration before this one is done; the supervisor offers it to the planner at the next boundary'),
+      }),
+    )
+    .default([])
+    .describe('workers that join an elastic run beyond its plan (the launcher starts them)'),
   random: z
     .strictObject({
       kills: nat.describe('how many kills to draw'),

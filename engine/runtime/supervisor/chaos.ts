@@ -147,6 +147,19 @@ function losePoint(r: RunSpec, k: { lose: number; call: string; iteration: numbe
   return { id, actor: 'device', call: k.call, iteration: k.iteration, how: 'kill', device: k.lose, lose: true };
 }
 
+/** The workers that join a run beyond its plan (chaos.joins): elastic runs only, devices of the cluster, iterations of the run. */
+export function joinPoints(r: RunSpec): Array<{ device: number; iteration: number }> {
+  const joins = r.scenario.chaos?.joins ?? [];
+  const total = r.scenario.cluster.nodes * r.scenario.cluster.devices_per_node;
+  joins.forEach((j, i) => {
+    const where = `chaos.joins[${i}]`;
+    if (!r.scenario.elastic) throw new ScenarioError(`${where}: a worker that joins beyond the plan is used only by an elastic run; add elastic: to the scenario`);
+    if (j.device >= total) throw new ScenarioError(`${where}: device ${j.device} is not a device of the cluster (devices 0-${total - 1})`);
+    if (j.iteration >= r.scenario.rl.iterations) throw new ScenarioError(`${where}: iteration ${j.iteration} is past the run's last (${r.scenario.rl.iterations - 1})`);
+  });
+  return joins.map((j) => ({ ...j }));
+}
+
 /** Whether a worker running `fn` of `model` in `iteration` on `device` has reached `k`. */
 export function reachedByWorker(k: KillPoint, device: number, model: string, fn: string, iteration: number): boolean {
   if (k.lose) return k.device === device && fn === k.call && iteration === k.iteration;

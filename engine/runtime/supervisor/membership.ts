@@ -50,6 +50,12 @@ export interface MembershipOptions {
   onRejected?: (problem: string) => void;
   /** The worker of a device warned on its heartbeat (something it rejected). */
   onWarning?: (device: number, worker: string, message: string) => void;
+  /**
+   * Every device of the cluster, where workers may join beyond the plan (an elastic run: the
+   * supervisor offers their devices to the planner); absent, a hello for a device outside the
+   * plan is refused.
+   */
+  cluster?: readonly number[];
 }
 
 export class Membership {
@@ -133,10 +139,18 @@ export class Membership {
     for (const stop of this.stops.splice(0)) stop();
   }
 
-  /** The devices of the plan now (an elastic run re-planned): a worker on a device left out is given up, and whoever started it stops it. */
-  setNeed(need: readonly number[]): void {
+  /**
+   * The devices of the plan now (an elastic run re-planned). A worker on a device lost for good
+   * (`lost`), or outside the cluster, is given up, and whoever started it stops it; one on a
+   * device the new plan merely leaves idle stays, a spare the planner may use again.
+   */
+  setNeed(need: readonly number[], lost: readonly number[] = []): void {
     this.need = [...need];
-    for (const device of [...this.members.keys()]) if (!this.need.includes(device)) this.lose(device, 'its device is no longer in the plan (lost for good)', true);
+    for (const device of [...this.members.keys()]) {
+      if (this.need.includes(device)) continue;
+      if (lost.includes(device)) this.lose(device, 'its device is lost for good', true);
+      else if (!this.o.cluster?.includes(device)) this.lose(device, 'its device is no longer in the plan', true);
+    }
   }
 
   /** The devices of the plan now. */
@@ -156,23 +170,29 @@ export class Membership {
     const free = this.need.filter((d) => !this.members.has(d) || this.members.get(d)!.worker === hello.worker);
     let refusal: string | undefined;
     if (this.gone.has(hello.worker)) refusal = `worker ${hello.worker} was given up; start a new one`;
-    else if (hello.device !== undefined && !this.need.includes(hello.device)) refusal = `device ${hello.device} is not in this run's plan (devices ${this.need.join(', ')})`;
-    else if (hello.device !== undefined && !free.includes(hello.device)) refusal = `device ${hello.device} already has worker ${this.members.get(hello.device)!.worker}`;
-    else if (free.length === 0) refusal = `every device of this run (${this.need.join(', ')}) already has a worker`;
+    else if (hello.device !== undefined && !this.need.includes(hello.device) && !this.o.cluster?.includes(hello.device))
+      refusal = this.o.cluster
+        ? `device ${hello.device} is not a device of this run's cluster (devices ${this.o.cluster.join(', ')})`
+        : `device ${hello.device} is not in this run's plan (devices ${this.need.join(', ')})`;
+    else if (hello.device !== undefined && this.members.has(hello.device) && this.members.get(hello.device)!.worker !== hello.worker)
+      refusal = `device ${hello.device} already has worker ${this.members.get(hello.device)!.worker}`;
+    else if (hello.device === undefined && free.length === 0) refusal = `every device of this run (${this.need.join(', ')}) already has a worker`;
     if (refusal) {
       this.o.log(`refused worker ${hello.worker}: ${refusal}`);
       return refusal;
     }
     const device = hello.device ?? free[0]!;
     this.members.set(device, { worker: hello.worker, pid: hello.pid, host: hello.host, seal: hello.seal, backend: hello.backend, lastBeat: Date.now(), announced: false });
-    this.o.log(`worker ${hello.worker} (pid ${hello.pid} on ${hello.host}, ${hello.backend}) is device ${device}`);
+    this.o.log(
+      `worker ${hello.worker} (pid ${hello.pid} on ${hello.host}, ${hello.backend}) is device ${device}${this.need.includes(device) ? '' : ' (beyond the plan: offered to the planner at the next iteration boundary)'}`,
+    );
     return device;
   }
 
   private beat(beat: Heartbeat): void {
     if (this.gone.has(beat.worker)) return;
     let m = this.members.get(beat.device);
-    if (!m && this.need.includes(beat.device)) {
+    if (!m && (this.need.includes(beat.device) || this.o.cluster?.includes(beat.device))) {
       // A worker this supervisor never welcomed (it took the run over): adopt it.
       m = { worker: beat.worker, pid: beat.pid, seal: beat.seal, backend: beat.backend ?? 'unknown', lastBeat: Date.now(), announced: false };
       this.members.set(beat.device, m);

@@ -55,7 +55,7 @@ export interface SupervisorInput {
 }
 
 /** What the machine tells its membership actor: the devices of the plan now (after a re-plan). */
-export type MembershipCommand = { type: 'need'; need: number[] };
+export type MembershipCommand = { type: 'need'; need: number[]; lost: number[] };
 
 export type SupervisorEvent =
   | { type: 'interrupt'; reason: string }
@@ -97,16 +97,28 @@ interface Context extends SupervisorInput {
   from?: RunSpec;
   /** When the loss that the migration under way answers was heard. */
   lossAt?: number;
+  /** Devices whose workers joined beyond the plan that were offered to the planner already. */
+  considered: number[];
 }
 
 type StageInput = { d: Dispatcher; r: RunSpec; store: RunStore; iteration: number; rewards?: RewardSources; demonstrate?: Demonstrate };
 
 /** In every state that works with the devices: a lost worker or trouble on the bus starts a recovery. */
 const RECOVER_ON_LOSS = {
-  'worker.lost': { target: '#supervisor.recovering', actions: ['unjoin', 'noteLoss'] },
+  'worker.lost': [
+    // A worker the plan does not use (joined beyond it): nothing to recover.
+    { guard: ({ context, event }: { context: Context; event: SupervisorEvent }) => event.type === 'worker.lost' && !context.need.includes(event.device), actions: 'unjoin' },
+    { target: '#supervisor.recovering', actions: ['unjoin', 'noteLoss'] },
+  ],
   'bus.trouble': { target: '#supervisor.recovering', actions: 'noteLoss' },
   'device.lost': { target: '#supervisor.replanning', actions: 'noteLostForGood' },
 } as const;
+
+/** Devices with a worker that the plan does not use (an elastic run's: joined beyond the plan). */
+const sparesOf = (c: Pick<Context, 'need' | 'joined'>) =>
+  Object.keys(c.joined)
+    .map(Number)
+    .filter((d) => !c.need.includes(d));
 
 /** The devices of the plan that have no worker now. */
 const missingDevices = (c: Pick<Context, 'need' | 'joined'>) => c.need.filter((d) => c.joined[d] === undefined);
@@ -150,12 +162,12 @@ export const supervisorMachine = setup({
     /** Keeps the run's membership: joins, heartbeats, exits. The process host provides the NATS version. */
     membership: fromCallback<MembershipCommand, { need: number[] }>(() => () => {}),
     /** The plan for the devices left, written ahead to the run's store before anything acts on it. */
-    decide: fromPromise(async ({ input }: { input: { r: RunSpec; store: RunStore; lost: number[]; loss: Loss; progress: Progress } }) => {
-      const { spec, record } = decideReplan(input.r, input.lost, input.loss, input.progress.iteration);
+    decide: fromPromise(async ({ input }: { input: { r: RunSpec; store: RunStore; lost: number[]; spares: number[]; loss: Loss; progress: Progress } }) => {
+      const { spec, record, changed } = decideReplan(input.r, input.spares, input.loss, input.progress.iteration);
       const replans = [...(input.progress.replans ?? []), record];
       const lost = [...input.lost, ...input.loss.devices];
-      await input.store.saveProgress({ ...input.progress, plan: record.plan_after, lost, replans });
-      return { spec, record };
+      if (changed) await input.store.saveProgress({ ...input.progress, plan: record.plan_after, lost, replans });
+      return { spec, record, changed };
     }),
     /** The last snapshot onto the new plan, checked bit for bit (elastic/migrate.ts); with none yet, setup on it. */
     migrate: fromPromise(async ({ input }: { input: StageInput & { from: RunSpec; lost: number[]; devices: number[]; snapshot?: number; resume?: SupervisorInput['resume'] } }) => {
@@ -213,6 +225,9 @@ export const supervisorMachine = setup({
     takenOver: ({ context }) => context.takeOver !== undefined,
     moreIterations: ({ context }) => context.iteration + 1 < context.spec.scenario.rl.iterations,
     elastic: ({ context }) => context.spec.scenario.elastic !== undefined && missingDevices(context).length > 0,
+    /** Workers joined beyond the plan since the last offer, and iterations left to use them in. */
+    offered: ({ context }) =>
+      context.spec.scenario.elastic !== undefined && context.iteration + 1 < context.spec.scenario.rl.iterations && sparesOf(context).some((d) => !context.considered.includes(d)),
     nothingLeft: ({ context }) => context.iteration >= context.spec.scenario.rl.iterations,
     escalated: ({ context }) => context.error !== undefined,
     /** A loss for good was decided (an elastic run's worker past the intensity): re-plan. */
@@ -294,8 +309,13 @@ export const supervisorMachine = setup({
         return;
       }
       context.dispatcher.interrupt(`re-planning: ${loss.reason}`);
-      context.recorder.phase('replanning', `device(s) ${loss.devices.join(', ')} lost for good (${loss.trigger}: ${loss.reason}): searching a plan on the devices left`);
-      for (const device of loss.devices) context.onCordoned?.({ device, trigger: loss.trigger, reason: loss.reason });
+      context.recorder.phase(
+        'replanning',
+        loss.devices.length
+          ? `device(s) ${loss.devices.join(', ')} lost for good (${loss.trigger}: ${loss.reason}): searching a plan on the devices left`
+          : `${loss.reason}: offering device(s) ${loss.joined?.join(', ')} to the planner`,
+      );
+      if (loss.trigger !== 'join') for (const device of loss.devices) context.onCordoned?.({ device, trigger: loss.trigger, reason: loss.reason });
     },
     adoptPlan: assign(({ context }, out: { spec: RunSpec; record: ReplanRecord }) => {
       context.recorder.phase('migrating', out.record.why);
@@ -308,7 +328,22 @@ export const supervisorMachine = setup({
         replans: [...context.replans, out.record],
         loss: undefined,
         lossAt: context.loss!.at,
+        // Every device with a worker now was offered to this search: one it leaves idle is not offered again.
+        considered: [...new Set([...context.considered, ...Object.keys(context.joined).map(Number)])],
       };
+    }),
+    /** Workers joined beyond the plan, at an iteration boundary: the planner is offered their devices (once each). */
+    noteJoined: assign(({ context }) => {
+      const fresh = sparesOf(context).filter((d) => !context.considered.includes(d));
+      return {
+        loss: { devices: [], joined: fresh, trigger: 'join' as const, reason: `worker(s) joined for device(s) ${fresh.join(', ')}`, at: Date.now() },
+        considered: [...context.considered, ...fresh],
+      };
+    }),
+    /** The planner kept the plan (the devices offered save less than moving onto them costs): the decision is recorded, the run goes on. */
+    keptPlan: assign(({ context }, out: { record: ReplanRecord }) => {
+      context.recorder.phase('iterating', out.record.why);
+      return { replans: [...context.replans, { ...out.record, seconds: (Date.now() - (context.loss?.at ?? Date.now())) / 1000 }], loss: undefined, iteration: context.iteration + 1 };
     }),
     migrated: assign(({ context }, out: { snapshot: number; migration?: { seconds: number; bytes: number; minimumBytes: number; equal: boolean } }) => {
       const last = context.replans.at(-1)!;
@@ -319,7 +354,8 @@ export const supervisorMachine = setup({
         seconds: (Date.now() - (context.lossAt ?? Date.now())) / 1000,
       };
       // What the recovery entry that follows says: the run went back to its snapshot by a re-plan.
-      const failure = { reason: `re-plan without device(s) ${last.lost.join(', ')} (${last.trigger}): ${last.reason}`, at: context.lossAt ?? Date.now() };
+      const change = last.lost.length ? `without device(s) ${last.lost.join(', ')}` : `onto device(s) ${last.joined.join(', ')}`;
+      const failure = { reason: `re-plan ${change} (${last.trigger}): ${last.reason}`, at: context.lossAt ?? Date.now() };
       return { replans: [...context.replans.slice(0, -1), done], from: undefined, lossAt: undefined, failure };
     }),
     recovered: assign(({ context }, out: { parameters: Record<string, number>; snapshot: number; warmup?: Summary['warmup']; rewardModel?: Summary['reward_model'] }) => {
@@ -416,6 +452,7 @@ export const supervisorMachine = setup({
     recoveries: input.takeOver?.recoveries ?? [],
     lost: input.takeOver?.lost ?? [],
     replans: input.takeOver?.replans ?? [],
+    considered: [],
     // A supervisor that died in a migration: the one taking over does it again, onto the plan written ahead.
     ...unfinishedMigration(input),
     attempts: 0,
@@ -575,6 +612,7 @@ export const supervisorMachine = setup({
               r: context.spec,
               store: context.store,
               lost: context.lost,
+              spares: sparesOf(context),
               loss: context.loss!,
               progress: {
                 epoch: context.dispatcher.epoch,
@@ -586,10 +624,16 @@ export const supervisorMachine = setup({
                 replans: context.replans,
               },
             }),
-            onDone: {
-              target: 'waiting',
-              actions: [{ type: 'adoptPlan', params: ({ event }) => event.output }, sendTo('membership', ({ context }) => ({ type: 'need', need: context.need }) as MembershipCommand)],
-            },
+            onDone: [
+              { guard: ({ event }) => !event.output.changed, target: '#supervisor.saving', actions: { type: 'keptPlan', params: ({ event }) => event.output } },
+              {
+                target: 'waiting',
+                actions: [
+                  { type: 'adoptPlan', params: ({ event }) => event.output },
+                  sendTo('membership', ({ context }) => ({ type: 'need', need: context.need, lost: context.lost }) as MembershipCommand),
+                ],
+              },
+            ],
             onError: { target: '#supervisor.failed', actions: { type: 'fail', params: ({ event }) => ({ stage: 're-planning', error: event.error }) } },
           },
         },
@@ -713,7 +757,12 @@ export const supervisorMachine = setup({
           },
         },
         advancing: {
-          always: [{ guard: 'moreIterations', target: '#supervisor.saving', actions: assign({ iteration: ({ context }) => context.iteration + 1 }) }, { target: '#supervisor.finishing' }],
+          always: [
+            // Workers that joined beyond the plan are offered to the planner at the boundary.
+            { guard: 'offered', target: '#supervisor.replanning', actions: 'noteJoined' },
+            { guard: 'moreIterations', target: '#supervisor.saving', actions: assign({ iteration: ({ context }) => context.iteration + 1 }) },
+            { target: '#supervisor.finishing' },
+          ],
         },
       },
     },
