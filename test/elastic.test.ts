@@ -59,6 +59,11 @@ describe('elastic runs', () => {
     expect(existsSync(join(report.runs.chaos, 'logs'))).toBe(true);
     const summary = JSON.parse(readFileSync(join(report.runs.chaos, 'summary.json'), 'utf8')) as Summary;
     expect(summary.lost).toEqual([3]);
+    // The report draws each re-plan: its figures, and the plan before and after.
+    const html = readFileSync(join(report.runs.chaos, 'report.html'), 'utf8');
+    expect(html).toMatch(/<section id="replans" data-items="2">/);
+    expect(html).toMatch(/<h3>1\. Iteration 3: chaos, device\(s\) 3 lost<\/h3>.*<p>Before:<\/p><svg.*<p>After:<\/p><svg/s);
+    expect(html).toMatch(/parameters equal after the migration<\/th><td>true/);
     expect(summary.plan).toEqual(back!.changed ? back!.plan_after : r!.plan_after);
   }, 300_000);
 

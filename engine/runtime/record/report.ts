@@ -7,6 +7,7 @@ import type { EpisodeRecordWire, Metrics } from '../../../mesh/wire/index.ts';
 import type { Simulation } from '../plan/simulate.ts';
 import type { Summary } from './record.ts';
 import type { CallName, Placed } from '../scenario/scenario.ts';
+import { parseMesh } from '../../../mesh/parallel/index.ts';
 
 /** One call as recorded in timeline.jsonl (ms since the epoch). */
 export interface CallRecord {
@@ -180,7 +181,9 @@ function chartSvg(title: string, series: Array<{ name: string; color: string; va
   return { svg: `<figure><figcaption>${esc(title)}</figcaption><svg xmlns="http://www.w3.org/2000/svg" width="${w}" height="${h}">${axis}${names}${lines.join('')}</svg></figure>`, points };
 }
 
-function planSection(r: ReportInput): string {
+/** A plan drawn over the devices: a row per call, a column per device; `lost` devices shaded. */
+function planSvg(plan: PlanRow[], devices: number, devicesPerNode: number, lost: readonly number[] = []): string {
+  const r = { plan, devices, devicesPerNode };
   const cols = r.devices;
   const cw = Math.max(28, Math.min(70, Math.floor(900 / Math.max(1, cols))));
   const left = 150;
@@ -195,6 +198,7 @@ function planSection(r: ReportInput): string {
         `<rect x="${left + d * cw}" y="2" width="${r.devicesPerNode * cw - 2}" height="${height - 4}" fill="${node % 2 ? '#f7f7f7' : '#fbfbfb'}" stroke="#ddd"/><text x="${left + d * cw + 3}" y="13" class="tick">node ${node}</text>`,
       );
     if (cols <= 64) parts.push(`<text x="${left + d * cw + 3}" y="26" class="tick">${d}</text>`);
+    if (lost.includes(d)) parts.push(`<rect x="${left + d * cw + 1}" y="30" width="${cw - 3}" height="${height - 34}" fill="rgba(214, 39, 40, 0.15)"><title>device ${d}: lost for good</title></rect>`);
   }
   r.plan.forEach((p, i) => {
     const y = 30 + i * rowH;
@@ -207,10 +211,14 @@ function planSection(r: ReportInput): string {
     const first = Math.min(...p.devices);
     parts.push(`<text x="${left + first * cw + 4}" y="${y + 17}" class="cellt">dp${p.dp} tp${p.tp} pp${p.pp}</text>`);
   });
+  return `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}">${parts.join('')}</svg>`;
+}
+
+function planSection(r: ReportInput): string {
   const rows = r.plan.map((p) => `<tr><td>${esc(p.call)}</td><td>${esc(p.mesh)}</td><td>${p.devices.length}</td><td>${p.dp}</td><td>${p.tp}</td><td>${p.pp}</td></tr>`).join('');
   return (
-    `<section id="plan" data-items="${r.plan.length}"><h2>Plan</h2><p>Which devices run each call, and with which data (dp), tensor (tp) and pipeline (pp) parallelism.</p>` +
-    `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}">${parts.join('')}</svg>` +
+    `<section id="plan" data-items="${r.plan.length}"><h2>Plan</h2><p>Which devices run each call, and with which data (dp), tensor (tp) and pipeline (pp) parallelism${r.summary?.replans?.length ? ' (at the start: the run re-planned, see below)' : ''}.</p>` +
+    planSvg(r.plan, r.devices, r.devicesPerNode) +
     `<table><tr><th>call</th><th>mesh</th><th>devices</th><th>dp</th><th>tp</th><th>pp</th></tr>${rows}</table></section>`
   );
 }
@@ -408,6 +416,40 @@ table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:
 .charts{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0}figcaption{font-size:13px;font-weight:600}
 .act{font-family:monospace;color:#1f4e99;background:#eaf1fb}.obs{font-family:monospace;color:#555;background:#f1f1f1}`;
 
+/** An elastic run's re-plans: why, what the search and the migration took, the periods estimated and measured, the plan before and after. */
+function replansSection(r: ReportInput): string {
+  const replans = r.summary?.replans ?? [];
+  if (!replans.length) return '';
+  const cluster = { nodes: Math.max(1, Math.round(r.devices / r.devicesPerNode)), devicesPerNode: r.devicesPerNode };
+  const rows = (p: Record<string, { mesh: string; dp: number; tp: number; pp: number }>): PlanRow[] =>
+    Object.entries(p).map(([call, q]) => ({ call, ...q, devices: parseMesh(q.mesh, cluster).devices }));
+  let lostBy: number[] = [];
+  const parts = replans.map((x, i) => {
+    // A device lost earlier whose worker joined again is the run's again (used or idle).
+    const before = lostBy.filter((d) => !x.joined.includes(d));
+    lostBy = [...before, ...x.lost];
+    const figures: Array<[string, string]> = [
+      ['why', x.why],
+      ['search', `${fmt(x.search_seconds, 2)} s, ${x.plans_evaluated} plans evaluated`],
+      ['period (s per iteration)', `estimated ${fmt(x.estimated_period_before, 3)} before, ${fmt(x.estimated_period_after, 3)} after; measured after: ${fmt(x.measured_period_after, 3)}`],
+      ...(x.changed
+        ? ([
+            ['migration', `estimated ${fmt(x.estimated_migration_seconds, 2)} s; took ${fmt(x.migration_seconds, 2)} s (${fmt(x.seconds, 2)} s from the loss to going on)`],
+            ['bytes', `${x.migration_bytes ?? 'n/a'} sent; the least a migration could send: ${x.migration_minimum_bytes ?? 'n/a'}`],
+            ['parameters equal after the migration', String(x.parameters_equal_after_migration ?? 'n/a')],
+          ] as Array<[string, string]>)
+        : ([['decision', `kept the plan: what the devices save over the iterations left (${fmt(x.gain_seconds, 1)} s) does not pay for the move`]] as Array<[string, string]>)),
+    ];
+    return (
+      `<h3>${i + 1}. Iteration ${x.iteration}: ${esc(x.trigger)}${x.lost.length ? `, device(s) ${x.lost.join(', ')} lost` : ''}${x.joined.length ? `, device(s) ${x.joined.join(', ')} joined` : ''}</h3>` +
+      `<table>${figures.map(([k, v]) => `<tr><th>${esc(k)}</th><td>${esc(v)}</td></tr>`).join('')}</table>` +
+      `<p>Before:</p>${planSvg(rows(x.plan_before), r.devices, r.devicesPerNode, before)}` +
+      (x.changed ? `<p>After:</p>${planSvg(rows(x.plan_after), r.devices, r.devicesPerNode, lostBy)}` : '')
+    );
+  });
+  return `<section id="replans" data-items="${replans.length}"><h2>Re-plans</h2><p>Devices lost for good, or joined beyond the plan, and what the run did about them. Shaded columns: devices lost.</p>${parts.join('')}</section>`;
+}
+
 /** The whole report for a run. */
 export function renderReport(r: ReportInput): string {
   const measuredIteration = r.metrics?.length ? [...r.metrics.map((m) => m.seconds)].sort((a, b) => a - b)[Math.floor(r.metrics.length / 2)] : null;
@@ -420,6 +462,7 @@ export function renderReport(r: ReportInput): string {
     estimateSection(r, measuredIteration) +
     curvesSection(r) +
     episodesSection(r) +
+    replansSection(r) +
     chaosSection(r) +
     `</body></html>\n`
   );
