@@ -38,6 +38,13 @@ export interface ChaosReport {
   parameters_equal_after_migration?: boolean;
   /** Bytes of snapshots that went through the supervisor's process (every snapshot does today). */
   snapshot_bytes_via_supervisor?: number;
+  /**
+   * Per re-plan that moved the run: seconds from the loss to going on, against the search plus the
+   * bytes sent at the chunk path's bandwidth measured in the same run (the snapshots' fetches);
+   * and the median period measured after it against the planner's estimate.
+   */
+  migration_time_ratio?: Array<number | null>;
+  period_ratio?: Array<number | null>;
   reference?: 'clean' | 'resumed on each re-plan';
 }
 
@@ -79,11 +86,16 @@ function elasticFigures(x: Summary): Partial<ChaosReport> {
   const moved = replans.filter((r) => r.changed);
   const sent = moved.reduce((n, r) => n + (r.migration_bytes ?? 0), 0);
   const least = moved.reduce((n, r) => n + (r.migration_minimum_bytes ?? 0), 0);
+  // The chunk path's bandwidth in this run: every snapshot fetched from the devices, bytes over seconds.
+  const s = x.snapshots;
+  const bandwidth = s && s.fetch_seconds > 0 ? (s.bytes * s.count) / s.fetch_seconds : undefined;
   return {
     replans,
     migration_bytes_ratio: least > 0 ? sent / least : null,
     parameters_equal_after_migration: moved.every((r) => r.parameters_equal_after_migration === true),
     snapshot_bytes_via_supervisor: (x.snapshots?.bytes ?? 0) * (x.snapshots?.count ?? 0),
+    migration_time_ratio: moved.map((r) => (bandwidth && r.seconds !== undefined && r.migration_bytes !== undefined ? r.seconds / (r.search_seconds + r.migration_bytes / bandwidth) : null)),
+    period_ratio: moved.map((r) => (r.measured_period_after !== undefined ? r.measured_period_after / r.estimated_period_after : null)),
   };
 }
 

@@ -84,6 +84,12 @@ runMain(async () => {
       );
       console.log(`  before: ${plan(r.plan_before)}\n  after:  ${plan(r.plan_after)}`);
     }
+    if (report.replans?.length) {
+      const ratios = (xs: Array<number | null> | undefined) => (xs ?? []).map((x) => (x === null ? 'n/a' : x.toFixed(2))).join(', ');
+      console.log(
+        `migration bytes / the least: ${report.migration_bytes_ratio?.toFixed(2) ?? 'n/a'}; loss-to-going-on / (search + bytes ÷ the run's measured bandwidth): ${ratios(report.migration_time_ratio)}; measured period / estimate: ${ratios(report.period_ratio)}; snapshot bytes through the supervisor: ${report.snapshot_bytes_via_supervisor}`,
+      );
+    }
     console.log(
       `clean: ${report.clean.status} in ${report.clean.wall_seconds.toFixed(1)} s; chaos: ${report.chaos.status} in ${report.chaos.wall_seconds.toFixed(1)} s${report.chaos.error ? ` (${report.chaos.error})` : ''}`,
     );

@@ -589,6 +589,8 @@ export const ReplanRecord = z.strictObject({
   /** Whether the plan changed (after a loss it must; after a join only where the gain pays for the migration), and what the new plan saves over the remaining iterations. */
   changed: z.boolean().default(true),
   gain_seconds: z.number().default(0),
+  /** When the change was heard (ms since the epoch): a supervisor that takes a migration over counts from it. */
+  at: z.number().optional(),
   search_seconds: z.number(),
   plans_evaluated: nat,
   plan_before: z.record(z.string(), z.strictObject({ mesh: z.string(), dp: pos, tp: pos, pp: pos })),

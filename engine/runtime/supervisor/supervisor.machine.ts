@@ -138,7 +138,7 @@ const errorText = (e: unknown) => (e instanceof Error ? `${e.name}: ${e.message}
 function unfinishedMigration(input: SupervisorInput): Pick<Context, 'lossAt' | 'from'> {
   const last = input.takeOver?.replans?.at(-1);
   if (!last || last.migration_seconds !== undefined || last.seconds !== undefined) return {};
-  return { lossAt: Date.now(), from: specOnPlan(input.spec, last.plan_before) };
+  return { lossAt: last.at ?? Date.now(), from: specOnPlan(input.spec, last.plan_before) };
 }
 
 /** Each re-plan with the period measured after it: the median seconds of the iterations it ran (up to the next re-plan). */
@@ -162,8 +162,10 @@ export const supervisorMachine = setup({
     /** Keeps the run's membership: joins, heartbeats, exits. The process host provides the NATS version. */
     membership: fromCallback<MembershipCommand, { need: number[] }>(() => () => {}),
     /** The plan for the devices left, written ahead to the run's store before anything acts on it. */
-    decide: fromPromise(async ({ input }: { input: { r: RunSpec; store: RunStore; lost: number[]; spares: number[]; loss: Loss; progress: Progress } }) => {
-      const { spec, record, changed } = decideReplan(input.r, input.spares, input.loss, input.progress.iteration);
+    decide: fromPromise(async ({ input }: { input: { r: RunSpec; store: RunStore; lost: number[]; spares: number[]; loss: Loss; at: number; progress: Progress } }) => {
+      const decided = decideReplan(input.r, input.spares, input.loss, input.progress.iteration);
+      const { spec, changed } = decided;
+      const record = { ...decided.record, at: input.at };
       const replans = [...(input.progress.replans ?? []), record];
       const lost = [...input.lost, ...input.loss.devices];
       if (changed) await input.store.saveProgress({ ...input.progress, plan: record.plan_after, lost, replans });
@@ -614,6 +616,7 @@ export const supervisorMachine = setup({
               lost: context.lost,
               spares: sparesOf(context),
               loss: context.loss!,
+              at: context.loss!.at,
               progress: {
                 epoch: context.dispatcher.epoch,
                 iteration: (context.snapshot ?? -1) + 1,
