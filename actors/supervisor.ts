@@ -183,7 +183,7 @@ runMain(async () => {
     nc,
     subj.cordon,
     CordonAsk,
-    (ask, msg) => {
+    async (ask, msg) => {
       if (!answerable(msg)) return;
       const c = actor.getSnapshot().context;
       // Asked again (the launcher does, of a supervisor that takes the run over): it is out already.
@@ -196,7 +196,7 @@ runMain(async () => {
         const spares = Object.keys(c.joined)
           .map(Number)
           .filter((d) => !c.need.includes(d));
-        problem = cordonProblem(c.spec, c.need, spares, ask, (c.snapshot ?? -1) + 1);
+        problem = await cordonProblem(c.spec, c.need, spares, ask, (c.snapshot ?? -1) + 1);
       } catch (e) {
         problem = `could not check the re-plan: ${(e as Error).message}`;
       }

@@ -20,17 +20,17 @@ rl: { iterations: 6, batch: 32 }
 const spec = (extra = 'elastic: { search_seconds: 0.5 }\n') => runSpec(parseScenario(`${FOUR}${extra}`, 'x.yaml'));
 
 describe('cordonProblem', () => {
-  it('takes a device of an elastic run that the devices left can do without', () => {
-    expect(cordonProblem(spec(), [0, 1, 2, 3], [], { device: 2, trigger: 'cordon' }, 1)).toBeUndefined();
+  it('takes a device of an elastic run that the devices left can do without', async () => {
+    expect(await cordonProblem(spec(), [0, 1, 2, 3], [], { device: 2, trigger: 'cordon' }, 1)).toBeUndefined();
   });
 
-  it('refuses a run that is not elastic, a device it does not have, its last device', () => {
-    expect(cordonProblem(spec(''), [0, 1, 2, 3], [], { device: 2, trigger: 'cordon' }, 1)).toMatch(/this run is not elastic/);
-    expect(cordonProblem(spec(), [0, 1, 2, 3], [], { device: 9, trigger: 'cordon' }, 1)).toBe("device 9 is not one of this run's devices (0, 1, 2, 3)");
-    expect(cordonProblem(spec(), [0], [], { device: 0, trigger: 'intensity' }, 1)).toBe("device 0 is the run's last device: no plan runs on none");
+  it('refuses a run that is not elastic, a device it does not have, its last device', async () => {
+    expect(await cordonProblem(spec(''), [0, 1, 2, 3], [], { device: 2, trigger: 'cordon' }, 1)).toMatch(/this run is not elastic/);
+    expect(await cordonProblem(spec(), [0, 1, 2, 3], [], { device: 9, trigger: 'cordon' }, 1)).toBe("device 9 is not one of this run's devices (0, 1, 2, 3)");
+    expect(await cordonProblem(spec(), [0], [], { device: 0, trigger: 'intensity' }, 1)).toBe("device 0 is the run's last device: no plan runs on none");
   });
 
-  it("refuses an operator's cordon that no plan on the devices left survives, naming the model and the memory it needs", () => {
+  it("refuses an operator's cordon that no plan on the devices left survives, naming the model and the memory it needs", async () => {
     // 7B trained with Adam needs about 112 GB: on two 80 GB devices it fits, on the one left it does not.
     const big = runSpec(
       parseScenario(
@@ -38,7 +38,7 @@ describe('cordonProblem', () => {
         'x.yaml',
       ),
     );
-    expect(cordonProblem(big, [0, 1], [], { device: 1, trigger: 'cordon' }, 1)).toMatch(
+    expect(await cordonProblem(big, [0, 1], [], { device: 1, trigger: 'cordon' }, 1)).toMatch(
       /the run cannot go on without device 1: no plan fits the 1 device\(s\) left \(0\) after losing 1: .*actor.* needs [\d.]+ GB/,
     );
   });

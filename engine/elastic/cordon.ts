@@ -5,21 +5,20 @@
 // a device the run does not have, the last device, and, for an operator's
 // cordon of a device that still works, a loss no plan survives.
 import { BusError, CordonReply, PROTOCOL_VERSION, request, type Bus, type CordonAsk, type Subjects } from '../../mesh/wire/index.ts';
-import { ReplanError } from '../runtime/plan/replan.ts';
 import type { RunSpec } from '../runtime/run/run.ts';
-import { decideReplan } from './decide.ts';
+import { decideOffThread } from './search-thread.ts';
 
 /** Why the supervisor of `r` (on devices `need`, with workers beyond the plan on `spares`) refuses `ask`, or undefined. */
-export function cordonProblem(r: RunSpec, need: readonly number[], spares: readonly number[], ask: Pick<CordonAsk, 'device' | 'trigger'>, iteration: number): string | undefined {
+export async function cordonProblem(r: RunSpec, need: readonly number[], spares: readonly number[], ask: Pick<CordonAsk, 'device' | 'trigger'>, iteration: number): Promise<string | undefined> {
   if (!r.scenario.elastic) return 'this run is not elastic: a device lost for good ends it (elastic: in the scenario lets it re-plan onto the devices left)';
   if (!need.includes(ask.device)) return `device ${ask.device} is not one of this run's devices (${need.join(', ')})`;
   if (need.length === 1) return `device ${ask.device} is the run's last device: no plan runs on none`;
   if (ask.trigger !== 'cordon') return undefined;
   // A device that still works is taken out only where the run can go on without it.
   try {
-    decideReplan(r, spares, { devices: [ask.device], trigger: 'cordon', reason: 'a check' }, iteration);
+    await decideOffThread(r, spares, { devices: [ask.device], trigger: 'cordon', reason: 'a check' }, iteration);
   } catch (e) {
-    if (e instanceof ReplanError) return `the run cannot go on without device ${ask.device}: ${e.message}`;
+    if ((e as Error).name === 'ReplanError') return `the run cannot go on without device ${ask.device}: ${(e as Error).message}`;
     throw e;
   }
   return undefined;

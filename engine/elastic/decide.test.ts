@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { loadScenario, parseScenario, withPlan } from '../runtime/scenario/scenario.ts';
 import { ROOT } from '../../test/helpers.ts';
 import { decideReplan, placementsOf, specOnPlan } from './decide.ts';
+import { decideOffThread } from './search-thread.ts';
 
 const FOUR = `
 seed: 5
@@ -75,5 +76,20 @@ describe('decideReplan after a join', () => {
     expect(late.changed).toBe(false);
     expect(late.spec).toBe(lost.spec);
     expect(late.record.why).toMatch(/device\(s\) 6-7 joined and are left idle/);
+  });
+});
+
+describe('decideOffThread', () => {
+  it('decides in a worker thread what decideReplan decides, and its refusals keep their names', async () => {
+    const r = spec();
+    const loss = { devices: [3], trigger: 'chaos' as const, reason: 'gone' };
+    const here = decideReplan(r, [], loss, 3);
+    const there = await decideOffThread(r, [], loss, 3);
+    expect(there.changed).toBe(true);
+    expect(there.record.plan_after).toEqual(here.record.plan_after);
+    expect(there.record.plans_evaluated).toBe(here.record.plans_evaluated);
+    expect(there.spec.plan).toEqual(here.spec.plan);
+    expect(there.spec.rewardService).toBe(r.rewardService);
+    await expect(decideOffThread(r, [], { ...loss, devices: [9] }, 3)).rejects.toMatchObject({ name: 'ReplanError', message: 'device 9: the cluster has devices 0-3' });
   });
 });

@@ -13,7 +13,7 @@
 import type { Demonstrate } from '../../environments/index.ts';
 import { assign, fromCallback, fromPromise, sendTo, setup } from 'xstate';
 import type { LossTrigger, Metrics, ReplanRecord } from '../../../mesh/wire/index.ts';
-import { decideReplan, migrateToPlan, placementsOf, specOnPlan, type Loss } from '../../elastic/index.ts';
+import { decideOffThread, migrateToPlan, placementsOf, specOnPlan, type Loss } from '../../elastic/index.ts';
 import type { Layout } from '../../../mesh/parallel/index.ts';
 import { CallError, fence, type Dispatcher } from '../dispatch/dispatch.ts';
 import { accountRollouts } from '../../device/index.ts';
@@ -163,7 +163,7 @@ export const supervisorMachine = setup({
     membership: fromCallback<MembershipCommand, { need: number[] }>(() => () => {}),
     /** The plan for the devices left, written ahead to the run's store before anything acts on it. */
     decide: fromPromise(async ({ input }: { input: { r: RunSpec; store: RunStore; lost: number[]; spares: number[]; loss: Loss; at: number; progress: Progress } }) => {
-      const decided = decideReplan(input.r, input.spares, input.loss, input.progress.iteration);
+      const decided = await decideOffThread(input.r, input.spares, input.loss, input.progress.iteration);
       const { spec, changed } = decided;
       const record = { ...decided.record, at: input.at };
       const replans = [...(input.progress.replans ?? []), record];
