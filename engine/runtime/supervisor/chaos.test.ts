@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { killPoints, reachedBySupervisor, reachedByWorker, type KillPoint } from './chaos.ts';
+import { joinPoints, killPoints, reachedBySupervisor, reachedByWorker, type KillPoint } from './chaos.ts';
 import { runSpec, type RunSpec } from '../run/run.ts';
 import { parseScenario, ScenarioError } from '../scenario/scenario.ts';
 
@@ -342,5 +342,15 @@ describe('killPoints: a device lost for good (lose:)', () => {
       /chaos\.kills\[0\]: device 3 runs no 'train' in an iteration with this plan; it runs 'generate', 'inference', 'checkpoint'/,
     );
     expect(refused('    - { lose: 0, call: generate, iteration: 9 }')).toMatch(/iteration 9 is past the run's last \(5\)/);
+  });
+});
+
+describe('joinPoints', () => {
+  it('takes workers that join an elastic run, and refuses them in a run that is not elastic, outside the cluster, past the last iteration', () => {
+    const joins = (list: string, elastic = true) => joinPoints(spec(CHAOS_PLAN, `${elastic ? 'elastic: {}\n' : ''}chaos:\n  joins:\n${list}\n`));
+    expect(joins('    - { device: 3, iteration: 2 }')).toEqual([{ device: 3, iteration: 2 }]);
+    expect(() => joins('    - { device: 3, iteration: 2 }', false)).toThrow(/chaos\.joins\[0\]: a worker that joins beyond the plan is used only by an elastic run; add elastic:/);
+    expect(() => joins('    - { device: 4, iteration: 2 }')).toThrow(/chaos\.joins\[0\]: device 4 is not a device of the cluster \(devices 0-3\)/);
+    expect(() => joins('    - { device: 1, iteration: 6 }')).toThrow(/chaos\.joins\[0\]: iteration 6 is past the run's last \(5\)/);
   });
 });

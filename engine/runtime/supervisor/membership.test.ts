@@ -10,7 +10,7 @@ const v = PROTOCOL_VERSION;
 const subj = subjects('t1');
 
 /** A membership over an in-memory bus, and everything it says. */
-function setup(need: readonly number[] = [0, 1], heartbeatMs = 60_000) {
+function setup(need: readonly number[] = [0, 1], heartbeatMs = 60_000, cluster?: readonly number[]) {
   const bus = new MemoryBus();
   const joined: Joined[] = [];
   const lost: Lost[] = [];
@@ -26,6 +26,7 @@ function setup(need: readonly number[] = [0, 1], heartbeatMs = 60_000) {
     log: (line) => logs.push(line),
     onRejected: (problem) => rejected.push(problem),
     onWarning: (device, worker, message) => warnings.push(`${device} ${worker}: ${message}`),
+    ...(cluster ? { cluster } : {}),
   });
   const join = async (worker: string, pid: number, device?: number) => {
     const hello = { type: 'hello', v, worker, pid, host: 'h', backend: 'wasm', ...(device === undefined ? {} : { device }) };
@@ -466,5 +467,35 @@ describe('Membership: close', () => {
     await expect(m.join('w2', 12)).rejects.toThrow(/no responders/);
     await vi.advanceTimersByTimeAsync(1_000);
     expect(m.lostEvents()).toEqual([]);
+  });
+});
+
+describe('Membership of an elastic run: workers beyond the plan', () => {
+  it('welcomes a worker for a device of the cluster the plan does not use, and refuses one outside the cluster, naming it', async () => {
+    const m = setup([0, 1], 60_000, [0, 1, 2, 3]);
+    open = m.membership;
+    expect(await m.join('w3', 13, 3)).toMatchObject({ type: 'welcome', device: 3 });
+    expect(m.logs.join('\n')).toMatch(/is device 3 \(beyond the plan: offered to the planner at the next iteration boundary\)/);
+    await m.beat(3, 'w3', 13);
+    expect(m.joined).toEqual([{ device: 3, worker: 'w3', backend: 'wasm' }]);
+    expect(await m.join('w9', 19, 9)).toMatchObject({ type: 'error', message: "device 9 is not a device of this run's cluster (devices 0, 1, 2, 3)" });
+    // A worker that asks for any device still gets one of the plan's.
+    expect(await m.join('w0', 10)).toMatchObject({ type: 'welcome', device: 0 });
+  });
+
+  it('on a new plan, stops the worker of a device lost for good and keeps one the plan leaves idle as a spare', async () => {
+    const m = setup([0, 1, 2], 60_000, [0, 1, 2, 3]);
+    open = m.membership;
+    for (const d of [0, 1, 2]) {
+      await m.join(`w${d}`, 10 + d, d);
+      await m.beat(d, `w${d}`, 10 + d);
+    }
+    m.membership.setNeed([0], [2]);
+    await settle();
+    expect(m.membership.devices).toEqual([0]);
+    // Device 2 is lost for good: given up, and its pid goes to whoever started it. Device 1 stays, unused.
+    expect(m.lostEvents().map((e) => [e.device, e.pid, e.reason])).toEqual([[2, 12, 'its device is lost for good']]);
+    expect(m.lost.map((l) => l.device)).toEqual([2]);
+    expect(await m.join('other', 99, 1)).toMatchObject({ type: 'error', message: 'device 1 already has worker w1' });
   });
 });
