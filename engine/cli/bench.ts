@@ -28,6 +28,7 @@ import { generateBench } from './bench-generate.ts';
 import { envBench } from './bench-env.ts';
 import { asyncBench } from './bench-async.ts';
 import { checkpointBench } from './bench-checkpoint.ts';
+import { snapshotBench } from './bench-snapshot.ts';
 import { searchQualityBench } from './bench-search-quality.ts';
 import { runChaos } from './chaos-run.ts';
 import { profileLocal } from './profile.ts';
@@ -56,7 +57,9 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
                                                 NATS, with a reward actor that takes D ms per request (100): s/iteration (median), the
                                                 speedup against the planner's estimate, reward first 5 -> last 5, the staleness
   checkpoint                                    a SmolLM-135M-shaped llama checkpoint written in F32 and BF16, read back,
-                                                loaded on one rank from its directory, and 8 tokens decoded: sizes and seconds`;
+                                                loaded on one rank from its directory, and 8 tokens decoded: sizes and seconds
+  snapshot [--iterations N]                     a snapshot after every iteration, the actor data-parallel over 1, 2 and 4 devices at
+                                                widths 64 and 128: seconds and bytes per snapshot, and how they grow with devices and size`;
 
 /** The scenario of each built-in algorithm: the quickstart for PPO, scenarios/algorithms/<name>.yaml for the others. */
 export const ALGORITHM_SCENARIOS: Record<string, string> = {
@@ -165,6 +168,17 @@ runMain(async () => {
     if (values.json) console.log(JSON.stringify(r));
     return 0;
   }
+  if (name === 'snapshot') {
+    const log = values.json ? () => {} : (line: string) => console.log(line);
+    log('bench snapshot: GRPO, actor and reference data-parallel over 1, 2 and 4 devices, widths 64 and 128, a snapshot after every iteration');
+    const r = await snapshotBench({ ...(values.iterations !== undefined ? { iterations: whole('iterations', values.iterations, 2) } : {}), log });
+    if (values.json) console.log(JSON.stringify(r));
+    else {
+      log(`4 devices against 1: ${r.bytes_ratio_devices?.toFixed(2)}× the bytes, ${r.seconds_ratio_devices?.toFixed(2)}× the seconds (a snapshot keeps each data-parallel replica once)`);
+      log(`width 128 against 64: ${r.bytes_ratio_size?.toFixed(2)}× the bytes a device holds, ${r.seconds_ratio_size?.toFixed(2)}× the seconds`);
+    }
+    return 0;
+  }
   if (name === 'checkpoint') {
     const r = await checkpointBench(values.json ? () => {} : (line) => console.log(line));
     if (values.json) console.log(JSON.stringify(r));
@@ -172,7 +186,7 @@ runMain(async () => {
   }
   if (name !== 'iteration')
     throw new UsageError(
-      `unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, search, search-quality, chaos, algorithms, compute, generate, env, async, checkpoint\n${USAGE}`,
+      `unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, search, search-quality, chaos, algorithms, compute, generate, env, async, checkpoint, snapshot\n${USAGE}`,
     );
   let scenario = await loadScenarioFile(values.scenario ?? 'scenarios/quickstart.yaml');
   if (values.iterations !== undefined) {

@@ -129,6 +129,11 @@ export const CheckpointFile = z.strictObject({
   models: z.record(z.string(), z.array(Checkpoint)),
   /** The layout each model's ranks were taken on (a run goes on with another plan by resharding); absent in older files. */
   layouts: z.record(z.string(), Layout).optional(),
+  /**
+   * Data-parallel replicas are kept once: for each rank of a model, the index in `models[model]`
+   * of the checkpoint it holds (replicas share one). Absent: one checkpoint per rank, in order.
+   */
+  replicas: z.record(z.string(), z.array(nat)).optional(),
 });
 
 const TensorManifest = z.strictObject({ name: z.string(), shape: z.array(nat), sha256: z.string() });

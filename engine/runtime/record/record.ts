@@ -6,6 +6,7 @@ import { decode, encode } from '../../../mesh/wire/index.ts';
 import { CHECKPOINT_VERSIONS, CheckpointFile, Metrics, PROTOCOL_VERSION, type EpisodeRecordWire, type ReplanRecord } from '../../../mesh/wire/index.ts';
 import type { Layout } from '../../../mesh/parallel/index.ts';
 import type { CheckpointSet } from '../run/setup.ts';
+import { packReplicas, unpackReplicas } from '../store/replicas.ts';
 import type { TransportStats } from '../dispatch/dispatch.ts';
 import type { RolloutAccount } from '../../device/index.ts';
 import { stalenessSummary } from '../../asynchrony/index.ts';
@@ -103,7 +104,7 @@ export class RunDirectory implements Recorder {
   /** The checkpoint after `iteration`, replacing the last one only once it is written whole. */
   saveCheckpoint(iteration: number, set: CheckpointSet, layouts?: Record<string, Layout>): void {
     const file = join(this.dir, 'checkpoint.msgpack');
-    writeFileSync(`${file}.tmp`, encode({ type: 'checkpoint', v: PROTOCOL_VERSION, iteration, models: set, ...(layouts ? { layouts } : {}) }));
+    writeFileSync(`${file}.tmp`, encode({ type: 'checkpoint', v: PROTOCOL_VERSION, iteration, ...packReplicas(set), ...(layouts ? { layouts } : {}) }));
     renameSync(`${file}.tmp`, file);
   }
   phase(): void {}
@@ -160,5 +161,5 @@ export function readResume(dir: string): { iteration: number; checkpoint: Checkp
     if (!parsed.success) throw new ResumeError(`${metricsFile}:${i + 1}: not a metrics line: ${parsed.error.message}`);
     return parsed.data;
   });
-  return { iteration: c.iteration, checkpoint: c.models, ...(c.layouts ? { layouts: c.layouts } : {}), history: history.filter((m) => m.iteration <= c.iteration) };
+  return { iteration: c.iteration, checkpoint: unpackReplicas(c.models, c.replicas, file), ...(c.layouts ? { layouts: c.layouts } : {}), history: history.filter((m) => m.iteration <= c.iteration) };
 }

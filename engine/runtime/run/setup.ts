@@ -34,15 +34,30 @@ export function checkpointLayouts(r: RunSpec): Record<string, Layout> {
 
 /** Every rank of every kept model, at the end of an iteration: weights, and optimizer state where it trains. */
 export async function takeCheckpoint(d: Dispatcher, r: RunSpec, iteration: number): Promise<CheckpointSet> {
-  // Every rank's checkpoint is an exchange of its own: they all run at once.
+  // Every rank's checkpoint is an exchange of its own: they all run at once. Data-parallel
+  // replicas hold the same slices and the same state: one of them is fetched, and the others
+  // share its checkpoint (a file keeps it once: store/replicas.ts).
   const entries = await Promise.all(
     keptModels(r).map(async (model) => {
       const layout = layoutOf(r, ownerOf(r, model));
       const info = modelInfo(modelSpec(r, model) as GptSpec);
+      const fetched = new Map<string, Promise<Checkpoint>>();
       const ranks = await Promise.all(
         layout.devices.map((device, rank) => {
-          const shapes = shardSlices(info, layout, rank).map((s) => ({ name: s.name, shape: sliceShape(s) }));
-          return d.checkpointShard(device, model, iteration, shapes, optimized(r, model));
+          const slices = shardSlices(info, layout, rank);
+          const key = JSON.stringify(slices);
+          let c = fetched.get(key);
+          if (!c) {
+            c = d.checkpointShard(
+              device,
+              model,
+              iteration,
+              slices.map((s) => ({ name: s.name, shape: sliceShape(s) })),
+              optimized(r, model),
+            );
+            fetched.set(key, c);
+          }
+          return c;
         }),
       );
       return [model, ranks] as const;

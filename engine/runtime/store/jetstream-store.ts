@@ -23,6 +23,7 @@ import { createHash } from 'node:crypto';
 import { subjects, type Subjects } from '../../../mesh/wire/index.ts';
 import type { CheckpointSet } from '../run/setup.ts';
 import type { Progress, RunStore, Snapshot, Stage } from './store.ts';
+import { packReplicas, unpackReplicas } from './replicas.ts';
 import type { Layout } from '../../../mesh/parallel/index.ts';
 
 /** Progress records the bucket keeps: the newest whole one is read back. */
@@ -190,7 +191,7 @@ export class JetStreamStore implements RunStore {
   }
 
   async saveSnapshot(iteration: number, set: CheckpointSet, layouts?: Record<string, Layout>): Promise<{ bytes: number }> {
-    const bytes = encode({ type: 'checkpoint', v: PROTOCOL_VERSION, iteration, models: set, ...(layouts ? { layouts } : {}) });
+    const bytes = encode({ type: 'checkpoint', v: PROTOCOL_VERSION, iteration, ...packReplicas(set), ...(layouts ? { layouts } : {}) });
     await patiently(`storing the snapshot after iteration ${iteration}`, this.patienceMs, () => this.objects.putBlob({ name: `snapshot-${iteration}` }, bytes));
     // Keep the one before too: a failure while this one was being written leaves that one whole.
     await this.dropSnapshotsBefore(iteration - 1);
@@ -233,8 +234,9 @@ export class JetStreamStore implements RunStore {
   async loadSnapshot(iteration: number): Promise<Snapshot | undefined> {
     const bytes = await patiently(`reading the snapshot after iteration ${iteration}`, this.patienceMs, () => this.objects.getBlob(`snapshot-${iteration}`));
     if (!bytes) return undefined;
-    const c = decode(`object ferry-${this.run}-snapshots/snapshot-${iteration}`, bytes, CheckpointFile);
-    return { set: c.models, ...(c.layouts ? { layouts: c.layouts } : {}) };
+    const where = `object ferry-${this.run}-snapshots/snapshot-${iteration}`;
+    const c = decode(where, bytes, CheckpointFile);
+    return { set: unpackReplicas(c.models, c.replicas, where), ...(c.layouts ? { layouts: c.layouts } : {}) };
   }
 
   async close(): Promise<void> {}
