@@ -2,7 +2,7 @@
 // (every element copied, none computed), restored on the devices left; then read back and
 // compared, model by model, as logical tensors (each model's ranks joined into whole tensors):
 // the parameters right after the migration must equal the snapshot's, bit for bit. The snapshot
-// is stored again on the new layouts, so that later recoveries restore it as it is.
+// stays as it was taken (it records its layouts): a later recovery reshards it the same way.
 import { createHash } from 'node:crypto';
 import { layoutKey, planMigration, type Layout } from '../../mesh/parallel/index.ts';
 import { modelInfo, type GptSpec } from '../model/index.ts';
@@ -76,7 +76,6 @@ export async function migrateToPlan(input: RestoreInput & { from: RunSpec; lost:
       `the parameters after the migration differ from the snapshot's: ${bad.map(([m, x]) => `'${m}' ${x.before.slice(0, 12)} before, ${x.after.slice(0, 12)} after`).join('; ')}`,
     );
   }
-  await input.store.saveSnapshot(input.snapshot, after, toLayouts);
   const lost = new Set(input.lost);
   let minimumBytes = 0;
   const moved: string[] = [];
