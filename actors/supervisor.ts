@@ -9,7 +9,7 @@ import { PROTOCOL_VERSION, type Metrics } from '../mesh/wire/index.ts';
 import { subjects } from '../mesh/wire/index.ts';
 import { fanOut, readResume, RunDirectory, type Recorder, type Summary } from '../engine/runtime/index.ts';
 import { planDevices, reshardToPlan, runSpec, type RewardSources } from '../engine/runtime/index.ts';
-import { cordonProblem, specOnPlan } from '../engine/elastic/index.ts';
+import { cordonProblem, specOnPlan, warmSearchThread } from '../engine/elastic/index.ts';
 import { loadScenarioFile } from '../engine/runtime/index.ts';
 import { BusDispatcher } from '../engine/runtime/index.ts';
 import { DEFAULT_NATS, UsageError, args, logger, runMain } from './host.ts';
@@ -33,6 +33,8 @@ runMain(async () => {
   if (!values.scenario || !values.run || !values.out) throw new UsageError(USAGE);
   const log = logger('supervisor');
   const scenario = await loadScenarioFile(values.scenario);
+  // An elastic run's re-plans search in a thread: started now, so that a loss does not wait for it to load.
+  if (scenario.elastic) warmSearchThread();
   let spec = runSpec(scenario, values.run);
   const nc = await connectBus(values.nats ?? process.env.NATS_URL ?? DEFAULT_NATS, `ferry-supervisor-${values.run}`);
   const subj = subjects(values.run);

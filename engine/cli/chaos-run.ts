@@ -88,12 +88,12 @@ function elasticFigures(x: Summary): Partial<ChaosReport> {
   const least = moved.reduce((n, r) => n + (r.migration_minimum_bytes ?? 0), 0);
   // The chunk path's bandwidth in this run: every snapshot fetched from the devices, bytes over seconds.
   const s = x.snapshots;
-  const bandwidth = s && s.fetch_seconds > 0 ? (s.bytes * s.count) / s.fetch_seconds : undefined;
+  const bandwidth = s && s.fetch_seconds > 0 ? (s.total_bytes ?? s.bytes * s.count) / s.fetch_seconds : undefined;
   return {
     replans,
     migration_bytes_ratio: least > 0 ? sent / least : null,
     parameters_equal_after_migration: moved.every((r) => r.parameters_equal_after_migration === true),
-    snapshot_bytes_via_supervisor: (x.snapshots?.bytes ?? 0) * (x.snapshots?.count ?? 0),
+    snapshot_bytes_via_supervisor: x.snapshots?.total_bytes ?? (x.snapshots?.bytes ?? 0) * (x.snapshots?.count ?? 0),
     migration_time_ratio: moved.map((r) => (bandwidth && r.seconds !== undefined && r.migration_bytes !== undefined ? r.seconds / (r.search_seconds + r.migration_bytes / bandwidth) : null)),
     period_ratio: moved.map((r) => (r.measured_period_after !== undefined ? r.measured_period_after / r.estimated_period_after : null)),
   };

@@ -1,8 +1,9 @@
-// The re-plan's search off the supervisor's event loop: in a worker thread, so that a budget of
-// seconds never silences the supervisor's heartbeat (the launcher kills a supervisor that stops
-// beating for timeouts.heartbeat_seconds) nor its answers on the bus. The thread gets the
-// scenario as data, builds the run's spec again (importing a user's algorithm file where the
-// scenario names one), decides, and sends back the decision; the supervisor builds the new spec.
+// The re-plan's search off the supervisor's event loop: in a worker thread (started once and kept;
+// an elastic run's supervisor starts it at once), so that a budget of seconds never silences the
+// supervisor's heartbeat (the launcher kills a supervisor that stops beating for
+// timeouts.heartbeat_seconds) nor its answers on the bus. The thread gets the scenario as data,
+// builds the run's spec again (importing a user's algorithm file where the scenario names one),
+// decides, and sends back the decision; the supervisor builds the new spec.
 import { Worker, isMainThread, parentPort, workerData } from 'node:worker_threads';
 import type { ReplanRecord } from '../../mesh/wire/index.ts';
 import { isPath, loadAlgorithmFile } from '../algorithms/index.ts';
@@ -19,19 +20,44 @@ interface Ask {
 
 type Answer = { ok: true; record: ReplanRecord; changed: boolean } | { ok: false; name: string; message: string };
 
-/** decideReplan, in a worker thread; its errors come back with their names (a ReplanError stays one by name). */
-export async function decideOffThread(r: RunSpec, spares: readonly number[], loss: Loss, iteration: number): Promise<{ spec: RunSpec; record: ReplanRecord; changed: boolean }> {
-  const ask: Ask = { scenario: r.scenario, spares: [...spares], loss, iteration };
+/** The search thread: started once (warmWorker, or the first decision), kept for the process's life, never keeping it alive. */
+let shared: { worker: Worker; pending: Map<number, { resolve: (a: Answer) => void; reject: (e: Error) => void }>; next: number } | undefined;
+
+function searchThread(): NonNullable<typeof shared> {
+  if (shared) return shared;
   // The thread runs this file through tsx, as the process does.
   const boot = `import('tsx/esm/api').then(({ register }) => { register(); return import(${JSON.stringify(import.meta.url)}); })`;
+  const worker = new Worker(boot, { eval: true, workerData: { serve: true } });
+  worker.unref();
+  const thread = { worker, pending: new Map<number, { resolve: (a: Answer) => void; reject: (e: Error) => void }>(), next: 0 };
+  const fail = (e: Error) => {
+    for (const p of thread.pending.values()) p.reject(e);
+    thread.pending.clear();
+    if (shared === thread) shared = undefined;
+  };
+  worker.on('message', (m: { id: number; answer: Answer }) => {
+    thread.pending.get(m.id)?.resolve(m.answer);
+    thread.pending.delete(m.id);
+  });
+  worker.on('error', fail);
+  worker.on('exit', (code) => fail(new Error(`the re-plan's search thread exited with code ${code}`)));
+  shared = thread;
+  return thread;
+}
+
+/** Starts the search thread ahead of need (an elastic run's supervisor does, so that a re-plan does not wait for it to load). */
+export function warmSearchThread(): void {
+  searchThread();
+}
+
+/** decideReplan, in the search thread; its errors come back with their names (a ReplanError stays one by name). */
+export async function decideOffThread(r: RunSpec, spares: readonly number[], loss: Loss, iteration: number): Promise<{ spec: RunSpec; record: ReplanRecord; changed: boolean }> {
+  const ask: Ask = { scenario: r.scenario, spares: [...spares], loss, iteration };
+  const thread = searchThread();
+  const id = thread.next++;
   const answer = await new Promise<Answer>((resolve, reject) => {
-    const w = new Worker(boot, { eval: true, workerData: ask });
-    w.once('message', (m: Answer) => {
-      resolve(m);
-      void w.terminate();
-    });
-    w.once('error', reject);
-    w.once('exit', (code) => reject(new Error(`the re-plan's search thread exited with code ${code} before it answered`)));
+    thread.pending.set(id, { resolve, reject });
+    thread.worker.postMessage({ id, ask });
   });
   if (!answer.ok) {
     const e = new Error(answer.message);
@@ -53,6 +79,7 @@ async function serve(ask: Ask): Promise<Answer> {
   }
 }
 
-if (!isMainThread && parentPort && (workerData as Partial<Ask> | undefined)?.loss) {
-  void serve(workerData as Ask).then((answer) => parentPort!.postMessage(answer));
+if (!isMainThread && parentPort && (workerData as { serve?: boolean } | undefined)?.serve) {
+  const port = parentPort;
+  port.on('message', (m: { id: number; ask: Ask }) => void serve(m.ask).then((answer) => port.postMessage({ id: m.id, answer })));
 }

@@ -38,7 +38,8 @@ export interface Summary {
    * Snapshots taken after iterations (by this supervisor): how many, the last one's size, and the
    * seconds spent fetching them from the devices and storing them (JetStream Object Store).
    */
-  snapshots?: { count: number; bytes: number; fetch_seconds: number; store_seconds: number };
+  /** Snapshots taken: how many, the last one's bytes, all their bytes, and the seconds fetching and storing them. */
+  snapshots?: { count: number; bytes: number; total_bytes?: number; fetch_seconds: number; store_seconds: number };
   /** The supervised warm-up: its steps, and the cross-entropy of its first and last mini-batch. */
   warmup?: { steps: number; first_loss: number; loss: number; source?: 'environment'; turns?: number };
   /** A learned reward model's training (reward.model): pairs, losses, and how many pairs it orders as the rule does. */

@@ -749,6 +749,7 @@ export const supervisorMachine = setup({
                   snapshots: ({ context, event }) => ({
                     count: context.snapshots.count + 1,
                     bytes: event.output!.bytes,
+                    total_bytes: (context.snapshots.total_bytes ?? 0) + event.output!.bytes,
                     fetch_seconds: context.snapshots.fetch_seconds + event.output!.fetch_seconds,
                     store_seconds: context.snapshots.store_seconds + event.output!.store_seconds,
                   }),
