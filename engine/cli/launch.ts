@@ -9,7 +9,7 @@ import { BUS_SYNC_ENV, CREDENTIAL_ENV, answerable, connectBus, hasCredentials, p
 import { startNatsServer, type PrivateNatsServer } from '../../mesh/wire/index.ts';
 import { authConfig, makeCredentials } from '../../mesh/wire/index.ts';
 import { encode } from '../../mesh/wire/index.ts';
-import { ChaosAsk, Heartbeat, PROTOCOL_VERSION, SupervisorBeat } from '../../mesh/wire/index.ts';
+import { ChaosAsk, Heartbeat, PROTOCOL_VERSION, SupervisorBeat, type LossTrigger } from '../../mesh/wire/index.ts';
 import { CHAOS_ENV } from '../../actors/chaos-client.ts';
 import { askCordon } from '../elastic/index.ts';
 import { describeExit, Intensity, restarts, toRestart, type Exit } from '../runtime/index.ts';
@@ -181,7 +181,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     // Where the run's bus is, for the tools that talk to a running run (npm run cordon).
     writeFileSync(join(o.out, 'bus.json'), `${JSON.stringify({ url, run: o.run }, null, 2)}\n`);
     // Devices an elastic run goes on without: their workers are not restarted.
-    const retired = new Map<number, { trigger: 'chaos' | 'intensity' | 'cordon' | 'grace'; reason: string }>();
+    const retired = new Map<number, { trigger: LossTrigger; reason: string }>();
     // The launcher's own events: a process exited, the run is done, supervision gave up.
     const publish = (e: RunEventOut) => {
       if (nc.isClosed() || nc.isDraining()) return;
@@ -329,7 +329,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     };
     // An elastic run's device lost for good: the supervisor is asked to go on without it (asked
     // again while no supervisor answers); a refusal (no plan survives the loss) ends the run.
-    const loseDevice = (device: number, trigger: 'chaos' | 'intensity' | 'cordon' | 'grace', reason: string) => {
+    const loseDevice = (device: number, trigger: LossTrigger, reason: string) => {
       askCordon(nc, subj, { device, trigger, reason }, o.scenario.timeouts.recover_seconds * 1000).then(
         (answer) => {
           if (answer.ok) say(`the run goes on without device ${device}, on devices ${answer.left.join(', ')}`);

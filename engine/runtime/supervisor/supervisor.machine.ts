@@ -10,6 +10,12 @@
 // scores already computed come back from the run store instead of being computed again; training
 // runs again from the restored state, so every prompt is trained on exactly once. Past the
 // supervision intensity it gives up with an error that names the failures.
+//
+// An elastic run (`elastic:`) goes on without a device lost for good (cordoned, past the
+// intensity, not back within the grace period, a chaos event): `replanning` searches a plan on the
+// devices left (engine/elastic/), writes it ahead to the store, restores the last snapshot onto it
+// (checked bit for bit) and goes on; workers that join beyond the plan are offered to the planner
+// at an iteration boundary.
 import type { Demonstrate } from '../../environments/index.ts';
 import { assign, fromCallback, fromPromise, sendTo, setup } from 'xstate';
 import type { LossTrigger, Metrics, ReplanRecord } from '../../../mesh/wire/index.ts';
@@ -167,7 +173,7 @@ export const supervisorMachine = setup({
       const { spec, changed } = decided;
       const record = { ...decided.record, at: input.at };
       const replans = [...(input.progress.replans ?? []), record];
-      const lost = [...input.lost, ...input.loss.devices];
+      const lost = [...input.lost.filter((d) => !planDevices(spec).includes(d)), ...input.loss.devices];
       if (changed) await input.store.saveProgress({ ...input.progress, plan: record.plan_after, lost, replans });
       return { spec, record, changed };
     }),
@@ -326,7 +332,8 @@ export const supervisorMachine = setup({
         from: context.spec,
         spec: out.spec,
         need: planDevices(out.spec),
-        lost: [...context.lost, ...context.loss!.devices],
+        // Lost for good: the devices this change lost, and those lost before that the new plan does not take back.
+        lost: [...context.lost.filter((d) => !planDevices(out.spec).includes(d)), ...context.loss!.devices],
         replans: [...context.replans, out.record],
         loss: undefined,
         lossAt: context.loss!.at,
