@@ -1,22 +1,10 @@
 import { describe, expect, it } from 'vitest';
 import { runSpec } from '../runtime/run/run.ts';
+import { FOUR_DEVICES } from '../runtime/supervisor/four-devices.fixture.ts';
 import { parseScenario } from '../runtime/scenario/scenario.ts';
 import { cordonProblem } from './cordon.ts';
 
-const FOUR = `
-seed: 5
-task: { name: sort, digits: 4, base: 10 }
-model: { layers: 2, width: 32, heads: 4 }
-cluster: { nodes: 1, devices_per_node: 4 }
-plan:
-  actor.train: { mesh: "0:0-1", dp: 2 }
-  actor.generate: { mesh: "0:2-3", tp: 2 }
-  critic.train: { mesh: "0:0-1", pp: 2 }
-  critic.inference: { mesh: "0:2-3", dp: 2 }
-  reference.inference: { mesh: "0:2-3", tp: 2 }
-  reward.inference: { mesh: "0:3" }
-rl: { iterations: 6, batch: 32 }
-`;
+const FOUR = `${FOUR_DEVICES}rl: { iterations: 6, batch: 32 }\n`;
 const spec = (extra = 'elastic: { search_seconds: 0.5 }\n') => runSpec(parseScenario(`${FOUR}${extra}`, 'x.yaml'));
 
 describe('cordonProblem', () => {

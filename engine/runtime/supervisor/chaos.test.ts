@@ -2,24 +2,10 @@ import { describe, expect, it } from 'vitest';
 import { joinPoints, killPoints, reachedBySupervisor, reachedByWorker, type KillPoint } from './chaos.ts';
 import { runSpec, type RunSpec } from '../run/run.ts';
 import { parseScenario, ScenarioError } from '../scenario/scenario.ts';
+import { FOUR_DEVICES } from './four-devices.fixture.ts';
 
 /** The plan of scenarios/chaos.yaml: weights move between meshes before generation and critic inference. */
-const CHAOS_PLAN = `
-name: chaos
-seed: 5
-task: { name: sort, digits: 4, base: 10 }
-model: { layers: 2, width: 32, heads: 4 }
-cluster: { nodes: 1, devices_per_node: 4 }
-plan:
-  actor.train: { mesh: "0:0-1", dp: 2 }
-  actor.generate: { mesh: "0:2-3", tp: 2 }
-  critic.train: { mesh: "0:0-1", pp: 2 }
-  critic.inference: { mesh: "0:2-3", dp: 2 }
-  reference.inference: { mesh: "0:2-3", tp: 2 }
-  reward.inference: { mesh: "0:3" }
-warmup: { steps: 4, demos: 128, batch: 32 }
-rl: { iterations: 6, batch: 32 }
-`;
+const CHAOS_PLAN = `\nname: chaos${FOUR_DEVICES}warmup: { steps: 4, demos: 128, batch: 32 }\nrl: { iterations: 6, batch: 32 }\n`;
 
 /** The plan of scenarios/quickstart.yaml: one device per model, nothing is a view. */
 const SINGLE_PLAN = `

@@ -147,6 +147,18 @@ function unfinishedMigration(input: SupervisorInput): Pick<Context, 'lossAt' | '
   return { lossAt: last.at ?? Date.now(), from: specOnPlan(input.spec, last.plan_before) };
 }
 
+/** What a recovery or a migration restores: every device of the plan, back to the last snapshot. */
+const restoreInput = (context: Context) => ({
+  d: fence(context.dispatcher),
+  r: context.spec,
+  store: context.store,
+  iteration: -1,
+  devices: context.need,
+  snapshot: context.snapshot,
+  resume: context.resume,
+  demonstrate: context.demonstrate,
+});
+
 /** Each re-plan with the period measured after it: the median seconds of the iterations it ran (up to the next re-plan). */
 function measuredPeriods(replans: readonly ReplanRecord[], history: readonly Metrics[]): Summary['replans'] {
   return replans.map((r, i) => {
@@ -568,16 +580,7 @@ export const supervisorMachine = setup({
         restoring: {
           invoke: {
             src: 'recover',
-            input: ({ context }) => ({
-              d: fence(context.dispatcher),
-              r: context.spec,
-              store: context.store,
-              iteration: -1,
-              devices: context.need,
-              snapshot: context.snapshot,
-              resume: context.resume,
-              demonstrate: context.demonstrate,
-            }),
+            input: ({ context }) => restoreInput(context),
             onDone: [
               {
                 guard: ({ context, event }) => event.output.snapshot + 1 >= context.spec.scenario.rl.iterations,
@@ -662,18 +665,7 @@ export const supervisorMachine = setup({
         migrating: {
           invoke: {
             src: 'migrate',
-            input: ({ context }) => ({
-              d: fence(context.dispatcher),
-              r: context.spec,
-              from: context.from!,
-              lost: context.lost,
-              store: context.store,
-              iteration: -1,
-              devices: context.need,
-              snapshot: context.snapshot,
-              resume: context.resume,
-              demonstrate: context.demonstrate,
-            }),
+            input: ({ context }) => ({ ...restoreInput(context), from: context.from!, lost: context.lost }),
             onDone: [
               {
                 guard: ({ context, event }) => event.output.snapshot + 1 >= context.spec.scenario.rl.iterations,
