@@ -1,14 +1,15 @@
 // An elastic run's migration onto its new plan: the last snapshot, resharded onto the new layouts
-// (every element copied, none computed), restored on the devices left; then read back and
-// compared, model by model, as logical tensors (each model's ranks joined into whole tensors):
-// the parameters right after the migration must equal the snapshot's, bit for bit. The snapshot
+// (every element copied, none computed), restored on the devices left; then checked, model by
+// model: the resharded ranks' logical tensors (each model's ranks joined into whole tensors) must
+// equal the snapshot's, bit for bit, and each device's digest of the weights it holds must equal
+// that of the rank it was sent — so the parameters right after the migration equal the snapshot's. The snapshot
 // stays as it was taken (it records its layouts): a later recovery reshards it the same way.
-import { createHash } from 'node:crypto';
 import { layoutKey, planMigration, type Layout } from '../../mesh/parallel/index.ts';
 import { modelInfo, type GptSpec } from '../model/index.ts';
 import { wholeTensors } from '../runtime/store/reshard.ts';
 import { layoutOf, modelSpec, nodeOf, ownerOf, type RunSpec } from '../runtime/run/run.ts';
-import { checkpointLayouts, optimized, takeCheckpoint, type CheckpointSet } from '../runtime/run/setup.ts';
+import { checkpointLayouts, optimized, type CheckpointSet } from '../runtime/run/setup.ts';
+import { modelDigest } from '../../mesh/wire/chunks.ts';
 import { restoreDevices, type RestoreInput, type SetupOutput } from '../runtime/supervisor/recovery.ts';
 
 export class MigrationError extends Error {
@@ -20,12 +21,7 @@ export class MigrationError extends Error {
 export function logicalDigests(r: RunSpec, set: CheckpointSet, layouts: Readonly<Record<string, Layout>>): Record<string, string> {
   return Object.fromEntries(
     Object.entries(set).map(([model, shards]) => {
-      const h = createHash('sha256');
-      for (const t of wholeTensors(modelSpec(r, model) as GptSpec, layouts[model]!, shards, model)) {
-        h.update(`${t.name}:${t.shape.join('x')};`);
-        h.update(new Uint8Array(t.data.buffer, t.data.byteOffset, t.data.byteLength));
-      }
-      return [model, h.digest('hex')];
+      return [model, modelDigest(wholeTensors(modelSpec(r, model) as GptSpec, layouts[model]!, shards, model))];
     }),
   );
 }
@@ -66,16 +62,26 @@ export async function migrateToPlan(input: RestoreInput & { from: RunSpec; lost:
   const before = logicalDigests(from, loaded.set, fromLayouts);
   const out = await restoreDevices({ ...input, loaded });
   const toLayouts = checkpointLayouts(r);
-  const after = await takeCheckpoint(input.d, r, input.snapshot);
-  const afterDigests = logicalDigests(r, after, toLayouts);
+  // After: the resharded ranks' logical tensors (every element copied), and each device's own
+  // digest of what it holds now against the rank it was sent: 64 characters a rank over the bus,
+  // not the state read back.
+  const restored = out.restored ?? {};
+  const afterDigests = logicalDigests(r, restored, toLayouts);
+  const held = await Promise.all(
+    Object.entries(restored).flatMap(([model, ranks]) =>
+      layoutOf(r, ownerOf(r, model)).devices.map(async (device, rank) => {
+        const { digest } = await input.d.call(device, model, input.snapshot, { fn: 'manifest' });
+        return digest === modelDigest(ranks[rank]!.tensors) ? undefined : `'${model}' rank ${rank} on device ${device} holds other weights than it was sent`;
+      }),
+    ),
+  );
   const digests = Object.fromEntries(Object.keys(before).map((m) => [m, { before: before[m]!, after: afterDigests[m] ?? '' }]));
-  const equal = Object.values(digests).every((x) => x.before === x.after);
-  if (!equal) {
-    const bad = Object.entries(digests).filter(([, x]) => x.before !== x.after);
-    throw new MigrationError(
-      `the parameters after the migration differ from the snapshot's: ${bad.map(([m, x]) => `'${m}' ${x.before.slice(0, 12)} before, ${x.after.slice(0, 12)} after`).join('; ')}`,
-    );
-  }
+  const unequal = Object.entries(digests)
+    .filter(([, x]) => x.before !== x.after)
+    .map(([m, x]) => `'${m}' ${x.before.slice(0, 12)} before, ${x.after.slice(0, 12)} after`);
+  const problems = [...unequal, ...held.filter((x): x is string => x !== undefined)];
+  const equal = problems.length === 0;
+  if (!equal) throw new MigrationError(`the parameters after the migration differ from the snapshot's: ${problems.join('; ')}`);
   const lost = new Set(input.lost);
   let minimumBytes = 0;
   const moved: string[] = [];
