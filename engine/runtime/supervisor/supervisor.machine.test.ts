@@ -9,7 +9,8 @@ import type { Progress, RunStore } from '../store/store.ts';
 import { planDevices, runSpec, type IterationResult, type RunSpec } from '../run/run.ts';
 import type { CheckpointSet } from '../run/setup.ts';
 import { parseScenario } from '../scenario/scenario.ts';
-import { supervisorMachine, type MembershipCommand, type SupervisorInput } from './supervisor.machine.ts';
+import { supervisorMachine, type MembershipCommand, type MigrationOutput, type SupervisorInput } from './supervisor.machine.ts';
+import { FOUR_DEVICES } from './four-devices.fixture.ts';
 
 type Impl = NonNullable<NonNullable<Parameters<typeof supervisorMachine.provide>[0]>['actors']>;
 /** The input the machine gives a stage actor. */
@@ -122,6 +123,9 @@ function startSupervisor(o: Options = {}) {
   const calls = {
     membership: [] as Array<{ need: number[] }>,
     membershipStopped: 0,
+    /** What the machine told membership (a re-plan's devices). */
+    told: [] as MembershipCommand[],
+    migrate: [] as In<'migrate'>[],
     setup: [] as In<'setupModels'>[],
     recover: [] as In<'recover'>[],
     iteration: [] as In<'iteration'>[],
@@ -133,9 +137,15 @@ function startSupervisor(o: Options = {}) {
   const attempts = new Map<number, number>();
   const machine = supervisorMachine.provide({
     actors: {
-      membership: fromCallback<MembershipCommand, { need: number[] }>(({ input }) => {
+      membership: fromCallback<MembershipCommand, { need: number[] }>(({ input, receive }) => {
         calls.membership.push(input);
+        receive((command) => void calls.told.push(command));
         return () => void calls.membershipStopped++;
+      }),
+      // The migration's stand-in: what a restore onto the new plan returns, checked.
+      migrate: fromPromise<MigrationOutput, In<'migrate'>>(async ({ input }) => {
+        calls.migrate.push(input);
+        return { parameters: { actor: 10 }, snapshot: input.snapshot ?? -1, migration: { seconds: 0.01, bytes: 300, minimumBytes: 100, equal: true } };
       }),
       setupModels: fromPromise<{ parameters: Record<string, number> }, In<'setupModels'>>(async ({ input }) => {
         calls.setup.push(input);
@@ -697,4 +707,69 @@ describe('supervisor machine', () => {
     expect(s.recorder.rewind.mock.calls).toEqual([[[pastMetrics(0)]]]);
     expect(s.calls.iteration.map((i) => i.iteration)).toEqual([1, 2]);
   });
+});
+
+describe('supervisor machine: an elastic run', () => {
+  const elasticSpec = (extra = '') =>
+    runSpec(parseScenario(`${FOUR_DEVICES}rl: { iterations: 4, batch: 8 }\nelastic: { search_seconds: 0.25 }\ntimeouts: { join_seconds: 5, recover_seconds: 5 }\n${extra}`, 'unit.yaml'));
+
+  it('a device lost for good: the plan searched on the devices left is written ahead, membership told, the run migrated onto it and gone on with; the loss does not count against the intensity', async () => {
+    const gate = deferred<void>();
+    const s = startSupervisor({
+      spec: elasticSpec('supervision: { intensity: 0, period_seconds: 60 }'),
+      iterate: async (iteration, attempt) => {
+        if (iteration === 2 && attempt === 0) await gate.promise;
+        return result();
+      },
+    });
+    s.join();
+    await waitFor(s.actor, () => s.calls.iteration.some((c) => c.iteration === 2), { timeout: 5000 });
+    s.actor.send({ type: 'device.lost', device: 3, trigger: 'cordon', reason: 'maintenance' });
+    await waitFor(s.actor, () => s.calls.migrate.length === 1, { timeout: 30_000 });
+    gate.resolve();
+    await s.finished();
+    const out = s.summary();
+    expect(out.status).toBe('succeeded');
+    expect(out.iterations).toBe(4);
+    expect(out.lost).toEqual([3]);
+    const [r] = out.replans!;
+    expect(r).toMatchObject({
+      iteration: 2,
+      trigger: 'cordon',
+      lost: [3],
+      reason: 'maintenance',
+      changed: true,
+      migration_bytes: 300,
+      migration_minimum_bytes: 100,
+      parameters_equal_after_migration: true,
+    });
+    for (const p of Object.values(r!.plan_after)) expect(p.mesh).not.toMatch(/3/);
+    // Written ahead: a progress record with the new plan before the migration started.
+    expect(s.calls.progress.find((p) => p.plan)).toMatchObject({ plan: r!.plan_after, lost: [3], iteration: 2, snapshot: 1 });
+    expect(s.calls.told).toEqual([{ type: 'need', need: planDevices(s.calls.migrate[0]!.r), lost: [3] }]);
+    expect(s.calls.migrate[0]).toMatchObject({ snapshot: 1, lost: [3], devices: planDevices(s.calls.migrate[0]!.r) });
+    expect(out.plan).toEqual(r!.plan_after);
+    // Iterations 2 and 3 ran again on the new plan, after the snapshot of iteration 1.
+    expect(s.calls.iteration.filter((c) => c.iteration >= 2).every((c, i) => i === 0 || c.r === s.calls.migrate[0]!.r)).toBe(true);
+  }, 60_000);
+
+  it('a loss that no plan on the devices left survives ends the run, naming the model and the memory it needs', async () => {
+    // LLaMA-2 7B trained with Adam on two 80 GB GPUs: on the one left it does not fit.
+    const big = runSpec(
+      parseScenario(
+        'seed: 1\ncluster: { nodes: 1, devices_per_node: 2, device: h100-80gb }\nmodels: { actor: llama2-7b }\nalgorithm: { name: grpo, group: 2 }\nplan:\n  actor.train: { mesh: "0:0-1", tp: 2 }\n  actor.generate: { mesh: "0:0-1", tp: 2 }\n  reference.inference: { mesh: "0:0-1", tp: 2 }\n  reward.inference: { mesh: "0:0" }\nrl: { iterations: 3, batch: 8 }\nelastic: { search_seconds: 0.25 }\n',
+        'unit.yaml',
+      ),
+    );
+    const gate = deferred<IterationResult>();
+    const s = startSupervisor({ spec: big, iterate: () => gate.promise });
+    s.join();
+    await waitFor(s.actor, () => s.calls.iteration.length === 1, { timeout: 5000 });
+    s.actor.send({ type: 'device.lost', device: 1, trigger: 'intensity', reason: 'its worker kept failing' });
+    await s.finished();
+    const out = s.summary();
+    expect(out.status).toBe('failed');
+    expect(out.error).toMatch(/^re-planning: ReplanError: no plan fits the 1 device\(s\) left \(0\) after losing 1: .*needs [\d.]+ GB on a device of 80 GB/);
+    expect(s.calls.migrate).toEqual([]);
+  }, 60_000);
 });

@@ -60,6 +60,15 @@ export interface SupervisorInput {
   onCordoned?: (c: { device: number; trigger: LossTrigger; reason: string }) => void;
 }
 
+/** What a migration onto a new plan gives back: setup's figures, the snapshot gone back to, and (with a snapshot) what it moved and whether the parameters came through equal. */
+export interface MigrationOutput {
+  parameters: Record<string, number>;
+  rewardModel?: Summary['reward_model'];
+  warmup?: Summary['warmup'];
+  snapshot: number;
+  migration?: { seconds: number; bytes: number; minimumBytes: number; equal: boolean };
+}
+
 /** What the machine tells its membership actor: the devices of the plan now (after a re-plan). */
 export type MembershipCommand = { type: 'need'; need: number[]; lost: number[] };
 
@@ -190,11 +199,16 @@ export const supervisorMachine = setup({
       return { spec, record, changed };
     }),
     /** The last snapshot onto the new plan, checked bit for bit (elastic/migrate.ts); with none yet, setup on it. */
-    migrate: fromPromise(async ({ input }: { input: StageInput & { from: RunSpec; lost: number[]; devices: number[]; snapshot?: number; resume?: SupervisorInput['resume'] } }) => {
-      if (input.snapshot === undefined) return { ...(await restoreDevices(input)), migration: undefined };
-      const m = await migrateToPlan({ ...input, snapshot: input.snapshot });
-      return { parameters: m.parameters, rewardModel: m.rewardModel, warmup: m.warmup, snapshot: m.snapshot, migration: m };
-    }),
+    migrate: fromPromise(
+      async ({ input }: { input: StageInput & { from: RunSpec; lost: number[]; devices: number[]; snapshot?: number; resume?: SupervisorInput['resume'] } }): Promise<MigrationOutput> => {
+        if (input.snapshot === undefined) {
+          const out = await restoreDevices(input);
+          return { parameters: out.parameters, rewardModel: out.rewardModel, warmup: out.warmup, snapshot: out.snapshot };
+        }
+        const m = await migrateToPlan({ ...input, snapshot: input.snapshot });
+        return { parameters: m.parameters, rewardModel: m.rewardModel, warmup: m.warmup, snapshot: m.snapshot, migration: m };
+      },
+    ),
     setupModels: fromPromise(async ({ input }: { input: StageInput & { resume?: CheckpointSet; resumeAfter?: number } }) => {
       const out = await setupModels(input.d, input.r, input.resume, input.demonstrate);
       // The first snapshot: what a recovery before the first iteration's goes back to.
