@@ -17,7 +17,7 @@ import { ChaosClient } from './chaos-client.ts';
 import { JetStreamStore } from '../engine/runtime/index.ts';
 import { Membership } from '../engine/runtime/index.ts';
 import { RewardClient } from '../engine/runtime/index.ts';
-import { supervisorMachine, type MembershipCommand, type SupervisorEvent } from '../engine/runtime/index.ts';
+import { sparesOf, supervisorMachine, type MembershipCommand, type SupervisorEvent } from '../engine/runtime/index.ts';
 
 const USAGE = 'usage: supervisor --scenario FILE --run RUN_ID --out DIR [--nats URL] [--resume] [--take-over]';
 
@@ -195,10 +195,7 @@ runMain(async () => {
       }
       let problem: string | undefined;
       try {
-        const spares = Object.keys(c.joined)
-          .map(Number)
-          .filter((d) => !c.need.includes(d));
-        problem = await cordonProblem(c.spec, c.need, spares, ask, (c.snapshot ?? -1) + 1);
+        problem = await cordonProblem(c.spec, c.need, sparesOf(c), ask, (c.snapshot ?? -1) + 1);
       } catch (e) {
         problem = `could not check the re-plan: ${(e as Error).message}`;
       }

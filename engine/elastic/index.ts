@@ -4,3 +4,4 @@ export * from './decide.ts';
 export * from './migrate.ts';
 export * from './cordon.ts';
 export * from './search-thread.ts';
+export * from './steps.ts';

@@ -19,7 +19,8 @@
 import type { Demonstrate } from '../../environments/index.ts';
 import { assign, fromCallback, fromPromise, sendTo, setup } from 'xstate';
 import type { LossTrigger, Metrics, ReplanRecord } from '../../../mesh/wire/index.ts';
-import { decideOffThread, migrateToPlan, placementsOf, specOnPlan, type Loss } from '../../elastic/index.ts';
+import { decideAndWriteAhead, lostAfter, measuredPeriods, migrateOrSetUp, placementsOf, unfinishedMigration, type Loss } from '../../elastic/index.ts';
+export type { MigrationOutput } from '../../elastic/index.ts';
 import type { Layout } from '../../../mesh/parallel/index.ts';
 import { CallError, fence, type Dispatcher } from '../dispatch/dispatch.ts';
 import { accountRollouts } from '../../device/index.ts';
@@ -58,15 +59,6 @@ export interface SupervisorInput {
   onRecovered?: (r: { epoch: number; iteration: number; snapshot: number; seconds: number; reason: string }) => void;
   /** Tells whoever restarts workers that a device is out of the run for good (an elastic run's loss). */
   onCordoned?: (c: { device: number; trigger: LossTrigger; reason: string }) => void;
-}
-
-/** What a migration onto a new plan gives back: setup's figures, the snapshot gone back to, and (with a snapshot) what it moved and whether the parameters came through equal. */
-export interface MigrationOutput {
-  parameters: Record<string, number>;
-  rewardModel?: Summary['reward_model'];
-  warmup?: Summary['warmup'];
-  snapshot: number;
-  migration?: { seconds: number; bytes: number; minimumBytes: number; equal: boolean };
 }
 
 /** What the machine tells its membership actor: the devices of the plan now (after a re-plan). */
@@ -130,7 +122,7 @@ const RECOVER_ON_LOSS = {
 } as const;
 
 /** Devices with a worker that the plan does not use (an elastic run's: joined beyond the plan). */
-const sparesOf = (c: Pick<Context, 'need' | 'joined'>) =>
+export const sparesOf = (c: Pick<Context, 'need' | 'joined'>) =>
   Object.keys(c.joined)
     .map(Number)
     .filter((d) => !c.need.includes(d));
@@ -149,13 +141,6 @@ const fatal = (e: unknown) => (e as { fatal?: unknown })?.fatal === true || (e i
 
 const errorText = (e: unknown) => (e instanceof Error ? `${e.name}: ${e.message}` : String(e));
 
-/** Where the supervisor a run is taken over from died between a re-plan's decision and the end of its migration: the loss and the plan before it. */
-function unfinishedMigration(input: SupervisorInput): Pick<Context, 'lossAt' | 'from'> {
-  const last = input.takeOver?.replans?.at(-1);
-  if (!last || last.migration_seconds !== undefined || last.seconds !== undefined) return {};
-  return { lossAt: last.at ?? Date.now(), from: specOnPlan(input.spec, last.plan_before) };
-}
-
 /** What a recovery or a migration restores: every device of the plan, back to the last snapshot. */
 const restoreInput = (context: Context) => ({
   d: fence(context.dispatcher),
@@ -168,16 +153,6 @@ const restoreInput = (context: Context) => ({
   demonstrate: context.demonstrate,
 });
 
-/** Each re-plan with the period measured after it: the median seconds of the iterations it ran (up to the next re-plan). */
-function measuredPeriods(replans: readonly ReplanRecord[], history: readonly Metrics[]): Summary['replans'] {
-  return replans.map((r, i) => {
-    const until = replans[i + 1]?.iteration ?? Number.POSITIVE_INFINITY;
-    const seconds = history.filter((m) => m.iteration >= r.iteration && m.iteration < until).map((m) => m.seconds);
-    const measured = median(seconds);
-    return { ...r, ...(typeof measured === 'number' ? { measured_period_after: measured } : {}) };
-  });
-}
-
 export const supervisorMachine = setup({
   types: {
     context: {} as Context,
@@ -188,27 +163,10 @@ export const supervisorMachine = setup({
   actors: {
     /** Keeps the run's membership: joins, heartbeats, exits. The process host provides the NATS version. */
     membership: fromCallback<MembershipCommand, { need: number[] }>(() => () => {}),
-    /** The plan for the devices left, written ahead to the run's store before anything acts on it. */
-    decide: fromPromise(async ({ input }: { input: { r: RunSpec; store: RunStore; lost: number[]; spares: number[]; loss: Loss; at: number; progress: Progress } }) => {
-      const decided = await decideOffThread(input.r, input.spares, input.loss, input.progress.iteration);
-      const { spec, changed } = decided;
-      const record = { ...decided.record, at: input.at };
-      const replans = [...(input.progress.replans ?? []), record];
-      const lost = [...input.lost.filter((d) => !planDevices(spec).includes(d)), ...input.loss.devices];
-      if (changed) await input.store.saveProgress({ ...input.progress, plan: record.plan_after, lost, replans });
-      return { spec, record, changed };
-    }),
-    /** The last snapshot onto the new plan, checked bit for bit (elastic/migrate.ts); with none yet, setup on it. */
-    migrate: fromPromise(
-      async ({ input }: { input: StageInput & { from: RunSpec; lost: number[]; devices: number[]; snapshot?: number; resume?: SupervisorInput['resume'] } }): Promise<MigrationOutput> => {
-        if (input.snapshot === undefined) {
-          const out = await restoreDevices(input);
-          return { parameters: out.parameters, rewardModel: out.rewardModel, warmup: out.warmup, snapshot: out.snapshot };
-        }
-        const m = await migrateToPlan({ ...input, snapshot: input.snapshot });
-        return { parameters: m.parameters, rewardModel: m.rewardModel, warmup: m.warmup, snapshot: m.snapshot, migration: m };
-      },
-    ),
+    /** The plan for the devices left, written ahead to the run's store before anything acts on it (elastic/steps.ts). */
+    decide: fromPromise(({ input }: { input: Parameters<typeof decideAndWriteAhead>[0] }) => decideAndWriteAhead(input)),
+    /** The last snapshot onto the new plan, checked bit for bit; with none yet, setup on it. */
+    migrate: fromPromise(({ input }: { input: StageInput & { from: RunSpec; lost: number[]; devices: number[]; snapshot?: number; resume?: SupervisorInput['resume'] } }) => migrateOrSetUp(input)),
     setupModels: fromPromise(async ({ input }: { input: StageInput & { resume?: CheckpointSet; resumeAfter?: number } }) => {
       const out = await setupModels(input.d, input.r, input.resume, input.demonstrate);
       // The first snapshot: what a recovery before the first iteration's goes back to.
@@ -358,8 +316,7 @@ export const supervisorMachine = setup({
         from: context.spec,
         spec: out.spec,
         need: planDevices(out.spec),
-        // Lost for good: the devices this change lost, and those lost before that the new plan does not take back.
-        lost: [...context.lost.filter((d) => !planDevices(out.spec).includes(d)), ...context.loss!.devices],
+        lost: lostAfter(context.lost, out.spec, context.loss!),
         replans: [...context.replans, out.record],
         loss: undefined,
         lossAt: context.loss!.at,
@@ -489,7 +446,7 @@ export const supervisorMachine = setup({
     replans: input.takeOver?.replans ?? [],
     considered: [],
     // A supervisor that died in a migration: the one taking over does it again, onto the plan written ahead.
-    ...unfinishedMigration(input),
+    ...unfinishedMigration(input.takeOver, input.spec),
     attempts: 0,
     snapshots: { count: 0, bytes: 0, fetch_seconds: 0, store_seconds: 0 },
     ...(input.takeOver ? { failure: { reason: 'supervisor: a new supervisor took the run over', at: Date.now() } } : {}),

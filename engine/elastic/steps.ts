@@ -1,0 +1,59 @@
+// The supervisor's re-plan steps (supervisor.machine.ts's `replanning` state invokes them): decide
+// and write the decision ahead, migrate onto it; and what the machine derives from its re-plans.
+import type { Metrics, ReplanRecord } from '../../mesh/wire/index.ts';
+import { median, type Summary } from '../runtime/record/record.ts';
+import { planDevices, type RunSpec } from '../runtime/run/run.ts';
+import type { Progress, RunStore } from '../runtime/store/store.ts';
+import { restoreDevices, type RestoreInput } from '../runtime/supervisor/recovery.ts';
+import { specOnPlan, type Loss } from './decide.ts';
+import { migrateToPlan } from './migrate.ts';
+import { decideOffThread } from './search-thread.ts';
+
+/** Devices lost for good after a re-plan onto `spec`: those `loss` lost, and those lost before that the new plan does not take back. */
+export const lostAfter = (before: readonly number[], spec: RunSpec, loss: Pick<Loss, 'devices'>): number[] => [...before.filter((d) => !planDevices(spec).includes(d)), ...loss.devices];
+
+/** The plan for the devices with a worker, searched in the search thread; a changed plan is written ahead to the run's store before anything acts on it. */
+export async function decideAndWriteAhead(input: { r: RunSpec; store: RunStore; lost: number[]; spares: number[]; loss: Loss; at: number; progress: Progress }) {
+  const decided = await decideOffThread(input.r, input.spares, input.loss, input.progress.iteration);
+  const { spec, changed } = decided;
+  const record = { ...decided.record, at: input.at };
+  const replans = [...(input.progress.replans ?? []), record];
+  if (changed) await input.store.saveProgress({ ...input.progress, plan: record.plan_after, lost: lostAfter(input.lost, spec, input.loss), replans });
+  return { spec, record, changed };
+}
+
+/** What a migration onto a new plan gives back: setup's figures, the snapshot gone back to, and (with a snapshot) what it moved and whether the parameters came through equal. */
+export interface MigrationOutput {
+  parameters: Record<string, number>;
+  rewardModel?: Summary['reward_model'];
+  warmup?: Summary['warmup'];
+  snapshot: number;
+  migration?: { seconds: number; bytes: number; minimumBytes: number; equal: boolean };
+}
+
+/** The last snapshot onto the new plan, checked bit for bit (migrate.ts); with none yet, setup on it. */
+export async function migrateOrSetUp(input: RestoreInput & { from: RunSpec; lost: number[] }): Promise<MigrationOutput> {
+  if (input.snapshot === undefined) {
+    const out = await restoreDevices(input);
+    return { parameters: out.parameters, rewardModel: out.rewardModel, warmup: out.warmup, snapshot: out.snapshot };
+  }
+  const m = await migrateToPlan({ ...input, snapshot: input.snapshot });
+  return { parameters: m.parameters, rewardModel: m.rewardModel, warmup: m.warmup, snapshot: m.snapshot, migration: m };
+}
+
+/** Where the supervisor a run is taken over from died between a re-plan's decision and the end of its migration: when the loss was heard, and the plan before it. */
+export function unfinishedMigration(takeOver: Progress | undefined, spec: RunSpec): { lossAt?: number; from?: RunSpec } {
+  const last = takeOver?.replans?.at(-1);
+  if (!last || last.migration_seconds !== undefined || last.seconds !== undefined) return {};
+  return { lossAt: last.at ?? Date.now(), from: specOnPlan(spec, last.plan_before) };
+}
+
+/** Each re-plan with the period measured after it: the median seconds of the iterations it ran (up to the next re-plan). */
+export function measuredPeriods(replans: readonly ReplanRecord[], history: readonly Metrics[]): Summary['replans'] {
+  return replans.map((r, i) => {
+    const until = replans[i + 1]?.iteration ?? Number.POSITIVE_INFINITY;
+    const seconds = history.filter((m) => m.iteration >= r.iteration && m.iteration < until).map((m) => m.seconds);
+    const measured = median(seconds);
+    return { ...r, ...(typeof measured === 'number' ? { measured_period_after: measured } : {}) };
+  });
+}
