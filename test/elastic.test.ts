@@ -4,7 +4,7 @@
 // (the parameters checked bit for bit), and succeeds, no rollout lost or trained twice. A run
 // that lost a device ends where the same run, stopped before the re-plan's iteration and resumed
 // from that checkpoint on the new plan, ends.
-import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { runChaos } from '../engine/cli/chaos-run.ts';
@@ -56,7 +56,9 @@ describe('elastic runs', () => {
     expect(r!.measured_period_after).toBeGreaterThan(0);
     expect(report.migration_bytes_ratio).toBe(r!.migration_bytes! / r!.migration_minimum_bytes!);
     // The decision was written ahead: the supervisor that took over migrated onto it.
-    expect(existsSync(join(report.runs.chaos, 'logs'))).toBe(true);
+    const logs = join(report.runs.chaos, 'logs');
+    const takenOver = readdirSync(logs).filter((f) => /^supervisor\.\d+\.log$/.test(f));
+    expect(takenOver.map((f) => readFileSync(join(logs, f), 'utf8')).join('\n')).toMatch(/taking over the migration onto devices 0, 1, 2 \(the plan written ahead\)/);
     const summary = JSON.parse(readFileSync(join(report.runs.chaos, 'summary.json'), 'utf8')) as Summary;
     expect(summary.lost).toEqual([3]);
     // The report draws each re-plan: its figures, and the plan before and after.
