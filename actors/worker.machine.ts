@@ -79,17 +79,18 @@ export const workerMachine = setup({
   actions: {
     /**
      * A reset preempts whatever runs: the running call's askers hear `interrupted`, the device
-     * drops its shards (the abandoned computation fails at its next step), and remembered
-     * answers go, so that nothing from before the reset is ever answered after it.
+     * drops its shards (the abandoned computation fails at its next step) but the ones it is told
+     * to keep and nothing is running on, and remembered answers go, so that nothing from before
+     * the reset is ever answered after it.
      */
     resetDevice: assign(({ context, event }) => {
       if (event.type !== 'call' || event.call.body.fn !== 'reset') return {};
       const running = context.current?.call;
       const why = `device ${context.index} was reset for recovery ${event.call.body.epoch}`;
       if (running) for (const respond of context.current!.respond) respond(errorReply(running.id, 'interrupted', `${why} while running call ${running.id}`));
-      const dropped = context.device!.reset(why);
-      context.log(`${why}${running ? `, abandoning call ${running.id}` : ''}; dropped ${dropped.join(', ') || 'nothing'}`);
-      event.respond({ type: 'result', v: PROTOCOL_VERSION, id: event.call.id, body: { dropped, ...(running ? { interrupted: running.id } : {}) } });
+      const { dropped, kept } = context.device!.reset(why, event.call.body.keep);
+      context.log(`${why}${running ? `, abandoning call ${running.id}` : ''}; dropped ${dropped.join(', ') || 'nothing'}; kept ${kept.map((k) => k.model).join(', ') || 'nothing'}`);
+      event.respond({ type: 'result', v: PROTOCOL_VERSION, id: event.call.id, body: { dropped, kept, ...(running ? { interrupted: running.id } : {}) } });
       return { current: undefined, answered: new Map<string, Reply>(), epoch: Math.max(context.epoch, event.call.body.epoch) };
     }),
     refuseStale: ({ context, event }) => {

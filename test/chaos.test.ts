@@ -26,6 +26,9 @@ describe('npm run chaos', () => {
     expect(report.recovered).toBe(11);
     expect(report.recovery_seconds_median).toBeGreaterThan(0);
     expect(report.recovery_seconds_max).toBeGreaterThanOrEqual(report.recovery_seconds_median);
+    // A recovery sends only what the devices lack: survivors that had not moved past the snapshot keep their ranks.
+    expect(report.recovery_bytes.restored).toBeGreaterThan(0);
+    expect(report.recovery_bytes.kept).toBeGreaterThan(0);
     expect(report.digests_equal).toBe(true);
     expect(report.rollouts_lost).toBe(0);
     expect(report.rollouts_duplicated).toBe(0);

@@ -18,6 +18,8 @@ export interface ChaosReport {
   restarts: number;
   recovery_seconds_median: number | null;
   recovery_seconds_max: number | null;
+  /** Over the recoveries: the snapshots' bytes sent to devices, and those not sent (ranks a survivor kept with the snapshot's state). */
+  recovery_bytes: { restored: number; kept: number };
   digests_equal: boolean;
   rollouts_lost: number | null;
   rollouts_duplicated: number | null;
@@ -48,6 +50,7 @@ export interface ChaosReport {
   reference?: 'clean' | 'resumed on each re-plan';
 }
 
+const sum = (xs: readonly number[] = []) => xs.reduce((n, x) => n + x, 0);
 const count = (xs: readonly string[]) => xs.reduce<Record<string, number>>((m, x) => ((m[x] = (m[x] ?? 0) + 1), m), {});
 
 export function chaosReport(scenario: string, clean: LaunchResult, chaos: LaunchResult, runs: ChaosReport['runs']): ChaosReport {
@@ -68,6 +71,7 @@ export function chaosReport(scenario: string, clean: LaunchResult, chaos: Launch
     restarts: chaos.chaos.restarts.length,
     recovery_seconds_median: median(times),
     recovery_seconds_max: times.length ? Math.max(...times) : null,
+    recovery_bytes: { restored: sum(x?.recoveries.map((r) => r.restored_bytes ?? 0)), kept: sum(x?.recoveries.map((r) => r.kept_bytes ?? 0)) },
     digests_equal: !!c && !!x && c.status === 'succeeded' && ok && JSON.stringify(c.digests) === JSON.stringify(x.digests),
     rollouts_lost: x?.rollouts?.lost ?? null,
     rollouts_duplicated: x?.rollouts?.duplicated ?? null,

@@ -64,6 +64,8 @@ runMain(async () => {
     console.log(`kills: ${report.kills} (${report.hangs} hangs); by actor ${JSON.stringify(report.kills_by_actor)}; by call ${JSON.stringify(report.kills_by_call)}`);
     console.log(`recovered: ${report.recovered} of ${report.kills}; ${report.recoveries} recoveries, ${report.restarts} process restarts`);
     console.log(`recovery time: median ${s(report.recovery_seconds_median)}, max ${s(report.recovery_seconds_max)}`);
+    const b = report.recovery_bytes;
+    console.log(`recoveries sent ${b.restored} bytes of snapshots to devices; ${b.kept} bytes stayed where survivors held them with the snapshot's state`);
     const against = report.clean_replays
       ? " (a replay of the chaos run's recorded schedule: the run is free-running)"
       : report.reference === 'resumed on each re-plan'

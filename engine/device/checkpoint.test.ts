@@ -1,9 +1,11 @@
 // A checkpoint is a plain record of a shard — weights and optimizer state — that restores training
 // exactly: training on from a restored checkpoint ends bit-identical to training on uninterrupted,
-// on one device and across the ranks of a 3D-parallel layout.
+// on one device and across the ranks of a 3D-parallel layout. A shard kept through a reset is
+// proven equal to a checkpoint by its state digest.
 import { beforeAll, describe, expect, it } from 'vitest';
 import { shardSlices, sliceShape, type Layout } from '../../mesh/parallel/layout.ts';
 import type { CallBody, Checkpoint, Optim } from '../../mesh/wire/protocol.ts';
+import { stateDigest } from '../../mesh/wire/chunks.ts';
 import { initBackend } from '../model/backend.ts';
 import { LocalDispatcher } from '../runtime/dispatch/local-dispatch.ts';
 import { modelInfo, type GptSpec } from '../model/params.ts';
@@ -65,6 +67,67 @@ describe('checkpoints', () => {
       expect(await digest(b, layout)).toBe(uninterrupted);
     }, 30_000);
   }
+
+  it("a reset keeps a shard the plan puts here again, with its checkpoint's state digest; other shards, layouts and ranks go", async () => {
+    const layout: Layout = { devices: [0, 1], dp: 2, tp: 1, pp: 1 };
+    const d = new LocalDispatcher(2);
+    await Promise.all(layout.devices.map((dev, rank) => d.call(dev, 'actor', 0, { fn: 'load', role: 'actor', spec, layout, rank, seed: 3, optim })));
+    await d.call(0, 'frozen', 0, { fn: 'load', role: 'reference', spec, layout: { devices: [0], dp: 1, tp: 1, pp: 1 }, rank: 0, seed: 4 });
+    await callMesh(d, layout, 'actor', 0, train(1) as never);
+    const shapes = shardSlices(modelInfo(spec), layout, 0).map((s) => ({ name: s.name, shape: sliceShape(s) }));
+    const saved = await d.checkpointShard(0, 'actor', 0, shapes, true);
+    const state = stateDigest({ tensors: saved.tensors, optimizer: saved.optimizer, ledger: saved.ledger ?? [] });
+    const kept = await d.call(0, '*', 0, { fn: 'reset', epoch: 1, keep: [{ model: 'actor', layout, rank: 0 }] });
+    expect(kept.dropped).toEqual(['frozen']);
+    expect(kept.kept).toEqual([{ model: 'actor', state, parameters: saved.tensors.reduce((n, t) => n + t.data.length, 0) }]);
+    // Trained once more, the state differs: the digest says so.
+    await callMesh(d, layout, 'actor', 0, train(2) as never);
+    const again = await d.call(0, '*', 0, { fn: 'reset', epoch: 2, keep: [{ model: 'actor', layout, rank: 0 }] });
+    expect(again.kept[0]!.state).not.toBe(state);
+    // A rank that is another device's, or one that holds other slices (a tensor-parallel half): dropped.
+    for (const keep of [
+      { model: 'actor', layout, rank: 1 },
+      { model: 'actor', layout: { devices: [0, 1], dp: 1, tp: 2, pp: 1 }, rank: 0 },
+    ]) {
+      const out = await d.call(0, '*', 0, { fn: 'reset', epoch: 3, keep: [keep] });
+      expect(out).toMatchObject({ dropped: ['actor'], kept: [] });
+      await d.call(0, 'actor', 0, { fn: 'load', role: 'actor', spec, layout, rank: 0, seed: 3, optim });
+    }
+  });
+
+  it('a reset moves a kept shard onto another layout whose rank holds the same slices, in place: it trains there as one restored there does', async () => {
+    const layout: Layout = { devices: [0, 1], dp: 2, tp: 1, pp: 1 };
+    const alone: Layout = { devices: [0], dp: 1, tp: 1, pp: 1 };
+    const d = new LocalDispatcher(2);
+    await Promise.all(layout.devices.map((dev, rank) => d.call(dev, 'actor', 0, { fn: 'load', role: 'actor', spec, layout, rank, seed: 3, optim })));
+    await callMesh(d, layout, 'actor', 0, train(1) as never);
+    const shapes = shardSlices(modelInfo(spec), alone, 0).map((s) => ({ name: s.name, shape: sliceShape(s) }));
+    const saved = await d.checkpointShard(0, 'actor', 0, shapes, true);
+    // Device 1 is gone; device 0 keeps its replica as the whole model on a layout of its own.
+    const out = await d.call(0, '*', 0, { fn: 'reset', epoch: 1, keep: [{ model: 'actor', layout: alone, rank: 0 }] });
+    expect(out.kept.map((k) => k.state)).toEqual([stateDigest({ tensors: saved.tensors, optimizer: saved.optimizer, ledger: saved.ledger ?? [] })]);
+    await callMesh(d, alone, 'actor', 0, train(2) as never);
+    // The same checkpoint restored onto a fresh device on that layout, trained the same.
+    const fresh = new LocalDispatcher(1);
+    await fresh.call(0, 'actor', 0, { fn: 'load', role: 'actor', spec, layout: alone, rank: 0, optim });
+    await fresh.restoreShard(0, 'actor', 0, saved);
+    await callMesh(fresh, alone, 'actor', 0, train(2) as never);
+    expect(await digest(d, alone)).toBe(await digest(fresh, alone));
+  });
+
+  it('a reset does not keep a shard a call is still running on: that call could yet change it', async () => {
+    const layout: Layout = { devices: [0, 1], dp: 2, tp: 1, pp: 1 };
+    const d = new LocalDispatcher(2);
+    await Promise.all(layout.devices.map((dev, rank) => d.call(dev, 'actor', 0, { fn: 'load', role: 'actor', spec, layout, rank, seed: 3, optim })));
+    // Device 0 trains alone: it waits for its replica's gradients, which never come.
+    const stuck = d.call(0, 'actor', 0, train(1), 'g-stuck');
+    stuck.catch(() => {});
+    await new Promise((res) => setTimeout(res, 50));
+    d.interrupt('the test gives up on the train call');
+    const out = await d.call(0, '*', 0, { fn: 'reset', epoch: 1, keep: [{ model: 'actor', layout, rank: 0 }] });
+    expect(out).toMatchObject({ dropped: ['actor'], kept: [] });
+    await expect(stuck).rejects.toThrow();
+  });
 
   it('refuses optimizer state for a shard that does not train, and changes nothing', async () => {
     const d = new LocalDispatcher(1);

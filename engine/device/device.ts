@@ -3,12 +3,12 @@
 // a call may run; this module decides whether the device's contents allow it and runs it.
 import type { Bus } from '../../mesh/wire/index.ts';
 import { encode } from '../../mesh/wire/index.ts';
-import { checkStrategy, shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../../mesh/parallel/index.ts';
+import { checkStrategy, layoutKey, shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../../mesh/parallel/index.ts';
 import { Go, PROTOCOL_VERSION, type LedgerEntry, type Call, type CallBody, type CallFn, type CallOf, type Layout, type ResultOf } from '../../mesh/wire/index.ts';
 import { cut, pasteRange } from '../../mesh/parallel/index.ts';
 import type { Subjects } from '../../mesh/wire/index.ts';
 import { subscribe } from '../../mesh/wire/index.ts';
-import { manifestOf, modelDigest, noTimes, offerTensors, pacer, receiveTensors, timed, type NamedTensor } from '../../mesh/wire/index.ts';
+import { manifestOf, modelDigest, stateDigest, noTimes, offerTensors, pacer, receiveTensors, timed, type NamedTensor } from '../../mesh/wire/index.ts';
 import { randomUUID } from 'node:crypto';
 import { serveReward, type RewardActor } from '../../mesh/wire/index.ts';
 import { EnvCallError } from '../../mesh/wire/index.ts';
@@ -87,15 +87,40 @@ export class Device {
   /**
    * Drops every shard and ends every collective in flight, so that a call still running on this
    * device (abandoned by a reset) fails at its next step instead of changing anything that stays.
-   * Returns the models it held.
+   * `keep`: a shard the plan puts here again (same model, and the same slices: on another layout,
+   * it moves onto it in place) stays, with its state's digest in the answer, unless a call on it is
+   * still running (that call could yet change it).
+   * Returns the models dropped and the shards kept.
    */
-  reset(why: string): string[] {
-    const dropped = this.models();
-    for (const h of this.hosted.values()) void this.drop(h);
-    this.hosted.clear();
+  reset(why: string, keep: ReadonlyArray<{ model: string; layout: Layout; rank: number }> = []): { dropped: string[]; kept: Array<{ model: string; state: string; parameters: number }> } {
+    const kept: Array<{ model: string; state: string; parameters: number }> = [];
+    for (const k of keep) {
+      const h = this.hosted.get(k.model);
+      if (!h || h.shard instanceof RuleShard || this.inProgress.has(k.model) || k.layout.devices[k.rank] !== this.index) continue;
+      if (h.rank !== k.rank || layoutKey(h.layout) !== layoutKey(k.layout)) {
+        // Another layout whose rank here holds the same slices: the shard moves onto it in place.
+        const shard = h.shard;
+        if (!(shard instanceof GptRank)) continue;
+        const slices = (l: Layout, rank: number) => shardSlices(modelInfo(shard.spec), l, rank).map(sliceKey).join('|');
+        if (slices(h.layout, h.rank) !== slices(k.layout, k.rank)) continue;
+        const moved = shard.relaid(k.layout, k.rank);
+        shard.dispose();
+        Object.assign(h, { shard: moved, layout: k.layout, rank: k.rank });
+      }
+      const tensors = h.shard.weights.exportTensors();
+      const optimizer = h.shard.weights.optimizerState();
+      kept.push({ model: k.model, state: stateDigest({ tensors, optimizer, ledger: h.ledger }), parameters: tensors.reduce((n, t) => n + t.data.length, 0) });
+    }
+    const keeping = new Set(kept.map((k) => k.model));
+    const dropped = this.models().filter((m) => !keeping.has(m));
+    for (const m of dropped) void this.drop(this.hosted.get(m)!);
+    for (const m of dropped) this.hosted.delete(m);
     this.comm.endAll(why);
-    return dropped;
+    return { dropped, kept };
   }
+
+  /** Models with a call running on them (a call's model; a reallocation's is its target). */
+  private readonly inProgress = new Map<string, number>();
 
   /** Frees a shard, and stops serving it as a reward actor if it was. */
   private async drop(h: Hosted): Promise<void> {
@@ -181,6 +206,7 @@ export class Device {
   async run(call: Call): Promise<Body> {
     const group = call.group ?? call.id;
     this.running = call;
+    this.inProgress.set(call.model, (this.inProgress.get(call.model) ?? 0) + 1);
     try {
       const refused = this.check(call);
       if (refused) throw refused;
@@ -201,6 +227,9 @@ export class Device {
       throw e;
     } finally {
       this.comm.forget(group);
+      const n = this.inProgress.get(call.model)! - 1;
+      if (n > 0) this.inProgress.set(call.model, n);
+      else this.inProgress.delete(call.model);
     }
   }
 
@@ -212,7 +241,7 @@ export class Device {
       case 'shutdown':
         return {};
       case 'reset':
-        return { dropped: this.reset(`device ${this.index} was reset (recovery ${body.epoch})`) };
+        return this.reset(`device ${this.index} was reset (recovery ${body.epoch})`, body.keep);
       case 'realloc':
         return this.realloc(call.model, body);
       case 'probe':

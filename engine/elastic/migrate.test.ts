@@ -5,7 +5,8 @@ import { modelInfo, type GptSpec } from '../model/index.ts';
 import { modelSpec, runSpec } from '../runtime/run/run.ts';
 import { parseScenario } from '../runtime/scenario/scenario.ts';
 import { reshard } from '../runtime/store/reshard.ts';
-import { logicalDigests, setBytes } from './migrate.ts';
+import { logicalDigests } from './migrate.ts';
+import { setBytes } from '../runtime/supervisor/recovery.ts';
 
 const r = runSpec(
   parseScenario('seed: 1\nmodel: { layers: 2, width: 32, heads: 4 }\ncluster: { nodes: 1, devices_per_node: 4 }\nalgorithm: { name: grpo, group: 2 }\nrl: { iterations: 2, batch: 8 }\n', 'x.yaml'),
@@ -47,6 +48,8 @@ describe('logicalDigests', () => {
     const weights = base[0]!.tensors.reduce((n, t) => n + t.data.byteLength, 0);
     expect(setBytes({ actor: base })).toBe(3 * weights);
     expect(setBytes({ actor: [{ tensors: base[0]!.tensors }] })).toBe(weights);
+    // Nothing is sent to a rank a device kept with the snapshot's state.
+    expect(setBytes({ actor: [...base, ...base] }, { actor: new Map([[1, 0]]) })).toBe(3 * weights);
     // Replicas send again what they hold alike.
     expect(setBytes({ actor: reshard(spec, 'actor', one, base, { devices: [0, 1], dp: 2, tp: 1, pp: 1 }) })).toBe(6 * weights);
   });

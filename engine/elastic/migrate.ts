@@ -1,5 +1,6 @@
 // An elastic run's migration onto its new plan: the last snapshot, resharded onto the new layouts
-// (every element copied, none computed), restored on the devices left; then checked, model by
+// (every element copied, none computed), restored on the devices left but for the ranks a
+// survivor holds already with the snapshot's state (recovery.ts's reset keeps them); then checked, model by
 // model: the resharded ranks' logical tensors (each model's ranks joined into whole tensors) must
 // equal the snapshot's, bit for bit, and each device's digest of the weights it holds must equal
 // that of the rank it was sent — so the parameters right after the migration equal the snapshot's. The snapshot
@@ -26,23 +27,13 @@ export function logicalDigests(r: RunSpec, set: CheckpointSet, layouts: Readonly
   );
 }
 
-/** Bytes a restore of `set` sends: every rank's weights, and its optimizer's two moments where it has them. */
-export function setBytes(set: CheckpointSet): number {
-  let n = 0;
-  for (const shards of Object.values(set)) {
-    for (const c of shards) {
-      for (const t of c.tensors) n += t.data.byteLength;
-      for (const m of c.optimizer?.moments ?? []) n += m.m.byteLength + m.v.byteLength;
-    }
-  }
-  return n;
-}
-
 export interface Migrated extends SetupOutput {
   snapshot: number;
   seconds: number;
-  /** Bytes sent to the devices (the restore of the resharded snapshot). */
+  /** Bytes sent to the devices: the resharded snapshot's ranks but those a survivor held with the snapshot's state. */
   bytes: number;
+  /** The snapshot's bytes not sent: ranks a survivor held with the snapshot's state. */
+  keptBytes?: number;
   /** The least any migration could send: what each new rank lacks of what survivors hold, plus what only the lost held (optimizer moments counted). */
   minimumBytes: number;
   /** Models whose layout changed. */
@@ -92,5 +83,5 @@ export async function migrateToPlan(input: RestoreInput & { from: RunSpec; lost:
     const plan = planMigration(modelInfo(modelSpec(r, model) as GptSpec), a, b, nodeOf(r), lost);
     minimumBytes += plan.minimumBytes * (optimized(r, model) ? 3 : 1);
   }
-  return { ...out, snapshot: input.snapshot, seconds: (performance.now() - t0) / 1000, bytes: setBytes(out.restored ?? {}), minimumBytes, moved, digests, equal };
+  return { ...out, snapshot: input.snapshot, seconds: (performance.now() - t0) / 1000, bytes: out.bytes ?? 0, minimumBytes, moved, digests, equal };
 }

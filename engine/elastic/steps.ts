@@ -29,6 +29,9 @@ export interface MigrationOutput {
   warmup?: Summary['warmup'];
   snapshot: number;
   migration?: { seconds: number; bytes: number; minimumBytes: number; equal: boolean };
+  /** The snapshot's bytes sent to devices, and those a survivor held already (the recovery entry's). */
+  bytes?: number;
+  keptBytes?: number;
 }
 
 /** The last snapshot onto the new plan, checked bit for bit (migrate.ts); with none yet, setup on it. */
@@ -38,7 +41,15 @@ export async function migrateOrSetUp(input: RestoreInput & { from: RunSpec; lost
     return { parameters: out.parameters, rewardModel: out.rewardModel, warmup: out.warmup, snapshot: out.snapshot };
   }
   const m = await migrateToPlan({ ...input, snapshot: input.snapshot });
-  return { parameters: m.parameters, rewardModel: m.rewardModel, warmup: m.warmup, snapshot: m.snapshot, migration: m };
+  return {
+    parameters: m.parameters,
+    rewardModel: m.rewardModel,
+    warmup: m.warmup,
+    snapshot: m.snapshot,
+    migration: m,
+    bytes: m.bytes,
+    ...(m.keptBytes === undefined ? {} : { keptBytes: m.keptBytes }),
+  };
 }
 
 /** Where the supervisor a run is taken over from died between a re-plan's decision and the end of its migration: when the loss was heard, and the plan before it. */

@@ -166,6 +166,19 @@ export class GptRank {
     return this.last && this.coords.tp === 0;
   }
 
+  /**
+   * This rank's weights and optimizer state on another layout whose rank holds the same slices
+   * (another data-parallel degree, other peers): what a device keeps through an elastic re-plan
+   * without a byte sent. The caller disposes of this one.
+   */
+  relaid(layout: Layout, rank: number): GptRank {
+    const next = new GptRank(this.spec, layout, rank, undefined, this.optim, this.comm);
+    next.weights.importTensors(this.weights.exportTensors());
+    const state = this.weights.optimizerState();
+    if (state) next.weights.loadOptimizerState(state);
+    return next;
+  }
+
   dispose(): void {
     this.weights.dispose();
     this.headWte?.dispose();

@@ -81,6 +81,38 @@ export function modelDigest(tensors: readonly NamedTensor[]): string {
   return h.digest('hex');
 }
 
+/** A rank's whole state, as a checkpoint holds it and a device holds it: weights, optimizer and ledger. */
+export interface RankState {
+  tensors: readonly NamedTensor[];
+  optimizer?: { step: number; moments: ReadonlyArray<{ name: string; m: Float32Array; v: Float32Array }> };
+  ledger?: ReadonlyArray<{ iteration: number; rows: number; sha256: string; version?: number }>;
+}
+
+/**
+ * One digest of a rank's state: its weights (as modelDigest), its optimizer's step and both
+ * moments of every weight (zeros for one never stepped, as a checkpoint holds it), and its ledger.
+ * A device's shard and a checkpoint of it hash alike, so a kept shard is proven to equal a
+ * snapshot's rank without sending either.
+ */
+export function stateDigest(s: RankState): string {
+  const h = createHash('sha256');
+  const bytes = (a: Float32Array) => new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
+  h.update(`weights ${modelDigest(s.tensors)};`);
+  if (s.optimizer) {
+    const moments = new Map(s.optimizer.moments.map((m) => [m.name, m]));
+    h.update(`optimizer step ${s.optimizer.step};`);
+    for (const t of s.tensors) {
+      const m = moments.get(t.name);
+      const zeros = m ? undefined : new Float32Array(t.data.length);
+      h.update(`${t.name};`);
+      h.update(bytes(m?.m ?? zeros!));
+      h.update(bytes(m?.v ?? zeros!));
+    }
+  } else h.update('no optimizer;');
+  for (const e of s.ledger ?? []) h.update(`ledger ${e.iteration} ${e.rows} ${e.sha256} ${e.version ?? '-'};`);
+  return h.digest('hex');
+}
+
 /**
  * Elements per hashed block: 64 KiB of float32. Larger blocks hash faster (SHA-256 over 16 KiB
  * blocks runs at about 780 MB/s with node's crypto, over 64 KiB blocks at about 1260 MB/s, the

@@ -105,7 +105,9 @@ export function decode<S extends z.ZodType>(subject: string, bytes: Uint8Array, 
   const version = (raw as { v?: unknown }).v;
   const versions: readonly number[] = typeof expectVersion === 'number' ? [expectVersion] : expectVersion;
   if (!versions.includes(version as number)) {
-    throw new ProtocolError(subject, `expected protocol version v=${versions.join(' or v=')}, got ${JSON.stringify(version) ?? 'none'}`);
+    const named = versions.map((x) => `v=${x}`);
+    const expected = named.length > 1 ? `${named.slice(0, -1).join(', ')} or ${named.at(-1)}` : named[0];
+    throw new ProtocolError(subject, `expected protocol version ${expected}, got ${JSON.stringify(version) ?? 'none'}`);
   }
   const parsed = schema.safeParse(raw);
   if (!parsed.success) {

@@ -2,7 +2,7 @@
 // protocol version `v`; decoding (mesh/codec.ts) is the one place where bytes become these types.
 import { z } from 'zod';
 
-export const PROTOCOL_VERSION = 2;
+export const PROTOCOL_VERSION = 3;
 const v = z.literal(PROTOCOL_VERSION);
 
 const typed = <T>(ctor: new (...a: never[]) => T, name: string) => z.custom<T>((x) => x instanceof ctor, { message: `expected a ${name}` });
@@ -116,9 +116,10 @@ export type Checkpoint = z.infer<typeof Checkpoint>;
 
 /**
  * The protocol versions whose checkpoint files read as this one's: version 2 changed only how
- * chunks travel, so a run directory written by version 1 still resumes.
+ * chunks travel, version 3 only the reset call (shards it keeps), so a run directory written by
+ * version 1 or 2 still resumes.
  */
-export const CHECKPOINT_VERSIONS = [1, PROTOCOL_VERSION] as const;
+export const CHECKPOINT_VERSIONS = [1, 2, PROTOCOL_VERSION] as const;
 
 /** A run's checkpoint file: every rank of the kept models (those with parameters) after `iteration`. */
 export const CheckpointFile = z.strictObject({
@@ -362,9 +363,12 @@ export const CallBody = z.discriminatedUnion('fn', [
   /**
    * Back to a fresh device, whatever it was doing: the running call is abandoned (its askers get
    * `interrupted`), every shard is dropped, remembered answers are forgotten. The supervisor sends
-   * it to every device before it restores a snapshot; `epoch` names that recovery.
+   * it to every device before it restores a snapshot; `epoch` names that recovery. `keep`: shards
+   * the plan puts here again (the same model, layout and rank) are kept, unless a call on them was
+   * still running; the reply gives each kept shard's state digest, so that the supervisor restores
+   * only the ones that differ from the snapshot.
    */
-  z.strictObject({ fn: z.literal('reset'), epoch: nat }),
+  z.strictObject({ fn: z.literal('reset'), epoch: nat, keep: z.array(z.strictObject({ model: z.string(), layout: Layout, rank: nat })).optional() }),
   z.strictObject({ fn: z.literal('shutdown') }),
 ]);
 export type CallBody = z.infer<typeof CallBody>;
@@ -618,6 +622,18 @@ export const ReplanRecord = z.strictObject({
 export type ReplanRecord = z.infer<typeof ReplanRecord>;
 
 /** Where a supervisor is in its run (see engine/store.ts), as the JetStream KV bucket keeps it. */
+/** One recovery of a run: back to the snapshot after `snapshot`, going on from `iteration`. */
+export const Recovery = z.strictObject({
+  epoch: nat,
+  reason: z.string(),
+  snapshot: z.number().int(),
+  iteration: z.number().int(),
+  seconds: z.number(),
+  /** Bytes of the snapshot sent to devices, and those not sent: ranks a device kept with the snapshot's state. */
+  restored_bytes: nat.optional(),
+  kept_bytes: nat.optional(),
+});
+
 export const ProgressRecord = z.strictObject({
   type: z.literal('progress'),
   v,
@@ -627,7 +643,7 @@ export const ProgressRecord = z.strictObject({
   history: z.array(z.lazy(() => Metrics)),
   /** When the run started (ms since the epoch), and its recoveries so far. */
   startedAt: z.number(),
-  recoveries: z.array(z.strictObject({ epoch: nat, reason: z.string(), snapshot: z.number().int(), iteration: z.number().int(), seconds: z.number() })),
+  recoveries: z.array(Recovery),
   /** An elastic run's plan once it re-planned (placements as a scenario's plan: takes them), the devices it lost, its re-plans. */
   plan: z.record(z.string(), z.strictObject({ mesh: z.string(), dp: pos, tp: pos, pp: pos })).optional(),
   lost: z.array(nat).optional(),
@@ -696,7 +712,7 @@ export const RunEvent = z.discriminatedUnion('type', [
   /** The supervisor runs on without a device from now on (a cordon, the restart intensity, chaos, the grace period): nobody restarts its worker. */
   z.strictObject({ type: z.literal('cordoned'), v, device: nat, trigger: z.enum(LOSS_TRIGGERS), reason: z.string() }),
   /** The supervisor put every device back to its last snapshot and goes on from `iteration`. */
-  z.strictObject({ type: z.literal('recovered'), v, epoch: nat, iteration: z.number().int(), snapshot: z.number().int(), seconds: z.number(), reason: z.string() }),
+  z.strictObject({ type: z.literal('recovered'), v, ...Recovery.shape }),
 ]);
 export type RunEvent = z.infer<typeof RunEvent>;
 
@@ -749,7 +765,12 @@ export const ResultBodies = {
   weights: z.strictObject({ tensors: z.array(z.strictObject({ name: z.string(), shape: z.array(nat), data: f32 })) }),
   checkpoint: z.strictObject({ step: nat, optimizer: z.boolean(), bytes: nat, ledger: z.array(LedgerEntry).default([]) }),
   restore: z.strictObject({}),
-  reset: z.strictObject({ dropped: z.array(z.string()), interrupted: z.string().optional() }),
+  reset: z.strictObject({
+    dropped: z.array(z.string()),
+    interrupted: z.string().optional(),
+    /** Shards kept: their state's digest (weights, optimizer, ledger: stateDigest) and parameter count. */
+    kept: z.array(z.strictObject({ model: z.string(), state: z.string(), parameters: nat })).default([]),
+  }),
   release: z.strictObject({}),
   shutdown: z.strictObject({}),
 } satisfies Record<CallFn, z.ZodType>;

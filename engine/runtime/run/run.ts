@@ -200,22 +200,33 @@ export async function reallocate(
   return { seconds: out.seconds, bytes: out.received_bytes };
 }
 
-export async function loadModel(d: Dispatcher, r: RunSpec, name: string, role: string, layout: Layout, opts: { seed?: number; lr?: number; serve?: string }, iteration = -1) {
+/** Loads a model on every rank of `layout` (but the ranks in `opts.skip`, which hold it already); returns the parameters loaded. */
+export async function loadModel(
+  d: Dispatcher,
+  r: RunSpec,
+  name: string,
+  role: string,
+  layout: Layout,
+  opts: { seed?: number; lr?: number; serve?: string; skip?: ReadonlySet<number> },
+  iteration = -1,
+) {
   const s = r.scenario;
   const results = await Promise.all(
     layout.devices.map((device, rank) =>
-      d.call(device, name, iteration, {
-        fn: 'load',
-        role,
-        spec: modelSpec(r, role),
-        layout,
-        rank,
-        ...(opts.seed === undefined ? {} : { seed: opts.seed }),
-        ...(opts.seed !== undefined && checkpointOf(r, name) !== undefined ? { from: checkpointOf(r, name) } : {}),
-        ...(opts.lr === undefined ? {} : { optim: { lr: opts.lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: s.rl.clip_norm } }),
-        ...(opts.lr === undefined ? {} : lossModulesOf(r, name)),
-        ...(opts.serve === undefined ? {} : { serve: opts.serve }),
-      }),
+      opts.skip?.has(rank)
+        ? { parameters: 0 }
+        : d.call(device, name, iteration, {
+            fn: 'load',
+            role,
+            spec: modelSpec(r, role),
+            layout,
+            rank,
+            ...(opts.seed === undefined ? {} : { seed: opts.seed }),
+            ...(opts.seed !== undefined && checkpointOf(r, name) !== undefined ? { from: checkpointOf(r, name) } : {}),
+            ...(opts.lr === undefined ? {} : { optim: { lr: opts.lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: s.rl.clip_norm } }),
+            ...(opts.lr === undefined ? {} : lossModulesOf(r, name)),
+            ...(opts.serve === undefined ? {} : { serve: opts.serve }),
+          }),
     ),
   );
   return results.reduce((n, x) => n + x.parameters, 0);

@@ -66,23 +66,31 @@ export async function takeCheckpoint(d: Dispatcher, r: RunSpec, iteration: numbe
   return Object.fromEntries(entries);
 }
 
+/** Per model, the ranks a device kept through a reset with the checkpoint's state (restoreDevices), and their parameter counts. */
+export type KeptRanks = Record<string, ReadonlyMap<number, number>>;
+
 /**
  * Loads the algorithm's models. From scratch: warms the base policy up on demonstrations and
  * copies it into the models that start from it (whole, or its body under another head). From a
- * checkpoint: puts every kept model back as it was.
+ * checkpoint: puts every kept model back as it was; `held` ranks hold it already (their devices
+ * proved their state equal to the checkpoint's) and are neither loaded nor sent anything.
  */
 export async function setupModels(
   d: Dispatcher,
   r: RunSpec,
   resume?: CheckpointSet,
   demonstrate?: Demonstrate,
+  held: KeptRanks = {},
 ): Promise<{ parameters: Record<string, number>; warmup?: WarmupReport; rewardModel?: RewardModelReport }> {
   const { scenario: s } = r;
   const parameters: Record<string, number> = {};
+  const heldOf = (model: string) => (resume ? (held[model] ?? new Map<number, number>()) : new Map<number, number>());
   await Promise.all(
     r.graph.models.map(async ({ name }) => {
       const serve = learnedReward(r, name) ? r.rewardService : undefined;
-      parameters[name] = await loadModel(d, r, name, name, layoutOf(r, ownerOf(r, name)), { ...(resume ? {} : { seed: s.seed }), lr: lrOf(r, name), serve });
+      const skip = heldOf(name);
+      const loaded = await loadModel(d, r, name, name, layoutOf(r, ownerOf(r, name)), { ...(resume ? {} : { seed: s.seed }), lr: lrOf(r, name), serve, skip: new Set(skip.keys()) });
+      parameters[name] = loaded + [...skip.values()].reduce((n, x) => n + x, 0);
     }),
   );
   if (resume) {
@@ -91,7 +99,13 @@ export async function setupModels(
       const problem = shardsProblem(modelSpec(r, model) as GptSpec, model, layoutOf(r, ownerOf(r, model)), resume[model] ?? []);
       if (problem) throw new Error(problem);
     }
-    await Promise.all(kept.flatMap((model) => layoutOf(r, ownerOf(r, model)).devices.map((device, rank) => d.restoreShard(device, model, -1, resume[model]![rank]!))));
+    await Promise.all(
+      kept.flatMap((model) =>
+        layoutOf(r, ownerOf(r, model))
+          .devices.map((device, rank) => (heldOf(model).has(rank) ? undefined : d.restoreShard(device, model, -1, resume[model]![rank]!)))
+          .filter((x) => x !== undefined),
+      ),
+    );
     return { parameters };
   }
   const base = basePolicy(r);

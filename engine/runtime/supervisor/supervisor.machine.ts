@@ -350,24 +350,27 @@ export const supervisorMachine = setup({
       const failure = { reason: `re-plan ${change} (${last.trigger}): ${last.reason}`, at: context.lossAt ?? Date.now() };
       return { replans: [...context.replans.slice(0, -1), done], from: undefined, lossAt: undefined, failure };
     }),
-    recovered: assign(({ context }, out: { parameters: Record<string, number>; snapshot: number; warmup?: Summary['warmup']; rewardModel?: Summary['reward_model'] }) => {
-      const seconds = (Date.now() - (context.failure?.at ?? Date.now())) / 1000;
-      const history = context.history.filter((m) => m.iteration <= out.snapshot);
-      const entry = { epoch: context.dispatcher.epoch, reason: context.failure?.reason ?? 'unknown', snapshot: out.snapshot, iteration: out.snapshot + 1, seconds };
-      context.recorder.rewind?.(history);
-      context.onRecovered?.(entry);
-      return {
-        attempts: 0,
-        parameters: out.parameters,
-        rewardModel: out.rewardModel ?? context.rewardModel,
-        warmup: out.warmup ?? context.warmup,
-        snapshot: out.snapshot,
-        iteration: out.snapshot + 1,
-        history,
-        failure: undefined,
-        recoveries: [...context.recoveries, entry],
-      };
-    }),
+    recovered: assign(
+      ({ context }, out: { parameters: Record<string, number>; snapshot: number; warmup?: Summary['warmup']; rewardModel?: Summary['reward_model']; bytes?: number; keptBytes?: number }) => {
+        const seconds = (Date.now() - (context.failure?.at ?? Date.now())) / 1000;
+        const history = context.history.filter((m) => m.iteration <= out.snapshot);
+        const moved = out.bytes === undefined ? {} : { restored_bytes: out.bytes, kept_bytes: out.keptBytes ?? 0 };
+        const entry = { epoch: context.dispatcher.epoch, reason: context.failure?.reason ?? 'unknown', snapshot: out.snapshot, iteration: out.snapshot + 1, seconds, ...moved };
+        context.recorder.rewind?.(history);
+        context.onRecovered?.(entry);
+        return {
+          attempts: 0,
+          parameters: out.parameters,
+          rewardModel: out.rewardModel ?? context.rewardModel,
+          warmup: out.warmup ?? context.warmup,
+          snapshot: out.snapshot,
+          iteration: out.snapshot + 1,
+          history,
+          failure: undefined,
+          recoveries: [...context.recoveries, entry],
+        };
+      },
+    ),
     /** The iteration's metrics: the reward, every statistic the graph produced, time, tokens, moves. */
     recordIteration: assign(({ context }, out: IterationResult) => {
       const seconds = (Date.now() - context.iterationStartedAt) / 1000;
