@@ -6,6 +6,9 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { shardSlices, sliceShape, type Layout } from '../../mesh/parallel/layout.ts';
 import type { CallBody, Checkpoint, Optim } from '../../mesh/wire/protocol.ts';
 import { stateDigest } from '../../mesh/wire/chunks.ts';
+import { relaidSlices } from '../../mesh/parallel/relaid.ts';
+import { reshard } from '../runtime/store/reshard.ts';
+import { checkpointBytes, piecesOf } from '../runtime/supervisor/recovery.ts';
 import { initBackend } from '../model/backend.ts';
 import { LocalDispatcher } from '../runtime/dispatch/local-dispatch.ts';
 import { modelInfo, type GptSpec } from '../model/params.ts';
@@ -68,7 +71,7 @@ describe('checkpoints', () => {
     }, 30_000);
   }
 
-  it("a reset keeps a shard the plan puts here again, with its checkpoint's state digest; other shards, layouts and ranks go", async () => {
+  it("a reset keeps the shards of the models it is told to keep, with their place and their checkpoint's state digest; others go", async () => {
     const layout: Layout = { devices: [0, 1], dp: 2, tp: 1, pp: 1 };
     const d = new LocalDispatcher(2);
     await Promise.all(layout.devices.map((dev, rank) => d.call(dev, 'actor', 0, { fn: 'load', role: 'actor', spec, layout, rank, seed: 3, optim })));
@@ -77,56 +80,82 @@ describe('checkpoints', () => {
     const shapes = shardSlices(modelInfo(spec), layout, 0).map((s) => ({ name: s.name, shape: sliceShape(s) }));
     const saved = await d.checkpointShard(0, 'actor', 0, shapes, true);
     const state = stateDigest({ tensors: saved.tensors, optimizer: saved.optimizer, ledger: saved.ledger ?? [] });
-    const kept = await d.call(0, '*', 0, { fn: 'reset', epoch: 1, keep: [{ model: 'actor', layout, rank: 0 }] });
+    const kept = await d.call(0, '*', 0, { fn: 'reset', epoch: 1, keep: ['actor'] });
     expect(kept.dropped).toEqual(['frozen']);
-    expect(kept.kept).toEqual([{ model: 'actor', state, parameters: saved.tensors.reduce((n, t) => n + t.data.length, 0) }]);
+    expect(kept.kept).toEqual([{ model: 'actor', layout, rank: 0, state, parameters: saved.tensors.reduce((n, t) => n + t.data.length, 0) }]);
     // Trained once more, the state differs: the digest says so.
     await callMesh(d, layout, 'actor', 0, train(2) as never);
-    const again = await d.call(0, '*', 0, { fn: 'reset', epoch: 2, keep: [{ model: 'actor', layout, rank: 0 }] });
+    const again = await d.call(0, '*', 0, { fn: 'reset', epoch: 2, keep: ['actor'] });
     expect(again.kept[0]!.state).not.toBe(state);
-    // A rank that is another device's, or one that holds other slices (a tensor-parallel half): dropped.
-    for (const keep of [
-      { model: 'actor', layout, rank: 1 },
-      { model: 'actor', layout: { devices: [0, 1], dp: 1, tp: 2, pp: 1 }, rank: 0 },
-    ]) {
-      const out = await d.call(0, '*', 0, { fn: 'reset', epoch: 3, keep: [keep] });
-      expect(out).toMatchObject({ dropped: ['actor'], kept: [] });
-      await d.call(0, 'actor', 0, { fn: 'load', role: 'actor', spec, layout, rank: 0, seed: 3, optim });
-    }
   });
 
-  it('a reset moves a kept shard onto another layout whose rank holds the same slices, in place: it trains there as one restored there does', async () => {
-    const layout: Layout = { devices: [0, 1], dp: 2, tp: 1, pp: 1 };
-    const alone: Layout = { devices: [0], dp: 1, tp: 1, pp: 1 };
-    const d = new LocalDispatcher(2);
-    await Promise.all(layout.devices.map((dev, rank) => d.call(dev, 'actor', 0, { fn: 'load', role: 'actor', spec, layout, rank, seed: 3, optim })));
-    await callMesh(d, layout, 'actor', 0, train(1) as never);
-    const shapes = shardSlices(modelInfo(spec), alone, 0).map((s) => ({ name: s.name, shape: sliceShape(s) }));
-    const saved = await d.checkpointShard(0, 'actor', 0, shapes, true);
-    // Device 1 is gone; device 0 keeps its replica as the whole model on a layout of its own.
-    const out = await d.call(0, '*', 0, { fn: 'reset', epoch: 1, keep: [{ model: 'actor', layout: alone, rank: 0 }] });
-    expect(out.kept.map((k) => k.state)).toEqual([stateDigest({ tensors: saved.tensors, optimizer: saved.optimizer, ledger: saved.ledger ?? [] })]);
-    await callMesh(d, alone, 'actor', 0, train(2) as never);
-    // The same checkpoint restored onto a fresh device on that layout, trained the same.
-    const fresh = new LocalDispatcher(1);
-    await fresh.call(0, 'actor', 0, { fn: 'load', role: 'actor', spec, layout: alone, rank: 0, optim });
-    await fresh.restoreShard(0, 'actor', 0, saved);
-    await callMesh(fresh, alone, 'actor', 0, train(2) as never);
-    expect(await digest(d, alone)).toBe(await digest(fresh, alone));
-  });
-
-  it('a reset does not keep a shard a call is still running on: that call could yet change it', async () => {
+  it('a reset leaves a shard a call still runs on busy (neither kept nor dropped); once the abandoned call has failed, a reset again keeps it as it was', async () => {
     const layout: Layout = { devices: [0, 1], dp: 2, tp: 1, pp: 1 };
     const d = new LocalDispatcher(2);
     await Promise.all(layout.devices.map((dev, rank) => d.call(dev, 'actor', 0, { fn: 'load', role: 'actor', spec, layout, rank, seed: 3, optim })));
+    const shapes = shardSlices(modelInfo(spec), layout, 0).map((s) => ({ name: s.name, shape: sliceShape(s) }));
+    const before = await d.checkpointShard(0, 'actor', 0, shapes, true);
     // Device 0 trains alone: it waits for its replica's gradients, which never come.
     const stuck = d.call(0, 'actor', 0, train(1), 'g-stuck');
     stuck.catch(() => {});
     await new Promise((res) => setTimeout(res, 50));
     d.interrupt('the test gives up on the train call');
-    const out = await d.call(0, '*', 0, { fn: 'reset', epoch: 1, keep: [{ model: 'actor', layout, rank: 0 }] });
-    expect(out).toMatchObject({ dropped: ['actor'], kept: [] });
+    expect(await d.call(0, '*', 0, { fn: 'reset', epoch: 1, keep: ['actor'] })).toMatchObject({ dropped: [], kept: [], busy: ['actor'] });
+    // The reset ended its collective: the call fails without a step.
     await expect(stuck).rejects.toThrow();
+    const again = await d.call(0, '*', 0, { fn: 'reset', epoch: 1, keep: ['actor'] });
+    expect(again).toMatchObject({ busy: [], kept: [{ model: 'actor', state: stateDigest({ tensors: before.tensors, optimizer: before.optimizer, ledger: [] }) }] });
+    // Left out of keep, it goes.
+    expect(await d.call(0, '*', 0, { fn: 'reset', epoch: 1 })).toMatchObject({ dropped: ['actor'], kept: [] });
+  });
+
+  for (const from of [
+    { devices: [0, 1], dp: 2, tp: 1, pp: 1 },
+    { devices: [0, 1], dp: 1, tp: 2, pp: 1 },
+    { devices: [0, 1], dp: 1, tp: 1, pp: 2 },
+  ] satisfies Layout[]) {
+    it(`a restore onto another layout moves the shard a device kept in place, sent only the pieces it lacks; it trains as one restored whole there does (from dp=${from.dp} tp=${from.tp} pp=${from.pp})`, async () => {
+      const alone: Layout = { devices: [0], dp: 1, tp: 1, pp: 1 };
+      const info = modelInfo(spec);
+      const d = new LocalDispatcher(2);
+      await Promise.all(from.devices.map((dev, rank) => d.call(dev, 'actor', 0, { fn: 'load', role: 'actor', spec, layout: from, rank, seed: 3, optim })));
+      await callMesh(d, from, 'actor', 0, train(1) as never);
+      const ranks = await Promise.all(
+        from.devices.map((dev, rank) =>
+          d.checkpointShard(
+            dev,
+            'actor',
+            0,
+            shardSlices(info, from, rank).map((s) => ({ name: s.name, shape: sliceShape(s) })),
+            true,
+          ),
+        ),
+      );
+      // The snapshot's ranks on the new layout: device 1 is gone, device 0 takes the whole model.
+      const whole = reshard(spec, 'actor', from, ranks, alone)[0]!;
+      await d.call(0, '*', 0, { fn: 'reset', epoch: 1, keep: ['actor'] });
+      const pieces = piecesOf(whole, relaidSlices(info, { layout: from, rank: 0 }, { layout: alone, rank: 0 }));
+      expect(checkpointBytes(pieces)).toBeLessThan(checkpointBytes(whole));
+      if (from.dp === 2) expect(pieces.tensors).toEqual([]);
+      await d.restoreShard(0, 'actor', 0, pieces, { layout: alone, rank: 0 });
+      const fresh = new LocalDispatcher(1);
+      await fresh.call(0, 'actor', 0, { fn: 'load', role: 'actor', spec, layout: alone, rank: 0, optim });
+      await fresh.restoreShard(0, 'actor', 0, whole);
+      expect(await digest(d, alone)).toBe(await digest(fresh, alone));
+      await callMesh(d, alone, 'actor', 0, train(2) as never);
+      await callMesh(fresh, alone, 'actor', 0, train(2) as never);
+      expect(await digest(d, alone)).toBe(await digest(fresh, alone));
+    });
+  }
+
+  it('a restore onto a rank of another device is refused, and the shard stays', async () => {
+    const d = new LocalDispatcher(1);
+    const layout: Layout = { devices: [0], dp: 1, tp: 1, pp: 1 };
+    await d.call(0, 'actor', 0, { fn: 'load', role: 'actor', spec, layout, rank: 0, seed: 3, optim });
+    const before = await digest(d, layout);
+    const empty = { tensors: [], optimizer: { step: 0, moments: [] }, ledger: [] };
+    await expect(d.restoreShard(0, 'actor', 0, empty, { layout: { devices: [1], dp: 1, tp: 1, pp: 1 }, rank: 0 })).rejects.toThrow(/rank 0 of layout \[1\] is device 1, not this device 0/);
+    expect(await digest(d, layout)).toBe(before);
   });
 
   it('refuses optimizer state for a shard that does not train, and changes nothing', async () => {

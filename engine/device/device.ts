@@ -3,7 +3,7 @@
 // a call may run; this module decides whether the device's contents allow it and runs it.
 import type { Bus } from '../../mesh/wire/index.ts';
 import { encode } from '../../mesh/wire/index.ts';
-import { checkStrategy, layoutKey, shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../../mesh/parallel/index.ts';
+import { assemble, checkStrategy, pieceName, relaidSlices, shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../../mesh/parallel/index.ts';
 import { Go, PROTOCOL_VERSION, type LedgerEntry, type Call, type CallBody, type CallFn, type CallOf, type Layout, type ResultOf } from '../../mesh/wire/index.ts';
 import { cut, pasteRange } from '../../mesh/parallel/index.ts';
 import type { Subjects } from '../../mesh/wire/index.ts';
@@ -87,39 +87,34 @@ export class Device {
   /**
    * Drops every shard and ends every collective in flight, so that a call still running on this
    * device (abandoned by a reset) fails at its next step instead of changing anything that stays.
-   * `keep`: a shard the plan puts here again (same model, and the same slices: on another layout,
-   * it moves onto it in place) stays, with its state's digest in the answer, unless a call on it is
-   * still running (that call could yet change it).
-   * Returns the models dropped and the shards kept.
+   * `keep`: models whose shards stay (as they are, where they are), each with its state's digest
+   * in the answer. One that a call is still running on is `busy`: neither kept nor dropped yet (an
+   * abandoned call waiting on a collective fails at once, and the next reset finds it idle).
    */
-  reset(why: string, keep: ReadonlyArray<{ model: string; layout: Layout; rank: number }> = []): { dropped: string[]; kept: Array<{ model: string; state: string; parameters: number }> } {
-    const kept: Array<{ model: string; state: string; parameters: number }> = [];
-    for (const k of keep) {
-      const h = this.hosted.get(k.model);
-      if (!h || h.shard instanceof RuleShard || this.inProgress.has(k.model) || k.layout.devices[k.rank] !== this.index) continue;
-      if (h.rank !== k.rank || layoutKey(h.layout) !== layoutKey(k.layout)) {
-        // Another layout whose rank here holds the same slices: the shard moves onto it in place.
-        const shard = h.shard;
-        if (!(shard instanceof GptRank)) continue;
-        const slices = (l: Layout, rank: number) => shardSlices(modelInfo(shard.spec), l, rank).map(sliceKey).join('|');
-        if (slices(h.layout, h.rank) !== slices(k.layout, k.rank)) continue;
-        const moved = shard.relaid(k.layout, k.rank);
-        shard.dispose();
-        Object.assign(h, { shard: moved, layout: k.layout, rank: k.rank });
+  reset(why: string, keep: readonly string[] = []): { dropped: string[]; kept: Array<{ model: string; layout: Layout; rank: number; state: string; parameters: number }>; busy: string[] } {
+    const kept: Array<{ model: string; layout: Layout; rank: number; state: string; parameters: number }> = [];
+    const busy: string[] = [];
+    for (const model of keep) {
+      const h = this.hosted.get(model);
+      if (!h || h.shard instanceof RuleShard) continue;
+      if (this.inProgress.has(model)) {
+        busy.push(model);
+        continue;
       }
       const tensors = h.shard.weights.exportTensors();
       const optimizer = h.shard.weights.optimizerState();
-      kept.push({ model: k.model, state: stateDigest({ tensors, optimizer, ledger: h.ledger }), parameters: tensors.reduce((n, t) => n + t.data.length, 0) });
+      const state = stateDigest({ tensors, optimizer, ledger: h.ledger });
+      kept.push({ model, layout: h.layout, rank: h.rank, state, parameters: tensors.reduce((n, t) => n + t.data.length, 0) });
     }
-    const keeping = new Set(kept.map((k) => k.model));
-    const dropped = this.models().filter((m) => !keeping.has(m));
+    const staying = new Set([...kept.map((k) => k.model), ...busy]);
+    const dropped = this.models().filter((m) => !staying.has(m));
     for (const m of dropped) void this.drop(this.hosted.get(m)!);
     for (const m of dropped) this.hosted.delete(m);
     this.comm.endAll(why);
-    return { dropped, kept };
+    return { dropped, kept, busy };
   }
 
-  /** Models with a call running on them (a call's model; a reallocation's is its target). */
+  /** Models with a call still running on them (a reallocation's model is its target). */
   private readonly inProgress = new Map<string, number>();
 
   /** Frees a shard, and stops serving it as a reward actor if it was. */
@@ -227,7 +222,7 @@ export class Device {
       throw e;
     } finally {
       this.comm.forget(group);
-      const n = this.inProgress.get(call.model)! - 1;
+      const n = (this.inProgress.get(call.model) ?? 0) - 1;
       if (n > 0) this.inProgress.set(call.model, n);
       else this.inProgress.delete(call.model);
     }
@@ -653,6 +648,7 @@ export class Device {
 
   /** Receives a streamed checkpoint and puts it back whole, or changes nothing. */
   private async restore(h: Hosted, body: CallOf<'restore'>): Promise<ResultOf<'restore'>> {
+    if (body.onto) return this.restoreOnto(h, body, body.onto);
     const s = h.shard as ModelShard;
     const slices = shardSlices(modelInfo(s.spec), h.layout, h.rank);
     const expected = slices.flatMap((sl) => {
@@ -674,6 +670,59 @@ export class Device {
         s.weights.loadOptimizerState({ step: body.step, moments: slices.map((sl) => ({ name: sl.name, m: got.get(`m:${sl.name}`)!.data, v: got.get(`v:${sl.name}`)!.data })) });
       }
       h.ledger = [...body.ledger];
+      return {};
+    } finally {
+      signal.close();
+      incoming.close();
+    }
+  }
+
+  /**
+   * Moves the shard held here onto `onto` (another layout, or the same one afresh): each new slice
+   * is built from the elements it held and the pieces it lacks, which are all that is sent; the
+   * optimizer's moments the same way, its step and the ledger from the call. Changes nothing
+   * unless every piece arrives.
+   */
+  private async restoreOnto(h: Hosted, body: CallOf<'restore'>, onto: { layout: Layout; rank: number }): Promise<ResultOf<'restore'>> {
+    const old = h.shard;
+    if (!(old instanceof GptRank)) throw new CallRejected('unsupported', `'${h.role}' holds no parameters to move`);
+    if (h.serving) throw new CallRejected('unsupported', `'${h.role}' serves as a reward actor: it is restored whole`);
+    if (onto.layout.devices[onto.rank] !== this.index)
+      throw new CallRejected('invalid_state', `rank ${onto.rank} of layout [${onto.layout.devices}] is device ${onto.layout.devices[onto.rank]}, not this device ${this.index}`);
+    const pieces = relaidSlices(modelInfo(old.spec), { layout: h.layout, rank: h.rank }, onto);
+    const expected = pieces.flatMap((sl) =>
+      sl.missing.flatMap((p) => [`w:${pieceName(p)}`, ...(body.optimizer ? [`m:${pieceName(p)}`, `v:${pieceName(p)}`] : [])].map((name) => ({ name, shape: sliceShape(p) }))),
+    );
+    const got = new Map<string, NamedTensor>();
+    const incoming = receiveTensors(this.bus, this.subj, [{ transfer: body.transfer, expected, from: 'supervisor' }], this.options.transferTimeoutMs ?? 300_000, (t) => got.set(t.name, t), {
+      me: this.index,
+      warn: this.options.warn,
+    });
+    const signal = this.awaitGo(body.realloc, this.options.transferTimeoutMs ?? 300_000);
+    try {
+      await signal.ready();
+      incoming.arm();
+      await Promise.race([incoming.done, signal.aborted]);
+      const sent = (prefix: string) => (name: string) => got.get(`${prefix}:${name}`)!.data;
+      const next = old.sibling(onto.layout, onto.rank);
+      try {
+        next.weights.importTensors(pieces.map((sl) => ({ name: sl.slice.name, shape: sliceShape(sl.slice), data: assemble(sl, (name) => old.weights.exportTensor(name), sent('w')) })));
+        if (body.optimizer) {
+          const state = old.weights.optimizerState();
+          const held = new Map((state?.moments ?? []).map((m) => [m.name, m]));
+          const moment = (k: 'm' | 'v') => (name: string) => held.get(name)?.[k] ?? new Float32Array(old.weights.exportTensor(name).length);
+          next.weights.loadOptimizerState({
+            step: body.step,
+            moments: pieces.map((sl) => ({ name: sl.slice.name, m: assemble(sl, moment('m'), sent('m')), v: assemble(sl, moment('v'), sent('v')) })),
+          });
+        }
+      } catch (e) {
+        next.dispose();
+        throw e;
+      }
+      old.dispose();
+      const model = [...this.hosted].find(([, x]) => x === h)![0];
+      this.hosted.set(model, { role: h.role, layout: onto.layout, rank: onto.rank, shard: next, ledger: [...body.ledger] });
       return {};
     } finally {
       signal.close();

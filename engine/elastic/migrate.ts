@@ -81,7 +81,8 @@ export async function migrateToPlan(input: RestoreInput & { from: RunSpec; lost:
     const b = layoutOf(r, ownerOf(r, model));
     if (layoutKey(a) !== layoutKey(b)) moved.push(model);
     const plan = planMigration(modelInfo(modelSpec(r, model) as GptSpec), a, b, nodeOf(r), lost);
-    minimumBytes += plan.minimumBytes * (optimized(r, model) ? 3 : 1);
+    // What survivors lack that others left hold, plus what only the lost held (from the snapshot).
+    minimumBytes += (plan.minimumBytes + plan.snapshotBytes) * (optimized(r, model) ? 3 : 1);
   }
   return { ...out, snapshot: input.snapshot, seconds: (performance.now() - t0) / 1000, bytes: out.bytes ?? 0, minimumBytes, moved, digests, equal };
 }

@@ -166,17 +166,9 @@ export class GptRank {
     return this.last && this.coords.tp === 0;
   }
 
-  /**
-   * This rank's weights and optimizer state on another layout whose rank holds the same slices
-   * (another data-parallel degree, other peers): what a device keeps through an elastic re-plan
-   * without a byte sent. The caller disposes of this one.
-   */
-  relaid(layout: Layout, rank: number): GptRank {
-    const next = new GptRank(this.spec, layout, rank, undefined, this.optim, this.comm);
-    next.weights.importTensors(this.weights.exportTensors());
-    const state = this.weights.optimizerState();
-    if (state) next.weights.loadOptimizerState(state);
-    return next;
+  /** A rank of the same model, optimizer settings and collectives on another layout, holding nothing yet: what a shard moved in place is built into. */
+  sibling(layout: Layout, rank: number): GptRank {
+    return new GptRank(this.spec, layout, rank, undefined, this.optim, this.comm);
   }
 
   dispose(): void {

@@ -4,4 +4,5 @@ export * from './cluster.ts';
 export * from './comm.ts';
 export * from './layout.ts';
 export * from './realloc.ts';
+export * from './relaid.ts';
 export * from './slices.ts';

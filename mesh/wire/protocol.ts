@@ -357,18 +357,31 @@ export const CallBody = z.discriminatedUnion('fn', [
    * the caller expects; a shard that has (or lacks) it otherwise is refused before anything moves.
    */
   z.strictObject({ fn: z.literal('checkpoint'), realloc: z.string(), transfer: z.string(), chunkBytes: pos, optimizer: z.boolean() }),
-  /** Puts a streamed checkpoint (as `checkpoint` sends it) back into a loaded shard of the same layout and rank. */
-  z.strictObject({ fn: z.literal('restore'), realloc: z.string(), transfer: z.string(), step: nat, optimizer: z.boolean(), ledger: z.array(LedgerEntry).default([]) }),
+  /**
+   * Puts a streamed checkpoint (as `checkpoint` sends it) back into a loaded shard of the same
+   * layout and rank. `onto`: the shard held here moves onto this layout and rank instead, keeping
+   * the elements it holds of its new slices; only the pieces it lacks are sent (mesh/parallel/relaid.ts).
+   */
+  z.strictObject({
+    fn: z.literal('restore'),
+    realloc: z.string(),
+    transfer: z.string(),
+    step: nat,
+    optimizer: z.boolean(),
+    ledger: z.array(LedgerEntry).default([]),
+    onto: z.strictObject({ layout: Layout, rank: nat }).optional(),
+  }),
   z.strictObject({ fn: z.literal('release') }),
   /**
    * Back to a fresh device, whatever it was doing: the running call is abandoned (its askers get
    * `interrupted`), every shard is dropped, remembered answers are forgotten. The supervisor sends
-   * it to every device before it restores a snapshot; `epoch` names that recovery. `keep`: shards
-   * the plan puts here again (the same model, layout and rank) are kept, unless a call on them was
-   * still running; the reply gives each kept shard's state digest, so that the supervisor restores
-   * only the ones that differ from the snapshot.
+   * it to every device before it restores a snapshot; `epoch` names that recovery. `keep`: models
+   * the plan puts on this device again keep their shards; the reply gives each kept shard's
+   * layout, rank and state digest, so that the supervisor sends only what differs from the
+   * snapshot (a restore `onto` the new layout). One a call was still running on is `busy` (kept
+   * for now, undigested): the supervisor resets again, and leaves it out of `keep` to drop it.
    */
-  z.strictObject({ fn: z.literal('reset'), epoch: nat, keep: z.array(z.strictObject({ model: z.string(), layout: Layout, rank: nat })).optional() }),
+  z.strictObject({ fn: z.literal('reset'), epoch: nat, keep: z.array(z.string()).optional() }),
   z.strictObject({ fn: z.literal('shutdown') }),
 ]);
 export type CallBody = z.infer<typeof CallBody>;
@@ -768,8 +781,10 @@ export const ResultBodies = {
   reset: z.strictObject({
     dropped: z.array(z.string()),
     interrupted: z.string().optional(),
-    /** Shards kept: their state's digest (weights, optimizer, ledger: stateDigest) and parameter count. */
-    kept: z.array(z.strictObject({ model: z.string(), state: z.string(), parameters: nat })).default([]),
+    /** Shards kept: where they are (layout, rank), their state's digest (weights, optimizer, ledger: stateDigest) and parameter count. */
+    kept: z.array(z.strictObject({ model: z.string(), layout: Layout, rank: nat, state: z.string(), parameters: nat })).default([]),
+    /** Models to keep that a call was still running on: neither kept nor dropped; a reset again says which. */
+    busy: z.array(z.string()).default([]),
   }),
   release: z.strictObject({}),
   shutdown: z.strictObject({}),

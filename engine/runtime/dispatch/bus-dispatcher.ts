@@ -15,6 +15,7 @@ import {
   fetchCheckpoint,
   listenTurns,
   pushCheckpoint,
+  type Onto,
   runRealloc,
   type Dispatcher,
   type ReallocOutcome,
@@ -150,8 +151,8 @@ export class BusDispatcher implements Dispatcher {
     return fetchCheckpoint(this.nc, this.subj, (d, m, i, b) => this.call(d, m, i, b), device, model, iteration, shapes, optimizer, this.nc.info?.max_payload ?? 1 << 20);
   }
 
-  restoreShard(device: number, model: string, iteration: number, checkpoint: Checkpoint): Promise<void> {
-    return pushCheckpoint(this.nc, this.subj, (d, m, i, b) => this.call(d, m, i, b), device, model, iteration, checkpoint, this.nc.info?.max_payload ?? 1 << 20);
+  restoreShard(device: number, model: string, iteration: number, checkpoint: Checkpoint, onto?: Onto): Promise<void> {
+    return pushCheckpoint(this.nc, this.subj, (d, m, i, b) => this.call(d, m, i, b), device, model, iteration, checkpoint, this.nc.info?.max_payload ?? 1 << 20, onto);
   }
 
   async close(): Promise<void> {}

@@ -29,8 +29,12 @@ export interface Dispatcher {
   realloc(r: ReallocRequest): Promise<ReallocOutcome>;
   /** One shard's checkpoint, streamed from its device. `shapes`: its slices; `optimizer`: whether it trains. */
   checkpointShard(device: number, model: string, iteration: number, shapes: ReadonlyArray<{ name: string; shape: number[] }>, optimizer: boolean): Promise<Checkpoint>;
-  /** Streams a checkpoint back into a loaded shard of the same layout and rank. */
-  restoreShard(device: number, model: string, iteration: number, checkpoint: Checkpoint): Promise<void>;
+  /**
+   * Streams a checkpoint back into a loaded shard of the same layout and rank; `onto`: into the
+   * shard the device holds, moved onto that layout and rank, the checkpoint holding only the
+   * pieces it lacks (see the protocol's `restore`).
+   */
+  restoreShard(device: number, model: string, iteration: number, checkpoint: Checkpoint, onto?: Onto): Promise<void>;
   close(): Promise<void>;
   /** Where call time went, for transports that can tell (the bus). */
   stats?(): TransportStats;
@@ -77,7 +81,7 @@ export function fence(d: Dispatcher): Dispatcher {
     call: (device, model, iteration, body, group) => (check(), d.call(device, model, iteration, body, group)),
     realloc: (r) => (check(), d.realloc(r)),
     checkpointShard: (device, model, iteration, shapes, optimizer) => (check(), d.checkpointShard(device, model, iteration, shapes, optimizer)),
-    restoreShard: (device, model, iteration, c) => (check(), d.restoreShard(device, model, iteration, c)),
+    restoreShard: (device, model, iteration, c, onto) => (check(), d.restoreShard(device, model, iteration, c, onto)),
     close: () => d.close(),
     interrupt: (reason) => d.interrupt(reason),
     ...(d.stats ? { stats: () => d.stats!() } : {}),
@@ -302,8 +306,21 @@ export function exchangeId(stem: string): string {
   return `${stem}-${randomBytes(8).toString('hex')}`;
 }
 
+/** Where a restore moves the shard a device holds: a rank of another layout (the protocol's `restore.onto`). */
+export type Onto = NonNullable<CallOf<'restore'>['onto']>;
+
 /** See Dispatcher.restoreShard: the device subscribes and says ready; the caller sends. */
-export async function pushCheckpoint(bus: Bus, subj: Subjects, call: Dispatcher['call'], device: number, model: string, iteration: number, c: Checkpoint, chunkBytes: number): Promise<void> {
+export async function pushCheckpoint(
+  bus: Bus,
+  subj: Subjects,
+  call: Dispatcher['call'],
+  device: number,
+  model: string,
+  iteration: number,
+  c: Checkpoint,
+  chunkBytes: number,
+  onto?: Onto,
+): Promise<void> {
   const id = exchangeId(`rstr-${device}-${model.replace(/[^A-Za-z0-9_-]/g, '-')}-${exchanges++}`);
   const tensors = [
     ...c.tensors.map((t) => ({ ...t, name: `w:${t.name}` })),
@@ -327,7 +344,7 @@ export async function pushCheckpoint(bus: Bus, subj: Subjects, call: Dispatcher[
       iteration,
       model,
       [device],
-      () => ({ fn: 'restore', realloc: id, transfer: id, step: c.optimizer?.step ?? 0, optimizer: c.optimizer !== undefined, ledger: c.ledger ?? [] }),
+      () => ({ fn: 'restore', realloc: id, transfer: id, step: c.optimizer?.step ?? 0, optimizer: c.optimizer !== undefined, ledger: c.ledger ?? [], ...(onto ? { onto } : {}) }),
       async () => {
         await outgoing.send();
       },

@@ -3,7 +3,20 @@ import { PROTOCOL_VERSION, type Call, type CallFn, type CallOf, type Checkpoint,
 import { MemoryBus, type Bus } from '../../../mesh/wire/index.ts';
 import { subjects } from '../../../mesh/wire/index.ts';
 import { Device, CallRejected } from '../../device/index.ts';
-import { CallError, InFlight, PerDeviceQueue, checkResult, fetchCheckpoint, listenTurns, pushCheckpoint, runRealloc, type Dispatcher, type ReallocOutcome, type ReallocRequest } from './dispatch.ts';
+import {
+  CallError,
+  InFlight,
+  PerDeviceQueue,
+  checkResult,
+  fetchCheckpoint,
+  listenTurns,
+  pushCheckpoint,
+  runRealloc,
+  type Dispatcher,
+  type Onto,
+  type ReallocOutcome,
+  type ReallocRequest,
+} from './dispatch.ts';
 
 /** Devices in this process over an in-memory bus: the same device code, no NATS, no processes. */
 export class LocalDispatcher implements Dispatcher {
@@ -61,8 +74,8 @@ export class LocalDispatcher implements Dispatcher {
     return fetchCheckpoint(this.bus, this.subj, (d, m, i, b) => this.call(d, m, i, b), device, model, iteration, shapes, optimizer, this.chunkBytes);
   }
 
-  restoreShard(device: number, model: string, iteration: number, checkpoint: Checkpoint): Promise<void> {
-    return pushCheckpoint(this.bus, this.subj, (d, m, i, b) => this.call(d, m, i, b), device, model, iteration, checkpoint, this.chunkBytes);
+  restoreShard(device: number, model: string, iteration: number, checkpoint: Checkpoint, onto?: Onto): Promise<void> {
+    return pushCheckpoint(this.bus, this.subj, (d, m, i, b) => this.call(d, m, i, b), device, model, iteration, checkpoint, this.chunkBytes, onto);
   }
 
   async close(): Promise<void> {}

@@ -66,31 +66,37 @@ export async function takeCheckpoint(d: Dispatcher, r: RunSpec, iteration: numbe
   return Object.fromEntries(entries);
 }
 
-/** Per model, the ranks a device kept through a reset with the checkpoint's state (restoreDevices), and their parameter counts. */
-export type KeptRanks = Record<string, ReadonlyMap<number, number>>;
+/**
+ * How a rank comes back from a checkpoint when its device kept state through a reset
+ * (supervisor/recovery.ts's restorePlan): `held` as it is, or moved `onto` the plan's layout in
+ * place and sent only the `pieces` it lacks. A rank absent from the plan is loaded and sent whole.
+ */
+export type RankRestore = { held: true; parameters: number } | { onto: { layout: Layout; rank: number }; pieces: Checkpoint; parameters: number };
+export type RestorePlan = Record<string, ReadonlyMap<number, RankRestore>>;
 
 /**
  * Loads the algorithm's models. From scratch: warms the base policy up on demonstrations and
  * copies it into the models that start from it (whole, or its body under another head). From a
- * checkpoint: puts every kept model back as it was; `held` ranks hold it already (their devices
- * proved their state equal to the checkpoint's) and are neither loaded nor sent anything.
+ * checkpoint: puts every kept model back as it was; ranks in `kept` are not loaded (their devices
+ * hold state proven equal to the checkpoint's): a held one is sent nothing, one moved onto the
+ * plan's layout only the pieces it lacks.
  */
 export async function setupModels(
   d: Dispatcher,
   r: RunSpec,
   resume?: CheckpointSet,
   demonstrate?: Demonstrate,
-  held: KeptRanks = {},
+  kept: RestorePlan = {},
 ): Promise<{ parameters: Record<string, number>; warmup?: WarmupReport; rewardModel?: RewardModelReport }> {
   const { scenario: s } = r;
   const parameters: Record<string, number> = {};
-  const heldOf = (model: string) => (resume ? (held[model] ?? new Map<number, number>()) : new Map<number, number>());
+  const planOf = (model: string) => (resume ? (kept[model] ?? new Map<number, RankRestore>()) : new Map<number, RankRestore>());
   await Promise.all(
     r.graph.models.map(async ({ name }) => {
       const serve = learnedReward(r, name) ? r.rewardService : undefined;
-      const skip = heldOf(name);
+      const skip = planOf(name);
       const loaded = await loadModel(d, r, name, name, layoutOf(r, ownerOf(r, name)), { ...(resume ? {} : { seed: s.seed }), lr: lrOf(r, name), serve, skip: new Set(skip.keys()) });
-      parameters[name] = loaded + [...skip.values()].reduce((n, x) => n + x, 0);
+      parameters[name] = loaded + [...skip.values()].reduce((n, x) => n + x.parameters, 0);
     }),
   );
   if (resume) {
@@ -102,7 +108,11 @@ export async function setupModels(
     await Promise.all(
       kept.flatMap((model) =>
         layoutOf(r, ownerOf(r, model))
-          .devices.map((device, rank) => (heldOf(model).has(rank) ? undefined : d.restoreShard(device, model, -1, resume[model]![rank]!)))
+          .devices.map((device, rank) => {
+            const p = planOf(model).get(rank);
+            if (p === undefined) return d.restoreShard(device, model, -1, resume[model]![rank]!);
+            return 'held' in p ? undefined : d.restoreShard(device, model, -1, p.pieces, p.onto);
+          })
           .filter((x) => x !== undefined),
       ),
     );

@@ -5,12 +5,13 @@
 // again, from the checkpoint a resumed run started from, else from scratch.
 import type { Demonstrate } from '../../environments/index.ts';
 import { CallError, type Dispatcher } from '../dispatch/dispatch.ts';
-import { rankCoords } from '../../../mesh/parallel/index.ts';
+import { cut, layoutKey, pieceName, rankCoords, relaidSlices, sliceShape, type RelaidSlice } from '../../../mesh/parallel/index.ts';
 import { reshardToPlan } from '../store/reshard.ts';
 import type { RunStore, Snapshot } from '../store/store.ts';
-import { layoutOf, ownerOf, type RunSpec } from '../run/run.ts';
-import { checkpointLayouts, keptModels, setupModels, takeCheckpoint, type CheckpointSet, type KeptRanks } from '../run/setup.ts';
-import { stateDigest, type Checkpoint, type Layout, type ResultOf } from '../../../mesh/wire/index.ts';
+import { layoutOf, learnedReward, modelSpec, ownerOf, type RunSpec } from '../run/run.ts';
+import { checkpointLayouts, keptModels, setupModels, takeCheckpoint, type CheckpointSet, type RankRestore, type RestorePlan } from '../run/setup.ts';
+import { stateDigest, type Checkpoint, type ResultOf } from '../../../mesh/wire/index.ts';
+import { modelInfo, type GptSpec } from '../../model/index.ts';
 
 export interface RestoreInput {
   d: Dispatcher;
@@ -27,66 +28,125 @@ export interface RestoreInput {
 
 export type SetupOutput = Awaited<ReturnType<typeof setupModels>>;
 
-/** What a device kept through a reset: per model, its state's digest and parameter count. */
-export type KeptShards = Map<number, Array<{ model: string; state: string; parameters: number }>>;
+/** What a device kept through a reset: per model, where it is, its state's digest and parameter count. */
+export type KeptShards = Map<number, ResultOf<'reset'>['kept']>;
+
+/** How long a reset waits for calls abandoned on shards it would keep to end (one blocked on a collective ends at once). */
+const BUSY_MS = 2000;
 
 /**
  * Waits (up to timeouts.recover_seconds) for each device to answer a reset: one that has just
- * reconnected may not be subscribed yet. `keep`: the shards each device is to keep where it holds
- * them on the same layout and rank; returns, per device, those it kept.
+ * reconnected may not be subscribed yet. `keep`: the models each device is to keep where it holds
+ * them; a shard an abandoned call still runs on is asked about again (the same epoch) for up to
+ * BUSY_MS, then dropped. Returns, per device, the shards it kept.
  */
-export async function resetDevices(
-  d: Dispatcher,
-  r: RunSpec,
-  devices: readonly number[],
-  keep: ReadonlyMap<number, ReadonlyArray<{ model: string; layout: Layout; rank: number }>> = new Map(),
-): Promise<KeptShards> {
+export async function resetDevices(d: Dispatcher, r: RunSpec, devices: readonly number[], keep: ReadonlyMap<number, readonly string[]> = new Map()): Promise<KeptShards> {
   const deadline = Date.now() + r.scenario.timeouts.recover_seconds * 1000;
-  const reset = async (device: number): Promise<ResultOf<'reset'>> => {
+  const reset = async (device: number, k: readonly string[]): Promise<ResultOf<'reset'>> => {
     try {
-      const k = keep.get(device) ?? [];
       return await d.call(device, '*', -1, { fn: 'reset', epoch: d.epoch, ...(k.length ? { keep: [...k] } : {}) });
     } catch (e) {
       if (!(e instanceof CallError && (e.code === 'unreachable' || e.code === 'timeout')) || Date.now() > deadline) throw e;
       await new Promise((res) => setTimeout(res, 250));
-      return reset(device);
+      return reset(device, k);
     }
   };
-  const out = await Promise.all(devices.map(async (device) => [device, (await reset(device)).kept ?? []] as const));
-  return new Map(out);
+  const settled = async (device: number): Promise<ResultOf<'reset'>['kept']> => {
+    const k = keep.get(device) ?? [];
+    const until = Date.now() + BUSY_MS;
+    let out = await reset(device, k);
+    while (out.busy.length && Date.now() < until) {
+      await new Promise((res) => setTimeout(res, 50));
+      out = await reset(device, k);
+    }
+    // Still busy: dropped, and restored whole.
+    if (out.busy.length)
+      out = await reset(
+        device,
+        k.filter((m) => !out.busy.includes(m)),
+      );
+    return out.kept;
+  };
+  return new Map(await Promise.all(devices.map(async (device) => [device, await settled(device)] as const)));
 }
 
 /**
- * The ranks of `set` (on the plan's owner layouts) that devices kept through their reset with the
- * same state (stateDigest): those need nothing sent. A data-parallel replica counts whole: its
- * ranks see the same calls and keep state in step (a tied head's copy on the last stage is sent
- * again when the first stage's weights are replaced), so one rank restored restores its replica.
+ * How each rank of the plan comes back to the snapshot, from what the devices kept through their
+ * reset (each proven by its state digest to equal the snapshot's rank it held):
+ * - held: a device holds the rank as the plan has it, with the snapshot's state: nothing is sent.
+ *   A data-parallel replica is held whole or not at all: its ranks see the same calls and keep
+ *   state in step (a tied head's copy on the last stage is sent again when the first stage's
+ *   weights are replaced);
+ * - onto: a device holds a rank of the snapshot's layout (or the plan's, in a replica not held
+ *   whole): it moves onto the plan's rank in place, sent only the pieces of it that it lacks;
+ * - neither (absent): loaded and sent whole.
  */
-export function heldRanks(r: RunSpec, set: CheckpointSet, kept: KeptShards): KeptRanks {
-  const held: Record<string, Map<number, number>> = {};
+export function restorePlan(r: RunSpec, snapshot: Snapshot, set: CheckpointSet, kept: KeptShards): RestorePlan {
+  const plan: Record<string, Map<number, RankRestore>> = {};
   for (const [model, ranks] of Object.entries(set)) {
     const layout = layoutOf(r, ownerOf(r, model));
-    const same = layout.devices.map((device, rank) => {
+    const taken = snapshot.layouts?.[model] ?? layout;
+    const spec = modelSpec(r, model) as GptSpec;
+    const found = layout.devices.map((device, rank) => {
       const k = kept.get(device)?.find((x) => x.model === model);
-      return k && k.state === stateDigest(rankState(ranks[rank]!)) ? k.parameters : undefined;
+      if (!k) return undefined;
+      const here = layoutKey(k.layout) === layoutKey(layout) && k.rank === rank;
+      if (here && k.state === stateDigest(rankState(ranks[rank]!))) return { here, k };
+      // A served reward model is restored whole (its server holds the shard).
+      const equal = layoutKey(k.layout) === layoutKey(taken) && k.state === stateDigest(rankState(snapshot.set[model]![k.rank]!));
+      return equal && !learnedReward(r, model) ? { here: false, k } : undefined;
     });
     layout.devices.forEach((_, rank) => {
+      const f = found[rank];
+      if (!f) return;
       const replica = rankCoords(layout, rank).dp;
-      const whole = layout.devices.every((_d, other) => rankCoords(layout, other).dp !== replica || same[other] !== undefined);
-      if (whole) (held[model] ??= new Map()).set(rank, same[rank]!);
+      const whole = layout.devices.every((_d, other) => rankCoords(layout, other).dp !== replica || found[other]?.here);
+      const parameters = ranks[rank]!.tensors.reduce((n, t) => n + t.data.length, 0);
+      const to = plan[model] ?? (plan[model] = new Map());
+      if (whole) to.set(rank, { held: true, parameters });
+      else to.set(rank, { onto: { layout, rank }, pieces: piecesOf(ranks[rank]!, relaidSlices(modelInfo(spec), f.k, { layout, rank })), parameters });
     });
   }
-  return held;
+  return plan;
 }
 
-/** Bytes a restore of `set` sends: every rank's weights, and its optimizer's two moments where it has them; none to the `held` ranks. */
-export function setBytes(set: CheckpointSet, held: KeptRanks = {}): number {
+/** The pieces of a rank's checkpoint that a device moving onto it lacks (named as relaid.ts names them), with the step and ledger. */
+export function piecesOf(c: Checkpoint, slices: readonly RelaidSlice[]): Checkpoint {
+  const byName = new Map(c.tensors.map((t) => [t.name, t.data]));
+  const moments = new Map((c.optimizer?.moments ?? []).map((m) => [m.name, m]));
+  const missing = slices.flatMap((sl) => sl.missing.map((p) => ({ sl, p })));
+  return {
+    tensors: missing.map(({ sl, p }) => ({ name: pieceName(p), shape: sliceShape(p), data: cut(byName.get(sl.slice.name)!, sl.slice, p).slice() })),
+    ...(c.optimizer
+      ? {
+          optimizer: {
+            step: c.optimizer.step,
+            moments: missing.map(({ sl, p }) => {
+              const m = moments.get(sl.slice.name)!;
+              return { name: pieceName(p), m: cut(m.m, sl.slice, p).slice(), v: cut(m.v, sl.slice, p).slice() };
+            }),
+          },
+        }
+      : {}),
+    ledger: c.ledger ?? [],
+  };
+}
+
+/** Bytes a checkpoint's restore sends: weights, and the optimizer's two moments where it has them. */
+export function checkpointBytes(c: Checkpoint): number {
+  let n = 0;
+  for (const t of c.tensors) n += t.data.byteLength;
+  for (const m of c.optimizer?.moments ?? []) n += m.m.byteLength + m.v.byteLength;
+  return n;
+}
+
+/** Bytes a restore of `set` sends under `plan`: nothing to a held rank, the pieces a rank moved in place lacks, every other rank whole. */
+export function setBytes(set: CheckpointSet, plan: RestorePlan = {}): number {
   let n = 0;
   for (const [model, shards] of Object.entries(set)) {
     for (const [rank, c] of shards.entries()) {
-      if (held[model]?.has(rank)) continue;
-      for (const t of c.tensors) n += t.data.byteLength;
-      for (const m of c.optimizer?.moments ?? []) n += m.m.byteLength + m.v.byteLength;
+      const p = plan[model]?.get(rank);
+      n += p === undefined ? checkpointBytes(c) : 'held' in p ? 0 : checkpointBytes(p.pieces);
     }
   }
   return n;
@@ -95,25 +155,21 @@ export function setBytes(set: CheckpointSet, held: KeptRanks = {}): number {
 /** A checkpoint as the state digest reads it. */
 const rankState = (c: Checkpoint) => ({ tensors: c.tensors, optimizer: c.optimizer, ledger: c.ledger ?? [] });
 
-/** The shards each device holds on the plan's owner layouts: what a reset before a restore may keep. */
-function ownedShards(r: RunSpec, devices: readonly number[]): Map<number, Array<{ model: string; layout: Layout; rank: number }>> {
-  const keep = new Map<number, Array<{ model: string; layout: Layout; rank: number }>>(devices.map((x) => [x, []]));
-  for (const model of keptModels(r)) {
-    const layout = layoutOf(r, ownerOf(r, model));
-    layout.devices.forEach((device, rank) => keep.get(device)?.push({ model, layout, rank }));
-  }
+/** The checkpointed models the plan puts on each device: what a reset before a restore may keep. */
+function plannedModels(r: RunSpec, devices: readonly number[]): Map<number, string[]> {
+  const keep = new Map<number, string[]>(devices.map((x) => [x, []]));
+  for (const model of keptModels(r)) for (const device of layoutOf(r, ownerOf(r, model)).devices) keep.get(device)?.push(model);
   return keep;
 }
 
 /**
  * Every device back to a snapshot; returns what setup returns, the snapshot gone back to, what
- * the devices hold of it now (`restored`), and which ranks of that they kept through the reset
- * (`held`: a device that still holds a rank of the plan with the snapshot's state, proven by its
- * digest, is sent nothing). The rest is loaded and restored.
+ * the devices hold of it now (`restored`), and how each rank got there (`plan`: restorePlan).
+ * `bytes`: what was sent; `keptBytes`: what a whole restore would have sent beyond that.
  */
 export async function restoreDevices(
   input: RestoreInput,
-): Promise<SetupOutput & { snapshot: number; restored?: CheckpointSet; held?: KeptRanks; resharded?: string[]; bytes?: number; keptBytes?: number }> {
+): Promise<SetupOutput & { snapshot: number; restored?: CheckpointSet; plan?: RestorePlan; resharded?: string[]; bytes?: number; keptBytes?: number }> {
   const { d, r, store } = input;
   if (input.snapshot === undefined) {
     await resetDevices(d, r, input.devices);
@@ -122,12 +178,12 @@ export async function restoreDevices(
     await store.saveSnapshot(after, await takeCheckpoint(d, r, after), checkpointLayouts(r));
     return { ...out, snapshot: after, resharded: [] };
   }
-  const kept = await resetDevices(d, r, input.devices, ownedShards(r, input.devices));
+  const kept = await resetDevices(d, r, input.devices, plannedModels(r, input.devices));
   const found = input.loaded ?? (await store.loadSnapshot(input.snapshot));
   if (!found) throw new Error(`the run store has no snapshot after iteration ${input.snapshot} to recover from`);
   const { set, resharded } = reshardToPlan(r, found.set, found.layouts);
-  const held = heldRanks(r, set, kept);
-  const out = await setupModels(d, r, set, undefined, held);
-  const bytes = setBytes(set, held);
-  return { ...out, snapshot: input.snapshot, restored: set, held, resharded, bytes, keptBytes: setBytes(set) - bytes };
+  const plan = restorePlan(r, found, set, kept);
+  const out = await setupModels(d, r, set, undefined, plan);
+  const bytes = setBytes(set, plan);
+  return { ...out, snapshot: input.snapshot, restored: set, plan, resharded, bytes, keptBytes: setBytes(set) - bytes };
 }
