@@ -155,6 +155,9 @@ describe('the run store in JetStream', () => {
       expect((await store.loadStage<{ tokens: Int32Array }>(0, 'rollout'))!.tokens).toEqual(tokens);
       expect(await store.loadProgress()).toEqual({ epoch: 2, iteration: 1, snapshot: 0, history: [], startedAt: 5, recoveries: [] });
       expect((await store.loadSnapshot(2))!.set.actor[0]!.tensors[0]!.data).toEqual(w.data);
+      // Read back from the server, as a supervisor taking the run over reads it (the one that stored it keeps the last in memory).
+      const takeOver = await JetStreamStore.open(nc, 'st1');
+      expect((await takeOver.loadSnapshot(2))!.set.actor[0]!.tensors[0]!.data).toEqual(w.data);
       expect(await store.loadSnapshot(1)).toBeDefined();
       // Only the last two snapshots are kept.
       expect(await store.loadSnapshot(0)).toBeUndefined();
