@@ -50,17 +50,23 @@ export async function migrateToPlan(input: RestoreInput & { from: RunSpec; lost:
   const loaded = await input.store.loadSnapshot(input.snapshot);
   if (!loaded) throw new MigrationError(`the run store has no snapshot after iteration ${input.snapshot} to migrate from`);
   const fromLayouts = loaded.layouts ?? checkpointLayouts(from);
+  // The snapshot's digests are computed while the devices reset (restoreDevices has sent the resets).
+  const restoring = restoreDevices({ ...input, loaded });
   const before = logicalDigests(from, loaded.set, fromLayouts);
-  const out = await restoreDevices({ ...input, loaded });
+  const out = await restoring;
   const toLayouts = checkpointLayouts(r);
-  // After: the resharded ranks' logical tensors (every element copied), and each device's own
-  // digest of what it holds now against the rank it was sent: 64 characters a rank over the bus,
-  // not the state read back.
+  // After: the resharded models' logical tensors (every element copied; a model not resharded is
+  // the snapshot's own ranks), and each device's own digest of what it holds now against the rank
+  // it was sent: 64 characters a rank over the bus, not the state read back. A rank a device held
+  // through the reset was proven equal to the snapshot's by its state digest, and nothing ran on it since.
   const restored = out.restored ?? {};
-  const afterDigests = logicalDigests(r, restored, toLayouts);
+  const resharded = new Set(out.resharded ?? []);
+  const afterDigests = { ...before, ...logicalDigests(r, Object.fromEntries(Object.entries(restored).filter(([m]) => resharded.has(m))), toLayouts) };
   const held = await Promise.all(
     Object.entries(restored).flatMap(([model, ranks]) =>
       layoutOf(r, ownerOf(r, model)).devices.map(async (device, rank) => {
+        const p = out.plan?.[model]?.get(rank);
+        if (p && 'held' in p) return undefined;
         const { digest } = await input.d.call(device, model, input.snapshot, { fn: 'manifest' });
         return digest === modelDigest(ranks[rank]!.tensors) ? undefined : `'${model}' rank ${rank} on device ${device} holds other weights than it was sent`;
       }),
