@@ -88,7 +88,7 @@ export const workerMachine = setup({
       const running = context.current?.call;
       const why = `device ${context.index} was reset for recovery ${event.call.body.epoch}`;
       if (running) for (const respond of context.current!.respond) respond(errorReply(running.id, 'interrupted', `${why} while running call ${running.id}`));
-      const { dropped, kept, busy } = context.device!.reset(why, event.call.body.keep);
+      const { dropped, kept, busy } = context.device!.reset(why, event.call.body.keep, event.call.body.epoch);
       const waiting = busy.length ? `; ${busy.join(', ')} still busy` : '';
       context.log(`${why}${running ? `, abandoning call ${running.id}` : ''}; dropped ${dropped.join(', ') || 'nothing'}; kept ${kept.map((k) => k.model).join(', ') || 'nothing'}${waiting}`);
       event.respond({ type: 'result', v: PROTOCOL_VERSION, id: event.call.id, body: { dropped, kept, busy, ...(running ? { interrupted: running.id } : {}) } });

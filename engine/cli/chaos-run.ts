@@ -40,6 +40,8 @@ export interface ChaosReport {
   parameters_equal_after_migration?: boolean;
   /** Bytes of snapshots that went through the supervisor's process (every snapshot does today). */
   snapshot_bytes_via_supervisor?: number;
+  /** Seconds a snapshot took, fetched from the devices and stored, on average over the run's snapshots (one after each iteration by default). */
+  snapshot_seconds_mean?: number | null;
   /**
    * Per re-plan that moved the run: seconds from the loss to going on, against the search plus the
    * bytes sent at the chunk path's bandwidth measured in the same run (the snapshots' fetches);
@@ -79,8 +81,16 @@ export function chaosReport(scenario: string, clean: LaunchResult, chaos: Launch
     chaos: { status: x?.status ?? 'failed', wall_seconds: x?.wall_seconds ?? 0, digests: x?.digests ?? {}, ...(x?.error ? { error: x.error } : {}) },
     runs,
     ...(x?.bus ? { bus: x.bus } : {}),
+    ...snapshotFigures(x),
     ...(x?.replans?.length ? elasticFigures(x) : {}),
   };
+}
+
+/** What the chaos run's snapshots cost: bytes through the supervisor's process, and seconds per snapshot. */
+function snapshotFigures(x: Summary | undefined): Partial<ChaosReport> {
+  const s = x?.snapshots;
+  if (!s) return {};
+  return { snapshot_bytes_via_supervisor: s.total_bytes ?? s.bytes * s.count, snapshot_seconds_mean: s.count ? (s.fetch_seconds + s.store_seconds) / s.count : null };
 }
 
 /** What an elastic run's re-plans moved: bytes sent against the least a migration could send, and whether the parameters came through bit for bit. */
@@ -97,7 +107,6 @@ function elasticFigures(x: Summary): Partial<ChaosReport> {
     replans,
     migration_bytes_ratio: least > 0 ? sent / least : null,
     parameters_equal_after_migration: moved.every((r) => r.parameters_equal_after_migration === true),
-    snapshot_bytes_via_supervisor: x.snapshots?.total_bytes ?? (x.snapshots?.bytes ?? 0) * (x.snapshots?.count ?? 0),
     migration_time_ratio: moved.map((r) => (bandwidth && r.seconds !== undefined && r.migration_bytes !== undefined ? r.seconds / (r.search_seconds + r.migration_bytes / bandwidth) : null)),
     period_ratio: moved.map((r) => (r.measured_period_after !== undefined ? r.measured_period_after / r.estimated_period_after : null)),
   };

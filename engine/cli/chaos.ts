@@ -64,6 +64,7 @@ runMain(async () => {
     console.log(`kills: ${report.kills} (${report.hangs} hangs); by actor ${JSON.stringify(report.kills_by_actor)}; by call ${JSON.stringify(report.kills_by_call)}`);
     console.log(`recovered: ${report.recovered} of ${report.kills}; ${report.recoveries} recoveries, ${report.restarts} process restarts`);
     console.log(`recovery time: median ${s(report.recovery_seconds_median)}, max ${s(report.recovery_seconds_max)}`);
+    console.log(`snapshots: ${report.snapshot_bytes_via_supervisor ?? 0} bytes through the supervisor's process; ${report.snapshot_seconds_mean?.toFixed(3) ?? 'n/a'} s each on average`);
     const b = report.recovery_bytes;
     console.log(`recoveries sent ${b.restored} bytes of snapshots to devices; ${b.kept} bytes stayed where survivors held them with the snapshot's state`);
     const against = report.clean_replays
@@ -89,7 +90,7 @@ runMain(async () => {
     if (report.replans?.length) {
       const ratios = (xs: Array<number | null> | undefined) => (xs ?? []).map((x) => (x === null ? 'n/a' : x.toFixed(2))).join(', ');
       console.log(
-        `migration bytes / the least: ${report.migration_bytes_ratio?.toFixed(2) ?? 'n/a'}; loss-to-going-on / (search + bytes ÷ the run's measured bandwidth): ${ratios(report.migration_time_ratio)}; measured period / estimate: ${ratios(report.period_ratio)}; snapshot bytes through the supervisor: ${report.snapshot_bytes_via_supervisor}`,
+        `migration bytes / the least: ${report.migration_bytes_ratio?.toFixed(2) ?? 'n/a'}; loss-to-going-on / (search + bytes ÷ the run's measured bandwidth): ${ratios(report.migration_time_ratio)}; measured period / estimate: ${ratios(report.period_ratio)}`,
       );
     }
     console.log(

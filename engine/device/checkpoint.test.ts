@@ -4,7 +4,10 @@
 // proven equal to a checkpoint by its state digest.
 import { beforeAll, describe, expect, it } from 'vitest';
 import { shardSlices, sliceShape, type Layout } from '../../mesh/parallel/layout.ts';
-import type { CallBody, Checkpoint, Optim } from '../../mesh/wire/protocol.ts';
+import { PROTOCOL_VERSION, type Call, type CallBody, type Checkpoint, type Optim } from '../../mesh/wire/protocol.ts';
+import { MemoryBus } from '../../mesh/wire/memory-bus.ts';
+import { subjects } from '../../mesh/wire/subjects.ts';
+import { Device } from './device.ts';
 import { stateDigest } from '../../mesh/wire/chunks.ts';
 import { relaidSlices } from '../../mesh/parallel/relaid.ts';
 import { reshard } from '../runtime/store/reshard.ts';
@@ -80,12 +83,12 @@ describe('checkpoints', () => {
     const shapes = shardSlices(modelInfo(spec), layout, 0).map((s) => ({ name: s.name, shape: sliceShape(s) }));
     const saved = await d.checkpointShard(0, 'actor', 0, shapes, true);
     const state = stateDigest({ tensors: saved.tensors, optimizer: saved.optimizer, ledger: saved.ledger ?? [] });
-    const kept = await d.call(0, '*', 0, { fn: 'reset', epoch: 1, keep: ['actor'] });
+    const kept = await d.call(0, '*', 0, { fn: 'reset', epoch: d.epoch, keep: ['actor'] });
     expect(kept.dropped).toEqual(['frozen']);
     expect(kept.kept).toEqual([{ model: 'actor', layout, rank: 0, state, parameters: saved.tensors.reduce((n, t) => n + t.data.length, 0) }]);
     // Trained once more, the state differs: the digest says so.
     await callMesh(d, layout, 'actor', 0, train(2) as never);
-    const again = await d.call(0, '*', 0, { fn: 'reset', epoch: 2, keep: ['actor'] });
+    const again = await d.call(0, '*', 0, { fn: 'reset', epoch: d.epoch, keep: ['actor'] });
     expect(again.kept[0]!.state).not.toBe(state);
   });
 
@@ -100,13 +103,13 @@ describe('checkpoints', () => {
     stuck.catch(() => {});
     await new Promise((res) => setTimeout(res, 50));
     d.interrupt('the test gives up on the train call');
-    expect(await d.call(0, '*', 0, { fn: 'reset', epoch: 1, keep: ['actor'] })).toMatchObject({ dropped: [], kept: [], busy: ['actor'] });
+    expect(await d.call(0, '*', 0, { fn: 'reset', epoch: d.epoch, keep: ['actor'] })).toMatchObject({ dropped: [], kept: [], busy: ['actor'] });
     // The reset ended its collective: the call fails without a step.
     await expect(stuck).rejects.toThrow();
-    const again = await d.call(0, '*', 0, { fn: 'reset', epoch: 1, keep: ['actor'] });
+    const again = await d.call(0, '*', 0, { fn: 'reset', epoch: d.epoch, keep: ['actor'] });
     expect(again).toMatchObject({ busy: [], kept: [{ model: 'actor', state: stateDigest({ tensors: before.tensors, optimizer: before.optimizer, ledger: [] }) }] });
     // Left out of keep, it goes.
-    expect(await d.call(0, '*', 0, { fn: 'reset', epoch: 1 })).toMatchObject({ dropped: ['actor'], kept: [] });
+    expect(await d.call(0, '*', 0, { fn: 'reset', epoch: d.epoch })).toMatchObject({ dropped: ['actor'], kept: [] });
   });
 
   for (const from of [
@@ -133,7 +136,7 @@ describe('checkpoints', () => {
       );
       // The snapshot's ranks on the new layout: device 1 is gone, device 0 takes the whole model.
       const whole = reshard(spec, 'actor', from, ranks, alone)[0]!;
-      await d.call(0, '*', 0, { fn: 'reset', epoch: 1, keep: ['actor'] });
+      await d.call(0, '*', 0, { fn: 'reset', epoch: d.epoch, keep: ['actor'] });
       const pieces = piecesOf(whole, relaidSlices(info, { layout: from, rank: 0 }, { layout: alone, rank: 0 }));
       expect(checkpointBytes(pieces)).toBeLessThan(checkpointBytes(whole));
       if (from.dp === 2) expect(pieces.tensors).toEqual([]);
@@ -156,6 +159,51 @@ describe('checkpoints', () => {
     const empty = { tensors: [], optimizer: { step: 0, moments: [] }, ledger: [] };
     await expect(d.restoreShard(0, 'actor', 0, empty, { layout: { devices: [1], dp: 1, tp: 1, pp: 1 }, rank: 0 })).rejects.toThrow(/rank 0 of layout \[1\] is device 1, not this device 0/);
     expect(await digest(d, layout)).toBe(before);
+  });
+
+  it('a kept shard starts as a fresh one: a tied head on a pipeline, its last stage abandoned mid-call, answers as a restored one does', async () => {
+    const tied: GptSpec = { ...spec, tied: true };
+    const pp2: Layout = { devices: [0, 1], dp: 1, tp: 1, pp: 2 };
+    const load = (x: LocalDispatcher, seed?: number) =>
+      Promise.all(pp2.devices.map((dev, rank) => x.call(dev, 'actor', 0, { fn: 'load', role: 'actor', spec: tied, layout: pp2, rank, ...(seed === undefined ? {} : { seed }) })));
+    const infer = async (x: LocalDispatcher) => ((await callMesh(x, pp2, 'actor', 0, { fn: 'inference', tokens, batch: B, promptLen: 5, responseLen: 4 })) as { logprobs: Float32Array }).logprobs;
+    const d = new LocalDispatcher(2);
+    await load(d, 3);
+    const ranks = await Promise.all(
+      pp2.devices.map((dev, rank) =>
+        d.checkpointShard(
+          dev,
+          'actor',
+          0,
+          shardSlices(modelInfo(tied), pp2, rank).map((s) => ({ name: s.name, shape: sliceShape(s) })),
+          false,
+        ),
+      ),
+    );
+    // The last stage alone starts an inference: it takes the tied head's copy (waiting for the first stage's, which never comes).
+    const stuck = d.call(1, 'actor', 0, { fn: 'inference', tokens, batch: B, promptLen: 5, responseLen: 4 }, 'g-stuck');
+    stuck.catch(() => {});
+    await new Promise((res) => setTimeout(res, 50));
+    d.interrupt('the test gives up on the inference');
+    for (const dev of pp2.devices) await d.call(dev, '*', 0, { fn: 'reset', epoch: d.epoch, keep: ['actor'] });
+    await expect(stuck).rejects.toThrow();
+    const out = await Promise.all(pp2.devices.map((dev) => d.call(dev, '*', 0, { fn: 'reset', epoch: d.epoch, keep: ['actor'] })));
+    expect(out.map((o) => o.kept.length)).toEqual([1, 1]);
+    const fresh = new LocalDispatcher(2);
+    await load(fresh);
+    for (const [rank, dev] of pp2.devices.entries()) await fresh.restoreShard(dev, 'actor', 0, ranks[rank]!);
+    expect(Array.from(await infer(d))).toEqual(Array.from(await infer(fresh)));
+  });
+
+  it('a device refuses a call of an epoch before its last reset, even one that reaches it after the reset', async () => {
+    const device = new Device(0, new MemoryBus(), subjects('epochs'));
+    const call = (epoch: number, body: CallBody): Call => ({ type: 'call', v: PROTOCOL_VERSION, id: `c${epoch}-${body.fn}`, model: 'actor', iteration: 0, epoch, body });
+    const layout: Layout = { devices: [0], dp: 1, tp: 1, pp: 1 };
+    await device.run(call(0, { fn: 'load', role: 'actor', spec, layout, rank: 0, seed: 3, optim }));
+    await device.run({ ...call(2, { fn: 'reset', epoch: 2, keep: ['actor'] }), model: '*' });
+    await expect(device.run(call(1, train(1)))).rejects.toThrow(/belongs to epoch 1; device 0 was reset for epoch 2/);
+    await expect(device.run(call(2, { fn: 'manifest' }))).resolves.toBeDefined();
+    device.close();
   });
 
   it('refuses optimizer state for a shard that does not train, and changes nothing', async () => {

@@ -91,7 +91,8 @@ export class Device {
    * in the answer. One that a call is still running on is `busy`: neither kept nor dropped yet (an
    * abandoned call waiting on a collective fails at once, and the next reset finds it idle).
    */
-  reset(why: string, keep: readonly string[] = []): { dropped: string[]; kept: Array<{ model: string; layout: Layout; rank: number; state: string; parameters: number }>; busy: string[] } {
+  reset(why: string, keep: readonly string[] = [], epoch = 0): { dropped: string[]; kept: Array<{ model: string; layout: Layout; rank: number; state: string; parameters: number }>; busy: string[] } {
+    this.resetEpoch = Math.max(this.resetEpoch, epoch);
     const kept: Array<{ model: string; layout: Layout; rank: number; state: string; parameters: number }> = [];
     const busy: string[] = [];
     for (const model of keep) {
@@ -101,6 +102,7 @@ export class Device {
         busy.push(model);
         continue;
       }
+      h.shard.forgetCalls();
       const tensors = h.shard.weights.exportTensors();
       const optimizer = h.shard.weights.optimizerState();
       const state = stateDigest({ tensors, optimizer, ledger: h.ledger });
@@ -113,6 +115,12 @@ export class Device {
     this.comm.endAll(why);
     return { dropped, kept, busy };
   }
+
+  /**
+   * The epoch of the last reset: a call of an earlier one is abandoned work, refused even when it
+   * reaches the device after the reset (the worker may have let it through just before).
+   */
+  private resetEpoch = 0;
 
   /** Models with a call still running on them (a reallocation's model is its target). */
   private readonly inProgress = new Map<string, number>();
@@ -199,6 +207,9 @@ export class Device {
   }
 
   async run(call: Call): Promise<Body> {
+    if (call.epoch !== undefined && call.epoch < this.resetEpoch && call.body.fn !== 'reset') {
+      throw new CallRejected('interrupted', `call ${call.id} belongs to epoch ${call.epoch}; device ${this.index} was reset for epoch ${this.resetEpoch}`);
+    }
     const group = call.group ?? call.id;
     this.running = call;
     this.inProgress.set(call.model, (this.inProgress.get(call.model) ?? 0) + 1);
@@ -236,7 +247,7 @@ export class Device {
       case 'shutdown':
         return {};
       case 'reset':
-        return this.reset(`device ${this.index} was reset (recovery ${body.epoch})`, body.keep);
+        return this.reset(`device ${this.index} was reset (recovery ${body.epoch})`, body.keep, body.epoch);
       case 'realloc':
         return this.realloc(call.model, body);
       case 'probe':
@@ -720,8 +731,12 @@ export class Device {
         next.dispose();
         throw e;
       }
+      const model = [...this.hosted].find(([, x]) => x === h)?.[0];
+      if (model === undefined) {
+        next.dispose();
+        throw new CallRejected('interrupted', `'${h.role}' was dropped from device ${this.index} while it was being moved`);
+      }
       old.dispose();
-      const model = [...this.hosted].find(([, x]) => x === h)![0];
       this.hosted.set(model, { role: h.role, layout: onto.layout, rank: onto.rank, shard: next, ledger: [...body.ledger] });
       return {};
     } finally {

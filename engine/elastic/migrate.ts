@@ -52,7 +52,13 @@ export async function migrateToPlan(input: RestoreInput & { from: RunSpec; lost:
   const fromLayouts = loaded.layouts ?? checkpointLayouts(from);
   // The snapshot's digests are computed while the devices reset (restoreDevices has sent the resets).
   const restoring = restoreDevices({ ...input, loaded });
-  const before = logicalDigests(from, loaded.set, fromLayouts);
+  let before: Record<string, string>;
+  try {
+    before = logicalDigests(from, loaded.set, fromLayouts);
+  } finally {
+    // Awaited whatever happens here: its failure is the caller's, never an unhandled rejection.
+    await restoring.catch(() => {});
+  }
   const out = await restoring;
   const toLayouts = checkpointLayouts(r);
   // After: the resharded models' logical tensors (every element copied; a model not resharded is

@@ -174,6 +174,22 @@ export class GptRank {
   dispose(): void {
     this.weights.dispose();
     this.headWte?.dispose();
+    this.headT?.dispose();
+  }
+
+  /**
+   * Drops what calls left beside the weights: the tied head's copy and its transpose, the decoding
+   * sessions' count. A shard kept through a reset (its state digest covers only weights,
+   * optimizer and ledger) starts as a fresh one would: every rank of its replica, reset too,
+   * agrees that the copy is to be sent again.
+   */
+  forgetCalls(): void {
+    this.headStale = true;
+    this.headWte?.dispose();
+    this.headWte = undefined;
+    this.headT?.dispose();
+    this.headT = undefined;
+    this.decoders = 0;
   }
 
   /** Sends (first stage) or takes (last stage) the tied head's copy of wte, when wte changed since. */
@@ -512,6 +528,10 @@ export class GptRank {
     // The weights do not change during the call: a tied head's transpose is made once for it.
     await this.syncTiedHead(group, 'gen');
     if (isTied(this.spec) && this.last) this.headT = tf.transpose(this.headEmbedding);
+    const dropHeadT = () => {
+      this.headT?.dispose();
+      this.headT = undefined;
+    };
     try {
       logits = await logitsAt(0, promptLen);
       for (let t = 0; t < responseLen; t++) {
@@ -549,6 +569,10 @@ export class GptRank {
         }
         logits = t + 1 < responseLen ? await logitsAt(t + 1, promptLen + t + 1, next) : undefined;
       }
+    } catch (e) {
+      // A call that fails here (abandoned by a reset) must not leave the transpose for later calls.
+      dropHeadT();
+      throw e;
     } finally {
       logits?.dispose();
       kv?.dispose();
@@ -558,8 +582,7 @@ export class GptRank {
     try {
       fwd = await this.forwardStage(group, 'gen/logp', tokens, b, width, false, pads);
     } finally {
-      this.headT?.dispose();
-      this.headT = undefined;
+      dropHeadT();
     }
     const { out } = fwd;
     if (!out || !this.speaks) {

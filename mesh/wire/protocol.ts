@@ -634,7 +634,6 @@ export const ReplanRecord = z.strictObject({
 });
 export type ReplanRecord = z.infer<typeof ReplanRecord>;
 
-/** Where a supervisor is in its run (see engine/store.ts), as the JetStream KV bucket keeps it. */
 /** One recovery of a run: back to the snapshot after `snapshot`, going on from `iteration`. */
 export const Recovery = z.strictObject({
   epoch: nat,
@@ -647,6 +646,7 @@ export const Recovery = z.strictObject({
   kept_bytes: nat.optional(),
 });
 
+/** Where a supervisor is in its run (see engine/runtime/store/store.ts), as the JetStream KV bucket keeps it. */
 export const ProgressRecord = z.strictObject({
   type: z.literal('progress'),
   v,

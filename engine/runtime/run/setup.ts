@@ -100,13 +100,13 @@ export async function setupModels(
     }),
   );
   if (resume) {
-    const kept = keptModels(r);
-    for (const model of kept) {
+    const models = keptModels(r);
+    for (const model of models) {
       const problem = shardsProblem(modelSpec(r, model) as GptSpec, model, layoutOf(r, ownerOf(r, model)), resume[model] ?? []);
       if (problem) throw new Error(problem);
     }
     await Promise.all(
-      kept.flatMap((model) =>
+      models.flatMap((model) =>
         layoutOf(r, ownerOf(r, model))
           .devices.map((device, rank) => {
             const p = planOf(model).get(rank);

@@ -122,8 +122,10 @@ export function piecesOf(c: Checkpoint, slices: readonly RelaidSlice[]): Checkpo
           optimizer: {
             step: c.optimizer.step,
             moments: missing.map(({ sl, p }) => {
-              const m = moments.get(sl.slice.name)!;
-              return { name: pieceName(p), m: cut(m.m, sl.slice, p).slice(), v: cut(m.v, sl.slice, p).slice() };
+              // A parameter never stepped has zero moments (as a device's checkpoint and the state digest hold it).
+              const zeros = () => new Float32Array(byName.get(sl.slice.name)!.length);
+              const m = moments.get(sl.slice.name);
+              return { name: pieceName(p), m: cut(m?.m ?? zeros(), sl.slice, p).slice(), v: cut(m?.v ?? zeros(), sl.slice, p).slice() };
             }),
           },
         }
