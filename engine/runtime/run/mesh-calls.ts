@@ -1,0 +1,172 @@
+// Calls on meshes: one call on every rank of a layout, loading a model, moving weights between
+// layouts by reallocation, and the views a call on another layout than its model's reads.
+import { createHash } from 'node:crypto';
+import type { CallBody, CallOf, ResultOf } from '../../../mesh/wire/index.ts';
+import type { Dispatcher } from '../dispatch/dispatch.ts';
+import type { Layout } from '../../../mesh/parallel/index.ts';
+import { planRealloc } from '../../../mesh/parallel/index.ts';
+import { modelInfo, type GptSpec } from '../../model/index.ts';
+import type { CallName } from '../scenario/scenario.ts';
+import { callDecl, checkpointOf, layoutOf, lossModulesOf, modelSpec, nodeOf, ownerOf, viewOf, type RunSpec } from './spec.ts';
+
+/** Collective groups made by this process, so that each mesh call's group name is its own. */
+let groups = 0;
+
+/**
+ * Runs one call on every rank of a layout at once (they exchange activations and sums among
+ * themselves) and gathers the replies: arrays concatenated in rank order (only the ranks that
+ * hold a replica's output return rows), losses summed, gradient norms the largest.
+ */
+export async function callMesh<F extends 'generate' | 'inference' | 'train' | 'sft' | 'manifest'>(
+  d: Dispatcher,
+  layout: Layout,
+  model: string,
+  iteration: number,
+  body: CallOf<F>,
+  /** The graph's call this is (it names the group, so the timeline can show it). */
+  call?: CallName,
+): Promise<ResultOf<F>> {
+  const fn = (body as CallBody).fn;
+  const group = `g${d.epoch}-${iteration < 0 ? 'setup' : iteration}-${call === undefined ? `${model.replace('@', '-')}-${fn}` : `[${call}]`}-${groups++}`;
+  const outs = (await Promise.all(layout.devices.map((device) => d.call(device, model, iteration, body, group)))) as Array<Record<string, unknown>>;
+  if (outs.length === 1) return outs[0] as ResultOf<F>;
+  if (fn === 'manifest') {
+    // Every rank keeps its own ledger: they are all given back, rank after rank.
+    return {
+      manifest: outs.flatMap((o) => o.manifest as unknown[]),
+      digest: meshDigest(outs.map((o) => o.digest as string)),
+      ledger: outs.flatMap((o) => o.ledger as unknown[]),
+    } as ResultOf<F>;
+  }
+  const merged: Record<string, unknown> = {};
+  for (const key of Object.keys(outs[0]!)) {
+    const values = outs.map((o) => o[key]);
+    if (values[0] instanceof Float32Array || values[0] instanceof Int32Array) {
+      const arrays = values as Array<Float32Array | Int32Array>;
+      const out = new (arrays[0]!.constructor as { new (n: number): Float32Array | Int32Array })(arrays.reduce((n, a) => n + a.length, 0));
+      let at = 0;
+      for (const a of arrays) {
+        out.set(a, at);
+        at += a.length;
+      }
+      merged[key] = out;
+    } else if (Array.isArray(values[0])) {
+      // Records (a generate call's episodes), replica after replica.
+      merged[key] = (values as unknown[][]).flat();
+    } else if (typeof values[0] === 'object' && values[0] !== null) {
+      // A train call's statistics: each the sum of the ranks' shares (ranks that hold none give none).
+      const sums: Record<string, number> = {};
+      for (const v of values as Array<Record<string, number>>) for (const [k, x] of Object.entries(v)) sums[k] = (sums[k] ?? 0) + x;
+      merged[key] = sums;
+    } else {
+      const nums = values as number[];
+      merged[key] = key === 'grad_norm' ? Math.max(...nums) : nums.reduce((a, b) => a + b, 0);
+    }
+  }
+  return merged as ResultOf<F>;
+}
+
+/** One digest for a model held by several ranks: the ranks' digests, in rank order, hashed. */
+export function meshDigest(digests: readonly string[]): string {
+  return digests.length === 1 ? digests[0]! : createHash('sha256').update(digests.join(',')).digest('hex');
+}
+
+export interface Moved {
+  seconds: number;
+  bytes: number;
+}
+
+/** Moves `names` (all when absent) of one model's shard to another model's shard over the plan. */
+export async function reallocate(
+  d: Dispatcher,
+  r: RunSpec,
+  id: string,
+  iteration: number,
+  from: { model: string; layout: Layout },
+  to: { model: string; layout: Layout },
+  spec: GptSpec,
+  names?: string[],
+  targetSpec: GptSpec = spec,
+): Promise<Moved> {
+  const plan = planRealloc(modelInfo(spec), from.layout, to.layout, nodeOf(r), names, modelInfo(targetSpec));
+  const out = await d.realloc({ id, iteration, from, to, plan });
+  if (out.received_bytes !== plan.minimumBytes) {
+    throw new Error(`reallocation ${id}: received ${out.received_bytes} bytes, the plan's minimum is ${plan.minimumBytes}`);
+  }
+  return { seconds: out.seconds, bytes: out.received_bytes };
+}
+
+/** Loads a model on every rank of `layout` (but the ranks in `opts.skip`, which hold it already); returns the parameters loaded. */
+export async function loadModel(
+  d: Dispatcher,
+  r: RunSpec,
+  name: string,
+  role: string,
+  layout: Layout,
+  opts: { seed?: number; lr?: number; serve?: string; skip?: ReadonlySet<number> },
+  iteration = -1,
+) {
+  const s = r.scenario;
+  const results = await Promise.all(
+    layout.devices.map((device, rank) =>
+      opts.skip?.has(rank)
+        ? { parameters: 0 }
+        : d.call(device, name, iteration, {
+            fn: 'load',
+            role,
+            spec: modelSpec(r, role),
+            layout,
+            rank,
+            ...(opts.seed === undefined ? {} : { seed: opts.seed }),
+            ...(opts.seed !== undefined && checkpointOf(r, name) !== undefined ? { from: checkpointOf(r, name) } : {}),
+            ...(opts.lr === undefined ? {} : { optim: { lr: opts.lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: s.rl.clip_norm } }),
+            ...(opts.lr === undefined ? {} : lossModulesOf(r, name)),
+            ...(opts.serve === undefined ? {} : { serve: opts.serve }),
+          }),
+    ),
+  );
+  return results.reduce((n, x) => n + x.parameters, 0);
+}
+
+/**
+ * Fills the view a call needs from its owner, runs `body`, and releases the view. Calls on the
+ * owner's layout run directly.
+ */
+export async function onLayout<T>(d: Dispatcher, r: RunSpec, call: CallName, iteration: number, body: (name: string) => Promise<T>): Promise<T & { moved?: Moved }> {
+  const held = await holdView(d, r, call, iteration);
+  try {
+    return { ...(await body(held.name)), ...(held.moved ? { moved: held.moved } : {}) };
+  } finally {
+    await held.release();
+  }
+}
+
+/** A call's view, loaded and filled once, for as many calls as need those weights. */
+export interface HeldView {
+  name: string;
+  isView: boolean;
+  moved?: Moved;
+  release(): Promise<void>;
+}
+
+/**
+ * Loads a call's view and moves its weights into it from the model's own layout, as they are
+ * now; they stay, whatever later updates the model, until `release`. A call on its model's own
+ * layout holds the model itself (nothing to move or release): what runs there sees each update.
+ */
+export async function holdView(d: Dispatcher, r: RunSpec, call: CallName, iteration: number): Promise<HeldView> {
+  const { name, isView } = viewOf(r, call);
+  if (!isView) return { name, isView, release: async () => {} };
+  const model = callDecl(r, call).model;
+  const layout = layoutOf(r, call);
+  const spec = modelSpec(r, model) as GptSpec;
+  const release = async () => void (await Promise.all(layout.devices.map((device) => d.call(device, name, iteration, { fn: 'release' }))));
+  await loadModel(d, r, name, model, layout, {}, iteration);
+  try {
+    const moved = await reallocate(d, r, `it${iteration}-${name.replace(/[^A-Za-z0-9_-]/g, '-')}`, iteration, { model, layout: layoutOf(r, ownerOf(r, model)) }, { model: name, layout }, spec);
+    return { name, isView, moved, release };
+  } catch (e) {
+    await release().catch(() => {});
+    throw e;
+  }
+}
