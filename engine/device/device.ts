@@ -8,7 +8,7 @@ import { Go, PROTOCOL_VERSION, type LedgerEntry, type Call, type CallBody, type 
 import { cut, pasteRange } from '../../mesh/parallel/index.ts';
 import type { Subjects } from '../../mesh/wire/index.ts';
 import { subscribe } from '../../mesh/wire/index.ts';
-import { manifestOf, modelDigest, stateDigest, noTimes, offerTensors, pacer, receiveTensors, timed, type NamedTensor } from '../../mesh/wire/index.ts';
+import { manifestOf, modelDigest, stateDigest, noTimes, offerTensors, pacer, receiveTensors, timed, type Expected, type NamedTensor } from '../../mesh/wire/index.ts';
 import { randomUUID } from 'node:crypto';
 import { serveReward, type RewardActor } from '../../mesh/wire/index.ts';
 import { EnvCallError } from '../../mesh/wire/index.ts';
@@ -666,22 +666,30 @@ export class Device {
       const shape = sliceShape(sl);
       return [`w:${sl.name}`, ...(body.optimizer ? [`m:${sl.name}`, `v:${sl.name}`] : [])].map((name) => ({ name, shape }));
     });
-    const got = new Map<string, NamedTensor>();
-    const incoming = receiveTensors(this.bus, this.subj, [{ transfer: body.transfer, expected, from: 'supervisor' }], this.options.transferTimeoutMs ?? 300_000, (t) => got.set(t.name, t), {
-      me: this.index,
-      warn: this.options.warn,
-    });
-    const signal = this.awaitGo(body.realloc, this.options.transferTimeoutMs ?? 300_000);
-    try {
-      await signal.ready();
-      incoming.arm();
-      await Promise.race([incoming.done, signal.aborted]);
+    return this.fromSupervisor(body, expected, (got) => {
       s.weights.importTensors(slices.map((sl) => ({ ...got.get(`w:${sl.name}`)!, name: sl.name })));
       if (body.optimizer) {
         s.weights.loadOptimizerState({ step: body.step, moments: slices.map((sl) => ({ name: sl.name, m: got.get(`m:${sl.name}`)!.data, v: got.get(`v:${sl.name}`)!.data })) });
       }
       h.ledger = [...body.ledger];
       return {};
+    });
+  }
+
+  /** A restore's tensors, streamed by the supervisor on go; `apply` runs once every one has come. */
+  private async fromSupervisor<T>(body: CallOf<'restore'>, expected: Expected[], apply: (got: Map<string, NamedTensor>) => T): Promise<T> {
+    const got = new Map<string, NamedTensor>();
+    const timeout = this.options.transferTimeoutMs ?? 300_000;
+    const incoming = receiveTensors(this.bus, this.subj, [{ transfer: body.transfer, expected, from: 'supervisor' }], timeout, (t) => got.set(t.name, t), {
+      me: this.index,
+      warn: this.options.warn,
+    });
+    const signal = this.awaitGo(body.realloc, timeout);
+    try {
+      await signal.ready();
+      incoming.arm();
+      await Promise.race([incoming.done, signal.aborted]);
+      return apply(got);
     } finally {
       signal.close();
       incoming.close();
@@ -704,16 +712,7 @@ export class Device {
     const expected = pieces.flatMap((sl) =>
       sl.missing.flatMap((p) => [`w:${pieceName(p)}`, ...(body.optimizer ? [`m:${pieceName(p)}`, `v:${pieceName(p)}`] : [])].map((name) => ({ name, shape: sliceShape(p) }))),
     );
-    const got = new Map<string, NamedTensor>();
-    const incoming = receiveTensors(this.bus, this.subj, [{ transfer: body.transfer, expected, from: 'supervisor' }], this.options.transferTimeoutMs ?? 300_000, (t) => got.set(t.name, t), {
-      me: this.index,
-      warn: this.options.warn,
-    });
-    const signal = this.awaitGo(body.realloc, this.options.transferTimeoutMs ?? 300_000);
-    try {
-      await signal.ready();
-      incoming.arm();
-      await Promise.race([incoming.done, signal.aborted]);
+    return this.fromSupervisor(body, expected, (got) => {
       const sent = (prefix: string) => (name: string) => got.get(`${prefix}:${name}`)!.data;
       const next = old.sibling(onto.layout, onto.rank);
       try {
@@ -739,9 +738,6 @@ export class Device {
       old.dispose();
       this.hosted.set(model, { role: h.role, layout: onto.layout, rank: onto.rank, shard: next, ledger: [...body.ledger] });
       return {};
-    } finally {
-      signal.close();
-      incoming.close();
-    }
+    });
   }
 }
