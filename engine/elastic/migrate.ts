@@ -1,10 +1,11 @@
 // An elastic run's migration onto its new plan: the last snapshot, resharded onto the new layouts
-// (every element copied, none computed), restored on the devices left but for the ranks a
-// survivor holds already with the snapshot's state (recovery.ts's reset keeps them); then checked, model by
-// model: the resharded ranks' logical tensors (each model's ranks joined into whole tensors) must
+// (every element copied, none computed), restored on the devices left — a rank a survivor holds
+// with the snapshot's state is sent nothing, one it held on the old layout moves onto the new one
+// in place and is sent only the pieces it lacks (recovery.ts's restorePlan) — then checked, model
+// by model: the resharded ranks' logical tensors (each model's ranks joined into whole tensors) must
 // equal the snapshot's, bit for bit, and each device's digest of the weights it holds must equal
-// that of the rank it was sent — so the parameters right after the migration equal the snapshot's. The snapshot
-// stays as it was taken (it records its layouts): a later recovery reshards it the same way.
+// that of the rank it was sent — so the parameters right after the migration equal the snapshot's.
+// The snapshot stays as it was taken (it records its layouts): a later recovery reshards it the same way.
 import { layoutKey, planMigration, type Layout } from '../../mesh/parallel/index.ts';
 import { modelInfo, type GptSpec } from '../model/index.ts';
 import { wholeTensors } from '../runtime/store/reshard.ts';
