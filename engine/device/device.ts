@@ -91,9 +91,9 @@ export class Device {
    * in the answer. One that a call is still running on is `busy`: neither kept nor dropped yet (an
    * abandoned call waiting on a collective fails at once, and the next reset finds it idle).
    */
-  reset(why: string, keep: readonly string[] = [], epoch = 0): { dropped: string[]; kept: Array<{ model: string; layout: Layout; rank: number; state: string; parameters: number }>; busy: string[] } {
+  reset(why: string, keep: readonly string[] = [], epoch = 0): ResultOf<'reset'> {
     this.resetEpoch = Math.max(this.resetEpoch, epoch);
-    const kept: Array<{ model: string; layout: Layout; rank: number; state: string; parameters: number }> = [];
+    const kept: ResultOf<'reset'>['kept'] = [];
     const busy: string[] = [];
     for (const model of keep) {
       const h = this.hosted.get(model);

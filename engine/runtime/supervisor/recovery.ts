@@ -91,9 +91,9 @@ export function restorePlan(r: RunSpec, snapshot: Snapshot, set: CheckpointSet, 
       const k = kept.get(device)?.find((x) => x.model === model);
       if (!k) return undefined;
       const here = layoutKey(k.layout) === layoutKey(layout) && k.rank === rank;
-      if (here && k.state === stateDigest(rankState(ranks[rank]!))) return { here, k };
+      if (here && k.state === stateDigest(ranks[rank]!)) return { here, k };
       // A served reward model is restored whole (its server holds the shard).
-      const equal = layoutKey(k.layout) === layoutKey(taken) && k.state === stateDigest(rankState(snapshot.set[model]![k.rank]!));
+      const equal = layoutKey(k.layout) === layoutKey(taken) && k.state === stateDigest(snapshot.set[model]![k.rank]!);
       return equal && !learnedReward(r, model) ? { here: false, k } : undefined;
     });
     layout.devices.forEach((_, rank) => {
@@ -153,9 +153,6 @@ export function setBytes(set: CheckpointSet, plan: RestorePlan = {}): number {
   }
   return n;
 }
-
-/** A checkpoint as the state digest reads it. */
-const rankState = (c: Checkpoint) => ({ tensors: c.tensors, optimizer: c.optimizer, ledger: c.ledger ?? [] });
 
 /** The checkpointed models the plan puts on each device: what a reset before a restore may keep. */
 function plannedModels(r: RunSpec, devices: readonly number[]): Map<number, string[]> {
