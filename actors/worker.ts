@@ -4,7 +4,7 @@ import { hostname } from 'node:os';
 import { randomBytes, randomUUID } from 'node:crypto';
 import { createActor, fromCallback, fromPromise, toPromise } from 'xstate';
 import { answerable, connectBus, deviceOfUser, request, subscribe, subscribeEvents, type Msg } from '../mesh/wire/index.ts';
-import { encode } from '../mesh/wire/index.ts';
+import { NatsShelf, encode } from '../mesh/wire/index.ts';
 import { Call, JoinReply, PROTOCOL_VERSION, SupervisorBeat, type Reply } from '../mesh/wire/index.ts';
 import { subjects } from '../mesh/wire/index.ts';
 import { BACKENDS, initBackend, type BackendChoice } from '../engine/model/index.ts';
@@ -123,6 +123,7 @@ runMain(async () => {
   });
 
   const chaos = ChaosClient.fromEnv(nc, subj, log);
+  const shelf = new NatsShelf(nc, values.run);
   const actor = createActor(machine, {
     input: {
       worker,
@@ -131,6 +132,8 @@ runMain(async () => {
       makeDevice: (index) =>
         new Device(index, nc, subj, {
           transferTimeoutMs: transferMs,
+          // Snapshots go from this process into its device's own bucket of the run's store.
+          shelf,
           ...(chaos ? { midEpisode: (call: Call) => chaos.workerCall(index, call.model, call.body.fn, call.iteration) } : {}),
         }),
       // A generation of episodes reaches its kill points in its middle (the device's midEpisode), not before it runs.

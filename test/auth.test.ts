@@ -16,6 +16,7 @@ import { launch } from '../engine/cli/launch.ts';
 import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
 import { authConfig, deviceOfUser, EVENTS_BY_ROLE, makeCredentials, type RunCredentials as Credentials } from '../mesh/wire/auth.ts';
 import { BusError, connectBus, credentialsOf, request, type Msg } from '../mesh/wire/bus.ts';
+import { NatsShelf } from '../mesh/wire/shelf.ts';
 import { encode } from '../mesh/wire/codec.ts';
 import { publishEvent, subscribeEvents } from '../mesh/wire/events.ts';
 import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/nats-server.ts';
@@ -169,6 +170,37 @@ describe('a closed bus', () => {
       for (const subject of [subj.call(1), subj.collectivesTo(1), subj.join, subj.joins, subj.chaos, '_INBOX.>', `_INBOX.supervisor-${RUN}.>`, subj.allResults, subj.allTurns]) {
         expect(await w.subscribes(subject)).toEqual([`subscription ${subject}`]);
       }
+      expect(sup.refused).toEqual([]);
+    } finally {
+      await w.nc.close();
+      await sup.nc.close();
+    }
+  });
+
+  it("lets a worker write its own device's snapshot bucket and no other; the supervisor reads and prunes every device's", async () => {
+    const w = await client(server.url, 'worker-0', creds.workers[0]!);
+    const sup = await client(server.url, 'supervisor', creds.supervisor);
+    try {
+      const mine = new NatsShelf(w.nc, RUN, { timeoutMs: 2000 });
+      const bytes = Uint8Array.from({ length: 300_000 }, (_, i) => i % 251);
+      const sha = await mine.put(0, 's0-e0.actor.r0', bytes);
+      // Written again (a snapshot taken again after a recovery): the old object's chunks are purged.
+      expect(await mine.put(0, 's0-e0.actor.r0', bytes)).toBe(sha);
+      expect(w.refused).toEqual([]);
+      // Another device's bucket: refused by the server before anything is created or written.
+      await expect(mine.put(1, 's0-e0.actor.r1', bytes)).rejects.toThrow();
+      await until(() => w.refused.length > 0);
+      expect(w.refused.join('\n')).toMatch(new RegExp(`publish \\$JS\\.API\\.(STREAM\\.(CREATE|INFO)\\.OBJ_ferry-${RUN}-d1|INFO)`));
+      // Nor may it write the manifests' bucket, or purge another device's stream, or write its objects directly.
+      for (const subject of [`$O.ferry-${RUN}-snapshots.M.x`, `$JS.API.STREAM.PURGE.OBJ_ferry-${RUN}-d1`, `$O.ferry-${RUN}-d1.C.x`, `$JS.API.STREAM.DELETE.OBJ_ferry-${RUN}-d0`]) {
+        expect(await w.publishes(subject)).toEqual([`publish ${subject}`]);
+      }
+      // The supervisor reads it, byte for byte, and deletes it.
+      const all = new NatsShelf(sup.nc, RUN, { timeoutMs: 2000 });
+      expect(await all.get(0, 's0-e0.actor.r0')).toEqual(bytes);
+      expect(await all.get(1, 's0-e0.actor.r1')).toBeUndefined();
+      await all.delete(0, 's0-e0.actor.r0');
+      expect(await all.get(0, 's0-e0.actor.r0')).toBeUndefined();
       expect(sup.refused).toEqual([]);
     } finally {
       await w.nc.close();

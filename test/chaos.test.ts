@@ -29,7 +29,10 @@ describe('npm run chaos', () => {
     // A recovery sends only what the devices lack: survivors that had not moved past the snapshot keep their ranks.
     expect(report.recovery_bytes.restored).toBeGreaterThan(0);
     expect(report.recovery_bytes.kept).toBeGreaterThan(0);
+    // Each device writes its own state; only the manifests (a few hundred bytes each) go through the supervisor.
+    expect(report.snapshot_bytes_by_devices).toBeGreaterThan(0);
     expect(report.snapshot_bytes_via_supervisor).toBeGreaterThan(0);
+    expect(report.snapshot_bytes_via_supervisor! * 100).toBeLessThan(report.snapshot_bytes_by_devices!);
     expect(report.snapshot_seconds_mean).toBeGreaterThan(0);
     expect(report.digests_equal).toBe(true);
     expect(report.rollouts_lost).toBe(0);

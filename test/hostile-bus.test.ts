@@ -22,7 +22,7 @@
 import { randomBytes } from 'node:crypto';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { errors, headers, type Msg, type NatsConnection } from '@nats-io/transport-node';
+import { errors, headers, type NatsConnection } from '@nats-io/transport-node';
 import { Packr } from 'msgpackr';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { launch, type LaunchResult } from '../engine/cli/launch.ts';
@@ -30,14 +30,17 @@ import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
 import { EVENTS_BY_ROLE, permissions, type RunCredentials } from '../mesh/wire/auth.ts';
 import { connectBus } from '../mesh/wire/bus.ts';
 import { subjectMatches } from '../mesh/wire/memory-bus.ts';
-import { decode, encode } from '../mesh/wire/codec.ts';
-import { Call, Go, Heartbeat, PROTOCOL_VERSION, TransferMessage, type Chunk, type Party } from '../mesh/wire/protocol.ts';
+import { encode } from '../mesh/wire/codec.ts';
+import { Call, Heartbeat, PROTOCOL_VERSION } from '../mesh/wire/protocol.ts';
 import { subjects, type Subjects } from '../mesh/wire/subjects.ts';
-import { chunksOf } from '../mesh/wire/transfer.ts';
 import { smallScenario, tempDir } from './helpers.ts';
 
-/** Enough iterations for every credential's turn to fall inside the run (one takes about half a second here). */
-const ITERATIONS = 20;
+/**
+ * Enough iterations for every credential's turn to fall inside the run, and for the run to go on
+ * past a worker's wait on a forged `done` (4 s) after the last turn: an iteration takes 0.1 to 0.5 s
+ * here, with snapshots written by the devices.
+ */
+const ITERATIONS = 40;
 /**
  * The device whose worker credential the hostile client holds: the actor's, whose generate and
  * train calls take long enough that a forged reply always comes before the device's own.
@@ -88,7 +91,6 @@ const TRIED: Record<Who, Record<string, string>> = {
     'a chaos request for a kill point the run does not have': 'answered spare by the launcher',
     "lost naming a live worker's pid, for a worker the run does not have": 'ignored by the launcher (that pid beats as another worker) and by the workers (not their name)',
     'progress and recovered events with made-up figures': "shown by the launcher only; metrics.jsonl is the supervisor's own",
-    'resend request as the supervisor, for an observed checkpoint': 'the device sends that chunk again; the copy is ignored',
     'reward request to a service that does not exist': 'no one answers',
     'demonstration request to an environment that does not exist': 'no one answers',
   },
@@ -108,11 +110,11 @@ const TRIED: Record<Who, Record<string, string>> = {
     "answers of an environment on another device's subject": 'refused by the server: a device sends its answers as itself',
     "collective to another device, claiming a third, on the third's subject": 'refused by the server: a device sends collectives as itself',
     'collective to another device, claiming a third, on its own subject': "dropped: it names another sender than its subject's",
-    "chunk of a checkpoint under way claiming its sender, digests consistent, on the sender's subject":
-      'refused by the server: a device sends chunks as itself (before, the first copy of a tensor was taken)',
-    'chunk of a checkpoint under way claiming its sender, digests consistent, on its own subject': "dropped: the chunk names another sender than its subject's",
-    "received for a checkpoint under way, claiming its receiver, on the receiver's subject": 'refused by the server: a device says received as itself',
-    'resend request as itself, for a checkpoint under way': 'ignored by the sender: not a receiver of that transfer',
+    "requests about its own device's bucket that are not JSON": 'an error from the JetStream API, to no one',
+    "entries in its own device's bucket under names no manifest holds":
+      "stored, and never read: a snapshot is read by its manifest's names and SHA-256s (an object a manifest names, replaced by someone with this credential, is refused when read, naming it)",
+    "writes to another device's bucket": 'refused by the server: a device writes its own snapshot bucket only',
+    "an entry in the snapshot manifests' bucket": 'refused by the server: only the supervisor writes manifests',
     'a second reply to an observed call': 'refused by the server: a request heard is answered once',
     'reply to an observed call: random bytes': 'dropped by the supervisor, which waits for the device',
     'reply to an observed call: wrong protocol version': 'dropped by the supervisor, which waits for the device',
@@ -228,39 +230,6 @@ function watchPids(h: Hostile, subj: Subjects): Map<number, number> {
   return pids;
 }
 
-interface Seen {
-  transfer: string;
-  from: Party;
-  tensor: string;
-}
-
-/**
- * Transfers as their first chunk shows them, and each sender's tensors (name, elements) in the
- * order it last sent them.
- */
-function watchTransfers(h: Hostile, subj: Subjects): { seen: Seen[]; tensors: Map<Party, Array<[string, number]>> } {
-  const seen: Seen[] = [];
-  const tensors = new Map<Party, Array<[string, number]>>();
-  h.nc.subscribe(subj.allChunks, {
-    callback: (_e, m: Msg) => {
-      let c: TransferMessage;
-      try {
-        c = decode(m.subject, m.data, TransferMessage);
-      } catch {
-        return;
-      }
-      if (c.type !== 'chunk' || seen.some((s) => s.transfer === c.transfer && s.from !== c.from)) return;
-      if (!seen.some((s) => s.transfer === c.transfer)) {
-        seen.push({ transfer: c.transfer, from: c.from, tensor: c.tensor });
-        tensors.set(c.from, []);
-      }
-      const list = tensors.get(c.from)!;
-      if (!list.some(([name]) => name === c.tensor)) list.push([c.tensor, c.total]);
-    },
-  });
-  return { seen, tensors };
-}
-
 /** The launcher's credential: its three event subjects. */
 async function asLauncher(url: string, subj: Subjects, creds: RunCredentials): Promise<Hostile> {
   const h = await Hostile.as('launcher', url, creds.launcher);
@@ -291,25 +260,18 @@ async function asLauncher(url: string, subj: Subjects, creds: RunCredentials): P
 async function asSupervisor(url: string, subj: Subjects, run: string, creds: RunCredentials, devices: number[], iteration: number): Promise<Hostile> {
   const h = await Hostile.as('supervisor', url, creds.supervisor);
   const pids = watchPids(h, subj);
-  const { seen: transfers } = watchTransfers(h, subj);
-  await until(() => pids.has(1) && transfers.length > 0, 10_000);
-  const t = transfers[0]!;
+  await until(() => pids.has(1), 10_000);
   for (const d of devices) h.malformed(subj.call(d), { type: 'call', v, id: 'hostile', model: 'actor', iteration, epoch: 0, body: { fn: 'manifest' } });
   for (const id of GUESSED) {
     h.malformed(subj.go(id), { type: 'go', v, realloc: id });
     h.send('go for a guessed exchange id', subj.go(id), encode({ type: 'go', v, realloc: id }));
     h.send('go-abort for a guessed exchange id', subj.go(id), encode({ type: 'go', v, realloc: id, abort: true }));
   }
-  for (const id of [t.transfer, GUESSED[0]!]) {
-    const resend = { type: 'resend', v, transfer: id, from: 'supervisor', tensor: t.tensor, offset: 0, attempt: 1 };
+  for (const id of GUESSED.slice(0, 1)) {
+    const resend = { type: 'resend', v, transfer: id, from: 'supervisor', tensor: 'w:wte', offset: 0, attempt: 1 };
     h.malformed(subj.chunks(id, 'supervisor'), { type: 'sent', v, transfer: id, from: 'supervisor', chunks: 1, elements: 16384 });
     h.malformed(subj.receipts(id, 'supervisor'), resend, { type: 'received', v: 2, transfer: id });
   }
-  h.send(
-    'resend request as the supervisor, for an observed checkpoint',
-    subj.receipts(t.transfer, 'supervisor'),
-    encode({ type: 'resend', v, transfer: t.transfer, from: 'supervisor', tensor: t.tensor, offset: 0, attempt: 1 }),
-  );
   for (const i of [iteration, iteration + 1]) {
     for (const stage of STAGES) {
       const record = { type: 'stage', v, iteration: i, stage, value: { ports: { scores: new Float32Array(16).fill(1) }, generated: 0 } };
@@ -352,6 +314,8 @@ async function asSupervisor(url: string, subj: Subjects, run: string, creds: Run
     `$KV.ferry-${run}.progress`,
     `$O.ferry-${run}-snapshots.M.${Buffer.from('snapshot-99').toString('base64url')}`,
     `$O.ferry-${run}-snapshots.C.hostile`,
+    // The devices' buckets, which it reads and prunes: entries under names no manifest holds.
+    ...devices.map((d) => `$O.ferry-${run}-d${d}.C.hostile`),
     `$JS.ACK.${stream}.hostile.1.1.1.1.1`,
     `$JS.FC.${stream}.hostile`,
   ]) {
@@ -372,10 +336,10 @@ async function asSupervisor(url: string, subj: Subjects, run: string, creds: Run
 /**
  * A worker's credential (device 0's). Until the run ends, it answers the generate and train calls
  * it hears for its device before the device does (once each, as the server allows: the forged
- * replies in turn), and races every checkpoint it sees with chunks that claim the checkpoint's
- * sender; meanwhile, its one-off messages.
+ * replies in turn); meanwhile, its one-off messages, and what it may and may not do to snapshot
+ * buckets.
  */
-async function asWorker(url: string, subj: Subjects, creds: RunCredentials, devices: number[]): Promise<Hostile> {
+async function asWorker(url: string, subj: Subjects, run: string, creds: RunCredentials, devices: number[]): Promise<Hostile> {
   const h = await Hostile.as('worker', url, creds.workers[DEVICE]!);
   const replies: Array<[string, (c: Call) => Uint8Array]> = [
     ['reply to an observed call: random bytes', () => randomBytes(200)],
@@ -400,40 +364,7 @@ async function asWorker(url: string, subj: Subjects, creds: RunCredentials, devi
       h.sent.push({ kind: 'a second reply to an observed call', subject: m.reply });
     },
   });
-  // A checkpoint: a device sends its shard to the supervisor once the supervisor says go, on a
-  // transfer of the exchange's id. Chunks of each tensor its sender sent last time, as they would
-  // come, but other numbers, sent on go: ahead of the real ones (before the fix, they were taken).
-  const { seen: transfers, tensors } = watchTransfers(h, subj);
-  // Made once per tensor (a transfer's id is not in a chunk's digests), so as to be quick on go.
-  const made = new Map<string, Chunk[]>();
-  const forgedChunks = (from: number, list: ReadonlyArray<[string, number]>) =>
-    list.flatMap(([name, total]) => {
-      const key = `${from}/${name}/${total}`;
-      if (!made.has(key)) made.set(key, [...chunksOf('x', [{ name, shape: [total], data: Float32Array.from({ length: total }, () => Math.random()) }], 1 << 20, { from })]);
-      return made.get(key)!;
-    });
-  h.nc.subscribe(subj.allGo, {
-    callback: (_e, m) => {
-      const go = Go.safeParse(packr.unpack(m.data));
-      const from = Number(/^ckpt-(\d+)-/.exec(go.success ? go.data.realloc : '')?.[1]);
-      // Another device's checkpoint: its own device's chunks are this credential's to send.
-      if (!go.success || go.data.abort || Number.isNaN(from) || from === DEVICE) return;
-      const id = go.data.realloc;
-      for (const chunk of forgedChunks(from, tensors.get(from) ?? [])) {
-        const bytes = encode({ ...chunk, transfer: id });
-        h.send("chunk of a checkpoint under way claiming its sender, digests consistent, on the sender's subject", subj.chunks(id, from), bytes);
-        h.send('chunk of a checkpoint under way claiming its sender, digests consistent, on its own subject', subj.chunks(id, DEVICE), bytes);
-      }
-      h.send(
-        "received for a checkpoint under way, claiming its receiver, on the receiver's subject",
-        subj.receipts(id, 'supervisor'),
-        encode({ type: 'received', v, transfer: id, from: 'supervisor' }),
-      );
-      const first = tensors.get(from)?.[0]?.[0] ?? 'w:wte';
-      h.send('resend request as itself, for a checkpoint under way', subj.receipts(id, DEVICE), encode({ type: 'resend', v, transfer: id, from: DEVICE, tensor: first, offset: 0, attempt: 1 }));
-    },
-  });
-  await until(() => h.sent.some((x) => x.kind.startsWith('chunk of a checkpoint')) && answered.length >= 2 * replies.length, 20_000);
+  await until(() => answered.length >= 2 * replies.length, 20_000);
 
   const hello = { ...HELLO, device: DEVICE };
   h.malformed(subj.joinAs(DEVICE), hello, { type: 'heartbeat', v, device: DEVICE, worker: 'hostile', state: 'serving', at: Date.now() });
@@ -448,10 +379,27 @@ async function asWorker(url: string, subj: Subjects, creds: RunCredentials, devi
     h.malformed(subj.ready(id), { type: 'ready', v, realloc: id, device: DEVICE });
     for (const device of devices) h.send('ready for a guessed exchange id', subj.ready(id), encode({ type: 'ready', v, realloc: id, device }));
   }
-  for (const id of [transfers[0]!.transfer, GUESSED[0]!]) {
+  for (const id of GUESSED.slice(0, 1)) {
     h.malformed(subj.chunks(id, DEVICE), { type: 'sent', v, transfer: id, from: DEVICE, chunks: 1, elements: 16384 });
     h.malformed(subj.receipts(id, DEVICE), { type: 'resend', v, transfer: id, from: DEVICE, tensor: 'w:wte', offset: 0, attempt: 1 });
   }
+  // Snapshots: its own device's bucket it may write (its worker does, each snapshot), any other not.
+  const own = `OBJ_ferry-${run}-d${DEVICE}`;
+  const other = devices.find((d) => d !== DEVICE)!;
+  for (const subject of [
+    '$JS.API.INFO',
+    `$JS.API.STREAM.CREATE.${own}`,
+    `$JS.API.STREAM.INFO.${own}`,
+    `$JS.API.STREAM.MSG.GET.${own}`,
+    `$JS.API.DIRECT.GET.${own}.hostile`,
+    `$JS.API.STREAM.PURGE.${own}`,
+  ])
+    h.send("requests about its own device's bucket that are not JSON", subject, packr.pack([1, 2, 3, 'not json']));
+  for (const subject of [`$O.ferry-${run}-d${DEVICE}.C.hostile`, `$O.ferry-${run}-d${DEVICE}.M.${Buffer.from('hostile').toString('base64url')}`])
+    h.send("entries in its own device's bucket under names no manifest holds", subject, randomBytes(64));
+  for (const subject of [`$O.ferry-${run}-d${other}.C.hostile`, `$JS.API.STREAM.PURGE.OBJ_ferry-${run}-d${other}`, `$JS.API.STREAM.CREATE.OBJ_ferry-${run}-d${other}`])
+    h.send("writes to another device's bucket", subject, randomBytes(64));
+  h.send("an entry in the snapshot manifests' bucket", `$O.ferry-${run}-snapshots.M.${Buffer.from('snapshot-99').toString('base64url')}`, randomBytes(64));
   for (const d of devices.filter((d) => d !== DEVICE)) {
     const third = devices.find((x) => x !== d && x !== DEVICE)!;
     const coll = { type: 'coll', v, group: 'g0-5-[actor.train]-0', tag: 'fwd', from: third, part: 0, parts: 1, data: new Float32Array(8) };
@@ -573,7 +521,7 @@ describe('a run on the closed bus with a hostile client beside it', () => {
     }
     by.launcher = await asLauncher(url, subj, creds);
     by.supervisor = await asSupervisor(url, subj, run, creds, devices, iteration);
-    by.worker = await asWorker(url, subj, creds, devices);
+    by.worker = await asWorker(url, subj, run, creds, devices);
     by.reward = await asReward(url, creds);
     by.environment = await asEnvironment(url, creds);
     // Every turn came while the run was iterating (a run too short to hold them fails here, not later).
@@ -623,7 +571,6 @@ describe('a run on the closed bus with a hostile client beside it', () => {
         .filter((k) => k.startsWith('reply to an observed call'))
         .sort(),
     );
-    expect(supervisorLog).toMatch(new RegExp(`dropped a message on ${subj.root}\\.xfer\\.ckpt-\\S+\\.chunk\\.${DEVICE}: a 'chunk' that says it comes from device \\d, on another party's subject`));
     // Its own device's hello: that device has a worker; another device's, or any, on its own device's join subject: not its to ask.
     expect(supervisorLog.match(/refused worker hostile: device \d already has/g)).toHaveLength(1);
     expect(supervisorLog.match(/worker hostile: a hello on \S+\.join\.\d is for device \d; this one asks for (\d|any device)/g)).toHaveLength(2);

@@ -16,6 +16,25 @@ import { subjects } from '../mesh/wire/subjects.ts';
 import { jetstream } from '@nats-io/jetstream';
 import { Kvm } from '@nats-io/kv';
 import { smallScenario, tempDir } from './helpers.ts';
+import type { RunStore } from '../engine/runtime/store/store.ts';
+import type { SnapshotManifest } from '../mesh/wire/protocol.ts';
+
+const one = { devices: [0], dp: 1, tp: 1, pp: 1 };
+
+/** What a device's `snapshot` call does (its state into its own bucket) and the manifest the supervisor keeps of it. */
+async function deviceWrites(store: RunStore, iteration: number, tensors: Array<{ name: string; shape: number[]; data: Float32Array }>): Promise<SnapshotManifest> {
+  const bytes = encode({ type: 'shard', v: PROTOCOL_VERSION, model: 'actor', layout: one, rank: 0, iteration, checkpoint: { tensors } });
+  const object = `s${iteration}.actor.r0`;
+  const sha256 = await store.shelf.put(0, object, bytes);
+  return {
+    type: 'snapshot',
+    v: PROTOCOL_VERSION,
+    iteration,
+    models: { actor: [{ device: 0, object, bytes: bytes.length, sha256, state: `state-${iteration}` }] },
+    replicas: { actor: [0] },
+    layouts: { actor: one },
+  };
+}
 
 const quiet = { phase() {}, iteration() {}, stop() {} };
 
@@ -147,7 +166,7 @@ describe('the run store in JetStream', () => {
       await store.saveStage(0, 'rollout', { iteration: 0, batch: 1, tokens: Int32Array.from([9, 9, 9, 9]) });
       await store.saveProgress({ epoch: 2, iteration: 1, snapshot: 0, history: [], startedAt: 5, recoveries: [] });
       const w = { name: 'w', shape: [2], data: Float32Array.from([0.5, -1]) };
-      for (const it of [-1, 0, 1, 2]) await store.saveSnapshot(it, { actor: [{ tensors: [w] }], critic: [], reference: [] });
+      for (const it of [-1, 0, 1, 2]) await store.saveSnapshot(await deviceWrites(store, it, [w]));
 
       await server.restart({ downMs: 200 });
 
@@ -155,13 +174,29 @@ describe('the run store in JetStream', () => {
       expect((await store.loadStage<{ tokens: Int32Array }>(0, 'rollout'))!.tokens).toEqual(tokens);
       expect(await store.loadProgress()).toEqual({ epoch: 2, iteration: 1, snapshot: 0, history: [], startedAt: 5, recoveries: [] });
       expect((await store.loadSnapshot(2))!.set.actor[0]!.tensors[0]!.data).toEqual(w.data);
-      // Read back from the server, as a supervisor taking the run over reads it (the one that stored it keeps the last in memory).
+      // A supervisor taking the run over reads it the same way; the device's state digest comes with it.
       const takeOver = await JetStreamStore.open(nc, 'st1');
-      expect((await takeOver.loadSnapshot(2))!.set.actor[0]!.tensors[0]!.data).toEqual(w.data);
+      const back = (await takeOver.loadSnapshot(2))!;
+      expect(back.set.actor[0]!.tensors[0]!.data).toEqual(w.data);
+      expect(back.states).toEqual({ actor: ['state-2'] });
       expect(await store.loadSnapshot(1)).toBeDefined();
-      // Only the last two snapshots are kept.
+      // Only the last two snapshots are kept, and the objects of the others are gone from the device's bucket.
       expect(await store.loadSnapshot(0)).toBeUndefined();
       expect(await store.loadSnapshot(-1)).toBeUndefined();
+      expect(await store.shelf.get(0, 's0.actor.r0')).toBeUndefined();
+      expect(await store.shelf.get(0, 's1.actor.r0')).toBeDefined();
+      // An object changed after its manifest was written is refused, named, not restored.
+      await store.shelf.put(
+        0,
+        's2.actor.r0',
+        encode({ type: 'shard', v: PROTOCOL_VERSION, model: 'actor', layout: one, rank: 0, iteration: 2, checkpoint: { tensors: [{ ...w, data: Float32Array.from([9, 9]) }] } }),
+      );
+      await expect(store.loadSnapshot(2)).rejects.toThrow(
+        /'actor' object "s2.actor.r0" in device 0's bucket changed since it was written: its SHA-256 is [0-9a-f]{12}…, the manifest says [0-9a-f]{12}…/,
+      );
+      // One the manifest names but its device's bucket lacks, the same.
+      await store.shelf.delete(0, 's1.actor.r0');
+      await expect(store.loadSnapshot(1)).rejects.toThrow(/'actor' object "s1.actor.r0" in device 0's bucket is missing/);
     } finally {
       await nc.close();
     }

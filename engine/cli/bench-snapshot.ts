@@ -1,12 +1,10 @@
-// npm run bench -- snapshot: what a snapshot costs against the number of devices and the model
-// size. GRPO with the actor (and its reference) data-parallel over 1, 2 and 4 worker processes, at
-// two model widths, a snapshot after every iteration: the seconds per snapshot (fetching every
-// rank from the devices, storing the whole in the run's JetStream object store) and the bytes.
-// Each device holds a whole replica, so the bytes per device stay fixed as devices are added. A
-// snapshot keeps each data-parallel replica once (takeCheckpoint fetches one, store/replicas.ts
-// writes it once), so its bytes, and its seconds, stay flat as replicas are added; it still goes
-// through the supervisor's process, so its seconds grow with the model's bytes. Ratios are of
-// figures measured in the same run.
+// npm run bench -- snapshot: what a snapshot costs against the number of devices and the bytes
+// each holds. GRPO with the actor and its reference pipelined over 1, 2 and 4 worker processes,
+// two layers a stage (so the model grows with the devices and the bytes each device holds stay
+// about the same), at two widths, a snapshot after every iteration. Each device writes its own
+// stages' state into its own bucket of the run's JetStream store, all at once; the supervisor
+// records only the manifest. So a snapshot's seconds should stay flat as devices (and the model)
+// grow, and grow with the bytes per device. Ratios are of figures measured in the same run.
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -17,13 +15,16 @@ import { launch } from './launch.ts';
 export interface SnapshotRow {
   devices: number;
   width: number;
+  layers: number;
   snapshots: number;
-  /** One snapshot: its bytes, the bytes one device holds (a whole replica here), seconds (fetch + store), of which fetching. */
+  /** One snapshot: the bytes the devices wrote, per device on average, and what went through the supervisor (its manifest). */
   bytes: number;
   bytes_per_device: number;
+  bytes_via_supervisor: number;
+  /** Seconds of one snapshot (the devices writing, then the manifest), and of each part. */
   seconds: number;
-  fetch_seconds: number;
-  store_seconds: number;
+  write_seconds: number;
+  manifest_seconds: number;
   /** Snapshot seconds per iteration, as summary.json's snapshots give them. */
   seconds_per_iteration: number;
 }
@@ -33,13 +34,13 @@ const scenario = (devices: number, width: number, iterations: number) => {
   return `name: snapshot-${devices}x${width}
 seed: 3
 task: { name: sort, digits: 4, base: 10 }
-model: { layers: 2, width: ${width}, heads: 4 }
+model: { layers: ${2 * devices}, width: ${width}, heads: 4 }
 cluster: { nodes: 1, devices_per_node: 4 }
 algorithm: { name: grpo, group: 4 }
 plan:
-  actor.train: { mesh: "${mesh}", dp: ${devices} }
-  actor.generate: { mesh: "${mesh}", dp: ${devices} }
-  reference.inference: { mesh: "${mesh}", dp: ${devices} }
+  actor.train: { mesh: "${mesh}", pp: ${devices} }
+  actor.generate: { mesh: "${mesh}", pp: ${devices} }
+  reference.inference: { mesh: "${mesh}", pp: ${devices} }
   reward.inference: { mesh: "0:0" }
 warmup: { steps: 0 }
 rl: { iterations: ${iterations}, batch: 16 }
@@ -62,21 +63,23 @@ export async function snapshotBench(o: { devices?: number[]; widths?: number[]; 
         const res = await launch({ scenario: loadScenario(file), run: runId(`snap-${n}x${width}`), out: join(dir, `${n}x${width}`), progress: quiet, say: () => {} });
         const s = res.summary;
         if (res.code !== 0 || !s?.snapshots) throw new Error(`the run on ${n} device(s) at width ${width} failed: ${s?.error ?? `exit code ${res.code}`}`);
-        const { count, bytes, fetch_seconds, store_seconds } = s.snapshots;
+        const { count, total_bytes, bytes_via_supervisor, write_seconds, manifest_seconds } = s.snapshots;
         const row: SnapshotRow = {
           devices: n,
           width,
+          layers: 2 * n,
           snapshots: count,
-          bytes,
-          bytes_per_device: bytes,
-          seconds: (fetch_seconds + store_seconds) / count,
-          fetch_seconds: fetch_seconds / count,
-          store_seconds: store_seconds / count,
-          seconds_per_iteration: (fetch_seconds + store_seconds) / s.iterations,
+          bytes: total_bytes / count,
+          bytes_per_device: total_bytes / count / n,
+          bytes_via_supervisor: bytes_via_supervisor / count,
+          seconds: (write_seconds + manifest_seconds) / count,
+          write_seconds: write_seconds / count,
+          manifest_seconds: manifest_seconds / count,
+          seconds_per_iteration: (write_seconds + manifest_seconds) / s.iterations,
         };
         rows.push(row);
         o.log(
-          `  ${n} device(s), width ${width}: ${(row.bytes / 2 ** 20).toFixed(2)} MiB a snapshot (each device holds ${(row.bytes_per_device / 2 ** 20).toFixed(2)} MiB), ${row.seconds.toFixed(3)} s (fetch ${row.fetch_seconds.toFixed(3)}, store ${row.store_seconds.toFixed(3)})`,
+          `  ${n} device(s), ${row.layers} layers, width ${width}: ${(row.bytes / 2 ** 20).toFixed(2)} MiB a snapshot (${(row.bytes_per_device / 2 ** 20).toFixed(2)} MiB a device; ${row.bytes_via_supervisor} bytes through the supervisor), ${row.seconds.toFixed(3)} s (devices writing ${row.write_seconds.toFixed(3)}, manifest ${row.manifest_seconds.toFixed(3)})`,
         );
       }
     }
@@ -86,12 +89,14 @@ export async function snapshotBench(o: { devices?: number[]; widths?: number[]; 
   const at = (n: number, w: number) => rows.find((r) => r.devices === n && r.width === w)!;
   const most = Math.max(...devices);
   const least = Math.min(...devices);
-  // Flat in devices is 1: the snapshot keeps one replica however many there are.
+  // Flat in devices is 1: each device writes its own part, all at once.
   const seconds_ratio_devices = median(widths.map((w) => at(most, w).seconds / at(least, w).seconds));
   const bytes_ratio_devices = median(widths.map((w) => at(most, w).bytes / at(least, w).bytes));
+  const bytes_per_device_ratio_devices = median(widths.map((w) => at(most, w).bytes_per_device / at(least, w).bytes_per_device));
   // Linear in the bytes a device holds: the seconds grow as the bytes do.
   const [small, large] = [Math.min(...widths), Math.max(...widths)];
   const seconds_ratio_size = median(devices.map((n) => at(n, large).seconds / at(n, small).seconds));
   const bytes_ratio_size = median(devices.map((n) => at(n, large).bytes_per_device / at(n, small).bytes_per_device));
-  return { rows, seconds_ratio_devices, bytes_ratio_devices, seconds_ratio_size, bytes_ratio_size };
+  const bytes_via_supervisor_max = Math.max(...rows.map((r) => r.bytes_via_supervisor));
+  return { rows, seconds_ratio_devices, bytes_ratio_devices, bytes_per_device_ratio_devices, seconds_ratio_size, bytes_ratio_size, bytes_via_supervisor_max };
 }

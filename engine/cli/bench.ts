@@ -58,8 +58,9 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
                                                 speedup against the planner's estimate, reward first 5 -> last 5, the staleness
   checkpoint                                    a SmolLM-135M-shaped llama checkpoint written in F32 and BF16, read back,
                                                 loaded on one rank from its directory, and 8 tokens decoded: sizes and seconds
-  snapshot [--iterations N]                     a snapshot after every iteration, the actor data-parallel over 1, 2 and 4 devices at
-                                                widths 64 and 128: seconds and bytes per snapshot, and how they grow with devices and size`;
+  snapshot [--iterations N]                     a snapshot after every iteration, the actor pipelined over 1, 2 and 4 devices (two layers
+                                                a stage) at widths 64 and 128: seconds and bytes per snapshot, and how they grow with
+                                                devices and with the bytes a device holds`;
 
 /** The scenario of each built-in algorithm: the quickstart for PPO, scenarios/algorithms/<name>.yaml for the others. */
 export const ALGORITHM_SCENARIOS: Record<string, string> = {
@@ -170,12 +171,15 @@ runMain(async () => {
   }
   if (name === 'snapshot') {
     const log = values.json ? () => {} : (line: string) => console.log(line);
-    log('bench snapshot: GRPO, actor and reference data-parallel over 1, 2 and 4 devices, widths 64 and 128, a snapshot after every iteration');
+    log('bench snapshot: GRPO, actor and reference pipelined over 1, 2 and 4 devices (two layers a stage), widths 64 and 128, a snapshot after every iteration');
     const r = await snapshotBench({ ...(values.iterations !== undefined ? { iterations: whole('iterations', values.iterations, 2) } : {}), log });
     if (values.json) console.log(JSON.stringify(r));
     else {
-      log(`4 devices against 1: ${r.bytes_ratio_devices?.toFixed(2)}× the bytes, ${r.seconds_ratio_devices?.toFixed(2)}× the seconds (a snapshot keeps each data-parallel replica once)`);
+      log(
+        `4 devices against 1: ${r.bytes_ratio_devices?.toFixed(2)}× the bytes a snapshot, ${r.bytes_per_device_ratio_devices?.toFixed(2)}× the bytes a device, ${r.seconds_ratio_devices?.toFixed(2)}× the seconds (each device writes its own part)`,
+      );
       log(`width 128 against 64: ${r.bytes_ratio_size?.toFixed(2)}× the bytes a device holds, ${r.seconds_ratio_size?.toFixed(2)}× the seconds`);
+      log(`through the supervisor's process: at most ${r.bytes_via_supervisor_max} bytes a snapshot (its manifest)`);
     }
     return 0;
   }

@@ -38,9 +38,11 @@ export interface ChaosReport {
   replans?: NonNullable<Summary['replans']>;
   migration_bytes_ratio?: number | null;
   parameters_equal_after_migration?: boolean;
-  /** Bytes of snapshots that went through the supervisor's process (every snapshot does today). */
+  /** Bytes of snapshots that went through the supervisor's process: their manifests (each device writes its own state). */
   snapshot_bytes_via_supervisor?: number;
   /** Seconds a snapshot took, fetched from the devices and stored, on average over the run's snapshots (one after each iteration by default). */
+  /** Bytes of state the devices wrote, each into its own bucket, over all snapshots. */
+  snapshot_bytes_by_devices?: number;
   snapshot_seconds_mean?: number | null;
   /**
    * Per re-plan that moved the run: seconds from the loss to going on, against the search plus the
@@ -90,7 +92,11 @@ export function chaosReport(scenario: string, clean: LaunchResult, chaos: Launch
 function snapshotFigures(x: Summary | undefined): Partial<ChaosReport> {
   const s = x?.snapshots;
   if (!s) return {};
-  return { snapshot_bytes_via_supervisor: s.total_bytes ?? s.bytes * s.count, snapshot_seconds_mean: s.count ? (s.fetch_seconds + s.store_seconds) / s.count : null };
+  return {
+    snapshot_bytes_via_supervisor: s.bytes_via_supervisor,
+    snapshot_bytes_by_devices: s.total_bytes,
+    snapshot_seconds_mean: s.count ? (s.write_seconds + s.manifest_seconds) / s.count : null,
+  };
 }
 
 /** What an elastic run's re-plans moved: bytes sent against the least a migration could send, and whether the parameters came through bit for bit. */
@@ -100,9 +106,10 @@ function elasticFigures(x: Summary): Partial<ChaosReport> {
   const moved = replans.filter((r) => r.changed);
   const sent = moved.reduce((n, r) => n + (r.migration_bytes ?? 0), 0);
   const least = moved.reduce((n, r) => n + (r.migration_minimum_bytes ?? 0), 0);
-  // The chunk path's bandwidth in this run: every snapshot fetched from the devices, bytes over seconds.
+  // The bus's bandwidth into the run's store as this run measured it: every snapshot's bytes, as
+  // the devices wrote them (all at once), over the seconds they took.
   const s = x.snapshots;
-  const bandwidth = s && s.fetch_seconds > 0 ? (s.total_bytes ?? s.bytes * s.count) / s.fetch_seconds : undefined;
+  const bandwidth = s && s.write_seconds > 0 ? s.total_bytes / s.write_seconds : undefined;
   return {
     replans,
     migration_bytes_ratio: least > 0 ? sent / least : null,

@@ -64,7 +64,9 @@ runMain(async () => {
     console.log(`kills: ${report.kills} (${report.hangs} hangs); by actor ${JSON.stringify(report.kills_by_actor)}; by call ${JSON.stringify(report.kills_by_call)}`);
     console.log(`recovered: ${report.recovered} of ${report.kills}; ${report.recoveries} recoveries, ${report.restarts} process restarts`);
     console.log(`recovery time: median ${s(report.recovery_seconds_median)}, max ${s(report.recovery_seconds_max)}`);
-    console.log(`snapshots: ${report.snapshot_bytes_via_supervisor ?? 0} bytes through the supervisor's process; ${report.snapshot_seconds_mean?.toFixed(3) ?? 'n/a'} s each on average`);
+    console.log(
+      `snapshots: ${report.snapshot_bytes_by_devices ?? 0} bytes written by the devices, each into its own bucket; ${report.snapshot_bytes_via_supervisor ?? 0} bytes (the manifests) through the supervisor's process; ${report.snapshot_seconds_mean?.toFixed(3) ?? 'n/a'} s each on average`,
+    );
     const b = report.recovery_bytes;
     console.log(`recoveries sent ${b.restored} bytes of snapshots to devices; ${b.kept} bytes stayed where survivors held them with the snapshot's state`);
     const against = report.clean_replays

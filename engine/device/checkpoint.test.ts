@@ -4,7 +4,7 @@
 // proven equal to a checkpoint by its state digest.
 import { beforeAll, describe, expect, it } from 'vitest';
 import { shardSlices, sliceShape, type Layout } from '../../mesh/parallel/layout.ts';
-import { PROTOCOL_VERSION, type Call, type CallBody, type Checkpoint, type Optim } from '../../mesh/wire/protocol.ts';
+import { PROTOCOL_VERSION, type Call, type CallBody, type Checkpoint, type Optim, type SnapshotManifest } from '../../mesh/wire/protocol.ts';
 import { MemoryBus } from '../../mesh/wire/memory-bus.ts';
 import { subjects } from '../../mesh/wire/subjects.ts';
 import { Device } from './device.ts';
@@ -14,6 +14,8 @@ import { reshard } from '../runtime/store/reshard.ts';
 import { checkpointBytes, piecesOf } from '../runtime/supervisor/recovery.ts';
 import { initBackend } from '../model/backend.ts';
 import { LocalDispatcher } from '../runtime/dispatch/local-dispatch.ts';
+import { MemoryShelf } from '../../mesh/wire/shelf.ts';
+import { readSnapshot } from '../runtime/store/snapshots.ts';
 import { modelInfo, type GptSpec } from '../model/params.ts';
 import { callMesh } from '../runtime/run/run.ts';
 
@@ -73,6 +75,45 @@ describe('checkpoints', () => {
       expect(await digest(b, layout)).toBe(uninterrupted);
     }, 30_000);
   }
+
+  it('a snapshot written by each device into its own bucket reads back, by its manifest, as the streamed checkpoint, and restores training exactly', async () => {
+    const layout: Layout = { devices: [0, 1, 2, 3], dp: 1, tp: 2, pp: 2 };
+    const shelf = new MemoryShelf();
+    const a = new LocalDispatcher(4, undefined, shelf);
+    const load = (d: LocalDispatcher, seed?: number) =>
+      Promise.all(layout.devices.map((dev, rank) => d.call(dev, 'actor', 0, { fn: 'load', role: 'actor', spec, layout, rank, ...(seed === undefined ? {} : { seed }), optim })));
+    await load(a, 3);
+    await callMesh(a, layout, 'actor', 0, train(1) as never);
+    const shards = await Promise.all(
+      layout.devices.map(async (device, rank) => ({
+        device,
+        object: `s0-e0.actor.r${rank}`,
+        ...(await a.call(device, 'actor', 0, { fn: 'snapshot', object: `s0-e0.actor.r${rank}`, optimizer: true })),
+      })),
+    );
+    // Each device wrote its own object; nothing of it passed through the caller.
+    expect(shelf.names().sort()).toEqual(layout.devices.map((d, rank) => `${d}/s0-e0.actor.r${rank}`).sort());
+    const manifest: SnapshotManifest = { type: 'snapshot', v: PROTOCOL_VERSION, iteration: 0, models: { actor: shards }, replicas: { actor: [0, 1, 2, 3] }, layouts: { actor: layout } };
+    const back = await readSnapshot(shelf, manifest, 'test');
+    const shapes = (rank: number) => shardSlices(modelInfo(spec), layout, rank).map((sl) => ({ name: sl.name, shape: sliceShape(sl) }));
+    for (const [rank, dev] of layout.devices.entries()) {
+      const streamed = await a.checkpointShard(dev, 'actor', 0, shapes(rank), true);
+      expect(stateDigest(back.set.actor![rank]!)).toBe(stateDigest(streamed));
+      expect(back.states!.actor![rank]).toBe(stateDigest(streamed));
+    }
+    await callMesh(a, layout, 'actor', 0, train(2) as never);
+    const uninterrupted = await digest(a, layout);
+    const b = new LocalDispatcher(4);
+    await load(b);
+    for (const [rank, dev] of layout.devices.entries()) await b.restoreShard(dev, 'actor', 0, back.set.actor![rank]!);
+    await callMesh(b, layout, 'actor', 0, train(2) as never);
+    expect(await digest(b, layout)).toBe(uninterrupted);
+    // A snapshot that claims another rank's place is refused, naming it; so is one whose optimizer the shard does not have.
+    await expect(readSnapshot(shelf, { ...manifest, models: { actor: [shards[1]!, shards[0]!, shards[2]!, shards[3]!] } }, 'test')).rejects.toThrow(
+      /test: 'actor' object "s0-e0.actor.r1" in device 1's bucket: expected 'actor' rank 0 of layout \[0,1,2,3\] after iteration 0, got 'actor' rank 1/,
+    );
+    await expect(a.call(0, 'actor', 0, { fn: 'snapshot', object: 'x', optimizer: false })).rejects.toThrow(/expected no optimizer state, the shard has one/);
+  }, 30_000);
 
   it("a reset keeps the shards of the models it is told to keep, with their place and their checkpoint's state digest; others go", async () => {
     const layout: Layout = { devices: [0, 1], dp: 2, tp: 1, pp: 1 };

@@ -4,9 +4,9 @@
 import type { Bus } from '../../mesh/wire/index.ts';
 import { encode } from '../../mesh/wire/index.ts';
 import { assemble, checkStrategy, pieceName, relaidSlices, shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../../mesh/parallel/index.ts';
-import { Go, PROTOCOL_VERSION, type LedgerEntry, type Call, type CallBody, type CallFn, type CallOf, type Layout, type ResultOf } from '../../mesh/wire/index.ts';
+import { Go, PROTOCOL_VERSION, type Checkpoint, type LedgerEntry, type Call, type CallBody, type CallFn, type CallOf, type Layout, type ResultOf } from '../../mesh/wire/index.ts';
 import { cut, pasteRange } from '../../mesh/parallel/index.ts';
-import type { Subjects } from '../../mesh/wire/index.ts';
+import type { Shelf, Subjects } from '../../mesh/wire/index.ts';
 import { subscribe } from '../../mesh/wire/index.ts';
 import { manifestOf, modelDigest, stateDigest, noTimes, offerTensors, pacer, receiveTensors, timed, type Expected, type NamedTensor } from '../../mesh/wire/index.ts';
 import { randomUUID } from 'node:crypto';
@@ -54,6 +54,8 @@ export interface DeviceOptions {
   warn?: (line: string) => void;
   /** Called once in each generation of episodes, after their first round of steps (chaos: a kill mid-episode). */
   midEpisode?: (call: Call) => Promise<void>;
+  /** Where this device writes its snapshots (its own bucket of the run's; mesh/wire/shelf.ts). */
+  shelf?: Shelf;
 }
 
 export class Device {
@@ -103,10 +105,8 @@ export class Device {
         continue;
       }
       h.shard.forgetCalls();
-      const tensors = h.shard.weights.exportTensors();
-      const optimizer = h.shard.weights.optimizerState();
-      const state = stateDigest({ tensors, optimizer, ledger: h.ledger });
-      kept.push({ model, layout: h.layout, rank: h.rank, state, parameters: tensors.reduce((n, t) => n + t.data.length, 0) });
+      const state = this.stateOf(h);
+      kept.push({ model, layout: h.layout, rank: h.rank, state: stateDigest(state), parameters: state.tensors.reduce((n, t) => n + t.data.length, 0) });
     }
     const staying = new Set([...kept.map((k) => k.model), ...busy]);
     const dropped = this.models().filter((m) => !staying.has(m));
@@ -149,8 +149,8 @@ export class Device {
     if (!h) return this.notLoaded(model, body.fn);
     const kind = this.kindOf(h);
     const allowed: Record<string, readonly CallFn[]> = {
-      policy: ['sft', 'generate', 'inference', 'train', 'manifest', 'weights', 'checkpoint', 'restore', 'release'],
-      value: ['inference', 'train', 'preference', 'manifest', 'weights', 'checkpoint', 'restore', 'release'],
+      policy: ['sft', 'generate', 'inference', 'train', 'manifest', 'weights', 'checkpoint', 'snapshot', 'restore', 'release'],
+      value: ['inference', 'train', 'preference', 'manifest', 'weights', 'checkpoint', 'snapshot', 'restore', 'release'],
       rule: ['inference', 'manifest', 'release'],
     };
     if (!allowed[kind]!.includes(body.fn)) {
@@ -162,7 +162,7 @@ export class Device {
     if ((body.fn === 'train' || body.fn === 'sft' || body.fn === 'preference') && !(h.shard as ModelShard).weights.trainable) {
       return new CallRejected('invalid_state', `'${model}' on device ${this.index} is not on its training layout (no optimizer); '${body.fn}' is refused`);
     }
-    if (body.fn === 'checkpoint' && body.optimizer !== (h.shard as ModelShard).weights.trainable) {
+    if ((body.fn === 'checkpoint' || body.fn === 'snapshot') && body.optimizer !== (h.shard as ModelShard).weights.trainable) {
       const has = (h.shard as ModelShard).weights.trainable ? 'one' : 'none';
       return new CallRejected('invalid_state', `'${model}' on device ${this.index}: expected ${body.optimizer ? 'an' : 'no'} optimizer state, the shard has ${has}`);
     }
@@ -259,6 +259,8 @@ export class Device {
         this.rssPeak = rss;
         return { rss_mb: mb(rss), window_peak_rss_mb: mb(windowPeak), peak_rss_mb: process.resourceUsage().maxRSS / 1024, heap_mb: mb(process.memoryUsage().heapUsed) };
       }
+      case 'snapshot':
+        return this.snapshot(this.hosted.get(call.model)!, call.model, call.iteration, body);
       case 'release': {
         await this.drop(this.hosted.get(call.model)!);
         this.hosted.delete(call.model);
@@ -622,22 +624,52 @@ export class Device {
     }
   }
 
-  /** Streams the shard's weights (and optimizer moments) on go; see the protocol's `checkpoint`. */
-  private async checkpoint(h: Hosted, body: CallOf<'checkpoint'>): Promise<ResultOf<'checkpoint'>> {
+  /**
+   * The shard's state as a checkpoint holds it: its weight slices, the optimizer's step and both
+   * moments of every weight (zeros for one never stepped, as a fresh slot holds them), its ledger.
+   */
+  private stateOf(h: Hosted): Checkpoint {
     const s = h.shard as ModelShard;
-    const timeout = this.options.transferTimeoutMs ?? 300_000;
     const tensors = s.weights.exportTensors();
     const state = s.weights.optimizerState();
-    const out: NamedTensor[] = tensors.map((t) => ({ ...t, name: `w:${t.name}` }));
-    if (state) {
-      // A parameter never stepped has zero moments, exactly what a fresh slot would hold.
-      const moments = new Map(state.moments.map((m) => [m.name, m]));
-      for (const t of tensors) {
-        const m = moments.get(t.name);
-        out.push({ name: `m:${t.name}`, shape: t.shape, data: m?.m ?? new Float32Array(t.data.length) });
-        out.push({ name: `v:${t.name}`, shape: t.shape, data: m?.v ?? new Float32Array(t.data.length) });
-      }
-    }
+    const moments = new Map((state?.moments ?? []).map((m) => [m.name, m]));
+    const zeros = (n: number) => new Float32Array(n);
+    return {
+      tensors,
+      ...(state
+        ? { optimizer: { step: state.step, moments: tensors.map((t) => ({ name: t.name, m: moments.get(t.name)?.m ?? zeros(t.data.length), v: moments.get(t.name)?.v ?? zeros(t.data.length) })) } }
+        : {}),
+      ledger: [...h.ledger],
+    };
+  }
+
+  /**
+   * Writes the shard's state into this device's own snapshot bucket as one ShardObject; see the
+   * protocol's `snapshot`. Its bytes go from here to the store, not through the supervisor.
+   */
+  private async snapshot(h: Hosted, model: string, iteration: number, body: CallOf<'snapshot'>): Promise<ResultOf<'snapshot'>> {
+    const shelf = this.options.shelf;
+    if (!shelf) throw new CallRejected('unsupported', `device ${this.index} has no snapshot bucket to write '${model}' into`);
+    const checkpoint = this.stateOf(h);
+    const bytes = encode({ type: 'shard', v: PROTOCOL_VERSION, model, layout: h.layout, rank: h.rank, iteration, checkpoint });
+    const sha256 = await shelf.put(this.index, body.object, bytes);
+    return { bytes: bytes.length, sha256, state: stateDigest(checkpoint) };
+  }
+
+  /** Streams the shard's weights (and optimizer moments) on go; see the protocol's `checkpoint`. */
+  private async checkpoint(h: Hosted, body: CallOf<'checkpoint'>): Promise<ResultOf<'checkpoint'>> {
+    const timeout = this.options.transferTimeoutMs ?? 300_000;
+    const state = this.stateOf(h);
+    const out: NamedTensor[] = [
+      ...state.tensors.map((t) => ({ ...t, name: `w:${t.name}` })),
+      ...(state.optimizer?.moments ?? []).flatMap((m, i) => {
+        const shape = state.tensors[i]!.shape;
+        return [
+          { name: `m:${m.name}`, shape, data: m.m },
+          { name: `v:${m.name}`, shape, data: m.v },
+        ];
+      }),
+    ];
     // Kept until the supervisor says it holds them all, to answer its requests to send a chunk again.
     const byName = new Map(out.map((t) => [t.name, t]));
     const outgoing = offerTensors(this.bus, this.subj, { transfer: body.transfer, from: this.index, to: ['supervisor'], tensors: () => out, tensor: (name) => byName.get(name) }, body.chunkBytes, {
@@ -650,7 +682,7 @@ export class Device {
       await signal.go;
       const sent = await outgoing.send();
       await Promise.race([outgoing.received, signal.aborted]);
-      return { step: state?.step ?? 0, optimizer: state !== undefined, bytes: sent.bytes, ledger: [...h.ledger] };
+      return { step: state.optimizer?.step ?? 0, optimizer: state.optimizer !== undefined, bytes: sent.bytes, ledger: state.ledger ?? [] };
     } finally {
       signal.close();
       outgoing.close();

@@ -6,6 +6,7 @@ import { randomBytes } from 'node:crypto';
 import { inboxOf } from './bus.ts';
 import type { RunEvent } from './protocol.ts';
 import { subjects, token } from './subjects.ts';
+import { deviceBucket } from './shelf.ts';
 
 export const ROLES = ['launcher', 'supervisor', 'worker', 'reward', 'environment'] as const;
 export type Role = (typeof ROLES)[number];
@@ -93,6 +94,8 @@ export function permissions(run: string, devices: readonly number[]): Omit<Recor
         '$JS.API.>',
         `$KV.ferry-${run}.>`,
         `$O.ferry-${run}-snapshots.>`,
+        // The devices' snapshot buckets: it reads them, and deletes the objects of snapshots it dropped.
+        ...devices.map((d) => `$O.${deviceBucket(run, d)}.>`),
         '$JS.ACK.>',
         '$JS.FC.>',
         rewards.request,
@@ -104,14 +107,14 @@ export function permissions(run: string, devices: readonly number[]): Omit<Recor
       responses: true,
     },
     // Its own heartbeats and calls, the chunks, receipts and collectives it sends (as its device
-    // only: each names its sender in its subject), and nothing on results, events, go or the
-    // run's state. It hears the supervisor beat (a `done` while it beats is not the run's end). A
+    // only: each names its sender in its subject), its own snapshot bucket, and nothing on
+    // results, events, go or the run's state. It hears the supervisor beat (a `done` while it beats is not the run's end). A
     // worker hosting a learned reward model serves it as a reward actor; a generating one plays episodes against environments.
     workers: Object.fromEntries(
       devices.map((d) => [
         d,
         {
-          publish: [s.joinAs(d), s.heartbeat(d), s.turns(d), s.chaos, s.allReady, s.chunksFrom(d), s.receiptsFrom(d), s.collectivesFrom(d), rewards.presence, envs.instance],
+          publish: [s.joinAs(d), s.heartbeat(d), s.turns(d), s.chaos, s.allReady, s.chunksFrom(d), s.receiptsFrom(d), s.collectivesFrom(d), rewards.presence, envs.instance, ...ownBucket(run, d)],
           subscribe: [s.call(d), s.events, s.supervisorBeat, s.allGo, s.allChunks, s.allReceipts, s.collectivesTo(d), `${inboxOf(workerUser(run, d))}.>`, rewards.all, envs.presence],
           responses: true,
         },
@@ -122,6 +125,26 @@ export function permissions(run: string, devices: readonly number[]): Omit<Recor
     // An environment hears episode requests, says it is there, and answers: nothing else.
     environment: { publish: [envs.presence], subscribe: [envs.all], responses: true },
   };
+}
+
+/**
+ * What a worker needs to write its device's snapshot bucket (mesh/wire/shelf.ts), and nothing of
+ * any other: create and look up its stream, read a message of it (the object store checks an
+ * object's metadata before it replaces it), purge it (the chunks of an object replaced), and
+ * publish the bucket's chunks and metadata. Writes are acknowledged on its own inbox.
+ */
+function ownBucket(run: string, device: number): string[] {
+  const bucket = deviceBucket(run, device);
+  const stream = `OBJ_${bucket}`;
+  return [
+    '$JS.API.INFO',
+    `$JS.API.STREAM.CREATE.${stream}`,
+    `$JS.API.STREAM.INFO.${stream}`,
+    `$JS.API.STREAM.MSG.GET.${stream}`,
+    `$JS.API.DIRECT.GET.${stream}.>`,
+    `$JS.API.STREAM.PURGE.${stream}`,
+    `$O.${bucket}.>`,
+  ];
 }
 
 /**

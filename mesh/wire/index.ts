@@ -19,3 +19,4 @@ export * from './env-serve.ts';
 export * from './subjects.ts';
 export * from './transfer.ts';
 export * from './service.ts';
+export * from './shelf.ts';

@@ -2,7 +2,7 @@
 // protocol version `v`; decoding (mesh/codec.ts) is the one place where bytes become these types.
 import { z } from 'zod';
 
-export const PROTOCOL_VERSION = 3;
+export const PROTOCOL_VERSION = 4;
 const v = z.literal(PROTOCOL_VERSION);
 
 const typed = <T>(ctor: new (...a: never[]) => T, name: string) => z.custom<T>((x) => x instanceof ctor, { message: `expected a ${name}` });
@@ -116,15 +116,15 @@ export type Checkpoint = z.infer<typeof Checkpoint>;
 
 /**
  * The protocol versions whose checkpoint files read as this one's: version 2 changed only how
- * chunks travel, version 3 only the reset call (shards it keeps), so a run directory written by
- * version 1 or 2 still resumes.
+ * chunks travel, version 3 only the reset call (shards it keeps), version 4 only where snapshots
+ * are written (by each device), so a run directory written by versions 1 to 3 still resumes.
  */
-export const CHECKPOINT_VERSIONS = [1, 2, PROTOCOL_VERSION] as const;
+export const CHECKPOINT_VERSIONS = [1, 2, 3, PROTOCOL_VERSION] as const;
 
 /** A run's checkpoint file: every rank of the kept models (those with parameters) after `iteration`. */
 export const CheckpointFile = z.strictObject({
   type: z.literal('checkpoint'),
-  v: z.union([z.literal(1), z.literal(2), v]),
+  v: z.union([z.literal(1), z.literal(2), z.literal(3), v]),
   /** -1: taken after setup, before the first iteration. */
   iteration: z.number().int().min(-1),
   models: z.record(z.string(), z.array(Checkpoint)),
@@ -136,6 +136,40 @@ export const CheckpointFile = z.strictObject({
    */
   replicas: z.record(z.string(), z.array(nat)).optional(),
 });
+
+/**
+ * One rank's state as its device writes it into its own snapshot bucket (mesh/wire/shelf.ts):
+ * the model, the layout and rank it was taken on, the iteration it follows, and the checkpoint.
+ */
+export const ShardObject = z.strictObject({
+  type: z.literal('shard'),
+  v,
+  model: z.string(),
+  layout: Layout,
+  rank: nat,
+  iteration: z.number().int().min(-1),
+  checkpoint: Checkpoint,
+});
+export type ShardObject = z.infer<typeof ShardObject>;
+
+/** Where one rank's state of a snapshot is: the device whose bucket holds it, the object, its size, SHA-256 and state digest. */
+export const ShardEntry = z.strictObject({ device: nat, object: z.string(), bytes: nat, sha256: z.string(), state: z.string() });
+export type ShardEntry = z.infer<typeof ShardEntry>;
+
+/**
+ * A snapshot as the supervisor records it: which device wrote which rank, and how to check it.
+ * Ranks are listed once per distinct slice set (data-parallel replicas share one); `replicas`, as
+ * in a checkpoint file, gives each rank's index into its model's list.
+ */
+export const SnapshotManifest = z.strictObject({
+  type: z.literal('snapshot'),
+  v,
+  iteration: z.number().int().min(-1),
+  models: z.record(z.string(), z.array(ShardEntry)),
+  replicas: z.record(z.string(), z.array(nat)),
+  layouts: z.record(z.string(), Layout),
+});
+export type SnapshotManifest = z.infer<typeof SnapshotManifest>;
 
 const TensorManifest = z.strictObject({ name: z.string(), shape: z.array(nat), sha256: z.string() });
 export type TensorManifest = z.infer<typeof TensorManifest>;
@@ -357,6 +391,12 @@ export const CallBody = z.discriminatedUnion('fn', [
    * the caller expects; a shard that has (or lacks) it otherwise is refused before anything moves.
    */
   z.strictObject({ fn: z.literal('checkpoint'), realloc: z.string(), transfer: z.string(), chunkBytes: pos, optimizer: z.boolean() }),
+  /**
+   * The shard's state (what `checkpoint` streams, as one ShardObject) written by the device itself
+   * into its own snapshot bucket as `object`: nothing of it passes through the supervisor, which
+   * records the reply (size, SHA-256, state digest) in the snapshot's manifest.
+   */
+  z.strictObject({ fn: z.literal('snapshot'), object: z.string().min(1), optimizer: z.boolean() }),
   /**
    * Puts a streamed checkpoint (as `checkpoint` sends it) back into a loaded shard of the same
    * layout and rank. `onto`: the shard held here moves onto this layout and rank instead, keeping
@@ -777,6 +817,7 @@ export const ResultBodies = {
   manifest: z.strictObject({ manifest: z.array(TensorManifest), digest: z.string(), ledger: z.array(LedgerEntry).default([]) }),
   weights: z.strictObject({ tensors: z.array(z.strictObject({ name: z.string(), shape: z.array(nat), data: f32 })) }),
   checkpoint: z.strictObject({ step: nat, optimizer: z.boolean(), bytes: nat, ledger: z.array(LedgerEntry).default([]) }),
+  snapshot: z.strictObject({ bytes: nat, sha256: z.string(), state: z.string() }),
   restore: z.strictObject({}),
   reset: z.strictObject({
     dropped: z.array(z.string()),

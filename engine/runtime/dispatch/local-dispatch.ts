@@ -1,6 +1,6 @@
 // Devices in this process, reached by direct calls; parameter transfers go over an in-memory bus.
 import { PROTOCOL_VERSION, type Call, type CallFn, type CallOf, type Checkpoint, type ResultOf, type TurnLog } from '../../../mesh/wire/index.ts';
-import { MemoryBus, type Bus } from '../../../mesh/wire/index.ts';
+import { MemoryBus, MemoryShelf, type Bus, type Shelf } from '../../../mesh/wire/index.ts';
 import { subjects } from '../../../mesh/wire/index.ts';
 import { Device, CallRejected } from '../../device/index.ts';
 import {
@@ -29,11 +29,18 @@ export class LocalDispatcher implements Dispatcher {
   private readonly inFlight = new InFlight();
   private seq = 0;
 
-  /** `bus`: what the devices' collectives and environment clients ride (default: in memory; a NATS connection reaches environments). */
-  constructor(count: number, bus?: Bus) {
+  /**
+   * `bus`: what the devices' collectives and environment clients ride (default: in memory; a NATS
+   * connection reaches environments). `shelf`: where the devices write snapshots (default: in memory).
+   */
+  constructor(
+    count: number,
+    bus?: Bus,
+    readonly shelf: Shelf = new MemoryShelf(),
+  ) {
     this.bus = bus ?? new MemoryBus();
     this.chunkBytes = this.bus.info?.max_payload ?? new MemoryBus().info.max_payload;
-    this.devices = Array.from({ length: count }, (_, i) => new Device(i, this.bus, this.subj));
+    this.devices = Array.from({ length: count }, (_, i) => new Device(i, this.bus, this.subj, { shelf }));
   }
 
   call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>, group?: string): Promise<ResultOf<F>> {

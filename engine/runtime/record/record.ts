@@ -40,7 +40,12 @@ export interface Summary {
    * seconds spent fetching them from the devices and storing them (JetStream Object Store).
    */
   /** Snapshots taken: how many, the last one's bytes, all their bytes, and the seconds fetching and storing them. */
-  snapshots?: { count: number; bytes: number; total_bytes?: number; fetch_seconds: number; store_seconds: number };
+  /**
+   * The snapshots taken after iterations: how many, the bytes the devices wrote for the last one and
+   * for all, the bytes that went through the supervisor's process (the manifests), and the seconds
+   * spent writing (the devices, all at once) and recording the manifests.
+   */
+  snapshots?: { count: number; bytes: number; total_bytes: number; bytes_via_supervisor: number; write_seconds: number; manifest_seconds: number };
   /** The supervised warm-up: its steps, and the cross-entropy of its first and last mini-batch. */
   warmup?: { steps: number; first_loss: number; loss: number; source?: 'environment'; turns?: number };
   /** A learned reward model's training (reward.model): pairs, losses, and how many pairs it orders as the rule does. */

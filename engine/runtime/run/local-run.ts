@@ -18,7 +18,7 @@ export async function runInProcess(spec: RunSpec, recorder: Recorder, backend: s
       }),
     },
   });
-  const actor = createActor(machine, { input: { spec, run, dispatcher, recorder, store: new MemoryStore() } });
+  const actor = createActor(machine, { input: { spec, run, dispatcher, recorder, store: new MemoryStore(dispatcher.shelf) } });
   actor.start();
   const output = await toPromise(actor);
   await dispatcher.close();

@@ -2,8 +2,8 @@
 // layout, the warm-up (on the task's demonstrations or an environment's expert), copying the
 // models that start from another, a learned reward model's training, and checkpoints of every
 // kept model's ranks. run.ts holds the calls on meshes these are made of.
-import type { Checkpoint } from '../../../mesh/wire/index.ts';
-import { shardSlices, sliceShape, type Layout } from '../../../mesh/parallel/index.ts';
+import { PROTOCOL_VERSION, type Checkpoint, type SnapshotManifest } from '../../../mesh/wire/index.ts';
+import { shardSlices, type Layout } from '../../../mesh/parallel/index.ts';
 import { isHead, modelInfo, parameterShapes, type GptSpec } from '../../model/index.ts';
 import { Stream, seedOf } from '../../model/index.ts';
 import { turnCodec } from '../../episodes/index.ts';
@@ -11,6 +11,8 @@ import { demonstrations } from '../../device/index.ts';
 import { demoRows, episodesSpec, type Demonstrate } from '../../environments/index.ts';
 import { CallError, type Dispatcher } from '../dispatch/dispatch.ts';
 import { shardsProblem } from '../store/reshard.ts';
+import { manifestBytes } from '../store/snapshots.ts';
+import type { RunStore } from '../store/store.ts';
 import { basePolicy, callMesh, declOf, eosOf, episodeTaskOf, layoutOf, learnedReward, loadModel, modelSpec, ownerOf, reallocate, samplingOf, type Moved, type RunSpec } from './run.ts';
 
 /** Per kept model, one checkpoint per rank of its owner layout. */
@@ -32,38 +34,63 @@ export function checkpointLayouts(r: RunSpec): Record<string, Layout> {
   return Object.fromEntries(keptModels(r).map((model) => [model, layoutOf(r, ownerOf(r, model))]));
 }
 
-/** Every rank of every kept model, at the end of an iteration: weights, and optimizer state where it trains. */
-export async function takeCheckpoint(d: Dispatcher, r: RunSpec, iteration: number): Promise<CheckpointSet> {
-  // Every rank's checkpoint is an exchange of its own: they all run at once. Data-parallel
-  // replicas hold the same slices and the same state: one of them is fetched, and the others
-  // share its checkpoint (a file keeps it once: store/replicas.ts).
-  const entries = await Promise.all(
+/**
+ * A snapshot of every rank of every kept model after `iteration` (weights, and optimizer state
+ * where it trains), each written by its own device into its own bucket, all at once; returns the
+ * manifest that names them. Data-parallel replicas hold the same slices and the same state: the
+ * first of them writes, and the others share its object. Object names carry the recovery epoch,
+ * so a snapshot taken again after a recovery never overwrites one a manifest already names.
+ */
+export async function takeSnapshot(d: Dispatcher, r: RunSpec, iteration: number): Promise<SnapshotManifest> {
+  const epoch = d.epoch;
+  const models = await Promise.all(
     keptModels(r).map(async (model) => {
       const layout = layoutOf(r, ownerOf(r, model));
       const info = modelInfo(modelSpec(r, model) as GptSpec);
-      const fetched = new Map<string, Promise<Checkpoint>>();
-      const ranks = await Promise.all(
-        layout.devices.map((device, rank) => {
-          const slices = shardSlices(info, layout, rank);
-          const key = JSON.stringify(slices);
-          let c = fetched.get(key);
-          if (!c) {
-            c = d.checkpointShard(
-              device,
-              model,
-              iteration,
-              slices.map((s) => ({ name: s.name, shape: sliceShape(s) })),
-              optimized(r, model),
-            );
-            fetched.set(key, c);
-          }
-          return c;
+      const first = new Map<string, number>();
+      const writers: number[] = [];
+      const replicas = layout.devices.map((_, rank) => {
+        const key = JSON.stringify(shardSlices(info, layout, rank));
+        if (!first.has(key)) first.set(key, writers.push(rank) - 1);
+        return first.get(key)!;
+      });
+      const shards = await Promise.all(
+        writers.map(async (rank) => {
+          const device = layout.devices[rank]!;
+          const object = `s${iteration}-e${epoch}.${model}.r${rank}`;
+          const out = await d.call(device, model, iteration, { fn: 'snapshot', object, optimizer: optimized(r, model) });
+          return { device, object, ...out };
         }),
       );
-      return [model, ranks] as const;
+      return { model, layout, shards, replicas };
     }),
   );
-  return Object.fromEntries(entries);
+  return {
+    type: 'snapshot',
+    v: PROTOCOL_VERSION,
+    iteration,
+    models: Object.fromEntries(models.map((m) => [m.model, m.shards])),
+    replicas: Object.fromEntries(models.map((m) => [m.model, m.replicas])),
+    layouts: Object.fromEntries(models.map((m) => [m.model, m.layout])),
+  };
+}
+
+/** Takes a snapshot after `iteration` (takeSnapshot) and records it in the store; returns what it cost. */
+export async function snapshotInto(d: Dispatcher, r: RunSpec, store: RunStore, iteration: number): Promise<SnapshotCost> {
+  const t0 = performance.now();
+  const manifest = await takeSnapshot(d, r, iteration);
+  const t1 = performance.now();
+  const { bytes } = await store.saveSnapshot(manifest);
+  const t2 = performance.now();
+  return { bytes: manifestBytes(manifest), manifest_bytes: bytes, write_seconds: (t1 - t0) / 1000, manifest_seconds: (t2 - t1) / 1000 };
+}
+
+/** What one snapshot cost: the bytes its devices wrote, the manifest's bytes (all that went through the supervisor), and the seconds of each. */
+export interface SnapshotCost {
+  bytes: number;
+  manifest_bytes: number;
+  write_seconds: number;
+  manifest_seconds: number;
 }
 
 /**

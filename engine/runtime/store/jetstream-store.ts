@@ -10,21 +10,21 @@
 //     over reads the newest record of the subject and checks its bytes, schema, version,
 //     iteration and stage. A record that fails is treated as missing — the stage is computed
 //     again, deterministically — and logged with its subject;
-//   - Object Store `ferry-<run>-snapshots`: every shard's state after an iteration (the same
-//     record as a run directory's checkpoint.msgpack), the last two kept.
+//   - Object Store `ferry-<run>-snapshots`: each snapshot's manifest (which device wrote which
+//     rank of every kept model, with its size, SHA-256 and state digest), the last two kept;
+//   - Object Stores `ferry-<run>-d<device>`: the shards' states themselves, each written by its own
+//     device (mesh/wire/shelf.ts); the manifests' objects go when their manifest does.
 // All three are file-backed, so they survive a restart of the server.
 import { jetstreamManager, jetstream, type JetStreamClient, type JetStreamManager } from '@nats-io/jetstream';
 import { Kvm, type KV, type KvEntry } from '@nats-io/kv';
 import { Objm, type ObjectStore } from '@nats-io/obj';
 import type { NatsConnection } from '@nats-io/transport-node';
 import { ProtocolError, decode, encode } from '../../../mesh/wire/index.ts';
-import { CheckpointFile, PROTOCOL_VERSION, ProgressRecord, StageRecord } from '../../../mesh/wire/index.ts';
+import { NatsShelf, PROTOCOL_VERSION, ProgressRecord, SnapshotManifest, StageRecord, defaultReplicas, type Shelf } from '../../../mesh/wire/index.ts';
 import { createHash } from 'node:crypto';
 import { subjects, type Subjects } from '../../../mesh/wire/index.ts';
-import type { CheckpointSet } from '../run/setup.ts';
 import type { Progress, RunStore, Snapshot, Stage } from './store.ts';
-import { packReplicas, unpackReplicas } from './replicas.ts';
-import type { Layout } from '../../../mesh/parallel/index.ts';
+import { manifestObjects, readSnapshot } from './snapshots.ts';
 
 /** Progress records the bucket keeps: the newest whole one is read back. */
 const PROGRESS_KEPT = 8;
@@ -93,6 +93,7 @@ export class JetStreamStore implements RunStore {
     private readonly objects: ObjectStore,
     private readonly log: (line: string) => void,
     private readonly ownOnly: boolean,
+    readonly shelf: Shelf,
   ) {}
 
   /** Per results subject, the sequence number and SHA-256 of the record this store wrote. */
@@ -102,7 +103,7 @@ export class JetStreamStore implements RunStore {
     const subj = subjects(run);
     const timeout = options.timeoutMs ?? 5_000;
     const patience = options.patienceMs ?? 60_000;
-    const replicas = options.replicas ?? Number(process.env.FERRY_JS_REPLICAS ?? (nc.info?.cluster ? 3 : 1));
+    const replicas = options.replicas ?? defaultReplicas(nc);
     const jsm = await patiently('connecting to JetStream', patience, () => jetstreamManager(nc, { timeout }));
     const js = jetstream(nc, { timeout });
     const stream = `FERRY-${run}`;
@@ -115,7 +116,8 @@ export class JetStreamStore implements RunStore {
     });
     const kv = await patiently(`creating KV bucket ferry-${run}`, patience, () => new Kvm(js).create(`ferry-${run}`, { history: PROGRESS_KEPT, replicas }));
     const objects = await patiently(`creating object store ferry-${run}-snapshots`, patience, () => new Objm(js).create(`ferry-${run}-snapshots`, { replicas }));
-    return new JetStreamStore(patience, run, subj, js, jsm, stream, kv, objects, options.log ?? (() => {}), options.ownOnly ?? false);
+    const shelf = new NatsShelf(nc, run, { timeoutMs: timeout, replicas });
+    return new JetStreamStore(patience, run, subj, js, jsm, stream, kv, objects, options.log ?? (() => {}), options.ownOnly ?? false, shelf);
   }
 
   /** The progress record, sealed: its SHA-256 before it (sealProgress). */
@@ -190,21 +192,14 @@ export class JetStreamStore implements RunStore {
     return record.value as T;
   }
 
-  async saveSnapshot(iteration: number, set: CheckpointSet, layouts?: Record<string, Layout>): Promise<{ bytes: number }> {
-    const bytes = encode({ type: 'checkpoint', v: PROTOCOL_VERSION, iteration, ...packReplicas(set), ...(layouts ? { layouts } : {}) });
-    await patiently(`storing the snapshot after iteration ${iteration}`, this.patienceMs, () => this.objects.putBlob({ name: `snapshot-${iteration}` }, bytes));
-    this.last = { iteration, snapshot: { set, ...(layouts ? { layouts } : {}) } };
+  async saveSnapshot(manifest: SnapshotManifest): Promise<{ bytes: number }> {
+    const { iteration } = manifest;
+    const bytes = encode(manifest);
+    await patiently(`storing the snapshot manifest after iteration ${iteration}`, this.patienceMs, () => this.objects.putBlob({ name: `snapshot-${iteration}` }, bytes));
     // Keep the one before too: a failure while this one was being written leaves that one whole.
     await this.dropSnapshotsBefore(iteration - 1);
     return { bytes: bytes.length };
   }
-
-  /**
-   * The last snapshot this process stored, as it stored it: a recovery or a migration by the
-   * supervisor that took it does not read it back (reading was two thirds of a migration's time on
-   * a 25 MB move); one that took the run over reads it from the store.
-   */
-  private last?: { iteration: number; snapshot: Snapshot };
 
   /** Entries of the snapshot bucket that did not read: said once each. */
   private readonly unreadable = new Set<string>();
@@ -231,7 +226,11 @@ export class JetStreamStore implements RunStore {
       if (!n || Number(n[1]) >= iteration) continue;
       try {
         const info = await this.objects.info(name);
-        if (info && !info.deleted) await this.objects.delete(name);
+        if (!info || info.deleted) continue;
+        // Its objects first: a manifest is only deleted once nothing it names is left.
+        const manifest = await this.readManifest(Number(n[1]));
+        if (manifest) await Promise.all(manifestObjects(manifest).map((o) => this.shelf.delete(o.device, o.object)));
+        await this.objects.delete(name);
       } catch (e) {
         if (!this.unreadable.has(name)) this.log(`the run store's snapshot entry ${JSON.stringify(name)} does not read (${(e as Error).message}): left as it is`);
         this.unreadable.add(name);
@@ -239,13 +238,20 @@ export class JetStreamStore implements RunStore {
     }
   }
 
-  async loadSnapshot(iteration: number): Promise<Snapshot | undefined> {
-    if (this.last?.iteration === iteration) return this.last.snapshot;
-    const bytes = await patiently(`reading the snapshot after iteration ${iteration}`, this.patienceMs, () => this.objects.getBlob(`snapshot-${iteration}`));
+  /** The manifest of the snapshot after `iteration`, checked; undefined where there is none. */
+  private async readManifest(iteration: number): Promise<SnapshotManifest | undefined> {
+    const bytes = await patiently(`reading the snapshot manifest after iteration ${iteration}`, this.patienceMs, () => this.objects.getBlob(`snapshot-${iteration}`));
     if (!bytes) return undefined;
-    const where = `object ferry-${this.run}-snapshots/snapshot-${iteration}`;
-    const c = decode(where, bytes, CheckpointFile);
-    return { set: unpackReplicas(c.models, c.replicas, where), ...(c.layouts ? { layouts: c.layouts } : {}) };
+    const m = decode(`object ferry-${this.run}-snapshots/snapshot-${iteration}`, bytes, SnapshotManifest);
+    if (m.iteration !== iteration) throw new ProtocolError(`object ferry-${this.run}-snapshots/snapshot-${iteration}`, `holds the manifest of iteration ${m.iteration}`);
+    return m;
+  }
+
+  async loadSnapshot(iteration: number): Promise<Snapshot | undefined> {
+    const m = await this.readManifest(iteration);
+    // Each object is read as patiently as the rest of the store (a cluster electing a leader).
+    const shelf = { get: (device: number, object: string) => patiently(`reading ${object} from device ${device}'s bucket`, this.patienceMs, () => this.shelf.get(device, object)) };
+    return m && readSnapshot(shelf, m, `the snapshot after iteration ${iteration} (manifest ferry-${this.run}-snapshots/snapshot-${iteration})`);
   }
 
   async close(): Promise<void> {}

@@ -2,9 +2,10 @@
 // results (rollouts and their scores), and snapshots of every shard's state. Over NATS these
 // live in JetStream (mesh/jetstream.ts: a KV bucket, a stream, an Object Store); in one process
 // (benchmarks, unit tests) in memory, behind the same interface.
-import type { Metrics, ReplanRecord } from '../../../mesh/wire/index.ts';
+import { encode, MemoryShelf, type Metrics, type ReplanRecord, type Shelf, type SnapshotManifest } from '../../../mesh/wire/index.ts';
 import type { Layout } from '../../../mesh/parallel/index.ts';
 import type { CheckpointSet } from '../run/setup.ts';
+import { manifestObjects, readSnapshot } from './snapshots.ts';
 
 /** Where the supervisor is: enough for a new supervisor to take the run over. */
 export interface Progress {
@@ -25,11 +26,13 @@ export interface Progress {
   replans?: ReplanRecord[];
 }
 
-/** A snapshot as the store keeps it: every kept model's ranks, and the layouts they were taken on. */
+/** A snapshot as read back: every kept model's ranks, and the layouts they were taken on. */
 export interface Snapshot {
   set: CheckpointSet;
   /** Absent in a snapshot that did not record them: taken on the run's plan. */
   layouts?: Record<string, Layout>;
+  /** Per model, each rank's state digest as its device computed it when it wrote it (stateDigest). */
+  states?: Record<string, string[]>;
 }
 
 /** A result kept per iteration: a call's outputs, under the call's name as a subject token (rlhf.ts's stageOf). */
@@ -40,8 +43,15 @@ export interface RunStore {
   loadProgress(): Promise<Progress | undefined>;
   saveStage(iteration: number, stage: Stage, value: unknown): Promise<void>;
   loadStage<T>(iteration: number, stage: Stage): Promise<T | undefined>;
-  /** Stores a snapshot (with the layouts its ranks were taken on) and drops those older than the one before it. */
-  saveSnapshot(iteration: number, set: CheckpointSet, layouts?: Record<string, Layout>): Promise<{ bytes: number }>;
+  /** Where the devices write their snapshots' objects (each its own bucket). */
+  readonly shelf: Shelf;
+  /**
+   * Records a snapshot the devices have written (its manifest: mesh/wire's SnapshotManifest), and
+   * drops those older than the one before it, objects and all. Returns the manifest's bytes: all
+   * of a snapshot that passes through the supervisor's process.
+   */
+  saveSnapshot(manifest: SnapshotManifest): Promise<{ bytes: number }>;
+  /** The snapshot after `iteration`, read back from its devices' objects and checked against its manifest. */
   loadSnapshot(iteration: number): Promise<Snapshot | undefined>;
   close(): Promise<void>;
 }
@@ -50,7 +60,10 @@ export interface RunStore {
 export class MemoryStore implements RunStore {
   private progress?: Progress;
   private readonly stages = new Map<string, unknown>();
-  private readonly snapshots = new Map<number, Snapshot>();
+  private readonly manifests = new Map<number, SnapshotManifest>();
+
+  /** `shelf`: where this process's devices write (LocalDispatcher's). */
+  constructor(readonly shelf: Shelf = new MemoryShelf()) {}
 
   async saveProgress(p: Progress): Promise<void> {
     this.progress = structuredClone(p);
@@ -64,13 +77,18 @@ export class MemoryStore implements RunStore {
   async loadStage<T>(iteration: number, stage: Stage): Promise<T | undefined> {
     return this.stages.get(`${iteration}.${stage}`) as T | undefined;
   }
-  async saveSnapshot(iteration: number, set: CheckpointSet, layouts?: Record<string, Layout>): Promise<{ bytes: number }> {
-    this.snapshots.set(iteration, { set, ...(layouts ? { layouts } : {}) });
-    for (const k of this.snapshots.keys()) if (k < iteration - 1) this.snapshots.delete(k);
-    return { bytes: 0 };
+  async saveSnapshot(manifest: SnapshotManifest): Promise<{ bytes: number }> {
+    this.manifests.set(manifest.iteration, manifest);
+    for (const [k, old] of this.manifests) {
+      if (k >= manifest.iteration - 1) continue;
+      this.manifests.delete(k);
+      await Promise.all(manifestObjects(old).map((o) => this.shelf.delete(o.device, o.object)));
+    }
+    return { bytes: encode(manifest).length };
   }
   async loadSnapshot(iteration: number): Promise<Snapshot | undefined> {
-    return this.snapshots.get(iteration);
+    const m = this.manifests.get(iteration);
+    return m && readSnapshot(this.shelf, m, `the snapshot after iteration ${iteration}`);
   }
   async close(): Promise<void> {}
 }

@@ -162,11 +162,15 @@ export function joinPoints(r: RunSpec): Array<{ device: number; iteration: numbe
 
 /** Whether a worker running `fn` of `model` in `iteration` on `device` has reached `k`. */
 export function reachedByWorker(k: KillPoint, device: number, model: string, fn: string, iteration: number): boolean {
-  if (k.lose) return k.device === device && fn === k.call && iteration === k.iteration;
-  return k.actor !== 'supervisor' && k.device === device && model.split('@')[0] === (k.model ?? k.actor) && fn === k.call && iteration === k.iteration;
+  const call = named(fn);
+  if (k.lose) return k.device === device && call === k.call && iteration === k.iteration;
+  return k.actor !== 'supervisor' && k.device === device && model.split('@')[0] === (k.model ?? k.actor) && call === k.call && iteration === k.iteration;
 }
+
+/** The name a scenario's kill point gives a call: a device writing its part of a snapshot is in `checkpoint`. */
+const named = (fn: string) => (fn === 'snapshot' ? 'checkpoint' : fn);
 
 /** Whether the supervisor, about to send `fn` in `iteration`, has reached `k`. */
 export function reachedBySupervisor(k: KillPoint, fn: string, iteration: number): boolean {
-  return k.actor === 'supervisor' && fn === k.call && iteration === k.iteration;
+  return k.actor === 'supervisor' && named(fn) === k.call && iteration === k.iteration;
 }

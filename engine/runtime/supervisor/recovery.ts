@@ -9,7 +9,7 @@ import { cut, layoutKey, pieceName, rankCoords, relaidSlices, sliceShape, type R
 import { reshardToPlan } from '../store/reshard.ts';
 import type { RunStore, Snapshot } from '../store/store.ts';
 import { layoutOf, learnedReward, modelSpec, ownerOf, type RunSpec } from '../run/run.ts';
-import { checkpointLayouts, keptModels, setupModels, takeCheckpoint, type CheckpointSet, type RankRestore, type RestorePlan } from '../run/setup.ts';
+import { keptModels, setupModels, snapshotInto, type CheckpointSet, type RankRestore, type RestorePlan } from '../run/setup.ts';
 import { stateDigest, type Checkpoint, type ResultOf } from '../../../mesh/wire/index.ts';
 import { modelInfo, type GptSpec } from '../../model/index.ts';
 
@@ -87,13 +87,17 @@ export function restorePlan(r: RunSpec, snapshot: Snapshot, set: CheckpointSet, 
     const layout = layoutOf(r, ownerOf(r, model));
     const taken = snapshot.layouts?.[model] ?? layout;
     const spec = modelSpec(r, model) as GptSpec;
+    // The digest of a rank of the snapshot, as its device computed it when it wrote it (else here).
+    const digests = snapshot.states?.[model];
+    const takenDigest = (rank: number) => digests?.[rank] ?? stateDigest(snapshot.set[model]![rank]!);
+    const planDigest = (rank: number) => (layoutKey(taken) === layoutKey(layout) ? takenDigest(rank) : stateDigest(ranks[rank]!));
     const found = layout.devices.map((device, rank) => {
       const k = kept.get(device)?.find((x) => x.model === model);
       if (!k) return undefined;
       const here = layoutKey(k.layout) === layoutKey(layout) && k.rank === rank;
-      if (here && k.state === stateDigest(ranks[rank]!)) return { here, k };
+      if (here && k.state === planDigest(rank)) return { here, k };
       // A served reward model is restored whole (its server holds the shard).
-      const equal = layoutKey(k.layout) === layoutKey(taken) && k.state === stateDigest(snapshot.set[model]![k.rank]!);
+      const equal = layoutKey(k.layout) === layoutKey(taken) && k.state === takenDigest(k.rank);
       return equal && !learnedReward(r, model) ? { here: false, k } : undefined;
     });
     layout.devices.forEach((_, rank) => {
@@ -174,7 +178,7 @@ export async function restoreDevices(
     await resetDevices(d, r, input.devices);
     const after = input.resume?.iteration ?? -1;
     const out = await setupModels(d, r, input.resume?.checkpoint, input.demonstrate);
-    await store.saveSnapshot(after, await takeCheckpoint(d, r, after), checkpointLayouts(r));
+    await snapshotInto(d, r, store, after);
     return { ...out, snapshot: after, resharded: [] };
   }
   const kept = await resetDevices(d, r, input.devices, plannedModels(r, input.devices));

@@ -7,7 +7,8 @@ import type { Dispatcher } from '../dispatch/dispatch.ts';
 import type { Recorder, Summary } from '../record/record.ts';
 import type { Progress, RunStore } from '../store/store.ts';
 import { planDevices, runSpec, type IterationResult, type RunSpec } from '../run/run.ts';
-import type { CheckpointSet } from '../run/setup.ts';
+import type { CheckpointSet, SnapshotCost } from '../run/setup.ts';
+import { MemoryShelf } from '../../../mesh/wire/index.ts';
 import { parseScenario } from '../scenario/scenario.ts';
 import { supervisorMachine, type MembershipCommand, type MigrationOutput, type SupervisorInput } from './supervisor.machine.ts';
 import { FOUR_DEVICES } from './four-devices.fixture.ts';
@@ -81,6 +82,7 @@ function stubStore(): RunStore {
     saveSnapshot: vi.fn(async () => ({ bytes: 0 })),
     loadSnapshot: vi.fn(async () => undefined),
     close: vi.fn(async () => {}),
+    shelf: new MemoryShelf(),
   };
 }
 
@@ -107,7 +109,7 @@ interface Options {
   /** Each iteration's stand-in: `attempt` counts the calls for that iteration (0 first). */
   iterate?: (iteration: number, attempt: number) => Promise<IterationResult>;
   /** The checkpoint stand-in's answer for an iteration (default: a snapshot after every one). */
-  checkpoint?: (iteration: number) => { bytes: number; fetch_seconds: number; store_seconds: number } | undefined;
+  checkpoint?: (iteration: number) => SnapshotCost | undefined;
   setup?: (attempt: number) => Promise<{ parameters: Record<string, number> }>;
   recover?: (input: In<'recover'>, attempt: number) => Promise<{ parameters: Record<string, number>; snapshot: number }>;
   digest?: (attempt: number) => Promise<{ digests: Record<string, string>; rollouts: { prompts: number; lost: number; duplicated: number } }>;
@@ -157,9 +159,9 @@ function startSupervisor(o: Options = {}) {
         if (o.recover) return o.recover(input, calls.recover.length - 1);
         return { parameters: { actor: 10 }, snapshot: input.snapshot ?? input.resume?.iteration ?? -1 };
       }),
-      checkpoint: fromPromise<{ bytes: number; fetch_seconds: number; store_seconds: number } | undefined, In<'checkpoint'>>(async ({ input }) => {
+      checkpoint: fromPromise<SnapshotCost | undefined, In<'checkpoint'>>(async ({ input }) => {
         calls.checkpoint.push(input);
-        return o.checkpoint ? o.checkpoint(input.iteration) : { bytes: 1, fetch_seconds: 0, store_seconds: 0 };
+        return o.checkpoint ? o.checkpoint(input.iteration) : { bytes: 1, manifest_bytes: 2, write_seconds: 0, manifest_seconds: 0 };
       }),
       saveProgress: fromPromise<void, In<'saveProgress'>>(async ({ input }) => {
         calls.progress.push(structuredClone(input.progress));
@@ -281,7 +283,7 @@ describe('supervisor machine', () => {
       digests: { actor: 'a' },
       parameters: { actor: 10 },
       recoveries: [],
-      snapshots: { count: 3, bytes: 1, fetch_seconds: 0, store_seconds: 0 },
+      snapshots: { count: 3, bytes: 1, total_bytes: 3, bytes_via_supervisor: 6, write_seconds: 0, manifest_seconds: 0 },
       rollouts: { prompts: 24, lost: 0, duplicated: 0 },
     });
     expect(summary).not.toHaveProperty('error');
@@ -558,7 +560,7 @@ describe('supervisor machine', () => {
     const s = startSupervisor({
       spec: spec({ iterations: 4, every: 2 }),
       // every: 2 (and the last): snapshots after iterations 1 and 3 only
-      checkpoint: (i) => ((i + 1) % 2 === 0 ? { bytes: 1, fetch_seconds: 0, store_seconds: 0 } : undefined),
+      checkpoint: (i) => ((i + 1) % 2 === 0 ? { bytes: 1, manifest_bytes: 2, write_seconds: 0, manifest_seconds: 0 } : undefined),
       iterate: async (iteration, attempt) => {
         await delay(5);
         if (iteration === 3 && attempt === 0) throw Object.assign(new Error('boom'), { node: 'critic.train' });

@@ -29,7 +29,7 @@ import { episodeFigures } from '../../environments/index.ts';
 import { asynchronySummary, median, rewardWindows, type Recorder, type RolloutAccount, type Summary } from '../record/record.ts';
 import type { Progress, RunStore } from '../store/store.ts';
 import { finalDigests, planDevices, rolloutField, ruleScore, responseStats, runIteration, trainedRollouts, type IterationResult, type RewardSources, type RunSpec } from '../run/run.ts';
-import { checkpointLayouts, setupModels, takeCheckpoint, type CheckpointSet } from '../run/setup.ts';
+import { setupModels, snapshotInto, type CheckpointSet } from '../run/setup.ts';
 import { Intensity } from './supervision.ts';
 import { restoreDevices } from './recovery.ts';
 
@@ -40,8 +40,10 @@ export interface SupervisorInput {
   recorder: Recorder;
   /** Where rollouts, scores, snapshots and progress live (JetStream over NATS). */
   store: RunStore;
-  /** Also keep each snapshot in the run directory (for --resume); none when absent. */
-  /** Writes a checkpoint where a user finds it; `layouts`: what each model's ranks were taken on. */
+  /**
+   * Writes the run's last snapshot where a user finds it (the run directory, for --resume), once,
+   * when the run ends; `layouts`: what each model's ranks were taken on. None when absent.
+   */
   saveCheckpoint?: (iteration: number, set: CheckpointSet, layouts: Record<string, Layout>) => Promise<void>;
   /** Continue a run: its last checkpoint, the iteration it was taken after, and the metrics so far. */
   resume?: { iteration: number; checkpoint: CheckpointSet; history: Metrics[] };
@@ -139,6 +141,9 @@ const failedNode = (e: unknown) => ((e as { node?: unknown })?.node as string | 
  */
 const fatal = (e: unknown) => (e as { fatal?: unknown })?.fatal === true || (e instanceof CallError && (e.code === 'loss' || e.code === 'environment'));
 
+/** How long a run that ends waits to read its last snapshot back into the run directory. */
+const KEEP_MS = 90_000;
+
 const errorText = (e: unknown) => (e instanceof Error ? `${e.name}: ${e.message}` : String(e));
 
 /** What a recovery or a migration restores: every device of the plan, back to the last snapshot. */
@@ -170,24 +175,32 @@ export const supervisorMachine = setup({
     setupModels: fromPromise(async ({ input }: { input: StageInput & { resume?: CheckpointSet; resumeAfter?: number } }) => {
       const out = await setupModels(input.d, input.r, input.resume, input.demonstrate);
       // The first snapshot: what a recovery before the first iteration's goes back to.
-      const after = input.resumeAfter ?? -1;
-      await input.store.saveSnapshot(after, await takeCheckpoint(input.d, input.r, after), checkpointLayouts(input.r));
+      await snapshotInto(input.d, input.r, input.store, input.resumeAfter ?? -1);
       return out;
     }),
     /** Back to the last snapshot on every device (recovery.ts). */
     recover: fromPromise(({ input }: { input: StageInput & { devices: number[]; snapshot?: number; resume?: SupervisorInput['resume'] } }) => restoreDevices(input)),
-    /** A snapshot after the iteration (every `checkpoint.every`, and after the last), into the store and the run directory. */
-    checkpoint: fromPromise(async ({ input }: { input: StageInput & { save?: SupervisorInput['saveCheckpoint'] } }) => {
+    /** A snapshot after the iteration (every `checkpoint.every`, and after the last), written by the devices; the manifest into the store. */
+    checkpoint: fromPromise(async ({ input }: { input: StageInput }) => {
       const every = input.r.scenario.checkpoint.every;
       const last = input.iteration + 1 === input.r.scenario.rl.iterations;
       if (every === 0 || ((input.iteration + 1) % every !== 0 && !last)) return undefined;
-      const t0 = performance.now();
-      const set = await takeCheckpoint(input.d, input.r, input.iteration);
-      const t1 = performance.now();
-      const { bytes } = await input.store.saveSnapshot(input.iteration, set, checkpointLayouts(input.r));
-      const t2 = performance.now();
-      await input.save?.(input.iteration, set, checkpointLayouts(input.r));
-      return { bytes, fetch_seconds: (t1 - t0) / 1000, store_seconds: (t2 - t1) / 1000 };
+      return snapshotInto(input.d, input.r, input.store, input.iteration);
+    }),
+    /**
+     * The run's last snapshot into the run directory (checkpoint.msgpack, for --resume and the
+     * tools), when the run ends, well or not: read back from the devices' objects once, here.
+     * Bounded: a run that fails because the bus is gone still ends.
+     */
+    keepCheckpoint: fromPromise(async ({ input }: { input: { store: RunStore; snapshot?: number; save?: SupervisorInput['saveCheckpoint'] } }) => {
+      const { snapshot, save } = input;
+      if (!save || snapshot === undefined || snapshot < 0) return;
+      let timer: NodeJS.Timeout | undefined;
+      const found = await Promise.race([
+        input.store.loadSnapshot(snapshot),
+        new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`reading the snapshot after iteration ${snapshot} took over ${KEEP_MS / 1000} s`)), KEEP_MS))),
+      ]).finally(() => clearTimeout(timer));
+      if (found) await save(snapshot, found.set, found.layouts ?? {});
     }),
     saveProgress: fromPromise(({ input }: { input: { store: RunStore; progress: Progress } }) => input.store.saveProgress(input.progress)),
     /**
@@ -451,7 +464,7 @@ export const supervisorMachine = setup({
     // A supervisor that died in a migration: the one taking over does it again, onto the plan written ahead.
     ...unfinishedMigration(input.takeOver, input.spec),
     attempts: 0,
-    snapshots: { count: 0, bytes: 0, fetch_seconds: 0, store_seconds: 0 },
+    snapshots: { count: 0, bytes: 0, total_bytes: 0, bytes_via_supervisor: 0, write_seconds: 0, manifest_seconds: 0 },
     ...(input.takeOver ? { failure: { reason: 'supervisor: a new supervisor took the run over', at: Date.now() } } : {}),
   }),
   // Membership runs for the whole run: workers can die and be replaced at any time.
@@ -459,7 +472,7 @@ export const supervisorMachine = setup({
   initial: 'gathering',
   on: {
     // Ctrl-C, a stop request, or the launcher's escalation: the run ends as failed, and says why.
-    interrupt: { target: '#supervisor.failed', actions: assign({ error: ({ event }) => event.reason }) },
+    interrupt: { target: '#supervisor.failing', actions: assign({ error: ({ event }) => event.reason }) },
     'worker.joined': { actions: 'join' },
     'worker.lost': { actions: 'unjoin' },
   },
@@ -475,7 +488,7 @@ export const supervisorMachine = setup({
       on: { 'device.lost': { guard: 'takenOver', target: '#supervisor.replanning', actions: 'noteLostForGood' } },
       after: {
         joinTimeout: {
-          target: 'failed',
+          target: 'failing',
           actions: assign({
             error: ({ context }) => {
               return `no worker joined for device(s) ${missingDevices(context).join(', ')} within ${context.spec.scenario.timeouts.join_seconds} s`;
@@ -516,7 +529,7 @@ export const supervisorMachine = setup({
           },
         ],
         onError: [
-          { guard: ({ event }) => fatal(event.error), target: '#supervisor.failed', actions: { type: 'fail', params: ({ event }) => ({ stage: 'setup', error: event.error }) } },
+          { guard: ({ event }) => fatal(event.error), target: '#supervisor.failing', actions: { type: 'fail', params: ({ event }) => ({ stage: 'setup', error: event.error }) } },
           { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'setup', error: event.error }) } },
         ],
       },
@@ -524,7 +537,7 @@ export const supervisorMachine = setup({
     recovering: {
       entry: 'beginRecovery',
       always: [
-        { guard: 'escalated', target: 'failed' },
+        { guard: 'escalated', target: 'failing' },
         { guard: 'losing', target: 'replanning' },
       ],
       // Another loss while recovering: start the recovery over (it counts against the intensity too).
@@ -542,7 +555,7 @@ export const supervisorMachine = setup({
             // An elastic run does not wait past its grace period for a device: it goes on without it.
             grace: { guard: 'elastic', target: '#supervisor.replanning', actions: 'graceExpired' },
             recoverTimeout: {
-              target: '#supervisor.failed',
+              target: '#supervisor.failing',
               actions: assign({
                 error: ({ context }) => {
                   return `recovery from "${context.failure?.reason}": no worker for device(s) ${missingDevices(context).join(', ')} within ${context.spec.scenario.timeouts.recover_seconds} s (timeouts.recover_seconds)`;
@@ -564,7 +577,7 @@ export const supervisorMachine = setup({
               { target: '#supervisor.saving', actions: { type: 'recovered', params: ({ event }) => event.output } },
             ],
             onError: [
-              { guard: ({ event }) => fatal(event.error), target: '#supervisor.failed', actions: { type: 'fail', params: ({ event }) => ({ stage: 'recovery', error: event.error }) } },
+              { guard: ({ event }) => fatal(event.error), target: '#supervisor.failing', actions: { type: 'fail', params: ({ event }) => ({ stage: 'recovery', error: event.error }) } },
               {
                 target: '#supervisor.recovering',
                 reenter: true,
@@ -621,14 +634,14 @@ export const supervisorMachine = setup({
                 ],
               },
             ],
-            onError: { target: '#supervisor.failed', actions: { type: 'fail', params: ({ event }) => ({ stage: 're-planning', error: event.error }) } },
+            onError: { target: '#supervisor.failing', actions: { type: 'fail', params: ({ event }) => ({ stage: 're-planning', error: event.error }) } },
           },
         },
         waiting: {
           always: { guard: 'allJoined', target: 'migrating' },
           after: {
             recoverTimeout: {
-              target: '#supervisor.failed',
+              target: '#supervisor.failing',
               actions: assign({
                 error: ({ context }) =>
                   `re-planned onto devices ${context.need.join(', ')}, but no worker for device(s) ${missingDevices(context).join(', ')} came within ${context.spec.scenario.timeouts.recover_seconds} s (timeouts.recover_seconds)`,
@@ -659,7 +672,7 @@ export const supervisorMachine = setup({
               },
             ],
             onError: [
-              { guard: ({ event }) => fatal(event.error), target: '#supervisor.failed', actions: { type: 'fail', params: ({ event }) => ({ stage: 'migration', error: event.error }) } },
+              { guard: ({ event }) => fatal(event.error), target: '#supervisor.failing', actions: { type: 'fail', params: ({ event }) => ({ stage: 'migration', error: event.error }) } },
               { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'migration', error: event.error }) } },
             ],
           },
@@ -684,7 +697,7 @@ export const supervisorMachine = setup({
           },
         }),
         onDone: [{ guard: 'nothingLeft', target: 'finishing', actions: assign({ iteration: ({ context }) => context.iteration - 1 }) }, { target: 'iterating' }],
-        onError: { target: 'failed', actions: { type: 'fail', params: ({ event }) => ({ stage: 'saving progress to the run store', error: event.error }) } },
+        onError: { target: 'failing', actions: { type: 'fail', params: ({ event }) => ({ stage: 'saving progress to the run store', error: event.error }) } },
       },
     },
     iterating: {
@@ -702,7 +715,7 @@ export const supervisorMachine = setup({
               // A reward actor that never came, a loss that fails: going back to a snapshot would not mend it.
               {
                 guard: ({ event }) => fatal(event.error),
-                target: '#supervisor.failed',
+                target: '#supervisor.failing',
                 actions: { type: 'fail', params: ({ context, event }) => ({ stage: `iteration ${context.iteration}, ${failedNode(event.error)}`, error: event.error }) },
               },
               { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: failedNode(event.error), error: event.error }) } },
@@ -712,7 +725,7 @@ export const supervisorMachine = setup({
         iterationDone: {
           invoke: {
             src: 'checkpoint',
-            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration, save: context.saveCheckpoint }),
+            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration }),
             onDone: [
               {
                 guard: ({ event }) => event.output !== undefined,
@@ -722,9 +735,10 @@ export const supervisorMachine = setup({
                   snapshots: ({ context, event }) => ({
                     count: context.snapshots.count + 1,
                     bytes: event.output!.bytes,
-                    total_bytes: (context.snapshots.total_bytes ?? 0) + event.output!.bytes,
-                    fetch_seconds: context.snapshots.fetch_seconds + event.output!.fetch_seconds,
-                    store_seconds: context.snapshots.store_seconds + event.output!.store_seconds,
+                    total_bytes: context.snapshots.total_bytes + event.output!.bytes,
+                    bytes_via_supervisor: context.snapshots.bytes_via_supervisor + event.output!.manifest_bytes,
+                    write_seconds: context.snapshots.write_seconds + event.output!.write_seconds,
+                    manifest_seconds: context.snapshots.manifest_seconds + event.output!.manifest_seconds,
                   }),
                 }),
               },
@@ -752,8 +766,16 @@ export const supervisorMachine = setup({
           invoke: {
             src: 'digest',
             input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration }),
-            onDone: { target: 'stopping', actions: assign({ digests: ({ event }) => event.output.digests, rollouts: ({ event }) => event.output.rollouts }) },
+            onDone: { target: 'keeping', actions: assign({ digests: ({ event }) => event.output.digests, rollouts: ({ event }) => event.output.rollouts }) },
             onError: { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'digests', error: event.error }) } },
+          },
+        },
+        keeping: {
+          invoke: {
+            src: 'keepCheckpoint',
+            input: ({ context }) => ({ store: context.store, snapshot: context.snapshot, save: context.saveCheckpoint }),
+            onDone: { target: 'stopping' },
+            onError: { target: '#supervisor.failing', actions: { type: 'fail', params: ({ event }) => ({ stage: "writing the run directory's checkpoint", error: event.error }) } },
           },
         },
         stopping: {
@@ -762,9 +784,18 @@ export const supervisorMachine = setup({
             src: 'stopWorkers',
             input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration }),
             onDone: { target: '#supervisor.done' },
-            onError: { target: '#supervisor.failed', actions: { type: 'fail', params: ({ event }) => ({ stage: 'stopping the workers', error: event.error }) } },
+            onError: { target: '#supervisor.failing', actions: { type: 'fail', params: ({ event }) => ({ stage: 'stopping the workers', error: event.error }) } },
           },
         },
+      },
+    },
+    /** A run that fails keeps its last snapshot in the run directory too, then ends. */
+    failing: {
+      invoke: {
+        src: 'keepCheckpoint',
+        input: ({ context }) => ({ store: context.store, snapshot: context.snapshot, save: context.saveCheckpoint }),
+        onDone: { target: 'failed' },
+        onError: { target: 'failed', actions: ({ context, event }) => context.recorder.phase('failing', `the run directory keeps no checkpoint of this run: ${errorText(event.error)}`) },
       },
     },
     done: { type: 'final', entry: 'writeSummary' },

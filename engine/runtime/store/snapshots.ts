@@ -1,0 +1,61 @@
+// Snapshots as the devices write them: each rank's state is one object in its device's own
+// bucket (mesh/wire/shelf.ts), written by the device in parallel with the others; the supervisor
+// keeps only the manifest (which device wrote which rank, its size, SHA-256 and state digest).
+// Reading a snapshot back fetches each object named there and checks it against the manifest:
+// its SHA-256, and that it holds the model, rank, layout and iteration the manifest says.
+import { ProtocolError, ShardObject, decode, sha256Hex, type Checkpoint, type Shelf, type SnapshotManifest } from '../../../mesh/wire/index.ts';
+import { layoutKey } from '../../../mesh/parallel/index.ts';
+import type { Snapshot } from './store.ts';
+import { unpackReplicas } from './replicas.ts';
+
+export class SnapshotError extends Error {
+  override name = 'SnapshotError';
+}
+
+/** Every object a manifest names, with the device whose bucket holds it. */
+export function manifestObjects(m: SnapshotManifest): Array<{ model: string; device: number; object: string }> {
+  return Object.entries(m.models).flatMap(([model, shards]) => shards.map((s) => ({ model, device: s.device, object: s.object })));
+}
+
+/** Bytes of state the devices wrote for a snapshot (each data-parallel replica once). */
+export const manifestBytes = (m: SnapshotManifest): number => Object.values(m.models).reduce((n, shards) => n + shards.reduce((k, s) => k + s.bytes, 0), 0);
+
+/**
+ * The snapshot a manifest names, read object by object from the shelf (all at once) and checked:
+ * an object missing, changed since it was written, or holding another rank is an error naming it.
+ * `where` names the manifest.
+ */
+export async function readSnapshot(shelf: Pick<Shelf, 'get'>, m: SnapshotManifest, where: string): Promise<Snapshot> {
+  const models = Object.fromEntries(
+    await Promise.all(
+      Object.entries(m.models).map(async ([model, shards]) => {
+        const ranks = m.replicas[model] ?? shards.map((_, i) => i);
+        const layout = m.layouts[model];
+        if (!layout) throw new SnapshotError(`${where}: no layout for '${model}'`);
+        const read = await Promise.all(
+          shards.map(async (s, i): Promise<Checkpoint> => {
+            const at = `${where}: '${model}' object ${JSON.stringify(s.object)} in device ${s.device}'s bucket`;
+            const bytes = await shelf.get(s.device, s.object);
+            if (!bytes) throw new SnapshotError(`${at} is missing`);
+            const sha = sha256Hex(bytes);
+            if (sha !== s.sha256) throw new SnapshotError(`${at} changed since it was written: its SHA-256 is ${sha.slice(0, 12)}…, the manifest says ${s.sha256.slice(0, 12)}…`);
+            let o: ShardObject;
+            try {
+              o = decode(at, bytes, ShardObject);
+            } catch (e) {
+              throw e instanceof ProtocolError ? new SnapshotError(e.message, { cause: e }) : e;
+            }
+            const rank = ranks.indexOf(i);
+            const expected = `'${model}' rank ${rank} of layout [${layout.devices}] after iteration ${m.iteration}`;
+            if (o.model !== model || o.rank !== rank || layoutKey(o.layout) !== layoutKey(layout) || o.iteration !== m.iteration)
+              throw new SnapshotError(`${at}: expected ${expected}, got '${o.model}' rank ${o.rank} of layout [${o.layout.devices}] after iteration ${o.iteration}`);
+            return o.checkpoint;
+          }),
+        );
+        return [model, read] as const;
+      }),
+    ),
+  );
+  const states = Object.fromEntries(Object.entries(m.models).map(([model, shards]) => [model, (m.replicas[model] ?? shards.map((_, i) => i)).map((i) => shards[i]!.state)]));
+  return { set: unpackReplicas(models, m.replicas, where), layouts: m.layouts, states };
+}
