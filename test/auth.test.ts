@@ -17,6 +17,8 @@ import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
 import { authConfig, deviceOfUser, EVENTS_BY_ROLE, makeCredentials, type RunCredentials as Credentials } from '../mesh/wire/auth.ts';
 import { BusError, connectBus, credentialsOf, request, type Msg } from '../mesh/wire/bus.ts';
 import { NatsShelf } from '../mesh/wire/shelf.ts';
+import { jetstream } from '@nats-io/jetstream';
+import { Objm } from '@nats-io/obj';
 import { encode } from '../mesh/wire/codec.ts';
 import { publishEvent, subscribeEvents } from '../mesh/wire/events.ts';
 import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/nats-server.ts';
@@ -195,9 +197,10 @@ describe('a closed bus', () => {
       for (const subject of [`$O.ferry-${RUN}-snapshots.M.x`, `$JS.API.STREAM.PURGE.OBJ_ferry-${RUN}-d1`, `$O.ferry-${RUN}-d1.C.x`, `$JS.API.STREAM.DELETE.OBJ_ferry-${RUN}-d0`]) {
         expect(await w.publishes(subject)).toEqual([`publish ${subject}`]);
       }
-      // The supervisor reads it, byte for byte, and deletes it.
+      // The supervisor reads it, byte for byte (so does the object store's own reader: the layout is its), and deletes it.
       const all = new NatsShelf(sup.nc, RUN, { timeoutMs: 2000 });
       expect(await all.get(0, 's0-e0.actor.r0')).toEqual(bytes);
+      expect(await (await new Objm(jetstream(sup.nc)).open(`ferry-${RUN}-d0`)).getBlob('s0-e0.actor.r0')).toEqual(bytes);
       expect(await all.get(1, 's0-e0.actor.r1')).toBeUndefined();
       await all.delete(0, 's0-e0.actor.r0');
       expect(await all.get(0, 's0-e0.actor.r0')).toBeUndefined();

@@ -29,7 +29,7 @@ export interface SnapshotRow {
   seconds_per_iteration: number;
 }
 
-const scenario = (devices: number, width: number, iterations: number) => {
+const scenario = (devices: number, width: number, iterations: number, sync?: string) => {
   const mesh = devices === 1 ? '0:0' : `0:0-${devices - 1}`;
   return `name: snapshot-${devices}x${width}
 seed: 3
@@ -45,10 +45,11 @@ plan:
 warmup: { steps: 0 }
 rl: { iterations: ${iterations}, batch: 16 }
 checkpoint: { every: 1 }
-`;
+${sync ? `bus: { sync: ${sync} }\n` : ''}`;
 };
 
-export async function snapshotBench(o: { devices?: number[]; widths?: number[]; iterations?: number; log: (line: string) => void }) {
+/** `sync`: the private server's bus.sync (default: the scenario default, always). */
+export async function snapshotBench(o: { devices?: number[]; widths?: number[]; iterations?: number; sync?: string; log: (line: string) => void }) {
   const devices = o.devices ?? [1, 2, 4];
   const widths = o.widths ?? [64, 128];
   const iterations = o.iterations ?? 4;
@@ -59,7 +60,7 @@ export async function snapshotBench(o: { devices?: number[]; widths?: number[]; 
     for (const width of widths) {
       for (const n of devices) {
         const file = join(dir, `${n}x${width}.yaml`);
-        writeFileSync(file, scenario(n, width, iterations));
+        writeFileSync(file, scenario(n, width, iterations, o.sync));
         const res = await launch({ scenario: loadScenario(file), run: runId(`snap-${n}x${width}`), out: join(dir, `${n}x${width}`), progress: quiet, say: () => {} });
         const s = res.summary;
         if (res.code !== 0 || !s?.snapshots) throw new Error(`the run on ${n} device(s) at width ${width} failed: ${s?.error ?? `exit code ${res.code}`}`);

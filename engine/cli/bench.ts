@@ -58,7 +58,7 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
                                                 speedup against the planner's estimate, reward first 5 -> last 5, the staleness
   checkpoint                                    a SmolLM-135M-shaped llama checkpoint written in F32 and BF16, read back,
                                                 loaded on one rank from its directory, and 8 tokens decoded: sizes and seconds
-  snapshot [--iterations N]                     a snapshot after every iteration, the actor pipelined over 1, 2 and 4 devices (two layers
+  snapshot [--iterations N] [--sync S]          a snapshot after every iteration, the actor pipelined over 1, 2 and 4 devices (two layers
                                                 a stage) at widths 64 and 128: seconds and bytes per snapshot, and how they grow with
                                                 devices and with the bytes a device holds`;
 
@@ -137,6 +137,7 @@ runMain(async () => {
     repeats: { type: 'string', default: '3' },
     task: { type: 'string', default: 'sort' },
     'delay-ms': { type: 'string', default: '100' },
+    sync: { type: 'string' },
   });
   if (values.help) {
     console.log(USAGE);
@@ -172,7 +173,11 @@ runMain(async () => {
   if (name === 'snapshot') {
     const log = values.json ? () => {} : (line: string) => console.log(line);
     log('bench snapshot: GRPO, actor and reference pipelined over 1, 2 and 4 devices (two layers a stage), widths 64 and 128, a snapshot after every iteration');
-    const r = await snapshotBench({ ...(values.iterations !== undefined ? { iterations: whole('iterations', values.iterations, 2) } : {}), log });
+    const r = await snapshotBench({
+      ...(values.iterations !== undefined ? { iterations: whole('iterations', values.iterations, 2) } : {}),
+      ...(values.sync !== undefined ? { sync: values.sync } : {}),
+      log,
+    });
     if (values.json) console.log(JSON.stringify(r));
     else {
       log(
