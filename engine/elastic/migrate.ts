@@ -48,14 +48,17 @@ export interface Migrated extends SetupOutput {
 export async function migrateToPlan(input: RestoreInput & { from: RunSpec; lost: readonly number[]; snapshot: number }): Promise<Migrated> {
   const t0 = performance.now();
   const { r, from } = input;
-  const loaded = await input.store.loadSnapshot(input.snapshot);
-  if (!loaded) throw new MigrationError(`the run store has no snapshot after iteration ${input.snapshot} to migrate from`);
-  const fromLayouts = loaded.layouts ?? checkpointLayouts(from);
-  // The snapshot's digests are computed while the devices reset (restoreDevices has sent the resets).
-  const restoring = restoreDevices({ ...input, loaded });
+  // The snapshot is read from the devices' buckets, and its digests computed, while the devices
+  // reset (restoreDevices sends the resets first).
+  const loading = input.store.loadSnapshot(input.snapshot);
+  const restoring = restoreDevices({ ...input, loaded: loading });
+  let loaded: NonNullable<Awaited<typeof loading>>;
   let before: Record<string, string>;
   try {
-    before = logicalDigests(from, loaded.set, fromLayouts);
+    const found = await loading;
+    if (!found) throw new MigrationError(`the run store has no snapshot after iteration ${input.snapshot} to migrate from`);
+    loaded = found;
+    before = logicalDigests(from, loaded.set, loaded.layouts ?? checkpointLayouts(from));
   } finally {
     // Awaited whatever happens here: its failure is the caller's, never an unhandled rejection.
     await restoring.catch(() => {});
@@ -86,6 +89,7 @@ export async function migrateToPlan(input: RestoreInput & { from: RunSpec; lost:
   const problems = [...unequal, ...held.filter((x): x is string => x !== undefined)];
   const equal = problems.length === 0;
   if (!equal) throw new MigrationError(`the parameters after the migration differ from the snapshot's: ${problems.join('; ')}`);
+  const fromLayouts = loaded.layouts ?? checkpointLayouts(from);
   const lost = new Set(input.lost);
   let minimumBytes = 0;
   const moved: string[] = [];

@@ -22,8 +22,8 @@ export interface RestoreInput {
   snapshot?: number;
   resume?: { iteration: number; checkpoint: CheckpointSet };
   demonstrate?: Demonstrate;
-  /** The snapshot, when the caller has read it already. */
-  loaded?: Snapshot;
+  /** The snapshot, when the caller reads it already (it may still be coming). */
+  loaded?: Promise<Snapshot | undefined>;
 }
 
 export type SetupOutput = Awaited<ReturnType<typeof setupModels>>;
@@ -181,8 +181,11 @@ export async function restoreDevices(
     await snapshotInto(d, r, store, after);
     return { ...out, snapshot: after, resharded: [] };
   }
+  // The snapshot is read from the devices' buckets while the devices reset.
+  const loading = input.loaded ?? store.loadSnapshot(input.snapshot);
+  loading.catch(() => {}); // a failed reset is what the caller hears of first
   const kept = await resetDevices(d, r, input.devices, plannedModels(r, input.devices));
-  const found = input.loaded ?? (await store.loadSnapshot(input.snapshot));
+  const found = await loading;
   if (!found) throw new Error(`the run store has no snapshot after iteration ${input.snapshot} to recover from`);
   const { set, resharded } = reshardToPlan(r, found.set, found.layouts);
   const plan = restorePlan(r, found, set, kept);
