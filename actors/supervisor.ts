@@ -88,7 +88,10 @@ runMain(async () => {
   })();
 
   // A supervisor that started the run wrote every record it may read back; one that took it over did not.
-  const store = await JetStreamStore.open(nc, values.run, { log, ownOnly: !values['take-over'] });
+  // The devices whose workers may write snapshots, as the launcher's credentials have them: the
+  // plan's, or in an elastic run every device of the cluster (one may join).
+  const cluster = Array.from({ length: scenario.cluster.nodes * scenario.cluster.devices_per_node }, (_, d) => d);
+  const store = await JetStreamStore.open(nc, values.run, { log, ownOnly: !values['take-over'], devices: scenario.elastic ? cluster : planDevices(spec) });
   // --take-over: the previous supervisor of this run died; its progress is in the store.
   const takeOver = values['take-over'] ? await store.loadProgress() : undefined;
   if (values['take-over'])

@@ -123,7 +123,8 @@ runMain(async () => {
   });
 
   const chaos = ChaosClient.fromEnv(nc, subj, log);
-  const shelf = new NatsShelf(nc, values.run);
+  // Patient as the run's store is: a snapshot written or a rank reloaded while a clustered server elects a leader waits for it.
+  const shelf = new NatsShelf(nc, values.run, { patienceMs: 60_000 });
   const actor = createActor(machine, {
     input: {
       worker,

@@ -29,6 +29,8 @@ describe('npm run chaos', () => {
     // A recovery sends only what the devices lack: survivors that had not moved past the snapshot keep their ranks.
     expect(report.recovery_bytes.restored).toBeGreaterThan(0);
     expect(report.recovery_bytes.kept).toBeGreaterThan(0);
+    // The recoveries are in place (no re-plan): every device reloaded its ranks from the buckets itself.
+    expect(report.recovery_bytes.via_supervisor).toBe(0);
     // Each device writes its own state; only the manifests (a few hundred bytes each) go through the supervisor.
     expect(report.snapshot_bytes_by_devices).toBeGreaterThan(0);
     expect(report.snapshot_bytes_via_supervisor).toBeGreaterThan(0);

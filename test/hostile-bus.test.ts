@@ -111,9 +111,11 @@ const TRIED: Record<Who, Record<string, string>> = {
     "collective to another device, claiming a third, on the third's subject": 'refused by the server: a device sends collectives as itself',
     'collective to another device, claiming a third, on its own subject': "dropped: it names another sender than its subject's",
     "requests about its own device's bucket that are not JSON": 'an error from the JetStream API, to no one',
+    "read requests about any device's bucket that are not JSON": 'an error from the JetStream API, to no one',
     "entries in its own device's bucket under names no manifest holds":
       "stored, and never read: a snapshot is read by its manifest's names and SHA-256s (an object a manifest names, replaced by someone with this credential, is refused when read, naming it)",
     "writes to another device's bucket": 'refused by the server: a device writes its own snapshot bucket only',
+    'creating or changing a bucket, its own included': 'refused by the server: the supervisor creates every device’s bucket (a stream’s subjects are its creator’s to choose)',
     "an entry in the snapshot manifests' bucket": 'refused by the server: only the supervisor writes manifests',
     'a second reply to an observed call': 'refused by the server: a request heard is answered once',
     'reply to an observed call: random bytes': 'dropped by the supervisor, which waits for the device',
@@ -386,19 +388,17 @@ async function asWorker(url: string, subj: Subjects, run: string, creds: RunCred
   // Snapshots: its own device's bucket it may write (its worker does, each snapshot), any other not.
   const own = `OBJ_ferry-${run}-d${DEVICE}`;
   const other = devices.find((d) => d !== DEVICE)!;
-  for (const subject of [
-    '$JS.API.INFO',
-    `$JS.API.STREAM.CREATE.${own}`,
-    `$JS.API.STREAM.INFO.${own}`,
-    `$JS.API.STREAM.MSG.GET.${own}`,
-    `$JS.API.DIRECT.GET.${own}.hostile`,
-    `$JS.API.STREAM.PURGE.${own}`,
-  ])
-    h.send("requests about its own device's bucket that are not JSON", subject, packr.pack([1, 2, 3, 'not json']));
+  for (const subject of ['$JS.API.INFO', `$JS.API.STREAM.PURGE.${own}`]) h.send("requests about its own device's bucket that are not JSON", subject, packr.pack([1, 2, 3, 'not json']));
+  // Reading any device's bucket (a rank is reloaded from a replica's object).
+  for (const d of devices)
+    for (const api of ['STREAM.INFO', 'STREAM.MSG.GET', 'DIRECT.GET'])
+      h.send("read requests about any device's bucket that are not JSON", `$JS.API.${api}.OBJ_ferry-${run}-d${d}`, packr.pack([1, 2, 3, 'not json']));
   for (const subject of [`$O.ferry-${run}-d${DEVICE}.C.hostile`, `$O.ferry-${run}-d${DEVICE}.M.${Buffer.from('hostile').toString('base64url')}`])
     h.send("entries in its own device's bucket under names no manifest holds", subject, randomBytes(64));
-  for (const subject of [`$O.ferry-${run}-d${other}.C.hostile`, `$JS.API.STREAM.PURGE.OBJ_ferry-${run}-d${other}`, `$JS.API.STREAM.CREATE.OBJ_ferry-${run}-d${other}`])
-    h.send("writes to another device's bucket", subject, randomBytes(64));
+  for (const subject of [`$O.ferry-${run}-d${other}.C.hostile`, `$JS.API.STREAM.PURGE.OBJ_ferry-${run}-d${other}`]) h.send("writes to another device's bucket", subject, randomBytes(64));
+  // A stream of its own making (its subjects could be another device's calls): not even for its own bucket.
+  for (const d of [DEVICE, other]) h.send('creating or changing a bucket, its own included', `$JS.API.STREAM.CREATE.OBJ_ferry-${run}-d${d}`, randomBytes(64));
+  h.send('creating or changing a bucket, its own included', `$JS.API.STREAM.UPDATE.OBJ_ferry-${run}-d${DEVICE}`, randomBytes(64));
   h.send("an entry in the snapshot manifests' bucket", `$O.ferry-${run}-snapshots.M.${Buffer.from('snapshot-99').toString('base64url')}`, randomBytes(64));
   for (const d of devices.filter((d) => d !== DEVICE)) {
     const third = devices.find((x) => x !== d && x !== DEVICE)!;

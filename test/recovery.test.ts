@@ -24,7 +24,7 @@ const one = { devices: [0], dp: 1, tp: 1, pp: 1 };
 /** What a device's `snapshot` call does (its state into its own bucket) and the manifest the supervisor keeps of it. */
 async function deviceWrites(store: RunStore, iteration: number, tensors: Array<{ name: string; shape: number[]; data: Float32Array }>): Promise<SnapshotManifest> {
   const bytes = encode({ type: 'shard', v: PROTOCOL_VERSION, model: 'actor', layout: one, rank: 0, iteration, checkpoint: { tensors } });
-  const object = `s${iteration}.actor.r0`;
+  const object = `s${iteration}-e0.actor.r0`;
   const sha256 = await store.shelf.put(0, object, bytes);
   return {
     type: 'snapshot',
@@ -158,7 +158,7 @@ describe('the run store in JetStream', () => {
   it('keeps progress, stage results and snapshots across a server restart, and stores a repeated result once', async () => {
     const nc = await connectBus(server.url, 'store-test');
     try {
-      const store = await JetStreamStore.open(nc, 'st1');
+      const store = await JetStreamStore.open(nc, 'st1', { devices: [0] });
       expect(await store.loadProgress()).toBeUndefined();
       expect(await store.loadStage(0, 'rollout')).toBeUndefined();
       const tokens = Int32Array.from([1, 2, 3, 4]);
@@ -183,20 +183,26 @@ describe('the run store in JetStream', () => {
       // Only the last two snapshots are kept, and the objects of the others are gone from the device's bucket.
       expect(await store.loadSnapshot(0)).toBeUndefined();
       expect(await store.loadSnapshot(-1)).toBeUndefined();
-      expect(await store.shelf.get(0, 's0.actor.r0')).toBeUndefined();
-      expect(await store.shelf.get(0, 's1.actor.r0')).toBeDefined();
+      expect(await store.shelf.get(0, 's0-e0.actor.r0')).toBeUndefined();
+      expect(await store.shelf.get(0, 's1-e0.actor.r0')).toBeDefined();
+      // So are objects no manifest names (a snapshot that failed part-way), once older than both kept.
+      await store.shelf.put(0, 's1-e7.actor.r0', encode({ type: 'forged', v: PROTOCOL_VERSION }));
+      await store.shelf.put(0, 'not-a-snapshot', encode({ type: 'forged', v: PROTOCOL_VERSION }));
+      await store.saveSnapshot(await deviceWrites(store, 3, [w]));
+      expect((await store.shelf.names(0)).sort()).toEqual(['not-a-snapshot', 's2-e0.actor.r0', 's3-e0.actor.r0']);
+      expect(await store.loadSnapshot(1)).toBeUndefined();
       // An object changed after its manifest was written is refused, named, not restored.
       await store.shelf.put(
         0,
-        's2.actor.r0',
+        's2-e0.actor.r0',
         encode({ type: 'shard', v: PROTOCOL_VERSION, model: 'actor', layout: one, rank: 0, iteration: 2, checkpoint: { tensors: [{ ...w, data: Float32Array.from([9, 9]) }] } }),
       );
       await expect(store.loadSnapshot(2)).rejects.toThrow(
-        /'actor' object "s2.actor.r0" in device 0's bucket changed since it was written: its SHA-256 is [0-9a-f]{12}…, the manifest says [0-9a-f]{12}…/,
+        /'actor' object "s2-e0.actor.r0" in device 0's bucket changed since it was written: its SHA-256 is [0-9a-f]{12}…, the manifest says [0-9a-f]{12}…/,
       );
       // One the manifest names but its device's bucket lacks, the same.
-      await store.shelf.delete(0, 's1.actor.r0');
-      await expect(store.loadSnapshot(1)).rejects.toThrow(/'actor' object "s1.actor.r0" in device 0's bucket is missing/);
+      await store.shelf.delete(0, 's3-e0.actor.r0');
+      await expect(store.loadSnapshot(3)).rejects.toThrow(/'actor' object "s3-e0.actor.r0" in device 0's bucket is missing/);
     } finally {
       await nc.close();
     }

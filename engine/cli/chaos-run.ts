@@ -18,8 +18,12 @@ export interface ChaosReport {
   restarts: number;
   recovery_seconds_median: number | null;
   recovery_seconds_max: number | null;
-  /** Over the recoveries: the snapshots' bytes sent to devices, and those not sent (ranks a survivor kept with the snapshot's state). */
-  recovery_bytes: { restored: number; kept: number };
+  /**
+   * Over the recoveries: the snapshots' bytes restored to devices, those not (ranks a survivor kept
+   * with the snapshot's state), and of those restored, what went through the supervisor's process
+   * (a recovery in place: none, the devices reload from their buckets).
+   */
+  recovery_bytes: { restored: number; kept: number; via_supervisor: number };
   digests_equal: boolean;
   rollouts_lost: number | null;
   rollouts_duplicated: number | null;
@@ -75,7 +79,11 @@ export function chaosReport(scenario: string, clean: LaunchResult, chaos: Launch
     restarts: chaos.chaos.restarts.length,
     recovery_seconds_median: median(times),
     recovery_seconds_max: times.length ? Math.max(...times) : null,
-    recovery_bytes: { restored: sum(x?.recoveries.map((r) => r.restored_bytes ?? 0)), kept: sum(x?.recoveries.map((r) => r.kept_bytes ?? 0)) },
+    recovery_bytes: {
+      restored: sum(x?.recoveries.map((r) => r.restored_bytes ?? 0)),
+      kept: sum(x?.recoveries.map((r) => r.kept_bytes ?? 0)),
+      via_supervisor: sum(x?.recoveries.map((r) => r.via_supervisor_bytes ?? 0)),
+    },
     digests_equal: !!c && !!x && c.status === 'succeeded' && ok && JSON.stringify(c.digests) === JSON.stringify(x.digests),
     rollouts_lost: x?.rollouts?.lost ?? null,
     rollouts_duplicated: x?.rollouts?.duplicated ?? null,

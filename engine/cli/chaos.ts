@@ -68,7 +68,9 @@ runMain(async () => {
       `snapshots: ${report.snapshot_bytes_by_devices ?? 0} bytes written by the devices, each into its own bucket; ${report.snapshot_bytes_via_supervisor ?? 0} bytes (the manifests) through the supervisor's process; ${report.snapshot_seconds_mean?.toFixed(3) ?? 'n/a'} s each on average`,
     );
     const b = report.recovery_bytes;
-    console.log(`recoveries sent ${b.restored} bytes of snapshots to devices; ${b.kept} bytes stayed where survivors held them with the snapshot's state`);
+    console.log(
+      `recoveries restored ${b.restored} bytes of snapshots to devices (${b.via_supervisor} of them through the supervisor's process); ${b.kept} bytes stayed where survivors held them with the snapshot's state`,
+    );
     const against = report.clean_replays
       ? " (a replay of the chaos run's recorded schedule: the run is free-running)"
       : report.reference === 'resumed on each re-plan'

@@ -76,7 +76,7 @@ describe('checkpoints', () => {
     }, 30_000);
   }
 
-  it('a snapshot written by each device into its own bucket reads back, by its manifest, as the streamed checkpoint, and restores training exactly', async () => {
+  it('a snapshot written by each device into its own bucket reads back, by its manifest, as the streamed checkpoint, and restores training exactly, pushed or reloaded by the devices themselves', async () => {
     const layout: Layout = { devices: [0, 1, 2, 3], dp: 1, tp: 2, pp: 2 };
     const shelf = new MemoryShelf();
     const a = new LocalDispatcher(4, undefined, shelf);
@@ -92,7 +92,7 @@ describe('checkpoints', () => {
       })),
     );
     // Each device wrote its own object; nothing of it passed through the caller.
-    expect(shelf.names().sort()).toEqual(layout.devices.map((d, rank) => `${d}/s0-e0.actor.r${rank}`).sort());
+    expect(shelf.all().sort()).toEqual(layout.devices.map((d, rank) => `${d}/s0-e0.actor.r${rank}`).sort());
     const manifest: SnapshotManifest = { type: 'snapshot', v: PROTOCOL_VERSION, iteration: 0, models: { actor: shards }, replicas: { actor: [0, 1, 2, 3] }, layouts: { actor: layout } };
     const back = await readSnapshot(shelf, manifest, 'test');
     const shapes = (rank: number) => shardSlices(modelInfo(spec), layout, rank).map((sl) => ({ name: sl.name, shape: sliceShape(sl) }));
@@ -108,6 +108,16 @@ describe('checkpoints', () => {
     for (const [rank, dev] of layout.devices.entries()) await b.restoreShard(dev, 'actor', 0, back.set.actor![rank]!);
     await callMesh(b, layout, 'actor', 0, train(2) as never);
     expect(await digest(b, layout)).toBe(uninterrupted);
+    // Each device reloading its rank from the object itself (a recovery in place) ends the same.
+    const c = new LocalDispatcher(4, undefined, shelf);
+    await load(c);
+    // Refused whole before anything changes: another rank's object, one changed since it was written.
+    await expect(c.call(0, 'actor', 0, { fn: 'reload', object: shards[1]!, optimizer: true })).rejects.toThrow(/holds 'actor' rank 1 of layout \[0,1,2,3\], not the slices of rank 0/);
+    await expect(c.call(0, 'actor', 0, { fn: 'reload', object: { ...shards[0]!, sha256: shards[1]!.sha256 }, optimizer: true })).rejects.toThrow(/changed since it was written/);
+    await expect(c.call(0, 'actor', 0, { fn: 'reload', object: { ...shards[0]!, object: 'gone' }, optimizer: true })).rejects.toThrow(/"gone" in device 0's bucket is missing/);
+    for (const [rank, dev] of layout.devices.entries()) expect((await c.call(dev, 'actor', 0, { fn: 'reload', object: shards[rank]!, optimizer: true })).bytes).toBe(shards[rank]!.bytes);
+    await callMesh(c, layout, 'actor', 0, train(2) as never);
+    expect(await digest(c, layout)).toBe(uninterrupted);
     // A snapshot that claims another rank's place is refused, naming it; so is one whose optimizer the shard does not have.
     await expect(readSnapshot(shelf, { ...manifest, models: { actor: [shards[1]!, shards[0]!, shards[2]!, shards[3]!] } }, 'test')).rejects.toThrow(
       /test: 'actor' object "s0-e0.actor.r1" in device 1's bucket: expected 'actor' rank 0 of layout \[0,1,2,3\] after iteration 0, got 'actor' rank 1/,

@@ -2,7 +2,7 @@
 // on it and answers calls about them. The worker process's machine (worker.machine.ts) decides when
 // a call may run; this module decides whether the device's contents allow it and runs it.
 import type { Bus } from '../../mesh/wire/index.ts';
-import { encode } from '../../mesh/wire/index.ts';
+import { ShardObject, decode, encode, sha256Hex } from '../../mesh/wire/index.ts';
 import { assemble, checkStrategy, pieceName, relaidSlices, shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../../mesh/parallel/index.ts';
 import { Go, PROTOCOL_VERSION, type Checkpoint, type LedgerEntry, type Call, type CallBody, type CallFn, type CallOf, type Layout, type ResultOf } from '../../mesh/wire/index.ts';
 import { cut, pasteRange } from '../../mesh/parallel/index.ts';
@@ -149,8 +149,8 @@ export class Device {
     if (!h) return this.notLoaded(model, body.fn);
     const kind = this.kindOf(h);
     const allowed: Record<string, readonly CallFn[]> = {
-      policy: ['sft', 'generate', 'inference', 'train', 'manifest', 'weights', 'checkpoint', 'snapshot', 'restore', 'release'],
-      value: ['inference', 'train', 'preference', 'manifest', 'weights', 'checkpoint', 'snapshot', 'restore', 'release'],
+      policy: ['sft', 'generate', 'inference', 'train', 'manifest', 'weights', 'checkpoint', 'snapshot', 'restore', 'reload', 'release'],
+      value: ['inference', 'train', 'preference', 'manifest', 'weights', 'checkpoint', 'snapshot', 'restore', 'reload', 'release'],
       rule: ['inference', 'manifest', 'release'],
     };
     if (!allowed[kind]!.includes(body.fn)) {
@@ -166,7 +166,7 @@ export class Device {
       const has = (h.shard as ModelShard).weights.trainable ? 'one' : 'none';
       return new CallRejected('invalid_state', `'${model}' on device ${this.index}: expected ${body.optimizer ? 'an' : 'no'} optimizer state, the shard has ${has}`);
     }
-    if (body.fn === 'restore' && body.optimizer && !(h.shard as ModelShard).weights.trainable) {
+    if ((body.fn === 'restore' || body.fn === 'reload') && body.optimizer && !(h.shard as ModelShard).weights.trainable) {
       return new CallRejected('invalid_state', `'${model}' on device ${this.index} holds no optimizer (not its training layout); the checkpoint has optimizer state`);
     }
     const lossBad = body.fn === 'train' ? lossProblem(body) : undefined;
@@ -261,6 +261,8 @@ export class Device {
       }
       case 'snapshot':
         return this.snapshot(this.hosted.get(call.model)!, call.model, call.iteration, body);
+      case 'reload':
+        return this.reload(this.hosted.get(call.model)!, call.model, body);
       case 'release': {
         await this.drop(this.hosted.get(call.model)!);
         this.hosted.delete(call.model);
@@ -654,6 +656,43 @@ export class Device {
     const bytes = encode({ type: 'shard', v: PROTOCOL_VERSION, model, layout: h.layout, rank: h.rank, iteration, checkpoint });
     const sha256 = await shelf.put(this.index, body.object, bytes);
     return { bytes: bytes.length, sha256, state: stateDigest(checkpoint) };
+  }
+
+  /**
+   * Puts the rank's state back from a snapshot's object, read from the bucket that holds it;
+   * see the protocol's `reload`. Changes nothing unless the object is whole and this rank's.
+   */
+  private async reload(h: Hosted, model: string, body: CallOf<'reload'>): Promise<ResultOf<'reload'>> {
+    const shelf = this.options.shelf;
+    if (!shelf) throw new CallRejected('unsupported', `device ${this.index} has no snapshot buckets to read '${model}' from`);
+    const { device, object, sha256 } = body.object;
+    const at = `'${model}' object ${JSON.stringify(object)} in device ${device}'s bucket`;
+    const bytes = await shelf.get(device, object);
+    if (!bytes) throw new CallRejected('invalid_state', `${at} is missing`);
+    const sha = sha256Hex(bytes);
+    if (sha !== sha256) throw new CallRejected('digest_mismatch', `${at} changed since it was written: its SHA-256 is ${sha.slice(0, 12)}…, the manifest says ${sha256.slice(0, 12)}…`);
+    let o: ShardObject;
+    try {
+      o = decode(at, bytes, ShardObject);
+    } catch (e) {
+      throw new CallRejected('malformed', (e as Error).message);
+    }
+    const s = h.shard as ModelShard;
+    const info = modelInfo(s.spec);
+    const mine = shardSlices(info, h.layout, h.rank);
+    if (o.model !== model || JSON.stringify(shardSlices(info, o.layout, o.rank)) !== JSON.stringify(mine)) {
+      throw new CallRejected('invalid_state', `${at} holds '${o.model}' rank ${o.rank} of layout [${o.layout.devices}], not the slices of rank ${h.rank} of [${h.layout.devices}] here`);
+    }
+    const c = o.checkpoint;
+    if ((c.optimizer !== undefined) !== body.optimizer)
+      throw new CallRejected('invalid_state', `${at}: expected ${body.optimizer ? 'an' : 'no'} optimizer state, the object has ${c.optimizer ? 'one' : 'none'}`);
+    const named = new Map(c.tensors.map((t) => [t.name, t]));
+    const missing = mine.filter((sl) => named.get(sl.name)?.data.length !== sliceShape(sl).reduce((a, b) => a * b, 1));
+    if (missing.length) throw new CallRejected('invalid_state', `${at} lacks, or has another size of, ${missing.map((sl) => sl.name).join(', ')}`);
+    s.weights.importTensors(mine.map((sl) => named.get(sl.name)!));
+    if (c.optimizer) s.weights.loadOptimizerState(c.optimizer);
+    h.ledger = [...(c.ledger ?? [])];
+    return { bytes: bytes.length };
   }
 
   /** Streams the shard's weights (and optimizer moments) on go; see the protocol's `checkpoint`. */

@@ -107,14 +107,26 @@ export function permissions(run: string, devices: readonly number[]): Omit<Recor
       responses: true,
     },
     // Its own heartbeats and calls, the chunks, receipts and collectives it sends (as its device
-    // only: each names its sender in its subject), its own snapshot bucket, and nothing on
-    // results, events, go or the run's state. It hears the supervisor beat (a `done` while it beats is not the run's end). A
+    // only: each names its sender in its subject), its own snapshot bucket (and reading the
+    // others'), and nothing on results, events, go or the run's state. It hears the supervisor beat (a `done` while it beats is not the run's end). A
     // worker hosting a learned reward model serves it as a reward actor; a generating one plays episodes against environments.
     workers: Object.fromEntries(
       devices.map((d) => [
         d,
         {
-          publish: [s.joinAs(d), s.heartbeat(d), s.turns(d), s.chaos, s.allReady, s.chunksFrom(d), s.receiptsFrom(d), s.collectivesFrom(d), rewards.presence, envs.instance, ...ownBucket(run, d)],
+          publish: [
+            s.joinAs(d),
+            s.heartbeat(d),
+            s.turns(d),
+            s.chaos,
+            s.allReady,
+            s.chunksFrom(d),
+            s.receiptsFrom(d),
+            s.collectivesFrom(d),
+            rewards.presence,
+            envs.instance,
+            ...bucketRights(run, d, devices),
+          ],
           subscribe: [s.call(d), s.events, s.supervisorBeat, s.allGo, s.allChunks, s.allReceipts, s.collectivesTo(d), `${inboxOf(workerUser(run, d))}.>`, rewards.all, envs.presence],
           responses: true,
         },
@@ -128,22 +140,23 @@ export function permissions(run: string, devices: readonly number[]): Omit<Recor
 }
 
 /**
- * What a worker needs to write its device's snapshot bucket (mesh/wire/shelf.ts), and nothing of
- * any other: create and look up its stream, read a message of it (the object store checks an
- * object's metadata before it replaces it), purge it (the chunks of an object replaced), and
- * publish the bucket's chunks and metadata. Writes are acknowledged on its own inbox.
+ * What a worker needs of the snapshot buckets (mesh/wire/shelf.ts): to write its own device's —
+ * read its metadata (an object's, before it is replaced), purge it (the chunks of an object
+ * replaced), publish its chunks and metadata — and to read any device's (look up its stream, read
+ * a message by subject, and chunks by direct get), to reload a rank from the snapshot. It may not
+ * create a bucket: the supervisor creates every device's (a stream's subjects are its creator's
+ * to choose, and could be anyone's). Acknowledgements come to its own inbox.
  */
-function ownBucket(run: string, device: number): string[] {
-  const bucket = deviceBucket(run, device);
-  const stream = `OBJ_${bucket}`;
+function bucketRights(run: string, device: number, devices: readonly number[]): string[] {
+  const own = `OBJ_${deviceBucket(run, device)}`;
   return [
     '$JS.API.INFO',
-    `$JS.API.STREAM.CREATE.${stream}`,
-    `$JS.API.STREAM.INFO.${stream}`,
-    `$JS.API.STREAM.MSG.GET.${stream}`,
-    `$JS.API.DIRECT.GET.${stream}.>`,
-    `$JS.API.STREAM.PURGE.${stream}`,
-    `$O.${bucket}.>`,
+    `$JS.API.STREAM.PURGE.${own}`,
+    `$O.${deviceBucket(run, device)}.>`,
+    ...devices.flatMap((d) => {
+      const stream = `OBJ_${deviceBucket(run, d)}`;
+      return [`$JS.API.STREAM.INFO.${stream}`, `$JS.API.STREAM.MSG.GET.${stream}`, `$JS.API.DIRECT.GET.${stream}`];
+    }),
   ];
 }
 

@@ -152,8 +152,11 @@ export const ShardObject = z.strictObject({
 });
 export type ShardObject = z.infer<typeof ShardObject>;
 
+/** An object's name in a device's snapshot bucket: what a NATS subject token takes, and dots. */
+export const ObjectName = z.string().regex(/^[A-Za-z0-9_.-]+$/, "letters, digits, '.', '-' and '_'");
+
 /** Where one rank's state of a snapshot is: the device whose bucket holds it, the object, its size, SHA-256 and state digest. */
-export const ShardEntry = z.strictObject({ device: nat, object: z.string(), bytes: nat, sha256: z.string(), state: z.string() });
+export const ShardEntry = z.strictObject({ device: nat, object: ObjectName, bytes: nat, sha256: z.string(), state: z.string() });
 export type ShardEntry = z.infer<typeof ShardEntry>;
 
 /**
@@ -396,7 +399,14 @@ export const CallBody = z.discriminatedUnion('fn', [
    * into its own snapshot bucket as `object`: nothing of it passes through the supervisor, which
    * records the reply (size, SHA-256, state digest) in the snapshot's manifest.
    */
-  z.strictObject({ fn: z.literal('snapshot'), object: z.string().min(1), optimizer: z.boolean() }),
+  z.strictObject({ fn: z.literal('snapshot'), object: ObjectName, optimizer: z.boolean() }),
+  /**
+   * Puts this rank's state back from a snapshot's object, read by the device itself from the
+   * bucket that holds it (its own, or a data-parallel replica's device's): nothing of it passes
+   * through the supervisor. Checked before anything changes: its SHA-256 against the manifest's,
+   * its model, and that its rank holds this rank's slices; `optimizer` as in `restore`.
+   */
+  z.strictObject({ fn: z.literal('reload'), object: ShardEntry, optimizer: z.boolean() }),
   /**
    * Puts a streamed checkpoint (as `checkpoint` sends it) back into a loaded shard of the same
    * layout and rank. `onto`: the shard held here moves onto this layout and rank instead, keeping
@@ -684,6 +694,8 @@ export const Recovery = z.strictObject({
   /** Bytes of the snapshot sent to devices, and those not sent: ranks a device kept with the snapshot's state. */
   restored_bytes: nat.optional(),
   kept_bytes: nat.optional(),
+  /** Of the bytes restored, those that went through the supervisor's process (none where the devices reloaded their ranks themselves). */
+  via_supervisor_bytes: nat.optional(),
 });
 
 /** Where a supervisor is in its run (see engine/runtime/store/store.ts), as the JetStream KV bucket keeps it. */
@@ -818,6 +830,7 @@ export const ResultBodies = {
   weights: z.strictObject({ tensors: z.array(z.strictObject({ name: z.string(), shape: z.array(nat), data: f32 })) }),
   checkpoint: z.strictObject({ step: nat, optimizer: z.boolean(), bytes: nat, ledger: z.array(LedgerEntry).default([]) }),
   snapshot: z.strictObject({ bytes: nat, sha256: z.string(), state: z.string() }),
+  reload: z.strictObject({ bytes: nat }),
   restore: z.strictObject({}),
   reset: z.strictObject({
     dropped: z.array(z.string()),

@@ -17,6 +17,8 @@ export interface Shelf {
   get(device: number, object: string): Promise<Uint8Array | undefined>;
   /** Deletes the object where it is there. */
   delete(device: number, object: string): Promise<void>;
+  /** Names of the objects the device's bucket holds (as its metadata lists them). */
+  names(device: number): Promise<string[]>;
 }
 
 /** The object store of a run's device. */
@@ -24,8 +26,22 @@ export const deviceBucket = (run: string, device: number): string => `ferry-${to
 
 export const sha256Hex = (bytes: Uint8Array): string => createHash('sha256').update(bytes).digest('hex');
 
+/** Removes an object from a bucket of the object store (see NatsShelf.delete). */
+export async function removeObject(b: ObjectStore | undefined, bucket: string, object: string, jsm: JetStreamManager): Promise<void> {
+  const info = await b?.info(object);
+  if (!info) return;
+  if (!info.deleted) await b!.delete(object);
+  await jsm.streams.purge(`OBJ_${bucket}`, { filter: metaSubject(bucket, object) });
+}
+
+/** Chunks of an object in flight at once while it is written. */
+const WINDOW = 16;
+
 /** Base64, URL-safe, padded: how the object store names metadata subjects and writes digests. */
 const urlPadded = (bytes: Uint8Array): string => Buffer.from(bytes).toString('base64').replace(/\+/g, '-').replace(/\//g, '_');
+
+/** The subject an object store keeps an object's metadata on. */
+export const metaSubject = (bucket: string, object: string): string => `$O.${bucket}.M.${urlPadded(Buffer.from(object))}`;
 
 /** Copies of each JetStream stream: FERRY_JS_REPLICAS, else 3 on a clustered server, else 1. */
 export const defaultReplicas = (nc: NatsConnection): number => Number(process.env.FERRY_JS_REPLICAS ?? (nc.info?.cluster ? 3 : 1));
@@ -43,8 +59,11 @@ export class MemoryShelf implements Shelf {
   async delete(device: number, object: string): Promise<void> {
     this.objects.delete(`${device}/${object}`);
   }
-  /** The objects held, as `device/object` (for tests). */
-  names(): string[] {
+  async names(device: number): Promise<string[]> {
+    return [...this.objects.keys()].filter((k) => k.startsWith(`${device}/`)).map((k) => k.slice(`${device}/`.length));
+  }
+  /** Every object held, as `device/object` (for tests). */
+  all(): string[] {
     return [...this.objects.keys()];
   }
 }
@@ -70,27 +89,59 @@ export class NatsShelf implements Shelf {
   constructor(
     private readonly nc: NatsConnection,
     private readonly run: string,
-    private readonly options: { timeoutMs?: number; replicas?: number } = {},
+    /**
+     * `patienceMs`: how long a write or a read keeps being tried after a failure (a cluster
+     * electing a leader after a server died); a worker's shelf waits, the run store's retries itself.
+     */
+    private readonly options: { timeoutMs?: number; replicas?: number; patienceMs?: number } = {},
   ) {}
 
-  /** The device's bucket: created where `create` (its own worker's first write), else opened; undefined where it is not there. */
-  private async bucket(device: number, create: boolean): Promise<ObjectStore | undefined> {
+  /** `op` until it succeeds or the patience is spent; the last failure is the one thrown. */
+  private async patiently<T>(op: () => Promise<T>): Promise<T> {
+    const deadline = Date.now() + (this.options.patienceMs ?? 0);
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await op();
+      } catch (e) {
+        if (Date.now() >= deadline) throw e;
+        await new Promise((r) => setTimeout(r, Math.min(1000, 100 * attempt)));
+      }
+    }
+  }
+
+  /** Creates the device's bucket where it is not there (the supervisor does, for every device of the run, before any writes). */
+  async create(device: number): Promise<void> {
+    if (this.buckets.has(device)) return;
+    const b = await new Objm(this.js()).create(deviceBucket(this.run, device), { replicas: this.options.replicas ?? defaultReplicas(this.nc) });
+    this.buckets.set(device, b);
+  }
+
+  /** The device's bucket, opened; undefined where it is not there. */
+  private async bucket(device: number): Promise<ObjectStore | undefined> {
     const held = this.buckets.get(device);
     if (held) return held;
-    const objm = new Objm(this.js());
-    const name = deviceBucket(this.run, device);
     let b: ObjectStore;
-    if (create) b = await objm.create(name, { replicas: this.options.replicas ?? defaultReplicas(this.nc) });
-    else {
-      try {
-        b = await objm.open(name);
-      } catch (e) {
-        if (/not found/i.test((e as Error).message)) return undefined;
-        throw e;
-      }
+    try {
+      b = await new Objm(this.js()).open(deviceBucket(this.run, device));
+    } catch (e) {
+      if (/not found/i.test((e as Error).message)) return undefined;
+      throw e;
     }
     this.buckets.set(device, b);
     return b;
+  }
+
+  /** Names of the objects in the device's bucket (deleted ones included), from its metadata subjects: nothing is read. */
+  async names(device: number): Promise<string[]> {
+    const bucket = deviceBucket(this.run, device);
+    const prefix = `$O.${bucket}.M.`;
+    try {
+      const info = await (await this.jsm()).streams.info(`OBJ_${bucket}`, { subjects_filter: `${prefix}>` });
+      return Object.keys(info.state.subjects ?? {}).map((subject) => Buffer.from(subject.slice(prefix.length), 'base64url').toString());
+    } catch (e) {
+      if (/not found/i.test((e as Error).message)) return [];
+      throw e;
+    }
   }
 
   /**
@@ -99,8 +150,13 @@ export class NatsShelf implements Shelf {
    * crypto: the store's own writer awaits each chunk's acknowledgement in turn and hashes in
    * JavaScript, which made a 6 MiB write take 130 ms instead of 30.
    */
-  async put(device: number, object: string, bytes: Uint8Array): Promise<string> {
-    const b = (await this.bucket(device, true))!;
+  put(device: number, object: string, bytes: Uint8Array): Promise<string> {
+    return this.patiently(() => this.putOnce(device, object, bytes));
+  }
+
+  private async putOnce(device: number, object: string, bytes: Uint8Array): Promise<string> {
+    const b = await this.bucket(device);
+    if (!b) throw new Error(`device ${device}'s snapshot bucket ${deviceBucket(this.run, device)} is not there (the supervisor creates it when it opens the run's store)`);
     const bucket = deviceBucket(this.run, device);
     const js = this.js();
     const chunk = this.nc.info?.max_payload ?? 1 << 20;
@@ -109,9 +165,16 @@ export class NatsShelf implements Shelf {
     const old = await b.info(object);
     const digest = createHash('sha256').update(bytes).digest();
     try {
-      const acks: Promise<unknown>[] = [];
-      for (let at = 0; at < bytes.length; at += chunk) acks.push(js.publish(chunks, bytes.subarray(at, at + chunk)));
-      await Promise.all(acks);
+      // A bounded window of chunks in flight, each awaited before the window moves on; on a
+      // failure, every one sent has settled before its chunks are purged.
+      const inFlight: Promise<unknown>[] = [];
+      let failed: unknown;
+      for (let at = 0; at < bytes.length && failed === undefined; at += chunk) {
+        if (inFlight.length >= WINDOW) await inFlight.shift()!.catch((e: unknown) => (failed ??= e));
+        inFlight.push(js.publish(chunks, bytes.subarray(at, at + chunk)));
+      }
+      for (const r of await Promise.allSettled(inFlight)) if (r.status === 'rejected') failed ??= r.reason;
+      if (failed !== undefined) throw failed;
       const info = {
         name: object,
         description: '',
@@ -126,7 +189,7 @@ export class NatsShelf implements Shelf {
       };
       const h = headers();
       h.set('Nats-Rollup', 'sub');
-      await js.publish(`$O.${bucket}.M.${urlPadded(Buffer.from(object))}`, JSON.stringify(info), { headers: h });
+      await js.publish(metaSubject(bucket, object), JSON.stringify(info), { headers: h });
     } catch (e) {
       await (await this.jsm()).streams.purge(`OBJ_${bucket}`, { filter: chunks }).catch(() => {});
       throw e;
@@ -137,8 +200,12 @@ export class NatsShelf implements Shelf {
   }
 
   /** The object's chunks, one direct get each (next by subject), checked against its metadata's size and SHA-256. */
-  async get(device: number, object: string): Promise<Uint8Array | undefined> {
-    const b = await this.bucket(device, false);
+  get(device: number, object: string): Promise<Uint8Array | undefined> {
+    return this.patiently(() => this.getOnce(device, object));
+  }
+
+  private async getOnce(device: number, object: string): Promise<Uint8Array | undefined> {
+    const b = await this.bucket(device);
     const info = await b?.info(object);
     if (!info || info.deleted) return undefined;
     const jsm = await this.jsm();
@@ -161,9 +228,14 @@ export class NatsShelf implements Shelf {
     return out;
   }
 
+  /**
+   * Removes the object: a deletion marker replaces its metadata and its chunks are purged (the
+   * store's delete), then the marker is purged too, so that a bucket's names do not grow with
+   * every object it ever held. A purge is not on disk at once: a server killed just after may
+   * bring the marker back (the object reads as deleted) or the chunks (read by nothing).
+   */
   async delete(device: number, object: string): Promise<void> {
-    const b = await this.bucket(device, false);
-    const info = await b?.info(object);
-    if (info && !info.deleted) await b!.delete(object);
+    const b = await this.bucket(device);
+    await removeObject(b, deviceBucket(this.run, device), object, await this.jsm());
   }
 }

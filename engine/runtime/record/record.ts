@@ -30,8 +30,11 @@ export interface Summary {
   /** Call time over the bus: round trips against time spent on the devices (absent in one process). */
   transport?: TransportStats;
   /** Recoveries: how many, and each one's cause, snapshot and duration. */
-  /** restored_bytes: the snapshot's bytes sent to devices; kept_bytes: those not sent (ranks kept with the snapshot's state). */
-  recoveries: Array<{ epoch: number; reason: string; snapshot: number; iteration: number; seconds: number; restored_bytes?: number; kept_bytes?: number }>;
+  /**
+   * restored_bytes: the snapshot's bytes restored to devices; kept_bytes: those not (ranks kept with
+   * the snapshot's state); via_supervisor_bytes: of those restored, what went through the supervisor's process.
+   */
+  recoveries: Array<{ epoch: number; reason: string; snapshot: number; iteration: number; seconds: number; restored_bytes?: number; kept_bytes?: number; via_supervisor_bytes?: number }>;
   /** An elastic run's re-plans (each with its trigger, search, plans, estimates and what was measured), and the devices it lost for good. */
   replans?: Array<ReplanRecord & { measured_period_after?: number }>;
   lost?: number[];

@@ -27,7 +27,7 @@ export function keptModels(r: RunSpec): string[] {
 export const optimized = (r: RunSpec, model: string): boolean => declOf(r, model).trained || learnedReward(r, model);
 
 /** The learning rate a model's optimizer takes, if it has one. */
-const lrOf = (r: RunSpec, model: string) => (learnedReward(r, model) ? r.scenario.reward.model!.lr : declOf(r, model).trained ? declOf(r, model).lr : undefined);
+export const lrOf = (r: RunSpec, model: string) => (learnedReward(r, model) ? r.scenario.reward.model!.lr : declOf(r, model).trained ? declOf(r, model).lr : undefined);
 
 /** The layout each kept model's checkpoint ranks are taken on: its owner's. */
 export function checkpointLayouts(r: RunSpec): Record<string, Layout> {

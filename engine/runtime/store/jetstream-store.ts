@@ -20,7 +20,7 @@ import { Kvm, type KV, type KvEntry } from '@nats-io/kv';
 import { Objm, type ObjectStore } from '@nats-io/obj';
 import type { NatsConnection } from '@nats-io/transport-node';
 import { ProtocolError, decode, encode } from '../../../mesh/wire/index.ts';
-import { NatsShelf, PROTOCOL_VERSION, ProgressRecord, SnapshotManifest, StageRecord, defaultReplicas, type Shelf } from '../../../mesh/wire/index.ts';
+import { NatsShelf, PROTOCOL_VERSION, removeObject, ProgressRecord, SnapshotManifest, StageRecord, defaultReplicas, type Shelf } from '../../../mesh/wire/index.ts';
 import { createHash } from 'node:crypto';
 import { subjects, type Subjects } from '../../../mesh/wire/index.ts';
 import type { Progress, RunStore, Snapshot, Stage } from './store.ts';
@@ -63,6 +63,8 @@ export interface JetStreamStoreOptions {
    * so one it did not write is treated as missing, however well it reads.
    */
   ownOnly?: boolean;
+  /** The run's devices: their snapshot buckets are created when the store opens. */
+  devices?: readonly number[];
 }
 
 /** Messages kept per results subject: a few forged ones after the real record do not push it out. */
@@ -94,6 +96,7 @@ export class JetStreamStore implements RunStore {
     private readonly log: (line: string) => void,
     private readonly ownOnly: boolean,
     readonly shelf: Shelf,
+    private readonly devices: Set<number>,
   ) {}
 
   /** Per results subject, the sequence number and SHA-256 of the record this store wrote. */
@@ -117,7 +120,10 @@ export class JetStreamStore implements RunStore {
     const kv = await patiently(`creating KV bucket ferry-${run}`, patience, () => new Kvm(js).create(`ferry-${run}`, { history: PROGRESS_KEPT, replicas }));
     const objects = await patiently(`creating object store ferry-${run}-snapshots`, patience, () => new Objm(js).create(`ferry-${run}-snapshots`, { replicas }));
     const shelf = new NatsShelf(nc, run, { timeoutMs: timeout, replicas });
-    return new JetStreamStore(patience, run, subj, js, jsm, stream, kv, objects, options.log ?? (() => {}), options.ownOnly ?? false, shelf);
+    // Each device's bucket, made here: a worker may write into its own, not create one.
+    const devices = options.devices ?? [];
+    await Promise.all(devices.map((d) => patiently(`creating device ${d}'s snapshot bucket`, patience, () => shelf.create(d))));
+    return new JetStreamStore(patience, run, subj, js, jsm, stream, kv, objects, options.log ?? (() => {}), options.ownOnly ?? false, shelf, new Set(devices));
   }
 
   /** The progress record, sealed: its SHA-256 before it (sealProgress). */
@@ -196,21 +202,24 @@ export class JetStreamStore implements RunStore {
     const { iteration } = manifest;
     const bytes = encode(manifest);
     await patiently(`storing the snapshot manifest after iteration ${iteration}`, this.patienceMs, () => this.objects.putBlob({ name: `snapshot-${iteration}` }, bytes));
-    // Keep the one before too: a failure while this one was being written leaves that one whole.
-    await this.dropSnapshotsBefore(iteration - 1);
+    for (const o of manifestObjects(manifest)) this.devices.add(o.device);
+    await this.dropOlderSnapshots();
     return { bytes: bytes.length };
   }
 
-  /** Entries of the snapshot bucket that did not read: said once each. */
+  /** Entries that could not be dropped: said once each. */
   private readonly unreadable = new Set<string>();
 
   /**
-   * Deletes the snapshots before `iteration`, found by the names in the bucket's metadata
-   * subjects, not by reading every entry: an entry that does not read (anyone who may write the
-   * bucket could leave one) is left alone and said once, and the snapshots are saved all the same.
-   * Best effort: what a failure leaves, the next save deletes.
+   * Keeps the two newest snapshots (the one just saved and the one before it, whatever iterations
+   * they follow: a failure while the newer was written leaves the older whole) and deletes the
+   * rest: older manifests, and every object of an older snapshot in the devices' buckets — named
+   * by a manifest or not (a snapshot that failed part-way, a write a recovery abandoned). Found by
+   * the names in the buckets' metadata subjects, nothing read; an entry that is not a snapshot's
+   * (anyone who may write the bucket could leave one) is left alone. Best effort: what a failure
+   * leaves, the next save deletes.
    */
-  private async dropSnapshotsBefore(iteration: number): Promise<void> {
+  private async dropOlderSnapshots(): Promise<void> {
     const bucket = `ferry-${this.run}-snapshots`;
     const prefix = `$O.${bucket}.M.`;
     let names: string[];
@@ -221,21 +230,39 @@ export class JetStreamStore implements RunStore {
       this.log(`could not list the snapshots to drop: ${(e as Error).message}`);
       return;
     }
-    for (const name of names) {
-      const n = /^snapshot-(-?\d+)$/.exec(name); // -1: the one taken after setup
-      if (!n || Number(n[1]) >= iteration) continue;
+    // -1: the one taken after setup.
+    const iterations = names
+      .flatMap((name) => /^snapshot-(-?\d+)$/.exec(name)?.[1] ?? [])
+      .map(Number)
+      .sort((a, b) => b - a);
+    if (iterations.length < 2) return;
+    const cut = iterations[1]!;
+    const quietly = async (what: string, op: () => Promise<unknown>) => {
       try {
-        const info = await this.objects.info(name);
-        if (!info || info.deleted) continue;
-        // Its objects first: a manifest is only deleted once nothing it names is left.
-        const manifest = await this.readManifest(Number(n[1]));
-        if (manifest) await Promise.all(manifestObjects(manifest).map((o) => this.shelf.delete(o.device, o.object)));
-        await this.objects.delete(name);
+        await op();
       } catch (e) {
-        if (!this.unreadable.has(name)) this.log(`the run store's snapshot entry ${JSON.stringify(name)} does not read (${(e as Error).message}): left as it is`);
-        this.unreadable.add(name);
+        if (!this.unreadable.has(what)) this.log(`could not drop ${what} (${(e as Error).message}): left as it is`);
+        this.unreadable.add(what);
       }
+    };
+    for (const i of iterations.slice(2)) {
+      const name = `snapshot-${i}`;
+      await quietly(`the run store's snapshot manifest ${name}`, () => removeObject(this.objects, bucket, name, this.jsm));
     }
+    await Promise.all(
+      [...this.devices].map((device) =>
+        quietly(`device ${device}'s snapshot objects before iteration ${cut}`, async () => {
+          for (const name of await this.shelf.names(device)) {
+            const n = /^s(-?\d+)-e\d+\./.exec(name);
+            if (n && Number(n[1]) < cut) await this.shelf.delete(device, name);
+          }
+        }),
+      ),
+    );
+  }
+
+  loadManifest(iteration: number): Promise<SnapshotManifest | undefined> {
+    return this.readManifest(iteration);
   }
 
   /** The manifest of the snapshot after `iteration`, checked; undefined where there is none. */

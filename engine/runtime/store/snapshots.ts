@@ -3,7 +3,7 @@
 // keeps only the manifest (which device wrote which rank, its size, SHA-256 and state digest).
 // Reading a snapshot back fetches each object named there and checks it against the manifest:
 // its SHA-256, and that it holds the model, rank, layout and iteration the manifest says.
-import { ProtocolError, ShardObject, decode, sha256Hex, type Checkpoint, type Shelf, type SnapshotManifest } from '../../../mesh/wire/index.ts';
+import { ProtocolError, ShardObject, decode, sha256Hex, type Checkpoint, type ShardEntry, type Shelf, type SnapshotManifest } from '../../../mesh/wire/index.ts';
 import { layoutKey } from '../../../mesh/parallel/index.ts';
 import type { Snapshot } from './store.ts';
 import { unpackReplicas } from './replicas.ts';
@@ -15,6 +15,12 @@ export class SnapshotError extends Error {
 /** Every object a manifest names, with the device whose bucket holds it. */
 export function manifestObjects(m: SnapshotManifest): Array<{ model: string; device: number; object: string }> {
   return Object.entries(m.models).flatMap(([model, shards]) => shards.map((s) => ({ model, device: s.device, object: s.object })));
+}
+
+/** Each rank's object of a model in a manifest (data-parallel replicas share one). */
+export function rankObjects(m: SnapshotManifest, model: string): ShardEntry[] {
+  const shards = m.models[model] ?? [];
+  return (m.replicas[model] ?? shards.map((_, i) => i)).map((i) => shards[i]!);
 }
 
 /** Bytes of state the devices wrote for a snapshot (each data-parallel replica once). */
@@ -56,6 +62,6 @@ export async function readSnapshot(shelf: Pick<Shelf, 'get'>, m: SnapshotManifes
       }),
     ),
   );
-  const states = Object.fromEntries(Object.entries(m.models).map(([model, shards]) => [model, (m.replicas[model] ?? shards.map((_, i) => i)).map((i) => shards[i]!.state)]));
+  const states = Object.fromEntries(Object.keys(m.models).map((model) => [model, rankObjects(m, model).map((o) => o.state)]));
   return { set: unpackReplicas(models, m.replicas, where), layouts: m.layouts, states };
 }

@@ -53,6 +53,8 @@ export interface RunStore {
   saveSnapshot(manifest: SnapshotManifest): Promise<{ bytes: number }>;
   /** The snapshot after `iteration`, read back from its devices' objects and checked against its manifest. */
   loadSnapshot(iteration: number): Promise<Snapshot | undefined>;
+  /** The manifest of the snapshot after `iteration` alone (a recovery in place reads no object: the devices do). */
+  loadManifest(iteration: number): Promise<SnapshotManifest | undefined>;
   close(): Promise<void>;
 }
 
@@ -77,14 +79,26 @@ export class MemoryStore implements RunStore {
   async loadStage<T>(iteration: number, stage: Stage): Promise<T | undefined> {
     return this.stages.get(`${iteration}.${stage}`) as T | undefined;
   }
+  /** As JetStreamStore's: the two newest snapshots are kept, and every object of an older one goes. */
   async saveSnapshot(manifest: SnapshotManifest): Promise<{ bytes: number }> {
     this.manifests.set(manifest.iteration, manifest);
-    for (const [k, old] of this.manifests) {
-      if (k >= manifest.iteration - 1) continue;
-      this.manifests.delete(k);
-      await Promise.all(manifestObjects(old).map((o) => this.shelf.delete(o.device, o.object)));
+    for (const o of manifestObjects(manifest)) this.devices.add(o.device);
+    const iterations = [...this.manifests.keys()].sort((a, b) => b - a);
+    if (iterations.length > 2) {
+      const cut = iterations[1]!;
+      for (const i of iterations.slice(2)) this.manifests.delete(i);
+      for (const device of this.devices) {
+        for (const name of await this.shelf.names(device)) {
+          const n = /^s(-?\d+)-e\d+\./.exec(name);
+          if (n && Number(n[1]) < cut) await this.shelf.delete(device, name);
+        }
+      }
     }
     return { bytes: encode(manifest).length };
+  }
+  private readonly devices = new Set<number>();
+  async loadManifest(iteration: number): Promise<SnapshotManifest | undefined> {
+    return this.manifests.get(iteration);
   }
   async loadSnapshot(iteration: number): Promise<Snapshot | undefined> {
     const m = this.manifests.get(iteration);

@@ -1,16 +1,19 @@
 // Putting every device of the plan back to a snapshot: reset them all (whatever they were
 // running), keeping the shards whose state equals the snapshot's (a survivor that had not moved
-// past it), then load and restore the rest. A snapshot taken on another layout (before an
-// elastic re-plan) is resharded onto the plan first; with no snapshot yet, the models are set up
-// again, from the checkpoint a resumed run started from, else from scratch.
+// past it), then load and restore the rest. On the plan the snapshot was taken on, the devices
+// reload their ranks from the snapshot's objects themselves (the supervisor reads the manifest
+// alone); a snapshot taken on another layout (before an elastic re-plan) is read here and
+// resharded onto the plan; with no snapshot yet, the models are set up again, from the
+// checkpoint a resumed run started from, else from scratch.
 import type { Demonstrate } from '../../environments/index.ts';
 import { CallError, type Dispatcher } from '../dispatch/dispatch.ts';
 import { cut, layoutKey, pieceName, rankCoords, relaidSlices, sliceShape, type RelaidSlice } from '../../../mesh/parallel/index.ts';
 import { reshardToPlan } from '../store/reshard.ts';
 import type { RunStore, Snapshot } from '../store/store.ts';
-import { layoutOf, learnedReward, modelSpec, ownerOf, type RunSpec } from '../run/run.ts';
-import { keptModels, setupModels, snapshotInto, type CheckpointSet, type RankRestore, type RestorePlan } from '../run/setup.ts';
-import { stateDigest, type Checkpoint, type ResultOf } from '../../../mesh/wire/index.ts';
+import { layoutOf, learnedReward, loadModel, modelSpec, ownerOf, type RunSpec } from '../run/run.ts';
+import { keptModels, lrOf, optimized, setupModels, snapshotInto, type CheckpointSet, type RankRestore, type RestorePlan } from '../run/setup.ts';
+import { rankObjects } from '../store/snapshots.ts';
+import { stateDigest, type Checkpoint, type ResultOf, type SnapshotManifest } from '../../../mesh/wire/index.ts';
 import { modelInfo, type GptSpec } from '../../model/index.ts';
 
 export interface RestoreInput {
@@ -166,13 +169,63 @@ function plannedModels(r: RunSpec, devices: readonly number[]): Map<number, stri
 }
 
 /**
+ * A recovery onto the plan the snapshot was taken on: each rank a device kept with the snapshot's
+ * state (its digest equal to the manifest's) stays as it is, a data-parallel replica whole or not
+ * at all (restorePlan's rule); every other rank is loaded and reloads its state itself from the
+ * snapshot's object (`reload`), all at once. Nothing of the state passes through this process.
+ */
+async function reloadInPlace(d: Dispatcher, r: RunSpec, m: SnapshotManifest, kept: KeptShards): Promise<SetupOutput & { plan: RestorePlan; bytes: number; keptBytes: number }> {
+  const plan: Record<string, Map<number, RankRestore>> = {};
+  const parameters: Record<string, number> = {};
+  const keptNames = new Set(keptModels(r));
+  let bytes = 0;
+  let keptBytes = 0;
+  await Promise.all(
+    r.graph.models.map(async ({ name }) => {
+      const layout = layoutOf(r, ownerOf(r, name));
+      const serve = learnedReward(r, name) ? r.rewardService : undefined;
+      if (!keptNames.has(name)) {
+        parameters[name] = await loadModel(d, r, name, name, layout, { lr: lrOf(r, name), serve });
+        return;
+      }
+      const objects = rankObjects(m, name);
+      if (objects.length !== layout.devices.length) throw new Error(`the snapshot after iteration ${m.iteration} has ${objects.length} rank(s) of '${name}'; its layout has ${layout.devices.length}`);
+      const equal = layout.devices.map((device, rank) =>
+        kept.get(device)?.find((k) => k.model === name && k.rank === rank && layoutKey(k.layout) === layoutKey(layout) && k.state === objects[rank]!.state),
+      );
+      const held = new Map<number, RankRestore>();
+      layout.devices.forEach((_, rank) => {
+        const replica = rankCoords(layout, rank).dp;
+        const whole = layout.devices.every((_d, other) => rankCoords(layout, other).dp !== replica || equal[other]);
+        if (whole) held.set(rank, { held: true, parameters: equal[rank]!.parameters });
+      });
+      plan[name] = held;
+      const loaded = await loadModel(d, r, name, name, layout, { lr: lrOf(r, name), serve, skip: new Set(held.keys()) });
+      parameters[name] = loaded + [...held.values()].reduce((n, x) => n + x.parameters, 0);
+      await Promise.all(
+        layout.devices.map(async (device, rank) => {
+          if (held.has(rank)) {
+            keptBytes += objects[rank]!.bytes;
+            return;
+          }
+          bytes += objects[rank]!.bytes;
+          await d.call(device, name, -1, { fn: 'reload', object: objects[rank]!, optimizer: optimized(r, name) });
+        }),
+      );
+    }),
+  );
+  return { parameters, plan, bytes, keptBytes };
+}
+
+/**
  * Every device back to a snapshot; returns what setup returns, the snapshot gone back to, what
- * the devices hold of it now (`restored`), and how each rank got there (`plan`: restorePlan).
- * `bytes`: what was sent; `keptBytes`: what a whole restore would have sent beyond that.
+ * the devices hold of it now (`restored`, where this process read it), and how each rank got there
+ * (`plan`). `bytes`: what was restored; `keptBytes`: what a whole restore would have restored
+ * beyond that; `viaSupervisor`: of `bytes`, what went through this process.
  */
 export async function restoreDevices(
   input: RestoreInput,
-): Promise<SetupOutput & { snapshot: number; restored?: CheckpointSet; plan?: RestorePlan; resharded?: string[]; bytes?: number; keptBytes?: number }> {
+): Promise<SetupOutput & { snapshot: number; restored?: CheckpointSet; plan?: RestorePlan; resharded?: string[]; bytes?: number; keptBytes?: number; viaSupervisor?: number }> {
   const { d, r, store } = input;
   if (input.snapshot === undefined) {
     await resetDevices(d, r, input.devices);
@@ -181,15 +234,21 @@ export async function restoreDevices(
     await snapshotInto(d, r, store, after);
     return { ...out, snapshot: after, resharded: [] };
   }
-  // The snapshot is read from the devices' buckets while the devices reset.
-  const loading = input.loaded ?? store.loadSnapshot(input.snapshot);
-  loading.catch(() => {}); // a failed reset is what the caller hears of first
+  // The snapshot (its manifest, for a recovery in place) is read while the devices reset.
+  const manifest = input.loaded ? undefined : store.loadManifest(input.snapshot);
+  manifest?.catch(() => {}); // a failed reset is what the caller hears of first
   const kept = await resetDevices(d, r, input.devices, plannedModels(r, input.devices));
+  const m = await manifest;
+  if (m && keptModels(r).every((model) => m.layouts[model] && layoutKey(m.layouts[model]) === layoutKey(layoutOf(r, ownerOf(r, model))))) {
+    return { ...(await reloadInPlace(d, r, m, kept)), snapshot: input.snapshot, resharded: [], viaSupervisor: 0 };
+  }
+  const loading = input.loaded ?? store.loadSnapshot(input.snapshot);
   const found = await loading;
   if (!found) throw new Error(`the run store has no snapshot after iteration ${input.snapshot} to recover from`);
   const { set, resharded } = reshardToPlan(r, found.set, found.layouts);
   const plan = restorePlan(r, found, set, kept);
   const out = await setupModels(d, r, set, undefined, plan);
   const bytes = setBytes(set, plan);
-  return { ...out, snapshot: input.snapshot, restored: set, plan, resharded, bytes, keptBytes: setBytes(set) - bytes };
+  // All of it read into this process and streamed from here.
+  return { ...out, snapshot: input.snapshot, restored: set, plan, resharded, bytes, keptBytes: setBytes(set) - bytes, viaSupervisor: bytes };
 }

@@ -81,6 +81,7 @@ function stubStore(): RunStore {
     loadStage: vi.fn(async () => undefined),
     saveSnapshot: vi.fn(async () => ({ bytes: 0 })),
     loadSnapshot: vi.fn(async () => undefined),
+    loadManifest: vi.fn(async () => undefined),
     close: vi.fn(async () => {}),
     shelf: new MemoryShelf(),
   };
@@ -219,6 +220,46 @@ const expectedMetrics = (iteration: number) => ({
 });
 
 describe('supervisor machine', () => {
+  it("writes the run directory's checkpoint once, from the last snapshot, when the run ends well or not; asked to stop again meanwhile, it stops", async () => {
+    const set: CheckpointSet = { actor: [{ tensors: [{ name: 'w', shape: [1], data: Float32Array.of(1) }] }] };
+    const layouts = { actor: { devices: [0], dp: 1, tp: 1, pp: 1 } };
+    const saved: number[] = [];
+    const saveCheckpoint = vi.fn(async (iteration: number, got: CheckpointSet) => {
+      expect(got).toBe(set);
+      saved.push(iteration);
+    });
+    // Well: the snapshot after the last iteration, once.
+    const well = startSupervisor({ input: { saveCheckpoint } });
+    vi.mocked(well.store.loadSnapshot).mockImplementation(async () => ({ set, layouts }));
+    well.join();
+    expect((await well.finished()).value).toBe('done');
+    expect(saved).toEqual([2]);
+    expect(vi.mocked(well.store.loadSnapshot).mock.calls).toEqual([[2]]);
+    // Not well: stopped in iteration 1, it keeps the snapshot after iteration 0.
+    let stopHere!: () => void;
+    const inOne = new Promise<void>((resolve) => (stopHere = resolve));
+    const stopped = startSupervisor({ input: { saveCheckpoint }, iterate: async (i) => (i === 1 ? (stopHere(), new Promise<never>(() => {})) : result()) });
+    vi.mocked(stopped.store.loadSnapshot).mockImplementation(async () => ({ set, layouts }));
+    stopped.join();
+    await inOne;
+    stopped.actor.send({ type: 'interrupt', reason: 'interrupted: ctrl-c' });
+    const end = await stopped.finished();
+    expect(end.value).toBe('failed');
+    expect(saved).toEqual([2, 0]);
+    // Reading the snapshot back hangs: a second interrupt ends the run at once, for the first reason.
+    const hung = startSupervisor({ input: { saveCheckpoint }, iterate: async (i) => (i === 1 ? new Promise<never>(() => {}) : result()) });
+    vi.mocked(hung.store.loadSnapshot).mockImplementation(() => new Promise(() => {}));
+    hung.join();
+    await waitFor(hung.actor, (x) => x.context.iteration === 1, { timeout: 2000 });
+    hung.actor.send({ type: 'interrupt', reason: 'interrupted: first' });
+    await waitFor(hung.actor, (x) => x.matches('failing'), { timeout: 2000 });
+    hung.actor.send({ type: 'interrupt', reason: 'interrupted: second' });
+    const over = await hung.finished();
+    expect(over.value).toBe('failed');
+    expect(over.output).toEqual({ status: 'failed', error: 'interrupted: first' });
+    expect(saved).toEqual([2, 0]);
+  });
+
   it('a clean run: gathers, sets up, records every iteration once in order, collects digests and stops', async () => {
     const s = startSupervisor();
     expect(s.devices).toEqual([0, 1, 2, 3]);

@@ -364,10 +364,13 @@ export const supervisorMachine = setup({
       return { replans: [...context.replans.slice(0, -1), done], from: undefined, lossAt: undefined, failure };
     }),
     recovered: assign(
-      ({ context }, out: { parameters: Record<string, number>; snapshot: number; warmup?: Summary['warmup']; rewardModel?: Summary['reward_model']; bytes?: number; keptBytes?: number }) => {
+      (
+        { context },
+        out: { parameters: Record<string, number>; snapshot: number; warmup?: Summary['warmup']; rewardModel?: Summary['reward_model']; bytes?: number; keptBytes?: number; viaSupervisor?: number },
+      ) => {
         const seconds = (Date.now() - (context.failure?.at ?? Date.now())) / 1000;
         const history = context.history.filter((m) => m.iteration <= out.snapshot);
-        const moved = out.bytes === undefined ? {} : { restored_bytes: out.bytes, kept_bytes: out.keptBytes ?? 0 };
+        const moved = out.bytes === undefined ? {} : { restored_bytes: out.bytes, kept_bytes: out.keptBytes ?? 0, via_supervisor_bytes: out.viaSupervisor ?? out.bytes };
         const entry = { epoch: context.dispatcher.epoch, reason: context.failure?.reason ?? 'unknown', snapshot: out.snapshot, iteration: out.snapshot + 1, seconds, ...moved };
         context.recorder.rewind?.(history);
         context.onRecovered?.(entry);
@@ -775,7 +778,8 @@ export const supervisorMachine = setup({
             src: 'keepCheckpoint',
             input: ({ context }) => ({ store: context.store, snapshot: context.snapshot, save: context.saveCheckpoint }),
             onDone: { target: 'stopping' },
-            onError: { target: '#supervisor.failing', actions: { type: 'fail', params: ({ event }) => ({ stage: "writing the run directory's checkpoint", error: event.error }) } },
+            // Failed already: not tried again on the way out.
+            onError: { target: '#supervisor.failed', actions: { type: 'fail', params: ({ event }) => ({ stage: "writing the run directory's checkpoint", error: event.error }) } },
           },
         },
         stopping: {
@@ -791,6 +795,8 @@ export const supervisorMachine = setup({
     },
     /** A run that fails keeps its last snapshot in the run directory too, then ends. */
     failing: {
+      // Asked to stop again while it writes: it stops now, for the reason it was failing.
+      on: { interrupt: { target: 'failed' } },
       invoke: {
         src: 'keepCheckpoint',
         input: ({ context }) => ({ store: context.store, snapshot: context.snapshot, save: context.saveCheckpoint }),
