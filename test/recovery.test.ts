@@ -191,6 +191,8 @@ describe('the run store in JetStream', () => {
       await store.saveSnapshot(await deviceWrites(store, 3, [w]));
       expect((await store.shelf.names(0)).sort()).toEqual(['not-a-snapshot', 's2-e0.actor.r0', 's3-e0.actor.r0']);
       expect(await store.loadSnapshot(1)).toBeUndefined();
+      // The one a recovery goes back to when the newest cannot be read.
+      expect(await store.previousSnapshot(3)).toBe(2);
       // An object changed after its manifest was written is refused, named, not restored.
       await store.shelf.put(
         0,

@@ -668,27 +668,28 @@ export class Device {
     const { device, object, sha256 } = body.object;
     const at = `'${model}' object ${JSON.stringify(object)} in device ${device}'s bucket`;
     const bytes = await shelf.get(device, object);
-    if (!bytes) throw new CallRejected('invalid_state', `${at} is missing`);
+    // Whatever is wrong with the object, it is not the one the manifest names: digest_mismatch (a recovery goes back to the snapshot before).
+    if (!bytes) throw new CallRejected('digest_mismatch', `${at} is missing`);
     const sha = sha256Hex(bytes);
     if (sha !== sha256) throw new CallRejected('digest_mismatch', `${at} changed since it was written: its SHA-256 is ${sha.slice(0, 12)}…, the manifest says ${sha256.slice(0, 12)}…`);
     let o: ShardObject;
     try {
       o = decode(at, bytes, ShardObject);
     } catch (e) {
-      throw new CallRejected('malformed', (e as Error).message);
+      throw new CallRejected('digest_mismatch', (e as Error).message);
     }
     const s = h.shard as ModelShard;
     const info = modelInfo(s.spec);
     const mine = shardSlices(info, h.layout, h.rank);
     if (o.model !== model || JSON.stringify(shardSlices(info, o.layout, o.rank)) !== JSON.stringify(mine)) {
-      throw new CallRejected('invalid_state', `${at} holds '${o.model}' rank ${o.rank} of layout [${o.layout.devices}], not the slices of rank ${h.rank} of [${h.layout.devices}] here`);
+      throw new CallRejected('digest_mismatch', `${at} holds '${o.model}' rank ${o.rank} of layout [${o.layout.devices}], not the slices of rank ${h.rank} of [${h.layout.devices}] here`);
     }
     const c = o.checkpoint;
     if ((c.optimizer !== undefined) !== body.optimizer)
       throw new CallRejected('invalid_state', `${at}: expected ${body.optimizer ? 'an' : 'no'} optimizer state, the object has ${c.optimizer ? 'one' : 'none'}`);
     const named = new Map(c.tensors.map((t) => [t.name, t]));
     const missing = mine.filter((sl) => named.get(sl.name)?.data.length !== sliceShape(sl).reduce((a, b) => a * b, 1));
-    if (missing.length) throw new CallRejected('invalid_state', `${at} lacks, or has another size of, ${missing.map((sl) => sl.name).join(', ')}`);
+    if (missing.length) throw new CallRejected('digest_mismatch', `${at} lacks, or has another size of, ${missing.map((sl) => sl.name).join(', ')}`);
     s.weights.importTensors(mine.map((sl) => named.get(sl.name)!));
     if (c.optimizer) s.weights.loadOptimizerState(c.optimizer);
     h.ledger = [...(c.ledger ?? [])];

@@ -221,20 +221,13 @@ export class JetStreamStore implements RunStore {
    */
   private async dropOlderSnapshots(): Promise<void> {
     const bucket = `ferry-${this.run}-snapshots`;
-    const prefix = `$O.${bucket}.M.`;
-    let names: string[];
+    let iterations: number[];
     try {
-      const info = await this.jsm.streams.info(`OBJ_${bucket}`, { subjects_filter: `${prefix}>` });
-      names = Object.keys(info.state.subjects ?? {}).map((subject) => Buffer.from(subject.slice(prefix.length), 'base64url').toString());
+      iterations = await this.snapshotIterations();
     } catch (e) {
       this.log(`could not list the snapshots to drop: ${(e as Error).message}`);
       return;
     }
-    // -1: the one taken after setup.
-    const iterations = names
-      .flatMap((name) => /^snapshot-(-?\d+)$/.exec(name)?.[1] ?? [])
-      .map(Number)
-      .sort((a, b) => b - a);
     if (iterations.length < 2) return;
     const cut = iterations[1]!;
     const quietly = async (what: string, op: () => Promise<unknown>) => {
@@ -263,6 +256,26 @@ export class JetStreamStore implements RunStore {
 
   loadManifest(iteration: number): Promise<SnapshotManifest | undefined> {
     return this.readManifest(iteration);
+  }
+
+  async previousSnapshot(iteration: number): Promise<number | undefined> {
+    return (await patiently('listing the snapshots', this.patienceMs, () => this.snapshotIterations())).find((i) => i < iteration);
+  }
+
+  /**
+   * The iterations of the snapshots whose manifests the run's bucket names, newest first (-1: the
+   * one after setup), from the names in its metadata subjects: nothing is read. A deleted one's
+   * marker, left by a server killed before its purge, is among them until the next save.
+   */
+  private async snapshotIterations(): Promise<number[]> {
+    const bucket = `ferry-${this.run}-snapshots`;
+    const prefix = `$O.${bucket}.M.`;
+    const info = await this.jsm.streams.info(`OBJ_${bucket}`, { subjects_filter: `${prefix}>` });
+    const names = Object.keys(info.state.subjects ?? {}).map((subject) => Buffer.from(subject.slice(prefix.length), 'base64url').toString());
+    return names
+      .flatMap((name) => /^snapshot-(-?\d+)$/.exec(name)?.[1] ?? [])
+      .map(Number)
+      .sort((a, b) => b - a);
   }
 
   /** The manifest of the snapshot after `iteration`, checked; undefined where there is none. */

@@ -55,6 +55,8 @@ export interface RunStore {
   loadSnapshot(iteration: number): Promise<Snapshot | undefined>;
   /** The manifest of the snapshot after `iteration` alone (a recovery in place reads no object: the devices do). */
   loadManifest(iteration: number): Promise<SnapshotManifest | undefined>;
+  /** The newest snapshot kept from before `iteration`'s (where one cannot be read back), if any. */
+  previousSnapshot(iteration: number): Promise<number | undefined>;
   close(): Promise<void>;
 }
 
@@ -99,6 +101,10 @@ export class MemoryStore implements RunStore {
   private readonly devices = new Set<number>();
   async loadManifest(iteration: number): Promise<SnapshotManifest | undefined> {
     return this.manifests.get(iteration);
+  }
+  async previousSnapshot(iteration: number): Promise<number | undefined> {
+    const before = [...this.manifests.keys()].filter((i) => i < iteration);
+    return before.length ? Math.max(...before) : undefined;
   }
   async loadSnapshot(iteration: number): Promise<Snapshot | undefined> {
     const m = this.manifests.get(iteration);

@@ -12,8 +12,8 @@ import { reshardToPlan } from '../store/reshard.ts';
 import type { RunStore, Snapshot } from '../store/store.ts';
 import { layoutOf, learnedReward, loadModel, modelSpec, ownerOf, type RunSpec } from '../run/run.ts';
 import { keptModels, lrOf, optimized, setupModels, snapshotInto, type CheckpointSet, type RankRestore, type RestorePlan } from '../run/setup.ts';
-import { rankObjects } from '../store/snapshots.ts';
-import { stateDigest, type Checkpoint, type ResultOf, type SnapshotManifest } from '../../../mesh/wire/index.ts';
+import { SnapshotError, rankObjects } from '../store/snapshots.ts';
+import { ProtocolError, stateDigest, type Checkpoint, type ResultOf, type SnapshotManifest } from '../../../mesh/wire/index.ts';
 import { modelInfo, type GptSpec } from '../../model/index.ts';
 
 export interface RestoreInput {
@@ -27,6 +27,8 @@ export interface RestoreInput {
   demonstrate?: Demonstrate;
   /** The snapshot, when the caller reads it already (it may still be coming). */
   loaded?: Promise<Snapshot | undefined>;
+  /** Where a recovery says what it did that its result does not (a snapshot it could not restore). */
+  say?: (line: string) => void;
 }
 
 export type SetupOutput = Awaited<ReturnType<typeof setupModels>>;
@@ -234,21 +236,38 @@ export async function restoreDevices(
     await snapshotInto(d, r, store, after);
     return { ...out, snapshot: after, resharded: [] };
   }
+  try {
+    return await backTo(input, input.snapshot);
+  } catch (e) {
+    // A snapshot that cannot be read back whole (an object changed, missing, or not the rank the
+    // manifest says): the recovery goes back to the one before it, which the store keeps, and the
+    // iterations since are run again (their rollouts and scores are in the stream). Not for a
+    // migration, whose caller read the snapshot itself.
+    if (input.loaded || !(e instanceof SnapshotError || e instanceof ProtocolError || (e instanceof CallError && e.code === 'digest_mismatch'))) throw e;
+    const before = await store.previousSnapshot(input.snapshot);
+    if (before === undefined) throw e;
+    input.say?.(`the snapshot after iteration ${input.snapshot} cannot be restored (${e.message}): going back to the one after iteration ${before}`);
+    return restoreDevices({ ...input, snapshot: before });
+  }
+}
+
+/** restoreDevices onto the snapshot after `snapshot` (there is one). */
+async function backTo(input: RestoreInput, snapshot: number): ReturnType<typeof restoreDevices> {
+  const { d, r, store } = input;
   // The snapshot (its manifest, for a recovery in place) is read while the devices reset.
-  const manifest = input.loaded ? undefined : store.loadManifest(input.snapshot);
+  const manifest = input.loaded ? undefined : store.loadManifest(snapshot);
   manifest?.catch(() => {}); // a failed reset is what the caller hears of first
   const kept = await resetDevices(d, r, input.devices, plannedModels(r, input.devices));
   const m = await manifest;
   if (m && keptModels(r).every((model) => m.layouts[model] && layoutKey(m.layouts[model]) === layoutKey(layoutOf(r, ownerOf(r, model))))) {
-    return { ...(await reloadInPlace(d, r, m, kept)), snapshot: input.snapshot, resharded: [], viaSupervisor: 0 };
+    return { ...(await reloadInPlace(d, r, m, kept)), snapshot, resharded: [], viaSupervisor: 0 };
   }
-  const loading = input.loaded ?? store.loadSnapshot(input.snapshot);
-  const found = await loading;
-  if (!found) throw new Error(`the run store has no snapshot after iteration ${input.snapshot} to recover from`);
+  const found = await (input.loaded ?? store.loadSnapshot(snapshot));
+  if (!found) throw new SnapshotError(`the run store has no snapshot after iteration ${snapshot} to recover from`);
   const { set, resharded } = reshardToPlan(r, found.set, found.layouts);
   const plan = restorePlan(r, found, set, kept);
   const out = await setupModels(d, r, set, undefined, plan);
   const bytes = setBytes(set, plan);
   // All of it read into this process and streamed from here.
-  return { ...out, snapshot: input.snapshot, restored: set, plan, resharded, bytes, keptBytes: setBytes(set) - bytes, viaSupervisor: bytes };
+  return { ...out, snapshot, restored: set, plan, resharded, bytes, keptBytes: setBytes(set) - bytes, viaSupervisor: bytes };
 }

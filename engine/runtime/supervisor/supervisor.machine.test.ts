@@ -82,6 +82,7 @@ function stubStore(): RunStore {
     saveSnapshot: vi.fn(async () => ({ bytes: 0 })),
     loadSnapshot: vi.fn(async () => undefined),
     loadManifest: vi.fn(async () => undefined),
+    previousSnapshot: vi.fn(async () => undefined),
     close: vi.fn(async () => {}),
     shelf: new MemoryShelf(),
   };

@@ -156,6 +156,7 @@ const restoreInput = (context: Context) => ({
   snapshot: context.snapshot,
   resume: context.resume,
   demonstrate: context.demonstrate,
+  say: (line: string) => context.recorder.phase('recovering', line),
 });
 
 export const supervisorMachine = setup({
