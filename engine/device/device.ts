@@ -2,7 +2,7 @@
 // on it and answers calls about them. The worker process's machine (worker.machine.ts) decides when
 // a call may run; this module decides whether the device's contents allow it and runs it.
 import type { Bus } from '../../mesh/wire/index.ts';
-import { ShardObject, decode, encode, sha256Hex } from '../../mesh/wire/index.ts';
+import { ObjectError, ShardObject, decode, encode, sha256Hex } from '../../mesh/wire/index.ts';
 import { assemble, checkStrategy, pieceName, relaidSlices, shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../../mesh/parallel/index.ts';
 import { Go, PROTOCOL_VERSION, type Checkpoint, type LedgerEntry, type Call, type CallBody, type CallFn, type CallOf, type Layout, type ResultOf } from '../../mesh/wire/index.ts';
 import { cut, pasteRange } from '../../mesh/parallel/index.ts';
@@ -667,7 +667,13 @@ export class Device {
     if (!shelf) throw new CallRejected('unsupported', `device ${this.index} has no snapshot buckets to read '${model}' from`);
     const { device, object, sha256 } = body.object;
     const at = `'${model}' object ${JSON.stringify(object)} in device ${device}'s bucket`;
-    const bytes = await shelf.get(device, object);
+    let bytes: Uint8Array | undefined;
+    try {
+      bytes = await shelf.get(device, object);
+    } catch (e) {
+      if (e instanceof ObjectError) throw new CallRejected('digest_mismatch', `${at}: ${e.message}`);
+      throw e;
+    }
     // Whatever is wrong with the object, it is not the one the manifest names: digest_mismatch (a recovery goes back to the snapshot before).
     if (!bytes) throw new CallRejected('digest_mismatch', `${at} is missing`);
     const sha = sha256Hex(bytes);

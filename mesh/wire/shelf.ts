@@ -26,6 +26,11 @@ export const deviceBucket = (run: string, device: number): string => `ferry-${to
 
 export const sha256Hex = (bytes: Uint8Array): string => createHash('sha256').update(bytes).digest('hex');
 
+/** An object that is there but not whole: a chunk missing, or bytes that do not match its own metadata. Not worth trying again. */
+export class ObjectError extends Error {
+  override name = 'ObjectError';
+}
+
 /** Removes an object from a bucket of the object store (see NatsShelf.delete). */
 export async function removeObject(b: ObjectStore | undefined, bucket: string, object: string, jsm: JetStreamManager): Promise<void> {
   const info = await b?.info(object);
@@ -103,7 +108,7 @@ export class NatsShelf implements Shelf {
       try {
         return await op();
       } catch (e) {
-        if (Date.now() >= deadline) throw e;
+        if (e instanceof ObjectError || Date.now() >= deadline) throw e;
         await new Promise((r) => setTimeout(r, Math.min(1000, 100 * attempt)));
       }
     }
@@ -167,14 +172,21 @@ export class NatsShelf implements Shelf {
     try {
       // A bounded window of chunks in flight, each awaited before the window moves on; on a
       // failure, every one sent has settled before its chunks are purged.
-      const inFlight: Promise<unknown>[] = [];
-      let failed: unknown;
+      // Each acknowledgement is handled as it is asked for: one that fails while an earlier one is
+      // awaited is never an unhandled rejection.
+      const inFlight: Promise<void>[] = [];
+      let failed: { error: unknown } | undefined;
       for (let at = 0; at < bytes.length && failed === undefined; at += chunk) {
-        if (inFlight.length >= WINDOW) await inFlight.shift()!.catch((e: unknown) => (failed ??= e));
-        inFlight.push(js.publish(chunks, bytes.subarray(at, at + chunk)));
+        if (inFlight.length >= WINDOW) await inFlight.shift();
+        inFlight.push(
+          js.publish(chunks, bytes.subarray(at, at + chunk)).then(
+            () => {},
+            (error: unknown) => void (failed ??= { error }),
+          ),
+        );
       }
-      for (const r of await Promise.allSettled(inFlight)) if (r.status === 'rejected') failed ??= r.reason;
-      if (failed !== undefined) throw failed;
+      await Promise.all(inFlight);
+      if (failed !== undefined) throw failed.error;
       const info = {
         name: object,
         description: '',
@@ -224,7 +236,7 @@ export class NatsShelf implements Shelf {
     }
     const expected = info.digest.replace(/^SHA-256=/, '');
     if (at !== out.length || urlPadded(createHash('sha256').update(out).digest()) !== expected)
-      throw new Error(`object ${JSON.stringify(object)} of device ${device}'s bucket does not match its metadata (${at} of ${out.length} bytes, or its SHA-256)`);
+      throw new ObjectError(`object ${JSON.stringify(object)} of device ${device}'s bucket does not match its metadata (${at} of ${out.length} bytes, or its SHA-256)`);
     return out;
   }
 

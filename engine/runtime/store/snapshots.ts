@@ -3,7 +3,7 @@
 // keeps only the manifest (which device wrote which rank, its size, SHA-256 and state digest).
 // Reading a snapshot back fetches each object named there and checks it against the manifest:
 // its SHA-256, and that it holds the model, rank, layout and iteration the manifest says.
-import { ProtocolError, ShardObject, decode, sha256Hex, type Checkpoint, type ShardEntry, type Shelf, type SnapshotManifest } from '../../../mesh/wire/index.ts';
+import { ObjectError, ProtocolError, ShardObject, decode, sha256Hex, type Checkpoint, type ShardEntry, type Shelf, type SnapshotManifest } from '../../../mesh/wire/index.ts';
 import { layoutKey } from '../../../mesh/parallel/index.ts';
 import type { Snapshot } from './store.ts';
 import { unpackReplicas } from './replicas.ts';
@@ -41,7 +41,13 @@ export async function readSnapshot(shelf: Pick<Shelf, 'get'>, m: SnapshotManifes
         const read = await Promise.all(
           shards.map(async (s, i): Promise<Checkpoint> => {
             const at = `${where}: '${model}' object ${JSON.stringify(s.object)} in device ${s.device}'s bucket`;
-            const bytes = await shelf.get(s.device, s.object);
+            let bytes: Uint8Array | undefined;
+            try {
+              bytes = await shelf.get(s.device, s.object);
+            } catch (e) {
+              if (e instanceof ObjectError) throw new SnapshotError(`${at}: ${e.message}`, { cause: e });
+              throw e;
+            }
             if (!bytes) throw new SnapshotError(`${at} is missing`);
             const sha = sha256Hex(bytes);
             if (sha !== s.sha256) throw new SnapshotError(`${at} changed since it was written: its SHA-256 is ${sha.slice(0, 12)}…, the manifest says ${s.sha256.slice(0, 12)}…`);

@@ -170,6 +170,12 @@ function plannedModels(r: RunSpec, devices: readonly number[]): Map<number, stri
   return keep;
 }
 
+/** Waits for every promise to settle, then throws the first failure, if any. */
+async function settled(all: Promise<unknown>[]): Promise<void> {
+  const failed = (await Promise.allSettled(all)).find((x) => x.status === 'rejected');
+  if (failed) throw (failed as PromiseRejectedResult).reason;
+}
+
 /**
  * A recovery onto the plan the snapshot was taken on: each rank a device kept with the snapshot's
  * state (its digest equal to the manifest's) stays as it is, a data-parallel replica whole or not
@@ -182,7 +188,9 @@ async function reloadInPlace(d: Dispatcher, r: RunSpec, m: SnapshotManifest, kep
   const keptNames = new Set(keptModels(r));
   let bytes = 0;
   let keptBytes = 0;
-  await Promise.all(
+  // Every call settles before a failure is thrown: a recovery that goes on to another snapshot
+  // (restoreDevices) must not meet a reload of this one still arriving at a device.
+  await settled(
     r.graph.models.map(async ({ name }) => {
       const layout = layoutOf(r, ownerOf(r, name));
       const serve = learnedReward(r, name) ? r.rewardService : undefined;
@@ -191,7 +199,8 @@ async function reloadInPlace(d: Dispatcher, r: RunSpec, m: SnapshotManifest, kep
         return;
       }
       const objects = rankObjects(m, name);
-      if (objects.length !== layout.devices.length) throw new Error(`the snapshot after iteration ${m.iteration} has ${objects.length} rank(s) of '${name}'; its layout has ${layout.devices.length}`);
+      if (objects.length !== layout.devices.length)
+        throw new SnapshotError(`the snapshot after iteration ${m.iteration} has ${objects.length} rank(s) of '${name}'; its layout has ${layout.devices.length}`);
       const equal = layout.devices.map((device, rank) =>
         kept.get(device)?.find((k) => k.model === name && k.rank === rank && layoutKey(k.layout) === layoutKey(layout) && k.state === objects[rank]!.state),
       );
@@ -204,7 +213,7 @@ async function reloadInPlace(d: Dispatcher, r: RunSpec, m: SnapshotManifest, kep
       plan[name] = held;
       const loaded = await loadModel(d, r, name, name, layout, { lr: lrOf(r, name), serve, skip: new Set(held.keys()) });
       parameters[name] = loaded + [...held.values()].reduce((n, x) => n + x.parameters, 0);
-      await Promise.all(
+      await settled(
         layout.devices.map(async (device, rank) => {
           if (held.has(rank)) {
             keptBytes += objects[rank]!.bytes;
