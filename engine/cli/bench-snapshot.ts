@@ -27,6 +27,8 @@ export interface SnapshotRow {
   manifest_seconds: number;
   /** Snapshot seconds per iteration, as summary.json's snapshots give them. */
   seconds_per_iteration: number;
+  /** The devices' writes together, in MB/s: what the run's JetStream server took in. */
+  write_mb_per_s: number;
 }
 
 const scenario = (devices: number, width: number, iterations: number, sync?: string) => {
@@ -77,10 +79,11 @@ export async function snapshotBench(o: { devices?: number[]; widths?: number[]; 
           write_seconds: write_seconds / count,
           manifest_seconds: manifest_seconds / count,
           seconds_per_iteration: (write_seconds + manifest_seconds) / s.iterations,
+          write_mb_per_s: total_bytes / write_seconds / 1e6,
         };
         rows.push(row);
         o.log(
-          `  ${n} device(s), ${row.layers} layers, width ${width}: ${(row.bytes / 2 ** 20).toFixed(2)} MiB a snapshot (${(row.bytes_per_device / 2 ** 20).toFixed(2)} MiB a device; ${row.bytes_via_supervisor} bytes through the supervisor), ${row.seconds.toFixed(3)} s (devices writing ${row.write_seconds.toFixed(3)}, manifest ${row.manifest_seconds.toFixed(3)})`,
+          `  ${n} device(s), ${row.layers} layers, width ${width}: ${(row.bytes / 2 ** 20).toFixed(2)} MiB a snapshot (${(row.bytes_per_device / 2 ** 20).toFixed(2)} MiB a device; ${row.bytes_via_supervisor} bytes through the supervisor), ${row.seconds.toFixed(3)} s (devices writing ${row.write_seconds.toFixed(3)}, ${row.write_mb_per_s.toFixed(0)} MB/s together; manifest ${row.manifest_seconds.toFixed(3)})`,
         );
       }
     }
@@ -99,5 +102,7 @@ export async function snapshotBench(o: { devices?: number[]; widths?: number[]; 
   const seconds_ratio_size = median(devices.map((n) => at(n, large).seconds / at(n, small).seconds));
   const bytes_ratio_size = median(devices.map((n) => at(n, large).bytes_per_device / at(n, small).bytes_per_device));
   const bytes_via_supervisor_max = Math.max(...rows.map((r) => r.bytes_via_supervisor));
-  return { rows, seconds_ratio_devices, bytes_ratio_devices, bytes_per_device_ratio_devices, seconds_ratio_size, bytes_ratio_size, bytes_via_supervisor_max };
+  // Where the seconds stop being flat: the rate the server takes the devices' writes in stops growing.
+  const write_rate_ratio_devices = median(widths.map((w) => at(most, w).write_mb_per_s / at(least, w).write_mb_per_s));
+  return { rows, seconds_ratio_devices, bytes_ratio_devices, bytes_per_device_ratio_devices, seconds_ratio_size, bytes_ratio_size, bytes_via_supervisor_max, write_rate_ratio_devices };
 }

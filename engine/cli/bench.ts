@@ -185,6 +185,9 @@ runMain(async () => {
       );
       log(`width 128 against 64: ${r.bytes_ratio_size?.toFixed(2)}× the bytes a device holds, ${r.seconds_ratio_size?.toFixed(2)}× the seconds`);
       log(`through the supervisor's process: at most ${r.bytes_via_supervisor_max} bytes a snapshot (its manifest)`);
+      log(
+        `the devices' writes together: ${r.write_rate_ratio_devices?.toFixed(2)}× the rate with 4 devices as with 1 (1 would be a single writer's rate shared; 4 devices writing in parallel at full speed would be 4)`,
+      );
     }
     return 0;
   }
