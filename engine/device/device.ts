@@ -2,7 +2,8 @@
 // on it and answers calls about them. The worker process's machine (worker.machine.ts) decides when
 // a call may run; this module decides whether the device's contents allow it and runs it.
 import type { Bus } from '../../mesh/wire/index.ts';
-import { ObjectError, ShardObject, decode, encode, sha256Hex } from '../../mesh/wire/index.ts';
+import { encode } from '../../mesh/wire/index.ts';
+import { readSnapshot, stateOf, writeSnapshot, type HeldShard } from './snapshot.ts';
 import { assemble, checkStrategy, pieceName, relaidSlices, shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../../mesh/parallel/index.ts';
 import { Go, PROTOCOL_VERSION, type Checkpoint, type LedgerEntry, type Call, type CallBody, type CallFn, type CallOf, type Layout, type ResultOf } from '../../mesh/wire/index.ts';
 import { cut, pasteRange } from '../../mesh/parallel/index.ts';
@@ -626,80 +627,30 @@ export class Device {
     }
   }
 
-  /**
-   * The shard's state as a checkpoint holds it: its weight slices, the optimizer's step and both
-   * moments of every weight (zeros for one never stepped, as a fresh slot holds them), its ledger.
-   */
+  /** The shard's state as a checkpoint holds it (snapshot.ts's stateOf). */
   private stateOf(h: Hosted): Checkpoint {
-    const s = h.shard as ModelShard;
-    const tensors = s.weights.exportTensors();
-    const state = s.weights.optimizerState();
-    const moments = new Map((state?.moments ?? []).map((m) => [m.name, m]));
-    const zeros = (n: number) => new Float32Array(n);
-    return {
-      tensors,
-      ...(state
-        ? { optimizer: { step: state.step, moments: tensors.map((t) => ({ name: t.name, m: moments.get(t.name)?.m ?? zeros(t.data.length), v: moments.get(t.name)?.v ?? zeros(t.data.length) })) } }
-        : {}),
-      ledger: [...h.ledger],
-    };
+    return stateOf(h as HeldShard);
   }
 
-  /**
-   * Writes the shard's state into this device's own snapshot bucket as one ShardObject; see the
-   * protocol's `snapshot`. Its bytes go from here to the store, not through the supervisor.
-   */
-  private async snapshot(h: Hosted, model: string, iteration: number, body: CallOf<'snapshot'>): Promise<ResultOf<'snapshot'>> {
-    const shelf = this.options.shelf;
-    if (!shelf) throw new CallRejected('unsupported', `device ${this.index} has no snapshot bucket to write '${model}' into`);
-    const checkpoint = this.stateOf(h);
-    const bytes = encode({ type: 'shard', v: PROTOCOL_VERSION, model, layout: h.layout, rank: h.rank, iteration, checkpoint });
-    const sha256 = await shelf.put(this.index, body.object, bytes);
-    return { bytes: bytes.length, sha256, state: stateDigest(checkpoint) };
+  /** The device's snapshot buckets, or a refusal naming what could not be done without them. */
+  private shelf(what: string): Shelf {
+    if (!this.options.shelf) throw new CallRejected('unsupported', `device ${this.index} has no snapshot buckets to ${what}`);
+    return this.options.shelf;
   }
 
-  /**
-   * Puts the rank's state back from a snapshot's object, read from the bucket that holds it;
-   * see the protocol's `reload`. Changes nothing unless the object is whole and this rank's.
-   */
+  /** Writes the shard's state into this device's own bucket; its bytes go from here to the store, not through the supervisor. */
+  private snapshot(h: Hosted, model: string, iteration: number, body: CallOf<'snapshot'>): Promise<ResultOf<'snapshot'>> {
+    return writeSnapshot(this.shelf(`write '${model}' into`), this.index, h as HeldShard, model, iteration, body);
+  }
+
+  /** Puts the rank's state back from a snapshot's object; changes nothing unless the object is whole and this rank's. */
   private async reload(h: Hosted, model: string, body: CallOf<'reload'>): Promise<ResultOf<'reload'>> {
-    const shelf = this.options.shelf;
-    if (!shelf) throw new CallRejected('unsupported', `device ${this.index} has no snapshot buckets to read '${model}' from`);
-    const { device, object, sha256 } = body.object;
-    const at = `'${model}' object ${JSON.stringify(object)} in device ${device}'s bucket`;
-    let bytes: Uint8Array | undefined;
-    try {
-      bytes = await shelf.get(device, object);
-    } catch (e) {
-      if (e instanceof ObjectError) throw new CallRejected('digest_mismatch', `${at}: ${e.message}`);
-      throw e;
-    }
-    // Whatever is wrong with the object, it is not the one the manifest names: digest_mismatch (a recovery goes back to the snapshot before).
-    if (!bytes) throw new CallRejected('digest_mismatch', `${at} is missing`);
-    const sha = sha256Hex(bytes);
-    if (sha !== sha256) throw new CallRejected('digest_mismatch', `${at} changed since it was written: its SHA-256 is ${sha.slice(0, 12)}…, the manifest says ${sha256.slice(0, 12)}…`);
-    let o: ShardObject;
-    try {
-      o = decode(at, bytes, ShardObject);
-    } catch (e) {
-      throw new CallRejected('digest_mismatch', (e as Error).message);
-    }
+    const { tensors, checkpoint, bytes } = await readSnapshot(this.shelf(`read '${model}' from`), h as HeldShard, model, body);
     const s = h.shard as ModelShard;
-    const info = modelInfo(s.spec);
-    const mine = shardSlices(info, h.layout, h.rank);
-    if (o.model !== model || JSON.stringify(shardSlices(info, o.layout, o.rank)) !== JSON.stringify(mine)) {
-      throw new CallRejected('digest_mismatch', `${at} holds '${o.model}' rank ${o.rank} of layout [${o.layout.devices}], not the slices of rank ${h.rank} of [${h.layout.devices}] here`);
-    }
-    const c = o.checkpoint;
-    if ((c.optimizer !== undefined) !== body.optimizer)
-      throw new CallRejected('invalid_state', `${at}: expected ${body.optimizer ? 'an' : 'no'} optimizer state, the object has ${c.optimizer ? 'one' : 'none'}`);
-    const named = new Map(c.tensors.map((t) => [t.name, t]));
-    const missing = mine.filter((sl) => named.get(sl.name)?.data.length !== sliceShape(sl).reduce((a, b) => a * b, 1));
-    if (missing.length) throw new CallRejected('digest_mismatch', `${at} lacks, or has another size of, ${missing.map((sl) => sl.name).join(', ')}`);
-    s.weights.importTensors(mine.map((sl) => named.get(sl.name)!));
-    if (c.optimizer) s.weights.loadOptimizerState(c.optimizer);
-    h.ledger = [...(c.ledger ?? [])];
-    return { bytes: bytes.length };
+    s.weights.importTensors(tensors);
+    if (checkpoint.optimizer) s.weights.loadOptimizerState(checkpoint.optimizer);
+    h.ledger = [...(checkpoint.ledger ?? [])];
+    return { bytes };
   }
 
   /** Streams the shard's weights (and optimizer moments) on go; see the protocol's `checkpoint`. */

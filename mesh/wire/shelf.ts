@@ -9,6 +9,7 @@ import { headers, nuid } from '@nats-io/transport-node';
 import { Objm, type ObjectStore } from '@nats-io/obj';
 import type { NatsConnection } from '@nats-io/transport-node';
 import { token } from './subjects.ts';
+import { sha256 } from './chunks.ts';
 
 export interface Shelf {
   /** Writes `object` into `device`'s bucket (replacing one of that name); returns the bytes' SHA-256. */
@@ -24,11 +25,16 @@ export interface Shelf {
 /** The object store of a run's device. */
 export const deviceBucket = (run: string, device: number): string => `ferry-${token('run id', run)}-d${device}`;
 
-export const sha256Hex = (bytes: Uint8Array): string => createHash('sha256').update(bytes).digest('hex');
-
 /** An object that is there but not whole: a chunk missing, or bytes that do not match its own metadata. Not worth trying again. */
 export class ObjectError extends Error {
   override name = 'ObjectError';
+}
+
+/** Names of the objects a bucket of the object store holds (a deletion marker's too), from its metadata subjects: nothing is read. */
+export async function bucketNames(jsm: JetStreamManager, bucket: string): Promise<string[]> {
+  const prefix = `$O.${bucket}.M.`;
+  const info = await jsm.streams.info(`OBJ_${bucket}`, { subjects_filter: `${prefix}>` });
+  return Object.keys(info.state.subjects ?? {}).map((subject) => Buffer.from(subject.slice(prefix.length), 'base64url').toString());
 }
 
 /** Removes an object from a bucket of the object store (see NatsShelf.delete). */
@@ -56,7 +62,7 @@ export class MemoryShelf implements Shelf {
   private readonly objects = new Map<string, Uint8Array>();
   async put(device: number, object: string, bytes: Uint8Array): Promise<string> {
     this.objects.set(`${device}/${object}`, bytes.slice());
-    return sha256Hex(bytes);
+    return sha256(bytes);
   }
   async get(device: number, object: string): Promise<Uint8Array | undefined> {
     return this.objects.get(`${device}/${object}`);
@@ -136,13 +142,9 @@ export class NatsShelf implements Shelf {
     return b;
   }
 
-  /** Names of the objects in the device's bucket (deleted ones included), from its metadata subjects: nothing is read. */
   async names(device: number): Promise<string[]> {
-    const bucket = deviceBucket(this.run, device);
-    const prefix = `$O.${bucket}.M.`;
     try {
-      const info = await (await this.jsm()).streams.info(`OBJ_${bucket}`, { subjects_filter: `${prefix}>` });
-      return Object.keys(info.state.subjects ?? {}).map((subject) => Buffer.from(subject.slice(prefix.length), 'base64url').toString());
+      return await bucketNames(await this.jsm(), deviceBucket(this.run, device));
     } catch (e) {
       if (/not found/i.test((e as Error).message)) return [];
       throw e;
@@ -151,7 +153,7 @@ export class NatsShelf implements Shelf {
 
   /**
    * Writes the object as the object store lays it out (its chunks, then its metadata; `nats
-   * object get` reads it), with every chunk in flight at once and the SHA-256 taken by node's
+   * object get` reads it), with up to WINDOW chunks in flight and the SHA-256 taken by node's
    * crypto: the store's own writer awaits each chunk's acknowledgement in turn and hashes in
    * JavaScript, which made a 6 MiB write take 130 ms instead of 30.
    */
@@ -170,10 +172,9 @@ export class NatsShelf implements Shelf {
     const old = await b.info(object);
     const digest = createHash('sha256').update(bytes).digest();
     try {
-      // A bounded window of chunks in flight, each awaited before the window moves on; on a
-      // failure, every one sent has settled before its chunks are purged.
-      // Each acknowledgement is handled as it is asked for: one that fails while an earlier one is
-      // awaited is never an unhandled rejection.
+      // A bounded window of chunks in flight. Each acknowledgement is handled as it is asked for
+      // (one that fails while an earlier one is awaited is never an unhandled rejection), and on a
+      // failure every one sent has settled before its chunks are purged.
       const inFlight: Promise<void>[] = [];
       let failed: { error: unknown } | undefined;
       for (let at = 0; at < bytes.length && failed === undefined; at += chunk) {

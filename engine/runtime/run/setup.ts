@@ -11,7 +11,7 @@ import { demonstrations } from '../../device/index.ts';
 import { demoRows, episodesSpec, type Demonstrate } from '../../environments/index.ts';
 import { CallError, type Dispatcher } from '../dispatch/dispatch.ts';
 import { shardsProblem } from '../store/reshard.ts';
-import { manifestBytes } from '../store/snapshots.ts';
+import { manifestBytes, objectName } from '../store/snapshots.ts';
 import type { RunStore } from '../store/store.ts';
 import { basePolicy, callMesh, declOf, eosOf, episodeTaskOf, layoutOf, learnedReward, loadModel, modelSpec, ownerOf, reallocate, samplingOf, type Moved, type RunSpec } from './run.ts';
 
@@ -57,7 +57,7 @@ export async function takeSnapshot(d: Dispatcher, r: RunSpec, iteration: number)
       const shards = await Promise.all(
         writers.map(async (rank) => {
           const device = layout.devices[rank]!;
-          const object = `s${iteration}-e${epoch}.${model}.r${rank}`;
+          const object = objectName(iteration, epoch, model, rank);
           const out = await d.call(device, model, iteration, { fn: 'snapshot', object, optimizer: optimized(r, model) });
           return { device, object, ...out };
         }),

@@ -20,11 +20,11 @@ import { Kvm, type KV, type KvEntry } from '@nats-io/kv';
 import { Objm, type ObjectStore } from '@nats-io/obj';
 import type { NatsConnection } from '@nats-io/transport-node';
 import { ProtocolError, decode, encode } from '../../../mesh/wire/index.ts';
-import { NatsShelf, PROTOCOL_VERSION, removeObject, ProgressRecord, SnapshotManifest, StageRecord, defaultReplicas, type Shelf } from '../../../mesh/wire/index.ts';
+import { NatsShelf, PROTOCOL_VERSION, bucketNames, removeObject, ProgressRecord, SnapshotManifest, StageRecord, defaultReplicas, type Shelf } from '../../../mesh/wire/index.ts';
 import { createHash } from 'node:crypto';
 import { subjects, type Subjects } from '../../../mesh/wire/index.ts';
 import type { Progress, RunStore, Snapshot, Stage } from './store.ts';
-import { manifestObjects, readSnapshot } from './snapshots.ts';
+import { dropObjectsBefore, manifestObjects, readSnapshot } from './snapshots.ts';
 
 /** Progress records the bucket keeps: the newest whole one is read back. */
 const PROGRESS_KEPT = 8;
@@ -242,16 +242,7 @@ export class JetStreamStore implements RunStore {
       const name = `snapshot-${i}`;
       await quietly(`the run store's snapshot manifest ${name}`, () => removeObject(this.objects, bucket, name, this.jsm));
     }
-    await Promise.all(
-      [...this.devices].map((device) =>
-        quietly(`device ${device}'s snapshot objects before iteration ${cut}`, async () => {
-          for (const name of await this.shelf.names(device)) {
-            const n = /^s(-?\d+)-e\d+\./.exec(name);
-            if (n && Number(n[1]) < cut) await this.shelf.delete(device, name);
-          }
-        }),
-      ),
-    );
+    await Promise.all([...this.devices].map((device) => quietly(`device ${device}'s snapshot objects before iteration ${cut}`, () => dropObjectsBefore(this.shelf, device, cut))));
   }
 
   loadManifest(iteration: number): Promise<SnapshotManifest | undefined> {
@@ -268,11 +259,7 @@ export class JetStreamStore implements RunStore {
    * marker, left by a server killed before its purge, is among them until the next save.
    */
   private async snapshotIterations(): Promise<number[]> {
-    const bucket = `ferry-${this.run}-snapshots`;
-    const prefix = `$O.${bucket}.M.`;
-    const info = await this.jsm.streams.info(`OBJ_${bucket}`, { subjects_filter: `${prefix}>` });
-    const names = Object.keys(info.state.subjects ?? {}).map((subject) => Buffer.from(subject.slice(prefix.length), 'base64url').toString());
-    return names
+    return (await bucketNames(this.jsm, `ferry-${this.run}-snapshots`))
       .flatMap((name) => /^snapshot-(-?\d+)$/.exec(name)?.[1] ?? [])
       .map(Number)
       .sort((a, b) => b - a);

@@ -3,13 +3,27 @@
 // keeps only the manifest (which device wrote which rank, its size, SHA-256 and state digest).
 // Reading a snapshot back fetches each object named there and checks it against the manifest:
 // its SHA-256, and that it holds the model, rank, layout and iteration the manifest says.
-import { ObjectError, ProtocolError, ShardObject, decode, sha256Hex, type Checkpoint, type ShardEntry, type Shelf, type SnapshotManifest } from '../../../mesh/wire/index.ts';
+import { ObjectError, ProtocolError, ShardObject, decode, sha256, type Checkpoint, type ShardEntry, type Shelf, type SnapshotManifest } from '../../../mesh/wire/index.ts';
 import { layoutKey } from '../../../mesh/parallel/index.ts';
 import type { Snapshot } from './store.ts';
 import { unpackReplicas } from './replicas.ts';
 
 export class SnapshotError extends Error {
   override name = 'SnapshotError';
+}
+
+/**
+ * The name of a rank's object in its device's bucket: the iteration it follows, and the recovery
+ * epoch, so that a snapshot taken again after a recovery never overwrites one a manifest names.
+ */
+export const objectName = (iteration: number, epoch: number, model: string, rank: number): string => `s${iteration}-e${epoch}.${model}.r${rank}`;
+
+/** Deletes, from one device's bucket, every snapshot object (objectName's) of an iteration before `cut`; other entries stay. */
+export async function dropObjectsBefore(shelf: Shelf, device: number, cut: number): Promise<void> {
+  for (const name of await shelf.names(device)) {
+    const n = /^s(-?\d+)-e\d+\./.exec(name);
+    if (n && Number(n[1]) < cut) await shelf.delete(device, name);
+  }
 }
 
 /** Every object a manifest names, with the device whose bucket holds it. */
@@ -49,7 +63,7 @@ export async function readSnapshot(shelf: Pick<Shelf, 'get'>, m: SnapshotManifes
               throw e;
             }
             if (!bytes) throw new SnapshotError(`${at} is missing`);
-            const sha = sha256Hex(bytes);
+            const sha = sha256(bytes);
             if (sha !== s.sha256) throw new SnapshotError(`${at} changed since it was written: its SHA-256 is ${sha.slice(0, 12)}…, the manifest says ${s.sha256.slice(0, 12)}…`);
             let o: ShardObject;
             try {

@@ -5,7 +5,7 @@
 import { encode, MemoryShelf, type Metrics, type ReplanRecord, type Shelf, type SnapshotManifest } from '../../../mesh/wire/index.ts';
 import type { Layout } from '../../../mesh/parallel/index.ts';
 import type { CheckpointSet } from '../run/setup.ts';
-import { manifestObjects, readSnapshot } from './snapshots.ts';
+import { dropObjectsBefore, manifestObjects, readSnapshot } from './snapshots.ts';
 
 /** Where the supervisor is: enough for a new supervisor to take the run over. */
 export interface Progress {
@@ -89,12 +89,7 @@ export class MemoryStore implements RunStore {
     if (iterations.length > 2) {
       const cut = iterations[1]!;
       for (const i of iterations.slice(2)) this.manifests.delete(i);
-      for (const device of this.devices) {
-        for (const name of await this.shelf.names(device)) {
-          const n = /^s(-?\d+)-e\d+\./.exec(name);
-          if (n && Number(n[1]) < cut) await this.shelf.delete(device, name);
-        }
-      }
+      for (const device of this.devices) await dropObjectsBefore(this.shelf, device, cut);
     }
     return { bytes: encode(manifest).length };
   }
