@@ -45,7 +45,7 @@ async function startWorker() {
     },
   });
   actor.start();
-  await waitFor(actor, (s) => s.matches({ serving: 'idle' }), { timeout: 5000 });
+  await waitFor(actor, (s) => s.matches({ serving: { main: 'idle' } }), { timeout: 5000 });
   return { actor, device: device!, log };
 }
 
@@ -60,7 +60,7 @@ const loadBody: CallBody = {
   seed: 1,
 };
 const respondSpy = () => vi.fn<Respond>();
-const idle = (a: ReturnType<typeof createActor<typeof machine>>) => waitFor(a, (s) => s.matches({ serving: 'idle' }), { timeout: 5000 });
+const idle = (a: ReturnType<typeof createActor<typeof machine>>) => waitFor(a, (s) => s.matches({ serving: { main: 'idle' } }), { timeout: 5000 });
 
 beforeAll(async () => {
   await initBackend('cpu');
@@ -83,7 +83,7 @@ describe('worker machine', () => {
     const reply = respond.mock.calls[0]![0];
     expect(reply).toMatchObject({ type: 'error', v: PROTOCOL_VERSION, id: 'm-1', code: 'not_loaded' });
     expect(reply.type === 'error' && reply.message).toContain("holds no shard of 'actor'");
-    expect(actor.getSnapshot().matches({ serving: 'idle' })).toBe(true);
+    expect(actor.getSnapshot().matches({ serving: { main: 'idle' } })).toBe(true);
     expect(device.runs).toHaveLength(0);
     expect(log).toHaveBeenCalledWith(expect.stringContaining('refused call m-1 (manifest of actor)'));
     actor.stop();
@@ -93,7 +93,7 @@ describe('worker machine', () => {
     const { actor } = await startWorker();
     const respond = respondSpy();
     actor.send({ type: 'call', call: call('actor', loadBody, 'load-1'), respond });
-    expect(actor.getSnapshot().matches({ serving: 'busy' })).toBe(true);
+    expect(actor.getSnapshot().matches({ serving: { main: 'busy' } })).toBe(true);
     await idle(actor);
     expect(respond).toHaveBeenCalledTimes(1);
     const reply = respond.mock.calls[0]![0];
@@ -108,7 +108,7 @@ describe('worker machine', () => {
     const first = respondSpy();
     actor.send({ type: 'call', call: call('actor', loadBody, 'slow'), respond: first });
     await vi.waitFor(() => expect(device.held).toBeDefined());
-    expect(actor.getSnapshot().matches({ serving: 'busy' })).toBe(true);
+    expect(actor.getSnapshot().matches({ serving: { main: 'busy' } })).toBe(true);
 
     const second = respondSpy();
     actor.send({ type: 'call', call: call('actor', { fn: 'manifest' }, 'other'), respond: second });
@@ -121,13 +121,76 @@ describe('worker machine', () => {
       message: 'device 0 is running call slow (load of actor)',
     });
     expect(first).not.toHaveBeenCalled();
-    expect(actor.getSnapshot().matches({ serving: 'busy' })).toBe(true);
+    expect(actor.getSnapshot().matches({ serving: { main: 'busy' } })).toBe(true);
 
     device.held!.release();
     await idle(actor);
     expect(first).toHaveBeenCalledTimes(1);
     expect(first.mock.calls[0]![0]).toMatchObject({ type: 'result', id: 'slow' });
     expect(device.runs.map((c) => c.id)).toEqual(['slow']);
+    actor.stop();
+  });
+
+  it('a call marked beside runs next to the running one when neither changes what the other touches; one that would is refused, named', async () => {
+    const { actor, device } = await startWorker();
+    const loaded = respondSpy();
+    actor.send({ type: 'call', call: call('actor', loadBody), respond: loaded });
+    await idle(actor);
+    // The running call reads 'actor' (a generation on the view of the last version, in a run).
+    device.hold = true;
+    const reading = respondSpy();
+    actor.send({ type: 'call', call: call('actor', { fn: 'manifest' }, 'reading'), respond: reading });
+    await vi.waitFor(() => expect(device.held?.call.id).toBe('reading'));
+    const readingHeld = device.held!;
+    device.hold = false;
+
+    // The next version's view loads beside it, and is answered while the first still runs.
+    const next = respondSpy();
+    actor.send({ type: 'call', call: { ...call('actor~1', loadBody, 'next'), beside: true }, respond: next });
+    await vi.waitFor(() => expect(next).toHaveBeenCalledTimes(1));
+    expect(next.mock.calls[0]![0]).toMatchObject({ type: 'result', id: 'next' });
+    expect(reading).not.toHaveBeenCalled();
+    expect(device.models().sort()).toEqual(['actor', 'actor~1']);
+
+    // Releasing the model the running call reads cannot run beside it.
+    const release = respondSpy();
+    actor.send({ type: 'call', call: { ...call('actor', { fn: 'release' }, 'release'), beside: true }, respond: release });
+    expect(release.mock.calls[0]![0]).toMatchObject({ type: 'error', id: 'release', code: 'busy' });
+    expect(release.mock.calls[0]![0].type === 'error' && release.mock.calls[0]![0].message).toContain("both touch 'actor', and one changes it");
+    // A call not marked beside is busy as ever; so is a call beside that may not run beside anything.
+    const plain = respondSpy();
+    actor.send({ type: 'call', call: call('actor~1', { fn: 'manifest' }, 'plain'), respond: plain });
+    expect(plain.mock.calls[0]![0]).toMatchObject({ code: 'busy' });
+    const train = respondSpy();
+    actor.send({ type: 'call', call: { ...call('actor~1', { fn: 'manifest' }, 'not-beside-kind'), beside: true }, respond: train });
+    expect(train.mock.calls[0]![0]).toMatchObject({ code: 'busy' });
+    expect(train.mock.calls[0]![0].type === 'error' && train.mock.calls[0]![0].message).toContain("'manifest' cannot run beside another call");
+
+    readingHeld.release();
+    await idle(actor);
+    expect(reading.mock.calls[0]![0]).toMatchObject({ type: 'result', id: 'reading' });
+    expect(device.models()).toEqual(['actor', 'actor~1']);
+    actor.stop();
+  });
+
+  it('a reset abandons the call beside too: both askers hear interrupted', async () => {
+    const { actor, device } = await startWorker();
+    actor.send({ type: 'call', call: call('actor', loadBody), respond: respondSpy() });
+    await idle(actor);
+    device.hold = true;
+    const main = respondSpy();
+    actor.send({ type: 'call', call: call('actor', { fn: 'manifest' }, 'main'), respond: main });
+    await vi.waitFor(() => expect(device.held?.call.id).toBe('main'));
+    const side = respondSpy();
+    actor.send({ type: 'call', call: { ...call('actor~1', loadBody, 'side'), beside: true }, respond: side });
+    await vi.waitFor(() => expect(device.held?.call.id).toBe('side'));
+    expect(actor.getSnapshot().matches({ serving: { main: 'busy', side: 'busy' } })).toBe(true);
+    const reset = respondSpy();
+    actor.send({ type: 'call', call: call('*', { fn: 'reset', epoch: 1 }), respond: reset });
+    expect(main.mock.calls[0]![0]).toMatchObject({ type: 'error', id: 'main', code: 'interrupted' });
+    expect(side.mock.calls[0]![0]).toMatchObject({ type: 'error', id: 'side', code: 'interrupted' });
+    expect(reset.mock.calls[0]![0]).toMatchObject({ type: 'result' });
+    expect(actor.getSnapshot().matches({ serving: { main: 'idle', side: 'idle' } })).toBe(true);
     actor.stop();
   });
 
@@ -143,7 +206,7 @@ describe('worker machine', () => {
     actor.send({ type: 'call', call: { ...c }, respond: again });
     expect(again).toHaveBeenCalledTimes(1);
     expect(again.mock.calls[0]![0]).toBe(reply);
-    expect(actor.getSnapshot().matches({ serving: 'idle' })).toBe(true);
+    expect(actor.getSnapshot().matches({ serving: { main: 'idle' } })).toBe(true);
     expect(device.runs).toHaveLength(1);
     actor.stop();
   });
@@ -219,10 +282,10 @@ describe('worker machine', () => {
       subject: 'ferry.r.dev.0.call',
     });
     expect(log).toHaveBeenCalledWith(`rejected: ${error.message}`);
-    expect(actor.getSnapshot().matches({ serving: 'idle' })).toBe(true);
+    expect(actor.getSnapshot().matches({ serving: { main: 'idle' } })).toBe(true);
     // without a reply subject there is no one to answer; it is only logged
     actor.send({ type: 'malformed', error });
-    expect(actor.getSnapshot().matches({ serving: 'idle' })).toBe(true);
+    expect(actor.getSnapshot().matches({ serving: { main: 'idle' } })).toBe(true);
     // and calls still work
     const ok = respondSpy();
     actor.send({ type: 'call', call: call('actor', loadBody), respond: ok });
@@ -240,7 +303,7 @@ describe('worker machine', () => {
     const respond = respondSpy();
     actor.send({ type: 'malformed', error: new ProtocolError('s', 'p'), respond });
     expect(respond.mock.calls[0]![0]).toMatchObject({ code: 'malformed' });
-    expect(actor.getSnapshot().matches({ serving: 'busy' })).toBe(true);
+    expect(actor.getSnapshot().matches({ serving: { main: 'busy' } })).toBe(true);
     device.held!.release();
     await idle(actor);
     expect(first.mock.calls[0]![0]).toMatchObject({ type: 'result', id: 'long' });
@@ -260,7 +323,7 @@ describe('worker machine', () => {
     const running = respondSpy();
     const manifest = call('actor', { fn: 'manifest' });
     actor.send({ type: 'call', call: manifest, respond: running });
-    await waitFor(actor, (s) => s.matches({ serving: 'busy' }), { timeout: 5000 });
+    await waitFor(actor, (s) => s.matches({ serving: { main: 'busy' } }), { timeout: 5000 });
     const reset = respondSpy();
     actor.send({ type: 'call', call: call('*', { fn: 'reset', epoch: 3 }), respond: reset });
     await idle(actor);
@@ -274,7 +337,7 @@ describe('worker machine', () => {
     device.held!.release();
     await new Promise((r) => setTimeout(r, 50));
     expect(running).toHaveBeenCalledTimes(1);
-    expect(actor.getSnapshot().matches({ serving: 'idle' })).toBe(true);
+    expect(actor.getSnapshot().matches({ serving: { main: 'idle' } })).toBe(true);
 
     // The load answered before the reset is not answered from memory: it runs again.
     const again = respondSpy();

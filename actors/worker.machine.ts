@@ -1,11 +1,13 @@
 // A worker: the process that is one device. It joins a run, then serves calls on its device's
-// subject one at a time. A call its state does not allow gets a typed error and changes nothing;
+// subject one at a time, but for one call marked `beside` that may run next to the running one
+// (the next policy version filled in while a generation goes on: engine/device/beside.ts); the two
+// are the machine's two parallel regions, `main` and `side`. A call its state does not allow gets a typed error and changes nothing;
 // a call it has already answered (same id) gets the same answer again, so a retry is harmless;
 // bytes that do not decode are reported with their subject, and the worker keeps serving.
-import { assign, fromCallback, fromPromise, setup } from 'xstate';
+import { assign, fromCallback, fromPromise, not, setup } from 'xstate';
 import { PROTOCOL_VERSION, type Call, type ErrorCode, type Reply } from '../mesh/wire/index.ts';
 import type { ProtocolError } from '../mesh/wire/index.ts';
-import { CallRejected, type Device } from '../engine/device/index.ts';
+import { CallRejected, besideProblem, type Device } from '../engine/device/index.ts';
 
 export type Respond = (reply: Reply) => void;
 
@@ -27,6 +29,8 @@ interface Context extends WorkerInput {
   device?: Device;
   /** The call running now, and everyone waiting for its reply (a retry joins the first asker). */
   current?: { call: Call; respond: Respond[] };
+  /** The call running beside it, if any (same shape). */
+  beside?: { call: Call; respond: Respond[] };
   /** Replies to recent calls by id, to answer a repeated call without running it again. */
   answered: Map<string, Reply>;
   /** The epoch of the last reset: calls of an earlier epoch are abandoned work, refused. */
@@ -35,6 +39,10 @@ interface Context extends WorkerInput {
 }
 
 const REMEMBERED = 64;
+
+const resultReply = (call: Call, out: { body: unknown; ms: number }): Reply => ({ type: 'result', v: PROTOCOL_VERSION, id: call.id, body: out.body as Record<string, unknown>, ms: out.ms });
+
+const failureReply = (call: Call, e: unknown): Reply => errorReply(call.id, e instanceof CallRejected ? e.code : 'failed', e instanceof Error ? `${e.name}: ${e.message}` : String(e));
 
 const errorReply = (id: string | undefined, code: ErrorCode, message: string, subject?: string): Reply => ({
   type: 'error',
@@ -72,6 +80,15 @@ export const workerMachine = setup({
     refused: ({ context, event }) => event.type === 'call' && context.device!.check(event.call) !== undefined,
     answeredBefore: ({ context, event }) => event.type === 'call' && context.answered.has(event.call.id),
     isCurrent: ({ context, event }) => event.type === 'call' && context.current?.call.id === event.call.id,
+    isCurrentBeside: ({ context, event }) => event.type === 'call' && context.beside?.call.id === event.call.id,
+    /** A call for the side region (the main region leaves it alone, and the other way round). */
+    isBeside: ({ event }) => event.type === 'call' && event.call.beside === true && event.call.body.fn !== 'reset',
+    /** The call cannot run next to the one in the other region. */
+    clashes: ({ context, event }) => {
+      if (event.type !== 'call') return false;
+      const other = event.call.beside ? context.current : context.beside;
+      return other !== undefined && besideProblem(other.call, event.call) !== undefined;
+    },
     wasShutdown: ({ context }) => context.current?.call.body.fn === 'shutdown',
     isReset: ({ event }) => event.type === 'call' && event.call.body.fn === 'reset',
     stale: ({ context, event }) => event.type === 'call' && event.call.epoch !== undefined && event.call.epoch < context.epoch,
@@ -85,14 +102,16 @@ export const workerMachine = setup({
      */
     resetDevice: assign(({ context, event }) => {
       if (event.type !== 'call' || event.call.body.fn !== 'reset') return {};
-      const running = context.current?.call;
+      const running = context.current?.call ?? context.beside?.call;
       const why = `device ${context.index} was reset for recovery ${event.call.body.epoch}`;
-      if (running) for (const respond of context.current!.respond) respond(errorReply(running.id, 'interrupted', `${why} while running call ${running.id}`));
+      for (const lane of [context.current, context.beside]) {
+        for (const respond of lane?.respond ?? []) respond(errorReply(lane!.call.id, 'interrupted', `${why} while running call ${lane!.call.id}`));
+      }
       const { dropped, kept, busy } = context.device!.reset(why, event.call.body.keep, event.call.body.epoch);
       const waiting = busy.length ? `; ${busy.join(', ')} still busy` : '';
       context.log(`${why}${running ? `, abandoning call ${running.id}` : ''}; dropped ${dropped.join(', ') || 'nothing'}; kept ${kept.map((k) => k.model).join(', ') || 'nothing'}${waiting}`);
       event.respond({ type: 'result', v: PROTOCOL_VERSION, id: event.call.id, body: { dropped, kept, busy, ...(running ? { interrupted: running.id } : {}) } });
-      return { current: undefined, answered: new Map<string, Reply>(), epoch: Math.max(context.epoch, event.call.body.epoch) };
+      return { current: undefined, beside: undefined, answered: new Map<string, Reply>(), epoch: Math.max(context.epoch, event.call.body.epoch) };
     }),
     refuseStale: ({ context, event }) => {
       if (event.type !== 'call') return;
@@ -110,8 +129,10 @@ export const workerMachine = setup({
     },
     refuseBusy: ({ context, event }) => {
       if (event.type !== 'call') return;
-      const busy = context.current!.call;
-      event.respond(errorReply(event.call.id, 'busy', `device ${context.index} is running call ${busy.id} (${busy.body.fn} of ${busy.model})`));
+      const running = [context.current, context.beside].flatMap((lane) => (lane ? [lane.call] : []));
+      const clash = event.call.beside ? running.map((c) => besideProblem(c, event.call)).find((p) => p !== undefined) : undefined;
+      const what = running.map((c) => `call ${c.id} (${c.body.fn} of ${c.model})`).join(' and ');
+      event.respond(errorReply(event.call.id, 'busy', `device ${context.index} is running ${what}${clash ? `: ${clash}` : ''}`));
     },
     reportMalformed: ({ context, event }) => {
       if (event.type !== 'malformed') return;
@@ -122,13 +143,17 @@ export const workerMachine = setup({
     joinCurrent: ({ context, event }) => {
       if (event.type === 'call') context.current!.respond.push(event.respond);
     },
-    finishCall: assign(({ context }, params: { reply: Reply }) => {
-      for (const respond of context.current!.respond) respond(params.reply);
+    joinBeside: ({ context, event }) => {
+      if (event.type === 'call') context.beside!.respond.push(event.respond);
+    },
+    finishCall: assign(({ context }, params: { reply: Reply; lane?: 'current' | 'beside' }) => {
+      const lane = params.lane ?? 'current';
+      for (const respond of context[lane]!.respond) respond(params.reply);
       const answered = new Map(context.answered);
       // Only results are remembered: a retry after a failure (a timeout, a lost peer) runs again.
-      if (params.reply.type === 'result') answered.set(context.current!.call.id, params.reply);
+      if (params.reply.type === 'result') answered.set(context[lane]!.call.id, params.reply);
       if (answered.size > REMEMBERED) answered.delete(answered.keys().next().value!);
-      return { answered, current: undefined };
+      return { answered, [lane]: undefined };
     }),
   },
 }).createMachine({
@@ -160,63 +185,102 @@ export const workerMachine = setup({
         malformed: { actions: 'reportMalformed' },
         stop: { target: 'stopped' },
       },
-      initial: 'idle',
+      type: 'parallel',
       states: {
-        idle: {
-          on: {
-            call: [
-              { guard: 'isReset', actions: 'resetDevice' },
-              { guard: 'stale', actions: 'refuseStale' },
-              { guard: 'answeredBefore', actions: 'replyAgain' },
-              { guard: 'refused', actions: 'refuse' },
-              { target: 'busy', actions: assign({ current: ({ event }) => ({ call: event.call, respond: [event.respond] }) }) },
-            ],
+        main: {
+          initial: 'idle',
+          states: {
+            idle: {
+              on: {
+                call: [
+                  { guard: 'isReset', actions: 'resetDevice' },
+                  { guard: 'isBeside' },
+                  { guard: 'stale', actions: 'refuseStale' },
+                  { guard: 'answeredBefore', actions: 'replyAgain' },
+                  { guard: 'refused', actions: 'refuse' },
+                  { guard: 'clashes', actions: 'refuseBusy' },
+                  { target: 'busy', actions: assign({ current: ({ event }) => ({ call: event.call, respond: [event.respond] }) }) },
+                ],
+              },
+            },
+            busy: {
+              on: {
+                call: [
+                  { guard: 'isReset', target: 'idle', actions: 'resetDevice' },
+                  { guard: 'isBeside' },
+                  { guard: 'stale', actions: 'refuseStale' },
+                  { guard: 'answeredBefore', actions: 'replyAgain' },
+                  // The same call again while it runs (a retry): it gets the one reply too.
+                  { guard: 'isCurrent', actions: 'joinCurrent' },
+                  { actions: 'refuseBusy' },
+                ],
+              },
+              invoke: {
+                src: 'runCall',
+                input: ({ context }) => ({ device: context.device!, call: context.current!.call, beforeRun: context.beforeRun }),
+                onDone: [
+                  {
+                    guard: 'wasShutdown',
+                    target: '#worker.stopped',
+                    actions: { type: 'finishCall', params: ({ context, event }) => ({ reply: resultReply(context.current!.call, event.output) }) },
+                  },
+                  { target: 'idle', actions: { type: 'finishCall', params: ({ context, event }) => ({ reply: resultReply(context.current!.call, event.output) }) } },
+                ],
+                onError: {
+                  target: 'idle',
+                  actions: [
+                    ({ context, event }) => context.log(`call ${context.current!.call.id} failed: ${(event.error as Error).stack ?? event.error}`),
+                    { type: 'finishCall', params: ({ context, event }) => ({ reply: failureReply(context.current!.call, event.error) }) },
+                  ],
+                },
+              },
+            },
           },
         },
-        busy: {
-          on: {
-            call: [
-              { guard: 'isReset', target: 'idle', actions: 'resetDevice' },
-              { guard: 'stale', actions: 'refuseStale' },
-              { guard: 'answeredBefore', actions: 'replyAgain' },
-              // The same call again while it runs (a retry): it gets the one reply too.
-              { guard: 'isCurrent', actions: 'joinCurrent' },
-              { actions: 'refuseBusy' },
-            ],
-          },
-          invoke: {
-            src: 'runCall',
-            input: ({ context }) => ({ device: context.device!, call: context.current!.call, beforeRun: context.beforeRun }),
-            onDone: [
-              {
-                guard: 'wasShutdown',
-                target: '#worker.stopped',
-                actions: {
-                  type: 'finishCall',
-                  params: ({ context, event }) => ({ reply: { type: 'result', v: PROTOCOL_VERSION, id: context.current!.call.id, body: event.output.body, ms: event.output.ms } }),
+        side: {
+          initial: 'idle',
+          states: {
+            idle: {
+              on: {
+                call: [
+                  // A reset is the main region's to answer; a call not marked beside too.
+                  { guard: 'isReset' },
+                  { guard: not('isBeside') },
+                  { guard: 'stale', actions: 'refuseStale' },
+                  { guard: 'answeredBefore', actions: 'replyAgain' },
+                  { guard: 'refused', actions: 'refuse' },
+                  { guard: 'clashes', actions: 'refuseBusy' },
+                  { target: 'busy', actions: assign({ beside: ({ event }) => ({ call: event.call, respond: [event.respond] }) }) },
+                ],
+              },
+            },
+            busy: {
+              on: {
+                call: [
+                  // The reset (answered by the main region) abandons this call too.
+                  { guard: 'isReset', target: 'idle' },
+                  { guard: not('isBeside') },
+                  { guard: 'stale', actions: 'refuseStale' },
+                  { guard: 'answeredBefore', actions: 'replyAgain' },
+                  { guard: 'isCurrentBeside', actions: 'joinBeside' },
+                  { actions: 'refuseBusy' },
+                ],
+              },
+              invoke: {
+                src: 'runCall',
+                input: ({ context }) => ({ device: context.device!, call: context.beside!.call, beforeRun: context.beforeRun }),
+                onDone: {
+                  target: 'idle',
+                  actions: { type: 'finishCall', params: ({ context, event }) => ({ reply: resultReply(context.beside!.call, event.output), lane: 'beside' as const }) },
+                },
+                onError: {
+                  target: 'idle',
+                  actions: [
+                    ({ context, event }) => context.log(`call ${context.beside!.call.id} (beside) failed: ${(event.error as Error).stack ?? event.error}`),
+                    { type: 'finishCall', params: ({ context, event }) => ({ reply: failureReply(context.beside!.call, event.error), lane: 'beside' as const }) },
+                  ],
                 },
               },
-              {
-                target: 'idle',
-                actions: {
-                  type: 'finishCall',
-                  params: ({ context, event }) => ({ reply: { type: 'result', v: PROTOCOL_VERSION, id: context.current!.call.id, body: event.output.body, ms: event.output.ms } }),
-                },
-              },
-            ],
-            onError: {
-              target: 'idle',
-              actions: [
-                ({ context, event }) => context.log(`call ${context.current!.call.id} failed: ${(event.error as Error).stack ?? event.error}`),
-                {
-                  type: 'finishCall',
-                  params: ({ context, event }) => {
-                    const e = event.error;
-                    const code: ErrorCode = e instanceof CallRejected ? e.code : 'failed';
-                    return { reply: errorReply(context.current!.call.id, code, e instanceof Error ? `${e.name}: ${e.message}` : String(e)) };
-                  },
-                },
-              ],
             },
           },
         },

@@ -8,6 +8,8 @@ import type { Metrics } from '../mesh/wire/index.ts';
 import { initBackend } from '../engine/model/backend.ts';
 import type { Summary } from '../engine/runtime/record/record.ts';
 import { runInProcess } from '../engine/runtime/run/local-run.ts';
+import { LocalDispatcher } from '../engine/runtime/dispatch/local-dispatch.ts';
+import type { ReallocRequest } from '../engine/runtime/dispatch/dispatch.ts';
 import { runSpec } from '../engine/runtime/run/run.ts';
 import { loadScenario, ScenarioError } from '../engine/runtime/scenario/scenario.ts';
 import { runChaos } from '../engine/cli/chaos-run.ts';
@@ -70,6 +72,65 @@ describe('rl.lag: rollouts of an older policy, generated ahead', () => {
       expect(two.metrics[i]!.response_length).toBe(one.metrics[i]!.response_length);
     }
     expect(two.summary.digests).not.toEqual(one.summary.digests);
+  }, 300_000);
+
+  it('the next version moves into a second copy on the rollout device beside the generation still running on the last: each move ends while a generation is held open', async () => {
+    // Generation on device 0, everything else on device 1 (nothing of the training waits on device 0).
+    const file = join(dir, 'beside.yaml');
+    writeFileSync(
+      file,
+      readFileSync(join(ROOT, 'scenarios/async.yaml'), 'utf8')
+        .replace('name: async', 'name: beside')
+        .replace('warmup: { steps: 15, demos: 1024, batch: 32, lr: 3.0e-3 }', 'warmup: { steps: 3, demos: 64, batch: 16, lr: 3.0e-3 }')
+        .replace('iterations: 40', 'iterations: 4')
+        .replace('batch: 16\n', 'batch: 8\n')
+        .replace('reference.inference: { mesh: "0:0" }', 'reference.inference: { mesh: "0:1" }')
+        .replace('reward.inference: { mesh: "0:0" }', 'reward.inference: { mesh: "0:1" }'),
+    );
+    const runOn = async (d?: LocalDispatcher) => {
+      const summaries: Summary[] = [];
+      const out = await runInProcess(runSpec(loadScenario(file)), { phase() {}, iteration() {}, finished: (x) => summaries.push(x) }, backend, 'beside', d);
+      expect(out.status, summaries[0]?.error).toBe('succeeded');
+      return summaries[0]!;
+    };
+    // Iteration t generates iteration t + 1's rollout while it trains, then moves version t + 1
+    // (a reallocation marked beside, of iteration t). Each generation of iterations 1 and 2 is held
+    // open on its device until the move of the version after it has ended: were the move queued
+    // behind the generation, it never would.
+    const moved = new Map<number, () => void>();
+    const moves = new Map<number, Promise<void>>();
+    const moveOf = (t: number) => {
+      if (!moves.has(t)) moves.set(t, new Promise<void>((done) => moved.set(t, done)));
+      return moves.get(t)!;
+    };
+    const held: number[] = [];
+    const late: string[] = [];
+    class Gated extends LocalDispatcher {
+      override async realloc(r: ReallocRequest) {
+        const out = await super.realloc(r);
+        if (r.beside) void moveOf(r.iteration), moved.get(r.iteration)!();
+        return out;
+      }
+    }
+    const gated = new Gated(2, undefined, undefined, {
+      beforeRun: async (device, call) => {
+        // (Only in the first epoch: a recovery after a failed wait runs ungated, and the test fails below.)
+        if (call.body.fn !== 'generate' || device !== 0 || call.iteration < 1 || call.iteration > 2 || call.epoch !== 0) return;
+        held.push(call.iteration);
+        let timer: NodeJS.Timeout | undefined;
+        const tooLate = new Promise<never>(
+          (_, fail) => (timer = setTimeout(() => (late.push(`version ${call.iteration}`), fail(new Error(`version ${call.iteration} did not move while the generation ran`))), 20_000)),
+        );
+        await Promise.race([moveOf(call.iteration - 1), tooLate]).finally(() => clearTimeout(timer));
+      },
+    });
+    const a = await runOn(gated);
+    expect(late).toEqual([]);
+    expect(held).toEqual([1, 2]);
+    expect([...moves.keys()].sort()).toEqual([0, 1]);
+    // The same run, ungated: the same parameters.
+    const b = await runOn();
+    expect(a.digests).toEqual(b.digests);
   }, 300_000);
 
   it('is refused before work starts where it cannot hold: a lag as long as the run, an algorithm of pairs', () => {

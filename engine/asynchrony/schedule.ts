@@ -55,6 +55,18 @@ export async function decidedAhead(a: Asynchrony, t: number, iterations: number,
 }
 
 /**
+ * Whether iteration `version` will generate with its version (its own rollout or one ahead), as
+ * far as can be known when the iteration before ends: exactly under a lag or a replay;
+ * free-running, whenever an iteration after it remains (timing decides the rest).
+ */
+export function generatesWith(a: Asynchrony, version: number, iterations: number): boolean {
+  if (version >= iterations) return false;
+  if (a.mode === 'lag') return aheadOf(version, a.lag, iterations).length > 0;
+  if (a.mode === 'replay') return a.versions.some((v, u) => v === version && u >= version);
+  return version + 1 < iterations;
+}
+
+/**
  * Under rl.staleness, the next iteration whose rollouts iteration t may still generate with its
  * version, or undefined: the first after every one decided so far (`last`), if it is admitted
  * (trained at most η updates later) and within the run.

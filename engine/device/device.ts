@@ -212,7 +212,6 @@ export class Device {
       throw new CallRejected('interrupted', `call ${call.id} belongs to epoch ${call.epoch}; device ${this.index} was reset for epoch ${this.resetEpoch}`);
     }
     const group = call.group ?? call.id;
-    this.running = call;
     this.inProgress.set(call.model, (this.inProgress.get(call.model) ?? 0) + 1);
     try {
       const refused = this.check(call);
@@ -270,7 +269,7 @@ export class Device {
         return {};
       }
       default:
-        return this.runOnShard(this.hosted.get(call.model)!, body, group);
+        return this.runOnShard(this.hosted.get(call.model)!, call, group);
     }
   }
 
@@ -371,13 +370,13 @@ export class Device {
       if (!targetSlices.has(p.name)) throw new CallRejected('invalid_state', `'${model}' on device ${this.index} holds no '${p.name}' to fill`);
     }
     // One parameter of the source at a time (pieces of one parameter come together), read where
-    // the backend holds it: nothing allocates in this device's backend between go and the last
-    // send (one call runs at a time; the target's slices were staged before), so the view stays
-    // valid while its chunks are cut, hashed and framed. (Were it ever to go empty, receivers would
-    // refuse its chunks by their digests and ask again; an answer is cut from a copy.)
+    // the backend holds it. A call running beside this one (a generation, engine/device/beside.ts)
+    // may allocate meanwhile, and the wasm heap moves when it grows: a view that went empty is
+    // taken again. (Were one ever to change under a chunk, receivers would refuse the chunk by its
+    // digest and ask again; an answer is cut from a copy.)
     let cached: { name: string; data: Float32Array } | undefined;
     const sourceData = (name: string) => {
-      if (cached?.name !== name) cached = { name, data: (sourceHost!.shard as ModelShard).weights.viewTensor(name) };
+      if (cached?.name !== name || cached.data.byteLength === 0) cached = { name, data: (sourceHost!.shard as ModelShard).weights.viewTensor(name) };
       return cached.data;
     };
     // What this exchange makes the device hold beyond what it held before: sampled as chunks are placed.
@@ -571,7 +570,8 @@ export class Device {
     }
   }
 
-  private async runOnShard(h: Hosted, body: CallBody, group: string): Promise<Body> {
+  private async runOnShard(h: Hosted, call: Call, group: string): Promise<Body> {
+    const { body } = call;
     const s = h.shard;
     if (s instanceof RuleShard) {
       if (body.fn === 'inference') return { scores: s.scores(body.tokens, body.batch, body.promptLen, body.answers) };
@@ -579,18 +579,19 @@ export class Device {
     }
     if (body.fn === 'checkpoint') return this.checkpoint(h, body);
     if (body.fn === 'restore') return this.restore(h, body);
-    return this.runRank(h, s, body, group);
+    return this.runRank(h, s, call, group);
   }
 
   /** A call on one rank of the model's layout; every rank of the mesh runs it together. */
-  private async runRank(h: Hosted, s: GptRank, body: CallBody, group: string): Promise<Body> {
+  private async runRank(h: Hosted, s: GptRank, call: Call, group: string): Promise<Body> {
+    const { body } = call;
     switch (body.fn) {
       case 'preference':
         return s.preference(group, body.chosen, body.rejected, body.batch, body.steps, body.minibatch, body.lr, body.seed);
       case 'sft':
         return s.sft(group, body.tokens, body.batch, body.promptLen, body.steps, body.minibatch, body.lr, body.seed, body.eos, body.mask);
       case 'generate': {
-        if (body.episodes) return this.episodes.play(s, body, group, { call: this.running, midEpisode: this.options.midEpisode, memoryBytes: this.options.memoryBytes });
+        if (body.episodes) return this.episodes.play(s, body, group, { call, midEpisode: this.options.midEpisode, memoryBytes: this.options.memoryBytes });
         const out = await s.generate(group, body.prompts, body.batch, body.promptLen, body.responseLen, body.seeds, { ...body, memoryBytes: this.options.memoryBytes });
         return { tokens: out.tokens, logprobs: out.logprobs };
       }
@@ -609,8 +610,6 @@ export class Device {
 
   /** The environments this device plays episodes against. */
   private readonly episodes: DeviceEpisodes;
-  /** The call this device runs now (the last one given to run()). */
-  private running?: Call;
 
   /** Calls about a shard's weights and state, the same whatever its layout. */
   private onWeights(h: Hosted, body: CallBody): Body {

@@ -2,7 +2,7 @@
 // protocol version `v`; decoding (mesh/codec.ts) is the one place where bytes become these types.
 import { z } from 'zod';
 
-export const PROTOCOL_VERSION = 4;
+export const PROTOCOL_VERSION = 5;
 const v = z.literal(PROTOCOL_VERSION);
 
 const typed = <T>(ctor: new (...a: never[]) => T, name: string) => z.custom<T>((x) => x instanceof ctor, { message: `expected a ${name}` });
@@ -117,9 +117,10 @@ export type Checkpoint = z.infer<typeof Checkpoint>;
 /**
  * The protocol versions whose checkpoint files read as this one's: version 2 changed only how
  * chunks travel, version 3 only the reset call (shards it keeps), version 4 only where snapshots
- * are written (by each device), so a run directory written by versions 1 to 3 still resumes.
+ * are written (by each device), version 5 only a call's `beside`, so a run directory written by
+ * versions 1 to 4 still resumes.
  */
-export const CHECKPOINT_VERSIONS = [1, 2, 3, PROTOCOL_VERSION] as const;
+export const CHECKPOINT_VERSIONS = [1, 2, 3, 4, PROTOCOL_VERSION] as const;
 
 /** A run's checkpoint file: every rank of the kept models (those with parameters) after `iteration`. */
 export const CheckpointFile = z.strictObject({
@@ -455,6 +456,12 @@ export const Call = z.strictObject({
    * the recovery restored.
    */
   epoch: nat.optional(),
+  /**
+   * Runs beside the call the device is running, if neither changes a model the other touches:
+   * the next policy version's view loaded, filled and released while a generation goes on with
+   * the one before (engine/device/beside.ts). Only load, realloc and release may.
+   */
+  beside: z.literal(true).optional(),
   body: CallBody,
 });
 export type Call = z.infer<typeof Call>;

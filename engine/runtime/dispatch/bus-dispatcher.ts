@@ -15,6 +15,7 @@ import {
   fetchCheckpoint,
   listenTurns,
   pushCheckpoint,
+  type CallOptions,
   type Onto,
   runRealloc,
   type Dispatcher,
@@ -79,7 +80,7 @@ export class BusDispatcher implements Dispatcher {
     this.counts.clear();
   }
 
-  call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>, group?: string): Promise<ResultOf<F>> {
+  call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>, group?: string, options: CallOptions = {}): Promise<ResultOf<F>> {
     // The id names the logical call — epoch, iteration, model, function, device, and how many such
     // calls came before — not the order of dispatch, so a retry asks again under the same id and
     // a worker answers it from what it remembers; a recovery (a new epoch) never meets old answers.
@@ -89,54 +90,58 @@ export class BusDispatcher implements Dispatcher {
     const id = `${prefix}.${n}`;
     const epoch = this.epoch;
     return this.inFlight.track(
-      this.queue.run(device, async () => {
-        // Queued behind a call when a recovery began: abandoned, never sent.
-        if (this.epoch !== epoch) throw new CallError('interrupted', `abandoned before it was sent: call ${id} belongs to epoch ${epoch}, the run is in epoch ${this.epoch}`);
-        await this.options.beforeCall?.(device, model, iteration, body.fn);
-        const where = `device ${device}, '${body.fn}' of ${model}`;
-        let reply: Reply;
-        const t0 = performance.now();
-        const sent = Date.now();
-        const span = (ok: boolean, ms = 0) =>
-          this.options.onSpan?.({ device, model, fn: body.fn, iteration, epoch: this.epoch, sent, device_ms: ms, replied: Date.now(), ok, ...(group ? { group } : {}) });
-        // Anyone holding the device's credential hears its calls and may answer first: only a
-        // reply to this call, sealed by the device's worker process, counts; the call waits for it.
-        const seal = this.options.sealOf?.(device);
-        const mine = (r: Reply) =>
-          r.id !== id
-            ? `it answers ${r.id === undefined ? 'no call' : `call ${r.id}`}`
-            : seal !== undefined && r.seal !== seal
-              ? `it is not sealed by the worker process of device ${device}`
-              : undefined;
-        try {
-          reply = await requestChecked(
-            this.nc,
-            this.subj.call(device),
-            { type: 'call', v: PROTOCOL_VERSION, id, model, iteration, epoch, ...(group ? { group } : {}), body },
-            Reply,
-            this.callTimeoutMs,
-            mine,
-            (problem) => this.options.onDropped?.(`dropped a reply to call ${id} (${where}): ${problem}`),
-          );
-        } catch (cause) {
-          span(false);
-          const code = cause instanceof BusError ? cause.reason : cause instanceof ProtocolError ? 'malformed' : 'failed';
-          throw new CallError(code, `${where}: ${(cause as Error).message}`, { cause });
-        }
-        span(reply.type === 'result', reply.type === 'result' ? (reply.ms ?? 0) : 0);
-        if (reply.type === 'error') throw new CallError(reply.code, `${where}: ${reply.message}`);
-        this.totals.calls += 1;
-        this.totals.round_trip_seconds += (performance.now() - t0) / 1000;
-        this.totals.device_seconds += (reply.ms ?? 0) / 1000;
-        return checkResult(body.fn as F, reply.body, where);
-      }),
+      this.queue.run(
+        device,
+        async () => {
+          // Queued behind a call when a recovery began: abandoned, never sent.
+          if (this.epoch !== epoch) throw new CallError('interrupted', `abandoned before it was sent: call ${id} belongs to epoch ${epoch}, the run is in epoch ${this.epoch}`);
+          await this.options.beforeCall?.(device, model, iteration, body.fn);
+          const where = `device ${device}, '${body.fn}' of ${model}`;
+          let reply: Reply;
+          const t0 = performance.now();
+          const sent = Date.now();
+          const span = (ok: boolean, ms = 0) =>
+            this.options.onSpan?.({ device, model, fn: body.fn, iteration, epoch: this.epoch, sent, device_ms: ms, replied: Date.now(), ok, ...(group ? { group } : {}) });
+          // Anyone holding the device's credential hears its calls and may answer first: only a
+          // reply to this call, sealed by the device's worker process, counts; the call waits for it.
+          const seal = this.options.sealOf?.(device);
+          const mine = (r: Reply) =>
+            r.id !== id
+              ? `it answers ${r.id === undefined ? 'no call' : `call ${r.id}`}`
+              : seal !== undefined && r.seal !== seal
+                ? `it is not sealed by the worker process of device ${device}`
+                : undefined;
+          try {
+            reply = await requestChecked(
+              this.nc,
+              this.subj.call(device),
+              { type: 'call', v: PROTOCOL_VERSION, id, model, iteration, epoch, ...(group ? { group } : {}), ...(options.beside ? { beside: true as const } : {}), body },
+              Reply,
+              this.callTimeoutMs,
+              mine,
+              (problem) => this.options.onDropped?.(`dropped a reply to call ${id} (${where}): ${problem}`),
+            );
+          } catch (cause) {
+            span(false);
+            const code = cause instanceof BusError ? cause.reason : cause instanceof ProtocolError ? 'malformed' : 'failed';
+            throw new CallError(code, `${where}: ${(cause as Error).message}`, { cause });
+          }
+          span(reply.type === 'result', reply.type === 'result' ? (reply.ms ?? 0) : 0);
+          if (reply.type === 'error') throw new CallError(reply.code, `${where}: ${reply.message}`);
+          this.totals.calls += 1;
+          this.totals.round_trip_seconds += (performance.now() - t0) / 1000;
+          this.totals.device_seconds += (reply.ms ?? 0) / 1000;
+          return checkResult(body.fn as F, reply.body, where);
+        },
+        options.beside,
+      ),
     );
   }
 
   realloc(r: ReallocRequest): Promise<ReallocOutcome> {
     // The epoch in the id keeps an abandoned exchange's ready, go and chunks out of its retry's;
     // its random part keeps anyone else's out.
-    return runRealloc(this.nc, this.subj, (d, m, i, b) => this.call(d, m, i, b), { ...r, id: exchangeId(`${r.id}-e${this.epoch}`) }, this.nc.info?.max_payload ?? 1 << 20);
+    return runRealloc(this.nc, this.subj, (d, m, i, b, g, o) => this.call(d, m, i, b, g, o), { ...r, id: exchangeId(`${r.id}-e${this.epoch}`) }, this.nc.info?.max_payload ?? 1 << 20);
   }
 
   turns(listener: (log: TurnLog, device: number) => void): () => void {

@@ -23,8 +23,13 @@ export class CallError extends Error {
 }
 
 export interface Dispatcher {
-  /** `group` names the collective of a call that several ranks of a mesh run together. */
-  call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>, group?: string): Promise<ResultOf<F>>;
+  /**
+   * `group` names the collective of a call that several ranks of a mesh run together. `beside`:
+   * the call waits only for the device's other calls beside, not for its running call, and runs
+   * next to it (a load, fill or release of a view the running call does not touch; see
+   * engine/device/beside.ts).
+   */
+  call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>, group?: string, options?: CallOptions): Promise<ResultOf<F>>;
   /** Carries out a reallocation plan: every destination ends with its new slices, verified. */
   realloc(r: ReallocRequest): Promise<ReallocOutcome>;
   /** One shard's checkpoint, streamed from its device. `shapes`: its slices; `optimizer`: whether it trains. */
@@ -53,6 +58,10 @@ export interface Dispatcher {
   turns?(listener: (log: TurnLog, device: number) => void): () => void;
 }
 
+export interface CallOptions {
+  beside?: boolean;
+}
+
 /** Devices' answers from environments on `bus`; a message that does not decode is said and dropped. */
 export function listenTurns(bus: Bus, subj: Subjects, listener: (log: TurnLog, device: number) => void, onDropped?: (line: string) => void): () => void {
   return subscribe(
@@ -78,7 +87,7 @@ export function fence(d: Dispatcher): Dispatcher {
     get epoch() {
       return d.epoch;
     },
-    call: (device, model, iteration, body, group) => (check(), d.call(device, model, iteration, body, group)),
+    call: (device, model, iteration, body, group, options) => (check(), d.call(device, model, iteration, body, group, options)),
     realloc: (r) => (check(), d.realloc(r)),
     checkpointShard: (device, model, iteration, shapes, optimizer) => (check(), d.checkpointShard(device, model, iteration, shapes, optimizer)),
     restoreShard: (device, model, iteration, c, onto) => (check(), d.restoreShard(device, model, iteration, c, onto)),
@@ -127,14 +136,15 @@ export function checkResult<F extends CallFn>(fn: F, body: unknown, where: strin
   return parsed.data as ResultOf<F>;
 }
 
-/** Runs calls one at a time per device, as a device does. */
+/** Runs calls one at a time per device, as a device does; calls beside in a second line of their own. */
 export class PerDeviceQueue {
-  private readonly tails = new Map<number, Promise<unknown>>();
-  run<T>(device: number, job: () => Promise<T>): Promise<T> {
-    const prev = this.tails.get(device) ?? Promise.resolve();
+  private readonly tails = new Map<string, Promise<unknown>>();
+  run<T>(device: number, job: () => Promise<T>, beside = false): Promise<T> {
+    const key = `${beside ? 'beside' : 'main'}:${device}`;
+    const prev = this.tails.get(key) ?? Promise.resolve();
     const next = prev.then(job, job);
     this.tails.set(
-      device,
+      key,
       next.catch(() => {}),
     );
     return next;
@@ -147,6 +157,8 @@ export interface ReallocRequest {
   from: { model: string; layout: Layout };
   to: { model: string; layout: Layout };
   plan: ReallocPlan;
+  /** Every device's part runs beside its running call (filling a view nothing running reads). */
+  beside?: boolean;
 }
 
 export interface ReallocOutcome {
@@ -220,7 +232,8 @@ export async function runRealloc(bus: Bus, subj: Subjects, call: Dispatcher['cal
   const t0 = performance.now();
   const { plan } = r;
   const tid = (index: number) => `${r.id}-${index}`;
-  const results = await runExchange<'realloc'>(bus, subj, call, r.id, r.iteration, r.to.model, plan.devices, (device) => ({
+  const callHere: Dispatcher['call'] = r.beside ? (d, m, i, b, g) => call(d, m, i, b, g, { beside: true }) : call;
+  const results = await runExchange<'realloc'>(bus, subj, callHere, r.id, r.iteration, r.to.model, plan.devices, (device) => ({
     fn: 'realloc',
     realloc: r.id,
     source: r.from.model,

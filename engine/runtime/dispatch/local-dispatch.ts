@@ -12,6 +12,7 @@ import {
   listenTurns,
   pushCheckpoint,
   runRealloc,
+  type CallOptions,
   type Dispatcher,
   type Onto,
   type ReallocOutcome,
@@ -32,30 +33,48 @@ export class LocalDispatcher implements Dispatcher {
   /**
    * `bus`: what the devices' collectives and environment clients ride (default: in memory; a NATS
    * connection reaches environments). `shelf`: where the devices write snapshots (default: in memory).
+   * `beforeRun`: runs as a call starts on its device, in its place in the device's line (as a
+   * worker's chaos hooks do), before the device does anything.
    */
   constructor(
     count: number,
     bus?: Bus,
     readonly shelf: Shelf = new MemoryShelf(),
+    private readonly hooks: { beforeRun?: (device: number, call: Call) => Promise<void> } = {},
   ) {
     this.bus = bus ?? new MemoryBus();
     this.chunkBytes = this.bus.info?.max_payload ?? new MemoryBus().info.max_payload;
     this.devices = Array.from({ length: count }, (_, i) => new Device(i, this.bus, this.subj, { shelf }));
   }
 
-  call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>, group?: string): Promise<ResultOf<F>> {
-    const call: Call = { type: 'call', v: PROTOCOL_VERSION, id: `local-${this.seq++}`, model, iteration, epoch: this.epoch, ...(group ? { group } : {}), body };
+  call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>, group?: string, options: CallOptions = {}): Promise<ResultOf<F>> {
+    const call: Call = {
+      type: 'call',
+      v: PROTOCOL_VERSION,
+      id: `local-${this.seq++}`,
+      model,
+      iteration,
+      epoch: this.epoch,
+      ...(group ? { group } : {}),
+      ...(options.beside ? { beside: true as const } : {}),
+      body,
+    };
     const epoch = this.epoch;
     return this.inFlight.track(
-      this.queue.run(device, async () => {
-        if (this.epoch !== epoch) throw new CallError('interrupted', `abandoned before it ran: epoch ${epoch}, now ${this.epoch}`);
-        try {
-          return checkResult(body.fn as F, await this.devices[device]!.run(call), `device ${device}`);
-        } catch (e) {
-          if (e instanceof CallRejected) throw new CallError(e.code, `device ${device}, '${body.fn}' of ${model}: ${e.message}`);
-          throw e;
-        }
-      }),
+      this.queue.run(
+        device,
+        async () => {
+          if (this.epoch !== epoch) throw new CallError('interrupted', `abandoned before it ran: epoch ${epoch}, now ${this.epoch}`);
+          await this.hooks.beforeRun?.(device, call);
+          try {
+            return checkResult(body.fn as F, await this.devices[device]!.run(call), `device ${device}`);
+          } catch (e) {
+            if (e instanceof CallRejected) throw new CallError(e.code, `device ${device}, '${body.fn}' of ${model}: ${e.message}`);
+            throw e;
+          }
+        },
+        options.beside,
+      ),
     );
   }
 
@@ -74,7 +93,7 @@ export class LocalDispatcher implements Dispatcher {
   }
 
   realloc(r: ReallocRequest): Promise<ReallocOutcome> {
-    return runRealloc(this.bus, this.subj, (d, m, i, b) => this.call(d, m, i, b), r, this.chunkBytes);
+    return runRealloc(this.bus, this.subj, (d, m, i, b, g, o) => this.call(d, m, i, b, g, o), r, this.chunkBytes);
   }
 
   checkpointShard(device: number, model: string, iteration: number, shapes: ReadonlyArray<{ name: string; shape: number[] }>, optimizer: boolean): Promise<Checkpoint> {

@@ -196,17 +196,18 @@ export class Evaluator {
       for (const d of owner.devices) resident.set(d, (resident.get(d) ?? 0) + (cost?.residentBytes ?? 0));
     }
     // Under a lag, a generation's view holds its version's weights for the whole iteration (the
-    // rollout devices keep that copy while the model trains): resident beside everything there.
-    // (The generation's own cost counts that copy already.)
+    // rollout devices keep that copy while the model trains), and the next version arrives in a
+    // second copy while the first still generates (engine/asynchrony/next-views.ts): two copies,
+    // resident beside everything there. (The generation's own cost counts one of them already.)
     const held = new Map<number, number>();
-    const holders = new Set<CallName>();
+    const holders = new Map<CallName, number>();
     if (this.problem.graph.flow.lag) {
       for (const info of this.infos) {
         const p = c[info.name]!;
         if (callOf(this.problem, info.name).kind !== 'generate' || !info.shape || this.key(p) === this.key(c[info.model.owner]!)) continue;
-        holders.add(info.name);
         const bytes = (parameterCounts(info.shape, info.model.valueHead).total * info.shape.dtypeBytes) / (p.tp * p.pp);
-        for (const d of p.devices) held.set(d, (held.get(d) ?? 0) + bytes);
+        holders.set(info.name, bytes);
+        for (const d of p.devices) held.set(d, (held.get(d) ?? 0) + 2 * bytes);
       }
     }
     const calls: Priced['calls'] = [];
@@ -219,7 +220,7 @@ export class Evaluator {
       const problem = info.shape ? strategyProblem(info.shape, p) : undefined;
       if (problem) why ??= `${info.name}: ${problem}`;
       let residentHere = 0;
-      for (const d of p.devices) residentHere = Math.max(residentHere, (resident.get(d) ?? 0) + (holders.has(info.name) ? 0 : (held.get(d) ?? 0)));
+      for (const d of p.devices) residentHere = Math.max(residentHere, (resident.get(d) ?? 0) + (held.get(d) ?? 0) - (holders.get(info.name) ?? 0));
       const cost = this.callCost(info.name, p, isOwner, device.memoryBytes - residentHere);
       const memory = residentHere + (cost?.transientBytes ?? 0);
       if (memory > device.memoryBytes) {
@@ -242,7 +243,13 @@ export class Evaluator {
     for (const x of priced.calls) {
       const segments: TaskSpec['segments'] = [];
       const move = moves ? this.moveSeconds(x) : 0;
-      if (move > 0) segments.push({ kind: 'realloc', devices: [...new Set([...x.owner!.devices, ...x.placement.devices])].sort((a, b) => a - b), seconds: move });
+      // Under a lag, a generation's devices take the next version beside the generation still
+      // running on the last: the move holds only the devices it comes from.
+      if (move > 0) {
+        const beside = !!this.problem.graph.flow.lag && callOf(this.problem, x.info.name).kind === 'generate';
+        const movers = beside ? x.owner!.devices : [...x.owner!.devices, ...x.placement.devices];
+        segments.push({ kind: 'realloc', devices: [...new Set(movers)].sort((a, b) => a - b), seconds: move });
+      }
       segments.push({ kind: 'compute', devices: x.placement.devices, seconds: x.seconds });
       const wait = callOf(this.problem, x.info.name).waitSeconds ?? 0;
       if (wait > 0) segments.push({ kind: 'compute', devices: [], seconds: wait });

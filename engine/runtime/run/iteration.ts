@@ -7,7 +7,7 @@ import type { Dispatcher } from '../dispatch/dispatch.ts';
 import { mean, rowLengths, readPairsFile, runGraph, taskPairs, type CallDecl, type Fields } from '../../algorithms/index.ts';
 import type { PairsFile } from '../../algorithms/index.ts';
 import { tokensDigest } from '../../device/index.ts';
-import { admitted, asynchronyOf, decidedAhead } from '../../asynchrony/index.ts';
+import { admitted, asynchronyOf, copyOf, decidedAhead, generatesWith, type NextViews } from '../../asynchrony/index.ts';
 import { Stream, masked, responseLengths, responseMask, seedOf } from '../../model/index.ts';
 import { rowsOf, tokenizerDir, type CallName } from '../scenario/scenario.ts';
 import type { RunStore } from '../store/store.ts';
@@ -190,7 +190,15 @@ export function episodeTaskOf(r: RunSpec, task: Task = r.task): EpisodeTaskInfo 
  * read back from the store when this iteration already ran it (a replay after a recovery), and
  * stored when it runs; training always runs, from the restored state.
  */
-export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number, store: Pick<RunStore, 'loadStage' | 'saveStage'>, sources?: RewardSources): Promise<IterationResult> {
+export async function runIteration(
+  d: Dispatcher,
+  r: RunSpec,
+  iteration: number,
+  store: Pick<RunStore, 'loadStage' | 'saveStage'>,
+  sources?: RewardSources,
+  /** Under asynchrony, the views of the next version, filled while this one generates (kept between iterations). */
+  views?: NextViews<HeldView>,
+): Promise<IterationResult> {
   const { scenario: s, task } = r;
   const moved: Moved[] = [];
   // Each reward call's sources; the metrics show those of the call that gives the reward.
@@ -309,12 +317,17 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
   // this iteration can update the weights they read, and run (then are scored) while it trains.
   // Free-running (rl.staleness), the rollout devices then go on with the next admitted iterations
   // until the training is done, each written ahead before it starts. All is stored before the
-  // iteration ends.
+  // iteration ends. A view this iteration's version was moved into beside the last iteration's
+  // generation (see below) is taken over; otherwise it is filled when first needed.
   const ahead: Array<Promise<void>> = [];
   const held = new Map<CallName, Promise<HeldView>>();
   let trained = false;
+  const gens = r.graph.calls.filter((c): c is CallDecl & { fn: 'generate' } => c.fn === 'generate');
+  for (const c of asynchrony ? gens : []) {
+    const prepared = views?.take(c.name, iteration, d.epoch, r);
+    if (prepared) held.set(c.name, prepared);
+  }
   if (asynchrony) {
-    const gens = r.graph.calls.filter((c): c is CallDecl & { fn: 'generate' } => c.fn === 'generate');
     const rollout = new Set(gens.flatMap((c) => Object.values(c.writes)));
     const frozen = s.environment ? [] : r.graph.calls.filter((c) => c.fn === 'inference' && !declOf(r, c.model).trained && Object.values(c.reads).every((f) => rollout.has(f)));
     const keptFields = async (c: CallDecl, u: number): Promise<Fields | undefined> => {
@@ -322,7 +335,7 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
       return kept && keptProblem(c, kept) === undefined ? rename(c, kept.ports) : undefined;
     };
     const viewFor = (c: CallDecl) => {
-      if (!held.has(c.name)) held.set(c.name, holdView(d, r, c.name, iteration));
+      if (!held.has(c.name)) held.set(c.name, holdView(d, r, c.name, iteration, { copy: copyOf(iteration) }));
       return held.get(c.name)!;
     };
     const generateAndStore = async (c: CallDecl & { fn: 'generate' }, u: number, queued?: () => void): Promise<Fields> => {
@@ -458,8 +471,19 @@ export async function runIteration(d: Dispatcher, r: RunSpec, iteration: number,
   } finally {
     trained = true;
   }
+  // The weights of the next version exist now: under asynchrony they move to the generations'
+  // views at once, into a second copy beside the generation still running on this version's
+  // (engine/asynchrony/next-views.ts), and the next iteration takes them over. The move ends
+  // before this iteration does, so a snapshot or a recovery never finds it half done.
+  const next: Array<Promise<HeldView>> = [];
+  if (asynchrony && views && generatesWith(asynchrony, iteration + 1, s.rl.iterations)) {
+    for (const c of gens.filter((g) => viewOf(r, g.name).isView)) {
+      next.push(views.prepare(c.name, iteration + 1, d.epoch, r, () => holdView(d, r, c.name, iteration, { copy: copyOf(iteration + 1), beside: true })));
+    }
+  }
   // What was generated ahead is stored before the iteration ends (its snapshot covers it).
   await Promise.all(ahead);
+  for (const view of await Promise.all(next)) if (view.moved) moved.push(view.moved);
   await Promise.all([...held.values()].map((h) => h.then((v) => v.release())));
   const rewardCall = r.graph.calls.find((c) => c.fn === 'inference' && c.writes.scores === r.graph.reward);
   const rollout = rolloutField(r);

@@ -7,9 +7,8 @@ import type { Recorder } from '../record/record.ts';
 import { MemoryStore } from '../store/store.ts';
 import { supervisorMachine, type MembershipCommand } from '../supervisor/supervisor.machine.ts';
 
-export async function runInProcess(spec: RunSpec, recorder: Recorder, backend: string, run = 'local') {
-  const devices = planDevices(spec);
-  const dispatcher = new LocalDispatcher(Math.max(...devices) + 1);
+/** `dispatcher`: the devices to run on (default: as many as the plan uses, here). */
+export async function runInProcess(spec: RunSpec, recorder: Recorder, backend: string, run = 'local', dispatcher = new LocalDispatcher(Math.max(...planDevices(spec)) + 1)) {
   const machine = supervisorMachine.provide({
     actors: {
       membership: fromCallback<MembershipCommand, { need: number[] }>(({ sendBack, input }) => {

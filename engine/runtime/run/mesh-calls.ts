@@ -87,9 +87,10 @@ export async function reallocate(
   spec: GptSpec,
   names?: string[],
   targetSpec: GptSpec = spec,
+  beside?: boolean,
 ): Promise<Moved> {
   const plan = planRealloc(modelInfo(spec), from.layout, to.layout, nodeOf(r), names, modelInfo(targetSpec));
-  const out = await d.realloc({ id, iteration, from, to, plan });
+  const out = await d.realloc({ id, iteration, from, to, plan, ...(beside ? { beside } : {}) });
   if (out.received_bytes !== plan.minimumBytes) {
     throw new Error(`reallocation ${id}: received ${out.received_bytes} bytes, the plan's minimum is ${plan.minimumBytes}`);
   }
@@ -103,7 +104,7 @@ export async function loadModel(
   name: string,
   role: string,
   layout: Layout,
-  opts: { seed?: number; lr?: number; serve?: string; skip?: ReadonlySet<number> },
+  opts: { seed?: number; lr?: number; serve?: string; skip?: ReadonlySet<number>; beside?: boolean },
   iteration = -1,
 ) {
   const s = r.scenario;
@@ -111,18 +112,25 @@ export async function loadModel(
     layout.devices.map((device, rank) =>
       opts.skip?.has(rank)
         ? { parameters: 0 }
-        : d.call(device, name, iteration, {
-            fn: 'load',
-            role,
-            spec: modelSpec(r, role),
-            layout,
-            rank,
-            ...(opts.seed === undefined ? {} : { seed: opts.seed }),
-            ...(opts.seed !== undefined && checkpointOf(r, name) !== undefined ? { from: checkpointOf(r, name) } : {}),
-            ...(opts.lr === undefined ? {} : { optim: { lr: opts.lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: s.rl.clip_norm } }),
-            ...(opts.lr === undefined ? {} : lossModulesOf(r, name)),
-            ...(opts.serve === undefined ? {} : { serve: opts.serve }),
-          }),
+        : d.call(
+            device,
+            name,
+            iteration,
+            {
+              fn: 'load',
+              role,
+              spec: modelSpec(r, role),
+              layout,
+              rank,
+              ...(opts.seed === undefined ? {} : { seed: opts.seed }),
+              ...(opts.seed !== undefined && checkpointOf(r, name) !== undefined ? { from: checkpointOf(r, name) } : {}),
+              ...(opts.lr === undefined ? {} : { optim: { lr: opts.lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: s.rl.clip_norm } }),
+              ...(opts.lr === undefined ? {} : lossModulesOf(r, name)),
+              ...(opts.serve === undefined ? {} : { serve: opts.serve }),
+            },
+            undefined,
+            { beside: opts.beside },
+          ),
     ),
   );
   return results.reduce((n, x) => n + x.parameters, 0);
@@ -153,17 +161,32 @@ export interface HeldView {
  * Loads a call's view and moves its weights into it from the model's own layout, as they are
  * now; they stay, whatever later updates the model, until `release`. A call on its model's own
  * layout holds the model itself (nothing to move or release): what runs there sees each update.
+ * `copy` 1: the view's second copy (`<view>~1`), filled while the first may still generate;
+ * `beside`: its calls run beside whatever the devices run (engine/asynchrony/next-views.ts).
  */
-export async function holdView(d: Dispatcher, r: RunSpec, call: CallName, iteration: number): Promise<HeldView> {
-  const { name, isView } = viewOf(r, call);
-  if (!isView) return { name, isView, release: async () => {} };
+export async function holdView(d: Dispatcher, r: RunSpec, call: CallName, iteration: number, o: { copy?: 0 | 1; beside?: boolean } = {}): Promise<HeldView> {
+  const view = viewOf(r, call);
+  const { isView } = view;
+  if (!isView) return { name: view.name, isView, release: async () => {} };
+  const name = o.copy ? `${view.name}~${o.copy}` : view.name;
   const model = callDecl(r, call).model;
   const layout = layoutOf(r, call);
   const spec = modelSpec(r, model) as GptSpec;
   const release = async () => void (await Promise.all(layout.devices.map((device) => d.call(device, name, iteration, { fn: 'release' }))));
-  await loadModel(d, r, name, model, layout, {}, iteration);
+  await loadModel(d, r, name, model, layout, { beside: o.beside }, iteration);
   try {
-    const moved = await reallocate(d, r, `it${iteration}-${name.replace(/[^A-Za-z0-9_-]/g, '-')}`, iteration, { model, layout: layoutOf(r, ownerOf(r, model)) }, { model: name, layout }, spec);
+    const moved = await reallocate(
+      d,
+      r,
+      `it${iteration}-${name.replace(/[^A-Za-z0-9_-]/g, '-')}`,
+      iteration,
+      { model, layout: layoutOf(r, ownerOf(r, model)) },
+      { model: name, layout },
+      spec,
+      undefined,
+      spec,
+      o.beside,
+    );
     return { name, isView, moved, release };
   } catch (e) {
     await release().catch(() => {});

@@ -28,7 +28,8 @@ import { mean } from '../../algorithms/index.ts';
 import { episodeFigures } from '../../environments/index.ts';
 import { asynchronySummary, median, rewardWindows, type Recorder, type RolloutAccount, type Summary } from '../record/record.ts';
 import type { Progress, RunStore } from '../store/store.ts';
-import { finalDigests, planDevices, rolloutField, ruleScore, responseStats, runIteration, trainedRollouts, type IterationResult, type RewardSources, type RunSpec } from '../run/run.ts';
+import { finalDigests, planDevices, rolloutField, ruleScore, responseStats, runIteration, trainedRollouts, type HeldView, type IterationResult, type RewardSources, type RunSpec } from '../run/run.ts';
+import { NextViews } from '../../asynchrony/index.ts';
 import { setupModels, snapshotInto, type CheckpointSet } from '../run/setup.ts';
 import { Intensity } from './supervision.ts';
 import { restoreDevices } from './recovery.ts';
@@ -108,6 +109,8 @@ interface Context extends SupervisorInput {
   lossAt?: number;
   /** Devices whose workers joined beyond the plan that were offered to the planner already. */
   considered: number[];
+  /** Under asynchrony: the next version's views, filled while the last generates (engine/asynchrony/next-views.ts). */
+  views: NextViews<HeldView>;
 }
 
 type StageInput = { d: Dispatcher; r: RunSpec; store: RunStore; iteration: number; rewards?: RewardSources; demonstrate?: Demonstrate };
@@ -208,7 +211,9 @@ export const supervisorMachine = setup({
      * One iteration of the graph. Results of calls that change no state come from the store when
      * this iteration already has them (a replay), and go into it when they are computed.
      */
-    iteration: fromPromise(({ input }: { input: StageInput }): Promise<IterationResult> => runIteration(input.d, input.r, input.iteration, input.store, input.rewards)),
+    iteration: fromPromise(
+      ({ input }: { input: StageInput & { views?: NextViews<HeldView> } }): Promise<IterationResult> => runIteration(input.d, input.r, input.iteration, input.store, input.rewards, input.views),
+    ),
     digest: fromPromise(async ({ input }: { input: StageInput }) => {
       const { digests, ledgers } = await finalDigests(input.d, input.r, input.iteration);
       const rollouts = await trainedRollouts(input.r, input.store, input.r.scenario.rl.iterations);
@@ -469,6 +474,7 @@ export const supervisorMachine = setup({
     ...unfinishedMigration(input.takeOver, input.spec),
     attempts: 0,
     snapshots: { count: 0, bytes: 0, total_bytes: 0, bytes_via_supervisor: 0, write_seconds: 0, manifest_seconds: 0 },
+    views: new NextViews<HeldView>(),
     ...(input.takeOver ? { failure: { reason: 'supervisor: a new supervisor took the run over', at: Date.now() } } : {}),
   }),
   // Membership runs for the whole run: workers can die and be replaced at any time.
@@ -713,7 +719,7 @@ export const supervisorMachine = setup({
           entry: assign({ iterationStartedAt: () => Date.now() }),
           invoke: {
             src: 'iteration',
-            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration, rewards: context.rewards }),
+            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration, rewards: context.rewards, views: context.views }),
             onDone: { target: 'iterationDone', actions: { type: 'recordIteration', params: ({ event }) => event.output } },
             onError: [
               // A reward actor that never came, a loss that fails: going back to a snapshot would not mend it.
