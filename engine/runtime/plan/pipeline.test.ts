@@ -7,7 +7,8 @@ import type { CallName } from '../scenario/scenario.ts';
 import { loadScenario } from '../scenario/scenario.ts';
 import { flowOf, simulate, type TaskSpec } from './simulate.ts';
 import { ASYNC_MIN_SPEEDUP, chooseLag, lagsFor, poolsOf } from './lag.ts';
-import { loadLocalProfile, DEFAULT_LOCAL_PROFILE } from './problem.ts';
+import { loadLocalProfile, DEFAULT_LOCAL_PROFILE, problemOf } from './problem.ts';
+import { Evaluator, namedPlan } from './planner.ts';
 import { smallScenarioText } from './pipeline.fixture.ts';
 
 const RL = { iterations: 8, batch: 1, epochs: 1, minibatches: 1, clip: 0.2, kl_coef: 0, temperature: 1, lr: 1e-3, clip_norm: 1 };
@@ -92,6 +93,24 @@ describe('the choice of a lag', () => {
     expect(c.chosen.lag).toBe(0);
     expect(c.speedup).toBe(1);
     expect(c.why).toMatch(/lock-step kept: the best lag \(1\) would be \d\.\d\d×, less than the 1\.1×/);
+  });
+
+  it("under a lag, counts the next version's copy of a generation's view on its devices, and moves it on the senders alone", () => {
+    const s = loadScenario(smallScenarioText('copies', 0.1));
+    const at = (lag: number) => {
+      const ev = new Evaluator(problemOf(s, local, lag));
+      return ev.evaluate(namedPlan(ev, 'separation'), true);
+    };
+    const [sync, lagged] = [at(0), at(1)];
+    expect(lagged.calls['actor.generate'].placement.devices).not.toEqual(lagged.calls['actor.train'].placement.devices);
+    // The generation's own cost counts one copy; the next version's is one more there, and both
+    // are resident beside the calls that share its devices.
+    const one = lagged.calls['actor.generate'].memoryBytes - sync.calls['actor.generate'].memoryBytes;
+    expect(one).toBeGreaterThan(0);
+    expect(lagged.calls['reference.inference'].memoryBytes - sync.calls['reference.inference'].memoryBytes).toBe(2 * one);
+    const movers = (e: typeof sync) => [...new Set(e.simulation!.timeline.filter((t) => t.call === 'actor.generate' && t.kind === 'realloc').map((t) => t.device))].sort();
+    expect(movers(sync)).toEqual([0, 1]);
+    expect(movers(lagged)).toEqual(sync.calls['actor.train'].placement.devices);
   });
 
   it('offers no lag to an algorithm of pairs, nor one as long as the run', () => {
