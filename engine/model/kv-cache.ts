@@ -67,7 +67,8 @@ export class KvCache {
    * response, the most positions it will hold.
    */
   constructor(
-    readonly rows: number,
+    /** Sequences × heads held now (fewer after `keep`). */
+    public rows: number,
     readonly headSize: number,
     readonly capacity: number,
     options: { inPlace?: boolean } = {},
@@ -169,6 +170,23 @@ export class KvCache {
     const m = new Float32Array(n * width);
     for (let i = 0; i < n; i++) for (let j = start + i + 1; j < width; j++) m[i * width + j] = -1e9;
     return tf.tensor2d(m, [n, width]);
+  }
+
+  /**
+   * Keeps only the sequences `seqs` (indices of the sequences held now, in the order they are to
+   * be held), each with its `heads` rows: every layer's keys and values are gathered down to them,
+   * exactly (a generation whose other rows have ended stops attending over theirs).
+   */
+  keep(seqs: ArrayLike<number>, heads: number): void {
+    const idx = Int32Array.from({ length: seqs.length * heads }, (_, i) => seqs[Math.floor(i / heads)]! * heads + (i % heads));
+    const at = tf.tensor1d(idx, 'int32');
+    for (const [l, layer] of this.layers) {
+      const next = { kT: tf.keep(tf.gather(layer.kT, at)), v: tf.keep(tf.gather(layer.v, at)) };
+      tf.dispose([layer.kT, layer.v]);
+      this.layers.set(l, next);
+    }
+    at.dispose();
+    this.rows = idx.length;
   }
 
   dispose(): void {

@@ -510,9 +510,15 @@ export class GptRank {
     const rngs = Array.from(seeds.subarray(lo, hi), (s) => new Rng(s));
     const kv = cache ? new KvCache(b * this.localKvHeads, this.arch.headSize, width) : undefined;
     const pads = this.padsOf(tokens, b, width, promptLen);
-    /** The logits [b, V] that predict position `len` (last stage), from the tokens up to it. */
+    // With the cache, the rows it holds (by index in this replica's batch): once half of them have
+    // ended, the cache keeps only the others, and each step decodes those alone. Every rank of the
+    // replica sees the same tokens, so they all shrink alike; a row's arithmetic is the same in any
+    // batch (tested: engine/model/batch-invariance.test.ts), so its tokens are too.
+    let live = Int32Array.from({ length: b }, (_, i) => i);
+    let livePads = pads;
+    /** The logits [live rows, V] that predict position `len` (last stage), from the tokens up to it. */
     const logitsAt = async (t: number, len: number, next?: Int32Array): Promise<tf.Tensor | undefined> => {
-      if (kv) return this.decodeStage(group, `gen/${t}`, next ?? prompts.subarray(lo * promptLen, hi * promptLen), b, next ? 1 : promptLen, next ? len - 1 : 0, kv, pads);
+      if (kv) return this.decodeStage(group, `gen/${t}`, next ?? prompts.subarray(lo * promptLen, hi * promptLen), live.length, next ? 1 : promptLen, next ? len - 1 : 0, kv, livePads);
       const prefix = new Int32Array(b * len);
       for (let i = 0; i < b; i++) prefix.set(tokens.subarray(i * width, i * width + len), i * len);
       const { out } = await this.forwardStage(group, `gen/${t}`, prefix, b, len, false, pads);
@@ -542,10 +548,11 @@ export class GptRank {
           const values = logits!.dataSync() as Float32Array;
           logits!.dispose();
           logits = undefined;
-          next = new Int32Array(b);
-          for (let i = 0; i < b; i++) {
+          next = new Int32Array(live.length);
+          for (let j = 0; j < live.length; j++) {
+            const i = live[j]!;
             // A finished row draws nothing more: its stream stays where its response ended.
-            next[i] = done[i] ? eos! : sampleToken(values.subarray(i * this.spec.vocab, (i + 1) * this.spec.vocab), opts, opts.greedy ? 0 : rngs[i]!.uniform());
+            next[j] = done[i] ? eos! : sampleToken(values.subarray(j * this.spec.vocab, (j + 1) * this.spec.vocab), opts, opts.greedy ? 0 : rngs[i]!.uniform());
           }
           // Earlier stages of this replica, same tensor rank, need the new tokens for the next step.
           for (let s = 0; s < this.layout.pp - 1; s++) {
@@ -555,9 +562,10 @@ export class GptRank {
           const fromLast = this.layout.devices[rankOf(this.layout, { ...this.coords, pp: this.layout.pp - 1 })]!;
           next = (await this.comm.recv(group, fromLast, `gen/${t}/tok`)) as Int32Array;
         }
-        for (let i = 0; i < b; i++) {
-          tokens[i * width + promptLen + t] = next[i]!;
-          if (!done[i] && next[i] === eos) {
+        for (let j = 0; j < live.length; j++) {
+          const i = live[j]!;
+          tokens[i * width + promptLen + t] = next[j]!;
+          if (!done[i] && next[j] === eos) {
             done[i] = 1;
             finished += 1;
           }
@@ -566,6 +574,15 @@ export class GptRank {
         if (finished === b) {
           for (let i = 0; i < b; i++) tokens.fill(eos!, i * width + promptLen + t + 1, (i + 1) * width);
           break;
+        }
+        if (kv && b - finished <= live.length / 2) {
+          const keep = Int32Array.from(live.keys()).filter((j) => !done[live[j]!]);
+          // A row that leaves has ended: its stream stays at the end token.
+          for (const i of live) if (done[i]) tokens.fill(eos!, i * width + promptLen + t + 1, (i + 1) * width);
+          kv.keep(keep, this.localKvHeads);
+          next = Int32Array.from(keep, (j) => next[j]!);
+          livePads = livePads ? Int32Array.from(keep, (j) => livePads![j]!) : undefined;
+          live = Int32Array.from(keep, (j) => live[j]!);
         }
         logits = t + 1 < responseLen ? await logitsAt(t + 1, promptLen + t + 1, next) : undefined;
       }
