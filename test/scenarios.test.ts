@@ -31,11 +31,21 @@ describe('shipped scenarios', () => {
   });
 
   it.each(cluster)('cluster/%s is valid, and only for planning', (f) => {
+    expect(planOnly(loadScenario(join(ROOT, 'scenarios', 'cluster', f)))).toBeDefined();
+  });
+
+  it.each(cluster.filter((f) => !f.includes('longtail')))('cluster/%s: 512 sequences of 1024 + 1024 tokens', (f) => {
     const s = loadScenario(join(ROOT, 'scenarios', 'cluster', f));
-    expect(planOnly(s)).toBeDefined();
     // 512 sequences per iteration: 512 prompts, or 64 prompts × 8 samples for GRPO.
     expect(rowsOf(s)).toBe(512);
     expect(s.lengths).toEqual({ prompt: 1024, response: 1024 });
+  });
+
+  it('the long-tail scenario: 64 prompts × 16 samples, responses of up to 16,384 tokens with a mean of 4,096', () => {
+    const s = loadScenario(join(ROOT, 'scenarios', 'cluster', 'grpo-qwen7b-64gpu-longtail.yaml'));
+    expect(rowsOf(s)).toBe(1024);
+    expect(s.lengths).toEqual({ prompt: 1024, response: 16384, response_mean: 4096 });
+    expect(problemOf(s).workload).toMatchObject({ responseLen: 16384, responseMean: 4096 });
   });
 
   it('a GRPO cluster scenario plans only its own calls, and prices every sample of every prompt', () => {

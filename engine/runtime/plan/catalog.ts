@@ -20,12 +20,18 @@ export interface ModelShape {
   dtypeBytes: number;
 }
 
-/** LLaMA-2 shapes (Touvron et al. 2023); 34B and 70B use grouped-query attention with 8 KV heads. */
+/**
+ * LLaMA-2 shapes (Touvron et al. 2023); 34B and 70B use grouped-query attention with 8 KV heads.
+ * Qwen2.5-7B (its config.json: 28 layers, hidden 3584, MLP 18944, 28 heads with 4 KV heads,
+ * 152,064 tokens) is the base of the 7B reasoning models that long-tail RL trains (DeepSeek-R1's
+ * Qwen-7B distillation, which AReaL's 7B runs start from).
+ */
 export const MODELS: Record<string, ModelShape> = {
   'llama2-7b': { name: 'llama2-7b', layers: 32, width: 4096, ffn: 11008, heads: 32, kvHeads: 32, vocab: 32000, gated: true, dtypeBytes: 2 },
   'llama2-13b': { name: 'llama2-13b', layers: 40, width: 5120, ffn: 13824, heads: 40, kvHeads: 40, vocab: 32000, gated: true, dtypeBytes: 2 },
   'llama2-34b': { name: 'llama2-34b', layers: 48, width: 8192, ffn: 22016, heads: 64, kvHeads: 8, vocab: 32000, gated: true, dtypeBytes: 2 },
   'llama2-70b': { name: 'llama2-70b', layers: 80, width: 8192, ffn: 28672, heads: 64, kvHeads: 8, vocab: 32000, gated: true, dtypeBytes: 2 },
+  'qwen2.5-7b': { name: 'qwen2.5-7b', layers: 28, width: 3584, ffn: 18944, heads: 28, kvHeads: 4, vocab: 152064, gated: true, dtypeBytes: 2 },
 };
 
 /** ferry's own small GPT (engine/model.ts) as a shape: float32, plain 4× MLP. */

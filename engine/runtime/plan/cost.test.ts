@@ -4,7 +4,7 @@ import { describe, expect, it } from 'vitest';
 import type { Layout, ModelInfo } from '../../../mesh/parallel/layout.ts';
 import { planRealloc } from '../../../mesh/parallel/realloc.ts';
 import { DEVICES, MODELS, localShape, scaledProfile, type DeviceProfile, type ModelShape } from './catalog.ts';
-import { allReduceSeconds, callCost, coarseInfo, parameterCounts, reallocSeconds, shapeInfo, strategyProblem, type Workload } from './cost.ts';
+import { allReduceSeconds, callCost, coarseInfo, decodeSteps, parameterCounts, reallocSeconds, shapeInfo, strategyProblem, tailScale, type Workload } from './cost.ts';
 
 const A100 = DEVICES['a100-80gb']!;
 const L7 = MODELS['llama2-7b']!;
@@ -322,5 +322,45 @@ describe('callCost', () => {
       // Neither touches inference or training.
       expect(callCost(tiny, 'inference', one, wl, { ...FREE, decodeLayerOverhead: 1, decodeStepOverhead: 1 }, 8).compute).toBeLessThan(1e-20); // the FLOPs at 1e30 FLOP/s
     });
+  });
+});
+
+describe('a long tail of response lengths', () => {
+  it('is an exponential of the given mean, cut at the budget', () => {
+    for (const [mean, budget] of [
+      [4096, 16384],
+      [100, 128],
+      [10, 1000],
+    ] as const) {
+      const m = tailScale(mean, budget);
+      expect(m * (1 - Math.exp(-budget / m))).toBeCloseTo(mean, 6);
+    }
+  });
+
+  it('decodes every row to the budget without a mean; with one, the rows held halve as they end, until the longest', () => {
+    expect(decodeSteps(32, 1024)).toEqual([{ rows: 32, steps: 1024 }]);
+    const steps = decodeSteps(32, 16384, 4096);
+    expect(steps.map((s) => s.rows)).toEqual(steps.map((_, k) => Math.max(1, Math.ceil(32 / 2 ** k))));
+    // Each halving comes after m·ln 2 more steps (the last segment ends at the longest response).
+    const per = tailScale(4096, 16384) * Math.LN2;
+    for (const s of steps.slice(0, -1)) expect(s.steps).toBeCloseTo(per, 6);
+    const longest = steps.reduce((n, s) => n + s.steps, 0);
+    // The longest of 32 is far past the mean, below the budget.
+    expect(longest).toBeGreaterThan(3 * 4096);
+    expect(longest).toBeLessThan(16384);
+    // One row alone: its expected length is the mean.
+    expect(decodeSteps(1, 16384, 4096).reduce((n, s) => n + s.steps, 0)).toBeCloseTo(4096, 0);
+  });
+
+  it("makes generation cheaper than every row running to the budget, and its tail each step's weight read at least", () => {
+    const H100 = DEVICES['h100-80gb']!;
+    const Q7 = MODELS['qwen2.5-7b']!;
+    const wl: Workload = { batch: 64, promptLen: 1024, responseLen: 16384, epochs: 1, minibatches: 1 };
+    const full = callCost(Q7, 'generate', layout({ tp: 2 }), wl, H100, 8, { owner: false });
+    const tail = callCost(Q7, 'generate', layout({ tp: 2 }), { ...wl, responseMean: 4096 }, H100, 8, { owner: false });
+    expect(tail.seconds).toBeLessThan(full.seconds);
+    const longest = decodeSteps(64, 16384, 4096).reduce((n, s) => n + s.steps, 0);
+    const weightRead = (parameterCounts(Q7).total * Q7.dtypeBytes) / 2 / H100.memBandwidth;
+    expect(tail.compute).toBeGreaterThan(longest * weightRead);
   });
 });

@@ -17,9 +17,56 @@ export interface Workload {
   /** Prompts per iteration. */
   batch: number;
   promptLen: number;
+  /** The response budget: the most tokens a response may have. */
   responseLen: number;
+  /**
+   * The mean response length, where responses end before the budget (a long tail): lengths are
+   * priced as an exponential of that mean cut at the budget (see decodeSteps). Absent: every
+   * response runs to the budget.
+   */
+  responseMean?: number;
   epochs: number;
   minibatches: number;
+}
+
+/**
+ * The scale m of an exponential whose lengths, cut at `budget`, have mean `mean`:
+ * m·(1 − e^(−budget/m)) = mean (bisection; the mean must be below the budget).
+ */
+export function tailScale(mean: number, budget: number): number {
+  let [lo, hi] = [mean, mean * 64];
+  const meanOf = (m: number) => m * (1 - Math.exp(-budget / m));
+  if (meanOf(hi) < mean) return hi;
+  for (let i = 0; i < 60; i++) {
+    const mid = (lo + hi) / 2;
+    if (meanOf(mid) < mean) lo = mid;
+    else hi = mid;
+  }
+  return (lo + hi) / 2;
+}
+
+/**
+ * How a wave of `rows` sequences decodes in the runtime (engine/model/rank.ts): one step per
+ * position until its longest response ends, on the rows its KV cache holds, which halve each time
+ * half of them have ended (a row's length ~ an exponential of scale m cut at the budget: after s
+ * steps a share e^(−s/m) is still going, so the k-th halving comes at s = k·m·ln 2). Returns the
+ * steps at each number of rows held, {rows, steps}, from the whole wave down; the steps sum to
+ * the expected longest response of the wave. Without a mean, every step holds every row.
+ */
+export function decodeSteps(rows: number, budget: number, mean?: number): Array<{ rows: number; steps: number }> {
+  if (mean === undefined || mean >= budget) return [{ rows, steps: budget }];
+  const m = tailScale(mean, budget);
+  // The expected longest of `rows` lengths: Σ over positions of P(some row is still going).
+  let longest = 0;
+  for (let s = 0; s < budget; s++) longest += 1 - (1 - Math.exp(-s / m)) ** rows;
+  const out: Array<{ rows: number; steps: number }> = [];
+  const per = m * Math.LN2;
+  for (let k = 0, from = 0; from < longest; k++) {
+    const to = Math.min(longest, (k + 1) * per);
+    out.push({ rows: Math.max(1, Math.ceil(rows / 2 ** k)), steps: to - from });
+    from = to;
+  }
+  return out;
 }
 
 export interface CallCost {
@@ -214,15 +261,24 @@ export function callCost(
         residentBytes: opts.owner ? weightsPerDevice + trainState : 0,
       };
     }
-    // Every step costs the same (the whole cache is attended), so the budget's steps cost alike.
-    const reads = weightsPerDevice + wave * T * kvPerToken;
-    const flops = (wave * (bodyFlopsPerToken + headFlopsPerToken + 4 * m.layers * T * D)) / (tp * pp);
-    const elements = (wave * (stageLayers + 1) * D) / tp;
-    const stage = Math.max(reads / dev.memBandwidth, flops / dev.flops) + (stageLayers + 1) * (dev.decodeLayerOverhead ?? dev.layerOverhead) + elements * (dev.elementSeconds ?? 0);
-    // A token crosses every stage in turn, so it pays every layer's all-reduces.
-    const comm = m.layers * 2 * allReduceSeconds(wave * D * bytes, tp, tpBw, dev.latency) + (pp > 1 ? (pp - 1) * ((wave * D * bytes) / ppBw + dev.latency) : 0);
-    const decode = (stage * pp + (dev.decodeStepOverhead ?? 0)) * wl.responseLen * waves;
-    const decodeComm = comm * wl.responseLen * waves;
+    // Every step on a number of rows costs the same (the whole cache is attended); a step reads
+    // the weights whatever the rows, so a long tail of few rows is bound by that read.
+    const stepOn = (held: number) => {
+      const reads = weightsPerDevice + held * T * kvPerToken;
+      const flops = (held * (bodyFlopsPerToken + headFlopsPerToken + 4 * m.layers * T * D)) / (tp * pp);
+      const elements = (held * (stageLayers + 1) * D) / tp;
+      const stage = Math.max(reads / dev.memBandwidth, flops / dev.flops) + (stageLayers + 1) * (dev.decodeLayerOverhead ?? dev.layerOverhead) + elements * (dev.elementSeconds ?? 0);
+      // A token crosses every stage in turn, so it pays every layer's all-reduces.
+      const comm = m.layers * 2 * allReduceSeconds(held * D * bytes, tp, tpBw, dev.latency) + (pp > 1 ? (pp - 1) * ((held * D * bytes) / ppBw + dev.latency) : 0);
+      return { compute: stage * pp + (dev.decodeStepOverhead ?? 0), comm };
+    };
+    let decode = 0;
+    let decodeComm = 0;
+    for (const { rows: held, steps } of decodeSteps(wave, wl.responseLen, wl.responseMean)) {
+      const step = stepOn(held);
+      decode += step.compute * steps * waves;
+      decodeComm += step.comm * steps * waves;
+    }
     compute = prefill.compute + decode;
     communication = prefill.comm + decodeComm;
     bubble = prefill.bubble;

@@ -95,6 +95,7 @@ export function problemOf(s: Scenario, local?: DeviceProfile, lag = lagOf(s)): P
       batch: s.rl.batch,
       promptLen: s.lengths.prompt ?? task.promptLen,
       responseLen: s.lengths.response ?? task.responseLen,
+      ...(s.lengths.response_mean !== undefined ? { responseMean: s.lengths.response_mean } : {}),
       epochs: s.rl.epochs,
       minibatches: s.rl.minibatches,
     },

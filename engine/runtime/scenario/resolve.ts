@@ -225,6 +225,13 @@ export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
     errors.push(`rl.lag: ${s.rl.lag} is not less than rl.iterations (${s.rl.iterations}): every rollout would come from the initial policy, and none of the run's updates would ever be used`);
   if (s.rl.staleness > 0 && s.rl.staleness >= s.rl.iterations)
     errors.push(`rl.staleness: ${s.rl.staleness} is not less than rl.iterations (${s.rl.iterations}): a rollout may be as old as the whole run, and the bound would bound nothing`);
+  const mean = s.lengths.response_mean;
+  const budget = s.lengths.response ?? task.responseLen;
+  if (mean !== undefined && mean >= budget) {
+    errors.push(
+      `lengths.response_mean: ${mean} is not below the response budget, ${budget} (${s.lengths.response === undefined ? "the task's" : 'lengths.response'}): responses that all run to the budget have no mean to give; leave response_mean out`,
+    );
+  }
   if (s.rl.lag > 0 && s.rl.staleness > 0) errors.push(`rl.lag (${s.rl.lag}) and rl.staleness (${s.rl.staleness}): a run is either lagged by a fixed k or free-running within η; set one of them`);
   if (s.rl.versions !== undefined) {
     if (s.rl.staleness === 0) errors.push('rl.versions: a recorded schedule replays a free-running run; it needs the rl.staleness that run had');

@@ -222,6 +222,13 @@ describe('plan checks', () => {
     expect(resolvePlan(s)['actor.train'].devices).toEqual([0]);
   });
 
+  it('a mean response length for planning must be below the budget (lengths.response, else the task): refused, naming the key', () => {
+    expect(parseScenario('lengths: { response: 1000, response_mean: 250 }', 'l.yaml').lengths).toEqual({ response: 1000, response_mean: 250 });
+    expect(() => parseScenario('lengths: { response: 1000, response_mean: 1000 }', 'l.yaml')).toThrow(/lengths\.response_mean: 1000 is not below the response budget, 1000 \(lengths\.response\)/);
+    expect(() => parseScenario('lengths: { response_mean: 4096 }', 'l.yaml')).toThrow(/lengths\.response_mean: 4096 is not below the response budget, \d+ \(the task's\)/);
+    expect(() => parseScenario('lengths: { response_mean: 0 }', 'l.yaml')).toThrow(/lengths\.response_mean/);
+  });
+
   it('the default plan puts actor, critic, reference, reward on devices 0, 1, 2, 3 (wrapping on small clusters)', () => {
     const plan = resolvePlan(parseScenario('{}', 'd.yaml'));
     const d = parseScenario('{}', 'd.yaml');

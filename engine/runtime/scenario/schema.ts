@@ -164,7 +164,10 @@ export const Scenario = z.strictObject({
   lengths: z
     .strictObject({
       prompt: pos.optional(),
-      response: pos.optional(),
+      response: pos.optional().describe('the response budget: the most tokens a response may have'),
+      response_mean: pos
+        .optional()
+        .describe('the mean response length, below the budget: responses end early with a long tail (priced as an exponential of that mean cut at the budget; decoding drops rows that have ended)'),
     })
     .prefault({})
     .describe('prompt and response lengths for planning; the task decides them for runs'),
