@@ -13,6 +13,7 @@ import { layoutOf, modelSpec, nodeOf, ownerOf, type RunSpec } from '../runtime/r
 import { checkpointLayouts, optimized, type CheckpointSet } from '../runtime/run/setup.ts';
 import { modelDigest } from '../../mesh/wire/chunks.ts';
 import { restoreDevices, type RestoreInput, type SetupOutput } from '../runtime/supervisor/recovery.ts';
+import type { Snapshot } from '../runtime/store/store.ts';
 
 export class MigrationError extends Error {
   override name = 'MigrationError';
@@ -45,12 +46,14 @@ export interface Migrated extends SetupOutput {
 }
 
 /** Moves the run from `from` (its plan before) onto `input.r` (the new plan), without the `lost` devices. */
-export async function migrateToPlan(input: RestoreInput & { from: RunSpec; lost: readonly number[]; snapshot: number }): Promise<Migrated> {
+export async function migrateToPlan(
+  input: RestoreInput & { from: RunSpec; lost: readonly number[]; snapshot: number /** The snapshot, read while the plan was searched. */; ahead?: Promise<Snapshot | undefined> },
+): Promise<Migrated> {
   const t0 = performance.now();
   const { r, from } = input;
-  // The snapshot is read from the devices' buckets, and its digests computed, while the devices
-  // reset (restoreDevices sends the resets first).
-  const loading = input.store.loadSnapshot(input.snapshot);
+  // The snapshot is read from the devices' buckets (while the plan was searched, or now, while the
+  // devices reset: restoreDevices sends the resets first), and its digests computed.
+  const loading = input.ahead ?? input.store.loadSnapshot(input.snapshot);
   const restoring = restoreDevices({ ...input, loaded: loading });
   let loaded: NonNullable<Awaited<typeof loading>>;
   let before: Record<string, string>;

@@ -109,6 +109,8 @@ interface Context extends SupervisorInput {
   lossAt?: number;
   /** Devices whose workers joined beyond the plan that were offered to the planner already. */
   considered: number[];
+  /** The snapshot a re-plan will migrate from, read while the plan is searched. */
+  reading?: { snapshot: number; loaded: ReturnType<RunStore['loadSnapshot']> };
   /** Under asynchrony: the next version's views, filled while the last generates (engine/asynchrony/next-views.ts). */
   views: NextViews<HeldView>;
 }
@@ -175,7 +177,10 @@ export const supervisorMachine = setup({
     /** The plan for the devices left, written ahead to the run's store before anything acts on it (elastic/steps.ts). */
     decide: fromPromise(({ input }: { input: Parameters<typeof decideAndWriteAhead>[0] }) => decideAndWriteAhead(input)),
     /** The last snapshot onto the new plan, checked bit for bit; with none yet, setup on it. */
-    migrate: fromPromise(({ input }: { input: StageInput & { from: RunSpec; lost: number[]; devices: number[]; snapshot?: number; resume?: SupervisorInput['resume'] } }) => migrateOrSetUp(input)),
+    migrate: fromPromise(
+      ({ input }: { input: StageInput & { from: RunSpec; lost: number[]; devices: number[]; snapshot?: number; resume?: SupervisorInput['resume']; ahead?: ReturnType<RunStore['loadSnapshot']> } }) =>
+        migrateOrSetUp(input),
+    ),
     setupModels: fromPromise(async ({ input }: { input: StageInput & { resume?: CheckpointSet; resumeAfter?: number } }) => {
       const out = await setupModels(input.d, input.r, input.resume, input.demonstrate);
       // The first snapshot: what a recovery before the first iteration's goes back to.
@@ -328,6 +333,14 @@ export const supervisorMachine = setup({
       );
       if (loss.trigger !== 'join') for (const device of loss.devices) context.onCordoned?.({ device, trigger: loss.trigger, reason: loss.reason });
     },
+    /** The snapshot to migrate from is read (from the devices' buckets) while the search runs, not after it. */
+    readSnapshotAhead: assign(({ context }) => {
+      if (context.snapshot === undefined) return { reading: undefined };
+      const loaded = context.store.loadSnapshot(context.snapshot);
+      // Its failure is the migration's to meet (it reads it again then), never unhandled here.
+      loaded.catch(() => {});
+      return { reading: { snapshot: context.snapshot, loaded } };
+    }),
     adoptPlan: assign(({ context }, out: { spec: RunSpec; record: ReplanRecord }) => {
       context.recorder.phase('migrating', out.record.why);
       // Decided: the loss is answered (a recovery from here on restores onto the new plan).
@@ -606,7 +619,8 @@ export const supervisorMachine = setup({
      * is recovered as any other, onto the new plan.
      */
     replanning: {
-      entry: 'beginReplan',
+      entry: ['beginReplan', 'readSnapshotAhead'],
+      exit: assign({ reading: undefined }),
       on: {
         'worker.lost': { actions: 'unjoin' },
         'bus.trouble': {},
@@ -662,7 +676,12 @@ export const supervisorMachine = setup({
         migrating: {
           invoke: {
             src: 'migrate',
-            input: ({ context }) => ({ ...restoreInput(context), from: context.from!, lost: context.lost }),
+            input: ({ context }) => ({
+              ...restoreInput(context),
+              from: context.from!,
+              lost: context.lost,
+              ...(context.reading && context.reading.snapshot === context.snapshot ? { ahead: context.reading.loaded } : {}),
+            }),
             onDone: [
               {
                 guard: ({ context, event }) => event.output.snapshot + 1 >= context.spec.scenario.rl.iterations,
