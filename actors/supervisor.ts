@@ -101,6 +101,8 @@ runMain(async () => {
     spec = specOnPlan(spec, takeOver.plan);
     log(`the run re-planned onto devices ${planDevices(spec).join(', ')} (lost for good: ${takeOver.lost?.join(', ')})`);
   }
+  // …and readies the planning problem of the plan the run goes on with.
+  if (scenario.elastic) warmSearchThread(spec.scenario);
   const chaos = ChaosClient.fromEnv(nc, subj, log);
   // --resume: go on from the run directory's last checkpoint, keeping the metrics up to it.
   const found = values.resume && !takeOver ? readResume(values.out) : undefined;

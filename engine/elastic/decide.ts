@@ -8,6 +8,7 @@
 import { deviceCount } from '../../mesh/parallel/index.ts';
 import type { ReplanRecord, ReplanTrigger } from '../../mesh/wire/index.ts';
 import { candidateOf, loadLocalProfile, localProfileFile, problemOf } from '../runtime/plan/problem.ts';
+import type { Problem } from '../runtime/plan/planner.ts';
 import { replan } from '../runtime/plan/replan.ts';
 import { evaluationsFor } from '../runtime/plan/search.ts';
 import { planDevices, runSpec, type RunSpec } from '../runtime/run/run.ts';
@@ -23,6 +24,13 @@ export interface Loss {
 
 export type Placements = ReplanRecord['plan_after'];
 
+/** The run as a planning problem, priced with this machine's profile where its devices are local. */
+export function problemFor(r: RunSpec): Problem {
+  const s = r.scenario;
+  const file = s.cluster.device === 'local' ? localProfileFile() : undefined;
+  return problemOf(s, file ? loadLocalProfile(file) : undefined);
+}
+
 /** A spec's plan as a scenario's `plan:` writes it. */
 export const placementsOf = (r: RunSpec): Placements => Object.fromEntries(Object.values(r.plan).map((p) => [p.call, { mesh: p.mesh, dp: p.dp, tp: p.tp, pp: p.pp }]));
 
@@ -37,10 +45,8 @@ export function specOnPlan(r: RunSpec, plan: Placements): RunSpec {
  * `iteration`: the one the run goes on from. The search sees only devices with a worker: the
  * plan's, the spares and the newly joined. Throws ReplanError where no plan fits what is left.
  */
-export function decideReplan(r: RunSpec, spares: readonly number[], loss: Loss, iteration: number): { spec: RunSpec; record: ReplanRecord; changed: boolean } {
+export function decideReplan(r: RunSpec, spares: readonly number[], loss: Loss, iteration: number, problem = problemFor(r)): { spec: RunSpec; record: ReplanRecord; changed: boolean } {
   const s = r.scenario;
-  const file = s.cluster.device === 'local' ? localProfileFile() : undefined;
-  const problem = problemOf(s, file ? loadLocalProfile(file) : undefined);
   const budget = s.elastic?.search_seconds ?? 2;
   const remaining = Math.max(0, s.rl.iterations - iteration);
   // To the planner, every device the plan does not use is lost; those with a worker come back as joined.

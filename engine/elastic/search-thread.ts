@@ -1,5 +1,6 @@
 // The re-plan's search off the supervisor's event loop: in a worker thread (started once and kept;
-// an elastic run's supervisor starts it at once), so that a budget of seconds never silences the
+// an elastic run's supervisor starts it at once, and it readies the run's planning problem then),
+// so that a budget of seconds never silences the
 // supervisor's heartbeat (the launcher kills a supervisor that stops beating for
 // timeouts.heartbeat_seconds) nor its answers on the bus. The thread gets the scenario as data,
 // builds the run's spec again (importing a user's algorithm file where the scenario names one),
@@ -9,7 +10,9 @@ import type { ReplanRecord } from '../../mesh/wire/index.ts';
 import { isPath, loadAlgorithmFile } from '../algorithms/index.ts';
 import { runSpec, type RunSpec } from '../runtime/run/run.ts';
 import type { Scenario } from '../runtime/scenario/scenario.ts';
-import { decideReplan, specOnPlan, type Loss } from './decide.ts';
+import { decideReplan, problemFor, specOnPlan, type Loss } from './decide.ts';
+import { Evaluator, type Problem } from '../runtime/plan/planner.ts';
+import { candidateOf } from '../runtime/plan/problem.ts';
 
 interface Ask {
   scenario: Scenario;
@@ -45,9 +48,13 @@ function searchThread(): NonNullable<typeof shared> {
   return thread;
 }
 
-/** Starts the search thread ahead of need (an elastic run's supervisor does, so that a re-plan does not wait for it to load). */
-export function warmSearchThread(): void {
-  searchThread();
+/**
+ * Starts the search thread ahead of need (an elastic run's supervisor does, so that a re-plan does
+ * not wait for it to load); with the run's scenario, the thread readies its planning problem too.
+ */
+export function warmSearchThread(scenario?: Scenario): void {
+  const thread = searchThread();
+  if (scenario) thread.worker.postMessage({ prepare: scenario });
 }
 
 /** decideReplan, in the search thread; its errors come back with their names (a ReplanError stays one by name). */
@@ -67,12 +74,27 @@ export async function decideOffThread(r: RunSpec, spares: readonly number[], los
   return { spec: answer.changed ? specOnPlan(r, answer.record.plan_after) : r, record: answer.record, changed: answer.changed };
 }
 
+/** The run's spec and planning problem, readied before a decision needs them (by the scenario they are of). */
+let ready: { key: string; spec: RunSpec; problem: Problem } | undefined;
+
+/** Readies `scenario`'s spec and problem, and prices its own plan once (the decision's "before"; it warms the evaluator too). */
+async function prepare(scenario: Scenario): Promise<{ spec: RunSpec; problem: Problem }> {
+  const key = JSON.stringify(scenario);
+  if (ready?.key === key) return ready;
+  const a = scenario.algorithm;
+  const name = typeof a === 'string' ? a : a.name;
+  if (isPath(name)) await loadAlgorithmFile(name);
+  const spec = runSpec(scenario);
+  const problem = problemFor(spec);
+  new Evaluator(problem).evaluate(candidateOf(scenario));
+  ready = { key, spec, problem };
+  return ready;
+}
+
 async function serve(ask: Ask): Promise<Answer> {
   try {
-    const a = ask.scenario.algorithm;
-    const name = typeof a === 'string' ? a : a.name;
-    if (isPath(name)) await loadAlgorithmFile(name);
-    const { record, changed } = decideReplan(runSpec(ask.scenario), ask.spares, ask.loss, ask.iteration);
+    const { spec, problem } = await prepare(ask.scenario);
+    const { record, changed } = decideReplan(spec, ask.spares, ask.loss, ask.iteration, problem);
     return { ok: true, record, changed };
   } catch (e) {
     return { ok: false, name: (e as Error).name ?? 'Error', message: (e as Error).message ?? String(e) };
@@ -81,5 +103,9 @@ async function serve(ask: Ask): Promise<Answer> {
 
 if (!isMainThread && parentPort && (workerData as { serve?: boolean } | undefined)?.serve) {
   const port = parentPort;
-  port.on('message', (m: { id: number; ask: Ask }) => void serve(m.ask).then((answer) => port.postMessage({ id: m.id, answer })));
+  port.on('message', (m: { id: number; ask: Ask } | { prepare: Scenario }) => {
+    // Readying is only ahead of need: a failure there is met again, and answered, by the decision.
+    if ('prepare' in m) return void prepare(m.prepare).catch(() => {});
+    void serve(m.ask).then((answer) => port.postMessage({ id: m.id, answer }));
+  });
 }

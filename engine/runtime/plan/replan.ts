@@ -113,12 +113,13 @@ export function replan(problem: Problem, current: Candidate, change: DeviceChang
   const lostNow = new Set(lost);
   const ranked = candidates
     .map((plan) => {
-      const evaluation = ev.evaluate(plan, true);
+      const evaluation = ev.evaluate(plan);
       const migration = migrationOf(problem, current, plan, lostNow);
       return { plan, evaluation, migration, objective: migration.seconds + o.remaining * evaluation.iterationSeconds };
     })
     .sort((a, b) => Number(b.evaluation.feasible) - Number(a.evaluation.feasible) || a.objective - b.objective);
-  const best = ranked[0]!;
+  // The chosen plan's simulation, whole (the report draws it), only for the one chosen.
+  const best = { ...ranked[0]!, evaluation: ev.evaluate(ranked[0]!.plan, true) };
   if (!best.evaluation.feasible) {
     throw new ReplanError(`no plan fits the ${devices.length} device(s) left (${deviceRuns(devices)}) after losing ${deviceRuns([...gone])}: ${best.evaluation.why}`);
   }
