@@ -125,7 +125,7 @@ export const CHECKPOINT_VERSIONS = [1, 2, 3, 4, PROTOCOL_VERSION] as const;
 /** A run's checkpoint file: every rank of the kept models (those with parameters) after `iteration`. */
 export const CheckpointFile = z.strictObject({
   type: z.literal('checkpoint'),
-  v: z.union([z.literal(1), z.literal(2), z.literal(3), v]),
+  v: z.literal(CHECKPOINT_VERSIONS),
   /** -1: taken after setup, before the first iteration. */
   iteration: z.number().int().min(-1),
   models: z.record(z.string(), z.array(Checkpoint)),
