@@ -35,6 +35,22 @@ beforeAll(async () => {
   backend = await initBackend('wasm');
 });
 
+/** scenarios/async.yaml made small (4 iterations, a short warm-up), as `name`, changed by `edit`. */
+function smallAsync(name: string, edit: (text: string) => string = (t) => t): string {
+  const file = join(dir, `${name}.yaml`);
+  writeFileSync(
+    file,
+    edit(
+      readFileSync(join(ROOT, 'scenarios/async.yaml'), 'utf8')
+        .replace('name: async', `name: ${name}`)
+        .replace('warmup: { steps: 15, demos: 1024, batch: 32, lr: 3.0e-3 }', 'warmup: { steps: 3, demos: 64, batch: 16, lr: 3.0e-3 }')
+        .replace('iterations: 40', 'iterations: 4')
+        .replace('batch: 16\n', 'batch: 8\n'),
+    ),
+  );
+  return file;
+}
+
 /** The message a scenario with `extra` and the `rl` line is refused with, before any work starts. */
 function refusal(extra: string, rl: string, name: string): string {
   const file = smallScenario(dir, extra, name);
@@ -76,16 +92,8 @@ describe('rl.lag: rollouts of an older policy, generated ahead', () => {
 
   it('the next version moves into a second copy on the rollout device beside the generation still running on the last: each move ends while a generation is held open', async () => {
     // Generation on device 0, everything else on device 1 (nothing of the training waits on device 0).
-    const file = join(dir, 'beside.yaml');
-    writeFileSync(
-      file,
-      readFileSync(join(ROOT, 'scenarios/async.yaml'), 'utf8')
-        .replace('name: async', 'name: beside')
-        .replace('warmup: { steps: 15, demos: 1024, batch: 32, lr: 3.0e-3 }', 'warmup: { steps: 3, demos: 64, batch: 16, lr: 3.0e-3 }')
-        .replace('iterations: 40', 'iterations: 4')
-        .replace('batch: 16\n', 'batch: 8\n')
-        .replace('reference.inference: { mesh: "0:0" }', 'reference.inference: { mesh: "0:1" }')
-        .replace('reward.inference: { mesh: "0:0" }', 'reward.inference: { mesh: "0:1" }'),
+    const file = smallAsync('beside', (text) =>
+      text.replace('reference.inference: { mesh: "0:0" }', 'reference.inference: { mesh: "0:1" }').replace('reward.inference: { mesh: "0:0" }', 'reward.inference: { mesh: "0:1" }'),
     );
     const runOn = async (d?: LocalDispatcher) => {
       const summaries: Summary[] = [];
@@ -141,18 +149,11 @@ describe('rl.lag: rollouts of an older policy, generated ahead', () => {
   });
 
   it("chaos over NATS under lag 1: the generating and the training device and the supervisor killed while the next version's rollouts are in flight; the clean run's digests, nothing lost or repeated", async () => {
-    const file = join(dir, 'async-chaos.yaml');
-    writeFileSync(
-      file,
-      readFileSync(join(ROOT, 'scenarios/async.yaml'), 'utf8')
-        .replace('name: async', 'name: async-chaos')
-        .replace('warmup: { steps: 15, demos: 1024, batch: 32, lr: 3.0e-3 }', 'warmup: { steps: 3, demos: 64, batch: 16, lr: 3.0e-3 }')
-        .replace('iterations: 40', 'iterations: 4')
-        .replace('batch: 16\n', 'batch: 8\n')
-        .concat(
-          // The ahead generation of iteration 2 runs during iteration 1; the supervisor dies while iteration 3's is in flight.
-          'chaos: { kills: [{ actor: actor, call: generate, iteration: 2 }, { actor: actor, call: train, iteration: 1 }, { actor: supervisor, call: train, iteration: 2 }] }\n',
-        ),
+    const file = smallAsync('async-chaos', (text) =>
+      text.concat(
+        // The ahead generation of iteration 2 runs during iteration 1; the supervisor dies while iteration 3's is in flight.
+        'chaos: { kills: [{ actor: actor, call: generate, iteration: 2 }, { actor: actor, call: train, iteration: 1 }, { actor: supervisor, call: train, iteration: 2 }] }\n',
+      ),
     );
     const lines: string[] = [];
     const report = await runChaos(await loadScenarioFile(file), join(dir, 'chaos'), (l) => lines.push(l));
