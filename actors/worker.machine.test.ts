@@ -163,13 +163,23 @@ describe('worker machine', () => {
     expect(plain.mock.calls[0]![0]).toMatchObject({ code: 'busy' });
     const train = respondSpy();
     actor.send({ type: 'call', call: { ...call('actor~1', { fn: 'manifest' }, 'not-beside-kind'), beside: true }, respond: train });
-    expect(train.mock.calls[0]![0]).toMatchObject({ code: 'busy' });
+    expect(train.mock.calls[0]![0]).toMatchObject({ code: 'unsupported' });
     expect(train.mock.calls[0]![0].type === 'error' && train.mock.calls[0]![0].message).toContain("'manifest' cannot run beside another call");
 
     readingHeld.release();
     await idle(actor);
     expect(reading.mock.calls[0]![0]).toMatchObject({ type: 'result', id: 'reading' });
     expect(device.models()).toEqual(['actor', 'actor~1']);
+    actor.stop();
+  });
+
+  it('a call marked beside that may not run beside anything is refused even on an idle worker, and runs nothing', async () => {
+    const { actor, device } = await startWorker();
+    const respond = respondSpy();
+    actor.send({ type: 'call', call: { ...call('actor', { fn: 'shutdown' }, 'odd'), beside: true }, respond });
+    expect(respond.mock.calls[0]![0]).toMatchObject({ type: 'error', id: 'odd', code: 'unsupported' });
+    expect(device.runs).toHaveLength(0);
+    expect(actor.getSnapshot().matches({ serving: { main: 'idle', side: 'idle' } })).toBe(true);
     actor.stop();
   });
 

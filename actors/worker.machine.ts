@@ -7,7 +7,7 @@
 import { assign, fromCallback, fromPromise, not, setup } from 'xstate';
 import { PROTOCOL_VERSION, type Call, type ErrorCode, type Reply } from '../mesh/wire/index.ts';
 import type { ProtocolError } from '../mesh/wire/index.ts';
-import { CallRejected, besideProblem, type Device } from '../engine/device/index.ts';
+import { BESIDE_FNS, CallRejected, besideProblem, type Device } from '../engine/device/index.ts';
 
 export type Respond = (reply: Reply) => void;
 
@@ -83,6 +83,8 @@ export const workerMachine = setup({
     isCurrentBeside: ({ context, event }) => event.type === 'call' && context.beside?.call.id === event.call.id,
     /** A call for the side region (the main region leaves it alone, and the other way round). */
     isBeside: ({ event }) => event.type === 'call' && event.call.beside === true && event.call.body.fn !== 'reset',
+    /** A call marked beside that no call may be (only load, realloc and release may). */
+    notBesideKind: ({ event }) => event.type === 'call' && !(BESIDE_FNS as readonly string[]).includes(event.call.body.fn),
     /** The call cannot run next to the one in the other region. */
     clashes: ({ context, event }) => {
       if (event.type !== 'call') return false;
@@ -126,6 +128,12 @@ export const workerMachine = setup({
       const r = context.device!.check(event.call)!;
       context.log(`refused call ${event.call.id} (${event.call.body.fn} of ${event.call.model}): ${r.message}`);
       event.respond(errorReply(event.call.id, r.code, r.message));
+    },
+    refuseBesideKind: ({ context, event }) => {
+      if (event.type !== 'call') return;
+      event.respond(
+        errorReply(event.call.id, 'unsupported', `call ${event.call.id}: '${event.call.body.fn}' cannot run beside another call on device ${context.index} (only ${BESIDE_FNS.join(', ')} can)`),
+      );
     },
     refuseBusy: ({ context, event }) => {
       if (event.type !== 'call') return;
@@ -246,6 +254,7 @@ export const workerMachine = setup({
                   // A reset is the main region's to answer; a call not marked beside too.
                   { guard: 'isReset' },
                   { guard: not('isBeside') },
+                  { guard: 'notBesideKind', actions: 'refuseBesideKind' },
                   { guard: 'stale', actions: 'refuseStale' },
                   { guard: 'answeredBefore', actions: 'replyAgain' },
                   { guard: 'refused', actions: 'refuse' },
@@ -260,6 +269,7 @@ export const workerMachine = setup({
                   // The reset (answered by the main region) abandons this call too.
                   { guard: 'isReset', target: 'idle' },
                   { guard: not('isBeside') },
+                  { guard: 'notBesideKind', actions: 'refuseBesideKind' },
                   { guard: 'stale', actions: 'refuseStale' },
                   { guard: 'answeredBefore', actions: 'replyAgain' },
                   { guard: 'isCurrentBeside', actions: 'joinBeside' },

@@ -10,22 +10,25 @@ describe("the next version's views", () => {
     const views = new NextViews<ReturnType<typeof view>>();
     const plan = {};
     views.prepare('actor.gen', 3, 0, plan, async () => view('v3', released));
-    expect(await views.take('actor.gen', 3, 0, plan)).toMatchObject({ name: 'v3' });
+    expect(await views.take('actor.gen', 3, 0, plan).view).toMatchObject({ name: 'v3' });
     expect(views.size).toBe(0);
     expect(released).toEqual([]);
-    expect(views.take('actor.gen', 3, 0, plan)).toBeUndefined();
+    expect(views.take('actor.gen', 3, 0, plan)).toEqual({});
   });
 
-  it('one filled for another version or plan is released, not taken; another epoch is gone with its devices', async () => {
+  it('one filled for another version or plan is released, not taken; one of an earlier epoch comes back stale, with its plan, for the caller to release', async () => {
     const released: string[] = [];
     const views = new NextViews<ReturnType<typeof view>>();
     const plan = {};
     views.prepare('g', 2, 0, plan, async () => view('v2', released));
-    expect(views.take('g', 3, 0, plan)).toBeUndefined();
+    expect(views.take('g', 3, 0, plan)).toEqual({});
     views.prepare('g', 3, 0, plan, async () => view('v3', released));
-    expect(views.take('g', 3, 0, {})).toBeUndefined();
+    expect(views.take('g', 3, 0, {})).toEqual({});
     views.prepare('g', 4, 0, plan, async () => view('v4', released));
-    expect(views.take('g', 4, 1, plan)).toBeUndefined();
+    const { view: taken, stale } = views.take('g', 4, 1, plan);
+    expect(taken).toBeUndefined();
+    expect(stale!.plan).toBe(plan);
+    expect(await stale!.view).toMatchObject({ name: 'v4' });
     await new Promise((r) => setTimeout(r, 0));
     expect(released).toEqual(['v2', 'v3']);
   });

@@ -43,16 +43,22 @@ export class NextViews<V extends Releasable> {
 
   /**
    * The view of `call` holding `version`, filled in this epoch for this plan, if one was
-   * prepared; it is the caller's from then on (to release). Any other prepared for `call` is
-   * released (an epoch's is already gone with its devices' reset).
+   * prepared: `view`, the caller's from then on (to release). Another prepared for `call` is
+   * released where its own epoch still can; one of an earlier epoch (whose calls its dispatcher
+   * refuses now) comes back as `stale`, for the caller to release on the plan it was filled for
+   * (a device reset since has dropped it already; one that was not, as when a re-plan keeps the
+   * plan, still holds it).
    */
-  take(call: string, version: number, epoch: number, plan: object): Promise<V> | undefined {
+  take(call: string, version: number, epoch: number, plan: object): { view?: Promise<V>; stale?: { view: Promise<V>; plan: object } } {
     const p = this.prepared.get(call);
-    if (!p) return undefined;
+    if (!p) return {};
     this.prepared.delete(call);
-    if (p.version === version && p.epoch === epoch && p.plan === plan) return p.view;
-    if (p.epoch === epoch) void this.drop(p);
-    return undefined;
+    if (p.version === version && p.epoch === epoch && p.plan === plan) return { view: p.view };
+    if (p.epoch === epoch) {
+      void this.drop(p);
+      return {};
+    }
+    return { stale: { view: p.view, plan: p.plan } };
   }
 
   /** Releases every view prepared and not taken (a run that ends, or changes plan). */

@@ -38,6 +38,12 @@ export function touches(call: Call): { reads: string[]; writes: string[] } {
   }
 }
 
+/** Every model a call reads or changes on this device, once each. */
+export function modelsOf(call: Call): string[] {
+  const { reads, writes } = touches(call);
+  return [...new Set([...reads, ...writes])].filter((m) => m !== '*');
+}
+
 /**
  * Why `next` cannot run beside `running` (one of them changes a model the other reads or
  * changes, or `next` is not a call that may run beside another), or undefined when it can.

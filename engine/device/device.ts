@@ -17,6 +17,7 @@ import { CodecError } from '../episodes/index.ts';
 import { DeviceEpisodes } from './episodes.ts';
 import { RuleShard } from './rule.ts';
 import { CallRejected, lossProblem, shapeProblem } from './checks.ts';
+import { besideProblem, modelsOf } from './beside.ts';
 import { modelInfo } from '../model/index.ts';
 import { tokensDigest } from './ledger.ts';
 import { Comm } from '../../mesh/parallel/index.ts';
@@ -123,8 +124,10 @@ export class Device {
    */
   private resetEpoch = 0;
 
-  /** Models with a call still running on them (a reallocation's model is its target). */
+  /** Models with a call still running on them (a reallocation's target and its source). */
   private readonly inProgress = new Map<string, number>();
+  /** The calls running now: one, or one and one beside it. */
+  private readonly running = new Set<Call>();
 
   /** Frees a shard, and stops serving it as a reward actor if it was. */
   private async drop(h: Hosted): Promise<void> {
@@ -212,7 +215,18 @@ export class Device {
       throw new CallRejected('interrupted', `call ${call.id} belongs to epoch ${call.epoch}; device ${this.index} was reset for epoch ${this.resetEpoch}`);
     }
     const group = call.group ?? call.id;
-    this.inProgress.set(call.model, (this.inProgress.get(call.model) ?? 0) + 1);
+    // Two calls at once only as the worker lets them (engine/device/beside.ts): in one process,
+    // with no worker machine in between, the device refuses a clash itself.
+    if (call.body.fn !== 'reset') {
+      for (const other of this.running) {
+        const clash = call.beside || other.beside ? besideProblem(other, call) : undefined;
+        if (clash) throw new CallRejected('busy', `device ${this.index} is running call ${other.id} (${other.body.fn} of ${other.model}): ${clash}`);
+      }
+    }
+    // Every model the call reads or changes is in progress (a reallocation's source too).
+    const models = modelsOf(call);
+    for (const m of models) this.inProgress.set(m, (this.inProgress.get(m) ?? 0) + 1);
+    this.running.add(call);
     try {
       const refused = this.check(call);
       if (refused) throw refused;
@@ -233,9 +247,12 @@ export class Device {
       throw e;
     } finally {
       this.comm.forget(group);
-      const n = (this.inProgress.get(call.model) ?? 0) - 1;
-      if (n > 0) this.inProgress.set(call.model, n);
-      else this.inProgress.delete(call.model);
+      this.running.delete(call);
+      for (const m of models) {
+        const n = (this.inProgress.get(m) ?? 0) - 1;
+        if (n > 0) this.inProgress.set(m, n);
+        else this.inProgress.delete(m);
+      }
     }
   }
 
@@ -372,8 +389,10 @@ export class Device {
     // One parameter of the source at a time (pieces of one parameter come together), read where
     // the backend holds it. A call running beside this one (a generation, engine/device/beside.ts)
     // may allocate meanwhile, and the wasm heap moves when it grows: a view that went empty is
-    // taken again. (Were one ever to change under a chunk, receivers would refuse the chunk by its
-    // digest and ask again; an answer is cut from a copy.)
+    // taken again for the next piece. A piece that is a whole parameter is itself such a view: if
+    // it goes empty while its chunks are sent, the rest of them are not, or go out empty, and
+    // receivers ask for them again (refusing any by its digest), answered from a copy — the same
+    // bytes, later.
     let cached: { name: string; data: Float32Array } | undefined;
     const sourceData = (name: string) => {
       if (cached?.name !== name || cached.data.byteLength === 0) cached = { name, data: (sourceHost!.shard as ModelShard).weights.viewTensor(name) };

@@ -53,7 +53,7 @@ export async function migrateToPlan(
   const { r, from } = input;
   // The snapshot is read from the devices' buckets (while the plan was searched, or now, while the
   // devices reset: restoreDevices sends the resets first), and its digests computed.
-  const loading = input.ahead ?? input.store.loadSnapshot(input.snapshot);
+  const loading = input.ahead?.catch(() => input.store.loadSnapshot(input.snapshot)) ?? input.store.loadSnapshot(input.snapshot);
   const restoring = restoreDevices({ ...input, loaded: loading });
   let loaded: NonNullable<Awaited<typeof loading>>;
   let before: Record<string, string>;

@@ -86,7 +86,11 @@ async function prepare(scenario: Scenario): Promise<{ spec: RunSpec; problem: Pr
   if (isPath(name)) await loadAlgorithmFile(name);
   const spec = runSpec(scenario);
   const problem = problemFor(spec);
-  new Evaluator(problem).evaluate(candidateOf(scenario));
+  try {
+    new Evaluator(problem).evaluate(candidateOf(scenario));
+  } catch {
+    // Only a warm-up: the decision prices the plan again, and says what fails there.
+  }
   ready = { key, spec, problem };
   return ready;
 }

@@ -14,7 +14,7 @@ import type { RunStore } from '../store/store.ts';
 import type { Task } from '../../device/index.ts';
 import { EpisodeBook, TurnLedger, episodesSpec, type EpisodeMetrics, type EpisodeTaskInfo, type PlayedEpisodes } from '../../environments/index.ts';
 import { declOf, layoutOf, ownerOf, samplingOf, viewOf, type RunSpec } from './spec.ts';
-import { callMesh, holdView, meshDigest, onLayout, type HeldView, type Moved } from './mesh-calls.ts';
+import { callMesh, holdView, meshDigest, onLayout, releaseView, type HeldView, type Moved } from './mesh-calls.ts';
 
 /** Reward actors on the bus, by name (actors/reward-client.ts over NATS). */
 export interface RewardSources {
@@ -323,9 +323,19 @@ export async function runIteration(
   const held = new Map<CallName, Promise<HeldView>>();
   let trained = false;
   const gens = r.graph.calls.filter((c): c is CallDecl & { fn: 'generate' } => c.fn === 'generate');
+  // The epoch this iteration's calls belong to (the fence's: a stage never outlives it).
+  const epoch = d.epoch;
   for (const c of asynchrony ? gens : []) {
-    const prepared = views?.take(c.name, iteration, d.epoch, r);
-    if (prepared) held.set(c.name, prepared);
+    const { view, stale } = views?.take(c.name, iteration, epoch, r) ?? {};
+    // Its move was counted in the iteration that made it.
+    if (view)
+      held.set(
+        c.name,
+        view.then((v) => ({ ...v, moved: undefined })),
+      );
+    // Filled before an interruption that reset no device (a re-plan that kept the plan): freed
+    // where it was filled, beside whatever runs there, whoever answers.
+    if (stale) void stale.view.then((v) => releaseView(d, v.name, layoutOf(stale.plan as RunSpec, c.name), iteration, true)).catch(() => {});
   }
   if (asynchrony) {
     const rollout = new Set(gens.flatMap((c) => Object.values(c.writes)));
@@ -478,7 +488,7 @@ export async function runIteration(
   const next: Array<Promise<HeldView>> = [];
   if (asynchrony && views && generatesWith(asynchrony, iteration + 1, s.rl.iterations)) {
     for (const c of gens.filter((g) => viewOf(r, g.name).isView)) {
-      next.push(views.prepare(c.name, iteration + 1, d.epoch, r, () => holdView(d, r, c.name, iteration, { copy: copyOf(iteration + 1), beside: true })));
+      next.push(views.prepare(c.name, iteration + 1, epoch, r, () => holdView(d, r, c.name, iteration, { copy: copyOf(iteration + 1), beside: true })));
     }
   }
   // What was generated ahead is stored before the iteration ends (its snapshot covers it).

@@ -149,6 +149,11 @@ export async function onLayout<T>(d: Dispatcher, r: RunSpec, call: CallName, ite
   }
 }
 
+/** Frees a view on every device of its layout; `beside`: next to whatever the devices run. */
+export async function releaseView(d: Dispatcher, name: string, layout: Layout, iteration: number, beside = false): Promise<void> {
+  await Promise.all(layout.devices.map((device) => d.call(device, name, iteration, { fn: 'release' }, undefined, { beside })));
+}
+
 /** A call's view, loaded and filled once, for as many calls as need those weights. */
 export interface HeldView {
   name: string;
@@ -172,7 +177,7 @@ export async function holdView(d: Dispatcher, r: RunSpec, call: CallName, iterat
   const model = callDecl(r, call).model;
   const layout = layoutOf(r, call);
   const spec = modelSpec(r, model) as GptSpec;
-  const release = async () => void (await Promise.all(layout.devices.map((device) => d.call(device, name, iteration, { fn: 'release' }))));
+  const release = () => releaseView(d, name, layout, iteration);
   await loadModel(d, r, name, model, layout, { beside: o.beside }, iteration);
   try {
     const moved = await reallocate(

@@ -333,9 +333,13 @@ export const supervisorMachine = setup({
       );
       if (loss.trigger !== 'join') for (const device of loss.devices) context.onCordoned?.({ device, trigger: loss.trigger, reason: loss.reason });
     },
-    /** The snapshot to migrate from is read (from the devices' buckets) while the search runs, not after it. */
+    /**
+     * After a loss (a plan without a device always migrates), the snapshot to migrate from is read
+     * (from the devices' buckets) while the search runs, not after it. Not for workers that joined:
+     * the plan may well stay.
+     */
     readSnapshotAhead: assign(({ context }) => {
-      if (context.snapshot === undefined) return { reading: undefined };
+      if (context.snapshot === undefined || !context.loss?.devices.length) return { reading: undefined };
       const loaded = context.store.loadSnapshot(context.snapshot);
       // Its failure is the migration's to meet (it reads it again then), never unhandled here.
       loaded.catch(() => {});
