@@ -6,6 +6,8 @@ import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { connect } from '@nats-io/transport-node';
+import { StorageType, jetstreamManager } from '@nats-io/jetstream';
 import { findOnPath, installDebianPackage } from './debian.ts';
 import { SYNC_VERSION, atLeast, fetchTrixieServer, ownServer, serverVersion } from './server-binary.ts';
 
@@ -141,9 +143,52 @@ export async function startNatsServer(options: NatsServerOptions = {}): Promise<
 
 /**
  * Three (or `size`) servers clustered on loopback, with clustered JetStream: a stream with three
- * replicas survives the loss of any one server. Each server has its own client port.
+ * replicas survives the loss of any one server. Each server has its own client port. Returned once
+ * the cluster places a stream on all of its servers; a cluster that does not within
+ * CLUSTER_READY_MS (a port taken between choosing and binding it, with other tests beside) is
+ * stopped and started again on other ports, up to three times.
  */
 export async function startNatsCluster(size = 3, options: NatsServerOptions = {}): Promise<PrivateNatsServer[]> {
+  let last = '';
+  for (let attempt = 0; attempt < 3; attempt++) {
+    const servers = await spawnCluster(size, options);
+    const problem = await clusterProblem(servers[0]!.url, size, CLUSTER_READY_MS);
+    if (problem === undefined) return servers;
+    last = problem;
+    await Promise.all(servers.map((s) => s.stop()));
+  }
+  throw new NatsServerError(`a cluster of ${size} nats-servers did not place a stream on all of them, three times; last: ${last}`);
+}
+
+/** How long a new cluster may take to place a stream on all of its servers. */
+const CLUSTER_READY_MS = 20_000;
+
+/** Why the cluster at `url` cannot place a stream of `size` replicas within `timeoutMs`, or undefined once it can. */
+async function clusterProblem(url: string, size: number, timeoutMs: number): Promise<string | undefined> {
+  const until = Date.now() + timeoutMs;
+  let problem = 'no answer';
+  const nc = await connect({ servers: url, timeout: timeoutMs });
+  try {
+    const name = `FERRY_READY_${process.pid}_${Date.now()}`;
+    while (Date.now() < until) {
+      try {
+        // JetStream answers only once the cluster has a leader: asked again until it does.
+        const jsm = await jetstreamManager(nc, { timeout: 2_000 });
+        await jsm.streams.add({ name, subjects: [`ferry.ready.${name}`], num_replicas: size, storage: StorageType.Memory });
+        await jsm.streams.delete(name);
+        return undefined;
+      } catch (e) {
+        problem = (e as Error).message;
+        await new Promise((r) => setTimeout(r, 250));
+      }
+    }
+    return problem;
+  } finally {
+    await nc.close();
+  }
+}
+
+async function spawnCluster(size: number, options: NatsServerOptions): Promise<PrivateNatsServer[]> {
   const bin = syncCapableServer(options.log);
   const { version, sync, setting } = syncOf(bin, options);
   const ports = [];
