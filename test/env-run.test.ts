@@ -165,7 +165,8 @@ describe('a scenario with an environment ferry starts', () => {
     expect(summary.warmup.turns).toBeGreaterThan(2.3);
     expect(summary.warmup.turns).toBeLessThan(3.5);
     expect(summary.warmup.loss).toBeLessThan(summary.warmup.first_loss / 2);
-    // guess.py has no expert: it answers env.demo with an error, and the run stops there, once.
+    // guess.py has no expert: it answers env.demo with an error, and the run stops there, once
+    // (the demonstrations are asked for all at once: whichever answer comes first names its episode).
     const py = join(dir, 'warm-py');
     const refused = await launch({
       scenario: await loadScenarioFile(warm('warm-py', `${ensurePython()}, ${join(ROOT, 'examples/env/guess.py')}`)),
@@ -177,7 +178,7 @@ describe('a scenario with an environment ferry starts', () => {
     });
     expect(refused.code).not.toBe(0);
     expect(refused.summary?.error).toMatch(
-      /warm-up from environment 'guess': environment 'guess' \(instance guess-0\) could not answer env\.demo of episode warmup-0: .*unknown request type 'env\.demo'/,
+      /warm-up from environment 'guess': environment 'guess' \(instance guess-0\) could not answer env\.demo of episode warmup-\d+: .*unknown request type 'env\.demo'/,
     );
     expect(refused.summary?.recoveries ?? []).toEqual([]);
   }, 180_000);
