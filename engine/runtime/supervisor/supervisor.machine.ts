@@ -1,7 +1,7 @@
 // The supervisor: one XState machine that gathers a worker for every device, sets the models up,
 // then runs each iteration of the algorithm's graph (engine/rlhf.ts's runIteration: every call as
 // soon as its inputs exist), checkpoints, and finally collects digests and stops the workers. Each
-// stage is an invoked promise actor; the machine knows no algorithm.
+// stage is an invoked promise actor (stages.ts); the machine knows no algorithm.
 //
 // Failures are recovered in place. A device given up (its process exited, its heartbeats
 // stopped) or a stage that fails sends the machine to `recovering`: every call in flight is
@@ -17,22 +17,21 @@
 // (checked bit for bit) and goes on; workers that join beyond the plan are offered to the planner
 // at an iteration boundary.
 import type { Demonstrate } from '../../environments/index.ts';
-import { assign, fromCallback, fromPromise, sendTo, setup } from 'xstate';
+import { assign, sendTo, setup } from 'xstate';
 import type { LossTrigger, Metrics, ReplanRecord } from '../../../mesh/wire/index.ts';
-import { decideAndWriteAhead, lostAfter, measuredPeriods, migrateOrSetUp, placementsOf, unfinishedMigration, type Loss } from '../../elastic/index.ts';
+import { lostAfter, measuredPeriods, placementsOf, unfinishedMigration, type Loss } from '../../elastic/index.ts';
 export type { MigrationOutput } from '../../elastic/index.ts';
 import type { Layout } from '../../../mesh/parallel/index.ts';
 import { CallError, fence, type Dispatcher } from '../dispatch/dispatch.ts';
-import { accountRollouts } from '../../device/index.ts';
 import { mean } from '../../algorithms/index.ts';
 import { episodeFigures } from '../../environments/index.ts';
 import { asynchronySummary, median, rewardWindows, type Recorder, type RolloutAccount, type Summary } from '../record/record.ts';
 import type { Progress, RunStore } from '../store/store.ts';
-import { finalDigests, planDevices, rolloutField, ruleScore, responseStats, runIteration, trainedRollouts, type HeldView, type IterationResult, type RewardSources, type RunSpec } from '../run/run.ts';
+import { planDevices, rolloutField, ruleScore, responseStats, type HeldView, type IterationResult, type RewardSources, type RunSpec } from '../run/run.ts';
 import { NextViews } from '../../asynchrony/index.ts';
-import { setupModels, snapshotInto, type CheckpointSet } from '../run/setup.ts';
+import type { CheckpointSet } from '../run/setup.ts';
 import { Intensity } from './supervision.ts';
-import { restoreDevices } from './recovery.ts';
+import { stages } from './stages.ts';
 
 export interface SupervisorInput {
   spec: RunSpec;
@@ -115,8 +114,6 @@ interface Context extends SupervisorInput {
   views: NextViews<HeldView>;
 }
 
-type StageInput = { d: Dispatcher; r: RunSpec; store: RunStore; iteration: number; rewards?: RewardSources; demonstrate?: Demonstrate };
-
 /** In every state that works with the devices: a lost worker or trouble on the bus starts a recovery. */
 const RECOVER_ON_LOSS = {
   'worker.lost': [
@@ -146,9 +143,6 @@ const failedNode = (e: unknown) => ((e as { node?: unknown })?.node as string | 
  */
 const fatal = (e: unknown) => (e as { fatal?: unknown })?.fatal === true || (e instanceof CallError && (e.code === 'loss' || e.code === 'environment'));
 
-/** How long a run that ends waits to read its last snapshot back into the run directory. */
-const KEEP_MS = 90_000;
-
 const errorText = (e: unknown) => (e instanceof Error ? `${e.name}: ${e.message}` : String(e));
 
 /** What a recovery or a migration restores: every device of the plan, back to the last snapshot. */
@@ -171,67 +165,7 @@ export const supervisorMachine = setup({
     input: {} as SupervisorInput,
     output: {} as { status: 'succeeded' | 'failed'; error?: string },
   },
-  actors: {
-    /** Keeps the run's membership: joins, heartbeats, exits. The process host provides the NATS version. */
-    membership: fromCallback<MembershipCommand, { need: number[] }>(() => () => {}),
-    /** The plan for the devices left, written ahead to the run's store before anything acts on it (elastic/steps.ts). */
-    decide: fromPromise(({ input }: { input: Parameters<typeof decideAndWriteAhead>[0] }) => decideAndWriteAhead(input)),
-    /** The last snapshot onto the new plan, checked bit for bit; with none yet, setup on it. */
-    migrate: fromPromise(
-      ({ input }: { input: StageInput & { from: RunSpec; lost: number[]; devices: number[]; snapshot?: number; resume?: SupervisorInput['resume']; ahead?: ReturnType<RunStore['loadSnapshot']> } }) =>
-        migrateOrSetUp(input),
-    ),
-    setupModels: fromPromise(async ({ input }: { input: StageInput & { resume?: CheckpointSet; resumeAfter?: number } }) => {
-      const out = await setupModels(input.d, input.r, input.resume, input.demonstrate);
-      // The first snapshot: what a recovery before the first iteration's goes back to.
-      await snapshotInto(input.d, input.r, input.store, input.resumeAfter ?? -1);
-      return out;
-    }),
-    /** Back to the last snapshot on every device (recovery.ts). */
-    recover: fromPromise(({ input }: { input: StageInput & { devices: number[]; snapshot?: number; resume?: SupervisorInput['resume'] } }) => restoreDevices(input)),
-    /** A snapshot after the iteration (every `checkpoint.every`, and after the last), written by the devices; the manifest into the store. */
-    checkpoint: fromPromise(async ({ input }: { input: StageInput }) => {
-      const every = input.r.scenario.checkpoint.every;
-      const last = input.iteration + 1 === input.r.scenario.rl.iterations;
-      if (every === 0 || ((input.iteration + 1) % every !== 0 && !last)) return undefined;
-      return snapshotInto(input.d, input.r, input.store, input.iteration);
-    }),
-    /**
-     * The run's last snapshot into the run directory (checkpoint.msgpack, for --resume and the
-     * tools), when the run ends, well or not: read back from the devices' objects once, here.
-     * Bounded: a run that fails because the bus is gone still ends.
-     */
-    keepCheckpoint: fromPromise(async ({ input }: { input: { store: RunStore; snapshot?: number; save?: SupervisorInput['saveCheckpoint'] } }) => {
-      const { snapshot, save } = input;
-      if (!save || snapshot === undefined || snapshot < 0) return;
-      let timer: NodeJS.Timeout | undefined;
-      const found = await Promise.race([
-        input.store.loadSnapshot(snapshot),
-        new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`reading the snapshot after iteration ${snapshot} took over ${KEEP_MS / 1000} s`)), KEEP_MS))),
-      ]).finally(() => clearTimeout(timer));
-      if (found) await save(snapshot, found.set, found.layouts ?? {});
-    }),
-    saveProgress: fromPromise(({ input }: { input: { store: RunStore; progress: Progress } }) => input.store.saveProgress(input.progress)),
-    /**
-     * One iteration of the graph. Results of calls that change no state come from the store when
-     * this iteration already has them (a replay), and go into it when they are computed.
-     */
-    iteration: fromPromise(
-      ({ input }: { input: StageInput & { views?: NextViews<HeldView> } }): Promise<IterationResult> => runIteration(input.d, input.r, input.iteration, input.store, input.rewards, input.views),
-    ),
-    digest: fromPromise(async ({ input }: { input: StageInput }) => {
-      const { digests, ledgers } = await finalDigests(input.d, input.r, input.iteration);
-      const rollouts = await trainedRollouts(input.r, input.store, input.r.scenario.rl.iterations);
-      const accounts = Object.entries(ledgers).map(([model, ranks]) => accountRollouts({ [model]: ranks }, rollouts[model] ?? []));
-      return {
-        digests,
-        rollouts: accounts.reduce((a, b) => ({ prompts: a.prompts + b.prompts, lost: a.lost + b.lost, duplicated: a.duplicated + b.duplicated }), { prompts: 0, lost: 0, duplicated: 0 }),
-      };
-    }),
-    stopWorkers: fromPromise(async ({ input }: { input: StageInput }) => {
-      await Promise.all(planDevices(input.r).map((dev) => input.d.call(dev, '*', input.iteration, { fn: 'shutdown' })));
-    }),
-  },
+  actors: stages,
   guards: {
     allJoined: ({ context }) => missingDevices(context).length === 0,
     /** A supervisor taking a run over recovers as soon as every device has a worker. */
