@@ -111,7 +111,7 @@ describe('npm run scenario -- --resume RUN_DIR', () => {
     for (const [call, p] of Object.entries(plan)) expect(p.mesh, call).toBe('0:0');
   }, 300_000);
 
-  it('reads a checkpoint written by protocol 1 to 4 (only how chunks travel, the reset call, where snapshots are written and calls beside changed since), and refuses one of an unknown version', () => {
+  it('reads a checkpoint written by protocol 1 to 5 (only how chunks travel, the reset call, where snapshots are written, calls beside and a restore answer changed since), and refuses one of an unknown version', () => {
     const dir = tempDir();
     const packr = new Packr({ useRecords: false, moreTypes: true, mapsAsObjects: true });
     const models = { actor: [{ tensors: [{ name: 'wte', shape: [2], data: new Float32Array([1, -0]) }] }] };
@@ -126,8 +126,10 @@ describe('npm run scenario -- --resume RUN_DIR', () => {
     expect(readResume(dir).iteration).toBe(6);
     writeFileSync(join(dir, 'checkpoint.msgpack'), packr.pack({ type: 'checkpoint', v: 4, iteration: 7, models }));
     expect(readResume(dir).iteration).toBe(7);
+    writeFileSync(join(dir, 'checkpoint.msgpack'), packr.pack({ type: 'checkpoint', v: 5, iteration: 8, models }));
+    expect(readResume(dir).iteration).toBe(8);
     writeFileSync(join(dir, 'checkpoint.msgpack'), packr.pack({ type: 'checkpoint', v: 9, iteration: 4, models }));
-    expect(() => readResume(dir)).toThrow(`expected protocol version v=1, v=2, v=3, v=4 or v=${PROTOCOL_VERSION}, got 9`);
+    expect(() => readResume(dir)).toThrow(`expected protocol version v=1, v=2, v=3, v=4, v=5 or v=${PROTOCOL_VERSION}, got 9`);
   });
 
   it('says what is missing when a run directory has no checkpoint', async () => {

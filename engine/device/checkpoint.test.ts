@@ -8,7 +8,7 @@ import { PROTOCOL_VERSION, type Call, type CallBody, type Checkpoint, type Optim
 import { MemoryBus } from '../../mesh/wire/memory-bus.ts';
 import { subjects } from '../../mesh/wire/subjects.ts';
 import { Device } from './device.ts';
-import { stateDigest } from '../../mesh/wire/chunks.ts';
+import { modelDigest, stateDigest } from '../../mesh/wire/chunks.ts';
 import { relaidSlices } from '../../mesh/parallel/relaid.ts';
 import { reshard } from '../runtime/store/reshard.ts';
 import { checkpointBytes, piecesOf } from '../runtime/supervisor/recovery.ts';
@@ -191,11 +191,15 @@ describe('checkpoints', () => {
       const pieces = piecesOf(whole, relaidSlices(info, { layout: from, rank: 0 }, { layout: alone, rank: 0 }));
       expect(checkpointBytes(pieces)).toBeLessThan(checkpointBytes(whole));
       if (from.dp === 2) expect(pieces.tensors).toEqual([]);
-      await d.restoreShard(0, 'actor', 0, pieces, { layout: alone, rank: 0 });
+      // Asked, the restore's answer carries the digest of what the device holds after it (as manifest gives it); else none.
+      const moved = await d.restoreShard(0, 'actor', 0, pieces, { onto: { layout: alone, rank: 0 }, digest: true });
       const fresh = new LocalDispatcher(1);
       await fresh.call(0, 'actor', 0, { fn: 'load', role: 'actor', spec, layout: alone, rank: 0, optim });
-      await fresh.restoreShard(0, 'actor', 0, whole);
+      expect(await fresh.restoreShard(0, 'actor', 0, whole)).toEqual({});
       expect(await digest(d, alone)).toBe(await digest(fresh, alone));
+      expect(moved.digest).toBe(await digest(d, alone));
+      expect(moved.digest).toBe(modelDigest(whole.tensors));
+      expect((await fresh.restoreShard(0, 'actor', 0, whole, { digest: true })).digest).toBe(moved.digest);
       await callMesh(d, alone, 'actor', 0, train(2) as never);
       await callMesh(fresh, alone, 'actor', 0, train(2) as never);
       expect(await digest(d, alone)).toBe(await digest(fresh, alone));
@@ -208,7 +212,7 @@ describe('checkpoints', () => {
     await d.call(0, 'actor', 0, { fn: 'load', role: 'actor', spec, layout, rank: 0, seed: 3, optim });
     const before = await digest(d, layout);
     const empty = { tensors: [], optimizer: { step: 0, moments: [] }, ledger: [] };
-    await expect(d.restoreShard(0, 'actor', 0, empty, { layout: { devices: [1], dp: 1, tp: 1, pp: 1 }, rank: 0 })).rejects.toThrow(/rank 0 of layout \[1\] is device 1, not this device 0/);
+    await expect(d.restoreShard(0, 'actor', 0, empty, { onto: { layout: { devices: [1], dp: 1, tp: 1, pp: 1 }, rank: 0 } })).rejects.toThrow(/rank 0 of layout \[1\] is device 1, not this device 0/);
     expect(await digest(d, layout)).toBe(before);
   });
 

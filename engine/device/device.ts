@@ -719,7 +719,7 @@ export class Device {
         s.weights.loadOptimizerState({ step: body.step, moments: slices.map((sl) => ({ name: sl.name, m: got.get(`m:${sl.name}`)!.data, v: got.get(`v:${sl.name}`)!.data })) });
       }
       h.ledger = [...body.ledger];
-      return {};
+      return restored(s, body);
     });
   }
 
@@ -784,7 +784,10 @@ export class Device {
       }
       old.dispose();
       this.hosted.set(model, { role: h.role, layout: onto.layout, rank: onto.rank, shard: next, ledger: [...body.ledger] });
-      return {};
+      return restored(next, body);
     });
   }
 }
+
+/** A restore's answer: where the call asks, the digest of the weights the shard holds now (as `manifest`'s). */
+const restored = (s: ModelShard, body: CallOf<'restore'>): ResultOf<'restore'> => (body.digest ? { digest: modelDigest(s.weights.exportTensors()) } : {});

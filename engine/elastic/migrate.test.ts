@@ -1,11 +1,20 @@
 import { describe, expect, it } from 'vitest';
+import { MemoryShelf } from '../../mesh/wire/index.ts';
+import { initBackend } from '../model/backend.ts';
+import { fence, type Dispatcher } from '../runtime/dispatch/dispatch.ts';
+import { LocalDispatcher } from '../runtime/dispatch/local-dispatch.ts';
+import { planDevices } from '../runtime/run/run.ts';
+import { setupModels, snapshotInto } from '../runtime/run/setup.ts';
+import { MemoryStore } from '../runtime/store/store.ts';
+import { FOUR_DEVICES } from '../runtime/supervisor/four-devices.fixture.ts';
+import { specOnPlan } from './decide.ts';
 import type { Layout } from '../../mesh/parallel/index.ts';
 import type { Checkpoint } from '../../mesh/wire/index.ts';
 import { modelInfo, type GptSpec } from '../model/index.ts';
 import { modelSpec, runSpec } from '../runtime/run/run.ts';
 import { parseScenario } from '../runtime/scenario/scenario.ts';
 import { reshard } from '../runtime/store/reshard.ts';
-import { logicalDigests } from './migrate.ts';
+import { logicalDigests, migrateToPlan } from './migrate.ts';
 import { setBytes } from '../runtime/supervisor/recovery.ts';
 
 const r = runSpec(
@@ -53,4 +62,51 @@ describe('logicalDigests', () => {
     // Replicas send again what they hold alike.
     expect(setBytes({ actor: reshard(spec, 'actor', one, base, { devices: [0, 1], dp: 2, tp: 1, pp: 1 }) })).toBe(6 * weights);
   });
+});
+
+describe('migrateToPlan', () => {
+  // The four-device PPO head loses device 3: the plan the elastic scenario's search chose on 0-2.
+  const four = runSpec(parseScenario(`${FOUR_DEVICES}warmup: { steps: 0 }\nrl: { iterations: 4, batch: 8 }\n`, 'unit.yaml'));
+  const three = specOnPlan(four, {
+    'actor.train': { mesh: '0:0', dp: 1, tp: 1, pp: 1 },
+    'actor.generate': { mesh: '0:0', dp: 1, tp: 1, pp: 1 },
+    'critic.train': { mesh: '0:1', dp: 1, tp: 1, pp: 1 },
+    'critic.inference': { mesh: '0:1', dp: 1, tp: 1, pp: 1 },
+    'reference.inference': { mesh: '0:2', dp: 1, tp: 1, pp: 1 },
+    'reward.inference': { mesh: '0:1', dp: 1, tp: 1, pp: 1 },
+  });
+
+  /** Four devices in this process, set up and snapshotted after iteration 0, device 3 gone; `lie`: a restore whose answer names other weights. */
+  async function migrated(lie?: { device: number; model: string }) {
+    await initBackend('wasm');
+    const shelf = new MemoryShelf();
+    const local = new LocalDispatcher(4, undefined, shelf);
+    const store = new MemoryStore(shelf);
+    await setupModels(local, four);
+    await snapshotInto(local, four, store, 0);
+    await local.call(3, '*', -1, { fn: 'reset', epoch: local.epoch });
+    const d: Dispatcher = {
+      ...fence(local),
+      restoreShard: async (device, model, iteration, c, o) => {
+        const answer = await local.restoreShard(device, model, iteration, c, o);
+        return lie?.device === device && lie.model === model ? { digest: '0'.repeat(64) } : answer;
+      },
+    };
+    return migrateToPlan({ d, r: three, store, devices: planDevices(three), snapshot: 0, from: four, lost: [3] });
+  }
+
+  it('moves the snapshot onto the new plan with the least bytes, the parameters equal bit for bit, each checked by its device in its restore', async () => {
+    const m = await migrated();
+    expect(m.equal).toBe(true);
+    for (const [model, x] of Object.entries(m.digests)) expect(x.after, model).toBe(x.before);
+    expect(m.bytes).toBe(m.minimumBytes);
+    expect(m.moved.sort()).toEqual(['actor', 'critic', 'reference']);
+    // Every rank sent a restore answered with its digest; those held had nothing to answer.
+    const sent = Object.entries(m.plan ?? {}).flatMap(([model, p]) => [...p.entries()].filter(([, x]) => !('held' in x)).map(([rank]) => `${model}/${rank}`));
+    expect(Object.entries(m.rankDigests ?? {}).flatMap(([model, ranks]) => [...ranks.keys()].map((rank) => `${model}/${rank}`))).toEqual(expect.arrayContaining(sent));
+  }, 60_000);
+
+  it('fails, naming the rank and the device, where a device holds other weights than it was sent', async () => {
+    await expect(migrated({ device: 1, model: 'critic' })).rejects.toThrow(/'critic' rank 0 on device 1 holds other weights than it was sent/);
+  }, 60_000);
 });

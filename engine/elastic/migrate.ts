@@ -6,28 +6,21 @@
 // equal the snapshot's, bit for bit, and each device's digest of the weights it holds must equal
 // that of the rank it was sent — so the parameters right after the migration equal the snapshot's.
 // The snapshot stays as it was taken (it records its layouts): a later recovery reshards it the same way.
-import { layoutKey, planMigration, type Layout } from '../../mesh/parallel/index.ts';
+import { layoutKey, planMigration } from '../../mesh/parallel/index.ts';
 import { modelInfo, type GptSpec } from '../model/index.ts';
-import { wholeTensors } from '../runtime/store/reshard.ts';
+import { logicalDigests } from '../runtime/store/reshard.ts';
 import { layoutOf, modelSpec, nodeOf, ownerOf, type RunSpec } from '../runtime/run/run.ts';
-import { checkpointLayouts, optimized, type CheckpointSet } from '../runtime/run/setup.ts';
+import { checkpointLayouts, optimized, type RestorePlan } from '../runtime/run/setup.ts';
 import { modelDigest } from '../../mesh/wire/chunks.ts';
 import { restoreDevices, type RestoreInput, type SetupOutput } from '../runtime/supervisor/recovery.ts';
-import type { Snapshot } from '../runtime/store/store.ts';
+import type { RunStore, Snapshot } from '../runtime/store/store.ts';
 
 export class MigrationError extends Error {
   override name = 'MigrationError';
   readonly fatal = true;
 }
 
-/** Each model's weights as whole tensors, hashed in the canonical order (names, shapes, bytes). */
-export function logicalDigests(r: RunSpec, set: CheckpointSet, layouts: Readonly<Record<string, Layout>>): Record<string, string> {
-  return Object.fromEntries(
-    Object.entries(set).map(([model, shards]) => {
-      return [model, modelDigest(wholeTensors(modelSpec(r, model) as GptSpec, layouts[model]!, shards, model))];
-    }),
-  );
-}
+export { logicalDigests };
 
 export interface Migrated extends SetupOutput {
   snapshot: number;
@@ -40,50 +33,78 @@ export interface Migrated extends SetupOutput {
   minimumBytes: number;
   /** Models whose layout changed. */
   moved: string[];
+  /** How each rank got there (recovery.ts's restorePlan): held, moved onto the new layout in place, else (absent) sent whole. */
+  plan?: RestorePlan;
   /** Per model: the snapshot's logical digest and the devices' after the migration. */
   digests: Record<string, { before: string; after: string }>;
   equal: boolean;
 }
 
+/** The snapshot a migration goes from, with its models' logical digests (the "before" of its check). */
+export interface SnapshotRead {
+  loaded: Snapshot;
+  before: Record<string, string>;
+}
+
+/**
+ * Reads the snapshot after `snapshot` (from the devices' buckets) and computes its logical
+ * digests: what a migration from the plan `from` needs before it can check anything, so the
+ * supervisor does it while the plan is searched. Undefined where the store has no such snapshot.
+ */
+export async function readSnapshot(store: RunStore, snapshot: number, from: RunSpec): Promise<SnapshotRead | undefined> {
+  const loaded = await store.loadSnapshot(snapshot);
+  return loaded && { loaded, before: logicalDigests(from, loaded.set, loaded.layouts ?? checkpointLayouts(from)) };
+}
+
 /** Moves the run from `from` (its plan before) onto `input.r` (the new plan), without the `lost` devices. */
 export async function migrateToPlan(
-  input: RestoreInput & { from: RunSpec; lost: readonly number[]; snapshot: number /** The snapshot, read while the plan was searched. */; ahead?: Promise<Snapshot | undefined> },
+  input: RestoreInput & { from: RunSpec; lost: readonly number[]; snapshot: number /** The snapshot, read while the plan was searched. */; ahead?: Promise<SnapshotRead | undefined> },
 ): Promise<Migrated> {
   const t0 = performance.now();
   const { r, from } = input;
-  // The snapshot is read from the devices' buckets (while the plan was searched, or now, while the
-  // devices reset: restoreDevices sends the resets first), and its digests computed.
-  const loading = input.ahead?.catch(() => input.store.loadSnapshot(input.snapshot)) ?? input.store.loadSnapshot(input.snapshot);
-  const restoring = restoreDevices({ ...input, loaded: loading });
-  let loaded: NonNullable<Awaited<typeof loading>>;
-  let before: Record<string, string>;
+  // The snapshot as read while the plan was searched (else now, while the devices reset:
+  // restoreDevices sends the resets first).
+  const reading = input.ahead?.catch(() => readSnapshot(input.store, input.snapshot, from)) ?? readSnapshot(input.store, input.snapshot, from);
+  const restoring = restoreDevices({ ...input, loaded: reading.then((x) => x?.loaded), digests: true });
+  let read: SnapshotRead;
+  let minimumBytes = 0;
+  const moved: string[] = [];
   try {
-    const found = await loading;
+    const found = await reading;
     if (!found) throw new MigrationError(`the run store has no snapshot after iteration ${input.snapshot} to migrate from`);
-    loaded = found;
-    before = logicalDigests(from, loaded.set, loaded.layouts ?? checkpointLayouts(from));
+    read = found;
+    // The least any migration could send, computed while the devices reset.
+    const fromLayouts = read.loaded.layouts ?? checkpointLayouts(from);
+    const lost = new Set(input.lost);
+    for (const model of Object.keys(read.loaded.set)) {
+      const a = fromLayouts[model]!;
+      const b = layoutOf(r, ownerOf(r, model));
+      if (layoutKey(a) !== layoutKey(b)) moved.push(model);
+      const plan = planMigration(modelInfo(modelSpec(r, model) as GptSpec), a, b, nodeOf(r), lost);
+      // What survivors lack that others left hold, plus what only the lost held (from the snapshot).
+      minimumBytes += (plan.minimumBytes + plan.snapshotBytes) * (optimized(r, model) ? 3 : 1);
+    }
   } finally {
     // Awaited whatever happens here: its failure is the caller's, never an unhandled rejection.
     await restoring.catch(() => {});
   }
   const out = await restoring;
-  const toLayouts = checkpointLayouts(r);
+  const { before } = read;
   // After: the resharded models' logical tensors (every element copied; a model not resharded is
-  // the snapshot's own ranks), and each device's own digest of what it holds now against the rank
-  // it was sent: 64 characters a rank over the bus, not the state read back. A rank a device held
+  // the snapshot's own ranks; restoreDevices computed them while the devices reset), and each
+  // device's own digest of what it holds now against the rank it was sent (its restore's answer
+  // carries it: 64 characters a rank over the bus, not the state read back). A rank a device held
   // through the reset was proven equal to the snapshot's by its state digest, and nothing ran on it since.
   const restored = out.restored ?? {};
-  const resharded = new Set(out.resharded ?? []);
-  const afterDigests = { ...before, ...logicalDigests(r, Object.fromEntries(Object.entries(restored).filter(([m]) => resharded.has(m))), toLayouts) };
-  const held = await Promise.all(
-    Object.entries(restored).flatMap(([model, ranks]) =>
-      layoutOf(r, ownerOf(r, model)).devices.map(async (device, rank) => {
-        const p = out.plan?.[model]?.get(rank);
-        if (p && 'held' in p) return undefined;
-        const { digest } = await input.d.call(device, model, input.snapshot, { fn: 'manifest' });
-        return digest === modelDigest(ranks[rank]!.tensors) ? undefined : `'${model}' rank ${rank} on device ${device} holds other weights than it was sent`;
-      }),
-    ),
+  const afterDigests = { ...before, ...(out.logical ?? {}) };
+  const held = Object.entries(restored).flatMap(([model, ranks]) =>
+    layoutOf(r, ownerOf(r, model)).devices.map((device, rank) => {
+      const p = out.plan?.[model]?.get(rank);
+      if (p && 'held' in p) return undefined;
+      const digest = out.rankDigests?.[model]?.get(rank);
+      if (digest === undefined) return `'${model}' rank ${rank} on device ${device} did not say what it holds after its restore`;
+      return digest === modelDigest(ranks[rank]!.tensors) ? undefined : `'${model}' rank ${rank} on device ${device} holds other weights than it was sent`;
+    }),
   );
   const digests = Object.fromEntries(Object.keys(before).map((m) => [m, { before: before[m]!, after: afterDigests[m] ?? '' }]));
   const unequal = Object.entries(digests)
@@ -92,17 +113,5 @@ export async function migrateToPlan(
   const problems = [...unequal, ...held.filter((x): x is string => x !== undefined)];
   const equal = problems.length === 0;
   if (!equal) throw new MigrationError(`the parameters after the migration differ from the snapshot's: ${problems.join('; ')}`);
-  const fromLayouts = loaded.layouts ?? checkpointLayouts(from);
-  const lost = new Set(input.lost);
-  let minimumBytes = 0;
-  const moved: string[] = [];
-  for (const model of Object.keys(loaded.set)) {
-    const a = fromLayouts[model]!;
-    const b = layoutOf(r, ownerOf(r, model));
-    if (layoutKey(a) !== layoutKey(b)) moved.push(model);
-    const plan = planMigration(modelInfo(modelSpec(r, model) as GptSpec), a, b, nodeOf(r), lost);
-    // What survivors lack that others left hold, plus what only the lost held (from the snapshot).
-    minimumBytes += (plan.minimumBytes + plan.snapshotBytes) * (optimized(r, model) ? 3 : 1);
-  }
   return { ...out, snapshot: input.snapshot, seconds: (performance.now() - t0) / 1000, bytes: out.bytes ?? 0, minimumBytes, moved, digests, equal };
 }

@@ -3,10 +3,10 @@
 import type { Metrics, ReplanRecord } from '../../mesh/wire/index.ts';
 import { median, type Summary } from '../runtime/record/record.ts';
 import { planDevices, type RunSpec } from '../runtime/run/run.ts';
-import type { Progress, RunStore, Snapshot } from '../runtime/store/store.ts';
+import type { Progress, RunStore } from '../runtime/store/store.ts';
 import { restoreDevices, type RestoreInput } from '../runtime/supervisor/recovery.ts';
 import { specOnPlan, type Loss } from './decide.ts';
-import { migrateToPlan } from './migrate.ts';
+import { migrateToPlan, type SnapshotRead } from './migrate.ts';
 import { decideOffThread } from './search-thread.ts';
 
 /** Devices lost for good after a re-plan onto `spec`: those `loss` lost, and those lost before that the new plan does not take back. */
@@ -35,7 +35,7 @@ export interface MigrationOutput {
 }
 
 /** The last snapshot onto the new plan, checked bit for bit (migrate.ts); with none yet, setup on it. */
-export async function migrateOrSetUp(input: RestoreInput & { from: RunSpec; lost: number[]; ahead?: Promise<Snapshot | undefined> }): Promise<MigrationOutput> {
+export async function migrateOrSetUp(input: RestoreInput & { from: RunSpec; lost: number[]; ahead?: Promise<SnapshotRead | undefined> }): Promise<MigrationOutput> {
   if (input.snapshot === undefined) {
     const out = await restoreDevices(input);
     return { parameters: out.parameters, rewardModel: out.rewardModel, warmup: out.warmup, snapshot: out.snapshot };

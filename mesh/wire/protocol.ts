@@ -114,10 +114,10 @@ export type Checkpoint = z.infer<typeof Checkpoint>;
 /**
  * The protocol versions whose checkpoint files read as this one's: version 2 changed only how
  * chunks travel, version 3 only the reset call (shards it keeps), version 4 only where snapshots
- * are written (by each device), version 5 only a call's `beside`, so a run directory written by
- * versions 1 to 4 still resumes.
+ * are written (by each device), version 5 only a call's `beside`, version 6 only a restore's
+ * `digest`, so a run directory written by versions 1 to 5 still resumes.
  */
-export const CHECKPOINT_VERSIONS = [1, 2, 3, 4, PROTOCOL_VERSION] as const;
+export const CHECKPOINT_VERSIONS = [1, 2, 3, 4, 5, PROTOCOL_VERSION] as const;
 
 /** A run's checkpoint file: every rank of the kept models (those with parameters) after `iteration`. */
 export const CheckpointFile = z.strictObject({
@@ -409,6 +409,8 @@ export const CallBody = z.discriminatedUnion('fn', [
    * Puts a streamed checkpoint (as `checkpoint` sends it) back into a loaded shard of the same
    * layout and rank. `onto`: the shard held here moves onto this layout and rank instead, keeping
    * the elements it holds of its new slices; only the pieces it lacks are sent (mesh/parallel/relaid.ts).
+   * `digest`: the reply carries the digest of the weights held after it (as `manifest` gives it),
+   * so that a caller that checks them needs no second round.
    */
   z.strictObject({
     fn: z.literal('restore'),
@@ -418,6 +420,7 @@ export const CallBody = z.discriminatedUnion('fn', [
     optimizer: z.boolean(),
     ledger: z.array(LedgerEntry).default([]),
     onto: z.strictObject({ layout: Layout, rank: nat }).optional(),
+    digest: z.literal(true).optional(),
   }),
   z.strictObject({ fn: z.literal('release') }),
   /**
@@ -696,7 +699,8 @@ export const ResultBodies = {
   checkpoint: z.strictObject({ step: nat, optimizer: z.boolean(), bytes: nat, ledger: z.array(LedgerEntry).default([]) }),
   snapshot: z.strictObject({ bytes: nat, sha256: z.string(), state: z.string() }),
   reload: z.strictObject({ bytes: nat }),
-  restore: z.strictObject({}),
+  /** `digest`: where the call asked, the digest of the weights held now (modelDigest, as `manifest`'s). */
+  restore: z.strictObject({ digest: z.string().optional() }),
   reset: z.strictObject({
     dropped: z.array(z.string()),
     interrupted: z.string().optional(),

@@ -16,7 +16,7 @@ import {
   listenTurns,
   pushCheckpoint,
   type CallOptions,
-  type Onto,
+  type RestoreOptions,
   runRealloc,
   type Dispatcher,
   type ReallocOutcome,
@@ -156,8 +156,8 @@ export class BusDispatcher implements Dispatcher {
     return fetchCheckpoint(this.nc, this.subj, (d, m, i, b) => this.call(d, m, i, b), device, model, iteration, shapes, optimizer, this.nc.info?.max_payload ?? 1 << 20);
   }
 
-  restoreShard(device: number, model: string, iteration: number, checkpoint: Checkpoint, onto?: Onto): Promise<void> {
-    return pushCheckpoint(this.nc, this.subj, (d, m, i, b) => this.call(d, m, i, b), device, model, iteration, checkpoint, this.nc.info?.max_payload ?? 1 << 20, onto);
+  restoreShard(device: number, model: string, iteration: number, checkpoint: Checkpoint, o?: RestoreOptions): Promise<ResultOf<'restore'>> {
+    return pushCheckpoint(this.nc, this.subj, (d, m, i, b) => this.call(d, m, i, b), device, model, iteration, checkpoint, this.nc.info?.max_payload ?? 1 << 20, o);
   }
 
   async close(): Promise<void> {}

@@ -37,9 +37,10 @@ export interface Dispatcher {
   /**
    * Streams a checkpoint back into a loaded shard of the same layout and rank; `onto`: into the
    * shard the device holds, moved onto that layout and rank, the checkpoint holding only the
-   * pieces it lacks (see the protocol's `restore`).
+   * pieces it lacks; `digest`: the answer carries the digest of the weights held after it (see
+   * the protocol's `restore`).
    */
-  restoreShard(device: number, model: string, iteration: number, checkpoint: Checkpoint, onto?: Onto): Promise<void>;
+  restoreShard(device: number, model: string, iteration: number, checkpoint: Checkpoint, o?: RestoreOptions): Promise<ResultOf<'restore'>>;
   close(): Promise<void>;
   /** Where call time went, for transports that can tell (the bus). */
   stats?(): TransportStats;
@@ -90,7 +91,7 @@ export function fence(d: Dispatcher): Dispatcher {
     call: (device, model, iteration, body, group, options) => (check(), d.call(device, model, iteration, body, group, options)),
     realloc: (r) => (check(), d.realloc(r)),
     checkpointShard: (device, model, iteration, shapes, optimizer) => (check(), d.checkpointShard(device, model, iteration, shapes, optimizer)),
-    restoreShard: (device, model, iteration, c, onto) => (check(), d.restoreShard(device, model, iteration, c, onto)),
+    restoreShard: (device, model, iteration, c, o) => (check(), d.restoreShard(device, model, iteration, c, o)),
     close: () => d.close(),
     interrupt: (reason) => d.interrupt(reason),
     ...(d.stats ? { stats: () => d.stats!() } : {}),
@@ -322,6 +323,12 @@ export function exchangeId(stem: string): string {
 /** Where a restore moves the shard a device holds: a rank of another layout (the protocol's `restore.onto`). */
 export type Onto = NonNullable<CallOf<'restore'>['onto']>;
 
+/** A restore's options: `onto` (the protocol's `restore.onto`), and whether its answer carries the digest of the weights held after it. */
+export interface RestoreOptions {
+  onto?: Onto;
+  digest?: boolean;
+}
+
 /** See Dispatcher.restoreShard: the device subscribes and says ready; the caller sends. */
 export async function pushCheckpoint(
   bus: Bus,
@@ -332,8 +339,8 @@ export async function pushCheckpoint(
   iteration: number,
   c: Checkpoint,
   chunkBytes: number,
-  onto?: Onto,
-): Promise<void> {
+  o: RestoreOptions = {},
+): Promise<ResultOf<'restore'>> {
   const id = exchangeId(`rstr-${device}-${model.replace(/[^A-Za-z0-9_-]/g, '-')}-${exchanges++}`);
   const tensors = [
     ...c.tensors.map((t) => ({ ...t, name: `w:${t.name}` })),
@@ -349,7 +356,7 @@ export async function pushCheckpoint(
   const byName = new Map(tensors.map((t) => [t.name, t]));
   const outgoing = offerTensors(bus, subj, { transfer: id, from: 'supervisor', to: [device], tensors: () => tensors, tensor: (name) => byName.get(name) }, chunkBytes);
   try {
-    await runExchange<'restore'>(
+    const [answer] = await runExchange<'restore'>(
       bus,
       subj,
       call,
@@ -357,11 +364,21 @@ export async function pushCheckpoint(
       iteration,
       model,
       [device],
-      () => ({ fn: 'restore', realloc: id, transfer: id, step: c.optimizer?.step ?? 0, optimizer: c.optimizer !== undefined, ledger: c.ledger ?? [], ...(onto ? { onto } : {}) }),
+      () => ({
+        fn: 'restore',
+        realloc: id,
+        transfer: id,
+        step: c.optimizer?.step ?? 0,
+        optimizer: c.optimizer !== undefined,
+        ledger: c.ledger ?? [],
+        ...(o.onto ? { onto: o.onto } : {}),
+        ...(o.digest ? { digest: true as const } : {}),
+      }),
       async () => {
         await outgoing.send();
       },
     );
+    return answer!;
   } finally {
     outgoing.close();
   }

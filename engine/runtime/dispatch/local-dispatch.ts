@@ -14,7 +14,7 @@ import {
   runRealloc,
   type CallOptions,
   type Dispatcher,
-  type Onto,
+  type RestoreOptions,
   type ReallocOutcome,
   type ReallocRequest,
 } from './dispatch.ts';
@@ -100,8 +100,8 @@ export class LocalDispatcher implements Dispatcher {
     return fetchCheckpoint(this.bus, this.subj, (d, m, i, b) => this.call(d, m, i, b), device, model, iteration, shapes, optimizer, this.chunkBytes);
   }
 
-  restoreShard(device: number, model: string, iteration: number, checkpoint: Checkpoint, onto?: Onto): Promise<void> {
-    return pushCheckpoint(this.bus, this.subj, (d, m, i, b) => this.call(d, m, i, b), device, model, iteration, checkpoint, this.chunkBytes, onto);
+  restoreShard(device: number, model: string, iteration: number, checkpoint: Checkpoint, o?: RestoreOptions): Promise<ResultOf<'restore'>> {
+    return pushCheckpoint(this.bus, this.subj, (d, m, i, b) => this.call(d, m, i, b), device, model, iteration, checkpoint, this.chunkBytes, o);
   }
 
   async close(): Promise<void> {}

@@ -104,9 +104,11 @@ export type RestorePlan = Record<string, ReadonlyMap<number, RankRestore>>;
 /**
  * Loads the algorithm's models. From scratch: warms the base policy up on demonstrations and
  * copies it into the models that start from it (whole, or its body under another head). From a
- * checkpoint: puts every kept model back as it was; ranks in `kept` are not loaded (their devices
- * hold state proven equal to the checkpoint's): a held one is sent nothing, one moved onto the
- * plan's layout only the pieces it lacks.
+ * checkpoint: puts every kept model back as it was, each as soon as its own ranks are loaded;
+ * ranks in `kept` are not loaded (their devices hold state proven equal to the checkpoint's): a
+ * held one is sent nothing, one moved onto the plan's layout only the pieces it lacks.
+ * `o.digests`: each rank sent a restore answers with the digest of the weights it holds after it
+ * (`rankDigests`, per model and rank; a held rank has none).
  */
 export async function setupModels(
   d: Dispatcher,
@@ -114,37 +116,38 @@ export async function setupModels(
   resume?: CheckpointSet,
   demonstrate?: Demonstrate,
   kept: RestorePlan = {},
-): Promise<{ parameters: Record<string, number>; warmup?: WarmupReport; rewardModel?: RewardModelReport }> {
+  o: { digests?: boolean } = {},
+): Promise<{ parameters: Record<string, number>; warmup?: WarmupReport; rewardModel?: RewardModelReport; rankDigests?: Record<string, Map<number, string>> }> {
   const { scenario: s } = r;
   const parameters: Record<string, number> = {};
   const planOf = (model: string) => (resume ? (kept[model] ?? new Map<number, RankRestore>()) : new Map<number, RankRestore>());
+  const restoring = new Set(resume ? keptModels(r) : []);
+  if (resume) {
+    for (const model of restoring) {
+      const problem = shardsProblem(modelSpec(r, model) as GptSpec, model, layoutOf(r, ownerOf(r, model)), resume[model] ?? []);
+      if (problem) throw new Error(problem);
+    }
+  }
+  const digests: Record<string, Map<number, string>> = {};
+  const restore = (model: string) =>
+    Promise.all(
+      layoutOf(r, ownerOf(r, model)).devices.map(async (device, rank) => {
+        const p = planOf(model).get(rank);
+        if (p !== undefined && 'held' in p) return;
+        const answer = await d.restoreShard(device, model, -1, p === undefined ? resume![model]![rank]! : p.pieces, { ...(p ? { onto: p.onto } : {}), digest: o.digests === true });
+        if (answer.digest !== undefined) (digests[model] ??= new Map()).set(rank, answer.digest);
+      }),
+    );
   await Promise.all(
     r.graph.models.map(async ({ name }) => {
       const serve = learnedReward(r, name) ? r.rewardService : undefined;
       const skip = planOf(name);
       const loaded = await loadModel(d, r, name, name, layoutOf(r, ownerOf(r, name)), { ...(resume ? {} : { seed: s.seed }), lr: lrOf(r, name), serve, skip: new Set(skip.keys()) });
       parameters[name] = loaded + [...skip.values()].reduce((n, x) => n + x.parameters, 0);
+      if (restoring.has(name)) await restore(name);
     }),
   );
-  if (resume) {
-    const models = keptModels(r);
-    for (const model of models) {
-      const problem = shardsProblem(modelSpec(r, model) as GptSpec, model, layoutOf(r, ownerOf(r, model)), resume[model] ?? []);
-      if (problem) throw new Error(problem);
-    }
-    await Promise.all(
-      models.flatMap((model) =>
-        layoutOf(r, ownerOf(r, model))
-          .devices.map((device, rank) => {
-            const p = planOf(model).get(rank);
-            if (p === undefined) return d.restoreShard(device, model, -1, resume[model]![rank]!);
-            return 'held' in p ? undefined : d.restoreShard(device, model, -1, p.pieces, p.onto);
-          })
-          .filter((x) => x !== undefined),
-      ),
-    );
-    return { parameters };
-  }
+  if (resume) return { parameters, ...(o.digests ? { rankDigests: digests } : {}) };
   const base = basePolicy(r);
   let warmup: WarmupReport | undefined;
   if (base && s.warmup.steps > 0) {

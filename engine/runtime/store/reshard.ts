@@ -5,7 +5,7 @@
 // goes on with another plan (`--resume RUN_DIR --plan PLAN.yaml`), and what a re-planned run will
 // restore from its snapshot.
 import { cut, layoutKey, paste, shardSlices, sliceShape, type Layout } from '../../../mesh/parallel/index.ts';
-import type { Checkpoint, LedgerEntry, NamedTensor } from '../../../mesh/wire/index.ts';
+import { modelDigest, type Checkpoint, type LedgerEntry, type NamedTensor } from '../../../mesh/wire/index.ts';
 import { modelInfo, type GptSpec } from '../../model/index.ts';
 import type { CheckpointSet } from '../run/setup.ts';
 import { layoutOf, modelSpec, ownerOf, type RunSpec } from '../run/run.ts';
@@ -139,4 +139,9 @@ export function reshardToPlan(r: RunSpec, set: CheckpointSet, layouts: Readonly<
     }),
   );
   return { set: out, resharded };
+}
+
+/** Each model's weights as whole tensors, hashed in the canonical order (names, shapes, bytes): equal on any layout for the same parameters. */
+export function logicalDigests(r: RunSpec, set: CheckpointSet, layouts: Readonly<Record<string, Layout>>): Record<string, string> {
+  return Object.fromEntries(Object.entries(set).map(([model, shards]) => [model, modelDigest(wholeTensors(modelSpec(r, model) as GptSpec, layouts[model]!, shards, model))]));
 }

@@ -8,10 +8,10 @@
 import type { Demonstrate } from '../../environments/index.ts';
 import { CallError, type Dispatcher } from '../dispatch/dispatch.ts';
 import { cut, layoutKey, pieceName, rankCoords, relaidSlices, sliceShape, type RelaidSlice } from '../../../mesh/parallel/index.ts';
-import { reshardToPlan } from '../store/reshard.ts';
+import { logicalDigests, reshardToPlan } from '../store/reshard.ts';
 import type { RunStore, Snapshot } from '../store/store.ts';
 import { layoutOf, learnedReward, loadModel, modelSpec, ownerOf, type RunSpec } from '../run/run.ts';
-import { keptModels, lrOf, optimized, setupModels, snapshotInto, type CheckpointSet, type RankRestore, type RestorePlan } from '../run/setup.ts';
+import { checkpointLayouts, keptModels, lrOf, optimized, setupModels, snapshotInto, type CheckpointSet, type RankRestore, type RestorePlan } from '../run/setup.ts';
 import { SnapshotError, rankObjects } from '../store/snapshots.ts';
 import { ProtocolError, stateDigest, type Checkpoint, type ResultOf, type SnapshotManifest } from '../../../mesh/wire/index.ts';
 import { modelInfo, type GptSpec } from '../../model/index.ts';
@@ -29,6 +29,12 @@ export interface RestoreInput {
   loaded?: Promise<Snapshot | undefined>;
   /** Where a recovery says what it did that its result does not (a snapshot it could not restore). */
   say?: (line: string) => void;
+  /**
+   * Whether a restore from a resharded snapshot is to be checked: each rank sent a restore answers
+   * with the digest of the weights it holds then (setupModels' `rankDigests`), and the resharded
+   * models' logical digests are computed while the devices reset (`logical`).
+   */
+  digests?: boolean;
 }
 
 export type SetupOutput = Awaited<ReturnType<typeof setupModels>>;
@@ -170,6 +176,15 @@ function plannedModels(r: RunSpec, devices: readonly number[]): Map<number, stri
   return keep;
 }
 
+/**
+ * Resets `devices` keeping every shard the plan `r` put on them: what a re-plan sends as soon as a
+ * device is lost, so that the calls abandoned there (and their collectives) end while the new plan
+ * is searched; the migration's own reset then only drops what the new plan does not keep there.
+ */
+export function resetKeepingShards(d: Dispatcher, r: RunSpec, devices: readonly number[]): Promise<KeptShards> {
+  return resetDevices(d, r, devices, plannedModels(r, devices));
+}
+
 /** Waits for every promise to settle, then throws the first failure, if any. */
 async function settled(all: Promise<unknown>[]): Promise<void> {
   const failed = (await Promise.allSettled(all)).find((x) => x.status === 'rejected');
@@ -236,7 +251,9 @@ async function reloadInPlace(d: Dispatcher, r: RunSpec, m: SnapshotManifest, kep
  */
 export async function restoreDevices(
   input: RestoreInput,
-): Promise<SetupOutput & { snapshot: number; restored?: CheckpointSet; plan?: RestorePlan; resharded?: string[]; bytes?: number; keptBytes?: number; viaSupervisor?: number }> {
+): Promise<
+  SetupOutput & { snapshot: number; restored?: CheckpointSet; plan?: RestorePlan; resharded?: string[]; logical?: Record<string, string>; bytes?: number; keptBytes?: number; viaSupervisor?: number }
+> {
   const { d, r, store } = input;
   if (input.snapshot === undefined) {
     await resetDevices(d, r, input.devices);
@@ -266,17 +283,32 @@ async function backTo(input: RestoreInput, snapshot: number): ReturnType<typeof 
   // The snapshot (its manifest, for a recovery in place) is read while the devices reset.
   const manifest = input.loaded ? undefined : store.loadManifest(snapshot);
   manifest?.catch(() => {}); // a failed reset is what the caller hears of first
-  const kept = await resetDevices(d, r, input.devices, plannedModels(r, input.devices));
-  const m = await manifest;
-  if (m && keptModels(r).every((model) => m.layouts[model] && layoutKey(m.layouts[model]) === layoutKey(layoutOf(r, ownerOf(r, model))))) {
-    return { ...(await reloadInPlace(d, r, m, kept)), snapshot, resharded: [], viaSupervisor: 0 };
+  const resetting = resetDevices(d, r, input.devices, plannedModels(r, input.devices));
+  if (manifest) {
+    const kept = await resetting;
+    const m = await manifest;
+    if (m && keptModels(r).every((model) => m.layouts[model] && layoutKey(m.layouts[model]) === layoutKey(layoutOf(r, ownerOf(r, model))))) {
+      return { ...(await reloadInPlace(d, r, m, kept)), snapshot, resharded: [], viaSupervisor: 0 };
+    }
   }
-  const found = await (input.loaded ?? store.loadSnapshot(snapshot));
-  if (!found) throw new SnapshotError(`the run store has no snapshot after iteration ${snapshot} to recover from`);
+  // Resharded here while the devices' resets are answered.
+  let found: Snapshot | undefined;
+  try {
+    found = await (input.loaded ?? store.loadSnapshot(snapshot));
+  } catch (e) {
+    await resetting.catch(() => {});
+    throw e;
+  }
+  if (!found) {
+    await resetting.catch(() => {});
+    throw new SnapshotError(`the run store has no snapshot after iteration ${snapshot} to recover from`);
+  }
   const { set, resharded } = reshardToPlan(r, found.set, found.layouts);
-  const plan = restorePlan(r, found, set, kept);
-  const out = await setupModels(d, r, set, undefined, plan);
+  const toLayouts = checkpointLayouts(r);
+  const logical = input.digests ? logicalDigests(r, Object.fromEntries(resharded.map((m) => [m, set[m]!])), toLayouts) : undefined;
+  const plan = restorePlan(r, found, set, await resetting);
+  const out = await setupModels(d, r, set, undefined, plan, { digests: input.digests });
   const bytes = setBytes(set, plan);
   // All of it read into this process and streamed from here.
-  return { ...out, snapshot, restored: set, plan, resharded, bytes, keptBytes: setBytes(set) - bytes, viaSupervisor: bytes };
+  return { ...out, snapshot, restored: set, plan, resharded, ...(logical ? { logical } : {}), bytes, keptBytes: setBytes(set) - bytes, viaSupervisor: bytes };
 }

@@ -4,7 +4,7 @@
 // actor the process host provides.
 import { fromCallback, fromPromise } from 'xstate';
 import type { Demonstrate } from '../../environments/index.ts';
-import { decideAndWriteAhead, migrateOrSetUp } from '../../elastic/index.ts';
+import { decideAndWriteAhead, migrateOrSetUp, type SnapshotRead } from '../../elastic/index.ts';
 import type { Dispatcher } from '../dispatch/dispatch.ts';
 import { accountRollouts } from '../../device/index.ts';
 import type { Progress, RunStore } from '../store/store.ts';
@@ -27,7 +27,7 @@ export const stages = {
   decide: fromPromise(({ input }: { input: Parameters<typeof decideAndWriteAhead>[0] }) => decideAndWriteAhead(input)),
   /** The last snapshot onto the new plan, checked bit for bit; with none yet, setup on it. */
   migrate: fromPromise(
-    ({ input }: { input: StageInput & { from: RunSpec; lost: number[]; devices: number[]; snapshot?: number; resume?: SupervisorInput['resume']; ahead?: ReturnType<RunStore['loadSnapshot']> } }) =>
+    ({ input }: { input: StageInput & { from: RunSpec; lost: number[]; devices: number[]; snapshot?: number; resume?: SupervisorInput['resume']; ahead?: Promise<SnapshotRead | undefined> } }) =>
       migrateOrSetUp(input),
   ),
   setupModels: fromPromise(async ({ input }: { input: StageInput & { resume?: CheckpointSet; resumeAfter?: number } }) => {

@@ -2,12 +2,12 @@
 // losses, failing stages, escalation, take-over, interruption) run without processes or NATS.
 import { describe, it, expect, vi } from 'vitest';
 import { createActor, fromCallback, fromPromise, waitFor, type InputFrom } from 'xstate';
-import type { Metrics } from '../../../mesh/wire/protocol.ts';
+import type { CallBody, CallOf, Metrics } from '../../../mesh/wire/protocol.ts';
 import type { Dispatcher } from '../dispatch/dispatch.ts';
 import type { Recorder, Summary } from '../record/record.ts';
 import type { Progress, RunStore } from '../store/store.ts';
-import { planDevices, runSpec, type IterationResult, type RunSpec } from '../run/run.ts';
-import type { CheckpointSet, SnapshotCost } from '../run/setup.ts';
+import { layoutOf, ownerOf, planDevices, runSpec, type IterationResult, type RunSpec } from '../run/run.ts';
+import { keptModels, type CheckpointSet, type SnapshotCost } from '../run/setup.ts';
 import { MemoryShelf } from '../../../mesh/wire/index.ts';
 import { parseScenario } from '../scenario/scenario.ts';
 import { supervisorMachine, type MembershipCommand, type MigrationOutput, type SupervisorInput } from './supervisor.machine.ts';
@@ -39,19 +39,26 @@ function spec(o: { iterations?: number; every?: number; intensity?: number; join
   return runSpec(parseScenario(yaml, 'unit.yaml'));
 }
 
-/** A dispatcher that only counts interruptions: the stand-in stages never call the devices. */
+/** A dispatcher that counts interruptions and answers resets (kept in `resets`): the stand-in stages call the devices for nothing else. */
 function stubDispatcher() {
   const interrupts: string[] = [];
+  const resets: Array<{ device: number; epoch: number; keep: string[] }> = [];
   const never = (what: string) => () => {
     throw new Error(`the stand-in dispatcher's ${what} was called`);
   };
-  const d: Dispatcher & { interrupts: string[] } = {
+  const d: Dispatcher & { interrupts: string[]; resets: typeof resets } = {
     interrupts,
+    resets,
     get epoch() {
       return interrupts.length;
     },
     interrupt: (reason: string) => void interrupts.push(reason),
-    call: never('call'),
+    call: (async (device: number, _model: string, _iteration: number, body: CallBody) => {
+      if (body.fn !== 'reset') never(`call (${body.fn})`)();
+      const { epoch, keep } = body as CallOf<'reset'>;
+      resets.push({ device, epoch, keep: keep ?? [] });
+      return { dropped: [], kept: [], busy: [] };
+    }) as Dispatcher['call'],
     realloc: never('realloc'),
     checkpointShard: never('checkpointShard'),
     restoreShard: never('restoreShard'),
@@ -769,6 +776,12 @@ describe('supervisor machine: an elastic run', () => {
     s.join();
     await waitFor(s.actor, () => s.calls.iteration.some((c) => c.iteration === 2), { timeout: 5000 });
     s.actor.send({ type: 'device.lost', device: 3, trigger: 'cordon', reason: 'maintenance' });
+    // At once, while the plan is searched: the devices left reset, each keeping the shards it holds.
+    const models = (device: number) => keptModels(s.spec).filter((m) => layoutOf(s.spec, ownerOf(s.spec, m)).devices.includes(device));
+    await waitFor(s.actor, () => s.dispatcher.resets.length === 3, { timeout: 5000 });
+    expect(s.calls.migrate).toEqual([]);
+    expect(s.dispatcher.resets).toEqual([0, 1, 2].map((device) => ({ device, epoch: 1, keep: models(device) })));
+    expect(models(0).length).toBeGreaterThan(0);
     await waitFor(s.actor, () => s.calls.migrate.length === 1, { timeout: 30_000 });
     gate.resolve();
     await s.finished();

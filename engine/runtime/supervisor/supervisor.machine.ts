@@ -19,7 +19,7 @@
 import type { Demonstrate } from '../../environments/index.ts';
 import { assign, sendTo, setup } from 'xstate';
 import type { LossTrigger, Metrics, ReplanRecord } from '../../../mesh/wire/index.ts';
-import { lostAfter, measuredPeriods, placementsOf, unfinishedMigration, type Loss } from '../../elastic/index.ts';
+import { lostAfter, measuredPeriods, placementsOf, readSnapshot, unfinishedMigration, type Loss, type SnapshotRead } from '../../elastic/index.ts';
 export type { MigrationOutput } from '../../elastic/index.ts';
 import type { Layout } from '../../../mesh/parallel/index.ts';
 import { CallError, fence, type Dispatcher } from '../dispatch/dispatch.ts';
@@ -32,6 +32,7 @@ import { NextViews } from '../../asynchrony/index.ts';
 import type { CheckpointSet } from '../run/setup.ts';
 import { Intensity } from './supervision.ts';
 import { stages } from './stages.ts';
+import { resetKeepingShards } from './recovery.ts';
 
 export interface SupervisorInput {
   spec: RunSpec;
@@ -109,7 +110,7 @@ interface Context extends SupervisorInput {
   /** Devices whose workers joined beyond the plan that were offered to the planner already. */
   considered: number[];
   /** The snapshot a re-plan will migrate from, read while the plan is searched. */
-  reading?: { snapshot: number; loaded: ReturnType<RunStore['loadSnapshot']> };
+  reading?: { snapshot: number; loaded: Promise<SnapshotRead | undefined> };
   /** Under asynchrony: the next version's views, filled while the last generates (engine/asynchrony/next-views.ts). */
   views: NextViews<HeldView>;
 }
@@ -269,16 +270,27 @@ export const supervisorMachine = setup({
     },
     /**
      * After a loss (a plan without a device always migrates), the snapshot to migrate from is read
-     * (from the devices' buckets) while the search runs, not after it. Not for workers that joined:
-     * the plan may well stay.
+     * (from the devices' buckets), and its logical digests computed, while the search runs, not
+     * after it. Not for workers that joined: the plan may well stay.
      */
     readSnapshotAhead: assign(({ context }) => {
       if (context.snapshot === undefined || !context.loss?.devices.length) return { reading: undefined };
-      const loaded = context.store.loadSnapshot(context.snapshot);
+      const loaded = readSnapshot(context.store, context.snapshot, context.spec);
       // Its failure is the migration's to meet (it reads it again then), never unhandled here.
       loaded.catch(() => {});
       return { reading: { snapshot: context.snapshot, loaded } };
     }),
+    /**
+     * After a loss, the devices left are reset at once, each keeping the shards it holds: the calls
+     * abandoned there end while the search runs, and the migration's reset only drops what the new
+     * plan does not keep. Its failure is the migration's to meet (its own reset).
+     */
+    resetAhead: ({ context }) => {
+      const loss = context.loss;
+      if (!loss?.devices.length) return;
+      const left = context.need.filter((d) => context.joined[d] !== undefined && !loss.devices.includes(d));
+      resetKeepingShards(fence(context.dispatcher), context.spec, left).catch(() => {});
+    },
     adoptPlan: assign(({ context }, out: { spec: RunSpec; record: ReplanRecord }) => {
       context.recorder.phase('migrating', out.record.why);
       // Decided: the loss is answered (a recovery from here on restores onto the new plan).
@@ -557,7 +569,7 @@ export const supervisorMachine = setup({
      * is recovered as any other, onto the new plan.
      */
     replanning: {
-      entry: ['beginReplan', 'readSnapshotAhead'],
+      entry: ['beginReplan', 'readSnapshotAhead', 'resetAhead'],
       exit: assign({ reading: undefined }),
       on: {
         'worker.lost': { actions: 'unjoin' },
