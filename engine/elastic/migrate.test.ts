@@ -6,7 +6,7 @@ import { LocalDispatcher } from '../runtime/dispatch/local-dispatch.ts';
 import { planDevices } from '../runtime/run/run.ts';
 import { setupModels, snapshotInto } from '../runtime/run/setup.ts';
 import { MemoryStore } from '../runtime/store/store.ts';
-import { FOUR_DEVICES } from '../runtime/supervisor/four-devices.fixture.ts';
+import { FOUR_DEVICES, WITHOUT_DEVICE_3 } from '../runtime/supervisor/four-devices.fixture.ts';
 import { specOnPlan } from './decide.ts';
 import type { Layout } from '../../mesh/parallel/index.ts';
 import type { Checkpoint } from '../../mesh/wire/index.ts';
@@ -67,14 +67,7 @@ describe('logicalDigests', () => {
 describe('migrateToPlan', () => {
   // The four-device PPO head loses device 3: the plan the elastic scenario's search chose on 0-2.
   const four = runSpec(parseScenario(`${FOUR_DEVICES}warmup: { steps: 0 }\nrl: { iterations: 4, batch: 8 }\n`, 'unit.yaml'));
-  const three = specOnPlan(four, {
-    'actor.train': { mesh: '0:0', dp: 1, tp: 1, pp: 1 },
-    'actor.generate': { mesh: '0:0', dp: 1, tp: 1, pp: 1 },
-    'critic.train': { mesh: '0:1', dp: 1, tp: 1, pp: 1 },
-    'critic.inference': { mesh: '0:1', dp: 1, tp: 1, pp: 1 },
-    'reference.inference': { mesh: '0:2', dp: 1, tp: 1, pp: 1 },
-    'reward.inference': { mesh: '0:1', dp: 1, tp: 1, pp: 1 },
-  });
+  const three = specOnPlan(four, WITHOUT_DEVICE_3);
 
   /** Four devices in this process, set up and snapshotted after iteration 0, device 3 gone; `lie`: a restore whose answer names other weights. */
   async function migrated(lie?: { device: number; model: string }) {

@@ -14,3 +14,13 @@ plan:
   reference.inference: { mesh: "0:2-3", tp: 2 }
   reward.inference: { mesh: "0:3" }
 `;
+
+/** The plan the elastic scenario's search chooses on devices 0-2 once device 3 is lost for good: a device each, no model split. */
+export const WITHOUT_DEVICE_3 = {
+  'actor.train': { mesh: '0:0', dp: 1, tp: 1, pp: 1 },
+  'actor.generate': { mesh: '0:0', dp: 1, tp: 1, pp: 1 },
+  'critic.train': { mesh: '0:1', dp: 1, tp: 1, pp: 1 },
+  'critic.inference': { mesh: '0:1', dp: 1, tp: 1, pp: 1 },
+  'reference.inference': { mesh: '0:2', dp: 1, tp: 1, pp: 1 },
+  'reward.inference': { mesh: '0:1', dp: 1, tp: 1, pp: 1 },
+};

@@ -9,7 +9,7 @@ import { layoutOf, modelSpec, nodeOf, ownerOf, runSpec, type RunSpec } from '../
 import { checkpointLayouts, keptModels, optimized, type CheckpointSet } from '../run/setup.ts';
 import { parseScenario, withPlan } from '../scenario/scenario.ts';
 import { reshardToPlan } from '../store/reshard.ts';
-import { FOUR_DEVICES } from './four-devices.fixture.ts';
+import { FOUR_DEVICES, WITHOUT_DEVICE_3 } from './four-devices.fixture.ts';
 import { checkpointBytes, restorePlan, setBytes, type KeptShards } from './recovery.ts';
 
 const r = runSpec(parseScenario(`${FOUR_DEVICES}rl: { iterations: 4, batch: 8 }\n`, 'unit.yaml'));
@@ -82,17 +82,7 @@ describe('restorePlan', () => {
   it('a migration after a loss sends the least any migration could: what each rank lacks of what survivors hold, and what only the lost device held', () => {
     const set = snapshotOn(r);
     const layouts = checkpointLayouts(r);
-    const after = runSpec(
-      withPlan(r.scenario, {
-        ...r.scenario.plan,
-        'actor.train': { mesh: '0:0', dp: 1, tp: 1, pp: 1 },
-        'actor.generate': { mesh: '0:0', dp: 1, tp: 1, pp: 1 },
-        'critic.train': { mesh: '0:1', dp: 1, tp: 1, pp: 1 },
-        'critic.inference': { mesh: '0:1', dp: 1, tp: 1, pp: 1 },
-        'reference.inference': { mesh: '0:2', dp: 1, tp: 1, pp: 1 },
-        'reward.inference': { mesh: '0:1', dp: 1, tp: 1, pp: 1 },
-      }),
-    );
+    const after = runSpec(withPlan(r.scenario, { ...r.scenario.plan, ...WITHOUT_DEVICE_3 }));
     const { set: resharded } = reshardToPlan(after, set, layouts);
     const plan = restorePlan(after, { set, layouts }, resharded, keptFrom(set, layouts, {}, [3]));
     expect(kinds(plan, 'actor', 1)).toEqual(['onto:0']);
