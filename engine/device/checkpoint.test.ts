@@ -2,13 +2,13 @@
 // exactly: training on from a restored checkpoint ends bit-identical to training on uninterrupted,
 // on one device and across the ranks of a 3D-parallel layout. A shard kept through a reset is
 // proven equal to a checkpoint by its state digest.
-import { beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it, vi } from 'vitest';
 import { shardSlices, sliceShape, type Layout } from '../../mesh/parallel/layout.ts';
 import { PROTOCOL_VERSION, type Call, type CallBody, type Checkpoint, type Optim, type SnapshotManifest } from '../../mesh/wire/protocol.ts';
 import { MemoryBus } from '../../mesh/wire/memory-bus.ts';
 import { subjects } from '../../mesh/wire/subjects.ts';
 import { Device } from './device.ts';
-import { modelDigest, stateDigest } from '../../mesh/wire/chunks.ts';
+import { modelDigest, stateDigest, tensorDigest } from '../../mesh/wire/chunks.ts';
 import { relaidSlices } from '../../mesh/parallel/relaid.ts';
 import { reshard } from '../runtime/store/reshard.ts';
 import { checkpointBytes, piecesOf } from '../runtime/supervisor/recovery.ts';
@@ -75,6 +75,64 @@ describe('checkpoints', () => {
       expect(await digest(b, layout)).toBe(uninterrupted);
     }, 30_000);
   }
+
+  it('a checkpoint of half a chunk or less travels in the restore call itself, one of more is streamed in chunks: both put back the same state', async () => {
+    const layout: Layout = { devices: [0], dp: 1, tp: 1, pp: 1 };
+    const a = new LocalDispatcher(1);
+    await a.call(0, 'actor', 0, { fn: 'load', role: 'actor', spec, layout, rank: 0, seed: 3, optim });
+    await callMesh(a, layout, 'actor', 0, train(1) as never);
+    const saved = await a.checkpointShard(
+      0,
+      'actor',
+      0,
+      shardSlices(modelInfo(spec), layout, 0).map((s) => ({ name: s.name, shape: sliceShape(s) })),
+      true,
+    );
+    const want = await digest(a, layout);
+    // Weights and both moments: more than half of a one-block chunk, less than half of a 1 MiB one.
+    expect(checkpointBytes(saved)).toBeGreaterThan((64 * 1024 + 1024) / 2);
+    expect(checkpointBytes(saved)).toBeLessThan((1 << 20) / 2);
+    for (const [bus, streamed] of [
+      [new MemoryBus(64 * 1024 + 1024), true],
+      [new MemoryBus(1 << 20), false],
+    ] as const) {
+      const published = vi.spyOn(bus, 'publish');
+      const b = new LocalDispatcher(1, bus);
+      await b.call(0, 'actor', 0, { fn: 'load', role: 'actor', spec, layout, rank: 0, optim });
+      expect((await b.restoreShard(0, 'actor', 0, saved, { digest: true })).digest).toBe(want);
+      expect(published.mock.calls.some(([subject]) => subject.includes('.chunk.'))).toBe(streamed);
+      await callMesh(a, layout, 'actor', 0, train(2) as never);
+      await callMesh(b, layout, 'actor', 0, train(2) as never);
+      expect(await digest(b, layout)).toBe(await digest(a, layout));
+      // The next round starts from a again.
+      await a.restoreShard(0, 'actor', 0, saved);
+    }
+  });
+
+  it('a restore whose call carries its tensors is refused, naming the tensor, where one is not expected, comes twice, has another shape or another digest, or is missing; the shard is unchanged', async () => {
+    const layout: Layout = { devices: [0], dp: 1, tp: 1, pp: 1 };
+    const d = new LocalDispatcher(1);
+    await d.call(0, 'actor', 0, { fn: 'load', role: 'actor', spec, layout, rank: 0, seed: 3 });
+    const before = await digest(d, layout);
+    const tensors = shardSlices(modelInfo(spec), layout, 0).map((s) => {
+      const data = new Float32Array(sliceShape(s).reduce((a, b) => a * b, 1)).fill(0.5);
+      return { name: `w:${s.name}`, shape: sliceShape(s), data, sha256: tensorDigest(data) };
+    });
+    const restore = (inline: typeof tensors) => d.call(0, 'actor', 0, { fn: 'restore', realloc: 'r1', transfer: 'r1', step: 0, optimizer: false, ledger: [], inline });
+    const [first, second] = tensors;
+    await expect(restore([...tensors, { ...first!, name: 'w:nope' }])).rejects.toThrow(/restore r1: 'w:nope' is not a tensor this restore expects/);
+    await expect(restore([...tensors, first!])).rejects.toThrow(`restore r1: '${first!.name}' comes twice`);
+    await expect(restore([{ ...first!, shape: [first!.data.length] }, ...tensors.slice(1)])).rejects.toThrow(`restore r1: '${first!.name}' is [${first!.data.length}]`);
+    const flipped = Float32Array.from(second!.data, (x, i) => (i === 3 ? -x : x));
+    await expect(restore([first!, { ...second!, data: flipped }, ...tensors.slice(2)])).rejects.toMatchObject({
+      code: 'digest_mismatch',
+      message: expect.stringContaining(`'${second!.name}' digest`),
+    });
+    await expect(restore(tensors.slice(1))).rejects.toThrow(`restore r1: the call lacks '${first!.name}' of the ${tensors.length} tensors it restores`);
+    expect(await digest(d, layout)).toBe(before);
+    await restore(tensors);
+    expect(await digest(d, layout)).not.toBe(before);
+  });
 
   it('a snapshot written by each device into its own bucket reads back, by its manifest, as the streamed checkpoint, and restores training exactly, pushed or reloaded by the devices themselves', async () => {
     const layout: Layout = { devices: [0, 1, 2, 3], dp: 1, tp: 2, pp: 2 };

@@ -9,7 +9,7 @@ import { Go, PROTOCOL_VERSION, type Checkpoint, type LedgerEntry, type Call, typ
 import { cut, pasteRange } from '../../mesh/parallel/index.ts';
 import type { Shelf, Subjects } from '../../mesh/wire/index.ts';
 import { subscribe } from '../../mesh/wire/index.ts';
-import { manifestOf, modelDigest, stateDigest, noTimes, offerTensors, pacer, receiveTensors, timed, type Expected, type NamedTensor } from '../../mesh/wire/index.ts';
+import { manifestOf, modelDigest, shortList, stateDigest, tensorDigest, noTimes, offerTensors, pacer, receiveTensors, timed, type Expected, type NamedTensor } from '../../mesh/wire/index.ts';
 import { randomUUID } from 'node:crypto';
 import { serveReward, type RewardActor } from '../../mesh/wire/index.ts';
 import { EnvCallError } from '../../mesh/wire/index.ts';
@@ -723,8 +723,9 @@ export class Device {
     });
   }
 
-  /** A restore's tensors, streamed by the supervisor on go; `apply` runs once every one has come. */
+  /** A restore's tensors, in the call or streamed by the supervisor on go; `apply` runs once every one has come. */
   private async fromSupervisor<T>(body: CallOf<'restore'>, expected: Expected[], apply: (got: Map<string, NamedTensor>) => T): Promise<T> {
+    if (body.inline) return apply(inlineTensors(body.transfer, expected, body.inline));
     const got = new Map<string, NamedTensor>();
     const timeout = this.options.transferTimeoutMs ?? 300_000;
     const incoming = receiveTensors(this.bus, this.subj, [{ transfer: body.transfer, expected, from: 'supervisor' }], timeout, (t) => got.set(t.name, t), {
@@ -791,3 +792,28 @@ export class Device {
 
 /** A restore's answer: where the call asks, the digest of the weights the shard holds now (as `manifest`'s). */
 const restored = (s: ModelShard, body: CallOf<'restore'>): ResultOf<'restore'> => (body.digest ? { digest: modelDigest(s.weights.exportTensors()) } : {});
+
+/**
+ * A restore's tensors carried in its call, checked as chunks are: each one expected, once, of its
+ * size, its digest its data's; every one there. Refused otherwise (`digest_mismatch` for a digest,
+ * `malformed` for the rest), naming the tensor; nothing is applied.
+ */
+function inlineTensors(call: string, expected: readonly Expected[], inline: NonNullable<CallOf<'restore'>['inline']>): Map<string, NamedTensor> {
+  const want = new Map(expected.map((e) => [e.name, e]));
+  const got = new Map<string, NamedTensor>();
+  for (const t of inline) {
+    const e = want.get(t.name);
+    if (!e) throw new CallRejected('malformed', `restore ${call}: '${t.name}' is not a tensor this restore expects`);
+    if (got.has(t.name)) throw new CallRejected('malformed', `restore ${call}: '${t.name}' comes twice`);
+    const size = e.shape.reduce((a, b) => a * b, 1);
+    if (t.data.length !== size || t.shape.join('x') !== e.shape.join('x')) {
+      throw new CallRejected('malformed', `restore ${call}: '${t.name}' is [${t.shape}] with ${t.data.length} elements; expected [${e.shape}], ${size}`);
+    }
+    const digest = tensorDigest(t.data);
+    if (digest !== t.sha256) throw new CallRejected('digest_mismatch', `restore ${call}: '${t.name}' digest ${digest} does not match the call's ${t.sha256}`);
+    got.set(t.name, { name: t.name, shape: e.shape, data: t.data });
+  }
+  const missing = expected.filter((e) => !got.has(e.name)).map((e) => `'${e.name}'`);
+  if (missing.length) throw new CallRejected('malformed', `restore ${call}: the call lacks ${shortList(missing, 3).join(', ')} of the ${expected.length} tensors it restores`);
+  return got;
+}

@@ -410,7 +410,9 @@ export const CallBody = z.discriminatedUnion('fn', [
    * layout and rank. `onto`: the shard held here moves onto this layout and rank instead, keeping
    * the elements it holds of its new slices; only the pieces it lacks are sent (mesh/parallel/relaid.ts).
    * `digest`: the reply carries the digest of the weights held after it (as `manifest` gives it),
-   * so that a caller that checks them needs no second round.
+   * so that a caller that checks them needs no second round. `inline`: the tensors themselves,
+   * where they fit one message (half a chunk at most), each with its digest (tensorDigest, checked
+   * on arrival as a chunk's is): one round, no exchange — `realloc` and `transfer` name the call only.
    */
   z.strictObject({
     fn: z.literal('restore'),
@@ -421,6 +423,7 @@ export const CallBody = z.discriminatedUnion('fn', [
     ledger: z.array(LedgerEntry).default([]),
     onto: z.strictObject({ layout: Layout, rank: nat }).optional(),
     digest: z.literal(true).optional(),
+    inline: z.array(z.strictObject({ name: z.string(), shape: z.array(nat), data: f32, sha256: z.string() })).optional(),
   }),
   z.strictObject({ fn: z.literal('release') }),
   /**

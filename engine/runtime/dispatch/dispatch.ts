@@ -7,7 +7,7 @@ import { subscribe } from '../../../mesh/wire/index.ts';
 import { encode } from '../../../mesh/wire/index.ts';
 import type { Layout } from '../../../mesh/parallel/index.ts';
 import { PROTOCOL_VERSION, Ready, ResultBodies, TurnLog, type CallFn, type CallOf, type Checkpoint, type ResultOf } from '../../../mesh/wire/index.ts';
-import { offerTensors, receiveTensors } from '../../../mesh/wire/index.ts';
+import { offerTensors, receiveTensors, tensorDigest } from '../../../mesh/wire/index.ts';
 import type { ReallocPlan } from '../../../mesh/parallel/index.ts';
 import type { Subjects } from '../../../mesh/wire/index.ts';
 
@@ -329,7 +329,11 @@ export interface RestoreOptions {
   digest?: boolean;
 }
 
-/** See Dispatcher.restoreShard: the device subscribes and says ready; the caller sends. */
+/**
+ * See Dispatcher.restoreShard. A checkpoint of half a chunk or less travels in the call itself
+ * (`inline`, each tensor with its digest): one round. A larger one is streamed: the device
+ * subscribes and says ready; the caller sends its chunks.
+ */
 export async function pushCheckpoint(
   bus: Bus,
   subj: Subjects,
@@ -352,6 +356,19 @@ export async function pushCheckpoint(
       ];
     }),
   ];
+  const body: CallOf<'restore'> = {
+    fn: 'restore',
+    realloc: id,
+    transfer: id,
+    step: c.optimizer?.step ?? 0,
+    optimizer: c.optimizer !== undefined,
+    ledger: c.ledger ?? [],
+    ...(o.onto ? { onto: o.onto } : {}),
+    ...(o.digest ? { digest: true as const } : {}),
+  };
+  if (tensors.reduce((n, t) => n + t.data.byteLength, 0) <= chunkBytes / 2) {
+    return call(device, model, iteration, { ...body, inline: tensors.map((t) => ({ name: t.name, shape: [...t.shape], data: t.data, sha256: tensorDigest(t.data) })) });
+  }
   // The device asks for chunks again until it holds them all; its reply says it does.
   const byName = new Map(tensors.map((t) => [t.name, t]));
   const outgoing = offerTensors(bus, subj, { transfer: id, from: 'supervisor', to: [device], tensors: () => tensors, tensor: (name) => byName.get(name) }, chunkBytes);
@@ -364,16 +381,7 @@ export async function pushCheckpoint(
       iteration,
       model,
       [device],
-      () => ({
-        fn: 'restore',
-        realloc: id,
-        transfer: id,
-        step: c.optimizer?.step ?? 0,
-        optimizer: c.optimizer !== undefined,
-        ledger: c.ledger ?? [],
-        ...(o.onto ? { onto: o.onto } : {}),
-        ...(o.digest ? { digest: true as const } : {}),
-      }),
+      () => body,
       async () => {
         await outgoing.send();
       },
