@@ -291,21 +291,23 @@ async function backTo(input: RestoreInput, snapshot: number): ReturnType<typeof 
       return { ...(await reloadInPlace(d, r, m, kept)), snapshot, resharded: [], viaSupervisor: 0 };
     }
   }
-  // Resharded here while the devices' resets are answered.
-  let found: Snapshot | undefined;
+  // Resharded here (and, to be checked, its logical digests computed) while the devices' resets
+  // are answered; a failure here is thrown once they are (a failed reset is heard of first).
+  const prepared = (async () => {
+    const found = await (input.loaded ?? store.loadSnapshot(snapshot));
+    if (!found) throw new SnapshotError(`the run store has no snapshot after iteration ${snapshot} to recover from`);
+    const { set, resharded } = reshardToPlan(r, found.set, found.layouts);
+    const logical = input.digests ? logicalDigests(r, Object.fromEntries(resharded.map((m) => [m, set[m]!])), checkpointLayouts(r)) : undefined;
+    return { found, set, resharded, logical };
+  })();
+  let ready: Awaited<typeof prepared>;
   try {
-    found = await (input.loaded ?? store.loadSnapshot(snapshot));
+    ready = await prepared;
   } catch (e) {
-    await resetting.catch(() => {});
+    await resetting;
     throw e;
   }
-  if (!found) {
-    await resetting.catch(() => {});
-    throw new SnapshotError(`the run store has no snapshot after iteration ${snapshot} to recover from`);
-  }
-  const { set, resharded } = reshardToPlan(r, found.set, found.layouts);
-  const toLayouts = checkpointLayouts(r);
-  const logical = input.digests ? logicalDigests(r, Object.fromEntries(resharded.map((m) => [m, set[m]!])), toLayouts) : undefined;
+  const { found, set, resharded, logical } = ready;
   const plan = restorePlan(r, found, set, await resetting);
   const out = await setupModels(d, r, set, undefined, plan, { digests: input.digests });
   const bytes = setBytes(set, plan);
