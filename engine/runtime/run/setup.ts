@@ -101,6 +101,12 @@ export interface SnapshotCost {
 export type RankRestore = { held: true; parameters: number } | { onto: { layout: Layout; rank: number }; pieces: Checkpoint; parameters: number };
 export type RestorePlan = Record<string, ReadonlyMap<number, RankRestore>>;
 
+/** Waits for every promise to settle, then throws the first failure, if any: no call of a failed step is still arriving at a device when the next begins. */
+export async function allSettled(all: Promise<unknown>[]): Promise<void> {
+  const failed = (await Promise.allSettled(all)).find((x) => x.status === 'rejected');
+  if (failed) throw (failed as PromiseRejectedResult).reason;
+}
+
 /**
  * Loads the algorithm's models. From scratch: warms the base policy up on demonstrations and
  * copies it into the models that start from it (whole, or its body under another head). From a
@@ -130,7 +136,7 @@ export async function setupModels(
   }
   const digests: Record<string, Map<number, string>> = {};
   const restore = (model: string) =>
-    Promise.all(
+    allSettled(
       layoutOf(r, ownerOf(r, model)).devices.map(async (device, rank) => {
         const p = planOf(model).get(rank);
         if (p !== undefined && 'held' in p) return;
@@ -138,7 +144,9 @@ export async function setupModels(
         if (answer.digest !== undefined) (digests[model] ??= new Map()).set(rank, answer.digest);
       }),
     );
-  await Promise.all(
+  // Every model's calls settle before a failure is thrown: a recovery that goes on to another
+  // snapshot must not meet a restore of this one still arriving at a device.
+  await allSettled(
     r.graph.models.map(async ({ name }) => {
       const serve = learnedReward(r, name) ? r.rewardService : undefined;
       const skip = planOf(name);

@@ -11,7 +11,7 @@ import { cut, layoutKey, pieceName, rankCoords, relaidSlices, sliceShape, type R
 import { logicalDigests, reshardToPlan } from '../store/reshard.ts';
 import type { RunStore, Snapshot } from '../store/store.ts';
 import { layoutOf, learnedReward, loadModel, modelSpec, ownerOf, type RunSpec } from '../run/run.ts';
-import { checkpointLayouts, keptModels, lrOf, optimized, setupModels, snapshotInto, type CheckpointSet, type RankRestore, type RestorePlan } from '../run/setup.ts';
+import { allSettled, checkpointLayouts, keptModels, lrOf, optimized, setupModels, snapshotInto, type CheckpointSet, type RankRestore, type RestorePlan } from '../run/setup.ts';
 import { SnapshotError, rankObjects } from '../store/snapshots.ts';
 import { ProtocolError, stateDigest, type Checkpoint, type ResultOf, type SnapshotManifest } from '../../../mesh/wire/index.ts';
 import { modelInfo, type GptSpec } from '../../model/index.ts';
@@ -185,12 +185,6 @@ export function resetKeepingShards(d: Dispatcher, r: RunSpec, devices: readonly 
   return resetDevices(d, r, devices, plannedModels(r, devices));
 }
 
-/** Waits for every promise to settle, then throws the first failure, if any. */
-async function settled(all: Promise<unknown>[]): Promise<void> {
-  const failed = (await Promise.allSettled(all)).find((x) => x.status === 'rejected');
-  if (failed) throw (failed as PromiseRejectedResult).reason;
-}
-
 /**
  * A recovery onto the plan the snapshot was taken on: each rank a device kept with the snapshot's
  * state (its digest equal to the manifest's) stays as it is, a data-parallel replica whole or not
@@ -205,7 +199,7 @@ async function reloadInPlace(d: Dispatcher, r: RunSpec, m: SnapshotManifest, kep
   let keptBytes = 0;
   // Every call settles before a failure is thrown: a recovery that goes on to another snapshot
   // (restoreDevices) must not meet a reload of this one still arriving at a device.
-  await settled(
+  await allSettled(
     r.graph.models.map(async ({ name }) => {
       const layout = layoutOf(r, ownerOf(r, name));
       const serve = learnedReward(r, name) ? r.rewardService : undefined;
@@ -228,7 +222,7 @@ async function reloadInPlace(d: Dispatcher, r: RunSpec, m: SnapshotManifest, kep
       plan[name] = held;
       const loaded = await loadModel(d, r, name, name, layout, { lr: lrOf(r, name), serve, skip: new Set(held.keys()) });
       parameters[name] = loaded + [...held.values()].reduce((n, x) => n + x.parameters, 0);
-      await settled(
+      await allSettled(
         layout.devices.map(async (device, rank) => {
           if (held.has(rank)) {
             keptBytes += objects[rank]!.bytes;

@@ -5,6 +5,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { MemoryShelf, encode, PROTOCOL_VERSION } from '../../../mesh/wire/index.ts';
 import { rankCoords } from '../../../mesh/parallel/index.ts';
 import { initBackend } from '../../model/backend.ts';
+import { CallError, fence, type Dispatcher } from '../dispatch/dispatch.ts';
 import { LocalDispatcher } from '../dispatch/local-dispatch.ts';
 import { runSpec } from '../run/run.ts';
 import { setupModels, snapshotInto, takeSnapshot } from '../run/setup.ts';
@@ -71,5 +72,30 @@ describe('a recovery in place', () => {
     await shelf.put(2, manifestObjects((await store.loadManifest(-1))!).find((o) => o.device === 2)!.object, encode({ type: 'forged', v: PROTOCOL_VERSION }));
     await d.call(2, '*', -1, { fn: 'reset', epoch: d.epoch });
     await expect(restoreDevices({ d, r, store, devices, snapshot: -1, say })).rejects.toThrow(/in device 2's bucket changed since it was written/);
+  }, 60_000);
+
+  it('from a checkpoint, a failure is thrown only once every other call of the setup has ended: none still arrives at a device after it', async () => {
+    const shelf = new MemoryShelf();
+    const local = new LocalDispatcher(4, undefined, shelf);
+    const store = new MemoryStore(shelf);
+    await setupModels(local, r);
+    await snapshotInto(local, r, store, 0);
+    const { set } = (await store.loadSnapshot(0))!;
+    for (const device of devices) await local.call(device, '*', -1, { fn: 'reset', epoch: local.epoch });
+    const ended: string[] = [];
+    const d: Dispatcher = {
+      ...fence(local),
+      call: (device, model, iteration, body, group, options) =>
+        body.fn === 'load' && model === 'reward' ? Promise.reject(new CallError('failed', "the reward's load failed")) : local.call(device, model, iteration, body, group, options),
+      restoreShard: async (device, model, iteration, c, o) => {
+        await new Promise((res) => setTimeout(res, 100));
+        const answer = await local.restoreShard(device, model, iteration, c, o);
+        ended.push(`${model}@${device}`);
+        return answer;
+      },
+    };
+    await expect(setupModels(d, r, set)).rejects.toThrow("the reward's load failed");
+    const ranks = Object.keys(set).flatMap((model) => set[model]!.map((_, rank) => `${model}/${rank}`));
+    expect(ended).toHaveLength(ranks.length);
   }, 60_000);
 });
