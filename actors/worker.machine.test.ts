@@ -2,10 +2,10 @@ import { describe, it, expect, vi, beforeAll } from 'vitest';
 import { createActor, fromCallback, fromPromise, waitFor } from 'xstate';
 import { initBackend } from '../engine/model/backend.ts';
 import { Device } from '../engine/device/device.ts';
-import { MemoryBus } from '../mesh/wire/memory-bus.ts';
-import { subjects } from '../mesh/wire/subjects.ts';
-import { ProtocolError } from '../mesh/wire/codec.ts';
-import { PROTOCOL_VERSION, type Call, type CallBody, type Reply } from '../mesh/wire/protocol.ts';
+import { MemoryBus } from '../mesh/wire/bus/memory-bus.ts';
+import { subjects } from '../mesh/wire/bus/subjects.ts';
+import { ProtocolError } from '../mesh/wire/messages/codec.ts';
+import { PROTOCOL_VERSION, type Call, type CallBody, type Reply } from '../mesh/wire/messages/protocol.ts';
 import { workerMachine, type Respond } from './worker.machine.ts';
 
 const noLink = [new MemoryBus(), subjects('unit')] as const;

@@ -21,5 +21,5 @@ export { klParams, withRef } from './model/losses/clip-policy.ts';
 export { z } from 'zod';
 export * as tf from '@tensorflow/tfjs';
 // An environment of several turns on the bus, in TypeScript (docs/environment-protocol.md).
-export { serveEnvironment, type EnvStepResult, type EnvironmentServer, type ServeEnvironmentOptions } from '../mesh/wire/env-serve.ts';
-export type { EnvTask } from '../mesh/wire/env-protocol.ts';
+export { serveEnvironment, type EnvStepResult, type EnvironmentServer, type ServeEnvironmentOptions } from '../mesh/wire/services/env-serve.ts';
+export type { EnvTask } from '../mesh/wire/services/env-protocol.ts';

@@ -5,12 +5,12 @@
 // problem.
 import { pack, unpack } from 'msgpackr';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { connectBus, type NatsConnection } from '../mesh/wire/bus.ts';
-import { encode } from '../mesh/wire/codec.ts';
-import { EnvCallError, EnvClient, type EnvClientOptions } from '../mesh/wire/env-client.ts';
-import { ENV_PROTOCOL_VERSION, envSubjects, type EnvTask } from '../mesh/wire/env-protocol.ts';
-import { serveEnvironment, type EnvironmentServer } from '../mesh/wire/env-serve.ts';
-import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/nats-server.ts';
+import { connectBus, type NatsConnection } from '../mesh/wire/bus/bus.ts';
+import { encode } from '../mesh/wire/messages/codec.ts';
+import { EnvCallError, EnvClient, type EnvClientOptions } from '../mesh/wire/services/env-client.ts';
+import { ENV_PROTOCOL_VERSION, envSubjects, type EnvTask } from '../mesh/wire/services/env-protocol.ts';
+import { serveEnvironment, type EnvironmentServer } from '../mesh/wire/services/env-serve.ts';
+import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/server/nats-server.ts';
 
 let server: PrivateNatsServer;
 let nc: NatsConnection;

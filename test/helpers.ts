@@ -5,7 +5,7 @@ import { connect as netConnect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { findOnPath, installDebianPackage } from '../mesh/wire/debian.ts';
+import { findOnPath, installDebianPackage } from '../mesh/wire/server/debian.ts';
 
 export const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 

@@ -27,12 +27,12 @@ import { Packr } from 'msgpackr';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { launch, type LaunchResult } from '../engine/cli/launch.ts';
 import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
-import { EVENTS_BY_ROLE, permissions, type RunCredentials } from '../mesh/wire/auth.ts';
-import { connectBus } from '../mesh/wire/bus.ts';
-import { subjectMatches } from '../mesh/wire/memory-bus.ts';
-import { encode } from '../mesh/wire/codec.ts';
-import { Call, Heartbeat, PROTOCOL_VERSION } from '../mesh/wire/protocol.ts';
-import { subjects, type Subjects } from '../mesh/wire/subjects.ts';
+import { EVENTS_BY_ROLE, permissions, type RunCredentials } from '../mesh/wire/bus/auth.ts';
+import { connectBus } from '../mesh/wire/bus/bus.ts';
+import { subjectMatches } from '../mesh/wire/bus/memory-bus.ts';
+import { encode } from '../mesh/wire/messages/codec.ts';
+import { Call, Heartbeat, PROTOCOL_VERSION } from '../mesh/wire/messages/protocol.ts';
+import { subjects, type Subjects } from '../mesh/wire/bus/subjects.ts';
 import { smallScenario, tempDir } from './helpers.ts';
 
 /**

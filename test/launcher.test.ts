@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import { launch } from '../engine/cli/launch.ts';
 import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
-import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/nats-server.ts';
+import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/server/nats-server.ts';
 import type { Summary } from '../engine/runtime/record/record.ts';
 import { ROOT, portOpen, smallScenario, spawnTs, tempDir } from './helpers.ts';
 

@@ -6,7 +6,7 @@ import { describe, expect, it } from 'vitest';
 import { launch } from '../engine/cli/launch.ts';
 import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
 import { ROOT, tempDir } from './helpers.ts';
-import { SYNC_VERSION, atLeast } from '../mesh/wire/server-binary.ts';
+import { SYNC_VERSION, atLeast } from '../mesh/wire/server/server-binary.ts';
 
 describe('scenarios/quickstart.yaml', () => {
   it('raises the reward from the first five iterations to the last five', async () => {

@@ -8,16 +8,16 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { JetStreamStore, sealProgress } from '../engine/runtime/store/jetstream-store.ts';
 import { launch, type LaunchResult } from '../engine/cli/launch.ts';
 import { loadScenario, type Scenario } from '../engine/runtime/scenario/scenario.ts';
-import { connectBus } from '../mesh/wire/bus.ts';
-import { startNatsCluster, startNatsServer, type PrivateNatsServer } from '../mesh/wire/nats-server.ts';
-import { PROTOCOL_VERSION, type Metrics } from '../mesh/wire/protocol.ts';
-import { encode } from '../mesh/wire/codec.ts';
-import { subjects } from '../mesh/wire/subjects.ts';
+import { connectBus } from '../mesh/wire/bus/bus.ts';
+import { startNatsCluster, startNatsServer, type PrivateNatsServer } from '../mesh/wire/server/nats-server.ts';
+import { PROTOCOL_VERSION, type Metrics } from '../mesh/wire/messages/protocol.ts';
+import { encode } from '../mesh/wire/messages/codec.ts';
+import { subjects } from '../mesh/wire/bus/subjects.ts';
 import { jetstream } from '@nats-io/jetstream';
 import { Kvm } from '@nats-io/kv';
 import { smallScenario, tempDir } from './helpers.ts';
 import type { RunStore } from '../engine/runtime/store/store.ts';
-import type { SnapshotManifest } from '../mesh/wire/protocol.ts';
+import type { SnapshotManifest } from '../mesh/wire/messages/protocol.ts';
 
 const one = { devices: [0], dp: 1, tp: 1, pp: 1 };
 

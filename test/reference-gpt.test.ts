@@ -5,8 +5,8 @@ import { ReferenceGpt } from './reference-gpt.ts';
 import type { GptSpec } from '../engine/model/gpt.ts';
 import { demonstrations, makeTask } from '../engine/device/task.ts';
 import { seedOf } from '../engine/model/rng.ts';
-import { modelDigest, type NamedTensor } from '../mesh/wire/transfer.ts';
-import type { LossSpec, Optim } from '../mesh/wire/protocol.ts';
+import { modelDigest, type NamedTensor } from '../mesh/wire/transfer/transfer.ts';
+import type { LossSpec, Optim } from '../mesh/wire/messages/protocol.ts';
 
 const policy: GptSpec = { kind: 'policy', vocab: 5, context: 6, layers: 1, width: 8, heads: 2 };
 const value: GptSpec = { ...policy, kind: 'value' };

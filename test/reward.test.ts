@@ -7,10 +7,10 @@ import { pack, unpack } from 'msgpackr';
 import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { serveReward, type RewardActor } from '../actors/reward-actor.ts';
 import { RewardCallError, RewardClient, type RewardClientOptions } from '../engine/runtime/run/reward-client.ts';
-import { connectBus, type NatsConnection } from '../mesh/wire/bus.ts';
-import { encode } from '../mesh/wire/codec.ts';
-import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/nats-server.ts';
-import { REWARD_PROTOCOL_VERSION, rewardSubjects, type RewardItem } from '../mesh/wire/reward-protocol.ts';
+import { connectBus, type NatsConnection } from '../mesh/wire/bus/bus.ts';
+import { encode } from '../mesh/wire/messages/codec.ts';
+import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/server/nats-server.ts';
+import { REWARD_PROTOCOL_VERSION, rewardSubjects, type RewardItem } from '../mesh/wire/services/reward-protocol.ts';
 import { ROOT } from './helpers.ts';
 
 function item(id: string, response: number[]): RewardItem {

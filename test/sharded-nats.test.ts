@@ -4,7 +4,7 @@
 // must match it (same tolerance as engine/sharded.test.ts, which explains it).
 import { describe, expect, it } from 'vitest';
 import { rankCoords, shardSlices, type Layout } from '../mesh/parallel/layout.ts';
-import type { Optim } from '../mesh/wire/protocol.ts';
+import type { Optim } from '../mesh/wire/messages/protocol.ts';
 import { cut } from '../mesh/parallel/slices.ts';
 import { initBackend } from '../engine/model/backend.ts';
 import { withWorkers } from '../engine/cli/workers.ts';

@@ -3,13 +3,13 @@
 // asked for again, and the transfer still completes bit-exact; a tensor whose bytes differ from the
 // manifest is refused.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { connectBus, type NatsConnection } from '../mesh/wire/bus.ts';
-import { encode } from '../mesh/wire/codec.ts';
-import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/nats-server.ts';
-import { subjects } from '../mesh/wire/subjects.ts';
-import { Receipt } from '../mesh/wire/protocol.ts';
-import { subscribe } from '../mesh/wire/bus.ts';
-import { chunkElements, chunksOf, manifestOf, offerTensors, receiveTensors, type Expected, type NamedTensor } from '../mesh/wire/transfer.ts';
+import { connectBus, type NatsConnection } from '../mesh/wire/bus/bus.ts';
+import { encode } from '../mesh/wire/messages/codec.ts';
+import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/server/nats-server.ts';
+import { subjects } from '../mesh/wire/bus/subjects.ts';
+import { Receipt } from '../mesh/wire/messages/protocol.ts';
+import { subscribe } from '../mesh/wire/bus/bus.ts';
+import { chunkElements, chunksOf, manifestOf, offerTensors, receiveTensors, type Expected, type NamedTensor } from '../mesh/wire/transfer/transfer.ts';
 
 // Room for 3 whole 64 KiB blocks of parameters and part of a fourth: (256 KiB − 1024) / 64 KiB
 // = 3.98 → 3 blocks = 49152 elements per chunk, so the 300000-element tensor travels as 7 chunks.

@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vites
 import { launch } from '../engine/cli/launch.ts';
 import { loadScenarioFile } from '../engine/runtime/scenario/scenario.ts';
 import type { Summary } from '../engine/runtime/record/record.ts';
-import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/nats-server.ts';
+import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/server/nats-server.ts';
 import { ROOT, smallScenario, spawnTs, tempDir } from './helpers.ts';
 
 const quiet = { phase() {}, iteration() {}, stop() {} };

@@ -2,11 +2,11 @@
 // what it can, refuses what its state does not allow with a typed error, rejects bad bytes with
 // the subject named, and keeps serving throughout.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { connectBus, request, subscribe, type NatsConnection } from '../mesh/wire/bus.ts';
-import { encode } from '../mesh/wire/codec.ts';
-import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/nats-server.ts';
-import { Heartbeat, Hello, PROTOCOL_VERSION, Reply, type CallBody } from '../mesh/wire/protocol.ts';
-import { subjects } from '../mesh/wire/subjects.ts';
+import { connectBus, request, subscribe, type NatsConnection } from '../mesh/wire/bus/bus.ts';
+import { encode } from '../mesh/wire/messages/codec.ts';
+import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/server/nats-server.ts';
+import { Heartbeat, Hello, PROTOCOL_VERSION, Reply, type CallBody } from '../mesh/wire/messages/protocol.ts';
+import { subjects } from '../mesh/wire/bus/subjects.ts';
 import { spawnTs, type Spawned } from './helpers.ts';
 
 const RUN = 'workertest';
@@ -24,7 +24,7 @@ function call(body: CallBody, model = 'actor', id = `c${seq++}`, timeoutMs = 20_
 
 async function raw(bytes: Uint8Array) {
   const msg = await nc.request(subj.call(0), bytes, { timeout: 20_000 });
-  return Reply.parse((await import('../mesh/wire/codec.ts')).decode('reply', msg.data, Reply));
+  return Reply.parse((await import('../mesh/wire/messages/codec.ts')).decode('reply', msg.data, Reply));
 }
 
 beforeAll(async () => {
@@ -69,7 +69,7 @@ describe('a worker process', () => {
   });
 
   it('rejects garbage bytes, naming the subject, tells the run on its heartbeat, and keeps serving', async () => {
-    // A worker may not publish run events (mesh/wire/auth.ts): its supervisor says it for it.
+    // A worker may not publish run events (mesh/wire/bus/auth.ts): its supervisor says it for it.
     const warned = new Promise<Heartbeat>((resolve) => {
       const stop = subscribe(
         nc,

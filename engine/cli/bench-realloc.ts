@@ -139,7 +139,7 @@ export async function reallocBench(o: ReallocBenchOptions) {
       moving_mb: after[dev]!.window_peak_rss_mb - loaded[dev]!.rss_mb,
       /** The device's own count of what a move made it hold at most (tensors and JavaScript buffers), the worst round. */
       held_mb: ((held.get(dev) ?? 0) * (1 << 20)) / MB,
-      /** The chunks a receiver can have in flight from each sender: two flush windows (mesh/wire/transfer.ts). */
+      /** The chunks a receiver can have in flight from each sender: two flush windows (mesh/wire/transfer/transfer.ts). */
       in_flight_bound_mb: (2 * FLUSH_EVERY * chunkBytes * plan.transfers.filter((g) => g.dsts.includes(dev)).reduce((n, g) => n.add(g.src), new Set<number>()).size) / MB,
     }));
     // Where the devices' time went from go to done, summed over devices and rounds, as shares:

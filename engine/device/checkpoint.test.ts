@@ -4,17 +4,17 @@
 // proven equal to a checkpoint by its state digest.
 import { beforeAll, describe, expect, it, vi } from 'vitest';
 import { shardSlices, sliceShape, type Layout } from '../../mesh/parallel/layout.ts';
-import { PROTOCOL_VERSION, type Call, type CallBody, type Checkpoint, type Optim, type SnapshotManifest } from '../../mesh/wire/protocol.ts';
-import { MemoryBus } from '../../mesh/wire/memory-bus.ts';
-import { subjects } from '../../mesh/wire/subjects.ts';
+import { PROTOCOL_VERSION, type Call, type CallBody, type Checkpoint, type Optim, type SnapshotManifest } from '../../mesh/wire/messages/protocol.ts';
+import { MemoryBus } from '../../mesh/wire/bus/memory-bus.ts';
+import { subjects } from '../../mesh/wire/bus/subjects.ts';
 import { Device } from './device.ts';
-import { modelDigest, stateDigest, tensorDigest } from '../../mesh/wire/chunks.ts';
+import { modelDigest, stateDigest, tensorDigest } from '../../mesh/wire/transfer/chunks.ts';
 import { relaidSlices } from '../../mesh/parallel/relaid.ts';
 import { reshard } from '../runtime/store/reshard.ts';
 import { checkpointBytes, piecesOf } from '../runtime/supervisor/recovery.ts';
 import { initBackend } from '../model/backend.ts';
 import { LocalDispatcher } from '../runtime/dispatch/local-dispatch.ts';
-import { MemoryShelf } from '../../mesh/wire/shelf.ts';
+import { MemoryShelf } from '../../mesh/wire/transfer/shelf.ts';
 import { readSnapshot } from '../runtime/store/snapshots.ts';
 import { modelInfo, type GptSpec } from '../model/params.ts';
 import { callMesh } from '../runtime/run/run.ts';

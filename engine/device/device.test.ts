@@ -6,13 +6,13 @@ import { describe, it, expect, beforeAll } from 'vitest';
 import { initBackend } from '../model/backend.ts';
 import { fileDigest } from '../model/losses/modules.ts';
 import { CallRejected, Device } from './device.ts';
-import { MemoryBus } from '../../mesh/wire/memory-bus.ts';
-import { encode } from '../../mesh/wire/codec.ts';
-import { subjects } from '../../mesh/wire/subjects.ts';
+import { MemoryBus } from '../../mesh/wire/bus/memory-bus.ts';
+import { encode } from '../../mesh/wire/messages/codec.ts';
+import { subjects } from '../../mesh/wire/bus/subjects.ts';
 import { initialWeights, parameterShapes, type GptSpec } from '../model/gpt.ts';
 import { makeTask } from './task.ts';
-import { manifestOf, modelDigest } from '../../mesh/wire/transfer.ts';
-import { PROTOCOL_VERSION, type Call, type CallBody, type CallOf, type ErrorCode, type Optim } from '../../mesh/wire/protocol.ts';
+import { manifestOf, modelDigest } from '../../mesh/wire/transfer/transfer.ts';
+import { PROTOCOL_VERSION, type Call, type CallBody, type CallOf, type ErrorCode, type Optim } from '../../mesh/wire/messages/protocol.ts';
 
 const policy: GptSpec = { kind: 'policy', vocab: 5, context: 6, layers: 1, width: 8, heads: 2 };
 const value: GptSpec = { ...policy, kind: 'value' };

@@ -56,7 +56,7 @@ export interface DeviceOptions {
   warn?: (line: string) => void;
   /** Called once in each generation of episodes, after their first round of steps (chaos: a kill mid-episode). */
   midEpisode?: (call: Call) => Promise<void>;
-  /** Where this device writes its snapshots (its own bucket of the run's; mesh/wire/shelf.ts). */
+  /** Where this device writes its snapshots (its own bucket of the run's; mesh/wire/transfer/shelf.ts). */
   shelf?: Shelf;
 }
 

@@ -1,6 +1,6 @@
 import { createHash } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
-import type { LedgerEntry } from '../../mesh/wire/protocol.ts';
+import type { LedgerEntry } from '../../mesh/wire/messages/protocol.ts';
 import { accountRollouts, tokensDigest } from './ledger.ts';
 
 const ROWS = 8;

@@ -1,4 +1,4 @@
-// A shard's state in and out of the run's snapshot buckets (mesh/wire/shelf.ts): what a device
+// A shard's state in and out of the run's snapshot buckets (mesh/wire/transfer/shelf.ts): what a device
 // writes for the `snapshot` call, and what it reads back and checks for `reload`, before anything
 // of the shard changes.
 import {

@@ -2,7 +2,7 @@ import { describe, it, expect, beforeAll } from 'vitest';
 import * as tf from '@tensorflow/tfjs';
 import { initBackend } from './backend.ts';
 import { forward, initialWeights, isHead, parameterCount, parameterShapes, responseLogprobs, responseValues, type GptSpec, type Weights } from './gpt.ts';
-import { modelDigest } from '../../mesh/wire/transfer.ts';
+import { modelDigest } from '../../mesh/wire/transfer/transfer.ts';
 
 const policy: GptSpec = { kind: 'policy', vocab: 5, context: 6, layers: 1, width: 8, heads: 2 };
 const value: GptSpec = { ...policy, kind: 'value' };

@@ -1,7 +1,7 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import * as tf from '@tensorflow/tfjs';
-import { MemoryBus } from '../../mesh/wire/memory-bus.ts';
-import { subjects } from '../../mesh/wire/subjects.ts';
+import { MemoryBus } from '../../mesh/wire/bus/memory-bus.ts';
+import { subjects } from '../../mesh/wire/bus/subjects.ts';
 import { Comm } from '../../mesh/parallel/comm.ts';
 import { initBackend } from './backend.ts';
 import { GptRank } from './rank.ts';

@@ -3,11 +3,11 @@
 // separate Device objects talking over an in-memory bus (test/sharded-nats.test.ts does the same over
 // NATS with worker processes).
 import { beforeAll, describe, expect, it } from 'vitest';
-import { MemoryBus } from '../../mesh/wire/memory-bus.ts';
+import { MemoryBus } from '../../mesh/wire/bus/memory-bus.ts';
 import { rankCoords, shardSlices, type Layout } from '../../mesh/parallel/layout.ts';
-import { PROTOCOL_VERSION, type Call, type CallBody, type CallOf, type Optim } from '../../mesh/wire/protocol.ts';
+import { PROTOCOL_VERSION, type Call, type CallBody, type CallOf, type Optim } from '../../mesh/wire/messages/protocol.ts';
 import { cut } from '../../mesh/parallel/slices.ts';
-import { subjects } from '../../mesh/wire/subjects.ts';
+import { subjects } from '../../mesh/wire/bus/subjects.ts';
 import { initBackend } from './backend.ts';
 import { Device } from '../device/device.ts';
 import { modelInfo, parameterShapes, type GptSpec } from './params.ts';

@@ -1,10 +1,10 @@
 // runExchange on an in-memory bus: go is sent only once every expected device has said ready for
 // this exchange; a ready for another exchange, or from a device not in it, counts for nothing.
 import { describe, expect, it } from 'vitest';
-import { MemoryBus } from '../../../mesh/wire/memory-bus.ts';
-import { encode } from '../../../mesh/wire/codec.ts';
-import { PROTOCOL_VERSION } from '../../../mesh/wire/protocol.ts';
-import { subjects } from '../../../mesh/wire/subjects.ts';
+import { MemoryBus } from '../../../mesh/wire/bus/memory-bus.ts';
+import { encode } from '../../../mesh/wire/messages/codec.ts';
+import { PROTOCOL_VERSION } from '../../../mesh/wire/messages/protocol.ts';
+import { subjects } from '../../../mesh/wire/bus/subjects.ts';
 import { exchangeId, runExchange } from './dispatch.ts';
 
 const settle = () => new Promise((r) => setTimeout(r, 20));

@@ -13,7 +13,7 @@
 //   - Object Store `ferry-<run>-snapshots`: each snapshot's manifest (which device wrote which
 //     rank of every kept model, with its size, SHA-256 and state digest), the last two kept;
 //   - Object Stores `ferry-<run>-d<device>`: the shards' states themselves, each written by its own
-//     device (mesh/wire/shelf.ts); the manifests' objects go when their manifest does.
+//     device (mesh/wire/transfer/shelf.ts); the manifests' objects go when their manifest does.
 // All three are file-backed, so they survive a restart of the server.
 import { jetstreamManager, jetstream, type JetStreamClient, type JetStreamManager } from '@nats-io/jetstream';
 import { Kvm, type KV, type KvEntry } from '@nats-io/kv';

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { decode, encode } from '../../../mesh/wire/codec.ts';
-import { CheckpointFile, PROTOCOL_VERSION } from '../../../mesh/wire/protocol.ts';
+import { decode, encode } from '../../../mesh/wire/messages/codec.ts';
+import { CheckpointFile, PROTOCOL_VERSION } from '../../../mesh/wire/messages/protocol.ts';
 import { ReplicaError, packReplicas, unpackReplicas } from './replicas.ts';
 
 const shard = (x: number) => ({

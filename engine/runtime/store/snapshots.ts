@@ -1,5 +1,5 @@
 // Snapshots as the devices write them: each rank's state is one object in its device's own
-// bucket (mesh/wire/shelf.ts), written by the device in parallel with the others; the supervisor
+// bucket (mesh/wire/transfer/shelf.ts), written by the device in parallel with the others; the supervisor
 // keeps only the manifest (which device wrote which rank, its size, SHA-256 and state digest).
 // Reading a snapshot back fetches each object named there and checks it against the manifest:
 // its SHA-256, and that it holds the model, rank, layout and iteration the manifest says.

@@ -1,9 +1,9 @@
 import { hostname } from 'node:os';
 import { afterEach, describe, expect, it, vi } from 'vitest';
-import { decode, encode } from '../../../mesh/wire/codec.ts';
-import { MemoryBus } from '../../../mesh/wire/memory-bus.ts';
-import { JoinReply, PROTOCOL_VERSION, RunEvent } from '../../../mesh/wire/protocol.ts';
-import { subjects } from '../../../mesh/wire/subjects.ts';
+import { decode, encode } from '../../../mesh/wire/messages/codec.ts';
+import { MemoryBus } from '../../../mesh/wire/bus/memory-bus.ts';
+import { JoinReply, PROTOCOL_VERSION, RunEvent } from '../../../mesh/wire/messages/protocol.ts';
+import { subjects } from '../../../mesh/wire/bus/subjects.ts';
 import { Membership, type Joined, type Lost } from './membership.ts';
 
 const v = PROTOCOL_VERSION;
@@ -280,7 +280,7 @@ describe('Membership: a worker whose process exits', () => {
     await m.beat(0, 'w1', 11);
     await m.exit(12, null, 'SIGKILL');
     await m.exit(11, null, 'SIGKILL', 'supervisor');
-    // The server lets only the launcher publish exits (mesh/wire/auth.ts): one on the log subject is not one.
+    // The server lets only the launcher publish exits (mesh/wire/bus/auth.ts): one on the log subject is not one.
     m.bus.publish(subj.event('log'), encode({ type: 'exit', v, kind: 'worker', pid: 11, code: null, signal: 'SIGKILL', restart: true }));
     await settle();
     expect(m.lost).toEqual([]);

@@ -2,7 +2,7 @@
 // losses, failing stages, escalation, take-over, interruption) run without processes or NATS.
 import { describe, it, expect, vi } from 'vitest';
 import { createActor, fromCallback, fromPromise, waitFor, type InputFrom } from 'xstate';
-import type { CallBody, CallOf, Metrics } from '../../../mesh/wire/protocol.ts';
+import type { CallBody, CallOf, Metrics } from '../../../mesh/wire/messages/protocol.ts';
 import type { Dispatcher } from '../dispatch/dispatch.ts';
 import type { Recorder, Summary } from '../record/record.ts';
 import type { Progress, RunStore } from '../store/store.ts';

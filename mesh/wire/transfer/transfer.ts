@@ -8,12 +8,12 @@
 // tries. A receiver that holds everything says `received`; the sender keeps what it sent, or cuts
 // it again bit for bit, until every receiver has said so. A chunk sent again racing its first copy
 // is placed once.
-import { subscribe, type Bus } from './bus.ts';
-import { encode } from './codec.ts';
+import { subscribe, type Bus } from '../bus/bus.ts';
+import { encode } from '../messages/codec.ts';
 import { Assembler, BadChunkError, TransferError, chunkAt, chunkElements, chunksOf, partyName, timed, type Expected, type NamedTensor, type Place, type TransferTimes } from './chunks.ts';
-import { PROTOCOL_VERSION, Receipt, TransferMessage, type Party } from './protocol.ts';
+import { PROTOCOL_VERSION, Receipt, TransferMessage, type Party } from '../messages/protocol.ts';
 import { RESEND, Resends, type ResendPolicy } from './resend.ts';
-import { senderOf, type Subjects } from './subjects.ts';
+import { senderOf, type Subjects } from '../bus/subjects.ts';
 
 export * from './chunks.ts';
 

@@ -9,9 +9,9 @@
 //   ...
 //   await env.stop();
 import { randomUUID } from 'node:crypto';
-import { answerable, type Bus, type Msg } from './bus.ts';
+import { answerable, type Bus, type Msg } from '../bus/bus.ts';
 import { serveInstance } from './service.ts';
-import { decode, encode, ProtocolError } from './codec.ts';
+import { decode, encode, ProtocolError } from '../messages/codec.ts';
 import { ENV_PROTOCOL_VERSION, EnvRequest, envSubjects, type EnvTask } from './env-protocol.ts';
 
 /** What a step answers; `reward` defaults to 0. */

@@ -3,8 +3,8 @@
 // supervisor the others, nobody else anything (auth.ts). A subscriber hears them all, and takes
 // an event only from its own type's subject: a `done` sent on the `log` subject is not a `done`.
 import { subscribe, type Bus, type Msg } from './bus.ts';
-import { encode, ProtocolError } from './codec.ts';
-import { PROTOCOL_VERSION, RunEvent } from './protocol.ts';
+import { encode, ProtocolError } from '../messages/codec.ts';
+import { PROTOCOL_VERSION, RunEvent } from '../messages/protocol.ts';
 import type { Subjects } from './subjects.ts';
 
 /** An event as its publisher writes it: the protocol version is added here. */

@@ -1,7 +1,7 @@
 // One instance of a named service on the bus (a reward actor, an environment): its connection (its
 // own, from a URL and credentials, or one it is given), the handler on the service's shared subject
 // (in its queue group) and on its own instance subject, and a presence beat every second.
-import { connectBus, type Bus, type Msg, type NatsConnection } from './bus.ts';
+import { connectBus, type Bus, type Msg, type NatsConnection } from '../bus/bus.ts';
 
 export interface ServiceSubjects {
   request: string;

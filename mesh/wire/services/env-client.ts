@@ -7,8 +7,8 @@
 // the instance and the problem. Nothing is made up: every observation comes from an environment.
 import { randomUUID } from 'node:crypto';
 import { unpack } from 'msgpackr';
-import type { Bus } from './bus.ts';
-import { decode, encode, ProtocolError } from './codec.ts';
+import type { Bus } from '../bus/bus.ts';
+import { decode, encode, ProtocolError } from '../messages/codec.ts';
 import { ENV_PROTOCOL_VERSION, EnvPresence, EnvReply, envSubjects, type EnvDemonstration, type EnvObservation, type EnvTask } from './env-protocol.ts';
 import { describeRequestError, isGone, Presence } from './presence.ts';
 

@@ -3,13 +3,13 @@
 // the receiver drops each bad one, asks its sender again, and ends bit-exact; a sender that never
 // answers fails the transfer after the bounded requests, naming the chunk, the sender and the tries.
 import { describe, expect, it } from 'vitest';
-import { subscribe, type Bus } from './bus.ts';
-import { encode } from './codec.ts';
-import { MemoryBus } from './memory-bus.ts';
-import { Chunk, PROTOCOL_VERSION, Receipt, TransferMessage } from './protocol.ts';
-import { decode } from './codec.ts';
+import { subscribe, type Bus } from '../bus/bus.ts';
+import { encode } from '../messages/codec.ts';
+import { MemoryBus } from '../bus/memory-bus.ts';
+import { Chunk, PROTOCOL_VERSION, Receipt, TransferMessage } from '../messages/protocol.ts';
+import { decode } from '../messages/codec.ts';
 import { Resends } from './resend.ts';
-import { subjects } from './subjects.ts';
+import { subjects } from '../bus/subjects.ts';
 import { chunkElements, chunksOf, offerTensors, receiveTensors, tensorDigest, type NamedTensor, type Offer } from './transfer.ts';
 
 describe('Resends', () => {

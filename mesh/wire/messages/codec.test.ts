@@ -2,7 +2,7 @@ import { describe, it, expect } from 'vitest';
 import { Packr } from 'msgpackr';
 import { FRAME, ProtocolError, decode, encode } from './codec.ts';
 import { Call, Chunk, PROTOCOL_VERSION, Reply, type Call as CallT } from './protocol.ts';
-import { REWARD_PROTOCOL_VERSION, RewardReply } from './reward-protocol.ts';
+import { REWARD_PROTOCOL_VERSION, RewardReply } from '../services/reward-protocol.ts';
 
 const SUBJECT = 'ferry.r1.dev.0.call';
 // A plain msgpack encoder, to produce bytes that ferry's own `encode` would never write.

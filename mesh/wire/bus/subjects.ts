@@ -1,6 +1,6 @@
 // Every NATS subject ferry uses is built here, from typed parts. Nothing else concatenates
 // subject strings, so a rename or a permission rule (issue 6) has one place to look.
-import type { Party } from './protocol.ts';
+import type { Party } from '../messages/protocol.ts';
 
 /** A subject token: letters, digits, `-` and `_` only (no `.`, `*`, `>` or white space). */
 const TOKEN = /^[A-Za-z0-9_-]+$/;

@@ -1,5 +1,5 @@
 // The messages of ferry's bus, as schemas. Each message is a msgpack map with a `type` and the
-// protocol version `v`; decoding (mesh/wire/codec.ts) is the one place where bytes become these
+// protocol version `v`; decoding (mesh/wire/messages/codec.ts) is the one place where bytes become these
 // types. What a run records of itself (re-plans, recoveries, progress, metrics, events) is
 // records.ts's, re-exported here; the pieces both are built from, primitives.ts's.
 import { z } from 'zod';
@@ -136,7 +136,7 @@ export const CheckpointFile = z.strictObject({
 });
 
 /**
- * One rank's state as its device writes it into its own snapshot bucket (mesh/wire/shelf.ts):
+ * One rank's state as its device writes it into its own snapshot bucket (mesh/wire/transfer/shelf.ts):
  * the model, the layout and rank it was taken on, the iteration it follows, and the checkpoint.
  */
 export const ShardObject = z.strictObject({

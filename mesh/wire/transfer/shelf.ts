@@ -8,7 +8,7 @@ import { jetstream, jetstreamManager, type JetStreamClient, type JetStreamManage
 import { headers, nuid } from '@nats-io/transport-node';
 import { Objm, type ObjectStore } from '@nats-io/obj';
 import type { NatsConnection } from '@nats-io/transport-node';
-import { token } from './subjects.ts';
+import { token } from '../bus/subjects.ts';
 import { sha256 } from './chunks.ts';
 
 export interface Shelf {

@@ -4,9 +4,9 @@
 // reported to that client), whatever the client does.
 import { randomBytes } from 'node:crypto';
 import { inboxOf } from './bus.ts';
-import type { RunEvent } from './protocol.ts';
+import type { RunEvent } from '../messages/protocol.ts';
 import { subjects, token } from './subjects.ts';
-import { deviceBucket } from './shelf.ts';
+import { deviceBucket } from '../transfer/shelf.ts';
 
 export const ROLES = ['launcher', 'supervisor', 'worker', 'reward', 'environment'] as const;
 export type Role = (typeof ROLES)[number];
@@ -140,7 +140,7 @@ export function permissions(run: string, devices: readonly number[]): Omit<Recor
 }
 
 /**
- * What a worker needs of the snapshot buckets (mesh/wire/shelf.ts): to write its own device's —
+ * What a worker needs of the snapshot buckets (mesh/wire/transfer/shelf.ts): to write its own device's —
  * read its metadata (an object's, before it is replaced), purge it (the chunks of an object
  * replaced), publish its chunks and metadata — and to read any device's (look up its stream, read
  * a message by subject, and chunks by direct get), to reload a rank from the snapshot. It may not

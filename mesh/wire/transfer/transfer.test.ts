@@ -1,7 +1,7 @@
 import { describe, it, expect } from 'vitest';
 import { createHash } from 'node:crypto';
-import { decode, encode } from './codec.ts';
-import { Chunk, PROTOCOL_VERSION } from './protocol.ts';
+import { decode, encode } from '../messages/codec.ts';
+import { Chunk, PROTOCOL_VERSION } from '../messages/protocol.ts';
 import {
   Assembler,
   BadChunkError,
@@ -19,7 +19,7 @@ import {
   tensorDigest,
   type NamedTensor,
 } from './transfer.ts';
-import type { Bus } from './bus.ts';
+import type { Bus } from '../bus/bus.ts';
 
 /** Deterministic, non-trivial float data (no two neighbours equal). */
 function tensor(name: string, shape: number[], salt = 0): NamedTensor {

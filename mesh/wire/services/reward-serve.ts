@@ -9,9 +9,9 @@
 //   ...
 //   await rewards.stop();
 import { randomUUID } from 'node:crypto';
-import { answerable, type Bus, type Msg } from './bus.ts';
+import { answerable, type Bus, type Msg } from '../bus/bus.ts';
 import { serveInstance } from './service.ts';
-import { decode, encode, ProtocolError } from './codec.ts';
+import { decode, encode, ProtocolError } from '../messages/codec.ts';
 import { REWARD_PROTOCOL_VERSION, RewardRequest, rewardSubjects, type RewardItem } from './reward-protocol.ts';
 
 export interface ServeRewardOptions {

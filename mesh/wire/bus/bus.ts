@@ -3,7 +3,7 @@
 import { readFileSync } from 'node:fs';
 import { connect, credsAuthenticator, nkeyAuthenticator, type NatsConnection } from '@nats-io/transport-node';
 import type { z } from 'zod';
-import { decode, encode, ProtocolError } from './codec.ts';
+import { decode, encode, ProtocolError } from '../messages/codec.ts';
 
 export type { NatsConnection };
 

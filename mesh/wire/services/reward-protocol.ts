@@ -3,7 +3,7 @@
 // Everything is plain msgpack (maps, arrays, numbers, strings): no extension types, so any
 // msgpack library reads it.
 import { z } from 'zod';
-import { token } from './subjects.ts';
+import { token } from '../bus/subjects.ts';
 
 /** The protocol's version; a message of another version is refused with a reply that says so. */
 export const REWARD_PROTOCOL_VERSION = 1;

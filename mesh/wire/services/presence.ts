@@ -1,8 +1,8 @@
 // Which instances of a named service on the bus (a reward actor, an environment) are there: each
 // beats on its presence subject every second, and counts as present from its first beat until it
 // has been silent for `presenceMs`. Shared by every client of such a service.
-import type { Bus } from './bus.ts';
-import { decode } from './codec.ts';
+import type { Bus } from '../bus/bus.ts';
+import { decode } from '../messages/codec.ts';
 import type { z } from 'zod';
 
 export interface PresenceOptions {

@@ -8,7 +8,7 @@
 // SHA-256 of all of its blocks' digests. Chunks hold whole blocks, so each side reads every byte
 // once, and a tensor's digest does not depend on the chunk size the bus allows.
 import { createHash } from 'node:crypto';
-import { PROTOCOL_VERSION, type Chunk, type Party, type TensorManifest } from './protocol.ts';
+import { PROTOCOL_VERSION, type Chunk, type Party, type TensorManifest } from '../messages/protocol.ts';
 
 export interface NamedTensor {
   name: string;

@@ -4,7 +4,7 @@
 // policy's action, as text) → an observation, a reward for the step and `done`, until `done` or
 // the turn budget; `env.close` at the end. Everything is plain msgpack, as the reward protocol's.
 import { z } from 'zod';
-import { token } from './subjects.ts';
+import { token } from '../bus/subjects.ts';
 
 /** The protocol's version; a message of another version is refused with a reply that says so. */
 export const ENV_PROTOCOL_VERSION = 1;
