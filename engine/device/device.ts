@@ -1,15 +1,15 @@
 // A device: what one worker process hosts. It holds the shards of the models that the plan puts
 // on it and answers calls about them. The worker process's machine (worker.machine.ts) decides when
-// a call may run; this module decides whether the device's contents allow it and runs it.
+// a call may run; this module decides whether the device's contents allow it and runs it. A
+// shard's state to and from the supervisor (checkpoint, restore) is state-transfers.ts's; the
+// wait for an exchange's go, exchange.ts's.
 import type { Bus } from '../../mesh/wire/index.ts';
-import { encode } from '../../mesh/wire/index.ts';
 import { readSnapshot, stateOf, writeSnapshot, type HeldShard } from './snapshot.ts';
-import { assemble, checkStrategy, pieceName, relaidSlices, shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../../mesh/parallel/index.ts';
-import { Go, PROTOCOL_VERSION, type Checkpoint, type LedgerEntry, type Call, type CallBody, type CallFn, type CallOf, type Layout, type ResultOf } from '../../mesh/wire/index.ts';
+import { checkStrategy, shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../../mesh/parallel/index.ts';
+import type { Checkpoint, LedgerEntry, Call, CallBody, CallFn, CallOf, Layout, ResultOf } from '../../mesh/wire/index.ts';
 import { cut, pasteRange } from '../../mesh/parallel/index.ts';
 import type { Shelf, Subjects } from '../../mesh/wire/index.ts';
-import { subscribe } from '../../mesh/wire/index.ts';
-import { manifestOf, modelDigest, shortList, stateDigest, tensorDigest, noTimes, offerTensors, pacer, receiveTensors, timed, type Expected, type NamedTensor } from '../../mesh/wire/index.ts';
+import { manifestOf, modelDigest, stateDigest, noTimes, offerTensors, pacer, receiveTensors, timed, type NamedTensor } from '../../mesh/wire/index.ts';
 import { randomUUID } from 'node:crypto';
 import { serveReward, type RewardActor } from '../../mesh/wire/index.ts';
 import { EnvCallError } from '../../mesh/wire/index.ts';
@@ -18,6 +18,8 @@ import { DeviceEpisodes } from './episodes.ts';
 import { RuleShard } from './rule.ts';
 import { CallRejected, lossProblem, shapeProblem } from './checks.ts';
 import { besideProblem, modelsOf } from './beside.ts';
+import { awaitGo } from './exchange.ts';
+import { restoreShard, sendCheckpoint } from './state-transfers.ts';
 import { modelInfo } from '../model/index.ts';
 import { tokensDigest } from './ledger.ts';
 import { Comm } from '../../mesh/parallel/index.ts';
@@ -31,9 +33,9 @@ export { CallRejected } from './checks.ts';
 const HELD_SAMPLE_MS = 50;
 
 /** A model's shard: one rank of its layout (the whole model, on a one-device layout). */
-type ModelShard = GptRank;
+export type ModelShard = GptRank;
 
-interface Hosted {
+export interface Hosted {
   /** The model this shard belongs to. */
   role: string;
   layout: Layout;
@@ -67,9 +69,9 @@ export class Device {
 
   constructor(
     readonly index: number,
-    private readonly bus: Bus,
-    private readonly subj: Subjects,
-    private readonly options: DeviceOptions = {},
+    readonly bus: Bus,
+    readonly subj: Subjects,
+    readonly options: DeviceOptions = {},
   ) {
     this.comm = new Comm(bus, subj, index, options.transferTimeoutMs);
     this.episodes = new DeviceEpisodes(bus, subj, index, options.warn);
@@ -452,7 +454,7 @@ export class Device {
         { times, timeoutMs: timeout, warn: this.options.warn },
       );
     });
-    const signal = this.awaitGo(body.realloc, timeout);
+    const signal = awaitGo(this, body.realloc, timeout);
     let committed = false;
     try {
       await signal.ready();
@@ -502,51 +504,6 @@ export class Device {
     }
   }
 
-  /**
-   * Listens for an exchange's go (or abort) and says ready. Every device of the exchange listens,
-   * receivers too: an abort must reach them.
-   */
-  private awaitGo(id: string, transferTimeout: number) {
-    // Devices of an exchange may be ready long before the others have finished the calls queued
-    // ahead of it; the wait for go gets a longer limit than a transfer.
-    const timeout = transferTimeout * 4;
-    let stop = () => {};
-    let timer: NodeJS.Timeout | undefined;
-    let aborted!: (e: Error) => void;
-    const abort = new Promise<never>((_, reject) => (aborted = reject));
-    abort.catch(() => {});
-    const go = new Promise<void>((resolve, reject) => {
-      timer = setTimeout(() => reject(new CallRejected('timeout', `exchange ${id}: no go within ${timeout} ms`)), timeout);
-      stop = subscribe(
-        this.bus,
-        this.subj.go(id),
-        Go,
-        (m) => {
-          clearTimeout(timer);
-          if (m.abort) {
-            const e = new CallRejected('interrupted', `exchange ${id} was aborted: another device failed`);
-            reject(e);
-            aborted(e);
-          } else resolve();
-        },
-        () => {},
-      );
-    });
-    go.catch(() => {});
-    return {
-      go,
-      aborted: abort,
-      ready: async () => {
-        await this.bus.flush();
-        this.bus.publish(this.subj.ready(id), encode({ type: 'ready', v: PROTOCOL_VERSION, realloc: id, device: this.index }));
-      },
-      close: () => {
-        clearTimeout(timer);
-        stop();
-      },
-    };
-  }
-
   /** Raw bytes on the same subjects a reallocation would use: the bus's own speed, for benchmarks. */
   private async probe(body: CallOf<'probe'>): Promise<ResultOf<'probe'>> {
     const timeout = this.options.transferTimeoutMs ?? 300_000;
@@ -563,7 +520,7 @@ export class Device {
         },
       }),
     );
-    const signal = this.awaitGo(body.realloc, timeout);
+    const signal = awaitGo(this, body.realloc, timeout);
     try {
       await signal.ready();
       await signal.go;
@@ -596,8 +553,8 @@ export class Device {
       if (body.fn === 'inference') return { scores: s.scores(body.tokens, body.batch, body.promptLen, body.answers) };
       return { manifest: [], digest: modelDigest([]) };
     }
-    if (body.fn === 'checkpoint') return this.checkpoint(h, body);
-    if (body.fn === 'restore') return this.restore(h, body);
+    if (body.fn === 'checkpoint') return sendCheckpoint(this, h, body);
+    if (body.fn === 'restore') return restoreShard(this, h, body, (from, next) => this.replace(from, next));
     return this.runRank(h, s, call, group);
   }
 
@@ -645,6 +602,14 @@ export class Device {
     }
   }
 
+  /** Puts `next` where `h` is hosted (a shard moved onto another layout); false where `h` was dropped meanwhile. */
+  private replace(h: Hosted, next: Hosted): boolean {
+    const model = [...this.hosted].find(([, x]) => x === h)?.[0];
+    if (model === undefined) return false;
+    this.hosted.set(model, next);
+    return true;
+  }
+
   /** The shard's state as a checkpoint holds it (snapshot.ts's stateOf). */
   private stateOf(h: Hosted): Checkpoint {
     return stateOf(h as HeldShard);
@@ -670,150 +635,4 @@ export class Device {
     h.ledger = [...(checkpoint.ledger ?? [])];
     return { bytes };
   }
-
-  /** Streams the shard's weights (and optimizer moments) on go; see the protocol's `checkpoint`. */
-  private async checkpoint(h: Hosted, body: CallOf<'checkpoint'>): Promise<ResultOf<'checkpoint'>> {
-    const timeout = this.options.transferTimeoutMs ?? 300_000;
-    const state = this.stateOf(h);
-    const out: NamedTensor[] = [
-      ...state.tensors.map((t) => ({ ...t, name: `w:${t.name}` })),
-      ...(state.optimizer?.moments ?? []).flatMap((m, i) => {
-        const shape = state.tensors[i]!.shape;
-        return [
-          { name: `m:${m.name}`, shape, data: m.m },
-          { name: `v:${m.name}`, shape, data: m.v },
-        ];
-      }),
-    ];
-    // Kept until the supervisor says it holds them all, to answer its requests to send a chunk again.
-    const byName = new Map(out.map((t) => [t.name, t]));
-    const outgoing = offerTensors(this.bus, this.subj, { transfer: body.transfer, from: this.index, to: ['supervisor'], tensors: () => out, tensor: (name) => byName.get(name) }, body.chunkBytes, {
-      timeoutMs: timeout,
-      warn: this.options.warn,
-    });
-    const signal = this.awaitGo(body.realloc, timeout);
-    try {
-      await signal.ready();
-      await signal.go;
-      const sent = await outgoing.send();
-      await Promise.race([outgoing.received, signal.aborted]);
-      return { step: state.optimizer?.step ?? 0, optimizer: state.optimizer !== undefined, bytes: sent.bytes, ledger: state.ledger ?? [] };
-    } finally {
-      signal.close();
-      outgoing.close();
-    }
-  }
-
-  /** Receives a streamed checkpoint and puts it back whole, or changes nothing. */
-  private async restore(h: Hosted, body: CallOf<'restore'>): Promise<ResultOf<'restore'>> {
-    if (body.onto) return this.restoreOnto(h, body, body.onto);
-    const s = h.shard as ModelShard;
-    const slices = shardSlices(modelInfo(s.spec), h.layout, h.rank);
-    const expected = slices.flatMap((sl) => {
-      const shape = sliceShape(sl);
-      return [`w:${sl.name}`, ...(body.optimizer ? [`m:${sl.name}`, `v:${sl.name}`] : [])].map((name) => ({ name, shape }));
-    });
-    return this.fromSupervisor(body, expected, (got) => {
-      s.weights.importTensors(slices.map((sl) => ({ ...got.get(`w:${sl.name}`)!, name: sl.name })));
-      if (body.optimizer) {
-        s.weights.loadOptimizerState({ step: body.step, moments: slices.map((sl) => ({ name: sl.name, m: got.get(`m:${sl.name}`)!.data, v: got.get(`v:${sl.name}`)!.data })) });
-      }
-      h.ledger = [...body.ledger];
-      return restored(s, body);
-    });
-  }
-
-  /** A restore's tensors, in the call or streamed by the supervisor on go; `apply` runs once every one has come. */
-  private async fromSupervisor<T>(body: CallOf<'restore'>, expected: Expected[], apply: (got: Map<string, NamedTensor>) => T): Promise<T> {
-    if (body.inline) return apply(inlineTensors(body.transfer, expected, body.inline));
-    const got = new Map<string, NamedTensor>();
-    const timeout = this.options.transferTimeoutMs ?? 300_000;
-    const incoming = receiveTensors(this.bus, this.subj, [{ transfer: body.transfer, expected, from: 'supervisor' }], timeout, (t) => got.set(t.name, t), {
-      me: this.index,
-      warn: this.options.warn,
-    });
-    const signal = this.awaitGo(body.realloc, timeout);
-    try {
-      await signal.ready();
-      incoming.arm();
-      await Promise.race([incoming.done, signal.aborted]);
-      return apply(got);
-    } finally {
-      signal.close();
-      incoming.close();
-    }
-  }
-
-  /**
-   * Moves the shard held here onto `onto` (another layout, or the same one afresh): each new slice
-   * is built from the elements it held and the pieces it lacks, which are all that is sent; the
-   * optimizer's moments the same way, its step and the ledger from the call. Changes nothing
-   * unless every piece arrives.
-   */
-  private async restoreOnto(h: Hosted, body: CallOf<'restore'>, onto: { layout: Layout; rank: number }): Promise<ResultOf<'restore'>> {
-    const old = h.shard;
-    if (!(old instanceof GptRank)) throw new CallRejected('unsupported', `'${h.role}' holds no parameters to move`);
-    if (h.serving) throw new CallRejected('unsupported', `'${h.role}' serves as a reward actor: it is restored whole`);
-    if (onto.layout.devices[onto.rank] !== this.index)
-      throw new CallRejected('invalid_state', `rank ${onto.rank} of layout [${onto.layout.devices}] is device ${onto.layout.devices[onto.rank]}, not this device ${this.index}`);
-    const pieces = relaidSlices(modelInfo(old.spec), { layout: h.layout, rank: h.rank }, onto);
-    const expected = pieces.flatMap((sl) =>
-      sl.missing.flatMap((p) => [`w:${pieceName(p)}`, ...(body.optimizer ? [`m:${pieceName(p)}`, `v:${pieceName(p)}`] : [])].map((name) => ({ name, shape: sliceShape(p) }))),
-    );
-    return this.fromSupervisor(body, expected, (got) => {
-      const sent = (prefix: string) => (name: string) => got.get(`${prefix}:${name}`)!.data;
-      const next = old.sibling(onto.layout, onto.rank);
-      try {
-        next.weights.importTensors(pieces.map((sl) => ({ name: sl.slice.name, shape: sliceShape(sl.slice), data: assemble(sl, (name) => old.weights.exportTensor(name), sent('w')) })));
-        if (body.optimizer) {
-          const state = old.weights.optimizerState();
-          const held = new Map((state?.moments ?? []).map((m) => [m.name, m]));
-          const moment = (k: 'm' | 'v') => (name: string) => held.get(name)?.[k] ?? new Float32Array(old.weights.exportTensor(name).length);
-          next.weights.loadOptimizerState({
-            step: body.step,
-            moments: pieces.map((sl) => ({ name: sl.slice.name, m: assemble(sl, moment('m'), sent('m')), v: assemble(sl, moment('v'), sent('v')) })),
-          });
-        }
-      } catch (e) {
-        next.dispose();
-        throw e;
-      }
-      const model = [...this.hosted].find(([, x]) => x === h)?.[0];
-      if (model === undefined) {
-        next.dispose();
-        throw new CallRejected('interrupted', `'${h.role}' was dropped from device ${this.index} while it was being moved`);
-      }
-      old.dispose();
-      this.hosted.set(model, { role: h.role, layout: onto.layout, rank: onto.rank, shard: next, ledger: [...body.ledger] });
-      return restored(next, body);
-    });
-  }
-}
-
-/** A restore's answer: where the call asks, the digest of the weights the shard holds now (as `manifest`'s). */
-const restored = (s: ModelShard, body: CallOf<'restore'>): ResultOf<'restore'> => (body.digest ? { digest: modelDigest(s.weights.exportTensors()) } : {});
-
-/**
- * A restore's tensors carried in its call, checked as chunks are: each one expected, once, of its
- * size, its digest its data's; every one there. Refused otherwise (`digest_mismatch` for a digest,
- * `malformed` for the rest), naming the tensor; nothing is applied.
- */
-function inlineTensors(call: string, expected: readonly Expected[], inline: NonNullable<CallOf<'restore'>['inline']>): Map<string, NamedTensor> {
-  const want = new Map(expected.map((e) => [e.name, e]));
-  const got = new Map<string, NamedTensor>();
-  for (const t of inline) {
-    const e = want.get(t.name);
-    if (!e) throw new CallRejected('malformed', `restore ${call}: '${t.name}' is not a tensor this restore expects`);
-    if (got.has(t.name)) throw new CallRejected('malformed', `restore ${call}: '${t.name}' comes twice`);
-    const size = e.shape.reduce((a, b) => a * b, 1);
-    if (t.data.length !== size || t.shape.join('x') !== e.shape.join('x')) {
-      throw new CallRejected('malformed', `restore ${call}: '${t.name}' is [${t.shape}] with ${t.data.length} elements; expected [${e.shape}], ${size}`);
-    }
-    const digest = tensorDigest(t.data);
-    if (digest !== t.sha256) throw new CallRejected('digest_mismatch', `restore ${call}: '${t.name}' digest ${digest} does not match the call's ${t.sha256}`);
-    got.set(t.name, { name: t.name, shape: e.shape, data: t.data });
-  }
-  const missing = expected.filter((e) => !got.has(e.name)).map((e) => `'${e.name}'`);
-  if (missing.length) throw new CallRejected('malformed', `restore ${call}: the call lacks ${shortList(missing, 3).join(', ')} of the ${expected.length} tensors it restores`);
-  return got;
 }
