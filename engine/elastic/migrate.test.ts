@@ -13,8 +13,8 @@ import type { Checkpoint } from '../../mesh/wire/index.ts';
 import { modelInfo, type GptSpec } from '../model/index.ts';
 import { modelSpec, runSpec } from '../runtime/run/run.ts';
 import { parseScenario } from '../runtime/scenario/scenario.ts';
-import { reshard } from '../runtime/store/reshard.ts';
-import { logicalDigests, migrateToPlan } from './migrate.ts';
+import { logicalDigests, reshard } from '../runtime/store/reshard.ts';
+import { migrateToPlan } from './migrate.ts';
 import { setBytes } from '../runtime/supervisor/recovery.ts';
 
 const r = runSpec(

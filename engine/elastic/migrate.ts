@@ -20,8 +20,6 @@ export class MigrationError extends Error {
   readonly fatal = true;
 }
 
-export { logicalDigests };
-
 export interface Migrated extends SetupOutput {
   snapshot: number;
   seconds: number;
