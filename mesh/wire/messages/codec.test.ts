@@ -144,6 +144,23 @@ describe('encode/decode round trip', () => {
     expect(bits(pooled.data)).toBe(bits(data));
   });
 
+  it('a chunk framed into reused bytes is the same message: every byte of the frame is written, none past it', () => {
+    const data = new Float32Array([1, 2, 3, 4, 5]);
+    // A header whose length is not a multiple of 4, so that the frame has padding to write.
+    for (const tensor of ['w', 'wt', 'wte', 'wtee']) {
+      const chunk = { type: 'chunk', v: PROTOCOL_VERSION, transfer: 't', from: 0, tensor, offset: 0, total: 5, data, sha256: 'a', whole: 'b' } as const;
+      const fresh = encode(chunk);
+      const dirty = new Uint8Array(fresh.length + 64).fill(0xab);
+      const reused = encode(chunk, (size) => {
+        expect(size).toBe(fresh.length);
+        return dirty;
+      });
+      expect(bits(reused)).toBe(bits(fresh));
+      expect(reused.buffer).toBe(dirty.buffer);
+      expect(dirty[fresh.length]).toBe(0xab);
+    }
+  });
+
   it('replies decode with the Reply union', () => {
     const ok = decode('s', encode({ type: 'result', v: PROTOCOL_VERSION, id: 'a', body: { x: new Float32Array([1.5]) } }), Reply);
     expect(ok.type).toBe('result');

@@ -23,10 +23,16 @@ export class ProtocolError extends Error {
   }
 }
 
-export function encode(message: { type: string; v: number; [key: string]: unknown }): Uint8Array {
-  if (message.type === 'chunk' && message.data instanceof Float32Array) return frame(message, message.data);
+/**
+ * A message's bytes. A chunk is framed into the bytes `alloc` gives (at least the size asked, its
+ * contents anything: every byte of the frame is written), a new array unless said.
+ */
+export function encode(message: { type: string; v: number; [key: string]: unknown }, alloc: (size: number) => Uint8Array = newBytes): Uint8Array {
+  if (message.type === 'chunk' && message.data instanceof Float32Array) return frame(message, message.data, alloc);
   return packr.pack(message);
 }
+
+const newBytes = (size: number) => new Uint8Array(size);
 
 /**
  * A framed message: the 4 bytes FRAME, the header's length as a little-endian u32, the header (a
@@ -40,14 +46,15 @@ const FRAME_PREFIX = 8;
 
 const align4 = (n: number) => (n + 3) & ~3;
 
-function frame(message: { [key: string]: unknown }, data: Float32Array): Uint8Array {
+function frame(message: { [key: string]: unknown }, data: Float32Array, alloc: (size: number) => Uint8Array): Uint8Array {
   const { data: _, ...rest } = message;
   const header = packr.pack(rest);
   const start = align4(FRAME_PREFIX + header.length);
-  const out = new Uint8Array(start + data.byteLength);
+  const out = alloc(start + data.byteLength).subarray(0, start + data.byteLength);
   out.set(FRAME, 0);
   new DataView(out.buffer, out.byteOffset, out.byteLength).setUint32(4, header.length, true);
   out.set(header, FRAME_PREFIX);
+  out.fill(0, FRAME_PREFIX + header.length, start);
   out.set(new Uint8Array(data.buffer, data.byteOffset, data.byteLength), start);
   return out;
 }

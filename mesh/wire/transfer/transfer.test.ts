@@ -20,6 +20,7 @@ import {
   type NamedTensor,
 } from './transfer.ts';
 import type { Bus } from '../bus/bus.ts';
+import { FramePool } from './frames.ts';
 
 /** Deterministic, non-trivial float data (no two neighbours equal). */
 function tensor(name: string, shape: number[], salt = 0): NamedTensor {
@@ -572,6 +573,37 @@ describe('pacer', () => {
     expect(flushes.length).toBe(3);
   });
 
+  it("gives a window's frames back to the pool only once the server has that window", async () => {
+    const flushes: Array<() => void> = [];
+    const bus = { flush: () => new Promise<void>((resolve) => flushes.push(resolve)) } as unknown as Bus;
+    const pool = new FramePool(2 * FLUSH_EVERY);
+    const pace = pacer(bus, FLUSH_EVERY, pool);
+    const frames: Uint8Array[] = [];
+    for (let i = 0; i < 2 * FLUSH_EVERY - 1; i++) {
+      frames.push(pool.take(1 << 16));
+      await pace.published(frames.at(-1));
+    }
+    expect(pool.size).toBe(0); // window 1 is flushing: its frames may still be read
+    flushes[0]!();
+    await new Promise((r) => setImmediate(r));
+    expect(pool.size).toBe(FLUSH_EVERY);
+    // The next frame is one of window 1's, not a new one.
+    const again = pool.take(1 << 16);
+    expect(frames.slice(0, FLUSH_EVERY).map((f) => f.buffer)).toContain(again.buffer);
+    expect(pool.made).toBe(2 * FLUSH_EVERY - 1);
+    await pace.published(again); // window 2 is full: its flush begins
+    await pace.published(pool.take(1 << 16)); // window 3's one frame
+    expect(pool.size).toBe(FLUSH_EVERY - 2);
+    const end = pace.end();
+    flushes[1]!();
+    await new Promise((r) => setImmediate(r));
+    expect(pool.size).toBe(2 * FLUSH_EVERY - 2); // window 2 is back; window 3 still flushing
+    flushes[2]!();
+    await end;
+    expect(pool.size).toBe(2 * FLUSH_EVERY - 1);
+    expect(pool.made).toBe(2 * FLUSH_EVERY - 1);
+  });
+
   it('a flush that fails reaches the sender at its next wait, not as an unhandled rejection', async () => {
     const bus = { flush: () => Promise.reject(new Error('connection closed')) } as unknown as Bus;
     const unhandled: unknown[] = [];
@@ -588,5 +620,27 @@ describe('pacer', () => {
     } finally {
       process.off('unhandledRejection', onUnhandled);
     }
+  });
+});
+
+describe('FramePool', () => {
+  it('takes the smallest free frame that fits, else makes one; keeps whole frames of 64 KiB or more, up to its bound', () => {
+    const pool = new FramePool(2);
+    const a = pool.take(100_000);
+    const b = pool.take(200_000);
+    expect([a.length, b.length, pool.made]).toEqual([100_000, 200_000, 2]);
+    // What a message used of a frame goes back as the whole frame.
+    pool.give([b.subarray(0, 150_000), a.subarray(0, 10)]);
+    expect(pool.size).toBe(2);
+    expect(pool.take(90_000).buffer).toBe(a.buffer);
+    expect(pool.take(150_000).buffer).toBe(b.buffer);
+    expect([pool.made, pool.reused, pool.size]).toEqual([2, 2, 0]);
+    // None fits: a new one.
+    pool.give([a]);
+    expect(pool.take(300_000).length).toBe(300_000);
+    expect([pool.made, pool.size]).toEqual([3, 1]);
+    // Small frames, views into another array, and frames past the bound are not kept.
+    pool.give([new Uint8Array(1000), new Uint8Array(1 << 20).subarray(8), b, new Uint8Array(1 << 17)]);
+    expect(pool.size).toBe(2);
   });
 });

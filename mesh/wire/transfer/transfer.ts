@@ -13,6 +13,7 @@ import { encode } from '../messages/codec.ts';
 import { Assembler, BadChunkError, TransferError, chunkAt, chunkElements, chunksOf, partyName, timed, type Expected, type NamedTensor, type Place, type TransferTimes } from './chunks.ts';
 import { PROTOCOL_VERSION, Receipt, TransferMessage, type Party } from '../messages/protocol.ts';
 import { RESEND, Resends, type ResendPolicy } from './resend.ts';
+import { FramePool } from './frames.ts';
 import { senderOf, type Subjects } from '../bus/subjects.ts';
 
 export * from './chunks.ts';
@@ -39,27 +40,47 @@ export const FLUSH_EVERY = 8;
  * Flow control for a stream of publishes: after every FLUSH_EVERY of them, wait until the server
  * has the window before the last, then flush this one. The client never buffers more than two
  * windows, and the sender builds the next window (reads, hashes, encodes) while the bus carries
- * the last one, instead of stopping until each is through.
+ * the last one, instead of stopping until each is through. The frames a window's publishes were
+ * taken from `frames` go back to it once the server has that window.
  */
-export function pacer(nc: Bus, every = FLUSH_EVERY) {
+export function pacer(nc: Bus, every = FLUSH_EVERY, frames?: FramePool) {
   let n = 0;
   let pending: Promise<void> | undefined;
+  let window: Uint8Array[] = [];
+  const flush = () => {
+    const sent = window;
+    window = [];
+    const p = nc.flush();
+    if (frames)
+      p.then(
+        () => frames.give(sent),
+        () => {},
+      );
+    return p;
+  };
   return {
-    /** Call after each publish. */
-    async published(): Promise<void> {
+    /** Call after each publish, with the frame it published when that came from `frames`. */
+    async published(frame?: Uint8Array): Promise<void> {
+      if (frame) window.push(frame);
       if (++n % every !== 0) return;
       await pending;
-      pending = nc.flush();
+      pending = flush();
       // Awaited at the next window or at the end; a failure meanwhile must not count as unhandled.
       pending.catch(() => {});
     },
     /** Resolves once the server has every publish. */
     async end(): Promise<void> {
       await pending;
-      await nc.flush();
+      await flush();
     },
   };
 }
+
+/**
+ * The frames this process's senders reuse. A sender has at most three windows' frames out (two
+ * flushing, one being built); the pool keeps two windows' worth while none is needed.
+ */
+export const FRAMES = new FramePool(2 * FLUSH_EVERY);
 
 /**
  * Several receivers of one publish ask at once for a chunk they all lost or were all sent a bad
@@ -156,7 +177,7 @@ export function offerTensors(nc: Bus, subj: Subjects, offer: Offer, chunkBytes: 
     async send() {
       let bytes = 0;
       let chunks = 0;
-      const pace = pacer(nc);
+      const pace = pacer(nc, FLUSH_EVERY, FRAMES);
       const wait = async (p: Promise<void>) => {
         const t0 = performance.now();
         await p;
@@ -164,11 +185,11 @@ export function offerTensors(nc: Bus, subj: Subjects, offer: Offer, chunkBytes: 
       };
       for (const chunk of chunksOf(transfer, offer.tensors(), bytesPer, { from, times })) {
         wholes.set(chunk.tensor, chunk.whole);
-        const message = timed(times, 'encode', () => encode(chunk));
+        const message = timed(times, 'encode', () => encode(chunk, FRAMES.take));
         timed(times, 'publish', () => nc.publish(subject, message));
         bytes += chunk.data.byteLength;
         chunks += 1;
-        await wait(pace.published());
+        await wait(pace.published(message));
       }
       nc.publish(subject, encode({ type: 'sent', v: PROTOCOL_VERSION, transfer, from, chunks, elements: per }));
       await wait(pace.end());
