@@ -29,6 +29,7 @@ import { envBench } from './bench-env.ts';
 import { asyncBench } from './bench-async.ts';
 import { checkpointBench } from './bench-checkpoint.ts';
 import { snapshotBench } from './bench-snapshot.ts';
+import { snapshotWrites } from './bench-snapshot-writes.ts';
 import { searchQualityBench } from './bench-search-quality.ts';
 import { runChaos } from './chaos-run.ts';
 import { profileLocal } from './profile.ts';
@@ -178,8 +179,7 @@ runMain(async () => {
       ...(values.sync !== undefined ? { sync: values.sync } : {}),
       log,
     });
-    if (values.json) console.log(JSON.stringify(r));
-    else {
+    if (!values.json) {
       log(
         `4 devices against 1: ${r.bytes_ratio_devices?.toFixed(2)}× the bytes a snapshot, ${r.bytes_per_device_ratio_devices?.toFixed(2)}× the bytes a device, ${r.seconds_ratio_devices?.toFixed(2)}× the seconds (each device writes its own part)`,
       );
@@ -189,6 +189,13 @@ runMain(async () => {
         `the devices' writes together: ${r.write_rate_ratio_devices?.toFixed(2)}× the rate with 4 devices as with 1 (1 would be a single writer's rate shared; 4 devices writing in parallel at full speed would be 4)`,
       );
     }
+    log('the writes alone (no training between), width 128, 5 rounds each:');
+    const w = await snapshotWrites({ devices: [1, 2, 4], width: 128, rounds: 5, log });
+    if (values.json) console.log(JSON.stringify({ ...r, writes: w }));
+    else
+      log(
+        `4 devices against 1: ${w.seconds_ratio.toFixed(2)}× the seconds = ${w.cpu_ratio.toFixed(2)}× the CPU ÷ ${w.busy_ratio.toFixed(2)}× the cores busy (${w.rows.at(-1)!.cores_busy.toFixed(2)} of ${w.cores}): flat needs the cores busy to grow as the CPU does`,
+      );
     return 0;
   }
   if (name === 'checkpoint') {
