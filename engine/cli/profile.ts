@@ -17,6 +17,7 @@ import { localShape, type DeviceProfile, type ModelShape } from '../runtime/inde
 import { callCost, type CallKind, type Workload } from '../runtime/index.ts';
 import { LOCAL_PROFILE } from '../runtime/index.ts';
 import { withWorkers, type Workers } from './workers.ts';
+import { storeProbe } from './profile-store.ts';
 
 const USAGE = 'usage: npm run profile [-- --out FILE] [--json]';
 
@@ -161,7 +162,7 @@ const WORKLOADS = [
 ] as const;
 
 export async function profileLocal(log: (line: string) => void): Promise<DeviceProfile & { fit: object }> {
-  return withWorkers(2, 'profile', async ({ nc, subj, d }) => {
+  return withWorkers(2, 'profile', async ({ nc, subj, d, run }) => {
     const timed = async <T>(f: () => Promise<T>) => {
       const before = d.stats();
       await f();
@@ -362,7 +363,8 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
       sharedCores: cpus().length,
       parallelSlowdown,
       busBandwidth: bandwidth,
-      source: `npm run profile on ${new Date().toISOString()}: ${timings.length} calls of 4 shapes and 2 lengths on one worker, ${alphaRows.length} across two, a ping and a 32 MiB exchange`,
+      ...(await storeProbe({ nc, run, d }, log)),
+      source: `npm run profile on ${new Date().toISOString()}: ${timings.length} calls of 4 shapes and 2 lengths on one worker, ${alphaRows.length} across two, a ping, a 32 MiB exchange and snapshots of two sizes`,
       probeSeconds: await speedProbe(d),
       fit: { samples, median_relative_error: median(residuals) },
     };

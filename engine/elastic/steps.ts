@@ -1,6 +1,6 @@
 // The supervisor's re-plan steps (supervisor.machine.ts's `replanning` state invokes them): decide
 // and write the decision ahead, migrate onto it; and what the machine derives from its re-plans.
-import type { Metrics, ReplanRecord } from '../../mesh/wire/index.ts';
+import type { ReplanRecord } from '../../mesh/wire/index.ts';
 import { median, type Summary } from '../runtime/record/record.ts';
 import { planDevices, type RunSpec } from '../runtime/run/run.ts';
 import type { Progress, RunStore } from '../runtime/store/store.ts';
@@ -59,12 +59,38 @@ export function unfinishedMigration(takeOver: Progress | undefined, spec: RunSpe
   return { lossAt: last.at ?? Date.now(), from: specOnPlan(spec, last.plan_before) };
 }
 
-/** Each re-plan with the period measured after it: the median seconds of the iterations it ran (up to the next re-plan). */
-export function measuredPeriods(replans: readonly ReplanRecord[], history: readonly Metrics[]): Summary['replans'] {
+/** When the supervisor began an iteration (again, after a recovery or a re-plan). */
+export interface IterationStart {
+  iteration: number;
+  /** Milliseconds since the epoch. */
+  at: number;
+}
+
+/**
+ * Each iteration's period, wall-clock: from its last start to the start of the one after it — its
+ * calls, its snapshot and the supervisor's writes at the boundary, what a plan's estimated period
+ * prices. An iteration that was not followed by the next (the run's last, one a recovery began
+ * again) has none.
+ */
+export function iterationPeriods(starts: readonly IterationStart[]): Array<{ iteration: number; seconds: number }> {
+  const out: Array<{ iteration: number; seconds: number }> = [];
+  for (let i = 0; i + 1 < starts.length; i++) {
+    const [a, b] = [starts[i]!, starts[i + 1]!];
+    if (b.iteration === a.iteration + 1) out.push({ iteration: a.iteration, seconds: (b.at - a.at) / 1000 });
+  }
+  return out;
+}
+
+/**
+ * Each re-plan with the period measured after it: the median of the periods (iterationPeriods) of
+ * the iterations it ran, up to the next re-plan. A supervisor that took the run over measures the
+ * iterations it began.
+ */
+export function measuredPeriods(replans: readonly ReplanRecord[], starts: readonly IterationStart[]): Summary['replans'] {
+  const periods = iterationPeriods(starts);
   return replans.map((r, i) => {
     const until = replans[i + 1]?.iteration ?? Number.POSITIVE_INFINITY;
-    const seconds = history.filter((m) => m.iteration >= r.iteration && m.iteration < until).map((m) => m.seconds);
-    const measured = median(seconds);
+    const measured = median(periods.filter((p) => p.iteration >= r.iteration && p.iteration < until).map((p) => p.seconds));
     return { ...r, ...(typeof measured === 'number' ? { measured_period_after: measured } : {}) };
   });
 }

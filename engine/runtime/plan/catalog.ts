@@ -99,6 +99,15 @@ export interface DeviceProfile {
    */
   busBandwidth?: number;
   /**
+   * A snapshot's fixed seconds (`npm run profile` times them on this machine's private server,
+   * which syncs every write): a device's write into its bucket (the object's chunks, its metadata
+   * and the old object's purge, each acknowledged) and the supervisor's write of the manifest to the
+   * run's store. Absent: two call overheads.
+   */
+  storeLatency?: number;
+  /** The rate at which one device writes its snapshot objects into its bucket, bytes/s. Absent: busBandwidth. */
+  storeBandwidth?: number;
+  /**
    * The speed probe's seconds when the profile was fitted (`npm run profile`): a fixed set of
    * calls, timed again later to see how much faster or slower the machine runs now.
    */
@@ -123,8 +132,8 @@ export function scaledProfile(dev: DeviceProfile, factor: number): DeviceProfile
     latency: dev.latency * factor,
     layerOverhead: dev.layerOverhead * factor,
   };
-  for (const k of ['callOverhead', 'elementSeconds', 'decodeLayerOverhead', 'decodeStepOverhead'] as const) if (dev[k] !== undefined) out[k] = t(dev[k]);
-  if (dev.busBandwidth !== undefined) out.busBandwidth = r(dev.busBandwidth);
+  for (const k of ['callOverhead', 'elementSeconds', 'decodeLayerOverhead', 'decodeStepOverhead', 'storeLatency'] as const) if (dev[k] !== undefined) out[k] = t(dev[k]);
+  for (const k of ['busBandwidth', 'storeBandwidth'] as const) if (dev[k] !== undefined) out[k] = r(dev[k]);
   return out;
 }
 

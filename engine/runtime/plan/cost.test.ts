@@ -291,6 +291,8 @@ describe('callCost', () => {
       }
     }
     expect(scaledProfile(local, 2).busBandwidth).toBe(5e7);
+    const store = scaledProfile({ ...local, storeLatency: 0.02, storeBandwidth: 1e8 }, 2);
+    expect([store.storeLatency, store.storeBandwidth]).toEqual([0.04, 5e7]);
     expect(scaledProfile(A100, 1.5).elementSeconds).toBeUndefined();
   });
 

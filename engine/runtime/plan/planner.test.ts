@@ -307,23 +307,33 @@ describe('checkpoint pricing', () => {
   const device: DeviceProfile = { ...DEVICE, callOverhead: 1e-3 };
   const seconds = (plan: Candidate, every: number, dev: DeviceProfile) => new Evaluator({ ...localProblem(undefined, dev), checkpointEvery: every }).evaluate(plan).iterationSeconds;
 
-  it("adds every kept model's shards over the bus bandwidth, once per checkpoint interval (hand-computed)", () => {
-    const bus = { ...device, busBandwidth: 1e8 };
+  it("adds every kept model's state at the store's rate and its fixed latency, once per checkpoint interval (hand-computed)", () => {
+    const store = { ...device, storeBandwidth: 1e8, storeLatency: 0.03 };
     const plain = seconds(ONE_DEVICE, 0, device);
     // Actor and critic train (3× their bytes), the reference does not; the rule reward has none.
     const bytes = bytesOf(false, true) + bytesOf(true, true) + bytesOf(false, false);
+    expect(seconds(ONE_DEVICE, 1, store) - plain).toBeCloseTo(0.03 + bytes / 1e8, 9);
+    expect(seconds(ONE_DEVICE, 4, store) - plain).toBeCloseTo((0.03 + bytes / 1e8) / 4, 9);
+    // A profile without the store's figures: the bus's rate and two call overheads.
+    const bus = { ...device, busBandwidth: 1e8 };
     expect(seconds(ONE_DEVICE, 1, bus) - plain).toBeCloseTo(2e-3 + bytes / 1e8, 9);
-    expect(seconds(ONE_DEVICE, 4, bus) - plain).toBeCloseTo((2e-3 + bytes / 1e8) / 4, 9);
-    // No interval, or no bus bandwidth in the profile (the cluster devices): not priced.
-    expect(seconds(ONE_DEVICE, 0, bus)).toBe(plain);
+    // No interval, or no rate in the profile (the cluster devices): not priced.
+    expect(seconds(ONE_DEVICE, 0, store)).toBe(plain);
     expect(seconds(ONE_DEVICE, 1, device)).toBe(plain);
   });
 
-  it('counts every data-parallel replica: each streams its copy', () => {
-    const bus = { ...device, busBandwidth: 1e8 };
-    const extra = (plan: Candidate) => seconds(plan, 1, bus) - seconds(plan, 0, bus);
+  it('devices write at once: the busiest device bounds it, one data-parallel replica writes, shared cores cap how many write at full rate', () => {
+    const store = { ...device, storeBandwidth: 1e8, storeLatency: 0, sharedCores: undefined };
+    const extra = (plan: Candidate, dev: DeviceProfile = store) => seconds(plan, 1, dev) - seconds(plan, 0, dev);
+    const all = bytesOf(false, true) + bytesOf(true, true) + bytesOf(false, false);
+    // The critic's second replica writes nothing: device 0 writes what it wrote alone.
     const dp2: Candidate = { ...ONE_DEVICE, 'critic.train': { mesh: '0:0-1', devices: [0, 1], dp: 2, tp: 1, pp: 1 } };
-    expect(extra(dp2) - extra(ONE_DEVICE)).toBeCloseTo(bytesOf(true, true) / 1e8, 9);
+    expect(extra(dp2)).toBeCloseTo(all / 1e8, 9);
+    // The critic on its own device: the busiest (device 0) writes the rest, at once.
+    const apart: Candidate = { ...ONE_DEVICE, 'critic.train': { mesh: '0:1', devices: [1], dp: 1, tp: 1, pp: 1 } };
+    expect(extra(apart)).toBeCloseTo((all - bytesOf(true, true)) / 1e8, 9);
+    // Two devices on one core: no faster than one device writing it all.
+    expect(extra(apart, { ...store, sharedCores: 1 })).toBeCloseTo(all / 1e8, 9);
   });
 });
 

@@ -261,21 +261,31 @@ export class Evaluator {
   }
 
   /**
-   * A checkpoint's share of an iteration: the supervisor starts the next iteration once every
-   * rank of every kept model (each data-parallel replica too) has streamed its shard — weights,
-   * and Adam's two moments where it trains — to it over the bus, all at once.
+   * A snapshot's share of an iteration. The supervisor starts the next iteration once every device
+   * has written its part — each rank of every kept model, weights and, where it trains, Adam's two
+   * moments, one data-parallel replica only — into its own bucket, all at once, and the manifest is
+   * written: the fixed store latency, then the busiest device's bytes at the store's rate per
+   * device. Where devices share cores (`sharedCores`), no more than that many write at full rate.
    */
   private checkpointSeconds(priced: Priced): number {
     const { device, checkpointEvery } = this.problem;
-    if (!checkpointEvery || !device.busBandwidth) return 0;
-    let bytes = 0;
+    const rate = device.storeBandwidth ?? device.busBandwidth;
+    if (!checkpointEvery || !rate) return 0;
+    const perDevice = new Map<number, number>();
     for (const x of priced.calls) {
       const { model: m, shape } = x.info;
       if (x.owner || !shape || x.info.name !== m.owner) continue; // once per model, at its owner's layout
       const state = m.trainable ? 3 : 1;
-      bytes += parameterCounts(shape, m.valueHead).total * shape.dtypeBytes * state * x.placement.dp;
+      const { dp, tp, pp, devices } = x.placement;
+      // One replica's ranks, each an equal share of the model (the first replica's devices write).
+      const rankBytes = (parameterCounts(shape, m.valueHead).total * shape.dtypeBytes * state) / (tp * pp);
+      for (const d of devices.slice(0, devices.length / dp)) perDevice.set(d, (perDevice.get(d) ?? 0) + rankBytes);
     }
-    return bytes ? (2 * (device.callOverhead ?? 0) + bytes / device.busBandwidth) / checkpointEvery : 0;
+    if (perDevice.size === 0) return 0;
+    const busiest = Math.max(...perDevice.values());
+    const total = [...perDevice.values()].reduce((a, b) => a + b, 0);
+    const writing = Math.max(busiest, device.sharedCores ? total / device.sharedCores : 0);
+    return ((device.storeLatency ?? 2 * (device.callOverhead ?? 0)) + writing / rate) / checkpointEvery;
   }
 
   evaluate(c: Candidate, keepTimeline = false): Evaluation {

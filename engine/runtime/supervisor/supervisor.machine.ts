@@ -19,7 +19,7 @@
 import type { Demonstrate } from '../../environments/index.ts';
 import { assign, sendTo, setup } from 'xstate';
 import type { LossTrigger, Metrics, ReplanRecord } from '../../../mesh/wire/index.ts';
-import { lostAfter, measuredPeriods, placementsOf, readSnapshot, unfinishedMigration, type Loss, type SnapshotRead } from '../../elastic/index.ts';
+import { lostAfter, measuredPeriods, placementsOf, readSnapshot, unfinishedMigration, type IterationStart, type Loss, type SnapshotRead } from '../../elastic/index.ts';
 export type { MigrationOutput } from '../../elastic/index.ts';
 import type { Layout } from '../../../mesh/parallel/index.ts';
 import { CallError, fence, type Dispatcher } from '../dispatch/dispatch.ts';
@@ -82,6 +82,8 @@ interface Context extends SupervisorInput {
   iteration: number;
   startedAt: number;
   iterationStartedAt: number;
+  /** Each iteration this supervisor began, and when (the measured period after a re-plan). */
+  starts: IterationStart[];
   history: Metrics[];
   parameters: Record<string, number>;
   digests: Record<string, string>;
@@ -403,7 +405,7 @@ export const supervisorMachine = setup({
         parameters: context.parameters,
         ...(context.dispatcher.stats ? { transport: context.dispatcher.stats() } : {}),
         recoveries: context.recoveries,
-        ...(context.replans.length ? { replans: measuredPeriods(context.replans, context.history), lost: context.lost } : {}),
+        ...(context.replans.length ? { replans: measuredPeriods(context.replans, context.starts), lost: context.lost } : {}),
         ...(context.snapshots.count ? { snapshots: context.snapshots } : {}),
         ...(context.warmup ? { warmup: context.warmup } : {}),
         ...(context.rewardModel ? { reward_model: context.rewardModel } : {}),
@@ -424,6 +426,7 @@ export const supervisorMachine = setup({
     iteration: input.takeOver?.iteration ?? (input.resume ? input.resume.iteration + 1 : 0),
     startedAt: input.takeOver?.startedAt ?? Date.now(),
     iterationStartedAt: Date.now(),
+    starts: [],
     history: input.takeOver?.history ?? input.resume?.history ?? [],
     parameters: {},
     digests: {},
@@ -685,7 +688,10 @@ export const supervisorMachine = setup({
       on: RECOVER_ON_LOSS,
       states: {
         running: {
-          entry: assign({ iterationStartedAt: () => Date.now() }),
+          entry: assign(({ context }) => {
+            const at = Date.now();
+            return { iterationStartedAt: at, starts: [...context.starts, { iteration: context.iteration, at }] };
+          }),
           invoke: {
             src: 'iteration',
             input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration, rewards: context.rewards, views: context.views }),
