@@ -87,7 +87,7 @@ runMain(async () => {
         `  search ${r.search_seconds.toFixed(2)} s (${r.plans_evaluated} plans); migration ${r.migration_seconds?.toFixed(2) ?? 'n/a'} s, ${r.migration_bytes ?? 'n/a'} bytes (least ${r.migration_minimum_bytes ?? 'n/a'}); parameters equal after it: ${r.parameters_equal_after_migration ?? 'n/a'}`,
       );
       console.log(
-        `  period: estimated ${r.estimated_period_after.toFixed(3)} s, measured ${r.measured_period_after?.toFixed(3) ?? 'n/a'} s (before: estimated ${r.estimated_period_before.toFixed(3)} s)`,
+        `  period: estimated ${r.estimated_period_after.toFixed(3)} s, measured ${r.measured_period_after?.toFixed(3) ?? 'n/a'} s (before: estimated ${r.estimated_period_before.toFixed(3)} s${r.machine_speed === undefined ? '' : `, priced at the machine's speed: ${r.machine_speed.toFixed(2)} × the profile, from ${r.measured_period_before!.toFixed(3)} s measured`})`,
       );
       console.log(`  before: ${plan(r.plan_before)}\n  after:  ${plan(r.plan_after)}`);
     }

@@ -27,6 +27,21 @@ describe('decideReplan', () => {
     expect(decideReplan(r, [], { devices: [3], trigger: 'chaos', reason: 'gone' }, 3).record.plan_after).toEqual(record.plan_after);
   });
 
+  it("prices at the machine's speed the run measured: the same plan, the estimates scaled by the measured period over the fitted estimate", () => {
+    const r = spec();
+    const loss = { devices: [3], trigger: 'chaos' as const, reason: 'gone' };
+    const fitted = decideReplan(r, [], loss, 3).record;
+    expect(fitted.machine_speed).toBeUndefined();
+    const measured = fitted.estimated_period_before * 1.3;
+    const { record } = decideReplan(r, [], loss, 3, undefined, measured);
+    expect(record.machine_speed).toBeCloseTo(1.3, 9);
+    expect(record.measured_period_before).toBe(measured);
+    expect(record.plan_after).toEqual(fitted.plan_after);
+    expect(record.estimated_period_before).toBeCloseTo(measured, 9);
+    expect(record.estimated_period_after).toBeCloseTo(fitted.estimated_period_after * 1.3, 9);
+    expect(record.estimated_migration_seconds).toBeCloseTo(fitted.estimated_migration_seconds * 1.3, 9);
+  });
+
   it('plans on from a plan that lost devices before', () => {
     const r = spec();
     const first = decideReplan(r, [], { devices: [3], trigger: 'chaos', reason: 'gone' }, 2);

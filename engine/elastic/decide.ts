@@ -8,7 +8,8 @@
 import { deviceCount } from '../../mesh/parallel/index.ts';
 import type { ReplanRecord, ReplanTrigger } from '../../mesh/wire/index.ts';
 import { candidateOf, loadLocalProfile, localProfileFile, problemOf } from '../runtime/plan/problem.ts';
-import type { Problem } from '../runtime/plan/planner.ts';
+import { Evaluator, type Problem } from '../runtime/plan/planner.ts';
+import { scaledProfile } from '../runtime/plan/catalog.ts';
 import { replan } from '../runtime/plan/replan.ts';
 import { evaluationsFor } from '../runtime/plan/search.ts';
 import { planDevices, runSpec, type RunSpec } from '../runtime/run/run.ts';
@@ -40,13 +41,39 @@ export function specOnPlan(r: RunSpec, plan: Placements): RunSpec {
 }
 
 /**
+ * The problem priced at the machine's speed now: where the run measured the current plan's period
+ * (recentPeriod), the profile scaled by that period ÷ the plan's estimate. Every cost scales alike,
+ * so the plans rank as they did; what changes is what the estimates say the seconds will be. A
+ * shared machine runs a fifth or more slower or faster within minutes than when it was profiled.
+ */
+export function atMachineSpeed(r: RunSpec, problem: Problem, measuredPeriod: number | undefined): { problem: Problem; speed?: number } {
+  if (measuredPeriod === undefined) return { problem };
+  const estimated = new Evaluator(problem).evaluate(candidateOf(r.scenario)).iterationSeconds;
+  if (!(estimated > 0 && Number.isFinite(estimated))) return { problem };
+  const speed = measuredPeriod / estimated;
+  return { problem: { ...problem, device: scaledProfile(problem.device, speed) }, speed };
+}
+
+/**
  * The plan for the rest of the run once `loss` has happened. `spares`: devices whose workers
  * joined earlier and that the plan does not use (offered to the search again with the change);
- * `iteration`: the one the run goes on from. The search sees only devices with a worker: the
- * plan's, the spares and the newly joined. Throws ReplanError where no plan fits what is left.
+ * `iteration`: the one the run goes on from; `measuredPeriod`: the current plan's period as the
+ * run measured it lately (atMachineSpeed), if it did. The search sees only devices with a worker:
+ * the plan's, the spares and the newly joined. Throws ReplanError where no plan fits what is left.
  */
-export function decideReplan(r: RunSpec, spares: readonly number[], loss: Loss, iteration: number, problem = problemFor(r)): { spec: RunSpec; record: ReplanRecord; changed: boolean } {
+export function decideReplan(
+  r: RunSpec,
+  spares: readonly number[],
+  loss: Loss,
+  iteration: number,
+  fitted = problemFor(r),
+  measuredPeriod?: number,
+): { spec: RunSpec; record: ReplanRecord; changed: boolean } {
   const s = r.scenario;
+  const t0 = performance.now();
+  const { problem, speed } = atMachineSpeed(r, fitted, measuredPeriod);
+  // Pricing the current plan at the machine's speed is part of the search's time.
+  const pricing = (performance.now() - t0) / 1000;
   const budget = s.elastic?.search_seconds ?? 2;
   const remaining = Math.max(0, s.rl.iterations - iteration);
   // To the planner, every device the plan does not use is lost; those with a worker come back as joined.
@@ -71,13 +98,14 @@ export function decideReplan(r: RunSpec, spares: readonly number[], loss: Loss, 
       reason: loss.reason,
       changed: out.changed,
       gain_seconds: out.gainSeconds,
-      search_seconds: out.search.seconds,
+      search_seconds: out.search.seconds + pricing,
       plans_evaluated: out.search.evaluated,
       plan_before: placementsOf(r),
       plan_after: plan,
       estimated_period_before: out.period.before,
       estimated_period_after: out.period.after,
       estimated_migration_seconds: out.migration.seconds,
+      ...(speed === undefined ? {} : { measured_period_before: measuredPeriod, machine_speed: speed }),
       minimum_bytes: out.migration.minimumBytes,
       snapshot_only_bytes: out.migration.snapshotBytes,
       why: out.why,

@@ -19,6 +19,7 @@ interface Ask {
   spares: number[];
   loss: Loss;
   iteration: number;
+  measuredPeriod?: number;
 }
 
 type Answer = { ok: true; record: ReplanRecord; changed: boolean } | { ok: false; name: string; message: string };
@@ -58,8 +59,14 @@ export function warmSearchThread(scenario?: Scenario): void {
 }
 
 /** decideReplan, in the search thread; its errors come back with their names (a ReplanError stays one by name). */
-export async function decideOffThread(r: RunSpec, spares: readonly number[], loss: Loss, iteration: number): Promise<{ spec: RunSpec; record: ReplanRecord; changed: boolean }> {
-  const ask: Ask = { scenario: r.scenario, spares: [...spares], loss, iteration };
+export async function decideOffThread(
+  r: RunSpec,
+  spares: readonly number[],
+  loss: Loss,
+  iteration: number,
+  measuredPeriod?: number,
+): Promise<{ spec: RunSpec; record: ReplanRecord; changed: boolean }> {
+  const ask: Ask = { scenario: r.scenario, spares: [...spares], loss, iteration, ...(measuredPeriod === undefined ? {} : { measuredPeriod }) };
   const thread = searchThread();
   const id = thread.next++;
   const answer = await new Promise<Answer>((resolve, reject) => {
@@ -98,7 +105,7 @@ async function prepare(scenario: Scenario): Promise<{ spec: RunSpec; problem: Pr
 async function serve(ask: Ask): Promise<Answer> {
   try {
     const { spec, problem } = await prepare(ask.scenario);
-    const { record, changed } = decideReplan(spec, ask.spares, ask.loss, ask.iteration, problem);
+    const { record, changed } = decideReplan(spec, ask.spares, ask.loss, ask.iteration, problem, ask.measuredPeriod);
     return { ok: true, record, changed };
   } catch (e) {
     return { ok: false, name: (e as Error).name ?? 'Error', message: (e as Error).message ?? String(e) };

@@ -13,8 +13,8 @@ import { decideOffThread } from './search-thread.ts';
 export const lostAfter = (before: readonly number[], spec: RunSpec, loss: Pick<Loss, 'devices'>): number[] => [...before.filter((d) => !planDevices(spec).includes(d)), ...loss.devices];
 
 /** The plan for the devices with a worker, searched in the search thread; a changed plan is written ahead to the run's store before anything acts on it. */
-export async function decideAndWriteAhead(input: { r: RunSpec; store: RunStore; lost: number[]; spares: number[]; loss: Loss; at: number; progress: Progress }) {
-  const decided = await decideOffThread(input.r, input.spares, input.loss, input.progress.iteration);
+export async function decideAndWriteAhead(input: { r: RunSpec; store: RunStore; lost: number[]; spares: number[]; loss: Loss; at: number; progress: Progress; measuredPeriod?: number }) {
+  const decided = await decideOffThread(input.r, input.spares, input.loss, input.progress.iteration, input.measuredPeriod);
   const { spec, changed } = decided;
   const record = { ...decided.record, at: input.at };
   const replans = [...(input.progress.replans ?? []), record];
@@ -79,6 +79,26 @@ export function iterationPeriods(starts: readonly IterationStart[]): Array<{ ite
     if (b.iteration === a.iteration + 1) out.push({ iteration: a.iteration, seconds: (b.at - a.at) / 1000 });
   }
   return out;
+}
+
+/** Periods recentPeriod takes the median of, at most: the machine's speed of the last minute or so, not of the run's start. */
+const RECENT = 5;
+
+/**
+ * The period the current plan runs at now: the median of the last RECENT periods of iterations
+ * from `since` (the plan's first), leaving out each iteration that began a run of them (the first
+ * after the supervisor started, after a recovery or a migration: it warms up the shapes and the
+ * kernels). Undefined where there is none.
+ */
+export function recentPeriod(starts: readonly IterationStart[], since: number): number | undefined {
+  const periods: number[] = [];
+  // starts[0] always began a run of iterations.
+  for (let i = 1; i + 1 < starts.length; i++) {
+    const [before, start, next] = [starts[i - 1]!, starts[i]!, starts[i + 1]!];
+    if (start.iteration < since || before.iteration !== start.iteration - 1 || next.iteration !== start.iteration + 1) continue;
+    periods.push((next.at - start.at) / 1000);
+  }
+  return median(periods.slice(-RECENT)) ?? undefined;
 }
 
 /**

@@ -432,6 +432,9 @@ function replansSection(r: ReportInput): string {
       ['why', x.why],
       ['search', `${fmt(x.search_seconds, 2)} s, ${x.plans_evaluated} plans evaluated`],
       ['period (s per iteration)', `estimated ${fmt(x.estimated_period_before, 3)} before, ${fmt(x.estimated_period_after, 3)} after; measured after: ${fmt(x.measured_period_after, 3)}`],
+      ...(x.machine_speed === undefined
+        ? []
+        : ([['priced at', `the machine's speed measured before: ${fmt(x.measured_period_before, 3)} s a period, ${fmt(x.machine_speed, 2)} × the profile's estimate`]] as Array<[string, string]>)),
       ...(x.changed
         ? ([
             ['migration', `estimated ${fmt(x.estimated_migration_seconds, 2)} s; took ${fmt(x.migration_seconds, 2)} s (${fmt(x.seconds, 2)} s from the loss to going on)`],

@@ -19,7 +19,7 @@
 import type { Demonstrate } from '../../environments/index.ts';
 import { assign, sendTo, setup } from 'xstate';
 import type { LossTrigger, Metrics, ReplanRecord } from '../../../mesh/wire/index.ts';
-import { lostAfter, measuredPeriods, placementsOf, readSnapshot, unfinishedMigration, type IterationStart, type Loss, type SnapshotRead } from '../../elastic/index.ts';
+import { lostAfter, measuredPeriods, placementsOf, readSnapshot, recentPeriod, unfinishedMigration, type IterationStart, type Loss, type SnapshotRead } from '../../elastic/index.ts';
 export type { MigrationOutput } from '../../elastic/index.ts';
 import type { Layout } from '../../../mesh/parallel/index.ts';
 import { CallError, fence, type Dispatcher } from '../dispatch/dispatch.ts';
@@ -591,6 +591,7 @@ export const supervisorMachine = setup({
               spares: sparesOf(context),
               loss: context.loss!,
               at: context.loss!.at,
+              measuredPeriod: recentPeriod(context.starts, context.replans.at(-1)?.iteration ?? 0),
               progress: {
                 epoch: context.dispatcher.epoch,
                 iteration: (context.snapshot ?? -1) + 1,

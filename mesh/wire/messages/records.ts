@@ -37,6 +37,14 @@ export const ReplanRecord = z.strictObject({
   minimum_bytes: nat,
   snapshot_only_bytes: nat,
   why: z.string(),
+  /**
+   * The period the run measured on the plan before, over its last iterations (wall-clock; the first
+   * after a start, a recovery or a migration left out: it warms the new shapes up), and the machine's
+   * speed it gives: that period ÷ the plan's estimate from the profile as fitted. The estimates here
+   * are priced at that speed (the profile scaled by it). Absent where no such iteration had run.
+   */
+  measured_period_before: z.number().positive().optional(),
+  machine_speed: z.number().positive().optional(),
   /** Filled in once the migration is done: its seconds (restore and check), the bytes it sent and the least a migration could send (optimizer moments counted), seconds from the loss to going on. */
   migration_seconds: z.number().optional(),
   migration_bytes: nat.optional(),
