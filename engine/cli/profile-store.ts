@@ -5,8 +5,7 @@
 // the manifest's seconds added to the fixed part (the planner's storeLatency and storeBandwidth).
 import { PROTOCOL_VERSION, type SnapshotManifest } from '../../mesh/wire/index.ts';
 import type { Layout } from '../../mesh/parallel/index.ts';
-import { JetStreamStore, median } from '../runtime/index.ts';
-import { objectName } from '../runtime/store/snapshots.ts';
+import { JetStreamStore, median, objectName } from '../runtime/index.ts';
 import type { Workers } from './workers.ts';
 
 /** Rounds per size; the first of each is a warm-up, not counted. */

@@ -21,6 +21,7 @@ export * from './run/setup.ts';
 export * from './scenario/scenario.ts';
 export * from './store/store.ts';
 export * from './store/reshard.ts';
+export { objectName } from './store/snapshots.ts';
 export * from './supervisor/supervision.ts';
 export * from './supervisor/supervisor.machine.ts';
 export * from './plan/catalog.ts';
