@@ -6,7 +6,7 @@ import {
   PROTOCOL_VERSION,
   ShardObject,
   decode,
-  encode,
+  encodeSized,
   sha256,
   stateDigest,
   type Checkpoint,
@@ -49,7 +49,8 @@ export function stateOf(h: HeldShard): Checkpoint {
 /** Writes the shard's state into `device`'s own bucket as one ShardObject; see the protocol's `snapshot`. */
 export async function writeSnapshot(shelf: Shelf, device: number, h: HeldShard, model: string, iteration: number, body: CallOf<'snapshot'>): Promise<ResultOf<'snapshot'>> {
   const checkpoint = stateOf(h);
-  const bytes = encode({ type: 'shard', v: PROTOCOL_VERSION, model, layout: h.layout, rank: h.rank, iteration, checkpoint });
+  const typed = checkpoint.tensors.reduce((n, t) => n + t.data.byteLength, 0) + (checkpoint.optimizer?.moments ?? []).reduce((n, m) => n + m.m.byteLength + m.v.byteLength, 0);
+  const bytes = encodeSized({ type: 'shard', v: PROTOCOL_VERSION, model, layout: h.layout, rank: h.rank, iteration, checkpoint }, typed);
   return { bytes: bytes.length, sha256: await shelf.put(device, body.object, bytes), state: stateDigest(checkpoint) };
 }
 

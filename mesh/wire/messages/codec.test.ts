@@ -1,6 +1,6 @@
 import { describe, it, expect } from 'vitest';
 import { Packr } from 'msgpackr';
-import { FRAME, ProtocolError, decode, encode } from './codec.ts';
+import { FRAME, ProtocolError, decode, encode, encodeSized } from './codec.ts';
 import { Call, Chunk, PROTOCOL_VERSION, Reply, type Call as CallT } from './protocol.ts';
 import { REWARD_PROTOCOL_VERSION, RewardReply } from '../services/reward-protocol.ts';
 
@@ -159,6 +159,23 @@ describe('encode/decode round trip', () => {
       expect(reused.buffer).toBe(dirty.buffer);
       expect(dirty[fresh.length]).toBe(0xab);
     }
+  });
+
+  it('a large message encoded into an array of its own is the same bytes, whether the room was enough or not, and the messages after it are unchanged', () => {
+    const weights = Float32Array.from({ length: 300_000 }, (_, i) => Math.sin(i));
+    const moments = Float32Array.from({ length: 300_000 }, (_, i) => i / 7);
+    const message = { type: 'shard', v: PROTOCOL_VERSION, model: 'actor', rank: 0, checkpoint: { tensors: [{ name: 'w', shape: [300_000], data: weights }], moments: [moments] } };
+    const plain = encode(message);
+    const small = encode({ type: 'ping', v: PROTOCOL_VERSION, n: 1 });
+    const typed = weights.byteLength + moments.byteLength;
+    const sized = encodeSized(message, typed);
+    expect(bits(sized)).toBe(bits(plain));
+    expect(sized.byteOffset).toBe(0); // an array of its own
+    // Too little room: msgpackr grows it, the bytes the same.
+    expect(bits(encodeSized(message, 1000))).toBe(bits(plain));
+    expect(bits(encode({ type: 'ping', v: PROTOCOL_VERSION, n: 1 }))).toBe(bits(small));
+    // A message encoded after it does not share its array.
+    expect(encode({ type: 'ping', v: PROTOCOL_VERSION, n: 2 }).buffer).not.toBe(sized.buffer);
   });
 
   it('replies decode with the Reply union', () => {

@@ -34,6 +34,26 @@ export function encode(message: { type: string; v: number; [key: string]: unknow
 
 const newBytes = (size: number) => new Uint8Array(size);
 
+/** Room a large message's map keys, names, shapes and small fields get beyond its typed arrays. */
+const SIZED_SLACK = 64 << 10;
+
+/**
+ * A large message (a shard's state: megabytes of typed arrays) encoded as `encode` does, bit for
+ * bit, into one array of its own sized from `typedBytes`, the bytes of its typed arrays. msgpackr's
+ * shared buffer would grow to fit it by copying what it has written into one of twice its size (or
+ * four times), more than once, and keep the largest for every message after: a snapshot cost as
+ * much in those copies as in hashing it. Where the room is short after all, msgpackr grows it.
+ */
+export function encodeSized(message: { type: string; v: number; [key: string]: unknown }, typedBytes: number): Uint8Array {
+  packr.useBuffer(Buffer.allocUnsafeSlow(typedBytes + SIZED_SLACK + Math.ceil(typedBytes / 100)));
+  try {
+    return packr.pack(message);
+  } finally {
+    // The next message starts in a small array of its own, not in what is left of this one.
+    packr.useBuffer(Buffer.allocUnsafeSlow(8192));
+  }
+}
+
 /**
  * A framed message: the 4 bytes FRAME, the header's length as a little-endian u32, the header (a
  * msgpack map: the message without its `data`), zeros up to a multiple of 4 bytes, then `data`'s
