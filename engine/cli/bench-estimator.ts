@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Metrics } from '../../mesh/wire/index.ts';
 import { runId } from '../../mesh/wire/index.ts';
-import type { DeviceProfile } from '../runtime/index.ts';
+import type { DeviceProfile, Summary } from '../runtime/index.ts';
 import { Evaluator, PLACEMENTS, namedPlan, scaledProfile, search, type Candidate } from '../runtime/index.ts';
 import { candidateOf, problemOf } from '../runtime/index.ts';
 import { median } from '../runtime/index.ts';
@@ -102,8 +102,9 @@ export async function estimatorBench(profile: DeviceProfile, iterations: number,
 
 /**
  * Runs `scenario` for real (worker processes over NATS) and returns its median seconds per
- * iteration after the first, which warms caches and compiles: the steady state the simulator
- * estimates.
+ * iteration after the first, which warms caches and compiles, with its snapshots' share added (a
+ * snapshot's mean seconds ÷ checkpoint.every: an iteration's own seconds leave its snapshot out):
+ * the steady state the simulator estimates, which prices the snapshots too.
  */
 async function medianIterationSeconds(scenario: Scenario, run: string): Promise<number> {
   const dir = mkdtempSync(join(tmpdir(), 'ferry-measured-'));
@@ -114,7 +115,10 @@ async function medianIterationSeconds(scenario: Scenario, run: string): Promise<
       .trim()
       .split('\n')
       .map((l) => JSON.parse(l) as Metrics);
-    return median(metrics.slice(1).map((m) => m.seconds))!;
+    const { snapshots } = JSON.parse(readFileSync(join(dir, 'summary.json'), 'utf8')) as Summary;
+    const every = scenario.checkpoint.every;
+    const snapshotSeconds = snapshots?.count && every ? (snapshots.write_seconds + snapshots.manifest_seconds) / snapshots.count / every : 0;
+    return median(metrics.slice(1).map((m) => m.seconds))! + snapshotSeconds;
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
