@@ -31,7 +31,10 @@ const meshes = (plan: Record<string, { mesh: string }>) => Object.values(plan).m
 describe('elastic runs', () => {
   it('scenarios/elastic.yaml: device 3 lost for good in iteration 3, the supervisor killed in the migration, a worker back for device 3 later; the run ends where a resume on the new plan ends', async () => {
     const dir = tempDir();
-    const scenario = loadScenario(join(ROOT, 'scenarios', 'elastic.yaml'));
+    // The scenario's own events, and the supervisor killed while it restores the snapshot onto the
+    // new plan: the one that takes the run over reads the decision written ahead, and migrates again.
+    const chaos = readFileSync(join(ROOT, 'scenarios', 'elastic.yaml'), 'utf8').match(/^chaos:[\s\S]*$/m)![0];
+    const scenario = loadScenario(elastic(dir, 'elastic', chaos.replace('  kills:\n', '  kills:\n    - { actor: supervisor, call: restore, iteration: -1 }\n'), 40));
     const report = await runChaos(scenario, join(dir, 'chaos'));
     const log = readFileSync(join(report.runs.chaos, 'logs', 'supervisor.log'), 'utf8');
     expect(report.chaos.status, `${report.chaos.error}\n${log}`).toBe('succeeded');
@@ -47,7 +50,7 @@ describe('elastic runs', () => {
     expect(r).toMatchObject({ iteration: 3, trigger: 'chaos', lost: [3], joined: [], changed: true, parameters_equal_after_migration: true });
     // The worker that came back was offered to the planner at a boundary, and the decision says why, with both estimates.
     expect(back).toMatchObject({ trigger: 'join', lost: [], joined: [3] });
-    expect(back!.iteration).toBeGreaterThan(5);
+    expect(back!.iteration).toBeGreaterThan(17);
     expect(back!.why).toMatch(back!.changed ? /device\(s\) 3 joined and are used: they save [\d.]+ s over \d+ iterations, more than the migration's/ : /device\(s\) 3 joined and are left idle/);
     expect(meshes(r!.plan_before)).toContain('0:3');
     for (const mesh of meshes(r!.plan_after)) expect(['0:0', '0:1', '0:2', '0:0-1']).toContain(mesh);
