@@ -81,8 +81,7 @@ interface Context extends SupervisorInput {
   joined: Record<number, { worker: string; backend: string }>;
   iteration: number;
   startedAt: number;
-  iterationStartedAt: number;
-  /** Each iteration this supervisor began, and when (the measured period after a re-plan). */
+  /** Each iteration this supervisor began, and when: the last is the running one (its seconds; the measured period after a re-plan). */
   starts: IterationStart[];
   history: Metrics[];
   parameters: Record<string, number>;
@@ -360,7 +359,7 @@ export const supervisorMachine = setup({
     ),
     /** The iteration's metrics: the reward, every statistic the graph produced, time, tokens, moves. */
     recordIteration: assign(({ context }, out: IterationResult) => {
-      const seconds = (Date.now() - context.iterationStartedAt) / 1000;
+      const seconds = (Date.now() - context.starts.at(-1)!.at) / 1000;
       const { fields } = out;
       const reward = fields[context.spec.graph.reward];
       const stats = Object.fromEntries(Object.entries(fields).filter((e): e is [string, number] => typeof e[1] === 'number' && e[0] !== context.spec.graph.reward));
@@ -425,7 +424,6 @@ export const supervisorMachine = setup({
     joined: {},
     iteration: input.takeOver?.iteration ?? (input.resume ? input.resume.iteration + 1 : 0),
     startedAt: input.takeOver?.startedAt ?? Date.now(),
-    iterationStartedAt: Date.now(),
     starts: [],
     history: input.takeOver?.history ?? input.resume?.history ?? [],
     parameters: {},
@@ -689,10 +687,7 @@ export const supervisorMachine = setup({
       on: RECOVER_ON_LOSS,
       states: {
         running: {
-          entry: assign(({ context }) => {
-            const at = Date.now();
-            return { iterationStartedAt: at, starts: [...context.starts, { iteration: context.iteration, at }] };
-          }),
+          entry: assign({ starts: ({ context }) => [...context.starts, { iteration: context.iteration, at: Date.now() }] }),
           invoke: {
             src: 'iteration',
             input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration, rewards: context.rewards, views: context.views }),
