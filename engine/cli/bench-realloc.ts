@@ -8,8 +8,7 @@ import { runExchange } from '../runtime/index.ts';
 import { FLUSH_EVERY, blockDigests } from '../../mesh/wire/index.ts';
 import { modelInfo, parameterCount, type GptSpec } from '../model/index.ts';
 import { median } from '../runtime/index.ts';
-import { withWorkers } from './workers.ts';
-import { readFileSync } from 'node:fs';
+import { cpuOf, withWorkers } from './workers.ts';
 import { cpus } from 'node:os';
 
 export interface ReallocBenchOptions {
@@ -38,30 +37,12 @@ export function digestMsPerMb(rounds = 5): number {
   return median(times)! / (data.byteLength / MB);
 }
 
-/**
- * CPU seconds (user + system) a process has used, from /proc/PID/stat; undefined where there is
- * no /proc (the benchmark then reports no CPU figures).
- */
-export function cpuSeconds(pid: number): number | undefined {
-  try {
-    // Fields after the command's closing parenthesis: state is the 3rd field, utime the 14th, stime the 15th.
-    const rest = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ').at(-1)!.split(' ');
-    return (Number(rest[11]) + Number(rest[12])) / CLOCK_TICKS;
-  } catch {
-    return undefined;
-  }
-}
-
-/** Linux's USER_HZ: /proc counts CPU time in hundredths of a second on every architecture it runs on. */
-const CLOCK_TICKS = 100;
-
 export async function reallocBench(o: ReallocBenchOptions) {
   const spec: GptSpec = { kind: 'policy', vocab: 11, context: 9, layers: o.layers, width: o.width, heads: 8 };
   const devices = [...new Set([...o.from.devices, ...o.to.devices])].sort((a, b) => a - b);
   return withWorkers(devices.length, 'bench-realloc', async ({ nc, subj, d, pids }) => {
     // CPU seconds of the server and of the workers, to tell work from waiting (NaN without /proc).
-    const seconds = (pid: number) => cpuSeconds(pid) ?? Number.NaN;
-    const cpu = () => ({ server: seconds(pids.server), workers: pids.workers.reduce((a, p) => a + seconds(p), 0) });
+    const cpu = () => cpuOf(pids);
     const spent = { realloc: { server: 0, workers: 0 }, raw: { server: 0, workers: 0 } };
     const addSpent = (into: { server: number; workers: number }, a: ReturnType<typeof cpu>, b: ReturnType<typeof cpu>) => {
       into.server += b.server - a.server;

@@ -8,8 +8,7 @@ import { cpus } from 'node:os';
 import { NatsShelf } from '../../mesh/wire/index.ts';
 import type { Layout } from '../../mesh/parallel/index.ts';
 import type { GptSpec } from '../model/index.ts';
-import { cpuSeconds } from './bench-realloc.ts';
-import { withWorkers } from './workers.ts';
+import { TRAINING_OPTIM, cpuOf, withWorkers } from './workers.ts';
 
 const MB = 1e6;
 
@@ -33,15 +32,13 @@ export async function snapshotWrites(o: { devices: number[]; width: number; roun
   return withWorkers(most, 'bench-snapshot-writes', async ({ nc, run, d, pids }) => {
     const shelf = new NatsShelf(nc, run);
     for (let dev = 0; dev < most; dev++) await shelf.create(dev);
-    const seconds = (pid: number) => cpuSeconds(pid) ?? Number.NaN;
-    const cpu = () => ({ server: seconds(pids.server), workers: pids.workers.reduce((a, p) => a + seconds(p), 0) });
+    const cpu = () => cpuOf(pids);
     const rows: WritesRow[] = [];
     for (const n of o.devices) {
       const spec: GptSpec = { kind: 'policy', vocab: 11, context: 9, layers: 2 * n, width: o.width, heads: 4 };
       const layout: Layout = { devices: Array.from({ length: n }, (_, i) => i), dp: 1, tp: 1, pp: n };
       const model = `actor${n}`;
-      const optim = { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 };
-      await Promise.all(layout.devices.map((dev, rank) => d.call(dev, model, 0, { fn: 'load', role: 'actor', spec, layout, rank, seed: 1, optim })));
+      await Promise.all(layout.devices.map((dev, rank) => d.call(dev, model, 0, { fn: 'load', role: 'actor', spec, layout, rank, seed: 1, optim: TRAINING_OPTIM })));
       const walls: number[] = [];
       let bytes = 0;
       let spent = { server: 0, workers: 0 };
@@ -73,14 +70,14 @@ export async function snapshotWrites(o: { devices: number[]; width: number; roun
     }
     const first = rows[0]!;
     const last = rows.at(-1)!;
-    const cpuOf = (r: WritesRow) => ((r.server_ms_per_mb + r.workers_ms_per_mb) * r.mb_per_device * r.devices) / 1000;
+    const snapshotCpu = (r: WritesRow) => ((r.server_ms_per_mb + r.workers_ms_per_mb) * r.mb_per_device * r.devices) / 1000;
     // seconds = CPU ÷ cores busy, so the seconds' ratio is the CPU's ratio over the busy cores' ratio.
     return {
       rows,
       cores: cpus().length,
       seconds_ratio: last.seconds / first.seconds,
       /** CPU seconds a snapshot took on the most devices ÷ on the fewest. */
-      cpu_ratio: cpuOf(last) / cpuOf(first),
+      cpu_ratio: snapshotCpu(last) / snapshotCpu(first),
       /** Cores busy on the most devices ÷ on the fewest. */
       busy_ratio: last.cores_busy / first.cores_busy,
     };

@@ -6,7 +6,7 @@
 import { PROTOCOL_VERSION, type SnapshotManifest } from '../../mesh/wire/index.ts';
 import type { Layout } from '../../mesh/parallel/index.ts';
 import { JetStreamStore, median, objectName } from '../runtime/index.ts';
-import type { Workers } from './workers.ts';
+import { TRAINING_OPTIM, type Workers } from './workers.ts';
 
 /** Rounds per size; the first of each is a warm-up, not counted. */
 const ROUNDS = 6;
@@ -15,13 +15,12 @@ export async function storeProbe(w: Pick<Workers, 'nc' | 'run' | 'd'>, log: (lin
   const { nc, run, d } = w;
   const store = await JetStreamStore.open(nc, run, { devices: [0] });
   const layout: Layout = { devices: [0], dp: 1, tp: 1, pp: 1 };
-  const optim = { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 };
   const points: Array<{ bytes: number; write: number; manifest: number }> = [];
   let iteration = 0;
   for (const width of [64, 256]) {
     const model = `store${width}`;
     const spec = { kind: 'policy' as const, vocab: 11, context: 9, layers: 2, width, heads: 4 };
-    await d.call(0, model, 0, { fn: 'load', role: 'actor', spec, layout, rank: 0, seed: 1, optim });
+    await d.call(0, model, 0, { fn: 'load', role: 'actor', spec, layout, rank: 0, seed: 1, optim: TRAINING_OPTIM });
     const writes: number[] = [];
     const manifests: number[] = [];
     let bytes = 0;

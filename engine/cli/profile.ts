@@ -16,7 +16,7 @@ import { median } from '../runtime/index.ts';
 import { localShape, type DeviceProfile, type ModelShape } from '../runtime/index.ts';
 import { callCost, type CallKind, type Workload } from '../runtime/index.ts';
 import { LOCAL_PROFILE } from '../runtime/index.ts';
-import { withWorkers, type Workers } from './workers.ts';
+import { TRAINING_OPTIM, withWorkers, type Workers } from './workers.ts';
 import { storeProbe } from './profile-store.ts';
 
 const USAGE = 'usage: npm run profile [-- --out FILE] [--json]';
@@ -133,7 +133,7 @@ function trainBody(body: { tokens: Int32Array; batch: number; promptLen: number;
 export async function speedProbe(d: Workers['d'], device = 0): Promise<number> {
   const spec = { kind: 'policy' as const, vocab: 11, context: 28, layers: 2, width: 64, heads: 4 };
   const layout: Layout = { devices: [device], dp: 1, tp: 1, pp: 1 };
-  await d.call(device, 'probe', 0, { fn: 'load', role: 'probe', spec, layout, rank: 0, seed: 1, optim: { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 } });
+  await d.call(device, 'probe', 0, { fn: 'load', role: 'probe', spec, layout, rank: 0, seed: 1, optim: TRAINING_OPTIM });
   const batch = 64;
   const tokens = Int32Array.from({ length: batch * 28 }, (_, i) => i % 10);
   const body = { tokens, batch, promptLen: 3, responseLen: 25 };
@@ -184,7 +184,7 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
       const shape = localShape('p', vocab, layers, width, 4);
       const context = Math.max(...WORKLOADS.map((w) => w.promptLen + w.responseLen));
       const spec = { kind: 'policy' as const, vocab, context, layers, width, heads: 4 };
-      await d.call(0, 'm', 0, { fn: 'load', role: 'actor', spec, layout: ONE, rank: 0, seed: 1, optim: { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 } });
+      await d.call(0, 'm', 0, { fn: 'load', role: 'actor', spec, layout: ONE, rank: 0, seed: 1, optim: TRAINING_OPTIM });
       for (const { promptLen, responseLen } of WORKLOADS) {
         for (const batch of [16, 64]) {
           const wl: Workload = { batch, promptLen, responseLen, epochs: 2, minibatches: 2 };
@@ -242,9 +242,7 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
     const parallelSlowdown = await (async () => {
       const layout = (dev: number): Layout => ({ devices: [dev], dp: 1, tp: 1, pp: 1 });
       const spec = { kind: 'policy' as const, vocab, context: 28, layers: 2, width: 64, heads: 4 };
-      await Promise.all(
-        [0, 1].map((dev) => d.call(dev, 'p', 0, { fn: 'load', role: 'actor', spec, layout: layout(dev), rank: 0, seed: 1, optim: { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 } })),
-      );
+      await Promise.all([0, 1].map((dev) => d.call(dev, 'p', 0, { fn: 'load', role: 'actor', spec, layout: layout(dev), rank: 0, seed: 1, optim: TRAINING_OPTIM })));
       const batch = 64;
       const tokens = Int32Array.from({ length: batch * 28 }, (_, i) => i % (vocab - 1));
       const train = (dev: number) => d.call(dev, 'p', 0, trainBody({ tokens, batch, promptLen: 3, responseLen: 25 }, batch * 25, { epochs: 1, minibatches: 1 }));
@@ -323,8 +321,7 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
       { dp: 1, tp: 1, pp: 2 },
     ]) {
       const layout: Layout = { devices: [0, 1], ...s };
-      const load = (rank: number) =>
-        d.call(layout.devices[rank]!, 'mesh', 0, { fn: 'load', role: 'actor', spec, layout, rank, seed: 1, optim: { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 } });
+      const load = (rank: number) => d.call(layout.devices[rank]!, 'mesh', 0, { fn: 'load', role: 'actor', spec, layout, rank, seed: 1, optim: TRAINING_OPTIM });
       await Promise.all([load(0), load(1)]);
       const batch = 64;
       const wl: Workload = { batch, promptLen: 5, responseLen: 4, epochs: 2, minibatches: 2 };

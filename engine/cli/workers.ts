@@ -1,11 +1,11 @@
 // A private nats-server and `count` worker processes that have joined as devices 0..count-1, for
 // commands that drive workers directly (benchmarks, the profiler); all of it is stopped after.
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { connectBus, type NatsConnection } from '../../mesh/wire/index.ts';
 import { startNatsServer } from '../../mesh/wire/index.ts';
-import { runId, subjects, type Subjects } from '../../mesh/wire/index.ts';
+import { runId, subjects, type Optim, type Subjects } from '../../mesh/wire/index.ts';
 import { BusDispatcher } from '../runtime/index.ts';
 import { Membership } from '../runtime/index.ts';
 import { exited, startProcess } from './launch.ts';
@@ -56,4 +56,30 @@ export async function withWorkers<T>(count: number, label: string, fn: (w: Worke
     await server.stop();
     rmSync(dir, { recursive: true, force: true });
   }
+}
+
+/** The optimizer a command loads a trainable shard with, where what it times does not depend on it. */
+export const TRAINING_OPTIM: Optim = { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: 1 };
+
+/**
+ * CPU seconds (user + system) a process has used, from /proc/PID/stat; undefined where there is
+ * no /proc (the benchmark then reports no CPU figures).
+ */
+export function cpuSeconds(pid: number): number | undefined {
+  try {
+    // Fields after the command's closing parenthesis: state is the 3rd field, utime the 14th, stime the 15th.
+    const rest = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ').at(-1)!.split(' ');
+    return (Number(rest[11]) + Number(rest[12])) / CLOCK_TICKS;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Linux's USER_HZ: /proc counts CPU time in hundredths of a second on every architecture it runs on. */
+const CLOCK_TICKS = 100;
+
+/** CPU seconds the nats-server and the workers (together) have used so far: NaN without /proc. */
+export function cpuOf(pids: Workers['pids']): { server: number; workers: number } {
+  const seconds = (pid: number) => cpuSeconds(pid) ?? Number.NaN;
+  return { server: seconds(pids.server), workers: pids.workers.reduce((a, p) => a + seconds(p), 0) };
 }

@@ -11,7 +11,7 @@ import { modelInfo, type GptSpec } from '../model/index.ts';
 import { logicalDigests } from '../runtime/store/reshard.ts';
 import { layoutOf, modelSpec, nodeOf, ownerOf, type RunSpec } from '../runtime/run/run.ts';
 import { checkpointLayouts, optimized, type RestorePlan } from '../runtime/run/setup.ts';
-import { modelDigest } from '../../mesh/wire/transfer/chunks.ts';
+import { modelDigest } from '../../mesh/wire/index.ts';
 import { restoreDevices, type RestoreInput, type SetupOutput } from '../runtime/supervisor/recovery.ts';
 import type { RunStore, Snapshot } from '../runtime/store/store.ts';
 
