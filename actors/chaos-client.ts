@@ -5,7 +5,7 @@
 import { request, type Bus } from '../mesh/wire/index.ts';
 import { ChaosSpare, PROTOCOL_VERSION } from '../mesh/wire/index.ts';
 import type { Subjects } from '../mesh/wire/index.ts';
-import { reachedBySupervisor, reachedByWorker, type KillPoint } from '../engine/runtime/index.ts';
+import { reachedBySupervisor, reachedByWorker, type KillPoint } from '../engine/supervision/index.ts';
 
 export const CHAOS_ENV = 'FERRY_CHAOS';
 

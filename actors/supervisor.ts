@@ -15,9 +15,9 @@ import { BusDispatcher } from '../engine/runtime/index.ts';
 import { DEFAULT_NATS, UsageError, args, logger, runMain } from './host.ts';
 import { ChaosClient } from './chaos-client.ts';
 import { JetStreamStore } from '../engine/runtime/index.ts';
-import { Membership } from '../engine/runtime/index.ts';
+import { Membership } from '../engine/supervision/index.ts';
 import { RewardClient } from '../engine/runtime/index.ts';
-import { sparesOf, supervisorMachine, type MembershipCommand, type SupervisorEvent } from '../engine/runtime/index.ts';
+import { sparesOf, supervisorMachine, type MembershipCommand, type SupervisorEvent } from '../engine/supervision/index.ts';
 
 const USAGE = 'usage: supervisor --scenario FILE --run RUN_ID --out DIR [--nats URL] [--resume] [--take-over]';
 

@@ -7,7 +7,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import type { Metrics } from '../mesh/wire/index.ts';
 import { initBackend } from '../engine/model/backend.ts';
 import type { Summary } from '../engine/runtime/record/record.ts';
-import { runInProcess } from '../engine/runtime/run/local-run.ts';
+import { runInProcess } from '../engine/supervision/local-run.ts';
 import { LocalDispatcher } from '../engine/runtime/dispatch/local-dispatch.ts';
 import type { ReallocRequest } from '../engine/runtime/dispatch/dispatch.ts';
 import { runSpec } from '../engine/runtime/run/run.ts';

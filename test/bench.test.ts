@@ -5,7 +5,7 @@ import { spawnTs } from './helpers.ts';
 
 describe('npm run bench -- iteration --json', () => {
   it('prints tokens per second and the processes-over-NATS / one-process ratio', async () => {
-    const child = spawnTs('engine/cli/bench.ts', ['iteration', '--json', '--iterations', '2']);
+    const child = spawnTs('engine/bench/bench.ts', ['iteration', '--json', '--iterations', '2']);
     expect(await child.exited).toBe(0);
     const line = child
       .output()
@@ -21,7 +21,7 @@ describe('npm run bench -- iteration --json', () => {
   }, 120_000);
 
   it('names the benchmarks it has when asked for another', async () => {
-    const child = spawnTs('engine/cli/bench.ts', ['nosuch']);
+    const child = spawnTs('engine/bench/bench.ts', ['nosuch']);
     expect(await child.exited).toBe(2);
     expect(child.output()).toMatch(/unknown benchmark "nosuch"; expected: iteration, realloc/);
   });
@@ -30,7 +30,7 @@ describe('npm run bench -- iteration --json', () => {
 describe('npm run bench -- realloc --json', () => {
   it('moves a model between layouts across worker processes and reports MB/s, the raw ratio, bytes and memory', async () => {
     // A small model keeps the test short; the benchmark's default is 72 MiB.
-    const child = spawnTs('engine/cli/bench.ts', ['realloc', '--json', '--width', '64', '--layers', '2', '--repeats', '1']);
+    const child = spawnTs('engine/bench/bench.ts', ['realloc', '--json', '--width', '64', '--layers', '2', '--repeats', '1']);
     expect(await child.exited).toBe(0);
     const r = JSON.parse(
       child

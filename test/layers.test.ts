@@ -5,9 +5,21 @@ import { dirname, join, normalize, relative } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { ROOT } from './helpers.ts';
 
-/** Bottom to top; processes and command lines (actors/, engine/cli/) sit above them all. */
-const LAYERS = ['mesh/wire', 'mesh/parallel', 'engine/model', 'engine/episodes', 'engine/device', 'engine/algorithms', 'engine/environments', 'engine/asynchrony', 'engine/runtime'];
-const TOP = ['actors', 'engine/cli'];
+/** Bottom to top; processes, command lines and benchmarks (actors/, engine/cli/, engine/bench/) sit above them all. */
+const LAYERS = [
+  'mesh/wire',
+  'mesh/parallel',
+  'engine/model',
+  'engine/episodes',
+  'engine/device',
+  'engine/algorithms',
+  'engine/environments',
+  'engine/asynchrony',
+  'engine/runtime',
+  'engine/elastic',
+  'engine/supervision',
+];
+const TOP = ['actors', 'engine/cli', 'engine/bench'];
 
 function sources(dir: string): string[] {
   return readdirSync(join(ROOT, dir)).flatMap((f) => {

@@ -4,7 +4,7 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import { initBackend } from '../engine/model/backend.ts';
 import type { Summary } from '../engine/runtime/record/record.ts';
-import { runInProcess } from '../engine/runtime/run/local-run.ts';
+import { runInProcess } from '../engine/supervision/local-run.ts';
 import { runSpec } from '../engine/runtime/run/run.ts';
 import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
 import { smallScenario, tempDir } from './helpers.ts';

@@ -10,7 +10,7 @@ import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
 import { runSpec } from '../engine/runtime/run/run.ts';
 import { initBackend } from '../engine/model/backend.ts';
 import type { Summary } from '../engine/runtime/record/record.ts';
-import { runInProcess } from '../engine/runtime/run/local-run.ts';
+import { runInProcess } from '../engine/supervision/local-run.ts';
 import { smallScenario, tempDir } from './helpers.ts';
 
 const PLAN = `model: { layers: 2, width: 32, heads: 4 }

@@ -7,7 +7,7 @@ import { connectBus, type NatsConnection } from '../../mesh/wire/index.ts';
 import { startNatsServer } from '../../mesh/wire/index.ts';
 import { runId, subjects, type Optim, type Subjects } from '../../mesh/wire/index.ts';
 import { BusDispatcher } from '../runtime/index.ts';
-import { Membership } from '../runtime/index.ts';
+import { Membership } from '../supervision/index.ts';
 import { exited, startProcess } from './launch.ts';
 
 export interface Workers {

@@ -11,7 +11,7 @@ import { Device } from './device.ts';
 import { modelDigest, stateDigest, tensorDigest } from '../../mesh/wire/transfer/chunks.ts';
 import { relaidSlices } from '../../mesh/parallel/relaid.ts';
 import { reshard } from '../runtime/store/reshard.ts';
-import { checkpointBytes, piecesOf } from '../runtime/supervisor/recovery.ts';
+import { checkpointBytes, piecesOf } from '../runtime/run/recovery.ts';
 import { initBackend } from '../model/backend.ts';
 import { LocalDispatcher } from '../runtime/dispatch/local-dispatch.ts';
 import { MemoryShelf } from '../../mesh/wire/transfer/shelf.ts';

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { runSpec } from '../runtime/run/run.ts';
-import { FOUR_DEVICES } from '../runtime/supervisor/four-devices.fixture.ts';
+import { FOUR_DEVICES } from '../runtime/run/four-devices.fixture.ts';
 import { parseScenario } from '../runtime/scenario/scenario.ts';
 import { cordonProblem } from './cordon.ts';
 

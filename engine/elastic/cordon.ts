@@ -5,7 +5,7 @@
 // a device the run does not have, the last device, and, for an operator's
 // cordon of a device that still works, a loss no plan survives.
 import { BusError, CordonReply, PROTOCOL_VERSION, request, type Bus, type CordonAsk, type Subjects } from '../../mesh/wire/index.ts';
-import type { RunSpec } from '../runtime/run/run.ts';
+import type { RunSpec } from '../runtime/index.ts';
 import { decideOffThread } from './search-thread.ts';
 
 /** Why the supervisor of `r` (on devices `need`, with workers beyond the plan on `spares`) refuses `ask`, or undefined. */

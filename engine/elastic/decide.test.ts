@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { runSpec } from '../runtime/run/run.ts';
-import { FOUR_DEVICES } from '../runtime/supervisor/four-devices.fixture.ts';
+import { FOUR_DEVICES } from '../runtime/run/four-devices.fixture.ts';
 import { join } from 'node:path';
 import { loadScenario, parseScenario, withPlan } from '../runtime/scenario/scenario.ts';
 import { ROOT } from '../../test/helpers.ts';

@@ -7,13 +7,13 @@
 // the run's store before acting on it.
 import { deviceCount } from '../../mesh/parallel/index.ts';
 import type { ReplanRecord, ReplanTrigger } from '../../mesh/wire/index.ts';
-import { candidateOf, loadLocalProfile, localProfileFile, problemOf } from '../runtime/plan/problem.ts';
-import { Evaluator, type Problem } from '../runtime/plan/planner.ts';
-import { scaledProfile } from '../runtime/plan/catalog.ts';
-import { replan } from '../runtime/plan/replan.ts';
-import { evaluationsFor } from '../runtime/plan/search.ts';
-import { planDevices, runSpec, type RunSpec } from '../runtime/run/run.ts';
-import { withPlan } from '../runtime/scenario/scenario.ts';
+import { candidateOf, loadLocalProfile, localProfileFile, problemOf } from '../runtime/index.ts';
+import { Evaluator, type Problem } from '../runtime/index.ts';
+import { scaledProfile } from '../runtime/index.ts';
+import { replan } from '../runtime/index.ts';
+import { evaluationsFor } from '../runtime/index.ts';
+import { planDevices, runSpec, type RunSpec } from '../runtime/index.ts';
+import { withPlan } from '../runtime/index.ts';
 
 /** What changed: devices lost for good, devices whose workers joined beyond the plan; why. */
 export interface Loss {

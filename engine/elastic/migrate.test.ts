@@ -6,7 +6,7 @@ import { LocalDispatcher } from '../runtime/dispatch/local-dispatch.ts';
 import { planDevices } from '../runtime/run/run.ts';
 import { setupModels, snapshotInto } from '../runtime/run/setup.ts';
 import { MemoryStore } from '../runtime/store/store.ts';
-import { FOUR_DEVICES, WITHOUT_DEVICE_3 } from '../runtime/supervisor/four-devices.fixture.ts';
+import { FOUR_DEVICES, WITHOUT_DEVICE_3 } from '../runtime/run/four-devices.fixture.ts';
 import { specOnPlan } from './decide.ts';
 import type { Layout } from '../../mesh/parallel/index.ts';
 import type { Checkpoint } from '../../mesh/wire/index.ts';
@@ -15,7 +15,7 @@ import { modelSpec, runSpec } from '../runtime/run/run.ts';
 import { parseScenario } from '../runtime/scenario/scenario.ts';
 import { logicalDigests, reshard } from '../runtime/store/reshard.ts';
 import { migrateToPlan } from './migrate.ts';
-import { setBytes } from '../runtime/supervisor/recovery.ts';
+import { setBytes } from '../runtime/run/recovery.ts';
 
 const r = runSpec(
   parseScenario('seed: 1\nmodel: { layers: 2, width: 32, heads: 4 }\ncluster: { nodes: 1, devices_per_node: 4 }\nalgorithm: { name: grpo, group: 2 }\nrl: { iterations: 2, batch: 8 }\n', 'x.yaml'),

@@ -8,12 +8,12 @@
 // The snapshot stays as it was taken (it records its layouts): a later recovery reshards it the same way.
 import { layoutKey, planMigration } from '../../mesh/parallel/index.ts';
 import { modelInfo, type GptSpec } from '../model/index.ts';
-import { logicalDigests } from '../runtime/store/reshard.ts';
-import { layoutOf, modelSpec, nodeOf, ownerOf, type RunSpec } from '../runtime/run/run.ts';
-import { checkpointLayouts, optimized, type RestorePlan } from '../runtime/run/setup.ts';
+import { logicalDigests } from '../runtime/index.ts';
+import { layoutOf, modelSpec, nodeOf, ownerOf, type RunSpec } from '../runtime/index.ts';
+import { checkpointLayouts, optimized, type RestorePlan } from '../runtime/index.ts';
 import { modelDigest } from '../../mesh/wire/index.ts';
-import { restoreDevices, type RestoreInput, type SetupOutput } from '../runtime/supervisor/recovery.ts';
-import type { RunStore, Snapshot } from '../runtime/store/store.ts';
+import { restoreDevices, type RestoreInput, type SetupOutput } from '../runtime/index.ts';
+import type { RunStore, Snapshot } from '../runtime/index.ts';
 
 export class MigrationError extends Error {
   override name = 'MigrationError';

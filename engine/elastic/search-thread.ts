@@ -8,11 +8,11 @@
 import { Worker, isMainThread, parentPort, workerData } from 'node:worker_threads';
 import type { ReplanRecord } from '../../mesh/wire/index.ts';
 import { isPath, loadAlgorithmFile } from '../algorithms/index.ts';
-import { runSpec, type RunSpec } from '../runtime/run/run.ts';
-import type { Scenario } from '../runtime/scenario/scenario.ts';
+import { runSpec, type RunSpec } from '../runtime/index.ts';
+import type { Scenario } from '../runtime/index.ts';
 import { decideReplan, problemFor, specOnPlan, type Loss } from './decide.ts';
-import { Evaluator, type Problem } from '../runtime/plan/planner.ts';
-import { candidateOf } from '../runtime/plan/problem.ts';
+import { Evaluator, type Problem } from '../runtime/index.ts';
+import { candidateOf } from '../runtime/index.ts';
 
 interface Ask {
   scenario: Scenario;

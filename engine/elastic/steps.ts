@@ -1,10 +1,10 @@
 // The supervisor's re-plan steps (supervisor.machine.ts's `replanning` state invokes them): decide
 // and write the decision ahead, migrate onto it; and what the machine derives from its re-plans.
 import type { ReplanRecord } from '../../mesh/wire/index.ts';
-import { median, type Summary } from '../runtime/record/record.ts';
-import { planDevices, type RunSpec } from '../runtime/run/run.ts';
-import type { Progress, RunStore } from '../runtime/store/store.ts';
-import { restoreDevices, type RestoreInput } from '../runtime/supervisor/recovery.ts';
+import { median, type Summary } from '../runtime/index.ts';
+import { planDevices, type RunSpec } from '../runtime/index.ts';
+import type { Progress, RunStore } from '../runtime/index.ts';
+import { restoreDevices, type RestoreInput } from '../runtime/index.ts';
 import { specOnPlan, type Loss } from './decide.ts';
 import { migrateToPlan, type SnapshotRead } from './migrate.ts';
 import { decideOffThread } from './search-thread.ts';

@@ -10,7 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { runId } from '../../mesh/wire/index.ts';
 import { loadScenario, median } from '../runtime/index.ts';
-import { launch } from './launch.ts';
+import { launch } from '../cli/launch.ts';
 
 export interface SnapshotRow {
   devices: number;

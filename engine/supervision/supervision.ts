@@ -2,7 +2,7 @@
 // which processes a strategy restarts with a dead one, and the intensity past which a supervisor
 // stops restarting and escalates. The launcher applies them to processes, the supervisor machine
 // to recoveries.
-import type { POLICIES, STRATEGIES } from '../scenario/scenario.ts';
+import type { POLICIES, STRATEGIES } from '../runtime/index.ts';
 
 export type Policy = (typeof POLICIES)[number];
 export type Strategy = (typeof STRATEGIES)[number];

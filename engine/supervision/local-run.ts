@@ -1,11 +1,11 @@
 // The same supervisor machine and the same devices in one process, with no bus: the baseline
 // that benchmarks compare the distributed run against, and a quick way to test the arithmetic.
 import { createActor, fromCallback, toPromise } from 'xstate';
-import { LocalDispatcher } from '../dispatch/local-dispatch.ts';
-import { planDevices, type RunSpec } from './run.ts';
-import type { Recorder } from '../record/record.ts';
-import { MemoryStore } from '../store/store.ts';
-import { supervisorMachine, type MembershipCommand } from '../supervisor/supervisor.machine.ts';
+import { LocalDispatcher } from '../runtime/index.ts';
+import { planDevices, type RunSpec } from '../runtime/index.ts';
+import type { Recorder } from '../runtime/index.ts';
+import { MemoryStore } from '../runtime/index.ts';
+import { supervisorMachine, type MembershipCommand } from './supervisor.machine.ts';
 
 /** `dispatcher`: the devices to run on (default: as many as the plan uses, here). */
 export async function runInProcess(spec: RunSpec, recorder: Recorder, backend: string, run = 'local', dispatcher = new LocalDispatcher(Math.max(...planDevices(spec)) + 1)) {

@@ -16,23 +16,23 @@
 // devices left (engine/elastic/), writes it ahead to the store, restores the last snapshot onto it
 // (checked bit for bit) and goes on; workers that join beyond the plan are offered to the planner
 // at an iteration boundary.
-import type { Demonstrate } from '../../environments/index.ts';
+import type { Demonstrate } from '../environments/index.ts';
 import { assign, sendTo, setup } from 'xstate';
-import type { LossTrigger, Metrics, ReplanRecord } from '../../../mesh/wire/index.ts';
-import { lostAfter, measuredPeriods, placementsOf, readSnapshot, recentPeriod, unfinishedMigration, type IterationStart, type Loss, type SnapshotRead } from '../../elastic/index.ts';
-export type { MigrationOutput } from '../../elastic/index.ts';
-import type { Layout } from '../../../mesh/parallel/index.ts';
-import { CallError, fence, type Dispatcher } from '../dispatch/dispatch.ts';
-import { mean } from '../../algorithms/index.ts';
-import { episodeFigures } from '../../environments/index.ts';
-import { asynchronySummary, median, rewardWindows, type Recorder, type RolloutAccount, type Summary } from '../record/record.ts';
-import type { Progress, RunStore } from '../store/store.ts';
-import { planDevices, rolloutField, ruleScore, responseStats, type HeldView, type IterationResult, type RewardSources, type RunSpec } from '../run/run.ts';
-import { NextViews } from '../../asynchrony/index.ts';
-import type { CheckpointSet } from '../run/setup.ts';
+import type { LossTrigger, Metrics, ReplanRecord } from '../../mesh/wire/index.ts';
+import { lostAfter, measuredPeriods, placementsOf, readSnapshot, recentPeriod, unfinishedMigration, type IterationStart, type Loss, type SnapshotRead } from '../elastic/index.ts';
+export type { MigrationOutput } from '../elastic/index.ts';
+import type { Layout } from '../../mesh/parallel/index.ts';
+import { CallError, fence, type Dispatcher } from '../runtime/index.ts';
+import { mean } from '../algorithms/index.ts';
+import { episodeFigures } from '../environments/index.ts';
+import { asynchronySummary, median, rewardWindows, type Recorder, type RolloutAccount, type Summary } from '../runtime/index.ts';
+import type { Progress, RunStore } from '../runtime/index.ts';
+import { planDevices, rolloutField, ruleScore, responseStats, type HeldView, type IterationResult, type RewardSources, type RunSpec } from '../runtime/index.ts';
+import { NextViews } from '../asynchrony/index.ts';
+import type { CheckpointSet } from '../runtime/index.ts';
 import { Intensity } from './supervision.ts';
 import { stages } from './stages.ts';
-import { resetKeepingShards } from './recovery.ts';
+import { resetKeepingShards } from '../runtime/index.ts';
 
 export interface SupervisorInput {
   spec: RunSpec;

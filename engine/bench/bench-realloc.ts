@@ -8,7 +8,7 @@ import { runExchange } from '../runtime/index.ts';
 import { FLUSH_EVERY, blockDigests } from '../../mesh/wire/index.ts';
 import { modelInfo, parameterCount, type GptSpec } from '../model/index.ts';
 import { median } from '../runtime/index.ts';
-import { cpuOf, withWorkers } from './workers.ts';
+import { cpuOf, withWorkers } from '../cli/workers.ts';
 import { cpus } from 'node:os';
 
 export interface ReallocBenchOptions {

@@ -1,9 +1,9 @@
 import { hostname } from 'node:os';
 import { afterEach, describe, expect, it, vi } from 'vitest';
-import { decode, encode } from '../../../mesh/wire/messages/codec.ts';
-import { MemoryBus } from '../../../mesh/wire/bus/memory-bus.ts';
-import { JoinReply, PROTOCOL_VERSION, RunEvent } from '../../../mesh/wire/messages/protocol.ts';
-import { subjects } from '../../../mesh/wire/bus/subjects.ts';
+import { decode, encode } from '../../mesh/wire/messages/codec.ts';
+import { MemoryBus } from '../../mesh/wire/bus/memory-bus.ts';
+import { JoinReply, PROTOCOL_VERSION, RunEvent } from '../../mesh/wire/messages/protocol.ts';
+import { subjects } from '../../mesh/wire/bus/subjects.ts';
 import { Membership, type Joined, type Lost } from './membership.ts';
 
 const v = PROTOCOL_VERSION;

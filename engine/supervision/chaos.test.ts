@@ -1,8 +1,8 @@
 import { describe, expect, it } from 'vitest';
 import { joinPoints, killPoints, reachedBySupervisor, reachedByWorker, type KillPoint } from './chaos.ts';
-import { runSpec, type RunSpec } from '../run/run.ts';
-import { parseScenario, ScenarioError } from '../scenario/scenario.ts';
-import { FOUR_DEVICES } from './four-devices.fixture.ts';
+import { runSpec, type RunSpec } from '../runtime/run/run.ts';
+import { parseScenario, ScenarioError } from '../runtime/scenario/scenario.ts';
+import { FOUR_DEVICES } from '../runtime/run/four-devices.fixture.ts';
 
 /** The plan of scenarios/chaos.yaml: weights move between meshes before generation and critic inference. */
 const CHAOS_PLAN = `\nname: chaos${FOUR_DEVICES}warmup: { steps: 4, demos: 128, batch: 32 }\nrl: { iterations: 6, batch: 32 }\n`;

@@ -9,7 +9,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { UsageError, args, runMain } from '../../actors/host.ts';
-import { runInProcess } from '../runtime/index.ts';
+import { runInProcess } from '../supervision/index.ts';
 import type { Metrics } from '../../mesh/wire/index.ts';
 import { runId } from '../../mesh/wire/index.ts';
 import { initBackend } from '../model/index.ts';
@@ -31,9 +31,9 @@ import { checkpointBench } from './bench-checkpoint.ts';
 import { snapshotBench } from './bench-snapshot.ts';
 import { snapshotWrites } from './bench-snapshot-writes.ts';
 import { searchQualityBench } from './bench-search-quality.ts';
-import { runChaos } from './chaos-run.ts';
-import { profileLocal } from './profile.ts';
-import { launch } from './launch.ts';
+import { runChaos } from '../cli/chaos-run.ts';
+import { profileLocal } from '../cli/profile.ts';
+import { launch } from '../cli/launch.ts';
 
 const USAGE = `usage: npm run bench -- NAME [--json] [options]
   iteration [--scenario FILE] [--iterations N]   tokens/s over NATS, and the ratio to one process

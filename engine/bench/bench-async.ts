@@ -14,7 +14,7 @@ import { fileURLToPath } from 'node:url';
 import type { Metrics } from '../../mesh/wire/index.ts';
 import { runId, startNatsServer } from '../../mesh/wire/index.ts';
 import { evaluationsFor, loadLocalProfile, loadScenarioFile, localProfileFile, planAtLag, poolsOf, ProfileError, type Scenario } from '../runtime/index.ts';
-import { launch } from './launch.ts';
+import { launch } from '../cli/launch.ts';
 
 export interface AsyncRow {
   lag: number;

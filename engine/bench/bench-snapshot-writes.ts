@@ -8,7 +8,7 @@ import { cpus } from 'node:os';
 import { NatsShelf } from '../../mesh/wire/index.ts';
 import type { Layout } from '../../mesh/parallel/index.ts';
 import type { GptSpec } from '../model/index.ts';
-import { TRAINING_OPTIM, cpuOf, withWorkers } from './workers.ts';
+import { TRAINING_OPTIM, cpuOf, withWorkers } from '../cli/workers.ts';
 
 const MB = 1e6;
 

@@ -2,10 +2,10 @@
 // kills, and random ones drawn from a seed). Each names the actor kind, the call it dies in, the
 // iteration, and the device whose worker dies there (the supervisor has none), so that a worker
 // or the supervisor can tell, call by call, whether it has reached one.
-import { Rng, seedOf } from '../../model/index.ts';
-import { layoutOf, ownerOf, planDevices, viewOf, type RunSpec } from '../run/run.ts';
-import { keptModels } from '../run/setup.ts';
-import { ScenarioError, type CallName } from '../scenario/scenario.ts';
+import { Rng, seedOf } from '../model/index.ts';
+import { layoutOf, ownerOf, planDevices, viewOf, type RunSpec } from '../runtime/index.ts';
+import { keptModels } from '../runtime/index.ts';
+import { ScenarioError, type CallName } from '../runtime/index.ts';
 
 /** A model of the algorithm, or the supervisor. */
 export type ActorKind = string;

@@ -2,16 +2,16 @@
 // losses, failing stages, escalation, take-over, interruption) run without processes or NATS.
 import { describe, it, expect, vi } from 'vitest';
 import { createActor, fromCallback, fromPromise, waitFor, type InputFrom } from 'xstate';
-import type { CallBody, CallOf, Metrics } from '../../../mesh/wire/messages/protocol.ts';
-import type { Dispatcher } from '../dispatch/dispatch.ts';
-import type { Recorder, Summary } from '../record/record.ts';
-import type { Progress, RunStore } from '../store/store.ts';
-import { layoutOf, ownerOf, planDevices, runSpec, type IterationResult, type RunSpec } from '../run/run.ts';
-import { keptModels, type CheckpointSet, type SnapshotCost } from '../run/setup.ts';
-import { MemoryShelf } from '../../../mesh/wire/index.ts';
-import { parseScenario } from '../scenario/scenario.ts';
+import type { CallBody, CallOf, Metrics } from '../../mesh/wire/messages/protocol.ts';
+import type { Dispatcher } from '../runtime/dispatch/dispatch.ts';
+import type { Recorder, Summary } from '../runtime/record/record.ts';
+import type { Progress, RunStore } from '../runtime/store/store.ts';
+import { layoutOf, ownerOf, planDevices, runSpec, type IterationResult, type RunSpec } from '../runtime/run/run.ts';
+import { keptModels, type CheckpointSet, type SnapshotCost } from '../runtime/run/setup.ts';
+import { MemoryShelf } from '../../mesh/wire/index.ts';
+import { parseScenario } from '../runtime/scenario/scenario.ts';
 import { supervisorMachine, type MembershipCommand, type MigrationOutput, type SupervisorInput } from './supervisor.machine.ts';
-import { FOUR_DEVICES } from './four-devices.fixture.ts';
+import { FOUR_DEVICES } from '../runtime/run/four-devices.fixture.ts';
 
 type Impl = NonNullable<NonNullable<Parameters<typeof supervisorMachine.provide>[0]>['actors']>;
 /** The input the machine gives a stage actor. */

@@ -3,15 +3,15 @@
 // recovery, a re-plan's decision and migration, the digests at the end — and the membership
 // actor the process host provides.
 import { fromCallback, fromPromise } from 'xstate';
-import type { Demonstrate } from '../../environments/index.ts';
-import { decideAndWriteAhead, migrateOrSetUp, type SnapshotRead } from '../../elastic/index.ts';
-import type { Dispatcher } from '../dispatch/dispatch.ts';
-import { accountRollouts } from '../../device/index.ts';
-import type { Progress, RunStore } from '../store/store.ts';
-import { finalDigests, planDevices, runIteration, trainedRollouts, type HeldView, type IterationResult, type RewardSources, type RunSpec } from '../run/run.ts';
-import type { NextViews } from '../../asynchrony/index.ts';
-import { setupModels, snapshotInto, type CheckpointSet } from '../run/setup.ts';
-import { restoreDevices } from './recovery.ts';
+import type { Demonstrate } from '../environments/index.ts';
+import { decideAndWriteAhead, migrateOrSetUp, type SnapshotRead } from '../elastic/index.ts';
+import type { Dispatcher } from '../runtime/index.ts';
+import { accountRollouts } from '../device/index.ts';
+import type { Progress, RunStore } from '../runtime/index.ts';
+import { finalDigests, planDevices, runIteration, trainedRollouts, type HeldView, type IterationResult, type RewardSources, type RunSpec } from '../runtime/index.ts';
+import type { NextViews } from '../asynchrony/index.ts';
+import { setupModels, snapshotInto, type CheckpointSet } from '../runtime/index.ts';
+import { restoreDevices } from '../runtime/index.ts';
 import type { MembershipCommand, SupervisorInput } from './supervisor.machine.ts';
 
 /** What every stage is given. */

@@ -9,10 +9,10 @@
 // hears beating. What a worker says on its heartbeat (a warning) is said for it: a worker may not
 // publish run events. Each worker's seal (protocol.ts) is kept for the dispatcher.
 import { hostname } from 'node:os';
-import { answerable, publishEvent, subscribe, subscribeEvents, type Bus } from '../../../mesh/wire/index.ts';
-import { encode } from '../../../mesh/wire/index.ts';
-import { Heartbeat, Hello, PROTOCOL_VERSION } from '../../../mesh/wire/index.ts';
-import type { Subjects } from '../../../mesh/wire/index.ts';
+import { answerable, publishEvent, subscribe, subscribeEvents, type Bus } from '../../mesh/wire/index.ts';
+import { encode } from '../../mesh/wire/index.ts';
+import { Heartbeat, Hello, PROTOCOL_VERSION } from '../../mesh/wire/index.ts';
+import type { Subjects } from '../../mesh/wire/index.ts';
 import { describeExit } from './supervision.ts';
 
 export interface Joined {

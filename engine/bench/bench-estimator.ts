@@ -13,9 +13,9 @@ import { Evaluator, PLACEMENTS, namedPlan, scaledProfile, search, type Candidate
 import { candidateOf, problemOf } from '../runtime/index.ts';
 import { median } from '../runtime/index.ts';
 import { parseScenario, type Scenario } from '../runtime/index.ts';
-import { launch } from './launch.ts';
-import { speedProbe } from './profile.ts';
-import { withWorkers } from './workers.ts';
+import { launch } from '../cli/launch.ts';
+import { speedProbe } from '../cli/profile.ts';
+import { withWorkers } from '../cli/workers.ts';
 
 const BASE = `name: estimator
 seed: 1
