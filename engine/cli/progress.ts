@@ -16,8 +16,15 @@ const fmt = (m: Metrics) => ({
 
 export function progress(stream: NodeJS.WriteStream = process.stdout): Progress {
   if (!stream.isTTY) {
+    // The supervisor enters its iterating state at every iteration: a log says a phase when it
+    // differs from the last phase said (iteration lines in between do not count).
+    let last = '';
     return {
-      phase: (p, d) => stream.write(`[${p}] ${d}\n`),
+      phase: (p, d) => {
+        const line = `[${p}] ${d}\n`;
+        if (line !== last) stream.write(line);
+        last = line;
+      },
       iteration: (m, total) => {
         const f = fmt(m);
         stream.write(`iteration ${m.iteration + 1}/${total}  reward ${f.reward}  kl ${f.kl}  ${f.sec} s/it  ${Math.round(m.tokens_per_second)} tok/s\n`);
