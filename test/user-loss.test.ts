@@ -176,4 +176,33 @@ describe('bad losses are refused before anything starts, naming the file, the ca
     );
     expect(await refusal('{ name: ./taken.ts, loss: gspo }', 'taken')).toMatch(/taken\.ts exports the loss 'gspo', a name already taken by a built-in loss; rename it/);
   });
+
+  it('a file whose default export is not an algorithm: the file, what was expected and what came', async () => {
+    const expected = 'expected a default export made with defineAlgorithm\\(\\{ name, summary, options, graph \\}\\)';
+    writeUser(inside, 'no-default.ts', `export const graph = () => ({});\nexport const name = 'x';\n`);
+    expect(await refusal('./no-default.ts', 'no-default')).toMatch(new RegExp(`no-default\\.ts: ${expected}, got no default export \\(it exports graph, name\\)`));
+    writeUser(inside, 'a-function.ts', 'export default function graph() { return {}; }\n');
+    expect(await refusal('./a-function.ts', 'a-function')).toMatch(new RegExp(`a-function\\.ts: ${expected}, got a function \\(graph\\)`));
+    writeUser(inside, 'wrong-shape.ts', `export default { name: 'shape', summary: 'no graph', options: { group: 4 } };\n`);
+    expect(await refusal('./wrong-shape.ts', 'wrong-shape')).toMatch(
+      new RegExp(
+        `wrong-shape\\.ts: ${expected}; its default export is wrong: options: expected a zod schema \\(z\\.strictObject\\(\\{\\.\\.\\.\\}\\)\\), got an object with group; graph: expected a function \\(options, rl\\) => Graph, got nothing`,
+      ),
+    );
+  });
+
+  it('an algorithm made by another copy of ferry (its api.ts imported from another checkout)', async () => {
+    // What defineAlgorithm of a copy at /elsewhere/ferry leaves on the algorithm it makes.
+    writeUser(
+      inside,
+      'elsewhere.ts',
+      bareFile('').replace(
+        /export default defineAlgorithm\((.*)\);\n$/s,
+        `export default Object.defineProperty($1, Symbol.for('ferry.algorithm'), { value: { url: 'file:///elsewhere/ferry/engine/algorithms/algorithm.ts' } });\n`,
+      ),
+    );
+    expect(await refusal('{ name: ./elsewhere.ts, loss: clip_policy }', 'elsewhere')).toMatch(
+      new RegExp(`elsewhere\\.ts: its defineAlgorithm came from another copy of ferry \\(/elsewhere/ferry/engine/api\\.ts\\), .*; import ${join(ROOT, 'engine/api.ts').replace(/[.]/g, '\\.')}$`),
+    );
+  });
 });

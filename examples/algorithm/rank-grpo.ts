@@ -3,8 +3,7 @@
 // scaled to [−1, 1] (ties share their mean rank) — robust to the scale of the reward. Nothing in
 // ferry is edited: the scenario names this file, and ferry loads it.
 //   npm run scenario -- examples/algorithm/scenario.yaml
-import { z } from 'zod';
-import { defineAlgorithm, perToken, rowLengths, sequenceKl, type Graph } from '../../engine/api.ts';
+import { defineAlgorithm, perToken, rowLengths, sequenceKl, z, type Graph } from '../../engine/api.ts';
 
 /** Ranks within each group, centred and scaled to [−1, 1]; equal rewards share their mean rank. */
 export function rankAdvantages(rewards: ArrayLike<number>, group: number): Float64Array {

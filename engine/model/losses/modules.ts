@@ -1,15 +1,64 @@
 // A user's loss module on a worker: the file the supervisor planned with, by path and SHA-256.
 // The worker reads its own copy, refuses it when the digests differ (a worker joined from another
 // checkout must not train with another loss), then imports it and registers the losses it
-// exports. Nothing travels as code: only the path and the digest.
+// exports. Nothing travels as code: only the path and the digest. The supervisor and the workers
+// import a user's file the one way (importUserModule), inside the checkout or anywhere else.
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
+import { register } from 'node:module';
 import { pathToFileURL } from 'node:url';
 import { LossError, isLoss, type Loss } from './define.ts';
 import { localPath, registerLoss } from './registry.ts';
 
 /** The SHA-256 of a file's bytes. */
 export const fileDigest = (file: string): string => createHash('sha256').update(readFileSync(file)).digest('hex');
+
+/**
+ * Node's module hooks that make a user's file an ES module wherever it lies. A `.ts` or `.js` file
+ * is CommonJS unless the nearest package.json says `"type": "module"`: ferry's does, a folder of
+ * the user's own (no package.json, or one without `type`) does not. There tsx compiled the file to
+ * CommonJS, and its `import … from '/…/engine/api.ts'` became a `require`, which tsx answers by
+ * compiling ferry's modules once more as CommonJS: a second copy of the engine, with a loss
+ * registry of its own, in which a built-in graph looked the file's loss up, found nothing and bound
+ * none of its ports. As an ES module the file shares the one copy the process runs, exactly as
+ * inside the checkout. A package.json that says `"type": "commonjs"` is obeyed; node_modules is
+ * left alone.
+ */
+const ESM_HOOKS = `
+import { readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+const declaredType = (file) => {
+  for (let dir = dirname(file); ; dir = dirname(dir)) {
+    try {
+      return JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8')).type;
+    } catch (e) {
+      if (e.code !== 'ENOENT') return undefined;
+    }
+    if (dirname(dir) === dir) return undefined;
+  }
+};
+export async function resolve(specifier, context, next) {
+  const r = await next(specifier, context);
+  if (!/^commonjs(-typescript)?$/.test(r.format ?? '') || !r.url.startsWith('file:')) return r;
+  const file = fileURLToPath(r.url);
+  if (!/\\.[jt]sx?$/.test(file) || /[\\\\/]node_modules[\\\\/]/.test(file) || declaredType(file) === 'commonjs') return r;
+  return { ...r, format: 'module' };
+}
+`;
+let hooked = false;
+
+/**
+ * Imports a user's module (an algorithm's file) as an ES module, so that what it imports from
+ * ferry, by a relative or an absolute path, is the copy this process runs (ESM_HOOKS says why).
+ */
+export async function importUserModule(file: string): Promise<Record<string, unknown>> {
+  if (!hooked) {
+    register(`data:text/javascript,${encodeURIComponent(ESM_HOOKS)}`);
+    hooked = true;
+  }
+  return (await import(pathToFileURL(file).href)) as Record<string, unknown>;
+}
 
 /** Modules imported by this process: absolute path → the digest they were imported at. */
 const imported = new Map<string, string>();
@@ -45,7 +94,7 @@ export async function loadLossModule(m: { file: string; sha256: string }): Promi
   }
   let mod: Record<string, unknown>;
   try {
-    mod = (await import(pathToFileURL(file).href)) as Record<string, unknown>;
+    mod = await importUserModule(file);
   } catch (e) {
     throw new LossError(`cannot load the loss module ${m.file}: ${(e as Error).message}`);
   }
