@@ -193,9 +193,9 @@ runMain(async () => {
     async (ask, msg) => {
       if (!answerable(msg)) return;
       const c = actor.getSnapshot().context;
-      // Asked again (the launcher does, of a supervisor that takes the run over): it is out already.
-      if (c.lost.includes(ask.device) || c.loss?.devices.includes(ask.device)) {
-        msg.respond(encode({ type: 'cordoned', v: PROTOCOL_VERSION, device: ask.device, left: c.need }));
+      // Asked again (the launcher does, of a supervisor that takes the run over): it is out already, or being drained.
+      if (c.lost.includes(ask.device) || c.loss?.devices.includes(ask.device) || c.draining?.devices.includes(ask.device)) {
+        msg.respond(encode({ type: 'cordoned', v: PROTOCOL_VERSION, device: ask.device, left: c.need.filter((d) => d !== ask.device) }));
         return;
       }
       let problem: string | undefined;

@@ -38,11 +38,11 @@ export const stages = {
   }),
   /** Back to the last snapshot on every device (recovery.ts). */
   recover: fromPromise(({ input }: { input: StageInput & { devices: number[]; snapshot?: number; resume?: SupervisorInput['resume'] } }) => restoreDevices(input)),
-  /** A snapshot after the iteration (every `checkpoint.every`, and after the last), written by the devices; the manifest into the store. */
-  checkpoint: fromPromise(async ({ input }: { input: StageInput }) => {
+  /** A snapshot after the iteration (every `checkpoint.every`, after the last, and whenever `force`d: a device drained), written by the devices; the manifest into the store. */
+  checkpoint: fromPromise(async ({ input }: { input: StageInput & { force?: boolean } }) => {
     const every = input.r.scenario.checkpoint.every;
     const last = input.iteration + 1 === input.r.scenario.rl.iterations;
-    if (every === 0 || ((input.iteration + 1) % every !== 0 && !last)) return undefined;
+    if (!input.force && (every === 0 || ((input.iteration + 1) % every !== 0 && !last))) return undefined;
     return snapshotInto(input.d, input.r, input.store, input.iteration);
   }),
   /**

@@ -117,8 +117,8 @@ interface Options {
   spec?: RunSpec;
   /** Each iteration's stand-in: `attempt` counts the calls for that iteration (0 first). */
   iterate?: (iteration: number, attempt: number) => Promise<IterationResult>;
-  /** The checkpoint stand-in's answer for an iteration (default: a snapshot after every one). */
-  checkpoint?: (iteration: number) => SnapshotCost | undefined;
+  /** The checkpoint stand-in's answer for an iteration (default: a snapshot after every one); `force`: the machine asks for one whatever checkpoint.every says. */
+  checkpoint?: (iteration: number, force?: boolean) => SnapshotCost | undefined;
   setup?: (attempt: number) => Promise<{ parameters: Record<string, number> }>;
   recover?: (input: In<'recover'>, attempt: number) => Promise<{ parameters: Record<string, number>; snapshot: number }>;
   digest?: (attempt: number) => Promise<{ digests: Record<string, string>; rollouts: { prompts: number; lost: number; duplicated: number } }>;
@@ -170,7 +170,7 @@ function startSupervisor(o: Options = {}) {
       }),
       checkpoint: fromPromise<SnapshotCost | undefined, In<'checkpoint'>>(async ({ input }) => {
         calls.checkpoint.push(input);
-        return o.checkpoint ? o.checkpoint(input.iteration) : { bytes: 1, manifest_bytes: 2, write_seconds: 0, manifest_seconds: 0 };
+        return o.checkpoint ? o.checkpoint(input.iteration, input.force) : { bytes: 1, manifest_bytes: 2, write_seconds: 0, manifest_seconds: 0 };
       }),
       saveProgress: fromPromise<void, In<'saveProgress'>>(async ({ input }) => {
         calls.progress.push(structuredClone(input.progress));
@@ -775,7 +775,7 @@ describe('supervisor machine: an elastic run', () => {
     });
     s.join();
     await waitFor(s.actor, () => s.calls.iteration.some((c) => c.iteration === 2), { timeout: 5000 });
-    s.actor.send({ type: 'device.lost', device: 3, trigger: 'cordon', reason: 'maintenance' });
+    s.actor.send({ type: 'device.lost', device: 3, trigger: 'chaos', reason: 'its worker was killed' });
     // At once, while the plan is searched: the devices left reset, each keeping the shards it holds.
     const models = (device: number) => keptModels(s.spec).filter((m) => layoutOf(s.spec, ownerOf(s.spec, m)).devices.includes(device));
     await waitFor(s.actor, () => s.dispatcher.resets.length === 3, { timeout: 5000 });
@@ -792,9 +792,9 @@ describe('supervisor machine: an elastic run', () => {
     const [r] = out.replans!;
     expect(r).toMatchObject({
       iteration: 2,
-      trigger: 'cordon',
+      trigger: 'chaos',
       lost: [3],
-      reason: 'maintenance',
+      reason: 'its worker was killed',
       changed: true,
       migration_bytes: 300,
       migration_minimum_bytes: 100,
@@ -808,6 +808,76 @@ describe('supervisor machine: an elastic run', () => {
     expect(out.plan).toEqual(r!.plan_after);
     // Iterations 2 and 3 ran again on the new plan, after the snapshot of iteration 1.
     expect(s.calls.iteration.filter((c) => c.iteration >= 2).every((c, i) => i === 0 || c.r === s.calls.migrate[0]!.r)).toBe(true);
+  }, 60_000);
+
+  it("an operator's cordon while an iteration runs drains the device: the iteration ends and is snapshotted (whatever checkpoint.every says), then the run re-plans from that snapshot, nothing run again", async () => {
+    const gate = deferred<void>();
+    const cordoned: number[] = [];
+    const s = startSupervisor({
+      spec: elasticSpec(),
+      // No snapshot after an iteration but the last, unless the machine asks for one.
+      checkpoint: (iteration, force) => (force || iteration === 3 ? { bytes: 1, manifest_bytes: 2, write_seconds: 0, manifest_seconds: 0 } : undefined),
+      iterate: async (iteration, attempt) => {
+        if (iteration === 1 && attempt === 0) await gate.promise;
+        return result();
+      },
+      input: { onCordoned: (c) => void cordoned.push(c.device) },
+    });
+    s.join();
+    await waitFor(s.actor, () => s.calls.iteration.some((c) => c.iteration === 1), { timeout: 5000 });
+    s.actor.send({ type: 'device.lost', device: 2, trigger: 'cordon', reason: 'maintenance' });
+    await delay(100);
+    // The iteration goes on: nothing interrupted, reset or searched; whoever restarts workers knows already.
+    expect(s.actor.getSnapshot().matches({ iterating: 'running' })).toBe(true);
+    expect(s.dispatcher.interrupts).toEqual([]);
+    expect(s.dispatcher.resets).toEqual([]);
+    expect(cordoned).toEqual([2]);
+    gate.resolve();
+    await s.finished();
+    const out = s.summary();
+    expect(out.status).toBe('succeeded');
+    expect(out.lost).toEqual([2]);
+    // Its snapshot was taken (forced), and the re-plan went on from it: iteration 1 ran once.
+    expect(s.calls.checkpoint.map((c) => [c.iteration, c.force])).toEqual([
+      [0, false],
+      [1, true],
+      [2, false],
+      [3, false],
+    ]);
+    expect(out.replans).toHaveLength(1);
+    expect(out.replans![0]).toMatchObject({ iteration: 2, trigger: 'cordon', lost: [2], reason: 'maintenance', changed: true });
+    expect(s.calls.migrate).toHaveLength(1);
+    expect(s.calls.migrate[0]).toMatchObject({ snapshot: 1, lost: [2] });
+    expect(s.calls.iteration.map((c) => c.iteration)).toEqual([0, 1, 2, 3]);
+    expect(s.dispatcher.interrupts).toEqual(['re-planning: maintenance']);
+    // Told once, when the cordon came.
+    expect(cordoned).toEqual([2]);
+  }, 60_000);
+
+  it('a device being drained whose worker is lost: the re-plan starts at once, from the last snapshot, and the loss does not count against the intensity', async () => {
+    const gate = deferred<void>();
+    const s = startSupervisor({
+      spec: elasticSpec('supervision: { intensity: 0, period_seconds: 60 }'),
+      iterate: async (iteration, attempt) => {
+        if (iteration === 1 && attempt === 0) await gate.promise;
+        return result();
+      },
+    });
+    s.join();
+    await waitFor(s.actor, () => s.calls.iteration.some((c) => c.iteration === 1), { timeout: 5000 });
+    s.actor.send({ type: 'device.lost', device: 2, trigger: 'cordon', reason: 'maintenance' });
+    await delay(50);
+    expect(s.dispatcher.interrupts).toEqual([]);
+    s.lose(2);
+    await waitFor(s.actor, () => s.calls.migrate.length === 1, { timeout: 30_000 });
+    expect(s.dispatcher.interrupts).toEqual(['re-planning: maintenance']);
+    expect(s.calls.migrate[0]).toMatchObject({ snapshot: 0, lost: [2] });
+    gate.resolve();
+    await s.finished();
+    const out = s.summary();
+    expect(out.status).toBe('succeeded');
+    expect(out.replans![0]).toMatchObject({ iteration: 1, trigger: 'cordon', lost: [2], reason: 'maintenance' });
+    expect(s.calls.iteration.map((c) => c.iteration)).toEqual([0, 1, 1, 2, 3]);
   }, 60_000);
 
   it('a loss that no plan on the devices left survives ends the run, naming the model and the memory it needs', async () => {

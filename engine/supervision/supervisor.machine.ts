@@ -15,7 +15,9 @@
 // intensity, not back within the grace period, a chaos event): `replanning` searches a plan on the
 // devices left (engine/elastic/), writes it ahead to the store, restores the last snapshot onto it
 // (checked bit for bit) and goes on; workers that join beyond the plan are offered to the planner
-// at an iteration boundary.
+// at an iteration boundary. An operator's cordon of a device that still works drains it first: the
+// iteration under way ends and is snapshotted, so the devices left hold the snapshot's state and
+// the migration sends only what they lack.
 import type { Demonstrate } from '../environments/index.ts';
 import { assign, sendTo, setup } from 'xstate';
 import type { LossTrigger, Metrics, ReplanRecord } from '../../mesh/wire/index.ts';
@@ -103,7 +105,13 @@ interface Context extends SupervisorInput {
   lost: number[];
   replans: ReplanRecord[];
   /** The loss a re-plan under way answers, and when it was heard. */
-  loss?: Loss & { at: number };
+  loss?: Pending;
+  /**
+   * Devices an operator cordoned while an iteration ran (they still work): the run re-plans
+   * without them once the iteration and its snapshot are done (or at once, should anything fail
+   * or one of them lose its worker before that).
+   */
+  draining?: Pending;
   /** The run's spec before the re-plan under way. */
   from?: RunSpec;
   /** When the loss that the migration under way answers was heard. */
@@ -116,6 +124,13 @@ interface Context extends SupervisorInput {
   views: NextViews<HeldView>;
 }
 
+/** A loss the machine is to act on: when it was heard, and its devices whoever restarts workers was told of already (`announced`). */
+type Pending = Loss & { at: number; announced?: number[] };
+
+/** `before` with one more device lost (the first reason first), else a loss of that device alone. */
+const withDevice = (before: Pending | undefined, device: number, trigger: Loss['trigger'], reason: string): Pending =>
+  before ? { ...before, devices: [...new Set([...before.devices, device])], reason: `${before.reason}; ${reason}` } : { devices: [device], trigger, reason, at: Date.now() };
+
 /** In every state that works with the devices: a lost worker or trouble on the bus starts a recovery. */
 const RECOVER_ON_LOSS = {
   'worker.lost': [
@@ -125,6 +140,28 @@ const RECOVER_ON_LOSS = {
   ],
   'bus.trouble': { target: '#supervisor.recovering', actions: 'noteLoss' },
   'device.lost': { target: '#supervisor.replanning', actions: 'noteLostForGood' },
+} as const;
+
+/**
+ * While an iteration runs: a device an operator cordons still works, so it is drained — the
+ * iteration goes on, its snapshot is taken, and the re-plan starts at the boundary (`advancing`).
+ * Cut short, the devices left would have trained past the last snapshot: each would fail its
+ * digest check, be sent its rank whole, and the iteration would run again. A device lost any
+ * other way, a lost worker, trouble on the bus: at once, as everywhere else.
+ */
+const DRAIN_ON_CORDON = {
+  ...RECOVER_ON_LOSS,
+  'worker.lost': [
+    RECOVER_ON_LOSS['worker.lost'][0],
+    // The device being drained lost its worker: nothing is left to wait for.
+    {
+      guard: ({ context, event }: { context: Context; event: SupervisorEvent }) => event.type === 'worker.lost' && context.draining?.devices.includes(event.device) === true,
+      target: '#supervisor.replanning',
+      actions: ['unjoin', 'drained'],
+    },
+    RECOVER_ON_LOSS['worker.lost'][1],
+  ],
+  'device.lost': [{ guard: ({ event }: { event: SupervisorEvent }) => event.type === 'device.lost' && event.trigger === 'cordon', actions: 'noteCordon' }, RECOVER_ON_LOSS['device.lost']],
 } as const;
 
 /** Devices with a worker that the plan does not use (an elastic run's: joined beyond the plan). */
@@ -184,6 +221,10 @@ export const supervisorMachine = setup({
     escalated: ({ context }) => context.error !== undefined,
     /** A loss for good was decided (an elastic run's worker past the intensity): re-plan. */
     losing: ({ context }) => context.loss !== undefined,
+    /** A cordon waits for the iteration it was heard in: done, and snapshotted. */
+    drainedSnapshotted: ({ context }) => context.draining !== undefined && context.snapshot === context.iteration,
+    /** …not snapshotted yet (the cordon came while the checkpoint decided there was none to take): taken now. */
+    drainedUnsnapshotted: ({ context }) => context.draining !== undefined && context.snapshot !== context.iteration,
   },
   delays: {
     joinTimeout: ({ context }) => context.spec.scenario.timeouts.join_seconds * 1000,
@@ -232,19 +273,30 @@ export const supervisorMachine = setup({
       if (escalation && context.spec.scenario.elastic && failure.device !== undefined && context.need.length > 1) {
         const s = context.spec.scenario.supervision;
         const reason = `its worker failed past supervision.intensity (${s.intensity} in ${s.period_seconds} s), the last time: ${failure.reason}`;
-        return { attempts: context.attempts + 1, intensity: new Intensity(s.intensity, s.period_seconds), loss: { devices: [failure.device], trigger: 'intensity' as const, reason, at: Date.now() } };
+        const loss = withDevice(context.draining, failure.device, 'intensity', reason);
+        return { attempts: context.attempts + 1, intensity: new Intensity(s.intensity, s.period_seconds), loss, draining: undefined };
       }
+      // A device was being drained: the run does not go back onto a plan that still has it, it re-plans without it now.
+      if (context.draining && !escalation) return { attempts: context.attempts + 1, loss: { ...context.draining, at: Date.now() }, draining: undefined };
       context.recorder.phase('recovering', `${failure.reason} (recovery ${context.dispatcher.epoch})`);
       return { attempts: context.attempts + 1, ...(escalation ? { error: `supervision: ${escalation}` } : {}) };
     }),
     /** A device lost for good: the re-plan that follows leaves it out (and whoever restarts workers hears so). */
     noteLostForGood: assign(({ context, event }) => {
       if (event.type !== 'device.lost') return {};
-      const devices = [...new Set([...(context.loss?.devices ?? []), event.device])];
-      return {
-        loss: { devices, trigger: context.loss?.trigger ?? event.trigger, reason: context.loss ? `${context.loss.reason}; ${event.reason}` : event.reason, at: context.loss?.at ?? Date.now() },
-      };
+      // A device being drained goes with it.
+      return { loss: withDevice(context.loss ?? context.draining, event.device, event.trigger, event.reason), draining: undefined };
     }),
+    /** An operator's cordon while an iteration runs: whoever restarts workers hears of it now; the re-plan waits for the iteration's end and its snapshot. */
+    noteCordon: assign(({ context, event }) => {
+      if (event.type !== 'device.lost') return {};
+      context.onCordoned?.({ device: event.device, trigger: event.trigger, reason: event.reason });
+      context.recorder.phase('draining', `device ${event.device} cordoned (${event.reason}): the run re-plans without it once iteration ${context.iteration} and its snapshot are done`);
+      const draining = withDevice(context.draining, event.device, event.trigger, event.reason);
+      return { draining: { ...draining, announced: [...(draining.announced ?? []), event.device] } };
+    }),
+    /** The devices drained (or one of them lost its worker meanwhile): the loss the re-plan answers, from now. */
+    drained: assign(({ context }) => ({ loss: { ...context.draining!, at: Date.now() }, draining: undefined })),
     /** Devices of the plan still missing past elastic.grace_seconds: lost for good. */
     graceExpired: assign(({ context }) => {
       const missing = missingDevices(context);
@@ -267,7 +319,7 @@ export const supervisorMachine = setup({
           ? `device(s) ${loss.devices.join(', ')} lost for good (${loss.trigger}: ${loss.reason}): searching a plan on the devices left`
           : `${loss.reason}: offering device(s) ${loss.joined?.join(', ')} to the planner`,
       );
-      if (loss.trigger !== 'join') for (const device of loss.devices) context.onCordoned?.({ device, trigger: loss.trigger, reason: loss.reason });
+      if (loss.trigger !== 'join') for (const device of loss.devices.filter((x) => !loss.announced?.includes(x))) context.onCordoned?.({ device, trigger: loss.trigger, reason: loss.reason });
     },
     /**
      * After a loss (a plan without a device always migrates), the snapshot to migrate from is read
@@ -684,7 +736,7 @@ export const supervisorMachine = setup({
     iterating: {
       initial: 'running',
       entry: { type: 'phase', params: { phase: 'iterating', detail: 'iterating' } },
-      on: RECOVER_ON_LOSS,
+      on: DRAIN_ON_CORDON,
       states: {
         running: {
           entry: assign({ starts: ({ context }) => [...context.starts, { iteration: context.iteration, at: Date.now() }] }),
@@ -706,7 +758,8 @@ export const supervisorMachine = setup({
         iterationDone: {
           invoke: {
             src: 'checkpoint',
-            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration }),
+            // A device being drained: the snapshot is taken whatever checkpoint.every says (the re-plan goes on from it).
+            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration, force: context.draining !== undefined }),
             onDone: [
               {
                 guard: ({ event }) => event.output !== undefined,
@@ -730,6 +783,9 @@ export const supervisorMachine = setup({
         },
         advancing: {
           always: [
+            // A device cordoned during the iteration: drained, the run re-plans without it from this snapshot.
+            { guard: 'drainedUnsnapshotted', target: 'iterationDone' },
+            { guard: 'drainedSnapshotted', target: '#supervisor.replanning', actions: 'drained' },
             // Workers that joined beyond the plan are offered to the planner at the boundary.
             { guard: 'offered', target: '#supervisor.replanning', actions: 'noteJoined' },
             { guard: 'moreIterations', target: '#supervisor.saving', actions: assign({ iteration: ({ context }) => context.iteration + 1 }) },
