@@ -21,6 +21,7 @@ import type { Summary } from '../runtime/index.ts';
 import { ScenarioError, memoryProblem, planDevices, runSpec } from '../runtime/index.ts';
 import type { Scenario } from '../runtime/index.ts';
 import { progress as makeProgress, type Progress } from './progress.ts';
+import { bundledStart, processBundle, type ProcessBundle } from './process-bundle.ts';
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
 
@@ -57,15 +58,17 @@ export interface LaunchResult {
   escalation?: string;
 }
 
-export function startProcess(script: string, argv: string[], logFile: string, env: NodeJS.ProcessEnv): ChildProcess {
+export function startProcess(script: string, argv: string[], logFile: string, env: NodeJS.ProcessEnv, bundle?: ProcessBundle): ChildProcess {
   const log = createWriteStream(logFile);
   // Its own process group: a terminal's Ctrl-C reaches the launcher alone, which then stops the
   // children in order (the supervisor first writes its summary).
   // FERRY_NODE_ARGS: extra Node.js flags for every process started here (e.g. --cpu-prof).
   const nodeArgs = (process.env.FERRY_NODE_ARGS ?? '').split(' ').filter(Boolean);
-  const child = spawn(process.execPath, [...nodeArgs, '--import', 'tsx', join(ROOT, script), ...argv], {
+  // A worker starts from the bundle of ferry's modules where there is one (process-bundle.ts).
+  const start = bundledStart(script, bundle);
+  const child = spawn(process.execPath, [...nodeArgs, ...start.loader, start.entry, ...argv], {
     cwd: ROOT,
-    env: { ...process.env, ...env },
+    env: { ...process.env, ...start.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
     detached: true,
   });
@@ -325,6 +328,12 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     const escalate = (message: string) => {
       escalation = message;
       say(`supervision: ${message}`);
+    // Workers start from one bundle of ferry's modules (built once per state of the sources); where
+    // it cannot be built they start through tsx, as the supervisor does, only slower.
+    const bundle = await processBundle().catch((e: unknown) => {
+      say(`workers start through tsx: their bundle could not be built (${(e as Error).message})`);
+      return undefined;
+    });
       publish({ type: 'log', level: 'error', source: 'launcher', message: `supervision: ${message}` });
     };
     // An elastic run's device lost for good: the supervisor is asked to go on without it (asked
@@ -384,6 +393,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
       child.once('exit', (code, signal) => onExit(slot, { code, signal }));
       return slot;
     };
+              bundle,
 
     // OTP, for processes: the restart policy decides whether a dead process comes back, the
     // strategy which others come back with it, the intensity when to give up instead.

@@ -9,6 +9,7 @@ import { runId, subjects, type Optim, type Subjects } from '../../mesh/wire/inde
 import { BusDispatcher } from '../runtime/index.ts';
 import { Membership } from '../supervision/index.ts';
 import { exited, startProcess } from './launch.ts';
+import { processBundle } from './process-bundle.ts';
 
 export interface Workers {
   nc: NatsConnection;
@@ -26,7 +27,8 @@ export async function withWorkers<T>(count: number, label: string, fn: (w: Worke
   const subj = subjects(run);
   const nc = await connectBus(server.url, label);
   const devices = Array.from({ length: count }, (_, i) => i);
-  const workers = devices.map((i) => startProcess('actors/worker.ts', ['--run', run, '--nats', server.url, '--backend', 'wasm'], join(dir, `worker-${i}.log`), {}));
+  const bundle = await processBundle();
+  const workers = devices.map((i) => startProcess('actors/worker.ts', ['--run', run, '--nats', server.url, '--backend', 'wasm'], join(dir, `worker-${i}.log`), {}, bundle));
   try {
     await new Promise<void>((resolve, reject) => {
       const joined = new Set<number>();

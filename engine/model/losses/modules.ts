@@ -27,7 +27,11 @@ export const fileDigest = (file: string): string => createHash('sha256').update(
 const ESM_HOOKS = `
 import { readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+let bundled;
+export function initialize(data) {
+  if (data?.source) bundled = { source: pathToFileURL(data.source).href, api: pathToFileURL(data.api).href };
+}
 const declaredType = (file) => {
   for (let dir = dirname(file); ; dir = dirname(dir)) {
     try {
@@ -40,6 +44,7 @@ const declaredType = (file) => {
 };
 export async function resolve(specifier, context, next) {
   const r = await next(specifier, context);
+  if (bundled && r.url === bundled.source) return { url: bundled.api, format: 'module', shortCircuit: true };
   if (!/^commonjs(-typescript)?$/.test(r.format ?? '') || !r.url.startsWith('file:')) return r;
   const file = fileURLToPath(r.url);
   if (!/\\.[jt]sx?$/.test(file) || /[\\\\/]node_modules[\\\\/]/.test(file) || declaredType(file) === 'commonjs') return r;
@@ -49,12 +54,30 @@ export async function resolve(specifier, context, next) {
 let hooked = false;
 
 /**
+ * Set by the launcher on a process it starts from a bundle (engine/cli/process-bundle.ts): ferry's
+ * engine/api.ts by path, and the bundle's api.mjs that shares the process's modules.
+ */
+export const BUNDLE_ENV = 'FERRY_BUNDLE';
+
+function bundledProcess(): { source: string; api: string } | undefined {
+  const raw = process.env[BUNDLE_ENV];
+  if (!raw) return undefined;
+  const b = JSON.parse(raw) as { source?: unknown; api?: unknown };
+  if (typeof b.source !== 'string' || typeof b.api !== 'string') throw new LossError(`${BUNDLE_ENV}: expected {"source": PATH, "api": PATH}, got ${raw}`);
+  return { source: b.source, api: b.api };
+}
+
+/**
  * Imports a user's module (an algorithm's file) as an ES module, so that what it imports from
  * ferry, by a relative or an absolute path, is the copy this process runs (ESM_HOOKS says why).
  */
 export async function importUserModule(file: string): Promise<Record<string, unknown>> {
   if (!hooked) {
-    register(`data:text/javascript,${encodeURIComponent(ESM_HOOKS)}`);
+    const bundle = bundledProcess();
+    // A process started from a bundle (a worker) has no TypeScript loader of its own: tsx's
+    // hooks first, then ours, which run before them and send ferry's api.ts to the bundle's.
+    if (bundle) ((await import('tsx/esm/api')) as { register: () => unknown }).register();
+    register(`data:text/javascript,${encodeURIComponent(ESM_HOOKS)}`, { data: bundle });
     hooked = true;
   }
   return (await import(pathToFileURL(file).href)) as Record<string, unknown>;
