@@ -11,6 +11,7 @@ import { runChaos } from '../engine/cli/chaos-run.ts';
 import { launch } from '../engine/cli/launch.ts';
 import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
 import type { Summary } from '../engine/runtime/index.ts';
+import { unfiredProblem } from '../engine/supervision/index.ts';
 import { ROOT, spawnTs, tempDir } from './helpers.ts';
 
 const quiet = { phase() {}, iteration() {}, stop() {} };
@@ -29,12 +30,16 @@ function elastic(dir: string, name: string, extra: string, iterations = 6): stri
 const meshes = (plan: Record<string, { mesh: string }>) => Object.values(plan).map((p) => p.mesh);
 
 describe('elastic runs', () => {
-  it('scenarios/elastic.yaml: device 3 lost for good in iteration 3, the supervisor killed in the migration, a worker back for device 3 later; the run ends where a resume on the new plan ends', async () => {
+  it('scenarios/elastic.yaml: device 3 lost for good in iteration 3, the supervisor killed in the migration, a worker back for device 3 later; the run ends where a resume on the new plan ends, and an event that cannot fire is named', async () => {
     const dir = tempDir();
     // The scenario's own events, and the supervisor killed while it restores the snapshot onto the
     // new plan: the one that takes the run over reads the decision written ahead, and migrates again.
+    // And an event that can never fire: device 3 lost again in iteration 6, when it is gone already.
     const chaos = readFileSync(join(ROOT, 'scenarios', 'elastic.yaml'), 'utf8').match(/^chaos:[\s\S]*$/m)![0];
-    const scenario = loadScenario(elastic(dir, 'elastic', chaos.replace('  kills:\n', '  kills:\n    - { actor: supervisor, call: restore, iteration: -1 }\n'), 40));
+    const events = chaos
+      .replace('  kills:\n', '  kills:\n    - { actor: supervisor, call: restore, iteration: -1 }\n')
+      .replace('    - { lose: 3, call: generate, iteration: 3 }\n', '    - { lose: 3, call: generate, iteration: 3 }\n    - { lose: 3, call: generate, iteration: 6 }\n');
+    const scenario = loadScenario(elastic(dir, 'elastic', events, 40));
     const report = await runChaos(scenario, join(dir, 'chaos'));
     const log = readFileSync(join(report.runs.chaos, 'logs', 'supervisor.log'), 'utf8');
     expect(report.chaos.status, `${report.chaos.error}\n${log}`).toBe('succeeded');
@@ -45,6 +50,18 @@ describe('elastic runs', () => {
     expect(report.rollouts_duplicated).toBe(0);
     expect(report.parameters_equal_after_migration).toBe(true);
     expect(report.kills_by_actor).toEqual({ device: 1, supervisor: 1 });
+    // The event that could not fire is named, with why, and fails the chaos run (it is not optional).
+    expect(report.unfired).toEqual([
+      {
+        event: 'chaos.kills[2]',
+        id: 'k2',
+        expected: "device 3 lost for good in 'generate' of iteration 6",
+        why: 'device 3 was lost for good at the re-plan of iteration 3 (chaos: device(s) 3 lost)',
+        optional: false,
+      },
+    ]);
+    expect(unfiredProblem(report.unfired)).toMatch(/^1 chaos event\(s\) never fired that the scenario does not mark optional \(chaos\.kills\[2\]\)/);
+    expect(JSON.parse(readFileSync(join(report.runs.chaos, 'chaos.json'), 'utf8')).unfired).toEqual(report.unfired);
     const [r, back] = report.replans!;
     expect(report.replans).toHaveLength(2);
     expect(r).toMatchObject({ iteration: 3, trigger: 'chaos', lost: [3], joined: [], changed: true, parameters_equal_after_migration: true });
@@ -71,6 +88,7 @@ describe('elastic runs', () => {
     expect(html).toMatch(/<section id="replans" data-items="2">/);
     expect(html).toMatch(/<h3>1\. Iteration 3: chaos, device\(s\) 3 lost<\/h3>.*<p>Before:<\/p><svg.*<p>After:<\/p><svg/s);
     expect(html).toMatch(/parameters equal after the migration<\/th><td>true/);
+    expect(html).toMatch(/<h3>Events that never fired<\/h3>.*<td>chaos\.kills\[2\]<\/td><td>device 3 lost for good in 'generate' of iteration 6<\/td>/s);
     expect(summary.plan).toEqual(back!.changed ? back!.plan_after : r!.plan_after);
   }, 300_000);
 

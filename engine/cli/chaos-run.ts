@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { runId } from '../../mesh/wire/index.ts';
 import { median, withPlan } from '../runtime/index.ts';
 import type { Scenario, Summary } from '../runtime/index.ts';
+import type { UnfiredEvent } from '../supervision/index.ts';
 import { launch, type LaunchResult } from './launch.ts';
 
 export interface ChaosReport {
@@ -13,6 +14,8 @@ export interface ChaosReport {
   kills_by_actor: Record<string, number>;
   kills_by_call: Record<string, number>;
   hangs: number;
+  /** The scenario's events (kills, losses, joins) that never fired in the chaos run, each with why; npm run chaos fails on one not marked optional. */
+  unfired: UnfiredEvent[];
   recovered: number;
   recoveries: number;
   restarts: number;
@@ -73,6 +76,7 @@ export function chaosReport(scenario: string, clean: LaunchResult, chaos: Launch
     kills_by_actor: count(kills.map((k) => k.actor)),
     kills_by_call: count(kills.map((k) => k.call)),
     hangs: kills.filter((k) => k.how === 'hang').length,
+    unfired: chaos.chaos.unfired,
     // A kill is recovered from when a recovery followed it and the run went on to succeed.
     recovered: ok ? times.length : 0,
     recoveries: x?.recoveries.length ?? 0,

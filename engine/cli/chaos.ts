@@ -3,10 +3,13 @@
 // actors in which calls, how fast the run recovered, whether the final parameters are bit-identical
 // to the clean run's, and whether every prompt of every iteration was trained on exactly once.
 // The kills come from the scenario's `chaos:` section, or from --kills N (random, seeded by --seed).
+// An event that never fired (a kill, a loss, a join) is listed with why, and fails the run unless
+// the scenario marks it `optional: true`.
 import { join } from 'node:path';
 import { UsageError, args, runMain } from '../../actors/host.ts';
 import { runId } from '../../mesh/wire/index.ts';
 import { loadScenarioFile, planOnly } from '../runtime/index.ts';
+import { describeUnfired, unfiredProblem } from '../supervision/index.ts';
 import { runChaos } from './chaos-run.ts';
 
 const USAGE = `usage: npm run chaos -- FILE [--kills N] [--seed S] [--hang F] [--json] [--out DIR]
@@ -62,6 +65,12 @@ runMain(async () => {
   } else {
     const s = (x: number | null) => (x === null ? 'n/a' : `${x.toFixed(2)} s`);
     console.log(`kills: ${report.kills} (${report.hangs} hangs); by actor ${JSON.stringify(report.kills_by_actor)}; by call ${JSON.stringify(report.kills_by_call)}`);
+    const must = report.unfired.filter((u) => !u.optional).length;
+    console.log(
+      report.unfired.length
+        ? `unfired: ${report.unfired.length} chaos event(s) never fired (${must} not optional):\n${report.unfired.map((u) => `  ${describeUnfired(u)}`).join('\n')}`
+        : 'unfired: none (every chaos event fired)',
+    );
     console.log(`recovered: ${report.recovered} of ${report.kills}; ${report.recoveries} recoveries, ${report.restarts} process restarts`);
     console.log(`recovery time: median ${s(report.recovery_seconds_median)}, max ${s(report.recovery_seconds_max)}`);
     console.log(
@@ -101,6 +110,9 @@ runMain(async () => {
       `clean: ${report.clean.status} in ${report.clean.wall_seconds.toFixed(1)} s; chaos: ${report.chaos.status} in ${report.chaos.wall_seconds.toFixed(1)} s${report.chaos.error ? ` (${report.chaos.error})` : ''}`,
     );
   }
-  const good = report.digests_equal && report.rollouts_lost === 0 && report.rollouts_duplicated === 0 && report.parameters_equal_after_migration !== false;
+  const unfired = unfiredProblem(report.unfired);
+  // With --json, stdout holds the one object (its unfired list); the verdict goes to stderr.
+  if (unfired) (values.json ? console.error : console.log)(`FAILED: ${unfired}`);
+  const good = report.digests_equal && report.rollouts_lost === 0 && report.rollouts_duplicated === 0 && report.parameters_equal_after_migration !== false && !unfired;
   return good ? 0 : 1;
 });

@@ -13,7 +13,7 @@ import { ChaosAsk, Heartbeat, PROTOCOL_VERSION, SupervisorBeat, type LossTrigger
 import { CHAOS_ENV } from '../../actors/chaos-client.ts';
 import { askCordon } from '../elastic/index.ts';
 import { describeExit, Intensity, restarts, toRestart, type Exit } from '../supervision/index.ts';
-import { ENVIRONMENT_ACTOR, joinPoints, killPoints, type KillPoint } from '../supervision/index.ts';
+import { ENVIRONMENT_ACTOR, joinPoints, killPoints, unfiredEvents, type KillPoint, type UnfiredEvent } from '../supervision/index.ts';
 import { startEnvironments, type EnvironmentProcesses } from '../environments/index.ts';
 import { writeRunReport } from '../runtime/index.ts';
 import { subjects } from '../../mesh/wire/index.ts';
@@ -100,6 +100,8 @@ export interface ChaosLog {
   restarts: Array<{ at: number; kind: 'worker' | 'supervisor'; slot: number; reason: string }>;
   /** Workers started for devices beyond the plan (chaos.joins). */
   joins: Array<{ at: number; device: number; pid: number }>;
+  /** The scenario's kills, losses and joins that never fired, each with why (as far as the run tells). */
+  unfired: UnfiredEvent[];
 }
 
 interface Slot {
@@ -129,7 +131,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
   const slots: Slot[] = [];
   const all = () => slots.map((s) => s.child);
   let interrupted = false;
-  const chaos: ChaosLog = { kills: [], recoveries: [], restarts: [], joins: [] };
+  const chaos: ChaosLog = { kills: [], recoveries: [], restarts: [], joins: [], unfired: [] };
 
   const cleanup = async () => {
     const children = all();
@@ -206,7 +208,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
         } else if (e.type === 'progress') {
           bar.iteration(e.metrics, e.iterations);
           // chaos.joins: a worker for the device starts once the iteration before its own is done.
-          for (const j of joins.filter((x) => x.iteration === e.metrics.iteration + 1 && !joined.has(x.device))) joinDevice(j.device);
+          for (const [i, j] of joins.entries()) if (j.iteration === e.metrics.iteration + 1 && !joinsTried.has(i)) joinDevice(i);
         } else if (e.type === 'log') say(`${e.source}: ${e.message}`);
         else if (e.type === 'recovered') {
           const now = Date.now();
@@ -233,6 +235,8 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     );
     // Chaos: a process at a kill point asks to be killed; each point is done once.
     const done = new Set<string>();
+    // Kill points asked about by a process this launcher does not run (spared): why they may not fire.
+    const sparedWhy = new Map<string, string>();
     const stopChaos = subscribe(
       nc,
       subj.chaos,
@@ -251,6 +255,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
         }
         const slot = slots.find((s) => s.child.pid === ask.pid && s.child.exitCode === null);
         if (!k || done.has(k.id) || !slot) {
+          if (k && !done.has(k.id)) sparedWhy.set(k.id, `reached in ${ask.where} by pid ${ask.pid}, which is no running process of this launcher's: spared`);
           msg.respond(encode({ type: 'spare', v: PROTOCOL_VERSION, target: ask.target }));
           return;
         }
@@ -450,11 +455,16 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
       if (slot.kind === 'supervisor') for (const [device, why] of retired) loseDevice(device, why.trigger, why.reason);
     };
 
-    // chaos.joins: a worker for a device beyond the plan (or back for one the run lost).
-    const joined = new Set<number>();
-    const joinDevice = (device: number) => {
-      joined.add(device);
+    // chaos.joins: a worker for a device beyond the plan (or back for one the run lost), each join
+    // (by its index) tried once; those that start no worker say why.
+    const joinsTried = new Set<number>();
+    const joinsDone = new Set<number>();
+    const joinsWhy = new Map<number, string>();
+    const joinDevice = (i: number) => {
+      joinsTried.add(i);
+      const device = joins[i]!.device;
       if (!creds) {
+        joinsWhy.set(i, `on an open bus a worker takes whichever device is free: the launcher starts none for device ${device}`);
         say(`chaos: no worker started for device ${device}: on an open bus a worker takes whichever device is free`);
         return;
       }
@@ -462,7 +472,11 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
       let index = slotDevices.indexOf(device);
       if (index < 0) index = slotDevices.push(device) - 1;
       const at = slots.findIndex((x) => x.kind === 'worker' && x.index === index);
-      if (at >= 0 && alive(slots[at]!.child)) return;
+      if (at >= 0 && alive(slots[at]!.child)) {
+        joinsWhy.set(i, `device ${device}'s worker was still running: there was none to start`);
+        return;
+      }
+      joinsDone.add(i);
       const fresh = start('worker', index, at >= 0);
       if (at >= 0) slots[at] = fresh;
       else slots.push(fresh);
@@ -517,7 +531,8 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     // Workers stop on the supervisor's shutdown call; give them a moment, then stop the rest.
     const workers = slots.filter((s) => s.kind === 'worker').map((s) => s.child);
     await Promise.race([Promise.all(workers.map(exited)), new Promise((r) => setTimeout(r, 3000))]);
-    // What chaos did, and the report of the whole run (a report that cannot be drawn fails nothing).
+    // What chaos did (and what it was to do but did not), and the report of the whole run (a report that cannot be drawn fails nothing).
+    chaos.unfired = unfiredEvents(spec, points, joins, { kills: done, joins: joinsDone }, summary, { kills: sparedWhy, joins: joinsWhy });
     writeFileSync(join(o.out, 'chaos.json'), `${JSON.stringify(chaos, null, 2)}\n`);
     try {
       say(`report: ${writeRunReport(o.out)}`);

@@ -6,6 +6,7 @@ import { runId } from '../../mesh/wire/index.ts';
 import { BACKENDS } from '../model/index.ts';
 import { loadScenarioFile, planOnly } from '../runtime/index.ts';
 import { UsageError, args, runMain } from '../../actors/host.ts';
+import { describeUnfired } from '../supervision/index.ts';
 import { launch } from './launch.ts';
 import { replayOf, replayVerdict } from './replay.ts';
 
@@ -79,6 +80,13 @@ runMain(async () => {
     console.log(`${s.status}: ${s.iterations} iterations in ${secs} s on ${s.backend}; reward ${r(s.reward_first5)} (first 5) -> ${r(s.reward_last5)} (last 5)${s.error ? `\nerror: ${s.error}` : ''}`);
   } else {
     console.log(`failed after ${secs} s: no summary was written (see ${join(out, 'logs')})`);
+  }
+  const chaos = result.chaos;
+  const events = chaos.kills.length + chaos.joins.length + chaos.unfired.length;
+  if (events > 0) {
+    console.log(
+      `chaos: ${events - chaos.unfired.length} of ${events} event(s) fired${chaos.unfired.length ? `; never fired:\n${chaos.unfired.map((u) => `  ${describeUnfired(u)}`).join('\n')}` : ''}`,
+    );
   }
   console.log(`run directory: ${out}`);
   if (result.code === 130) return 130;

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { joinPoints, killPoints, reachedBySupervisor, reachedByWorker, type KillPoint } from './chaos.ts';
+import { describeUnfired, joinPoints, killPoints, reachedBySupervisor, reachedByWorker, unfiredEvents, unfiredProblem, type KillPoint } from './chaos.ts';
 import { runSpec, type RunSpec } from '../runtime/run/run.ts';
 import { parseScenario, ScenarioError } from '../runtime/scenario/scenario.ts';
 import { FOUR_DEVICES } from '../runtime/run/four-devices.fixture.ts';
@@ -338,5 +338,127 @@ describe('joinPoints', () => {
     expect(() => joins('    - { device: 3, iteration: 2 }', false)).toThrow(/chaos\.joins\[0\]: a worker that joins beyond the plan is used only by an elastic run; add elastic:/);
     expect(() => joins('    - { device: 4, iteration: 2 }')).toThrow(/chaos\.joins\[0\]: device 4 is not a device of the cluster \(devices 0-3\)/);
     expect(() => joins('    - { device: 1, iteration: 6 }')).toThrow(/chaos\.joins\[0\]: iteration 6 is past the run's last \(5\)/);
+  });
+});
+
+describe('unfiredEvents and the verdict: chaos events that never fired', () => {
+  // scenarios/elastic.yaml's plan, with the issue's second loss (device 2 in generate, iteration 6).
+  const ELASTIC = `
+name: elastic
+seed: 5
+task: { name: sort, digits: 4, base: 10 }
+model: { layers: 2, width: 32, heads: 4 }
+cluster: { nodes: 1, devices_per_node: 4 }
+plan:
+  actor.train: { mesh: "0:0-1", dp: 2 }
+  actor.generate: { mesh: "0:2-3", tp: 2 }
+  critic.train: { mesh: "0:0-1", pp: 2 }
+  critic.inference: { mesh: "0:2-3", dp: 2 }
+  reference.inference: { mesh: "0:2-3", tp: 2 }
+  reward.inference: { mesh: "0:3" }
+rl: { iterations: 8, batch: 32 }
+elastic: { grace_seconds: 20, search_seconds: 1 }
+chaos:
+  kills:
+    - { lose: 3, call: generate, iteration: 3 }
+    - { lose: 2, call: generate, iteration: 6 }
+    - { lose: 3, call: generate, iteration: 5 }
+    - { actor: critic, call: train, iteration: 7, optional: true }
+  joins:
+    - { device: 3, iteration: 7 }
+    - { device: 1, iteration: 4, optional: true }
+`;
+  const r = runSpec(parseScenario(ELASTIC, 'elastic.yaml'));
+  const points = killPoints(r);
+  const joins = joinPoints(r);
+  const one = { dp: 1, tp: 1, pp: 1 };
+  // What the elastic run chose after losing device 3 in iteration 3: generation moved to device 0.
+  const replan = {
+    iteration: 3,
+    trigger: 'chaos' as const,
+    lost: [3],
+    joined: [],
+    changed: true,
+    plan_after: {
+      'actor.generate': { mesh: '0:0', ...one },
+      'reference.inference': { mesh: '0:2', ...one },
+      'reward.inference': { mesh: '0:1', ...one },
+      'critic.inference': { mesh: '0:1', ...one },
+      'actor.train': { mesh: '0:0', ...one },
+      'critic.train': { mesh: '0:1', ...one },
+    },
+  };
+
+  it('reads optional: true on kills, losses, joins and random draws, and leaves it off otherwise', () => {
+    expect(points.map((k) => k.optional)).toEqual([undefined, undefined, undefined, true]);
+    expect(joins).toEqual([
+      { device: 3, iteration: 7 },
+      { device: 1, iteration: 4, optional: true },
+    ]);
+    expect(random(CHAOS_PLAN, 'kills: 3, seed: 1, optional: true').every((k) => k.optional === true)).toBe(true);
+  });
+
+  it('lists each event that did not fire with what it expected and why: a re-plan moved the call off its device, the device was lost before', () => {
+    const unfired = unfiredEvents(
+      r,
+      points,
+      joins,
+      { kills: new Set(['k0']), joins: new Set([0]) },
+      { status: 'succeeded', iterations: 8, replans: [replan], recoveries: [] },
+      {
+        joins: new Map([[1, "device 1's worker was still running: there was none to start"]]),
+      },
+    );
+    expect(unfired).toEqual([
+      {
+        event: 'chaos.kills[1]',
+        id: 'k1',
+        expected: "device 2 lost for good in 'generate' of iteration 6",
+        why: "after the re-plan at iteration 3 (chaos: device(s) 3 lost), device 2 runs no 'generate' (actor.generate runs on device(s) 0); it runs 'inference', 'checkpoint'",
+        optional: false,
+      },
+      {
+        event: 'chaos.kills[2]',
+        id: 'k2',
+        expected: "device 3 lost for good in 'generate' of iteration 5",
+        why: 'device 3 was lost for good at the re-plan of iteration 3 (chaos: device(s) 3 lost)',
+        optional: false,
+      },
+      {
+        event: 'chaos.kills[3]',
+        id: 'k3',
+        expected: "critic's worker on device 0 killed in 'train' of iteration 7",
+        why: "after the re-plan at iteration 3 (chaos: device(s) 3 lost), device 0 runs no 'train' of critic (critic.train runs on device(s) 1)",
+        optional: true,
+      },
+      { event: 'chaos.joins[1]', expected: 'a worker for device 1 started once iteration 3 is done', why: "device 1's worker was still running: there was none to start", optional: true },
+    ]);
+    expect(describeUnfired(unfired[0]!)).toMatch(/^chaos\.kills\[1\]: expected device 2 lost for good in 'generate' of iteration 6; it never fired: after the re-plan at iteration 3/);
+    expect(describeUnfired(unfired[2]!)).toMatch(/^chaos\.kills\[3\] \(optional\): expected/);
+    // Without the re-plan, nothing explains it: not reached.
+    const plain = unfiredEvents(r, points, [], { kills: new Set(['k0', 'k2', 'k3']), joins: new Set() }, { status: 'succeeded', iterations: 8 });
+    expect(plain.map((u) => u.why)).toEqual(['not reached: the worker of device 2 never asked to be killed there']);
+  });
+
+  it('says when the run ended before the event, and when it left no summary', () => {
+    const failed = unfiredEvents(r, points, joins, { kills: new Set(['k0', 'k2', 'k3']), joins: new Set([1]) }, { status: 'failed', iterations: 5, error: 'no plan survives\nstack' });
+    expect(failed.map((u) => [u.event, u.why])).toEqual([
+      ['chaos.kills[1]', 'the run failed after 5 iteration(s), before iteration 6 was done (no plan survives)'],
+      ['chaos.joins[0]', 'the run failed after 5 iteration(s), before iteration 6 was done (no plan survives)'],
+    ]);
+    expect(unfiredEvents(r, points, [], { kills: new Set(['k0', 'k1', 'k3']), joins: new Set() }, undefined)[0]!.why).toMatch(/^the run wrote no summary/);
+  });
+
+  it('fails the chaos run only for events not marked optional, naming them', () => {
+    const unfired = unfiredEvents(r, points, joins, { kills: new Set(['k0', 'k2']), joins: new Set([0]) }, { status: 'succeeded', iterations: 8, replans: [replan] });
+    expect(unfired.map((u) => [u.event, u.optional])).toEqual([
+      ['chaos.kills[1]', false],
+      ['chaos.kills[3]', true],
+      ['chaos.joins[1]', true],
+    ]);
+    expect(unfiredProblem(unfired)).toMatch(/^1 chaos event\(s\) never fired that the scenario does not mark optional \(chaos\.kills\[1\]\).*Mark an event optional: true where the run may skip it$/);
+    expect(unfiredProblem(unfired.filter((u) => u.optional))).toBeUndefined();
+    expect(unfiredProblem([])).toBeUndefined();
+    expect(unfiredProblem(undefined)).toBeUndefined();
   });
 });

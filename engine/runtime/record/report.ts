@@ -47,6 +47,14 @@ export interface KillRecord {
   recovery_seconds?: number;
 }
 
+/** A chaos event of the scenario that never fired (chaos.json's `unfired`): which, what it was to do, why not, and whether the scenario lets it be skipped. */
+export interface UnfiredRecord {
+  event: string;
+  expected: string;
+  why: string;
+  optional: boolean;
+}
+
 /** A call's placement, as the scenario's plan has it. */
 export type PlanRow = Placed;
 
@@ -60,6 +68,7 @@ export interface ReportInput {
   calls?: CallRecord[];
   recoveries?: RecoveryRecord[];
   kills?: KillRecord[];
+  unfired?: UnfiredRecord[];
   /** A few episodes per iteration (episodes.jsonl), for a run with an environment. */
   episodes?: Array<{ iteration: number; episodes: EpisodeRecordWire[] }>;
   estimate?: { simulation: Simulation; iterationSeconds: number; profile: string } | { missing: string };
@@ -345,7 +354,9 @@ function statCharts(m: ReadonlyArray<Record<string, unknown>>): Array<ReturnType
 function chaosSection(r: ReportInput): string {
   const kills = r.kills ?? [];
   const recoveries = r.recoveries ?? [];
-  const items = kills.length + recoveries.length;
+  const unfired = r.unfired ?? [];
+  const items = kills.length + recoveries.length + unfired.length;
+  const unfiredRows = unfired.map((u) => `<tr><td>${esc(u.event)}</td><td>${esc(u.expected)}</td><td>${esc(u.why)}</td><td>${u.optional ? 'yes' : 'no'}</td></tr>`).join('');
   const killRows = kills
     .map((k) => `<tr><td>${esc(k.how)}</td><td>${esc(k.actor)}</td><td>${esc(k.call)}</td><td>${k.iteration}</td><td>${esc(k.where)}</td><td>${fmt(k.recovery_seconds, 2)}</td></tr>`)
     .join('');
@@ -354,6 +365,9 @@ function chaosSection(r: ReportInput): string {
     `<section id="chaos" data-items="${items}"><h2>Chaos and recovery</h2>` +
     (items === 0 ? '<p>No kills and no recoveries in this run.</p>' : '') +
     (kills.length ? `<h3>Kills</h3><table><tr><th>how</th><th>actor</th><th>call</th><th>iteration</th><th>where</th><th>recovered in (s)</th></tr>${killRows}</table>` : '') +
+    (unfired.length
+      ? `<h3>Events that never fired</h3><p>The scenario's chaos events that did not happen: one not optional fails <code>npm run chaos</code>.</p><table><tr><th>event</th><th>expected</th><th>why not</th><th>optional</th></tr>${unfiredRows}</table>`
+      : '') +
     (recoveries.length ? `<h3>Recoveries</h3><table><tr><th>epoch</th><th>cause</th><th>seconds</th></tr>${recRows}</table>` : '') +
     `</section>`
   );

@@ -8,7 +8,7 @@ import { Evaluator } from '../plan/planner.ts';
 import { LOCAL_PROFILE, candidateOf, loadLocalProfile, localProfileFile, problemOf } from '../plan/problem.ts';
 import type { DeviceProfile } from '../plan/catalog.ts';
 import type { Summary } from './record.ts';
-import { planRows, renderReport, type CallRecord, type KillRecord, type RecoveryRecord, type ReportInput } from './report.ts';
+import { planRows, renderReport, type CallRecord, type KillRecord, type RecoveryRecord, type ReportInput, type UnfiredRecord } from './report.ts';
 import { resolvePlan, Scenario } from '../scenario/scenario.ts';
 
 /** The planner's estimate of a scenario's plan, or why there is none. */
@@ -44,7 +44,7 @@ export function writeRunReport(dir: string): string {
   const scenario = Scenario.parse(JSON.parse(readFileSync(scenarioFile, 'utf8')));
   const summary = existsSync(join(dir, 'summary.json')) ? (JSON.parse(readFileSync(join(dir, 'summary.json'), 'utf8')) as Summary) : undefined;
   const timeline = jsonLines<CallRecord | RecoveryRecord>(join(dir, 'timeline.jsonl'));
-  const chaos = existsSync(join(dir, 'chaos.json')) ? (JSON.parse(readFileSync(join(dir, 'chaos.json'), 'utf8')) as { kills: KillRecord[] }) : undefined;
+  const chaos = existsSync(join(dir, 'chaos.json')) ? (JSON.parse(readFileSync(join(dir, 'chaos.json'), 'utf8')) as { kills: KillRecord[]; unfired?: UnfiredRecord[] }) : undefined;
   const plan = resolvePlan(scenario);
   const html = renderReport({
     title: `ferry run ${summary?.run ?? scenario.name ?? ''}`,
@@ -56,6 +56,7 @@ export function writeRunReport(dir: string): string {
     calls: timeline.filter((t): t is CallRecord => t.type === 'call'),
     recoveries: timeline.filter((t): t is RecoveryRecord => t.type === 'recovery'),
     kills: chaos?.kills ?? [],
+    unfired: chaos?.unfired ?? [],
     episodes: jsonLines<{ iteration: number; episodes: EpisodeRecordWire[] }>(join(dir, 'episodes.jsonl')),
     estimate: estimateOf(scenario),
   });

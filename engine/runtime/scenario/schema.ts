@@ -51,6 +51,15 @@ export const RewardActorRef = z.strictObject({
   seconds: z.number().nonnegative().optional().describe('what one request (an iteration’s rollout) takes the actor, as far as you know it: the planner prices the reward call with it (npm run plan)'),
 });
 
+/**
+ * A chaos event the run may skip. By default every kill, loss and join must happen: one that never
+ * does (a re-plan moved the call off its device, the run ended first) fails `npm run chaos`.
+ */
+const OPTIONAL_EVENT = z
+  .boolean()
+  .optional()
+  .describe('true: the run may skip this event (say, a re-plan before it moves the call off its device); by default an event that never fires is reported and fails npm run chaos');
+
 export const Chaos = z.strictObject({
   kills: z
     .array(
@@ -60,11 +69,13 @@ export const Chaos = z.strictObject({
           call: z.enum(CHAOS_CALLS).describe('the call during which it dies'),
           iteration: z.number().int().min(-1).describe('-1: during setup'),
           how: z.enum(['kill', 'hang']).default('kill').describe('kill: SIGKILL; hang: SIGSTOP, found by missed heartbeats, then killed'),
+          optional: OPTIONAL_EVENT,
         }),
         z.strictObject({
           lose: z.number().int().min(0).describe('a device lost for good: its worker is killed during the call and never restarted (needs elastic:)'),
           call: z.enum(CHAOS_CALLS).describe('the call during which it is lost'),
           iteration: z.number().int().min(0).describe('the iteration'),
+          optional: OPTIONAL_EVENT,
         }),
       ]),
     )
@@ -74,6 +85,7 @@ export const Chaos = z.strictObject({
       z.strictObject({
         device: nat.describe('a device of the cluster: one the run lost, or one its plan does not use'),
         iteration: z.number().int().min(1).describe('its worker starts once the iteration before this one is done; the supervisor offers it to the planner at the next boundary'),
+        optional: OPTIONAL_EVENT,
       }),
     )
     .default([])
@@ -84,6 +96,7 @@ export const Chaos = z.strictObject({
       seed: nat.default(0),
       actors: z.array(z.string()).min(1).optional().describe("models (or 'supervisor') to draw from (default: all)"),
       hang: z.number().min(0).max(1).default(0).describe('the share of kills that are hangs instead'),
+      optional: OPTIONAL_EVENT.describe('true: the run may skip any of the drawn kills; by default one that never fires fails npm run chaos'),
     })
     .optional(),
 });
