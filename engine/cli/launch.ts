@@ -328,17 +328,17 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     // and the run directory keeps it: the exact input of this run.
     const resolved = join(o.out, 'scenario.json');
     writeFileSync(resolved, `${JSON.stringify(o.scenario, null, 2)}\n`);
-    let intensity = new Intensity(sup.intensity, sup.period_seconds);
-    let escalation: string | undefined;
-    const escalate = (message: string) => {
-      escalation = message;
-      say(`supervision: ${message}`);
     // Workers start from one bundle of ferry's modules (built once per state of the sources); where
     // it cannot be built they start through tsx, as the supervisor does, only slower.
     const bundle = await processBundle().catch((e: unknown) => {
       say(`workers start through tsx: their bundle could not be built (${(e as Error).message})`);
       return undefined;
     });
+    let intensity = new Intensity(sup.intensity, sup.period_seconds);
+    let escalation: string | undefined;
+    const escalate = (message: string) => {
+      escalation = message;
+      say(`supervision: ${message}`);
       publish({ type: 'log', level: 'error', source: 'launcher', message: `supervision: ${message}` });
     };
     // An elastic run's device lost for good: the supervisor is asked to go on without it (asked
@@ -393,12 +393,12 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
               ['--run', o.run, '--nats', spread(url!, index), '--backend', o.backend ?? o.scenario.backend, ...(device === undefined ? [] : ['--device', String(device)])],
               join(logs, again ? `worker-${index}.${Date.now()}.log` : `worker-${index}.log`),
               ownEnv(device === undefined ? undefined : creds?.workers[device]),
+              bundle,
             );
       const slot: Slot = { kind, index, child };
       child.once('exit', (code, signal) => onExit(slot, { code, signal }));
       return slot;
     };
-              bundle,
 
     // OTP, for processes: the restart policy decides whether a dead process comes back, the
     // strategy which others come back with it, the intensity when to give up instead.
