@@ -64,7 +64,7 @@ export function startProcess(script: string, argv: string[], logFile: string, en
   // children in order (the supervisor first writes its summary).
   // FERRY_NODE_ARGS: extra Node.js flags for every process started here (e.g. --cpu-prof).
   const nodeArgs = (process.env.FERRY_NODE_ARGS ?? '').split(' ').filter(Boolean);
-  // A worker starts from the bundle of ferry's modules where there is one (process-bundle.ts).
+  // A worker or the supervisor starts from the bundle of ferry's modules where there is one (process-bundle.ts).
   const start = bundledStart(script, bundle);
   const child = spawn(process.execPath, [...nodeArgs, ...start.loader, start.entry, ...argv], {
     cwd: ROOT,
@@ -328,10 +328,10 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
     // and the run directory keeps it: the exact input of this run.
     const resolved = join(o.out, 'scenario.json');
     writeFileSync(resolved, `${JSON.stringify(o.scenario, null, 2)}\n`);
-    // Workers start from one bundle of ferry's modules (built once per state of the sources); where
-    // it cannot be built they start through tsx, as the supervisor does, only slower.
+    // The workers and the supervisor start from one bundle of ferry's modules (built once per state
+    // of the sources); where it cannot be built they start through tsx, only slower.
     const bundle = await processBundle().catch((e: unknown) => {
-      say(`workers start through tsx: their bundle could not be built (${(e as Error).message})`);
+      say(`the run's processes start through tsx: their bundle could not be built (${(e as Error).message})`);
       return undefined;
     });
     let intensity = new Intensity(sup.intensity, sup.period_seconds);
@@ -387,6 +387,7 @@ export async function launch(o: LaunchOptions): Promise<LaunchResult> {
               ['--scenario', resolved, '--run', o.run, '--out', o.out, '--nats', url!, ...(again ? ['--take-over'] : o.resume ? ['--resume'] : [])],
               join(logs, again ? `supervisor.${Date.now()}.log` : 'supervisor.log'),
               ownEnv(creds?.supervisor),
+              bundle,
             )
           : startProcess(
               'actors/worker.ts',

@@ -1,15 +1,15 @@
-// A worker process starts from one bundle of ferry's modules instead of three hundred TypeScript
-// files compiled one by one through tsx's module hooks: on the 2-core machines here that is
-// 0.45 s of CPU to start a worker instead of 1.25 s, and about half the seconds from a kill to the
-// restarted worker joining. esbuild (tsx's own compiler) writes the bundle once per state of the
+// The processes of a run (workers and the supervisor) start from one bundle of ferry's modules
+// instead of three hundred TypeScript files compiled one by one through tsx's module hooks: on the
+// 2-core machines here that is 0.45 s of CPU to start a worker instead of 1.25 s, and about half
+// the seconds from a kill to the restarted process joining. esbuild (tsx's own compiler) writes the bundle once per state of the
 // sources, keyed by the sources' paths, sizes and modification times, into node_modules/.cache/
 // (where tools keep their caches): dependencies stay packages, imported from there as usual.
 //
-// engine/api.ts is bundled beside the worker, sharing its modules: a user's loss module imports
-// ferry's api.ts by path, and the module hook (engine/model/losses/modules.ts) answers that path
-// with the bundle's api.mjs, so that the losses it defines land in the registry the worker reads.
+// engine/api.ts is bundled beside them, sharing their modules: a user's algorithm or loss module
+// imports ferry's api.ts by path, and the module hook (engine/model/losses/modules.ts) answers that
+// path with the bundle's api.mjs, so that what it defines lands in the registries the process reads.
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, readdirSync, renameSync, rmSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, renameSync, rmSync, statSync, utimesSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { build } from 'esbuild';
@@ -37,8 +37,9 @@ function sourceStamp(): string {
 }
 
 export interface ProcessBundle {
-  /** The bundled worker entry point (actors/worker.ts). */
+  /** The bundled entry points of the processes: actors/worker.ts and actors/supervisor.ts. */
   worker: string;
+  supervisor: string;
   /** engine/api.ts, sharing the worker's modules. */
   api: string;
 }
@@ -46,7 +47,7 @@ export interface ProcessBundle {
 let built: Promise<ProcessBundle> | undefined;
 let builtFor = '';
 
-/** The worker's bundle for the sources as they are now, built if the cache lacks it. */
+/** The processes' bundle for the sources as they are now, built if the cache lacks it. */
 export function processBundle(): Promise<ProcessBundle> {
   const stamp = sourceStamp();
   if (built && builtFor === stamp) return built;
@@ -59,15 +60,29 @@ export function processBundle(): Promise<ProcessBundle> {
 }
 
 async function buildBundle(stamp: string): Promise<ProcessBundle> {
-  const dir = join(ROOT, 'node_modules', '.cache', 'ferry', 'bundles', stamp);
-  const bundle = { worker: join(dir, 'worker.mjs'), api: join(dir, 'api.mjs') };
-  if (existsSync(bundle.worker) && existsSync(bundle.api)) return bundle;
+  const bundles = join(ROOT, 'node_modules', '.cache', 'ferry', 'bundles');
+  const dir = join(bundles, stamp);
+  const bundle = { worker: join(dir, 'worker.mjs'), supervisor: join(dir, 'supervisor.mjs'), api: join(dir, 'api.mjs') };
+  if (existsSync(bundle.worker) && existsSync(bundle.supervisor) && existsSync(bundle.api)) {
+    // Marked as used: bundles of older sources go once unused for a day, never one a run may restart from.
+    const now = new Date();
+    utimesSync(dir, now, now);
+    return bundle;
+  }
+  forgetOldBundles(bundles);
   // Written beside, then renamed into place: a process reading the cache never sees half a bundle.
   const tmp = `${dir}.${process.pid}.${Date.now()}`;
   mkdirSync(tmp, { recursive: true });
   try {
     await build({
-      entryPoints: { worker: join(ROOT, 'actors/worker.ts'), api: join(ROOT, 'engine/api.ts') },
+      // The search thread's own entry: it imports its module by that module's URL (search-thread.ts),
+      // which must then be a chunk of shared modules, never the supervisor's entry that starts a run.
+      entryPoints: {
+        worker: join(ROOT, 'actors/worker.ts'),
+        supervisor: join(ROOT, 'actors/supervisor.ts'),
+        api: join(ROOT, 'engine/api.ts'),
+        'search-thread': join(ROOT, 'engine/elastic/search-thread.ts'),
+      },
       outdir: tmp,
       outExtension: { '.js': '.mjs' },
       bundle: true,
@@ -96,6 +111,23 @@ async function buildBundle(stamp: string): Promise<ProcessBundle> {
 
 /** The command line and environment that start `script` from its bundle, where it has one. */
 export function bundledStart(script: string, bundle: ProcessBundle | undefined): { entry: string; env: NodeJS.ProcessEnv; loader: string[] } {
-  if (!bundle || script !== 'actors/worker.ts') return { entry: join(ROOT, script), env: {}, loader: ['--import', 'tsx'] };
-  return { entry: bundle.worker, env: { [BUNDLE_ENV]: JSON.stringify({ source: join(ROOT, 'engine/api.ts'), api: bundle.api }) }, loader: ['--enable-source-maps'] };
+  const entry = script === 'actors/worker.ts' ? bundle?.worker : script === 'actors/supervisor.ts' ? bundle?.supervisor : undefined;
+  if (!bundle || !entry) return { entry: join(ROOT, script), env: {}, loader: ['--import', 'tsx'] };
+  // Every start marks the bundle as used: a run restarting its processes keeps its bundle.
+  const now = new Date();
+  utimesSync(dirname(entry), now, now);
+  return { entry, env: { [BUNDLE_ENV]: JSON.stringify({ source: join(ROOT, 'engine/api.ts'), api: bundle.api }) }, loader: ['--enable-source-maps'] };
+}
+
+/** Bundles of sources as they were, unused for a day (a run started from one may restart its processes from it until then). */
+function forgetOldBundles(bundles: string, maxAgeMs = 24 * 3600 * 1000): void {
+  if (!existsSync(bundles)) return;
+  for (const name of readdirSync(bundles)) {
+    const path = join(bundles, name);
+    try {
+      if (Date.now() - statSync(path).mtimeMs > maxAgeMs) rmSync(path, { recursive: true, force: true });
+    } catch {
+      // Removed by another process meanwhile.
+    }
+  }
 }

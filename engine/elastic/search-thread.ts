@@ -29,7 +29,8 @@ let shared: { worker: Worker; pending: Map<number, { resolve: (a: Answer) => voi
 
 function searchThread(): NonNullable<typeof shared> {
   if (shared) return shared;
-  // The thread runs this file through tsx, as the process does.
+  // The thread runs this file through tsx, as the process does (in a bundled process, this file's
+  // chunk: see engine/cli/process-bundle.ts).
   const boot = `import('tsx/esm/api').then(({ register }) => { register(); return import(${JSON.stringify(import.meta.url)}); })`;
   const worker = new Worker(boot, { eval: true, workerData: { serve: true } });
   worker.unref();
