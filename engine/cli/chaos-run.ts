@@ -136,15 +136,18 @@ const losesDevices = (s: Scenario) => s.chaos?.kills.some((k) => 'lose' in k) ??
 
 /**
  * The reference of an elastic chaos run: the clean scenario stopped where each re-plan went back
- * to (its iteration), then resumed from that checkpoint on the re-plan's plan, up to the next.
+ * to (its iteration), then resumed from that checkpoint on the re-plan's plan, up to the next. A
+ * free-running one (rl.staleness) replays the schedule the chaos run recorded (`versions`), each
+ * leg its part of it: which version made which rollout is the chaos run's timing, not the
+ * reference's.
  */
-async function resumedOnEachPlan(clean: Scenario, replans: NonNullable<Summary['replans']>, out: string, name: string): Promise<LaunchResult> {
+async function resumedOnEachPlan(clean: Scenario, replans: NonNullable<Summary['replans']>, out: string, name: string, versions?: readonly number[]): Promise<LaunchResult> {
   const quiet = { phase() {}, iteration() {}, stop() {} };
   const changed = replans.filter((r) => r.changed);
   const stops = [...changed.map((r) => r.iteration), clean.rl.iterations];
   let last: LaunchResult | undefined;
   for (const [i, stop] of stops.entries()) {
-    const leg = { ...clean, rl: { ...clean.rl, iterations: stop } };
+    const leg = { ...clean, rl: { ...clean.rl, iterations: stop, ...(versions ? { versions: versions.slice(0, stop) } : {}) } };
     const scenario = i === 0 ? leg : withPlan(leg, changed[i - 1]!.plan_after);
     last = await launch({ scenario, run: runId(`${name}-ref${i}`), out, progress: quiet, say: () => {}, ...(i > 0 ? { resume: true } : {}) });
     if (last.code !== 0) return last;
@@ -176,8 +179,12 @@ export async function runChaos(scenario: Scenario, out: string, say: (line: stri
     const b = await chaosRun();
     const replans = (b.summary?.replans ?? []).filter((r) => r.changed);
     say(`reference: ${runs.clean}, stopped before each re-plan's iteration (${replans.map((r) => r.iteration).join(', ') || 'none'}) and resumed on its plan`);
-    const a = b.summary?.status === 'succeeded' && replans.length ? await resumedOnEachPlan(clean, replans, runs.clean, name) : await cleanRun(clean);
-    return { ...chaosReport(name, a, b, runs), reference: replans.length ? 'resumed on each re-plan' : 'clean' };
+    const versions = scenario.rl.staleness > 0 && !scenario.rl.versions ? b.summary?.staleness?.versions : undefined;
+    const a =
+      b.summary?.status === 'succeeded' && replans.length
+        ? await resumedOnEachPlan(clean, replans, runs.clean, name, versions)
+        : await cleanRun(versions ? { ...clean, rl: { ...clean.rl, versions } } : clean);
+    return { ...chaosReport(name, a, b, runs), reference: replans.length ? 'resumed on each re-plan' : 'clean', ...(versions ? { clean_replays: true } : {}) };
   }
   if (scenario.rl.staleness > 0 && !scenario.rl.versions) {
     const b = await chaosRun();

@@ -80,11 +80,13 @@ runMain(async () => {
     console.log(
       `recoveries restored ${b.restored} bytes of snapshots to devices (${b.via_supervisor} of them through the supervisor's process); ${b.kept} bytes stayed where survivors held them with the snapshot's state`,
     );
-    const against = report.clean_replays
-      ? " (a replay of the chaos run's recorded schedule: the run is free-running)"
-      : report.reference === 'resumed on each re-plan'
-        ? " (stopped before each re-plan's iteration and resumed from that checkpoint on its plan: a new layout changes reduction order)"
-        : '';
+    const replays = report.clean_replays ? "a replay of the chaos run's recorded schedule: the run is free-running" : undefined;
+    const against =
+      report.reference === 'resumed on each re-plan'
+        ? ` (stopped before each re-plan's iteration and resumed from that checkpoint on its plan: a new layout changes reduction order${replays ? `; ${replays}` : ''})`
+        : replays
+          ? ` (${replays})`
+          : '';
     console.log(`digests equal to the clean run's${against}: ${report.digests_equal}; rollouts lost: ${report.rollouts_lost ?? 'n/a'}, trained twice: ${report.rollouts_duplicated ?? 'n/a'}`);
     for (const r of report.replans ?? []) {
       const plan = (p: Record<string, { mesh: string; dp: number; tp: number; pp: number }>) =>
