@@ -52,6 +52,13 @@ export async function migrateOrSetUp(input: RestoreInput & { from: RunSpec; lost
   };
 }
 
+/**
+ * The number of the plan the run is on: 0 for the scenario's, n after the n-th re-plan that changed
+ * it (one that kept the plan keeps its number). Each plan keeps its own stage records
+ * (runtime/store/plan-stages.ts).
+ */
+export const planNumber = (replans: readonly Pick<ReplanRecord, 'changed'>[]): number => replans.filter((r) => r.changed).length;
+
 /** Where the supervisor a run is taken over from died between a re-plan's decision and the end of its migration: when the loss was heard, and the plan before it. */
 export function unfinishedMigration(takeOver: Progress | undefined, spec: RunSpec): { lossAt?: number; from?: RunSpec } {
   const last = takeOver?.replans?.at(-1);

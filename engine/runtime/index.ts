@@ -18,6 +18,7 @@ export * from './run/setup.ts';
 export * from './run/recovery.ts';
 export * from './scenario/scenario.ts';
 export * from './store/store.ts';
+export * from './store/plan-stages.ts';
 export * from './store/reshard.ts';
 export { objectName } from './store/snapshots.ts';
 export * from './plan/catalog.ts';

@@ -9,6 +9,7 @@ import type { Dispatcher } from '../runtime/index.ts';
 import { accountRollouts } from '../device/index.ts';
 import type { Progress, RunStore } from '../runtime/index.ts';
 import { finalDigests, planDevices, runIteration, trainedRollouts, type HeldView, type IterationResult, type RewardSources, type RunSpec } from '../runtime/index.ts';
+import { stagesOfPlan, trainedStages } from '../runtime/index.ts';
 import type { NextViews } from '../asynchrony/index.ts';
 import { setupModels, snapshotInto, type CheckpointSet } from '../runtime/index.ts';
 import { restoreDevices } from '../runtime/index.ts';
@@ -63,14 +64,16 @@ export const stages = {
   saveProgress: fromPromise(({ input }: { input: { store: RunStore; progress: Progress } }) => input.store.saveProgress(input.progress)),
   /**
    * One iteration of the graph. Results of calls that change no state come from the store when
-   * this iteration already has them (a replay), and go into it when they are computed.
+   * this iteration already has them on this plan (a replay: `plan` is the plan's number,
+   * plan-stages.ts), and go into it when they are computed.
    */
   iteration: fromPromise(
-    ({ input }: { input: StageInput & { views?: NextViews<HeldView> } }): Promise<IterationResult> => runIteration(input.d, input.r, input.iteration, input.store, input.rewards, input.views),
+    ({ input }: { input: StageInput & { plan: number; views?: NextViews<HeldView> } }): Promise<IterationResult> =>
+      runIteration(input.d, input.r, input.iteration, stagesOfPlan(input.store, input.plan), input.rewards, input.views),
   ),
-  digest: fromPromise(async ({ input }: { input: StageInput }) => {
+  digest: fromPromise(async ({ input }: { input: StageInput & { plan: number } }) => {
     const { digests, ledgers } = await finalDigests(input.d, input.r, input.iteration);
-    const rollouts = await trainedRollouts(input.r, input.store, input.r.scenario.rl.iterations);
+    const rollouts = await trainedRollouts(input.r, trainedStages(input.store, input.plan), input.r.scenario.rl.iterations);
     const accounts = Object.entries(ledgers).map(([model, ranks]) => accountRollouts({ [model]: ranks }, rollouts[model] ?? []));
     return {
       digests,

@@ -21,7 +21,7 @@
 import type { Demonstrate } from '../environments/index.ts';
 import { assign, sendTo, setup } from 'xstate';
 import type { LossTrigger, Metrics, ReplanRecord } from '../../mesh/wire/index.ts';
-import { lostAfter, measuredPeriods, placementsOf, readSnapshot, recentPeriod, unfinishedMigration, type IterationStart, type Loss, type SnapshotRead } from '../elastic/index.ts';
+import { lostAfter, measuredPeriods, placementsOf, planNumber, readSnapshot, recentPeriod, unfinishedMigration, type IterationStart, type Loss, type SnapshotRead } from '../elastic/index.ts';
 export type { MigrationOutput } from '../elastic/index.ts';
 import type { Layout } from '../../mesh/parallel/index.ts';
 import { CallError, fence, type Dispatcher } from '../runtime/index.ts';
@@ -618,8 +618,9 @@ export const supervisorMachine = setup({
      * A device lost for good (elastic runs): the calls in flight are abandoned; a plan on the
      * devices left is searched and written ahead to the store; once every device of the new plan
      * has a worker, the last snapshot is restored onto it (checked bit for bit) and the run goes
-     * on from the iteration after it, its recorded rollouts replayed. A failure in the migration
-     * is recovered as any other, onto the new plan.
+     * on from the iteration after it, computing what the old plan recorded past the snapshot again
+     * (each plan reads only its own stage records: the iteration's `plan`). A failure in the
+     * migration is recovered as any other, onto the new plan.
      */
     replanning: {
       entry: ['beginReplan', 'readSnapshotAhead', 'resetAhead'],
@@ -742,7 +743,15 @@ export const supervisorMachine = setup({
           entry: assign({ starts: ({ context }) => [...context.starts, { iteration: context.iteration, at: Date.now() }] }),
           invoke: {
             src: 'iteration',
-            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration, rewards: context.rewards, views: context.views }),
+            input: ({ context }) => ({
+              d: fence(context.dispatcher),
+              r: context.spec,
+              store: context.store,
+              plan: planNumber(context.replans),
+              iteration: context.iteration,
+              rewards: context.rewards,
+              views: context.views,
+            }),
             onDone: { target: 'iterationDone', actions: { type: 'recordIteration', params: ({ event }) => event.output } },
             onError: [
               // A reward actor that never came, a loss that fails: going back to a snapshot would not mend it.
@@ -802,7 +811,7 @@ export const supervisorMachine = setup({
           on: RECOVER_ON_LOSS,
           invoke: {
             src: 'digest',
-            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, iteration: context.iteration }),
+            input: ({ context }) => ({ d: fence(context.dispatcher), r: context.spec, store: context.store, plan: planNumber(context.replans), iteration: context.iteration }),
             onDone: { target: 'keeping', actions: assign({ digests: ({ event }) => event.output.digests, rollouts: ({ event }) => event.output.rollouts }) },
             onError: { target: '#supervisor.recovering', actions: { type: 'stageFailed', params: ({ event }) => ({ stage: 'digests', error: event.error }) } },
           },
