@@ -325,9 +325,20 @@ describe('killPoints: a device lost for good (lose:)', () => {
     expect(refused('    - { lose: 3, call: generate, iteration: 2 }', false)).toMatch(/chaos\.kills\[0\]: a device lost for good ends a run that is not elastic; add elastic:/);
     expect(refused('    - { lose: 7, call: generate, iteration: 2 }')).toMatch(/chaos\.kills\[0\]: lose: 7 is not a device of the plan \(devices 0, 1, 2, 3\)/);
     expect(refused('    - { lose: 3, call: train, iteration: 2 }')).toMatch(
-      /chaos\.kills\[0\]: device 3 runs no 'train' in an iteration with this plan; it runs 'generate', 'inference', 'checkpoint'/,
+      /chaos\.kills\[0\]: device 3 runs no 'train' in an iteration with this plan; it runs 'generate', 'inference', 'realloc', 'checkpoint'/,
     );
     expect(refused('    - { lose: 0, call: generate, iteration: 9 }')).toMatch(/iteration 9 is past the run's last \(5\)/);
+  });
+
+  it('takes a loss in a reallocation on a device that receives one (a view is filled there), and refuses it elsewhere', () => {
+    // Devices 2-3 generate and infer on views of the actor and the critic, filled by reallocations.
+    const [k] = killPoints(elastic('    - { lose: 3, call: realloc, iteration: 2 }'));
+    expect(k).toMatchObject({ actor: 'device', device: 3, call: 'realloc', iteration: 2, lose: true });
+    expect(reachedByWorker(k!, 3, 'actor@generate', 'realloc', 2)).toBe(true);
+    expect(reachedByWorker(k!, 3, 'actor@generate', 'generate', 2)).toBe(false);
+    expect(refused('    - { lose: 3, call: train, iteration: 2 }')).toMatch(/it runs 'generate', 'inference', 'realloc', 'checkpoint'/);
+    // Devices 0-1 hold the trained models themselves: nothing is reallocated onto them.
+    expect(refused('    - { lose: 0, call: realloc, iteration: 2 }')).toMatch(/device 0 runs no 'realloc' in an iteration with this plan; it runs 'train', 'checkpoint'/);
   });
 });
 

@@ -157,13 +157,15 @@ function losePoint(r: RunSpec, k: { lose: number; call: string; iteration: numbe
 /** Whether `device` runs a call `fn` (a graph call, or its part of a snapshot) in an iteration with the run's plan. */
 function deviceRuns(r: RunSpec, device: number, fn: string): boolean {
   if (['generate', 'inference', 'train'].includes(fn)) return r.graph.calls.some((c) => c.fn === fn && layoutOf(r, c.name).devices.includes(device));
+  // A reallocation lands on the devices of a call that runs its model on a layout of its own (a view).
+  if (fn === 'realloc') return r.graph.calls.some((c) => viewOf(r, c.name).isView && layoutOf(r, c.name).devices.includes(device));
   return fn === 'checkpoint' && keptModels(r).some((m) => layoutOf(r, ownerOf(r, m)).devices.includes(device));
 }
 
-/** The calls `device` runs in an iteration with the run's plan, quoted: 'generate', 'inference', 'checkpoint'. */
+/** The calls `device` runs in an iteration with the run's plan, quoted: 'generate', 'inference', 'realloc', 'checkpoint'. */
 function callsOn(r: RunSpec, device: number): string {
   const calls = [...new Set(r.graph.calls.filter((c) => layoutOf(r, c.name).devices.includes(device)).map((c) => c.fn))];
-  return [...calls, 'checkpoint'].map((c) => `'${c}'`).join(', ');
+  return [...calls, ...(deviceRuns(r, device, 'realloc') ? ['realloc'] : []), 'checkpoint'].map((c) => `'${c}'`).join(', ');
 }
 
 /** The workers that join a run beyond its plan (chaos.joins): elastic runs only, devices of the cluster, iterations of the run. */
