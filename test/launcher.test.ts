@@ -91,7 +91,7 @@ describe('npm run scenario', () => {
     writeFileSync(
       algo,
       [
-        `import { BUILTIN, defineAlgorithm } from ${JSON.stringify(join(ROOT, 'engine/algorithms/index.ts'))};`,
+        `import { BUILTIN, defineAlgorithm } from ${JSON.stringify(join(ROOT, 'engine/api.ts'))};`,
         'const grpo = BUILTIN.grpo!;',
         'export default defineAlgorithm({ name: "loop", summary: "a cycle", options: grpo.options, graph: (o, rl) => {',
         '  const g = grpo.graph(o, rl);',

@@ -16,19 +16,16 @@ const dir = tempDir('ferry-user-loss-');
 // Inside the checkout (runs/ is ignored), so the module's path travels relative to it.
 const inside = join(ROOT, 'runs', `test-user-loss-${process.pid}`);
 const api = JSON.stringify(join(ROOT, 'engine/api.ts'));
-const algorithms = JSON.stringify(join(ROOT, 'engine/algorithms/index.ts'));
 
 /** A file of only `losses` and an algorithm running GRPO's graph with the loss its `loss` option names. */
-const bareFile = (losses: string) => `import { defineAlgorithm, defineLoss, tf, z } from ${api};
-import { BUILTIN } from ${algorithms};
+const bareFile = (losses: string) => `import { BUILTIN, defineAlgorithm, defineLoss, tf, z } from ${api};
 const grpo = BUILTIN.grpo!;
 ${losses}
 export default defineAlgorithm({ name: 'bare', summary: 'GRPO with another loss', options: z.strictObject({ loss: z.string() }), graph: (o, rl) => grpo.graph(grpo.options.parse({ kl: 'reward', loss: o.loss }), rl) });
 `;
 
 /** A user's file: GRPO's graph with the loss its `loss` option names, and the losses it exports. */
-const userFile = (extra = '') => `import { defineAlgorithm, defineLoss, tf, tokenMean, z } from ${api};
-import { BUILTIN } from ${algorithms};
+const userFile = (extra = '') => `import { BUILTIN, defineAlgorithm, defineLoss, tf, tokenMean, z } from ${api};
 const grpo = BUILTIN.grpo!;
 /** Half of PPO's clipped surrogate: learns as PPO does, at half the step. */
 export const halfPolicy = defineLoss({
@@ -102,6 +99,21 @@ describe('a loss in the algorithm’s own file', () => {
     expect(s.error).toMatch(/actor\.train.*the loss 'not_finite' is (NaN|-?Infinity) on mini-batch/);
     expect(s.recoveries).toEqual([]);
   }, 120_000);
+
+  it('a file that imports ferry past engine/api.ts is refused before anything starts, naming both files (in a bundled process it would be a second copy of ferry)', async () => {
+    const internal = join(ROOT, 'engine/algorithms/index.ts');
+    const folder = join(inside, 'internal');
+    const own = writeUser(
+      folder,
+      'own.ts',
+      userFile('export const internal = Object.keys(INTERNAL);').replace('import { BUILTIN, ', `import { BUILTIN as INTERNAL } from ${JSON.stringify(internal)};\nimport { BUILTIN, `),
+    );
+    const file = smallScenario(folder, `algorithm: { name: ./own.ts }\ncluster: { nodes: 1, devices_per_node: 1 }`, 'internal');
+    const p = spawnTs('engine/cli/scenario.ts', [file, '--out', join(dir, 'internal')]);
+    expect(await p.exited).not.toBe(0);
+    expect(p.output()).toContain(`${own} imports ${internal}: a user's file imports ferry through ${join(ROOT, 'engine/api.ts')} alone`);
+    expect(p.output()).not.toMatch(/nats-server on/);
+  }, 60_000);
 
   describe('a worker from another checkout', () => {
     let server: PrivateNatsServer;

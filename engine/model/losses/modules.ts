@@ -6,7 +6,7 @@
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { register } from 'node:module';
-import { pathToFileURL } from 'node:url';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 import { LossError, isLoss, type Loss } from './define.ts';
 import { localPath, registerLoss } from './registry.ts';
 
@@ -28,10 +28,13 @@ const ESM_HOOKS = `
 import { readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
-let bundled;
+let ferry;
 export function initialize(data) {
-  if (data?.source) bundled = { source: pathToFileURL(data.source).href, api: pathToFileURL(data.api).href };
+  const source = pathToFileURL(data.source).href;
+  const root = new URL('../', source).href;
+  ferry = { source, api: data.api && pathToFileURL(data.api).href, inside: ['engine/', 'mesh/', 'actors/'].map((d) => root + d), bundle: data.api && pathToFileURL(dirname(data.api)).href + '/' };
 }
+const isFerry = (url) => ferry.inside.some((d) => url.startsWith(d)) || (ferry.bundle !== undefined && url.startsWith(ferry.bundle));
 const declaredType = (file) => {
   for (let dir = dirname(file); ; dir = dirname(dir)) {
     try {
@@ -44,7 +47,17 @@ const declaredType = (file) => {
 };
 export async function resolve(specifier, context, next) {
   const r = await next(specifier, context);
-  if (bundled && r.url === bundled.source) return { url: bundled.api, format: 'module', shortCircuit: true };
+  // A user's file (one outside ferry's own folders and bundle) imports ferry through api.ts alone:
+  // any other of ferry's files would be, in a bundled process, a second copy of ferry's modules
+  // with registries of its own, so it is refused the same way in every process.
+  const fromUser = context.parentURL !== undefined && context.parentURL.startsWith('file:') && !isFerry(context.parentURL) && !/[\\/]node_modules[\\/]/.test(context.parentURL);
+  if (fromUser && r.url === ferry.source && ferry.api) return { url: ferry.api, format: 'module', shortCircuit: true };
+  if (fromUser && r.url !== ferry.source && ferry.inside.some((d) => r.url.startsWith(d))) {
+    throw new Error(
+      fileURLToPath(context.parentURL) + ' imports ' + fileURLToPath(r.url) +
+        ": a user's file imports ferry through " + fileURLToPath(ferry.source) + ' alone (it exports the algorithms, BUILTIN, the losses and their helpers, tf and z)',
+    );
+  }
   if (!/^commonjs(-typescript)?$/.test(r.format ?? '') || !r.url.startsWith('file:')) return r;
   const file = fileURLToPath(r.url);
   if (!/\\.[jt]sx?$/.test(file) || /[\\\\/]node_modules[\\\\/]/.test(file) || declaredType(file) === 'commonjs') return r;
@@ -74,10 +87,10 @@ function bundledProcess(): { source: string; api: string } | undefined {
 export async function importUserModule(file: string): Promise<Record<string, unknown>> {
   if (!hooked) {
     const bundle = bundledProcess();
-    // A process started from a bundle (a worker) has no TypeScript loader of its own: tsx's
-    // hooks first, then ours, which run before them and send ferry's api.ts to the bundle's.
+    // A process started from a bundle has no TypeScript loader of its own: tsx's hooks first, then
+    // ours, which run before them and send ferry's api.ts to the bundle's api.mjs.
     if (bundle) ((await import('tsx/esm/api')) as { register: () => unknown }).register();
-    register(`data:text/javascript,${encodeURIComponent(ESM_HOOKS)}`, { data: bundle });
+    register(`data:text/javascript,${encodeURIComponent(ESM_HOOKS)}`, { data: bundle ?? { source: fileURLToPath(new URL('../../api.ts', import.meta.url)) } });
     hooked = true;
   }
   return (await import(pathToFileURL(file).href)) as Record<string, unknown>;
