@@ -32,7 +32,7 @@ let ferry;
 export function initialize(data) {
   const source = pathToFileURL(data.source).href;
   const root = new URL('../', source).href;
-  ferry = { source, api: data.api && pathToFileURL(data.api).href, inside: ['engine/', 'mesh/', 'actors/'].map((d) => root + d), bundle: data.api && pathToFileURL(dirname(data.api)).href + '/' };
+  ferry = { source, api: data.api && pathToFileURL(data.api).href, inside: ['engine/', 'mesh/'].map((d) => root + d), bundle: data.api && pathToFileURL(dirname(data.api)).href + '/' };
 }
 const isFerry = (url) => ferry.inside.some((d) => url.startsWith(d)) || (ferry.bundle !== undefined && url.startsWith(ferry.bundle));
 const declaredType = (file) => {
@@ -47,7 +47,8 @@ const declaredType = (file) => {
 };
 export async function resolve(specifier, context, next) {
   const r = await next(specifier, context);
-  // A user's file (one outside ferry's own folders and bundle) imports ferry through api.ts alone:
+  // A user's file (one outside ferry's engine/ and mesh/, which hold every module a process imports,
+  // and outside the bundle) imports ferry through api.ts alone:
   // any other of ferry's files would be, in a bundled process, a second copy of ferry's modules
   // with registries of its own, so it is refused the same way in every process.
   const fromUser = context.parentURL !== undefined && context.parentURL.startsWith('file:') && !isFerry(context.parentURL) && !/[\\/]node_modules[\\/]/.test(context.parentURL);
