@@ -355,19 +355,7 @@ describe('joinPoints', () => {
 describe('unfiredEvents and the verdict: chaos events that never fired', () => {
   // scenarios/elastic.yaml's plan, with the issue's second loss (device 2 in generate, iteration 6).
   const ELASTIC = `
-name: elastic
-seed: 5
-task: { name: sort, digits: 4, base: 10 }
-model: { layers: 2, width: 32, heads: 4 }
-cluster: { nodes: 1, devices_per_node: 4 }
-plan:
-  actor.train: { mesh: "0:0-1", dp: 2 }
-  actor.generate: { mesh: "0:2-3", tp: 2 }
-  critic.train: { mesh: "0:0-1", pp: 2 }
-  critic.inference: { mesh: "0:2-3", dp: 2 }
-  reference.inference: { mesh: "0:2-3", tp: 2 }
-  reward.inference: { mesh: "0:3" }
-rl: { iterations: 8, batch: 32 }
+name: elastic${FOUR_DEVICES}rl: { iterations: 8, batch: 32 }
 elastic: { grace_seconds: 20, search_seconds: 1 }
 chaos:
   kills:
