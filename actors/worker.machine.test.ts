@@ -98,7 +98,7 @@ describe('worker machine', () => {
     expect(respond).toHaveBeenCalledTimes(1);
     const reply = respond.mock.calls[0]![0];
     expect(reply).toMatchObject({ type: 'result', v: PROTOCOL_VERSION, id: 'load-1', body: { parameters: 1021 } });
-    expect(reply.type === 'result' && reply.body.digest).toMatch(/^[0-9a-f]{64}$/);
+    expect(reply.type === 'result' && reply.body.digest).toMatch(/^blake3:[0-9a-f]{64}$/);
     actor.stop();
   });
 

@@ -74,7 +74,18 @@ function forgeries(transfer: string, from: Party, tensors: Array<{ name: string;
   expect(big.size).toBeGreaterThan(BLOCK);
   const chunk = (name: string, size: number, offset: number, claims: Party, digest?: string, id = transfer) => {
     const data = new Float32Array(Math.min(size - offset, chunkElements(MAX)));
-    return encode({ type: 'chunk', v: PROTOCOL_VERSION, transfer: id, from: claims, tensor: name, offset, total: size, data, sha256: digest ?? listDigest(blockDigests(data)), whole: '0'.repeat(64) });
+    return encode({
+      type: 'chunk',
+      v: PROTOCOL_VERSION,
+      transfer: id,
+      from: claims,
+      tensor: name,
+      offset,
+      total: size,
+      data,
+      digest: digest ?? listDigest(blockDigests(data)),
+      whole: `blake3:${'0'.repeat(64)}`,
+    });
   };
   const tail = Math.floor((big.size - 1) / BLOCK) * BLOCK;
   const other: Party = from === 'supervisor' ? 0 : 'supervisor';
@@ -82,7 +93,7 @@ function forgeries(transfer: string, from: Party, tensors: Array<{ name: string;
   const subject = subj.chunks(transfer, from);
   return {
     messages: [
-      { subject, data: chunk(big.name, big.size, tail, from, 'f'.repeat(64)) },
+      { subject, data: chunk(big.name, big.size, tail, from, `blake3:${'f'.repeat(64)}`) },
       { subject, data: randomBytes(4096) },
       { subject: subj.chunks(transfer, other), data: chunk(second.name, second.size, 0, other) },
       { subject, data: chunk(big.name, big.size, 0, from, undefined, 'another-exchange') },
@@ -93,7 +104,7 @@ function forgeries(transfer: string, from: Party, tensors: Array<{ name: string;
 
 async function manifest(device: number, model: string): Promise<{ digest: string; tensors: Map<string, string> }> {
   const m = await d.call(device, model, 0, { fn: 'manifest' });
-  return { digest: m.digest, tensors: new Map(m.manifest.map((t) => [t.name, t.sha256])) };
+  return { digest: m.digest, tensors: new Map(m.manifest.map((t) => [t.name, t.digest])) };
 }
 
 const load = (device: number, model: string, seed?: number) => d.call(device, model, 0, { fn: 'load', role: 'actor', spec, layout: on(device), rank: 0, ...(seed === undefined ? {} : { seed }) });

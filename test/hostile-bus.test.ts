@@ -84,7 +84,7 @@ const TRIED: Record<Who, Record<string, string>> = {
       "an error from the JetStream API; in the KV bucket, not sealed: passed over by a take-over, replaced by the next progress record; an object-store entry that is not a snapshot's is left alone",
     'go for a guessed exchange id': 'ignored: exchange ids carry 64 random bits',
     'go-abort for a guessed exchange id': 'ignored: exchange ids carry 64 random bits',
-    'a results record for this iteration and the next': 'ignored: a supervisor that started the run reads back only the records it wrote (by sequence and SHA-256)',
+    'a results record for this iteration and the next': 'ignored: a supervisor that started the run reads back only the records it wrote (by sequence and digest)',
     'a results record for a later iteration, under the message id the supervisor will use':
       'ignored: the supervisor, told its record is a duplicate of one it never wrote, stores its own without the id',
     'a beat with another pid': "ignored by the launcher's watchdog until the real supervisor beats again",
@@ -113,7 +113,7 @@ const TRIED: Record<Who, Record<string, string>> = {
     "requests about its own device's bucket that are not JSON": 'an error from the JetStream API, to no one',
     "read requests about any device's bucket that are not JSON": 'an error from the JetStream API, to no one',
     "entries in its own device's bucket under names no manifest holds":
-      "stored, and never read: a snapshot is read by its manifest's names and SHA-256s (an object a manifest names, replaced by someone with this credential, is refused when read, naming it)",
+      "stored, and never read: a snapshot is read by its manifest's names and digests (an object a manifest names, replaced by someone with this credential, is refused when read, naming it)",
     "writes to another device's bucket": 'refused by the server: a device writes its own snapshot bucket only',
     'creating or changing a bucket, its own included': 'refused by the server: the supervisor creates every device’s bucket (a stream’s subjects are its creator’s to choose)',
     "an entry in the snapshot manifests' bucket": 'refused by the server: only the supervisor writes manifests',

@@ -25,12 +25,12 @@ const one = { devices: [0], dp: 1, tp: 1, pp: 1 };
 async function deviceWrites(store: RunStore, iteration: number, tensors: Array<{ name: string; shape: number[]; data: Float32Array }>): Promise<SnapshotManifest> {
   const bytes = encode({ type: 'shard', v: PROTOCOL_VERSION, model: 'actor', layout: one, rank: 0, iteration, checkpoint: { tensors } });
   const object = `s${iteration}-e0.actor.r0`;
-  const sha256 = await store.shelf.put(0, object, bytes);
+  const digest = await store.shelf.put(0, object, bytes);
   return {
     type: 'snapshot',
     v: PROTOCOL_VERSION,
     iteration,
-    models: { actor: [{ device: 0, object, bytes: bytes.length, sha256, state: `state-${iteration}` }] },
+    models: { actor: [{ device: 0, object, bytes: bytes.length, digest, state: `state-${iteration}` }] },
     replicas: { actor: [0] },
     layouts: { actor: one },
   };
@@ -200,7 +200,7 @@ describe('the run store in JetStream', () => {
         encode({ type: 'shard', v: PROTOCOL_VERSION, model: 'actor', layout: one, rank: 0, iteration: 2, checkpoint: { tensors: [{ ...w, data: Float32Array.from([9, 9]) }] } }),
       );
       await expect(store.loadSnapshot(2)).rejects.toThrow(
-        /'actor' object "s2-e0.actor.r0" in device 0's bucket changed since it was written: its SHA-256 is [0-9a-f]{12}…, the manifest says [0-9a-f]{12}…/,
+        /'actor' object "s2-e0.actor.r0" in device 0's bucket changed since it was written: its digest is BLAKE3 [0-9a-f]{12}…, the manifest says BLAKE3 [0-9a-f]{12}…/,
       );
       // One the manifest names but its device's bucket lacks, the same.
       await store.shelf.delete(0, 's3-e0.actor.r0');

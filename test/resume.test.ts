@@ -111,7 +111,7 @@ describe('npm run scenario -- --resume RUN_DIR', () => {
     for (const [call, p] of Object.entries(plan)) expect(p.mesh, call).toBe('0:0');
   }, 300_000);
 
-  it('reads a checkpoint written by protocol 1 to 5 (only how chunks travel, the reset call, where snapshots are written, calls beside and a restore answer changed since), and refuses one of an unknown version', () => {
+  it('reads a checkpoint written by protocol 1 to 6 (only how chunks travel, the reset call, where snapshots are written, calls beside, a restore answer and the chunk path digests changed since), and refuses one of an unknown version', () => {
     const dir = tempDir();
     const packr = new Packr({ useRecords: false, moreTypes: true, mapsAsObjects: true });
     const models = { actor: [{ tensors: [{ name: 'wte', shape: [2], data: new Float32Array([1, -0]) }] }] };
@@ -128,8 +128,13 @@ describe('npm run scenario -- --resume RUN_DIR', () => {
     expect(readResume(dir).iteration).toBe(7);
     writeFileSync(join(dir, 'checkpoint.msgpack'), packr.pack({ type: 'checkpoint', v: 5, iteration: 8, models }));
     expect(readResume(dir).iteration).toBe(8);
+    // Version 6's, with a ledger: its tokens' SHA-256 is what a ledger still holds (the chunk path's digests are BLAKE3 since 7; a checkpoint file holds none of them).
+    const ledger = [{ iteration: 8, rows: 16, sha256: 'ab'.repeat(32) }];
+    writeFileSync(join(dir, 'checkpoint.msgpack'), packr.pack({ type: 'checkpoint', v: 6, iteration: 9, models: { actor: [{ ...models.actor[0]!, ledger }] } }));
+    expect(readResume(dir).iteration).toBe(9);
+    expect(readResume(dir).checkpoint.actor![0]!.ledger).toEqual(ledger);
     writeFileSync(join(dir, 'checkpoint.msgpack'), packr.pack({ type: 'checkpoint', v: 9, iteration: 4, models }));
-    expect(() => readResume(dir)).toThrow(`expected protocol version v=1, v=2, v=3, v=4, v=5 or v=${PROTOCOL_VERSION}, got 9`);
+    expect(() => readResume(dir)).toThrow(`expected protocol version v=1, v=2, v=3, v=4, v=5, v=6 or v=${PROTOCOL_VERSION}, got 9`);
   });
 
   it('says what is missing when a run directory has no checkpoint', async () => {

@@ -43,8 +43,8 @@ describe('a PPO run over NATS with worker processes', () => {
     expect(s).toMatchObject({ status: 'succeeded', iterations: 3, seed: 3, backend: 'wasm' });
     expect(s.reward_first5).toBeCloseTo(lines.reduce((a, m) => a + m.reward_mean, 0) / 3, 10);
     expect(Object.keys(s.plan)).toHaveLength(6);
-    expect(s.digests.actor).toMatch(/^[0-9a-f]{64}$/);
-    expect(s.digests.critic).toMatch(/^[0-9a-f]{64}$/);
+    expect(s.digests.actor).toMatch(/^blake3:[0-9a-f]{64}$/);
+    expect(s.digests.critic).toMatch(/^blake3:[0-9a-f]{64}$/);
     // Every process wrote a log, and the workers stopped cleanly.
     for (const name of ['supervisor', 'worker-0', 'worker-1', 'worker-2', 'worker-3']) {
       expect(readFileSync(join(dir, 'run1', 'logs', `${name}.log`), 'utf8')).not.toBe('');

@@ -106,7 +106,7 @@ describe('chunked transfers over NATS', () => {
     expect(asked.filter((r) => r.type === 'resend')).toMatchObject([{ from: 1, tensor: 'big', offset: 0, attempt: 1 }]);
     expect(lines).toHaveLength(1);
     expect(lines[0]).toMatch(
-      /^device 1 dropped a message on ferry\.xfer\.xfer\.t2\.chunk\.0: transfer t2, tensor 'big' at offset 0: chunk digest [0-9a-f]+ does not match [0-9a-f]+; asking device 0 to send that chunk again$/,
+      /^device 1 dropped a message on ferry\.xfer\.xfer\.t2\.chunk\.0: transfer t2, tensor 'big' at offset 0: chunk digest blake3:[0-9a-f]{64} does not match blake3:[0-9a-f]{64}; asking device 0 to send that chunk again$/,
     );
     stop();
     out.close();
@@ -129,10 +129,10 @@ describe('chunked transfers over NATS', () => {
   it('rejects a tensor that arrives complete but differs from the digest its receiver expects', async () => {
     const ts = tensors();
     const manifest = manifestOf(ts);
-    manifest[1] = { ...manifest[1]!, sha256: '0'.repeat(64) };
+    manifest[1] = { ...manifest[1]!, digest: `blake3:${'0'.repeat(64)}` };
     const incoming = await receiving('t4', manifest);
     const recv = incoming.done;
-    const refused = expect(recv).rejects.toThrow(/tensor 'small' digest [0-9a-f]+ does not match the manifest's 0{64}/);
+    const refused = expect(recv).rejects.toThrow(/tensor 'small' digest blake3:[0-9a-f]{64} does not match the manifest's blake3:0{64}/);
     const out = await offering('t4', ts, MAX);
     await out.send();
     await refused;

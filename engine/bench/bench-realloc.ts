@@ -5,7 +5,7 @@
 import { shardSlices, sliceElements, type Layout } from '../../mesh/parallel/index.ts';
 import { planRealloc } from '../../mesh/parallel/index.ts';
 import { runExchange } from '../runtime/index.ts';
-import { FLUSH_EVERY, blockDigests } from '../../mesh/wire/index.ts';
+import { ALGORITHM_NAMES, BUS_DIGEST, FLUSH_EVERY, blockDigests, type DigestAlgorithm } from '../../mesh/wire/index.ts';
 import { modelInfo, parameterCount, type GptSpec } from '../model/index.ts';
 import { median } from '../runtime/index.ts';
 import { cpuOf, withWorkers } from '../cli/workers.ts';
@@ -23,15 +23,15 @@ export interface ReallocBenchOptions {
 const MB = 1e6;
 
 /**
- * Milliseconds per megabyte of the transfers' digest (SHA-256 of 64 KiB blocks, chunks.ts) in this
- * process with the workers idle: the median of `rounds` passes over 64 MiB.
+ * Milliseconds per megabyte of the transfers' digest (`algorithm` of 64 KiB blocks, chunks.ts) in
+ * this process with the workers idle: the median of `rounds` passes over 64 MiB.
  */
-export function digestMsPerMb(rounds = 5): number {
+export function digestMsPerMb(algorithm: DigestAlgorithm = BUS_DIGEST, rounds = 5): number {
   const data = new Float32Array(16 << 20).map((_, i) => i);
   const times: number[] = [];
   for (let r = 0; r < rounds; r++) {
     const t0 = performance.now();
-    blockDigests(data);
+    blockDigests(data, algorithm);
     times.push(performance.now() - t0);
   }
   return median(times)! / (data.byteLength / MB);
@@ -145,11 +145,15 @@ export async function reallocBench(o: ReallocBenchOptions) {
     };
     // Every byte is hashed twice, by its sender and by its receiver. Where the bus keeps the cores
     // busy, a transfer that did nothing else beyond raw NATS would still spend that much more CPU
-    // per megabyte: the highest ratio this protocol can reach on these cores.
-    const digest = digestMsPerMb();
+    // per megabyte: the highest ratio this protocol can reach on these cores, with the digest it
+    // uses (BLAKE3) and with the one it used before (SHA-256), measured here alike.
     const rawCpu = perMb(spent.raw, plan.receivedBytes);
     const rawMsPerMb = rawCpu.server_ms_per_mb + rawCpu.workers_ms_per_mb;
-    const digests = { ms_per_mb_each_side: digest, ratio_ceiling: rawMsPerMb / (rawMsPerMb + 2 * digest) };
+    const rate = (algorithm: DigestAlgorithm) => {
+      const ms = digestMsPerMb(algorithm);
+      return { name: ALGORITHM_NAMES[algorithm], ms_per_mb_each_side: ms, mb_s: 1000 / ms, ratio_ceiling: rawMsPerMb / (rawMsPerMb + 2 * ms) };
+    };
+    const digests: { algorithm: DigestAlgorithm } & Record<DigestAlgorithm, ReturnType<typeof rate>> = { algorithm: BUS_DIGEST, blake3: rate('blake3'), sha256: rate('sha256') };
     const reallocMbS = plan.minimumBytes / MB / median(reallocSeconds)!;
     const rawMbS = plan.receivedBytes / MB / median(rawSeconds)!;
     return {
@@ -169,7 +173,7 @@ export async function reallocBench(o: ReallocBenchOptions) {
       time_shares,
       /** CPU milliseconds per megabyte moved, of the nats-server and of the workers together, and the cores each phase kept busy on average. */
       cpu_per_mb,
-      /** SHA-256's milliseconds per MB on this machine, and the ratio two of them per byte leave at most (where the cores are busy). */
+      /** Each digest's milliseconds per MB and MB/s on this machine (64 KiB blocks, one core), and the ratio two of them per byte leave at most (where the cores are busy); `algorithm`: the one transfers use. */
       digests,
       peak_worker_mb: Math.max(...perWorker.map((w) => w.peak_mb)),
       workers: perWorker,

@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { UsageError, args, runMain } from '../../actors/host.ts';
 import { runInProcess } from '../supervision/index.ts';
 import type { Metrics } from '../../mesh/wire/index.ts';
-import { runId } from '../../mesh/wire/index.ts';
+import { DIGEST_ALGORITHMS, runId } from '../../mesh/wire/index.ts';
 import { initBackend } from '../model/index.ts';
 import { median, type Summary } from '../runtime/index.ts';
 import { runSpec } from '../runtime/index.ts';
@@ -361,9 +361,12 @@ async function realloc(values: { json?: boolean; width?: string; layers?: string
     console.log(
       `CPU per MB moved    realloc: server ${f(c.realloc.server_ms_per_mb)} ms + workers ${f(c.realloc.workers_ms_per_mb)} ms, ${f(c.realloc.cores_busy, 2)} of ${c.cores} cores busy; raw: server ${f(c.raw.server_ms_per_mb)} ms + workers ${f(c.raw.workers_ms_per_mb)} ms, ${f(c.raw.cores_busy, 2)} cores busy`,
     );
-    console.log(
-      `digests            SHA-256 at ${f(r.digests.ms_per_mb_each_side, 2)} ms per MB, on each side of every byte: with the cores busy, at most a ratio of ${f(r.digests.ratio_ceiling, 2)} even if nothing else cost more than raw NATS`,
-    );
+    for (const a of [r.digests.algorithm, ...DIGEST_ALGORITHMS.filter((x) => x !== r.digests.algorithm)]) {
+      const d = r.digests[a];
+      console.log(
+        `${(a === r.digests.algorithm ? 'digest (used)' : 'digest (before)').padEnd(20)}${d.name} at ${f(d.mb_s, 0)} MB/s (${f(d.ms_per_mb_each_side, 2)} ms per MB), on each side of every byte: with the cores busy, at most a ratio of ${f(d.ratio_ceiling, 2)} even if nothing else cost more than raw NATS`,
+      );
+    }
     for (const w of r.workers) {
       console.log(
         `worker ${w.device}: peak ${f(w.peak_mb)} MB RSS during the moves; idle ${f(w.idle_mb)} MB, loaded ${f(w.loaded_mb)} MB, so the moves took ${f(w.moving_mb)} MB more (old shard ${f(w.old_shard_mb)} MB, new shard ${f(w.new_shard_mb)} MB); by its own count it held at most ${f(w.held_mb)} MB more (chunks in flight: at most ${f(w.in_flight_bound_mb)} MB)`,

@@ -4,6 +4,7 @@
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { UsageError } from '../../actors/host.ts';
+import { ALGORITHM_NAMES, BUS_DIGEST, PROTOCOL_VERSION, digestAlgorithm, shortDigest } from '../../mesh/wire/index.ts';
 import { loadScenarioFile, type Scenario, type Summary } from '../runtime/index.ts';
 
 export interface Replay {
@@ -27,6 +28,19 @@ export async function replayOf(dir: string, out: string): Promise<Replay> {
   }
   if (summary.status !== 'succeeded' || !summary.digests)
     throw new UsageError(`--replay: ${dir}'s run did not succeed (status ${summary.status ?? 'missing'}); only a finished run has the digests a replay must end with`);
+  // A replay's digests are this ferry's (BLAKE3, named in each); a run recorded with another
+  // algorithm's (SHA-256 alone, before protocol version 7) could never be found equal.
+  const other = Object.entries(summary.digests).filter(([, d]) => digestAlgorithm(d) !== BUS_DIGEST);
+  if (other.length) {
+    const named = other.map(([model, d]) => {
+      const algorithm = digestAlgorithm(d);
+      return `${model}: ${algorithm ? shortDigest(d) : `${JSON.stringify(d)}, no digest`}`;
+    });
+    const algorithms = [...new Set(other.map(([, d]) => digestAlgorithm(d)))].map((a) => (a ? ALGORITHM_NAMES[a] : 'unknown'));
+    throw new UsageError(
+      `--replay: ${summaryFile} records its models' digests in ${algorithms.join(' and ')} (${named.join('; ')}), not in ${ALGORITHM_NAMES[BUS_DIGEST]}, which this ferry writes (since protocol version ${PROTOCOL_VERSION}; SHA-256 before): a replay's digests could never equal them. Replay it with the ferry that ran it, or run its scenario again (npm run scenario -- ${scenarioFile}) to record a run this one can replay`,
+    );
+  }
   const versions = summary.staleness?.versions;
   if (!Array.isArray(versions)) throw new UsageError(`--replay: ${summaryFile} has no staleness.versions (the schedule the run recorded)`);
   // The recorded run's resolved scenario with its schedule; the launcher validates it like any.
@@ -42,7 +56,7 @@ export function replayVerdict(recorded: Record<string, string>, replayed: Record
   const lines = models.map((m) => {
     const a = recorded[m];
     const b = replayed?.[m];
-    return `${m}: ${a === b ? `equal (${a?.slice(0, 16)}…)` : `DIFFERENT: recorded ${a?.slice(0, 16) ?? 'none'}…, replayed ${b?.slice(0, 16) ?? 'none'}…`}`;
+    return `${m}: ${a === b ? `equal (${shortDigest(a!)})` : `DIFFERENT: recorded ${a === undefined ? 'none' : shortDigest(a)}, replayed ${b === undefined ? 'none' : shortDigest(b)}`}`;
   });
   return { equal: models.length > 0 && models.every((m) => recorded[m] === replayed?.[m]), lines };
 }

@@ -116,7 +116,7 @@ describe('checkpoints', () => {
     const before = await digest(d, layout);
     const tensors = shardSlices(modelInfo(spec), layout, 0).map((s) => {
       const data = new Float32Array(sliceShape(s).reduce((a, b) => a * b, 1)).fill(0.5);
-      return { name: `w:${s.name}`, shape: sliceShape(s), data, sha256: tensorDigest(data) };
+      return { name: `w:${s.name}`, shape: sliceShape(s), data, digest: tensorDigest(data) };
     });
     const restore = (inline: typeof tensors) => d.call(0, 'actor', 0, { fn: 'restore', realloc: 'r1', transfer: 'r1', step: 0, optimizer: false, ledger: [], inline });
     const [first, second] = tensors;
@@ -171,7 +171,7 @@ describe('checkpoints', () => {
     await load(c);
     // Refused whole before anything changes: another rank's object, one changed since it was written.
     await expect(c.call(0, 'actor', 0, { fn: 'reload', object: shards[1]!, optimizer: true })).rejects.toThrow(/holds 'actor' rank 1 of layout \[0,1,2,3\], not the slices of rank 0/);
-    await expect(c.call(0, 'actor', 0, { fn: 'reload', object: { ...shards[0]!, sha256: shards[1]!.sha256 }, optimizer: true })).rejects.toThrow(/changed since it was written/);
+    await expect(c.call(0, 'actor', 0, { fn: 'reload', object: { ...shards[0]!, digest: shards[1]!.digest }, optimizer: true })).rejects.toThrow(/changed since it was written/);
     await expect(c.call(0, 'actor', 0, { fn: 'reload', object: { ...shards[0]!, object: 'gone' }, optimizer: true })).rejects.toThrow(/"gone" in device 0's bucket is missing/);
     for (const [rank, dev] of layout.devices.entries()) expect((await c.call(dev, 'actor', 0, { fn: 'reload', object: shards[rank]!, optimizer: true })).bytes).toBe(shards[rank]!.bytes);
     await callMesh(c, layout, 'actor', 0, train(2) as never);

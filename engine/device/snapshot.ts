@@ -6,8 +6,9 @@ import {
   PROTOCOL_VERSION,
   ShardObject,
   decode,
+  digestMismatch,
   encodeSized,
-  sha256,
+  shortDigest,
   stateDigest,
   type Checkpoint,
   type CallOf,
@@ -51,17 +52,17 @@ export async function writeSnapshot(shelf: Shelf, device: number, h: HeldShard, 
   const checkpoint = stateOf(h);
   const typed = checkpoint.tensors.reduce((n, t) => n + t.data.byteLength, 0) + (checkpoint.optimizer?.moments ?? []).reduce((n, m) => n + m.m.byteLength + m.v.byteLength, 0);
   const bytes = encodeSized({ type: 'shard', v: PROTOCOL_VERSION, model, layout: h.layout, rank: h.rank, iteration, checkpoint }, typed);
-  return { bytes: bytes.length, sha256: await shelf.put(device, body.object, bytes), state: stateDigest(checkpoint) };
+  return { bytes: bytes.length, digest: await shelf.put(device, body.object, bytes), state: stateDigest(checkpoint) };
 }
 
 /**
  * The state `reload` names, read from the bucket that holds it and checked against the manifest's
- * SHA-256, the model, this rank's slices and the optimizer the call expects; whatever is wrong
+ * digest (in the algorithm it names), the model, this rank's slices and the optimizer the call expects; whatever is wrong
  * with the object, it is not the one the manifest names (digest_mismatch: a recovery goes back to
  * the snapshot before). Returns each slice's tensor in this rank's order, and the checkpoint.
  */
 export async function readSnapshot(shelf: Shelf, h: HeldShard, model: string, body: CallOf<'reload'>): Promise<{ tensors: Checkpoint['tensors']; checkpoint: Checkpoint; bytes: number }> {
-  const { device, object, sha256: expected } = body.object;
+  const { device, object, digest: expected } = body.object;
   const at = `'${model}' object ${JSON.stringify(object)} in device ${device}'s bucket`;
   let bytes: Uint8Array | undefined;
   try {
@@ -71,8 +72,8 @@ export async function readSnapshot(shelf: Shelf, h: HeldShard, model: string, bo
     throw e;
   }
   if (!bytes) throw new CallRejected('digest_mismatch', `${at} is missing`);
-  const sha = sha256(bytes);
-  if (sha !== expected) throw new CallRejected('digest_mismatch', `${at} changed since it was written: its SHA-256 is ${sha.slice(0, 12)}…, the manifest says ${expected.slice(0, 12)}…`);
+  const actual = digestMismatch(bytes, expected);
+  if (actual !== undefined) throw new CallRejected('digest_mismatch', `${at} changed since it was written: its digest is ${shortDigest(actual)}, the manifest says ${shortDigest(expected)}`);
   let o: ShardObject;
   try {
     o = decode(at, bytes, ShardObject);

@@ -2,7 +2,21 @@
 // the rank put back whole, or the shard held here moved onto another layout in place — from
 // tensors the supervisor streams, or carries in the call where they fit one message.
 import { assemble, pieceName, relaidSlices, shardSlices, sliceShape } from '../../mesh/parallel/index.ts';
-import { modelDigest, offerTensors, receiveTensors, shortList, tensorDigest, type CallOf, type Expected, type Layout, type NamedTensor, type ResultOf } from '../../mesh/wire/index.ts';
+import {
+  BUS_DIGEST,
+  digestAlgorithm,
+  modelDigest,
+  offerTensors,
+  receiveTensors,
+  sameDigest,
+  shortList,
+  tensorDigest,
+  type CallOf,
+  type Expected,
+  type Layout,
+  type NamedTensor,
+  type ResultOf,
+} from '../../mesh/wire/index.ts';
 import { GptRank, modelInfo } from '../model/index.ts';
 import { CallRejected } from './checks.ts';
 import type { Hosted, ModelShard } from './device.ts';
@@ -147,8 +161,9 @@ function inlineTensors(call: string, expected: readonly Expected[], inline: NonN
     if (t.data.length !== size || t.shape.join('x') !== e.shape.join('x')) {
       throw new CallRejected('malformed', `restore ${call}: '${t.name}' is [${t.shape}] with ${t.data.length} elements; expected [${e.shape}], ${size}`);
     }
-    const digest = tensorDigest(t.data);
-    if (digest !== t.sha256) throw new CallRejected('digest_mismatch', `restore ${call}: '${t.name}' digest ${digest} does not match the call's ${t.sha256}`);
+    // In the algorithm the call's digest names, as a chunk's is checked.
+    const digest = tensorDigest(t.data, digestAlgorithm(t.digest) ?? BUS_DIGEST);
+    if (!sameDigest(digest, t.digest)) throw new CallRejected('digest_mismatch', `restore ${call}: '${t.name}' digest ${digest} does not match the call's ${t.digest}`);
     got.set(t.name, { name: t.name, shape: e.shape, data: t.data });
   }
   const missing = expected.filter((e) => !got.has(e.name)).map((e) => `'${e.name}'`);

@@ -367,7 +367,7 @@ export async function pushCheckpoint(
     ...(o.digest ? { digest: true as const } : {}),
   };
   if (tensors.reduce((n, t) => n + t.data.byteLength, 0) <= chunkBytes / 2) {
-    return call(device, model, iteration, { ...body, inline: tensors.map((t) => ({ name: t.name, shape: [...t.shape], data: t.data, sha256: tensorDigest(t.data) })) });
+    return call(device, model, iteration, { ...body, inline: tensors.map((t) => ({ name: t.name, shape: [...t.shape], data: t.data, digest: tensorDigest(t.data) })) });
   }
   // The device asks for chunks again until it holds them all; its reply says it does.
   const byName = new Map(tensors.map((t) => [t.name, t]));

@@ -1,7 +1,6 @@
 // Calls on meshes: one call on every rank of a layout, loading a model, moving weights between
 // layouts by reallocation, and the views a call on another layout than its model's reads.
-import { createHash } from 'node:crypto';
-import type { CallBody, CallOf, ResultOf } from '../../../mesh/wire/index.ts';
+import { hasher, type CallBody, type CallOf, type ResultOf } from '../../../mesh/wire/index.ts';
 import type { Dispatcher } from '../dispatch/dispatch.ts';
 import type { Layout } from '../../../mesh/parallel/index.ts';
 import { planRealloc } from '../../../mesh/parallel/index.ts';
@@ -66,9 +65,9 @@ export async function callMesh<F extends 'generate' | 'inference' | 'train' | 's
   return merged as ResultOf<F>;
 }
 
-/** One digest for a model held by several ranks: the ranks' digests, in rank order, hashed. */
+/** One digest for a model held by several ranks: the ranks' digests (as they are written, algorithm named), in rank order, hashed (BLAKE3). */
 export function meshDigest(digests: readonly string[]): string {
-  return digests.length === 1 ? digests[0]! : createHash('sha256').update(digests.join(',')).digest('hex');
+  return digests.length === 1 ? digests[0]! : hasher().update(digests.join(',')).digest();
 }
 
 export interface Moved {

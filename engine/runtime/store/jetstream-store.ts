@@ -1,17 +1,18 @@
 // The run's durable state in NATS JetStream, so that any process, the supervisor included, can die
 // without losing it:
 //   - KV bucket `ferry-<run>` key `progress`: where the supervisor is (engine/store.ts Progress),
-//     sealed (its SHA-256 before it), the last few kept: a take-over reads the newest whole one;
+//     sealed (its digest before it, after a mark naming the algorithm), the last few kept: a
+//     take-over reads the newest whole one;
 //   - stream `FERRY-<run>` on `ferry.<run>.results.<iteration>.<stage>`: each iteration's rollout
 //     and scores, published with a Nats-Msg-Id so that a repeated publish is stored once, the
 //     last few per subject kept. Nothing read back is trusted blindly: the supervisor keeps each
-//     record's sequence number and SHA-256 when it writes it and reads that message back, checked;
+//     record's sequence number and digest when it writes it and reads that message back, checked;
 //     a supervisor that started the run takes no record it did not write; one that took the run
 //     over reads the newest record of the subject and checks its bytes, schema, version,
 //     iteration and stage. A record that fails is treated as missing — the stage is computed
 //     again, deterministically — and logged with its subject;
 //   - Object Store `ferry-<run>-snapshots`: each snapshot's manifest (which device wrote which
-//     rank of every kept model, with its size, SHA-256 and state digest), the last two kept;
+//     rank of every kept model, with its size, digest and state digest), the last two kept;
 //   - Object Stores `ferry-<run>-d<device>`: the shards' states themselves, each written by its own
 //     device (mesh/wire/transfer/shelf.ts); the manifests' objects go when their manifest does.
 // All three are file-backed, so they survive a restart of the server.
@@ -20,32 +21,54 @@ import { Kvm, type KV, type KvEntry } from '@nats-io/kv';
 import { Objm, type ObjectStore } from '@nats-io/obj';
 import type { NatsConnection } from '@nats-io/transport-node';
 import { ProtocolError, decode, encode } from '../../../mesh/wire/index.ts';
-import { NatsShelf, PROTOCOL_VERSION, bucketNames, removeObject, ProgressRecord, SnapshotManifest, StageRecord, defaultReplicas, type Shelf } from '../../../mesh/wire/index.ts';
-import { createHash } from 'node:crypto';
+import {
+  NatsShelf,
+  PROTOCOL_VERSION,
+  bucketNames,
+  removeObject,
+  ProgressRecord,
+  SnapshotManifest,
+  StageRecord,
+  defaultReplicas,
+  digestOf,
+  rawDigest,
+  type DigestAlgorithm,
+  type Shelf,
+} from '../../../mesh/wire/index.ts';
 import { subjects, type Subjects } from '../../../mesh/wire/index.ts';
 import type { Progress, RunStore, Snapshot, Stage } from './store.ts';
 import { dropObjectsBefore, manifestObjects, readSnapshot } from './snapshots.ts';
 
 /** Progress records the bucket keeps: the newest whole one is read back. */
 const PROGRESS_KEPT = 8;
-const SEAL = new TextEncoder().encode('FSP1');
+/**
+ * The 4-byte marks of a sealed progress record, each naming its digest's algorithm: FSP2 (BLAKE3)
+ * is written; FSP1 (SHA-256), what protocol version 6 and earlier wrote, still unseals.
+ */
+const SEALS: ReadonlyArray<{ mark: Uint8Array; algorithm: DigestAlgorithm }> = [
+  { mark: new TextEncoder().encode('FSP2'), algorithm: 'blake3' },
+  { mark: new TextEncoder().encode('FSP1'), algorithm: 'sha256' },
+];
+const MARK = 4;
+const DIGEST = 32;
 
-/** A record with its SHA-256 before it (after a 4-byte mark): what a take-over checks. */
+/** A record with its digest before it (after a 4-byte mark naming the algorithm, BLAKE3): what a take-over checks. */
 export function sealProgress(bytes: Uint8Array): Uint8Array {
-  const digest = createHash('sha256').update(bytes).digest();
-  const out = new Uint8Array(SEAL.length + digest.length + bytes.length);
-  out.set(SEAL, 0);
-  out.set(digest, SEAL.length);
-  out.set(bytes, SEAL.length + digest.length);
+  const { mark, algorithm } = SEALS[0]!;
+  const digest = rawDigest(bytes, algorithm);
+  const out = new Uint8Array(MARK + DIGEST + bytes.length);
+  out.set(mark, 0);
+  out.set(digest, MARK);
+  out.set(bytes, MARK + DIGEST);
   return out;
 }
 
-/** The record inside a sealed value, or a ProtocolError saying why it is not whole. */
+/** The record inside a sealed value (either mark), or a ProtocolError saying why it is not whole. */
 export function unsealProgress(where: string, value: Uint8Array): Uint8Array {
-  if (value.length < SEAL.length + 32 || !SEAL.every((b, i) => value[i] === b)) throw new ProtocolError(where, `not a sealed progress record (${value.length} bytes)`);
-  const body = value.subarray(SEAL.length + 32);
-  const digest = createHash('sha256').update(body).digest();
-  if (!digest.equals(Buffer.from(value.subarray(SEAL.length, SEAL.length + 32)))) throw new ProtocolError(where, 'its seal does not match its contents');
+  const seal = value.length >= MARK + DIGEST ? SEALS.find(({ mark }) => mark.every((b, i) => value[i] === b)) : undefined;
+  if (!seal) throw new ProtocolError(where, `not a sealed progress record (${value.length} bytes)`);
+  const body = value.subarray(MARK + DIGEST);
+  if (!rawDigest(body, seal.algorithm).equals(value.subarray(MARK, MARK + DIGEST))) throw new ProtocolError(where, 'its seal does not match its contents');
   return body;
 }
 
@@ -99,8 +122,8 @@ export class JetStreamStore implements RunStore {
     private readonly devices: Set<number>,
   ) {}
 
-  /** Per results subject, the sequence number and SHA-256 of the record this store wrote. */
-  private readonly written = new Map<string, { seq: number; sha256: string }>();
+  /** Per results subject, the sequence number and digest of the record this store wrote. */
+  private readonly written = new Map<string, { seq: number; digest: string }>();
 
   static async open(nc: NatsConnection, run: string, options: JetStreamStoreOptions = {}): Promise<JetStreamStore> {
     const subj = subjects(run);
@@ -126,7 +149,7 @@ export class JetStreamStore implements RunStore {
     return new JetStreamStore(patience, run, subj, js, jsm, stream, kv, objects, options.log ?? (() => {}), options.ownOnly ?? false, shelf, new Set(devices));
   }
 
-  /** The progress record, sealed: its SHA-256 before it (sealProgress). */
+  /** The progress record, sealed: its digest before it (sealProgress). */
   async saveProgress(p: Progress): Promise<void> {
     const bytes = sealProgress(encode({ type: 'progress', v: PROTOCOL_VERSION, ...p }));
     await patiently('saving progress', this.patienceMs, () => this.kv.put('progress', bytes));
@@ -165,8 +188,8 @@ export class JetStreamStore implements RunStore {
     let ack = await store(`${this.run}.${iteration}.${stage}`);
     // Someone else's record holds the id, and it cannot be this supervisor's: stored all the same.
     if (ack.duplicate && this.ownOnly && !this.written.has(subject)) ack = await store();
-    if (!ack.duplicate) this.written.set(subject, { seq: ack.seq, sha256: sha256(bytes) });
-    else if (!this.written.has(subject)) this.written.set(subject, { seq: ack.seq, sha256: '' }); // written before this store: its bytes are checked as read
+    if (!ack.duplicate) this.written.set(subject, { seq: ack.seq, digest: digestOf(bytes) });
+    else if (!this.written.has(subject)) this.written.set(subject, { seq: ack.seq, digest: '' }); // written before this store: its bytes are checked as read
   }
 
   async loadStage<T>(iteration: number, stage: Stage): Promise<T | undefined> {
@@ -187,7 +210,7 @@ export class JetStreamStore implements RunStore {
     };
     if (msg.subject !== subject) return refuse(`is on ${msg.subject}`);
     if (!mine && this.ownOnly) return refuse('is not a record this supervisor wrote, and it started the run');
-    if (mine?.sha256 && sha256(msg.data) !== mine.sha256) return refuse('is not the record this supervisor wrote (its SHA-256 differs)');
+    if (mine?.digest && digestOf(msg.data) !== mine.digest) return refuse('is not the record this supervisor wrote (its digest differs)');
     let record: { iteration: number; stage: string; value: Record<string, unknown> };
     try {
       record = decode(subject, msg.data, StageRecord);
@@ -283,5 +306,3 @@ export class JetStreamStore implements RunStore {
 
   async close(): Promise<void> {}
 }
-
-const sha256 = (bytes: Uint8Array) => createHash('sha256').update(bytes).digest('hex');

@@ -1,9 +1,10 @@
 // Snapshots as the devices write them: each rank's state is one object in its device's own
 // bucket (mesh/wire/transfer/shelf.ts), written by the device in parallel with the others; the supervisor
-// keeps only the manifest (which device wrote which rank, its size, SHA-256 and state digest).
+// keeps only the manifest (which device wrote which rank, its size, digest and state digest).
 // Reading a snapshot back fetches each object named there and checks it against the manifest:
-// its SHA-256, and that it holds the model, rank, layout and iteration the manifest says.
-import { ObjectError, ProtocolError, ShardObject, decode, sha256, type Checkpoint, type ShardEntry, type Shelf, type SnapshotManifest } from '../../../mesh/wire/index.ts';
+// its digest (in the algorithm the manifest names), and that it holds the model, rank, layout and
+// iteration the manifest says.
+import { ObjectError, ProtocolError, ShardObject, decode, digestMismatch, shortDigest, type Checkpoint, type ShardEntry, type Shelf, type SnapshotManifest } from '../../../mesh/wire/index.ts';
 import { layoutKey } from '../../../mesh/parallel/index.ts';
 import type { Snapshot } from './store.ts';
 import { unpackReplicas } from './replicas.ts';
@@ -63,8 +64,8 @@ export async function readSnapshot(shelf: Pick<Shelf, 'get'>, m: SnapshotManifes
               throw e;
             }
             if (!bytes) throw new SnapshotError(`${at} is missing`);
-            const sha = sha256(bytes);
-            if (sha !== s.sha256) throw new SnapshotError(`${at} changed since it was written: its SHA-256 is ${sha.slice(0, 12)}…, the manifest says ${s.sha256.slice(0, 12)}…`);
+            const actual = digestMismatch(bytes, s.digest);
+            if (actual !== undefined) throw new SnapshotError(`${at} changed since it was written: its digest is ${shortDigest(actual)}, the manifest says ${shortDigest(s.digest)}`);
             let o: ShardObject;
             try {
               o = decode(at, bytes, ShardObject);

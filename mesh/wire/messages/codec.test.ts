@@ -100,7 +100,7 @@ describe('encode/decode round trip', () => {
       offset: 1,
       total: 5,
       data: whole.subarray(1, 4),
-      sha256: 'x',
+      digest: 'x',
       whole: 'y',
     } as const;
     const back = decode('s', encode(chunk), Chunk);
@@ -110,7 +110,7 @@ describe('encode/decode round trip', () => {
 
   it('typed arrays are not spelled out as numbers: payload size tracks the byte length', () => {
     const data = new Float32Array(1000);
-    const bytes = encode({ type: 'chunk', v: PROTOCOL_VERSION, transfer: 't', tensor: 'x', offset: 0, total: 1000, data, sha256: '', whole: '' });
+    const bytes = encode({ type: 'chunk', v: PROTOCOL_VERSION, transfer: 't', tensor: 'x', offset: 0, total: 1000, data, digest: '', whole: '' });
     // 4000 bytes of floats plus a few dozen bytes of framing; a list of 1000 float32 numbers
     // would be 5000 bytes (1 tag byte + 4 per number).
     expect(bytes.length).toBeGreaterThanOrEqual(4000);
@@ -119,7 +119,7 @@ describe('encode/decode round trip', () => {
 
   it('a chunk travels framed: its elements follow the header raw, bit for bit, and are read where they arrived', () => {
     const data = new Float32Array([-0, 1e-45, Number.NaN, Infinity, 0.1, -3.5]);
-    const chunk = { type: 'chunk', v: PROTOCOL_VERSION, transfer: 't', from: 'supervisor', tensor: 'wte', offset: 0, total: 6, data, sha256: 'a', whole: 'b' } as const;
+    const chunk = { type: 'chunk', v: PROTOCOL_VERSION, transfer: 't', from: 'supervisor', tensor: 'wte', offset: 0, total: 6, data, digest: 'a', whole: 'b' } as const;
     const bytes = encode(chunk);
     expect(Array.from(bytes.subarray(0, 4))).toEqual(Array.from(FRAME));
     // The elements end the message, as they are in memory.
@@ -148,7 +148,7 @@ describe('encode/decode round trip', () => {
     const data = new Float32Array([1, 2, 3, 4, 5]);
     // A header whose length is not a multiple of 4, so that the frame has padding to write.
     for (const tensor of ['w', 'wt', 'wte', 'wtee']) {
-      const chunk = { type: 'chunk', v: PROTOCOL_VERSION, transfer: 't', from: 0, tensor, offset: 0, total: 5, data, sha256: 'a', whole: 'b' } as const;
+      const chunk = { type: 'chunk', v: PROTOCOL_VERSION, transfer: 't', from: 0, tensor, offset: 0, total: 5, data, digest: 'a', whole: 'b' } as const;
       const fresh = encode(chunk);
       const dirty = new Uint8Array(fresh.length + 64).fill(0xab);
       const reused = encode(chunk, (size) => {
@@ -196,7 +196,7 @@ describe('decode errors name the subject and the problem', () => {
     out.set(tail, 8 + header.length + pad);
     return out;
   };
-  const chunkHeader = { type: 'chunk', v: PROTOCOL_VERSION, transfer: 't', from: 0, tensor: 'x', offset: 0, total: 2, sha256: 'a', whole: 'b' };
+  const chunkHeader = { type: 'chunk', v: PROTOCOL_VERSION, transfer: 't', from: 0, tensor: 'x', offset: 0, total: 2, digest: 'a', whole: 'b' };
 
   it('a frame whose header runs past its end', () => {
     const e = decodeError(framed(raw.pack(chunkHeader), new Uint8Array(8), 4096), Chunk);

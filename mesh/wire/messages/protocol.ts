@@ -115,9 +115,11 @@ export type Checkpoint = z.infer<typeof Checkpoint>;
  * The protocol versions whose checkpoint files read as this one's: version 2 changed only how
  * chunks travel, version 3 only the reset call (shards it keeps), version 4 only where snapshots
  * are written (by each device), version 5 only a call's `beside`, version 6 only a restore's
- * `digest`, so a run directory written by versions 1 to 5 still resumes.
+ * `digest`, version 7 only the digests on the chunk path (BLAKE3, each naming its algorithm; a
+ * checkpoint file holds none but its ledgers' SHA-256s of tokens, unchanged), so a run directory
+ * written by versions 1 to 6 still resumes.
  */
-export const CHECKPOINT_VERSIONS = [1, 2, 3, 4, 5, PROTOCOL_VERSION] as const;
+export const CHECKPOINT_VERSIONS = [1, 2, 3, 4, 5, 6, PROTOCOL_VERSION] as const;
 
 /** A run's checkpoint file: every rank of the kept models (those with parameters) after `iteration`. */
 export const CheckpointFile = z.strictObject({
@@ -153,8 +155,14 @@ export type ShardObject = z.infer<typeof ShardObject>;
 /** An object's name in a device's snapshot bucket: what a NATS subject token takes, and dots. */
 export const ObjectName = z.string().regex(/^[A-Za-z0-9_.-]+$/, "letters, digits, '.', '-' and '_'");
 
-/** Where one rank's state of a snapshot is: the device whose bucket holds it, the object, its size, SHA-256 and state digest. */
-export const ShardEntry = z.strictObject({ device: nat, object: ObjectName, bytes: nat, sha256: z.string(), state: z.string() });
+/**
+ * A digest of bytes on the bus (mesh/wire/transfer/digest.ts): `blake3:<64 hex>`, naming its
+ * algorithm; 64 hex digits alone are SHA-256, as protocol version 6 and earlier wrote them.
+ */
+const Digest = z.string();
+
+/** Where one rank's state of a snapshot is: the device whose bucket holds it, the object, its size, the object's digest and the state's (stateDigest). */
+export const ShardEntry = z.strictObject({ device: nat, object: ObjectName, bytes: nat, digest: Digest, state: Digest });
 export type ShardEntry = z.infer<typeof ShardEntry>;
 
 /**
@@ -172,7 +180,8 @@ export const SnapshotManifest = z.strictObject({
 });
 export type SnapshotManifest = z.infer<typeof SnapshotManifest>;
 
-const TensorManifest = z.strictObject({ name: z.string(), shape: z.array(nat), sha256: z.string() });
+/** A tensor a device holds: its name, shape and digest (tensorDigest). */
+const TensorManifest = z.strictObject({ name: z.string(), shape: z.array(nat), digest: Digest });
 export type TensorManifest = z.infer<typeof TensorManifest>;
 
 /** What a caller may ask of a device. Every call names the model whose shard it concerns. */
@@ -395,13 +404,13 @@ export const CallBody = z.discriminatedUnion('fn', [
   /**
    * The shard's state (what `checkpoint` streams, as one ShardObject) written by the device itself
    * into its own snapshot bucket as `object`: nothing of it passes through the supervisor, which
-   * records the reply (size, SHA-256, state digest) in the snapshot's manifest.
+   * records the reply (size, the object's digest, the state's digest) in the snapshot's manifest.
    */
   z.strictObject({ fn: z.literal('snapshot'), object: ObjectName, optimizer: z.boolean() }),
   /**
    * Puts this rank's state back from a snapshot's object, read by the device itself from the
    * bucket that holds it (its own, or a data-parallel replica's device's): nothing of it passes
-   * through the supervisor. Checked before anything changes: its SHA-256 against the manifest's,
+   * through the supervisor. Checked before anything changes: its digest against the manifest's,
    * its model, and that its rank holds this rank's slices; `optimizer` as in `restore`.
    */
   z.strictObject({ fn: z.literal('reload'), object: ShardEntry, optimizer: z.boolean() }),
@@ -423,7 +432,7 @@ export const CallBody = z.discriminatedUnion('fn', [
     ledger: z.array(LedgerEntry).default([]),
     onto: z.strictObject({ layout: Layout, rank: nat }).optional(),
     digest: z.literal(true).optional(),
-    inline: z.array(z.strictObject({ name: z.string(), shape: z.array(nat), data: f32, sha256: z.string() })).optional(),
+    inline: z.array(z.strictObject({ name: z.string(), shape: z.array(nat), data: f32, digest: Digest })).optional(),
   }),
   z.strictObject({ fn: z.literal('release') }),
   /**
@@ -554,10 +563,10 @@ export const Chunk = z.strictObject({
   offset: nat,
   total: nat,
   data: f32,
-  /** The chunk's digest: SHA-256 (hex) of the SHA-256s of its 64 KiB blocks (mesh/transfer.ts). */
-  sha256: z.string(),
+  /** The chunk's digest: BLAKE3 of the BLAKE3s of its 64 KiB blocks, naming its algorithm (mesh/wire/transfer/chunks.ts). */
+  digest: Digest,
   /** The whole tensor's digest, by the same scheme over all its blocks; checked once it is complete. */
-  whole: z.string(),
+  whole: Digest,
 });
 export type Chunk = z.infer<typeof Chunk>;
 
@@ -700,7 +709,7 @@ export const ResultBodies = {
   manifest: z.strictObject({ manifest: z.array(TensorManifest), digest: z.string(), ledger: z.array(LedgerEntry).default([]) }),
   weights: z.strictObject({ tensors: z.array(z.strictObject({ name: z.string(), shape: z.array(nat), data: f32 })) }),
   checkpoint: z.strictObject({ step: nat, optimizer: z.boolean(), bytes: nat, ledger: z.array(LedgerEntry).default([]) }),
-  snapshot: z.strictObject({ bytes: nat, sha256: z.string(), state: z.string() }),
+  snapshot: z.strictObject({ bytes: nat, digest: Digest, state: Digest }),
   reload: z.strictObject({ bytes: nat }),
   /** `digest`: where the call asked, the digest of the weights held now (modelDigest, as `manifest`'s). */
   restore: z.strictObject({ digest: z.string().optional() }),

@@ -162,7 +162,7 @@ describe('a transfer on the in-memory bus', () => {
     expect(seen.filter((r) => r.type === 'received')).toEqual([{ type: 'received', v: PROTOCOL_VERSION, transfer: 'x1', from: 1 }]);
     const prefix = `device 1 dropped a message on ${subj.chunks('x1', 2)}: `;
     expect(lines.filter((l) => l.startsWith(prefix) && /not msgpack|expected a msgpack map/.test(l))).toHaveLength(1);
-    expect(lines.filter((l) => l.startsWith(prefix) && /chunk digest [0-9a-f]+ does not match .*; asking device 2 to send that chunk again$/.test(l))).toHaveLength(1);
+    expect(lines.filter((l) => l.startsWith(prefix) && /chunk digest blake3:[0-9a-f]+ does not match .*; asking device 2 to send that chunk again$/.test(l))).toHaveLength(1);
     incoming.close();
     out.close();
   });
@@ -196,7 +196,7 @@ describe('a transfer on the in-memory bus', () => {
     // Each bad message is one line, naming the subject and what was wrong.
     expect(lines).toHaveLength(5);
     expect(lines.every((l) => l.includes(subj.transferChunks('x2').replace('*', '')))).toBe(true);
-    expect(lines.join('\n')).toMatch(/chunk digest [0-9a-f]+ does not match/);
+    expect(lines.join('\n')).toMatch(/chunk digest blake3:[0-9a-f]+ does not match blake3:[0-9a-f]+/);
     expect(lines.join('\n')).toContain("chunk says it comes from device 7; this transfer's sender is device 2");
     expect(lines.join('\n')).toContain("chunk says it comes from the supervisor; this transfer's sender is device 2");
     expect(lines.join('\n')).toContain('chunk belongs to transfer x9');
@@ -240,7 +240,7 @@ describe('a transfer on the in-memory bus', () => {
     const r2 = await receive(bus, 'x3', 3, 2);
     const [c0] = [...chunksOf('x3', tensors, ONE_BLOCK, { from: 2 })];
     const out = offerTensors(bus, subj, offer('x3', tensors, [1, 3]), ONE_BLOCK, { timeoutMs: 10_000, warn: () => {} });
-    bus.publish(subj.chunks('x3', 2), encode({ ...c0!, sha256: '0'.repeat(64) }));
+    bus.publish(subj.chunks('x3', 2), encode({ ...c0!, digest: `blake3:${'0'.repeat(64)}` }));
     await bus.flush();
     await out.send();
     await Promise.all([r1.incoming.done, r2.incoming.done, out.received]);
@@ -281,7 +281,7 @@ describe('a transfer on the in-memory bus', () => {
     for (const c of chunks) bus.publish(subj.chunks('x5', 2), encode(c));
     bus.publish(subj.chunks('x5', 2), encode({ type: 'sent', v: PROTOCOL_VERSION, transfer: 'x5', from: 2, chunks: chunks.length, elements: chunkElements(ONE_BLOCK) }));
     await expect(incoming.done).rejects.toThrow(
-      /^transfer x5: the chunk of tensor 'a' at offset 16384 from device 2 did not come intact after 3 requests to send it again \(the last problem: transfer x5, tensor 'a' at offset 16384: chunk digest [0-9a-f]+ does not match [0-9a-f]+\)$/,
+      /^transfer x5: the chunk of tensor 'a' at offset 16384 from device 2 did not come intact after 3 requests to send it again \(the last problem: transfer x5, tensor 'a' at offset 16384: chunk digest blake3:[0-9a-f]+ does not match blake3:[0-9a-f]+\)$/,
     );
     expect(seen.filter((r) => r.type === 'resend').map((r) => r.type === 'resend' && r.attempt)).toEqual([1, 2, 3]);
     incoming.close();

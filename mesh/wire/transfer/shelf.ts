@@ -1,18 +1,20 @@
 // Where devices write their snapshots: one JetStream object store per device of a run
 // (`ferry-<run>-d<device>`), which only that device's worker may write (auth.ts) and the
 // supervisor reads and prunes. A snapshot's manifest (the supervisor's, in the run's own bucket)
-// names each object with its SHA-256, so an object changed after it was written is caught on
-// reading. In one process (local runs, unit tests) the shelf is a map.
+// names each object with its digest (BLAKE3, digest.ts), so an object changed after it was
+// written is caught on reading. The object store's own metadata keeps its SHA-256, which `nats
+// object get` checks, and a read checks it too. In one process (local runs, unit tests) the
+// shelf is a map.
 import { createHash } from 'node:crypto';
 import { jetstream, jetstreamManager, type JetStreamClient, type JetStreamManager } from '@nats-io/jetstream';
 import { headers, nuid } from '@nats-io/transport-node';
 import { Objm, type ObjectStore } from '@nats-io/obj';
 import type { NatsConnection } from '@nats-io/transport-node';
 import { token } from '../bus/subjects.ts';
-import { sha256 } from './chunks.ts';
+import { digestOf } from './digest.ts';
 
 export interface Shelf {
-  /** Writes `object` into `device`'s bucket (replacing one of that name); returns the bytes' SHA-256. */
+  /** Writes `object` into `device`'s bucket (replacing one of that name); returns the bytes' digest (digestOf: BLAKE3), for a manifest. */
   put(device: number, object: string, bytes: Uint8Array): Promise<string>;
   /** The object's bytes, or undefined where the bucket or the object is not there. */
   get(device: number, object: string): Promise<Uint8Array | undefined>;
@@ -62,7 +64,7 @@ export class MemoryShelf implements Shelf {
   private readonly objects = new Map<string, Uint8Array>();
   async put(device: number, object: string, bytes: Uint8Array): Promise<string> {
     this.objects.set(`${device}/${object}`, bytes.slice());
-    return sha256(bytes);
+    return digestOf(bytes);
   }
   async get(device: number, object: string): Promise<Uint8Array | undefined> {
     return this.objects.get(`${device}/${object}`);
@@ -155,7 +157,8 @@ export class NatsShelf implements Shelf {
    * Writes the object as the object store lays it out (its chunks, then its metadata; `nats
    * object get` reads it), with up to WINDOW chunks in flight and the SHA-256 taken by node's
    * crypto: the store's own writer awaits each chunk's acknowledgement in turn and hashes in
-   * JavaScript, which made a 6 MiB write take 130 ms instead of 30.
+   * JavaScript, which made a 6 MiB write take 130 ms instead of 30. The metadata's digest stays
+   * SHA-256 (the object store's format); what the write returns is the manifest's, digestOf.
    */
   put(device: number, object: string, bytes: Uint8Array): Promise<string> {
     return this.patiently(() => this.putOnce(device, object, bytes));
@@ -209,7 +212,7 @@ export class NatsShelf implements Shelf {
     }
     // The object it replaced: its chunks go (its metadata was rolled up by the new one's).
     if (old && !old.deleted) await (await this.jsm()).streams.purge(`OBJ_${bucket}`, { filter: `$O.${bucket}.C.${old.nuid}` }).catch(() => {});
-    return digest.toString('hex');
+    return digestOf(bytes);
   }
 
   /** The object's chunks, one direct get each (next by subject), checked against its metadata's size and SHA-256. */

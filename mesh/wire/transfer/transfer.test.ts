@@ -1,5 +1,6 @@
 import { describe, it, expect } from 'vitest';
 import { createHash } from 'node:crypto';
+import { blake3 } from '@napi-rs/blake-hash';
 import { decode, encode } from '../messages/codec.ts';
 import { Chunk, PROTOCOL_VERSION } from '../messages/protocol.ts';
 import {
@@ -15,7 +16,7 @@ import {
   listDigest,
   manifestOf,
   modelDigest,
-  sha256,
+  digestOf,
   tensorDigest,
   type NamedTensor,
 } from './transfer.ts';
@@ -56,70 +57,79 @@ const ONE_BLOCK = BLOCK_BYTES + 1024; // 66560: exactly 1 block (16384 elements)
 const TWO_BLOCKS = 2 * BLOCK_BYTES + 1024; // 132096: 2 blocks (32768 elements) per chunk
 const FOUR_BLOCKS = 256 * 1024 + 1024; // 263168: 4 blocks (65536 elements) per chunk
 
-/** Raw SHA-256 of some bytes, by hand. */
-const H = (bytes: Uint8Array): Buffer => createHash('sha256').update(bytes).digest();
+/** Raw BLAKE3 of some bytes, by hand (the package itself, not ferry's digest module; a copy, not a view). */
+const H = (bytes: Uint8Array): Buffer => blake3(Buffer.from(bytes));
+/** A raw BLAKE3 as ferry writes it. */
+const B3 = (raw: Buffer): string => `blake3:${raw.toString('hex')}`;
 
 /**
- * The digest scheme computed independently of the module: SHA-256 over the concatenation of the
- * raw SHA-256s of consecutive 64 KiB slices of the bytes (the last slice may be shorter; no bytes
- * at all count as one empty slice).
+ * The digest scheme computed independently of the module: BLAKE3 over the concatenation of the
+ * raw BLAKE3s of consecutive 64 KiB slices of the bytes (the last slice may be shorter; no bytes
+ * at all count as one empty slice), written `blake3:<hex>`.
  */
 function byHand(data: Float32Array): string {
   const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
   const digests: Buffer[] = [];
   for (let o = 0; o < bytes.length; o += BLOCK_BYTES) digests.push(H(bytes.subarray(o, o + BLOCK_BYTES)));
   if (digests.length === 0) digests.push(H(new Uint8Array(0)));
-  return H(Buffer.concat(digests)).toString('hex');
+  return B3(H(Buffer.concat(digests)));
 }
 
 // wte: 41 × 2048 = 83968 elements = 5 blocks + 2048; wq: 131 × 131 = 17161 = 1 block + 777; head.b: 5.
 const model = (): NamedTensor[] => [tensor('wte', [41, 2048]), tensor('h0.attn.wq', [131, 131], 1), tensor('head.b', [5], 2)];
 
-describe('sha256', () => {
+describe('digestOf', () => {
   it('hashes exactly the bytes of a view, not its whole buffer', () => {
     const whole = new Float32Array([1, 2, 3, 4]);
     const view = whole.subarray(1, 3);
-    const expected = createHash('sha256')
-      .update(Buffer.from(new Float32Array([2, 3]).buffer))
-      .digest('hex');
-    expect(sha256(view)).toBe(expected);
+    const expected = B3(blake3(Buffer.from(new Float32Array([2, 3]).buffer)));
+    expect(digestOf(view)).toBe(expected);
+    expect(digestOf(view, 'sha256')).toBe(
+      `sha256:${createHash('sha256')
+        .update(Buffer.from(new Float32Array([2, 3]).buffer))
+        .digest('hex')}`,
+    );
   });
 });
 
 describe('tensorDigest', () => {
-  it('is SHA-256 over the raw SHA-256s of the 64 KiB blocks, computed by hand', () => {
+  it('is BLAKE3 over the raw BLAKE3s of the 64 KiB blocks, computed by hand', () => {
     expect(BLOCK).toBe(16384); // 16384 float32 = 65536 bytes
     // 3 full blocks and 123 elements more, as a view into a larger buffer (one element each side).
     const n = 3 * 16384 + 123;
     const data = tensor('x', [n + 2]).data.subarray(1, n + 1);
     const bytes = Buffer.from(data.buffer, data.byteOffset, data.byteLength); // 49275 × 4 = 197100 bytes
     // Blocks are bytes [0, 65536), [65536, 131072), [131072, 196608), [196608, 197100).
-    const d0 = createHash('sha256').update(bytes.subarray(0, 65536)).digest();
-    const d1 = createHash('sha256').update(bytes.subarray(65536, 131072)).digest();
-    const d2 = createHash('sha256').update(bytes.subarray(131072, 196608)).digest();
-    const d3 = createHash('sha256').update(bytes.subarray(196608, 197100)).digest();
-    const expected = createHash('sha256')
-      .update(Buffer.concat([d0, d1, d2, d3]))
-      .digest('hex');
+    const d0 = H(bytes.subarray(0, 65536));
+    const d1 = H(bytes.subarray(65536, 131072));
+    const d2 = H(bytes.subarray(131072, 196608));
+    const d3 = H(bytes.subarray(196608, 197100));
+    const expected = B3(H(Buffer.concat([d0, d1, d2, d3])));
     expect(blockDigests(data)).toEqual([d0, d1, d2, d3]);
     expect(tensorDigest(data)).toBe(expected);
     expect(listDigest([d0, d1, d2, d3])).toBe(expected);
-    // Not the old scheme (plain SHA-256 of the bytes).
-    expect(tensorDigest(data)).not.toBe(sha256(data));
+    // Not the plain BLAKE3 of the bytes.
+    expect(tensorDigest(data)).not.toBe(digestOf(data));
+    // The same scheme in SHA-256 (protocol version 6's), when asked, naming it.
+    const s = (b: Uint8Array) => createHash('sha256').update(b).digest();
+    const blocks = [s(bytes.subarray(0, 65536)), s(bytes.subarray(65536, 131072)), s(bytes.subarray(131072, 196608)), s(bytes.subarray(196608))];
+    expect(tensorDigest(data, 'sha256')).toBe(`sha256:${s(Buffer.concat(blocks)).toString('hex')}`);
   });
 
   it('a tensor of exactly whole blocks has no trailing empty block', () => {
     // 2 × 16384 elements = bytes [0, 65536) and [65536, 131072): two digests, nothing after.
     const data = tensor('x', [2 * 16384]).data;
     const bytes = Buffer.from(data.buffer);
-    const expected = H(Buffer.concat([H(bytes.subarray(0, 65536)), H(bytes.subarray(65536, 131072))])).toString('hex');
+    const expected = B3(H(Buffer.concat([H(bytes.subarray(0, 65536)), H(bytes.subarray(65536, 131072))])));
     expect(blockDigests(data)).toHaveLength(2);
     expect(tensorDigest(data)).toBe(expected);
   });
 
-  it('an empty tensor is one empty block: SHA-256 of SHA-256("")', () => {
-    // SHA-256("") = e3b0c442…b855; SHA-256 of those 32 raw bytes = 5df6e0e2…9456.
-    expect(tensorDigest(new Float32Array(0))).toBe('5df6e0e2761359d30a8275058e299fcc0381534545f55cf43e41983f5d4c9456');
+  it('an empty tensor is one empty block: BLAKE3 of BLAKE3("")', () => {
+    // BLAKE3("") = af1349b9…3262 (the reference test vector); BLAKE3 of those 32 raw bytes = 82878ed8…c227.
+    expect(tensorDigest(new Float32Array(0))).toBe('blake3:82878ed8a480ee41775636820e05a934ca5c747223ca64306658ee5982e6c227');
+    // Protocol version 6's, in SHA-256: SHA-256 of SHA-256("") (e3b0c442…b855) = 5df6e0e2…9456.
+    expect(tensorDigest(new Float32Array(0), 'sha256')).toBe('sha256:5df6e0e2761359d30a8275058e299fcc0381534545f55cf43e41983f5d4c9456');
   });
 });
 
@@ -175,9 +185,9 @@ describe('chunksOf', () => {
       expect(c.v).toBe(PROTOCOL_VERSION);
       expect(c.transfer).toBe('t1');
       expect(bits(c.data)).toBe(bits(t.data.subarray(c.offset, c.offset + c.data.length)));
-      // A chunk's digest: SHA-256 over its blocks' SHA-256s, by the module and by hand.
-      expect(c.sha256).toBe(listDigest(blockDigests(c.data)));
-      expect(c.sha256).toBe(byHand(c.data));
+      // A chunk's digest: BLAKE3 over its blocks' BLAKE3s, by the module and by hand.
+      expect(c.digest).toBe(listDigest(blockDigests(c.data)));
+      expect(c.digest).toBe(byHand(c.data));
       // Every chunk carries its tensor's digest.
       expect(c.whole).toBe(tensorDigest(t.data));
       expect(c.whole).toBe(byHand(t.data));
@@ -185,9 +195,9 @@ describe('chunksOf', () => {
     // The last chunk of a, by hand: one full block (bytes [0, 65536)) and 100 elements (400 bytes).
     const last = Buffer.from(chunks[2]!.data.buffer, chunks[2]!.data.byteOffset, chunks[2]!.data.byteLength);
     expect(last.length).toBe(65536 + 400);
-    expect(chunks[2]!.sha256).toBe(H(Buffer.concat([H(last.subarray(0, 65536)), H(last.subarray(65536))])).toString('hex'));
+    expect(chunks[2]!.digest).toBe(B3(H(Buffer.concat([H(last.subarray(0, 65536)), H(last.subarray(65536))]))));
     // The tensor digest of a is not the list of its chunk digests but of all 6 of its blocks.
-    expect(chunks[0]!.whole).not.toBe(listDigest(chunks.slice(0, 3).map((c) => Buffer.from(c.sha256, 'hex'))));
+    expect(chunks[0]!.whole).not.toBe(listDigest(chunks.slice(0, 3).map((c) => Buffer.from(c.digest.slice('blake3:'.length), 'hex'))));
     expect(blockDigests(tensors[0]!.data)).toHaveLength(6);
   });
 
@@ -197,9 +207,9 @@ describe('chunksOf', () => {
     expect(chunks[0]!.offset).toBe(0);
     expect(chunks[0]!.total).toBe(0);
     expect(chunks[0]!.data.length).toBe(0);
-    // One empty block: SHA-256 of SHA-256("") for the chunk and for the tensor.
-    expect(chunks[0]!.sha256).toBe('5df6e0e2761359d30a8275058e299fcc0381534545f55cf43e41983f5d4c9456');
-    expect(chunks[0]!.whole).toBe(chunks[0]!.sha256);
+    // One empty block: BLAKE3 of BLAKE3("") for the chunk and for the tensor.
+    expect(chunks[0]!.digest).toBe('blake3:82878ed8a480ee41775636820e05a934ca5c747223ca64306658ee5982e6c227');
+    expect(chunks[0]!.whole).toBe(chunks[0]!.digest);
   });
 
   it("a tensor's digest does not depend on the chunk size", () => {
@@ -209,10 +219,10 @@ describe('chunksOf', () => {
     expect(small).toHaveLength(6);
     expect(large).toHaveLength(2);
     // The two cuts really differ: their first chunks hold 1 and 4 blocks.
-    expect(small[0]!.sha256).not.toBe(large[0]!.sha256);
+    expect(small[0]!.digest).not.toBe(large[0]!.digest);
     const wholes = new Set([...small, ...large].map((c) => c.whole));
     expect([...wholes]).toEqual([tensorDigest(t.data)]);
-    expect([...wholes]).toEqual(manifestOf([t]).map((m) => m.sha256));
+    expect([...wholes]).toEqual(manifestOf([t]).map((m) => m.digest));
     // Both cuts assemble against the same manifest.
     for (const cut of [small, large]) {
       const asm = new Assembler('t', manifestOf([t]));
@@ -277,7 +287,7 @@ describe('Assembler', () => {
         const c = good();
         const e = rejection(() => asm.accept({ ...c, data: flipBit(c.data, i) }));
         expect(e.message).toContain("transfer t, tensor 'w' at offset 0: chunk digest");
-        expect(e.message).toContain(`does not match ${c.sha256}`);
+        expect(e.message).toContain(`does not match ${c.digest}`);
         expect(asm.chunks).toBe(0);
         expect(asm.bytes).toBe(0);
       }
@@ -340,7 +350,7 @@ describe('Assembler', () => {
       expect(asm.complete).toBe(true);
       const e = rejection(() => asm.finish());
       expect(e.message).toContain("transfer t: tensor 'b' digest");
-      expect(e.message).toContain(`does not match the manifest's ${manifest[1]!.sha256}`);
+      expect(e.message).toContain(`does not match the manifest's ${manifest[1]!.digest}`);
     });
 
     it('rejects incomplete tensors', () => {
@@ -427,7 +437,7 @@ describe('Assembler', () => {
       expect(asm.take(c2!)).toBeUndefined();
       const e = rejection(() => asm.take(c1!));
       expect(e.message).toContain("transfer t: tensor 'a' digest");
-      expect(e.message).toContain(`does not match the manifest's ${manifest[0]!.sha256}`);
+      expect(e.message).toContain(`does not match the manifest's ${manifest[0]!.digest}`);
     });
   });
 });
@@ -466,7 +476,7 @@ describe('Assembler, for a receiver that asks for chunks again', () => {
     asm.accept(large[1]!);
     expect(asm.complete).toBe(true);
     expect(asm.bytes).toBe(t.data.byteLength);
-    expect(listDigest(blockDigests(t.data))).toBe(manifestOf([t])[0]!.sha256);
+    expect(listDigest(blockDigests(t.data))).toBe(manifestOf([t])[0]!.digest);
   });
 
   it('refuses a chunk whose block differs from one it already holds, and places none of it', () => {
@@ -476,7 +486,7 @@ describe('Assembler, for a receiver that asks for chunks again', () => {
     // Blocks 0-3 of other bytes, with their own right chunk digest and the real tensor digest.
     const other = { ...t, data: flipBit(t.data, 16384 + 1) };
     const [c] = [...chunksOf('t', [other], 263168)];
-    const e = rejection(() => asm.accept({ ...c!, whole: manifestOf([t])[0]!.sha256 }));
+    const e = rejection(() => asm.accept({ ...c!, whole: manifestOf([t])[0]!.digest }));
     expect(e).toBeInstanceOf(BadChunkError);
     expect(e.message).toBe("transfer t, tensor 'w' at offset 0: block 1 differs from the one an earlier chunk filled");
     expect(asm.chunks).toBe(1);
@@ -520,14 +530,14 @@ describe('manifestOf and modelDigest', () => {
     expect(m[0]!.shape).toEqual([41, 2048]);
     expect(m[0]!.shape).not.toBe(tensors[0]!.shape);
     m.forEach((e, i) => {
-      expect(e.sha256).toBe(tensorDigest(tensors[i]!.data));
-      expect(e.sha256).toBe(byHand(tensors[i]!.data));
-      expect(e.sha256).toMatch(/^[0-9a-f]{64}$/);
+      expect(e.digest).toBe(tensorDigest(tensors[i]!.data));
+      expect(e.digest).toBe(byHand(tensors[i]!.data));
+      expect(e.digest).toMatch(/^blake3:[0-9a-f]{64}$/);
     });
     // h0.attn.wq is 17161 elements = 68644 bytes: blocks of bytes [0, 65536) and [65536, 68644).
     const wq = Buffer.from(tensors[1]!.data.buffer);
     expect(wq.length).toBe(68644);
-    expect(m[1]!.sha256).toBe(H(Buffer.concat([H(wq.subarray(0, 65536)), H(wq.subarray(65536))])).toString('hex'));
+    expect(m[1]!.digest).toBe(B3(H(Buffer.concat([H(wq.subarray(0, 65536)), H(wq.subarray(65536))]))));
   });
 
   it('modelDigest is deterministic and changes when one bit changes', () => {
