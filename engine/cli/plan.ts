@@ -3,11 +3,12 @@
 // model and the simulator; prints the chosen plan call by call and how it compares. The search
 // also chooses asynchrony: the best plan at each lag 0..K (its own split of the devices into a
 // rollout and a train pool, or shared ones), and a lag only where it pays over lock-step. The
-// budget is a number of plan evaluations per lag (SECONDS × EVALUATIONS_PER_SECOND), so a seed
-// gives the same plan on any machine. --lose asks what the run would do if those devices were lost
-// for good: the re-plan on the devices left (engine/runtime/plan/replan.ts), its migration and its
-// period; --join, what it would do when workers for lost devices join again: use them only where
-// they save more over the remaining iterations than moving onto them costs.
+// budget is a number of plan evaluations (SECONDS × EVALUATIONS_PER_SECOND) for the whole search,
+// every lag it tries together (chooseLag shares it out), so a seed gives the same plan on any
+// machine. --lose asks what the run would do if those devices were lost for good: the re-plan on
+// the devices left (engine/runtime/plan/replan.ts), its migration and its period; --join, what it
+// would do when workers for lost devices join again: use them only where they save more over the
+// remaining iterations than moving onto them costs.
 import { writeFileSync } from 'node:fs';
 import { stringify } from 'yaml';
 import { UsageError, args, runMain } from '../../actors/host.ts';
@@ -137,16 +138,17 @@ runMain(async () => {
     device: problem.device.name,
     devices: problem.cluster.nodes * problem.cluster.devicesPerNode,
     ...report(placement, evaluation),
-    search_seconds: choice.tried.reduce((a, t) => a + (t.search?.seconds ?? 0), 0),
+    search_seconds: searchInfo ? choice.seconds : 0,
     search_seed: searchInfo?.seed ?? null,
-    plans_evaluated: choice.tried.reduce((a, t) => a + (t.search?.evaluated ?? 0), 0),
+    plans_evaluated: choice.evaluated,
+    plans_budget: choice.evaluations,
     baselines,
     lag: best.lag,
     pools: { rollout: pools.rollout, train: pools.train, shared: pools.shared },
     estimated_period: evaluation.iterationSeconds,
     sync_iteration_seconds: sync.evaluation.iterationSeconds,
     estimated_speedup: choice.speedup,
-    lags: choice.tried.map((t) => ({ lag: t.lag, iteration_seconds: t.evaluation.iterationSeconds, feasible: t.evaluation.feasible })),
+    lags: choice.tried.map((t) => ({ lag: t.lag, iteration_seconds: t.evaluation.iterationSeconds, feasible: t.evaluation.feasible, plans_evaluated: t.search?.evaluated ?? 0 })),
     asynchrony: choice.why,
     ...changed.report,
   };
@@ -172,8 +174,9 @@ runMain(async () => {
     return evaluation.feasible ? 0 : 1;
   }
   const pad = (x: string, n: number) => x.padEnd(n);
+  const lagRange = choice.tried.length > 1 ? `lags ${choice.tried[0]!.lag}–${choice.tried.at(-1)!.lag}` : `lag ${choice.tried[0]!.lag}`;
   console.log(
-    `${problem.name}: ${out.devices} × ${problem.device.name}, placement ${placement}${searchInfo ? ` (seed ${searchInfo.seed}: ${searchInfo.evaluated} plans in ${searchInfo.seconds.toFixed(1)} s)` : ''}`,
+    `${problem.name}: ${out.devices} × ${problem.device.name}, placement ${placement}${searchInfo ? ` (seed ${searchInfo.seed}: ${choice.evaluated} plans of a budget of ${choice.evaluations}, ${lagRange} together, in ${choice.seconds.toFixed(1)} s)` : ''}`,
   );
   console.log(`${pad('call', 22)}${pad('mesh', 10)}${pad('dp/tp/pp', 10)}${pad('seconds', 10)}${pad('realloc', 10)}memory/device`);
   for (const call of Object.keys(evaluation.calls)) {
@@ -190,7 +193,9 @@ runMain(async () => {
       `  rollout pool ${pool(pools.rollout)}, train pool ${pool(pools.train)}${pools.shared ? ' (shared devices)' : ''}; estimated period ${evaluation.iterationSeconds.toFixed(3)} s, best lock-step ${sync.evaluation.iterationSeconds.toFixed(3)} s: ${(sync.evaluation.iterationSeconds / evaluation.iterationSeconds).toFixed(2)}×`,
     );
     for (const t of choice.tried)
-      console.log(`  lag ${t.lag}: ${Number.isFinite(t.evaluation.iterationSeconds) ? `${t.evaluation.iterationSeconds.toFixed(3)} s` : `infeasible: ${t.evaluation.why}`}`);
+      console.log(
+        `  lag ${t.lag}: ${Number.isFinite(t.evaluation.iterationSeconds) ? `${t.evaluation.iterationSeconds.toFixed(3)} s` : `infeasible: ${t.evaluation.why}`} (${t.search?.evaluated ?? 0} plans)`,
+      );
   }
   for (const n of PLACEMENTS) {
     const t = baselines[n]!;

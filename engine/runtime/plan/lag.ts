@@ -2,12 +2,13 @@
 // search places the rollout calls and the training where they pay: on devices of their own, a
 // rollout pool and a train pool, or sharing all of them), priced by the simulator's pipeline; then
 // the fastest, unless asynchrony does not pay enough over the best lock-step plan to be worth its
-// stale rollouts — then lock-step (NeMo-RL's 16-GB200 runs were 0.73× with it).
-import { graphOf, type Scenario } from '../scenario/scenario.ts';
+// stale rollouts — then lock-step (NeMo-RL's 16-GB200 runs were 0.73× with it). The lags' searches
+// share one budget of evaluations (chooseLag).
+import { graphOf, type CallName, type Scenario } from '../scenario/scenario.ts';
 import type { DeviceProfile } from './catalog.ts';
-import { PLACEMENTS, Evaluator, namedPlan, type Candidate, type Evaluation, type Problem } from './planner.ts';
+import { PLACEMENTS, Evaluator, callCandidates, callNames, namedPlan, type Candidate, type Evaluation, type Placement, type Problem } from './planner.ts';
 import { atLag, problemOf } from './problem.ts';
-import { search, type SearchOptions } from './search.ts';
+import { budgetOf, planKey, search, shareBudget, type SearchOptions } from './search.ts';
 
 /**
  * Asynchrony is chosen only when it makes an iteration at least this much faster: stale rollouts
@@ -22,8 +23,12 @@ export interface LagPlan {
   evaluator: Evaluator;
   plan: Candidate;
   evaluation: Evaluation;
-  /** The search's own figures (none for a named placement). */
-  search?: { seed: number; seconds: number; evaluated: number; accepted: number };
+  /**
+   * The search's own figures (none for a named placement): `evaluations` its share of the budget,
+   * `evaluated` those it used (the plans carried from other lags included), `found` the best few
+   * plans it kept, fastest first.
+   */
+  search?: { seed: number; seconds: number; evaluations: number; evaluated: number; accepted: number; found: Candidate[] };
 }
 
 export interface LagChoice {
@@ -36,20 +41,81 @@ export interface LagChoice {
   speedup: number;
   /** Why the chosen lag, in a sentence. */
   why: string;
+  /** The budget the lags' searches shared, and the evaluations they used together (0 and 0 for a named placement). */
+  evaluations: number;
+  evaluated: number;
+  /** Wall seconds of every lag's search together: for information only. */
+  seconds: number;
 }
 
-/** The best plan at one lag: a search from the named placements, or one of them by name. */
-export function planAtLag(s: Scenario, lag: number, o: { local?: DeviceProfile; placement?: string; search: SearchOptions }): LagPlan {
+const placementKey = (p: Placement) => `${p.mesh}/${p.dp}/${p.tp}/${p.pp}`;
+
+/**
+ * A plan found at another lag as a plan of `problem`: each call keeps its placement; a call the
+ * plan lacks (the proximal pass, which only a lag has) takes that of another call of its model
+ * (its training's first) where that placement is one of the call's own, else `fallback`'s.
+ */
+export function carryPlan(problem: Problem, plan: Candidate, fallback: Candidate): Candidate {
+  const out: Candidate = {};
+  for (const call of callNames(problem)) {
+    if (plan[call]) {
+      out[call] = plan[call];
+      continue;
+    }
+    const info = problem.graph.calls.find((c) => c.name === call)!;
+    const own = new Map(callCandidates(problem, call).map((p) => [placementKey(p), p]));
+    const siblings = problem.graph.calls
+      .filter((c) => c.model === info.model && c.name !== call && plan[c.name])
+      .sort((a, b) => Number(b.kind === 'train') - Number(a.kind === 'train'))
+      .map((c): CallName => c.name);
+    const from = siblings.map((c) => own.get(placementKey(plan[c]!))).find((p) => p !== undefined);
+    out[call] = from ?? fallback[call]!;
+  }
+  return out;
+}
+
+/**
+ * The best plan at one lag: a search from the named placements, or one of them by name. `from`:
+ * plans found at other lags (carryPlan), which the search starts from too, among the named ones
+ * by their time at this lag; pricing them counts against the search's evaluations.
+ */
+export function planAtLag(s: Scenario, lag: number, o: { local?: DeviceProfile; placement?: string; search: SearchOptions; from?: readonly Candidate[] }): LagPlan {
   const problem = problemOf(s, o.local, lag);
   const evaluator = new Evaluator(problem);
   if (o.placement && o.placement !== 'search') {
     const plan = namedPlan(evaluator, o.placement as (typeof PLACEMENTS)[number]);
     return { lag, problem, evaluator, plan, evaluation: evaluator.evaluate(plan, true) };
   }
-  const starts = PLACEMENTS.map((n) => namedPlan(evaluator, n)).sort((a, b) => evaluator.objective(a) - evaluator.objective(b));
-  const r = search(evaluator, starts, o.search);
+  const t0 = performance.now();
+  const evaluations = budgetOf(o.search);
+  const named = PLACEMENTS.map((n) => namedPlan(evaluator, n)).sort((a, b) => evaluator.objective(a) - evaluator.objective(b));
+  let starts = named;
+  let carried = 0;
+  if (o.from?.length) {
+    const seen = new Set(named.map(planKey));
+    const plans: Candidate[] = [];
+    for (const p of o.from) {
+      const c = carryPlan(problem, p, named[0]!);
+      if (!seen.has(planKey(c))) plans.push(c);
+      seen.add(planKey(c));
+    }
+    // The search keeps one evaluation for itself at least.
+    const priced = plans.slice(0, Math.max(0, evaluations - 1)).map((plan) => ({ plan, time: evaluator.objective(plan) }));
+    carried = priced.length;
+    // Stable: a carried plan goes after the named ones it ties with.
+    starts = [...named.map((plan) => ({ plan, time: evaluator.objective(plan) })), ...priced].sort((a, b) => a.time - b.time).map((x) => x.plan);
+  }
+  const r = search(evaluator, starts, { ...o.search, evaluations: Math.max(1, evaluations - carried) });
   const plan = r.best[0]?.plan ?? starts[0]!;
-  return { lag, problem, evaluator, plan, evaluation: evaluator.evaluate(plan, true), search: { seed: r.seed, seconds: r.seconds, evaluated: r.evaluated, accepted: r.accepted } };
+  const found = r.best.map((b) => b.plan);
+  return {
+    lag,
+    problem,
+    evaluator,
+    plan,
+    evaluation: evaluator.evaluate(plan, true),
+    search: { seed: r.seed, seconds: (performance.now() - t0) / 1000, evaluations, evaluated: r.evaluated + carried, accepted: r.accepted, found },
+  };
 }
 
 /** The lags a scenario may use: 0, and 1..max below its iterations where its graph can run stale. */
@@ -66,18 +132,44 @@ export function lagsFor(s: Scenario, max: number): number[] {
   return out;
 }
 
-/** Each lag's best plan, and the choice between them. */
+/**
+ * Each lag's best plan, and the choice between them. The searches share one budget, the search
+ * options' (`evaluations`, or `budgetSeconds` at EVALUATIONS_PER_SECOND), whatever the number of
+ * lags: lock-step first, then each lag in turn, each with an equal share of what is left
+ * (shareBudget: what a search leaves unspent goes to those after it). Equal, because the choice
+ * sets the best lag against the best lock-step plan, so both sides need estimates as good. Each
+ * lag's search starts from the named plans and from the best few plans of the lag before it
+ * (carried over: a plan at lag k − 1 is one at lag k, where the pipeline can only wait less), so
+ * it need not find them again with its smaller share.
+ */
 export function chooseLag(s: Scenario, lags: readonly number[], o: { local?: DeviceProfile; placement?: string; search: SearchOptions }): LagChoice {
-  const tried = lags.map((k) => planAtLag(s, k, o));
+  const searching = !o.placement || o.placement === 'search';
+  const evaluations = searching ? budgetOf(o.search) : 0;
+  const t0 = performance.now();
+  const tried: LagPlan[] = [];
+  shareBudget(evaluations, lags.length, (i, share) => {
+    const before = tried.at(-1)?.search?.found;
+    const t = planAtLag(s, lags[i]!, { ...o, search: { ...o.search, evaluations: share }, ...(before?.length ? { from: before } : {}) });
+    tried.push(t);
+    return { evaluated: t.search?.evaluated ?? 0 };
+  });
+  const total = { evaluations, evaluated: tried.reduce((a, t) => a + (t.search?.evaluated ?? 0), 0), seconds: (performance.now() - t0) / 1000 };
   const sync = tried.find((t) => t.lag === 0)!;
   const fastest = tried.filter((t) => t.lag > 0 && t.evaluation.feasible).sort((a, b) => a.evaluation.iterationSeconds - b.evaluation.iterationSeconds)[0];
   const speedupOf = (t: LagPlan) => sync.evaluation.iterationSeconds / t.evaluation.iterationSeconds;
-  if (!fastest) return { chosen: sync, sync, tried, speedup: 1, why: lags.length > 1 ? 'no plan at a lag fits' : 'lock-step only (the algorithm cannot run stale, or the run is too short)' };
+  if (!fastest) return { ...total, chosen: sync, sync, tried, speedup: 1, why: lags.length > 1 ? 'no plan at a lag fits' : 'lock-step only (the algorithm cannot run stale, or the run is too short)' };
   const gain = speedupOf(fastest);
   if (!sync.evaluation.feasible || gain >= ASYNC_MIN_SPEEDUP) {
-    return { chosen: fastest, sync, tried, speedup: gain, why: `lag ${fastest.lag} is ${gain.toFixed(2)}× the best lock-step plan (at least ${ASYNC_MIN_SPEEDUP}× pays for stale rollouts)` };
+    return { ...total, chosen: fastest, sync, tried, speedup: gain, why: `lag ${fastest.lag} is ${gain.toFixed(2)}× the best lock-step plan (at least ${ASYNC_MIN_SPEEDUP}× pays for stale rollouts)` };
   }
-  return { chosen: sync, sync, tried, speedup: 1, why: `lock-step kept: the best lag (${fastest.lag}) would be ${gain.toFixed(2)}×, less than the ${ASYNC_MIN_SPEEDUP}× that pays for stale rollouts` };
+  return {
+    ...total,
+    chosen: sync,
+    sync,
+    tried,
+    speedup: 1,
+    why: `lock-step kept: the best lag (${fastest.lag}) would be ${gain.toFixed(2)}×, less than the ${ASYNC_MIN_SPEEDUP}× that pays for stale rollouts`,
+  };
 }
 
 /**

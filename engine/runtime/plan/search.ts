@@ -20,6 +20,37 @@ export function evaluationsFor(seconds: number): number {
   return Math.max(16, Math.round(seconds * EVALUATIONS_PER_SECOND));
 }
 
+/** The evaluations a search's options allow: `evaluations`, or `budgetSeconds` (10 unless given) at EVALUATIONS_PER_SECOND. */
+export function budgetOf(opts: Pick<SearchOptions, 'evaluations' | 'budgetSeconds'>): number {
+  return opts.evaluations ?? evaluationsFor(opts.budgetSeconds ?? 10);
+}
+
+/**
+ * One budget of evaluations shared by several searches run in turn — a plan's lags, and whatever
+ * else it chooses by searching each choice apart (a staleness bound, a generation mode): search i
+ * gets the evaluations still left times its weight over the weights of the searches still to run
+ * (equal weights unless given), and what it leaves unspent (a final descent that ends early) goes
+ * to those after it. `run` gets its search's index and evaluations and says how many it used, at
+ * most those; so the searches together use at most `total` (when `total` is at least their
+ * number: each gets one evaluation at least). Nothing depends on the clock: the same searches and
+ * total give the same shares.
+ */
+export function shareBudget<T extends { evaluated: number }>(total: number, count: number, run: (i: number, evaluations: number) => T, weights?: readonly number[]): T[] {
+  const w = (i: number) => weights?.[i] ?? 1;
+  const out: T[] = [];
+  let left = total;
+  for (let i = 0; i < count; i++) {
+    let rest = 0;
+    for (let j = i; j < count; j++) rest += w(j);
+    const share = Math.max(1, Math.floor((left * w(i)) / rest));
+    const r = run(i, share);
+    if (r.evaluated > share) throw new Error(`a search used ${r.evaluated} evaluations of its share of ${share}`);
+    left = Math.max(0, left - r.evaluated);
+    out.push(r);
+  }
+  return out;
+}
+
 export interface SearchOptions {
   /** Seconds of budget, turned into evaluations at EVALUATIONS_PER_SECOND; 10 unless given. */
   budgetSeconds?: number;
@@ -191,7 +222,7 @@ function mover(ev: Evaluator, pool: Record<CallName, Map<string, Placement>>, ra
 export function search(ev: Evaluator, starts: Candidate[], opts: SearchOptions = {}): SearchResult {
   const t0 = performance.now();
   const seed = opts.seed ?? 1;
-  const evaluations = opts.evaluations ?? evaluationsFor(opts.budgetSeconds ?? 10);
+  const evaluations = budgetOf(opts);
   const rand = random(seed);
   const pool = pools(ev, starts, opts.perCall ?? 24);
   const move = mover(ev, pool, rand);
@@ -209,7 +240,8 @@ export function search(ev: Evaluator, starts: Candidate[], opts: SearchOptions =
     }
     return t;
   };
-  const chains = Array.from({ length: opts.chains ?? 8 }, (_, i) => {
+  // No more chains than evaluations: a budget's share may be that small.
+  const chains = Array.from({ length: Math.max(1, Math.min(opts.chains ?? 8, evaluations)) }, (_, i) => {
     const plan = starts[i % starts.length]!;
     return { plan, time: score(plan) };
   });
