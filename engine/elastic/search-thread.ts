@@ -8,6 +8,7 @@
 import { Worker, isMainThread, parentPort, workerData } from 'node:worker_threads';
 import type { ReplanRecord } from '../../mesh/wire/index.ts';
 import { isPath, loadAlgorithmFile } from '../algorithms/index.ts';
+import { BUNDLE_ENV } from '../model/index.ts';
 import { runSpec, type RunSpec } from '../runtime/index.ts';
 import type { Scenario } from '../runtime/index.ts';
 import { decideReplan, problemFor, specOnPlan, type Loss } from './decide.ts';
@@ -29,9 +30,10 @@ let shared: { worker: Worker; pending: Map<number, { resolve: (a: Answer) => voi
 
 function searchThread(): NonNullable<typeof shared> {
   if (shared) return shared;
-  // The thread runs this file through tsx, as the process does (in a bundled process, this file's
-  // chunk: see engine/cli/process-bundle.ts).
-  const boot = `import('tsx/esm/api').then(({ register }) => { register(); return import(${JSON.stringify(import.meta.url)}); })`;
+  // The thread runs this module as the process does: in a process started from the bundle, its
+  // chunk as it is (engine/cli/process-bundle.ts); through tsx, with tsx registered first.
+  const self = JSON.stringify(import.meta.url);
+  const boot = process.env[BUNDLE_ENV] ? `import(${self})` : `import('tsx/esm/api').then(({ register }) => { register(); return import(${self}); })`;
   const worker = new Worker(boot, { eval: true, workerData: { serve: true } });
   worker.unref();
   const thread = { worker, pending: new Map<number, { resolve: (a: Answer) => void; reject: (e: Error) => void }>(), next: 0 };
