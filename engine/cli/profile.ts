@@ -14,10 +14,11 @@ import { UsageError, args, runMain } from '../../actors/host.ts';
 import { runExchange } from '../runtime/index.ts';
 import { median } from '../runtime/index.ts';
 import { localShape, type DeviceProfile, type ModelShape } from '../runtime/index.ts';
-import { callCost, type CallKind, type Workload } from '../runtime/index.ts';
+import { callCost, callLoad, segmentSpeed, type CallKind, type Workload } from '../runtime/index.ts';
 import { LOCAL_PROFILE } from '../runtime/index.ts';
 import { TRAINING_OPTIM, withWorkers, type Workers } from './workers.ts';
 import { storeProbe } from './profile-store.ts';
+import { envProbe } from './profile-env.ts';
 
 const USAGE = 'usage: npm run profile [-- --out FILE] [--json]';
 
@@ -220,20 +221,22 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
     // Forward passes (inference) fix FLOP/s, the cost per layer pass, per activation element and
     // per call: t ≈ a·F + b·P + e·E + c.
     const [a, b, e, c] = nonNegative(of('inference').map(({ f, t }) => ({ x: [f.flops, f.passes, f.elements, 1], t })));
-    // Training fits its factors over forward work, the cost per call shared: t − c ≈ u·a·F + v·b·P + w·e·E.
-    const [u, v, w] = nonNegative(of('train').map(({ f, t }) => ({ x: [a! * f.flops, b! * f.passes, e! * f.elements], t: t - c! })));
+    // Training fits its factors over forward work, the cost per call shared, and its own fixed cost
+    // per layer pass (forward, backward and the optimizer's update, whatever the rows: inference
+    // may show none, so it is not a factor over inference's): t − c ≈ u·a·F + l·P + w·e·E.
+    const [u, l, w] = nonNegative(of('train').map(({ f, t }) => ({ x: [a! * f.flops, f.passes, e! * f.elements], t: t - c! })));
     // Generation: the prompt's pass and every step's elements as priced above, then decoding
     // steps' fixed costs per layer and per step, their own (small tensors; sampling and a
     // read-back at every step).
     const [dl, ds] = nonNegative(of('generate').map(({ f, t }) => ({ x: [f.decodeLayers, f.decodeSteps], t: t - c! - a! * f.flops - b! * f.passes - e! * f.elements })));
     const predict = ({ kind, f }: Row) =>
-      kind === 'train' ? u! * a! * f.flops + v! * b! * f.passes + w! * e! * f.elements + c! : a! * f.flops + b! * f.passes + e! * f.elements + dl! * f.decodeLayers + ds! * f.decodeSteps + c!;
+      kind === 'train' ? u! * a! * f.flops + l! * f.passes + w! * e! * f.elements + c! : a! * f.flops + b! * f.passes + e! * f.elements + dl! * f.decodeLayers + ds! * f.decodeSteps + c!;
     // The errors of the profile as it is saved, by kind.
     const errors = (rows: Row[]) => median(rows.map((r) => Math.abs(predict(r) - r.t) / r.t))!;
     const residuals = timings.map((r) => Math.abs(predict(r) - r.t) / r.t);
     log(
       `compute: ${(1 / a! / 1e9).toFixed(2)} GFLOP/s sustained, ${(b! * 1e6).toFixed(0)} µs per layer pass, ${(e! * 1e9).toFixed(0)} ns per activation element, ${(c! * 1e3).toFixed(2)} ms per call; ` +
-        `training: ${u!.toFixed(1)}×, ${v!.toFixed(1)}× and ${w!.toFixed(1)}× a forward pass's FLOP, per-layer and element costs; ` +
+        `training: ${u!.toFixed(1)}× and ${w!.toFixed(1)}× a forward pass's FLOP and element costs, ${(l! * 1e6).toFixed(0)} µs per layer pass; ` +
         `decoding: ${(dl! * 1e6).toFixed(0)} µs per layer and ${(ds! * 1e6).toFixed(0)} µs per step; ` +
         `median fit error ${(100 * median(residuals)!).toFixed(1)}% (inference ${(100 * errors(of('inference'))).toFixed(1)}%, training ${(100 * errors(of('train'))).toFixed(1)}%, generation ${(100 * errors(of('generate'))).toFixed(1)}%)`,
     );
@@ -288,7 +291,10 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
     log(`bus: ${(latency * 1e3).toFixed(2)} ms one way, ${(bandwidth / 1e6).toFixed(0)} MB/s between workers`);
     // Calls across two workers (tensor- and data-parallel): their collectives cost more than a
     // ping — each step encodes, crosses the bus, decodes and sums — so the cost of one collective
-    // step is fitted to them: measured = prediction without it + α·(steps the model counts).
+    // step is fitted to them: measured = prediction without it + α·(steps the model counts), the
+    // prediction as the simulator runs the call alone (its computing part slower by the parallel
+    // slowdown where both devices compute at once, not where a pipeline's stages take turns; its
+    // collectives, waits on the bus, not).
     const compute = {
       flops: a! > 0 ? 1 / a! : 1e30, // 0: the FLOPs are lost in the other terms at these widths
       layerOverhead: b!,
@@ -296,7 +302,7 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
       trainElementFactor: w!,
       callOverhead: c! + median(tripOverhead)!,
       trainFactor: u!,
-      trainPassFactor: v!,
+      trainLayerOverhead: l!,
       decodeLayerOverhead: dl!,
       decodeStepOverhead: ds!,
       recomputeDecode: false, // generation decodes with a KV cache (engine/model/kv-cache.ts)
@@ -340,10 +346,15 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
         await both(make);
         const times = [await both(make), await both(make), await both(make)];
         const measured = median(times)!;
-        const without = callCost(shape, kind, layout, wl, partial, 4, { owner: true, trainable: true }).seconds;
-        const withOne = callCost(shape, kind, layout, wl, { ...partial, latency: 1 }, 4, { owner: true, trainable: true }).seconds;
-        // The simulator runs this call slower by the parallel slowdown (two devices busy): as measured.
-        alphaRows.push([withOne - without, measured / parallelSlowdown - without]);
+        const sharing = { sharedCores: cpus().length, parallelSlowdown };
+        const alone = (dev: DeviceProfile) => {
+          const c = callCost(shape, kind, layout, wl, dev, 4, { owner: true, trainable: true });
+          return c.seconds / segmentSpeed({ devices: layout.devices, ...callLoad(c, layout) }, 0, sharing);
+        };
+        // Linear in α: the collectives' seconds are waits, at full speed.
+        const without = alone(partial);
+        const withOne = alone({ ...partial, latency: 1 });
+        alphaRows.push([withOne - without, measured - without]);
       }
       await Promise.all([0, 1].map((dev) => d.call(dev, 'mesh', 0, { fn: 'release' })));
     }
@@ -361,7 +372,8 @@ export async function profileLocal(log: (line: string) => void): Promise<DeviceP
       parallelSlowdown,
       busBandwidth: bandwidth,
       ...(await storeProbe({ nc, run, d }, log)),
-      source: `npm run profile on ${new Date().toISOString()}: ${timings.length} calls of 4 shapes and 2 lengths on one worker, ${alphaRows.length} across two, a ping, a 32 MiB exchange and snapshots of two sizes`,
+      ...(await envProbe({ nc, d }, log)),
+      source: `npm run profile on ${new Date().toISOString()}: ${timings.length} calls of 4 shapes and 2 lengths on one worker, ${alphaRows.length} across two, a ping, a 32 MiB exchange, snapshots of two sizes and episodes against an environment that answers at once`,
       probeSeconds: await speedProbe(d),
       fit: { samples, median_relative_error: median(residuals) },
     };

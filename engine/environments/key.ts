@@ -25,5 +25,10 @@ export const EnvironmentKey = z.strictObject({
       "a command ferry starts as the environment's processes (a string runs in a shell), on the run's bus with the environment's credentials; without it an environment started by hand joins by name",
     ),
   instances: pos.default(1).describe('processes of `command` to start'),
+  seconds: z
+    .number()
+    .nonnegative()
+    .optional()
+    .describe('what one answer (a reset or a step) takes the environment itself, as far as you know it: the planner prices the generation’s waits with it, beside the bus’s round trip (npm run plan)'),
 });
 export type EnvironmentKey = z.output<typeof EnvironmentKey>;

@@ -78,6 +78,13 @@ export interface DeviceProfile {
   /** The same for the fixed per-layer costs (kernel launches, framework overhead); 3 unless fitted. */
   trainPassFactor?: number;
   /**
+   * The fixed cost per layer of a training step's pass (forward, backward and the optimizer's
+   * update of the layer's weights, whatever the rows), where it is fitted on its own (locally:
+   * inference may show no fixed cost per layer, training does). Absent: trainPassFactor ×
+   * layerOverhead.
+   */
+  trainLayerOverhead?: number;
+  /**
    * Generation recomputes the whole prefix for every new token (no KV cache). Neither ferry's
    * runtime (engine/model/kv-cache.ts) nor GPU serving engines do; it prices a runtime that does.
    */
@@ -108,6 +115,12 @@ export interface DeviceProfile {
   /** The rate at which one device writes its snapshot objects into its bucket, bytes/s. Absent: busBandwidth. */
   storeBandwidth?: number;
   /**
+   * Seconds the generating device waits for an environment's answer that takes the environment no
+   * time (a reset or a step of an episode over the bus, as `npm run profile` times them against an
+   * environment that answers at once). Absent: a round trip, two latencies.
+   */
+  envAnswerSeconds?: number;
+  /**
    * The speed probe's seconds when the profile was fitted (`npm run profile`): a fixed set of
    * calls, timed again later to see how much faster or slower the machine runs now.
    */
@@ -132,7 +145,8 @@ export function scaledProfile(dev: DeviceProfile, factor: number): DeviceProfile
     latency: dev.latency * factor,
     layerOverhead: dev.layerOverhead * factor,
   };
-  for (const k of ['callOverhead', 'elementSeconds', 'decodeLayerOverhead', 'decodeStepOverhead', 'storeLatency'] as const) if (dev[k] !== undefined) out[k] = t(dev[k]);
+  for (const k of ['callOverhead', 'elementSeconds', 'decodeLayerOverhead', 'decodeStepOverhead', 'trainLayerOverhead', 'storeLatency', 'envAnswerSeconds'] as const)
+    if (dev[k] !== undefined) out[k] = t(dev[k]);
   for (const k of ['busBandwidth', 'storeBandwidth'] as const) if (dev[k] !== undefined) out[k] = r(dev[k]);
   return out;
 }

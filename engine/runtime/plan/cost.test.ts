@@ -313,6 +313,21 @@ describe('callCost', () => {
       expect(callCost(tiny, 'generate', one, wl, dev, 8).compute).toBeCloseTo((8 * 3 + 8 * 5) * 3 * 64 * 1e-9, 15);
     });
 
+    it("trainLayerOverhead: a training step's fixed cost per layer pass, fitted apart from inference's, which a replica pays whatever its rows", () => {
+      const dev = { ...FREE, trainLayerOverhead: 1e-3 };
+      const train = (l: Layout, w: Workload = wl) => callCost(tiny, 'train', l, w, dev, 8, { owner: true, trainable: true }).compute;
+      // One step of one pass over two layers and the head.
+      expect(train(one)).toBeCloseTo(3 * 1e-3, 12);
+      // Four steps (2 epochs × 2 mini-batches): four passes.
+      expect(train(one, { ...wl, epochs: 2, minibatches: 2 })).toBeCloseTo(4 * 3 * 1e-3, 12);
+      // Each of two replicas takes half the rows and all of the fixed cost.
+      expect(train(layout({ dp: 2 }))).toBeCloseTo(3 * 1e-3, 12);
+      // Inference has none of it; without it, training pays trainPassFactor × layerOverhead.
+      expect(callCost(tiny, 'inference', one, wl, dev, 8).compute).toBeLessThan(1e-20);
+      const { trainLayerOverhead: _, ...factor } = { ...dev, layerOverhead: 1e-3, trainPassFactor: 2 };
+      expect(callCost(tiny, 'train', one, wl, factor, 8, { owner: true, trainable: true }).compute).toBeCloseTo(3 * 2e-3, 12);
+    });
+
     it('decodeLayerOverhead and decodeStepOverhead price each decoding step, not the prompt', () => {
       const perLayer = callCost(tiny, 'generate', one, wl, { ...FREE, decodeLayerOverhead: 1e-3 }, 8).compute;
       expect(perLayer).toBeCloseTo(5 * 3 * 1e-3, 12);
@@ -364,5 +379,56 @@ describe('a long tail of response lengths', () => {
     const longest = decodeSteps(64, 16384, 4096).reduce((n, s) => n + s.steps, 0);
     const weightRead = (parameterCounts(Q7).total * Q7.dtypeBytes) / 2 / H100.memBandwidth;
     expect(tail.compute).toBeGreaterThan(longest * weightRead);
+  });
+});
+
+describe('episodes against an environment (hand-computed)', () => {
+  // A device whose only cost is a decoding step's fixed cost (1 ms) and the environment's answers:
+  // every pass of a group costs 1 ms, whatever its rows; the log-probabilities' pass costs nothing.
+  const FREE: DeviceProfile = { name: 'free', flops: 1e30, memBandwidth: 1e30, memoryBytes: 1e12, intraBandwidth: 1e30, interBandwidth: 1e30, latency: 0, layerOverhead: 0, source: 'test' };
+  const dev: DeviceProfile = { ...FREE, decodeStepOverhead: 1e-3, envAnswerSeconds: 2e-3 };
+  const tiny = localShape('tiny', 16, 2, 64, 4);
+  // 32 episodes of at most 4 actions of at most 2 tokens, in a response of 16.
+  const wl = (groupSize: number, answerSeconds?: number): Workload => ({
+    batch: 32,
+    promptLen: 3,
+    responseLen: 16,
+    epochs: 1,
+    minibatches: 1,
+    episodes: { groupSize, maxTurns: 4, turnTokens: 2, ...(answerSeconds !== undefined ? { answerSeconds } : {}) },
+  });
+  const one = layout({});
+
+  it('decodes in groups of group_size rows, a pass per token of every round, at the turn budget', () => {
+    // 4 groups × 4 rounds × 2 passes, 1 ms each; decoding the whole budget at once would take 16 steps.
+    expect(callCost(tiny, 'generate', one, wl(8), dev, 8).compute).toBeCloseTo(32e-3, 12);
+    expect(callCost(tiny, 'generate', one, { ...wl(8), episodes: undefined }, dev, 8).compute).toBeCloseTo(16e-3, 12);
+    // Replicas play their own rows: two of them, two groups each.
+    expect(callCost(tiny, 'generate', layout({ dp: 2 }), wl(8), dev, 8).compute).toBeCloseTo(16e-3, 12);
+  });
+
+  it('waits for the first resets and the last steps where other groups keep the device busy', () => {
+    // 32 ms of rounds; one group's chain, 5 answers (10 ms) and its 8 ms with the other three's
+    // rounds queued before its own (3 × 2 ms), is shorter: the device waits only 2 answers.
+    const c = callCost(tiny, 'generate', one, wl(8), dev, 8);
+    expect(c.environment).toBeCloseTo(4e-3, 12);
+    expect(c.seconds).toBeCloseTo(c.compute + c.communication + c.bubble + c.environment, 12);
+  });
+
+  it('waits for every answer in lock-step (one group), and prices what the environment itself takes', () => {
+    // One group: 8 ms of rounds, and 5 answers of 2 ms it waits for with nothing else to do.
+    expect(callCost(tiny, 'generate', one, wl(32), dev, 8).environment).toBeCloseTo(10e-3, 12);
+    // Each answer 3 ms longer (environment.seconds): 5 × 5 ms.
+    expect(callCost(tiny, 'generate', one, wl(32, 3e-3), dev, 8).environment).toBeCloseTo(25e-3, 12);
+    // Without the profile's figure, an answer is a round trip over the bus: two latencies.
+    const { envAnswerSeconds: _, ...bare } = dev;
+    expect(callCost(tiny, 'generate', one, wl(32), { ...bare, latency: 1e-3 }, 8).environment).toBeCloseTo(10e-3, 12);
+  });
+
+  it("adds the log-probabilities' forward pass over the whole sequences", () => {
+    const elements = { ...FREE, elementSeconds: 1e-9 };
+    // Rounds: 4 groups × 8 passes of 8 rows × 3 × 64 elements; then 32 rows × 19 tokens × 3 × 64.
+    const rounds = 4 * 8 * 8 * 3 * 64 * 1e-9;
+    expect(callCost(tiny, 'generate', one, wl(8), elements, 8).compute).toBeCloseTo(rounds + 32 * 19 * 3 * 64 * 1e-9, 15);
   });
 });

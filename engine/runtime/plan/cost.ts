@@ -4,7 +4,8 @@
 // Compute is FLOPs over sustained FLOP/s; decoding is bound by reading the weights and the KV
 // cache once per token; tensor-parallel all-reduces and data-parallel gradient all-reduces follow
 // an α–β ring model over the link they cross (inside a node or between nodes); pipelines add a
-// bubble of (pp − 1) / micro-batches; each layer pass pays a fixed overhead. Reallocation time
+// bubble of (pp − 1) / micro-batches (a step's rows go through whole, as the runtime sends them:
+// one micro-batch, unless memory needs more); each layer pass pays a fixed overhead. Reallocation time
 // comes from the runtime's own transfer planner (mesh/realloc.ts).
 import type { Layout, ModelInfo, ParamInfo, Piece } from '../../../mesh/parallel/index.ts';
 import { planRealloc, sliceElements } from '../../../mesh/parallel/index.ts';
@@ -27,6 +28,22 @@ export interface Workload {
   responseMean?: number;
   epochs: number;
   minibatches: number;
+  /** Generation as episodes of several turns against an environment on the bus (see episodeGeneration). */
+  episodes?: EpisodesWorkload;
+}
+
+/** A generation's episodes, as the scenario's `environment:` bounds them. */
+export interface EpisodesWorkload {
+  /** Episodes decoded as one batch (environment.group_size). */
+  groupSize: number;
+  /** Actions per episode, at most (environment.max_turns), and tokens per action, at most. */
+  maxTurns: number;
+  turnTokens: number;
+  /**
+   * What one answer takes the environment itself, beyond the bus's round trip (the profile's
+   * envAnswerSeconds); 0 where it answers at once.
+   */
+  answerSeconds?: number;
 }
 
 /**
@@ -69,11 +86,54 @@ export function decodeSteps(rows: number, budget: number, mean?: number): Array<
   return out;
 }
 
+/**
+ * A generation's episodes as the runtime plays them (engine/episodes/play.ts), on one replica's
+ * `rows`: groups of `groupSize` episodes, each its own batch, move in rounds — the group's pass over
+ * its prompts or latest observations, then one pass per further token of its actions — and between
+ * rounds wait for the environment's answers (a reset before the first round, a step after each),
+ * while the device decodes the other groups' rounds. Every round of a group passes all of its rows
+ * (those that ended too), and a group goes on until its last episode ends: priced at the turn
+ * budget, as decoding is priced at the response budget. An answer takes the bus's round trip
+ * (envAnswerSeconds) and the environment's own time.
+ *
+ * The device works G·W (W: a group's rounds); the call lasts at least that plus the first resets'
+ * and the last steps' answers, and at least one group's chain — its resets, every round and every
+ * answer — with the other groups' rounds queued before its own (a round's work each): what the
+ * call takes beyond the device's work is `waiting`.
+ */
+export function episodeGeneration(
+  rows: number,
+  wl: Pick<Workload, 'promptLen' | 'responseLen'>,
+  e: EpisodesWorkload,
+  dev: DeviceProfile,
+  stepOn: (held: number) => { compute: number; comm: number },
+): { compute: number; comm: number; waiting: number; rounds: number; groups: number } {
+  const group = Math.max(1, Math.min(rows, e.groupSize));
+  const groups = Math.ceil(rows / group);
+  // Every action takes a token at least: no more rounds than the response has room for.
+  const rounds = Math.max(1, Math.min(e.maxTurns, Math.floor(wl.responseLen / Math.max(1, Math.min(e.turnTokens, wl.responseLen)))));
+  const passes = rounds * Math.min(e.turnTokens, wl.responseLen);
+  const step = stepOn(group);
+  const perGroup = passes * (step.compute + step.comm);
+  const answer = (dev.envAnswerSeconds ?? 2 * dev.latency) + (e.answerSeconds ?? 0);
+  const work = groups * perGroup;
+  const chain = (rounds + 1) * answer + perGroup + ((groups - 1) * perGroup) / rounds;
+  const span = Math.max(work + 2 * answer, chain);
+  return { compute: groups * passes * step.compute, comm: groups * passes * step.comm, waiting: span - work, rounds, groups };
+}
+
 export interface CallCost {
   seconds: number;
   compute: number;
   communication: number;
   bubble: number;
+  /** Seconds the call's devices wait on an environment's answers beyond the work they have meanwhile. */
+  environment: number;
+  /**
+   * Of `communication`, the bus's latency (the α terms): what the ranks wait; the rest, the bytes
+   * over the link's rate, they spend encoding, copying and decoding.
+   */
+  latency: number;
   /** Memory per device while the call runs, beyond the weights of other models resident there. */
   transientBytes: number;
   /** Weights (and, for a trained model's own layout, gradients and optimizer state) per device. */
@@ -169,6 +229,10 @@ export function callCost(
   const T = wl.promptLen + wl.responseLen;
   const rows = Math.ceil(wl.batch / dp); // sequences per replica
   const stageLayers = Math.ceil(m.layers / pp);
+  // The embedding and the head weigh about one layer's overhead per pass: on a pipeline the first
+  // stage has the one and the last the other, so a stage carries its share, and a pass through
+  // every stage in turn one in all.
+  const stageUnits = stageLayers + 1 / pp;
   const bodyFlopsPerToken = 2 * counts.layer * m.layers;
   const headFlopsPerToken = 2 * (counts.embed + counts.head);
   const { tpGroup, dpGroup, ppGroup } = groups(layout);
@@ -185,15 +249,14 @@ export function callCost(
   /** One forward pass of `seqs` sequences of `len` tokens on one replica; with `backward`, ×3. */
   const pass = (seqs: number, len: number, backward: boolean, microbatches: number) => {
     const mult = backward ? (dev.trainFactor ?? 3) : 1;
-    const passMult = backward ? (dev.trainPassFactor ?? 3) : 1;
+    const layerPass = backward ? (dev.trainLayerOverhead ?? dev.layerOverhead * (dev.trainPassFactor ?? 3)) : dev.layerOverhead;
     const elementMult = backward ? (dev.trainElementFactor ?? 3) : 1;
     const tokens = seqs * len;
     // Causal attention: QKᵀ and AV over half the context on average, per layer.
     const attnFlops = 2 * 2 * m.layers * seqs * ((len * len) / 2) * D;
     const flops = (tokens * (bodyFlopsPerToken + headFlopsPerToken) + attnFlops) * mult;
-    // The embedding and head weigh about one layer's overhead per pass.
-    const elements = (tokens * (stageLayers + 1) * D) / tp;
-    const compute = flops / (tp * pp) / dev.flops + (stageLayers + 1) * dev.layerOverhead * passMult * microbatches + elements * (dev.elementSeconds ?? 0) * elementMult;
+    const elements = (tokens * stageUnits * D) / tp;
+    const compute = flops / (tp * pp) / dev.flops + stageUnits * layerPass * microbatches + elements * (dev.elementSeconds ?? 0) * elementMult;
     // Two all-reduces per layer forward (attention and MLP outputs), two more backward.
     const tpBytes = tokens * D * bytes;
     const tpComm = (m.layers / pp) * 2 * (backward ? 2 : 1) * allReduceSeconds(tpBytes / microbatches, tp, tpBw, dev.latency) * microbatches;
@@ -205,13 +268,16 @@ export function callCost(
   let compute = 0;
   let communication = 0;
   let bubble = 0;
+  let environment = 0;
   let transient = 0;
   if (kind === 'inference') {
     // A forward pass keeps one layer's working set (and the head's outputs) per sequence; the
-    // rows go through in micro-batches that fit, at least pp of them to fill a pipeline.
+    // rows go through whole where they fit, else in micro-batches that do. (The runtime sends a
+    // call's rows through a pipeline's stages whole, one stage after the other: micro-batches to
+    // fill a pipeline would price each stage's fixed costs several times and a bubble it has not.)
     const perSeq = (T * D * bytes * 4) / tp + T * (opts.valueHead ? 1 : m.vocab) * bytes;
     const fitRows = Math.max(1, Math.floor(free / perSeq));
-    const mb = Math.max(Math.ceil(rows / fitRows), pp > 1 ? Math.min(rows, pp * 2) : 1);
+    const mb = Math.max(1, Math.ceil(rows / fitRows));
     const p = pass(rows, T, false, mb);
     compute = p.compute;
     communication = p.comm;
@@ -221,11 +287,12 @@ export function callCost(
     const steps = wl.epochs * wl.minibatches;
     const stepRows = Math.max(1, Math.ceil(rows / wl.minibatches));
     // Megatron's activation estimate: about 34·s·h bytes per sequence per layer (bf16), split by
-    // tp. Each optimizer step runs in micro-batches small enough that the ones in flight (up to
-    // pp, as in 1F1B) fit; at least pp of them keep the pipeline busy.
+    // tp. Each optimizer step's rows go through the pipeline whole, as the runtime sends them,
+    // where they fit; else in micro-batches small enough that the ones in flight (up to pp, as in
+    // 1F1B) fit.
     const perSeq = (stageLayers * T * D * 34 * (bytes / 2)) / tp;
     const fitRows = Math.max(1, Math.floor(free / (perSeq * pp)));
-    const mb = Math.max(Math.ceil(stepRows / fitRows), Math.min(stepRows, pp));
+    const mb = Math.max(1, Math.ceil(stepRows / fitRows));
     const p = pass(stepRows, T, true, mb);
     const gradBytes = (counts.total / (tp * pp)) * bytes;
     compute = p.compute * steps;
@@ -257,6 +324,8 @@ export function callCost(
         compute,
         communication: total.comm,
         bubble: total.bubble,
+        environment: 0,
+        latency: total.comm - (dev.latency > 0 ? callCost(m, kind, layout, wl, { ...dev, latency: 0 }, perNode, opts).communication : total.comm),
         transientBytes: (rows * T * D * bytes * 4) / tp + (opts.owner ? 0 : weightsPerDevice),
         residentBytes: opts.owner ? weightsPerDevice + trainState : 0,
       };
@@ -266,30 +335,49 @@ export function callCost(
     const stepOn = (held: number) => {
       const reads = weightsPerDevice + held * T * kvPerToken;
       const flops = (held * (bodyFlopsPerToken + headFlopsPerToken + 4 * m.layers * T * D)) / (tp * pp);
-      const elements = (held * (stageLayers + 1) * D) / tp;
-      const stage = Math.max(reads / dev.memBandwidth, flops / dev.flops) + (stageLayers + 1) * (dev.decodeLayerOverhead ?? dev.layerOverhead) + elements * (dev.elementSeconds ?? 0);
+      const elements = (held * stageUnits * D) / tp;
+      const stage = Math.max(reads / dev.memBandwidth, flops / dev.flops) + stageUnits * (dev.decodeLayerOverhead ?? dev.layerOverhead) + elements * (dev.elementSeconds ?? 0);
       // A token crosses every stage in turn, so it pays every layer's all-reduces.
       const comm = m.layers * 2 * allReduceSeconds(held * D * bytes, tp, tpBw, dev.latency) + (pp > 1 ? (pp - 1) * ((held * D * bytes) / ppBw + dev.latency) : 0);
       return { compute: stage * pp + (dev.decodeStepOverhead ?? 0), comm };
     };
-    let decode = 0;
-    let decodeComm = 0;
-    for (const { rows: held, steps } of decodeSteps(wave, wl.responseLen, wl.responseMean)) {
-      const step = stepOn(held);
-      decode += step.compute * steps * waves;
-      decodeComm += step.comm * steps * waves;
+    if (wl.episodes) {
+      const e = episodeGeneration(rows, wl, wl.episodes, dev, stepOn);
+      // Then the log-probabilities of the whole sequences, as training will compute them: a
+      // forward pass over every row (engine/device/episodes.ts).
+      const logprobs = pass(rows, T, false, 1);
+      compute = e.compute + logprobs.compute;
+      communication = e.comm + logprobs.comm;
+      bubble = logprobs.bubble;
+      environment = e.waiting;
+      // Every group holds a cache of its own, of twice the sequence's positions, for the whole
+      // call; one group's pass at a time.
+      const group = Math.min(rows, wl.episodes.groupSize);
+      transient = rows * 2 * T * kvPerToken + (group * T * D * bytes * 4) / tp;
+    } else {
+      let decode = 0;
+      let decodeComm = 0;
+      for (const { rows: held, steps } of decodeSteps(wave, wl.responseLen, wl.responseMean)) {
+        const step = stepOn(held);
+        decode += step.compute * steps * waves;
+        decodeComm += step.comm * steps * waves;
+      }
+      compute = prefill.compute + decode;
+      communication = prefill.comm + decodeComm;
+      bubble = prefill.bubble;
+      transient = wave * T * kvPerToken + (wave * T * D * bytes * 4) / tp;
     }
-    compute = prefill.compute + decode;
-    communication = prefill.comm + decodeComm;
-    bubble = prefill.bubble;
-    transient = wave * T * kvPerToken + (wave * T * D * bytes * 4) / tp;
   }
   compute += dev.callOverhead ?? 0;
+  // The same communication with no latency: its bytes alone (an episode's answers kept as they are).
+  const bytesOnly = dev.latency > 0 ? callCost(m, kind, layout, wl, { ...dev, latency: 0, envAnswerSeconds: dev.envAnswerSeconds ?? 2 * dev.latency }, perNode, opts).communication : communication;
   return {
-    seconds: compute + communication + bubble,
+    seconds: compute + communication + bubble + environment,
     compute,
     communication,
     bubble,
+    environment,
+    latency: communication - bytesOnly,
     transientBytes: transient + (opts.owner ? 0 : weightsPerDevice),
     residentBytes: opts.owner ? weightsPerDevice + trainState : 0,
   };

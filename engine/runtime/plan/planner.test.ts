@@ -289,6 +289,15 @@ describe('problemOf', () => {
     expect(p.checkpointEvery).toBe(3);
     expect(problemOf(parseScenario('task: { name: count, base: 24 }\n', 'count.yaml'), DEVICE).workload.responseLen).toBe(25);
   });
+
+  it("prices the generation as the environment's episodes, with what its answers take", () => {
+    const GUESS = fileURLToPath(new URL('../../../scenarios/env/guess.yaml', import.meta.url));
+    const s = loadScenario(GUESS);
+    expect(problemOf(s, DEVICE).workload.episodes).toEqual({ groupSize: 8, maxTurns: 4, turnTokens: 2 });
+    const slow = { ...s, environment: { ...s.environment!, seconds: 0.02 } };
+    expect(problemOf(slow, DEVICE).workload.episodes?.answerSeconds).toBe(0.02);
+    expect(problemOf(parseScenario('task: { name: count, base: 24 }\n', 'count.yaml'), DEVICE).workload.episodes).toBeUndefined();
+  });
 });
 
 describe('memoryProblem', () => {
@@ -297,6 +306,52 @@ describe('memoryProblem', () => {
     const m = memoryProblem(parseScenario('model: { width: 4096, layers: 24, heads: 32 }', 'b.yaml'));
     expect(m).toMatch(/^model: the plan does not fit the workers' memory: actor\.\w+ needs [\d.]+ GB on a device of \d+ GB \(a worker has .*\); make model\.width or model\.layers smaller/);
     expect(memoryProblem(loadScenario(LLAMA7B_8GPU))).toBeUndefined(); // npm run plan's business, not a run's
+  });
+});
+
+describe('shared cores: what a call keeps computing', () => {
+  // Every call on devices 0 and 1, one after another; two cores, calls that compute at once 1.5×
+  // as long. The critic trains as a pipeline of two stages, everything else as two replicas.
+  const device: DeviceProfile = { ...DEVICE, callOverhead: 1e-3, parallelSlowdown: 1.5 };
+  const both = (s: { dp: number; pp: number }): Placement => ({ mesh: '0:0-1', devices: [0, 1], tp: 1, ...s });
+  const plan = Object.fromEntries(
+    CALLS.map((c) => [c, c === 'reward.inference' ? { mesh: '0:0', devices: [0], dp: 1, tp: 1, pp: 1 } : both(c === 'critic.train' ? { dp: 1, pp: 2 } : { dp: 2, pp: 1 })]),
+  ) as Candidate;
+  const ev = new Evaluator(localProblem(undefined, device));
+  const e = ev.evaluate(plan, true);
+  /** How long a call's segment of one iteration took in the simulation. */
+  const took = (call: CallName, kind: 'compute' | 'realloc' = 'compute') => {
+    const t = e.simulation!.timeline.find((x) => x.call === call && x.iteration === 1 && x.kind === kind && x.device === 1)!;
+    return t.end - t.start;
+  };
+
+  it("runs a pipeline's stages in turn: one device computes at a time, so a pipeline alone pays no parallel slowdown", () => {
+    const cost = ev.callCost('critic.train', plan['critic.train']!, true)!;
+    expect(cost.bubble).toBeGreaterThan(0);
+    // All its seconds, not 1.5× them: its stages take turns, and its sends are waits.
+    expect(took('critic.train')).toBeCloseTo(cost.seconds, 9);
+  });
+
+  it("slows the replicas' computing when they compute at once (their messages' bytes too), not the bus's latency in their collectives", () => {
+    const cost = ev.callCost('actor.train', plan['actor.train']!, true)!;
+    expect(cost.latency).toBeGreaterThan(0);
+    expect(cost.latency).toBeLessThan(cost.communication);
+    expect(took('actor.train')).toBeCloseTo(1.5 * (cost.compute + cost.communication - cost.latency) + cost.latency, 9);
+  });
+
+  it("slows a move's work on the bytes, not its wait on the bus's latency", () => {
+    // The critic's inference on its own devices, a view of the pipeline it trains on: a move from
+    // the pipeline's layout into the replicas', its devices loading and releasing the view (two
+    // call overheads) and working the bytes, computing at once; the rest they wait.
+    const views = new Evaluator(localProblem(undefined, device));
+    const withView = { ...plan, 'critic.inference': { mesh: '0:2-3', devices: [2, 3], dp: 2, tp: 1, pp: 1 } };
+    const sim = views.evaluate(withView, true);
+    const move = sim.calls['critic.inference'].reallocSeconds;
+    const bytes = new Evaluator(localProblem(undefined, { ...device, latency: 0 })).realloc('critic', plan['critic.train']!, withView['critic.inference']) + 2e-3;
+    expect(bytes).toBeLessThan(move);
+    const t = sim.simulation!.timeline.find((x) => x.call === 'critic.inference' && x.iteration === 1 && x.kind === 'realloc')!;
+    // Four devices computing on two cores: half speed, and 1.5× slower still.
+    expect(t.end - t.start).toBeCloseTo(bytes * 2 * 1.5 + (move - bytes), 9);
   });
 });
 

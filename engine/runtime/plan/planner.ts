@@ -77,6 +77,16 @@ export interface Evaluation {
 
 const layoutOf = (p: Placement): Layout => ({ devices: p.devices, dp: p.dp, tp: p.tp, pp: p.pp });
 
+/**
+ * What a call keeps computing, for the simulator's sharing of cores: one stage of each replica at
+ * a time (the runtime runs a pipeline's stages in turn: while one computes, the others wait for
+ * its activations or gradients), and only while it computes or works its messages' bytes: the
+ * bus's latency in its collectives and sends, and an environment's answers, are waits.
+ */
+export function callLoad(cost: Pick<CallCost, 'seconds' | 'compute' | 'bubble' | 'communication' | 'latency'>, p: Pick<Placement, 'dp' | 'tp'>): { computing: number; share: number } {
+  return { computing: p.dp * p.tp, share: cost.seconds > 0 ? Math.min(1, (cost.compute + cost.bubble + cost.communication - cost.latency) / cost.seconds) : 1 };
+}
+
 const callOf = (problem: Problem, call: CallName): PlanCall => {
   const c = problem.graph.calls.find((x) => x.name === call);
   if (!c) throw new Error(`'${call}' is not a call of the problem's graph`);
@@ -97,7 +107,7 @@ interface Priced {
   why?: string;
   overflow: number;
   /** In the graph's call order; `owner` is the model's own placement when the call runs on a view. */
-  calls: Array<{ info: CallInfo; placement: Placement; owner?: Placement; seconds: number; memoryBytes: number }>;
+  calls: Array<{ info: CallInfo; placement: Placement; owner?: Placement; seconds: number; memoryBytes: number; cost?: CallCost }>;
 }
 
 /**
@@ -169,17 +179,30 @@ export class Evaluator {
   }
 
   realloc(model: string, from: Placement, to: Placement): number {
+    return this.move(model, from, to, false);
+  }
+
+  /**
+   * A move's seconds without the bus's latency per piece: the part its devices spend on the bytes
+   * (encoding, hashing, copying them), which keeps them computing; the rest they wait.
+   */
+  private reallocBytes(model: string, from: Placement, to: Placement): number {
+    return this.move(model, from, to, true);
+  }
+
+  private move(model: string, from: Placement, to: Placement, bytesOnly: boolean): number {
     const shape = this.problem.models[model];
     if (!shape) return 0;
-    const key = `${model}|${this.key(from)}|${this.key(to)}`;
+    const key = `${model}|${this.key(from)}|${this.key(to)}${bytesOnly ? '|bytes' : ''}`;
     let s = this.moves.get(key);
     if (s === undefined) {
       const { devicesPerNode } = this.problem.cluster;
       const [a, b] = compactLayouts(layoutOf(from), layoutOf(to), devicesPerNode);
-      const compact = `${model}|${layoutKey(a)}|${layoutKey(b)}`;
+      const compact = `${model}|${layoutKey(a)}|${layoutKey(b)}${bytesOnly ? '|bytes' : ''}`;
       s = this.compactMoves.get(compact);
       if (s === undefined) {
-        s = transferSeconds(shape, a, b, this.problem.device, devicesPerNode, modelOf(this.problem, model).valueHead);
+        const device = bytesOnly ? { ...this.problem.device, latency: 0 } : this.problem.device;
+        s = transferSeconds(shape, a, b, device, devicesPerNode, modelOf(this.problem, model).valueHead);
         this.compactMoves.set(compact, s);
       }
       this.moves.set(key, s);
@@ -227,7 +250,7 @@ export class Evaluator {
         why ??= `${info.name} needs ${(memory / 1e9).toFixed(1)} GB on a device of ${(device.memoryBytes / 1e9).toFixed(0)} GB`;
         overflow = Math.max(overflow, memory - device.memoryBytes);
       }
-      calls.push({ info, placement: p, ...(isOwner ? {} : { owner }), seconds: cost?.seconds ?? 0, memoryBytes: memory });
+      calls.push({ info, placement: p, ...(isOwner ? {} : { owner }), seconds: cost?.seconds ?? 0, memoryBytes: memory, ...(cost ? { cost } : {}) });
     }
     return { ...(why ? { why } : {}), overflow, calls };
   }
@@ -248,9 +271,12 @@ export class Evaluator {
       if (move > 0) {
         const beside = !!this.problem.graph.flow.lag && callOf(this.problem, x.info.name).kind === 'generate';
         const movers = beside ? x.owner!.devices : [...x.owner!.devices, ...x.placement.devices];
-        segments.push({ kind: 'realloc', devices: [...new Set(movers)].sort((a, b) => a - b), seconds: move });
+        // Its devices compute while they load and release the view and while they work the bytes;
+        // they wait on the bus's latency.
+        const busy = this.reallocBytes(x.info.model.name, x.owner!, x.placement) + 2 * (this.problem.device.callOverhead ?? 0);
+        segments.push({ kind: 'realloc', devices: [...new Set(movers)].sort((a, b) => a - b), seconds: move, share: Math.min(1, busy / move) });
       }
-      segments.push({ kind: 'compute', devices: x.placement.devices, seconds: x.seconds });
+      segments.push({ kind: 'compute', devices: x.placement.devices, seconds: x.seconds, ...(x.cost ? callLoad(x.cost, x.placement) : {}) });
       const wait = callOf(this.problem, x.info.name).waitSeconds ?? 0;
       if (wait > 0) segments.push({ kind: 'compute', devices: [], seconds: wait });
       tasks[x.info.name] = { call: x.info.name, segments };

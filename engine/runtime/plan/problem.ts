@@ -98,6 +98,16 @@ export function problemOf(s: Scenario, local?: DeviceProfile, lag = lagOf(s)): P
       ...(s.lengths.response_mean !== undefined ? { responseMean: s.lengths.response_mean } : {}),
       epochs: s.rl.epochs,
       minibatches: s.rl.minibatches,
+      ...(s.environment
+        ? {
+            episodes: {
+              groupSize: s.environment.group_size,
+              maxTurns: s.environment.max_turns,
+              turnTokens: s.environment.turn_tokens,
+              ...(s.environment.seconds !== undefined ? { answerSeconds: s.environment.seconds } : {}),
+            },
+          }
+        : {}),
     },
     cluster: { nodes: s.cluster.nodes, devicesPerNode: s.cluster.devices_per_node },
     device,

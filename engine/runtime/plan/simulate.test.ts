@@ -9,7 +9,7 @@ const FLOW = flowOf(ppo.graph(ppo.options.parse({}), { iterations: 1, batch: 1, 
 const CALLS = FLOW.order;
 const simulate = (tasks: Record<CallName, TaskSpec>, options?: Parameters<typeof simulateFlow>[2]) => simulateFlow(tasks, FLOW, options);
 
-type Spec = Record<CallName, { devices: number[]; seconds: number; realloc?: { devices: number[]; seconds: number } }>;
+type Spec = Record<CallName, { devices: number[]; seconds: number; computing?: number; share?: number; realloc?: { devices: number[]; seconds: number } }>;
 
 function tasks(spec: Spec): Record<CallName, TaskSpec> {
   return Object.fromEntries(
@@ -17,7 +17,13 @@ function tasks(spec: Spec): Record<CallName, TaskSpec> {
       const s = spec[call];
       const segments: Segment[] = [];
       if (s.realloc) segments.push({ kind: 'realloc', ...s.realloc });
-      segments.push({ kind: 'compute', devices: s.devices, seconds: s.seconds });
+      segments.push({
+        kind: 'compute',
+        devices: s.devices,
+        seconds: s.seconds,
+        ...(s.computing !== undefined ? { computing: s.computing } : {}),
+        ...(s.share !== undefined ? { share: s.share } : {}),
+      });
       return [call, { call, segments }];
     }),
   ) as Record<CallName, TaskSpec>;
@@ -218,6 +224,39 @@ describe('simulate', () => {
       // On one device nothing overlaps: the factor never applies.
       const alone = uniform(() => [0]);
       expect(simulate(tasks(alone), { sharedCores: 2, parallelSlowdown: 1.5 }).iterationSeconds).toBeCloseTo(6, 9);
+    });
+
+    it('a pipeline computes one stage at a time: on two devices, one computing, it pays no parallel slowdown alone', () => {
+      // The generation on devices 6 and 7 as a pipeline of two stages that take turns: alone (the
+      // inferences wait for it) it computes on one core, at full speed, instead of 1.5 s as two
+      // devices computing at once would take. The rest as without it: three inferences at 2/3 ÷ 1.5
+      // (2.25 s), two trains at 1 ÷ 1.5 (1.5 s).
+      const spec = uniform((_, i) => [i]);
+      spec['actor.generate'] = { devices: [6, 7], seconds: 1, computing: 1 };
+      const sim = simulate(tasks(spec), { iterations: 1, sharedCores: 2, parallelSlowdown: 1.5 });
+      expect(span(sim, 'actor.generate', 0)).toEqual({ start: 0, end: 1 });
+      expect(sim.iterationSeconds).toBeCloseTo(1 + 2.25 + 1.5, 9);
+      // Both its devices stay held for the whole call.
+      expect(sim.timeline.filter((e) => e.call === 'actor.generate').map((e) => e.device)).toEqual([6, 7]);
+    });
+
+    it("a segment's waiting share takes no core and is not slowed (hand-computed)", () => {
+      // From t = 1 on one core: reference inference (1 s, half of it waiting on the bus) beside
+      // reward inference (1 s, all computing). Reference computes beside the reward's 1 device:
+      // 2 computing, rate 1/2, so it runs at 1 / (0.5 / 0.5 + 0.5) = 2/3. The reward computes beside
+      // reference's half a device on average: 1.5 computing, rate 2/3. Both end at 1 + 1.5 = 2.5
+      // (counting every device as computing throughout: 3).
+      const spec: Spec = {
+        'actor.generate': { devices: [0], seconds: 1 },
+        'reference.inference': { devices: [1], seconds: 1, share: 0.5 },
+        'reward.inference': { devices: [2], seconds: 1 },
+        'critic.inference': { devices: [1], seconds: 1 },
+        'actor.train': { devices: [0], seconds: 1 },
+        'critic.train': { devices: [3], seconds: 1 },
+      };
+      const sim = simulate(tasks(spec), { iterations: 1, sharedCores: 1 });
+      expect(span(sim, 'reference.inference', 0).end).toBeCloseTo(2.5, 9);
+      expect(span(sim, 'reward.inference', 0).end).toBeCloseTo(2.5, 9);
     });
 
     it('counts a call on two devices as two busy devices', () => {

@@ -4,8 +4,11 @@
 // A task (one call of one iteration) starts when its inputs are ready; each of its segments (a
 // reallocation into a view, then the call) starts when every device it needs is free. Where
 // devices share processors (the local machine: worker processes on a few cores), segments that
-// overlap in time share those cores: each progresses at min(1, cores / busy devices), and slower
-// still by the profile's parallel slowdown when more than one device is busy.
+// overlap in time share those cores: what a segment computes progresses at min(1, cores / devices
+// computing), and slower still by the profile's parallel slowdown when more than one device
+// computes. A segment holds its devices for its whole time, but need not keep them computing: a
+// pipeline's stages take turns, and ranks that wait on the bus (a collective, a reallocation's
+// chunks) leave the cores to others and are not slowed by them.
 import { dependencies, nodeName, nodesOf, type Graph } from '../../algorithms/index.ts';
 import type { CallName } from '../scenario/scenario.ts';
 
@@ -13,7 +16,35 @@ export interface Segment {
   kind: 'realloc' | 'compute';
   devices: number[];
   seconds: number;
+  /**
+   * Of `devices`, how many compute at once while the segment computes (default: all of them). A
+   * pipeline's stages take turns: one stage of each replica computes at a time (dp × tp devices).
+   */
+  computing?: number;
+  /**
+   * The share of `seconds` spent computing (default 1); the rest its devices wait (on the bus, on
+   * other stages), taking no core and slowed by nothing.
+   */
+  share?: number;
 }
+
+/**
+ * How fast a segment progresses (its own seconds per second) while `others` devices compute beside
+ * it on average: its computing part at the cores' rate, min(1, cores / devices computing), slower
+ * by the parallel slowdown as more than one device computes (in full from two on, in proportion
+ * between one and two); its waiting part at full speed.
+ */
+export function segmentSpeed(seg: Pick<Segment, 'devices' | 'computing' | 'share'>, others: number, options: { sharedCores?: number; parallelSlowdown?: number }): number {
+  if (options.sharedCores === undefined) return 1;
+  const share = seg.share ?? 1;
+  const load = (seg.computing ?? seg.devices.length) + others;
+  const slowdown = 1 + ((options.parallelSlowdown ?? 1) - 1) * Math.min(1, Math.max(0, load - 1));
+  const rate = Math.min(1, options.sharedCores / Math.max(1, load)) / slowdown;
+  return 1 / (share / rate + (1 - share));
+}
+
+/** Devices a segment keeps computing, on average over its time alone. */
+export const computingLoad = (seg: Pick<Segment, 'devices' | 'computing' | 'share'>): number => (seg.computing ?? seg.devices.length) * (seg.share ?? 1);
 
 export interface TaskSpec {
   call: CallName;
@@ -148,19 +179,25 @@ export function simulate(tasks: Record<CallName, TaskSpec>, flow: Flow, options:
     }
   };
 
-  const rate = () => {
-    if (options.sharedCores === undefined) return 1;
-    const load = running.reduce((sum, r) => sum + specs[r.task % n]!.segments[r.segment]!.devices.length, 0);
-    return Math.min(1, options.sharedCores / Math.max(1, load)) / (load > 1 ? (options.parallelSlowdown ?? 1) : 1);
+  const segmentOf = (x: Running) => specs[x.task % n]!.segments[x.segment]!;
+  /** Each running segment's speed, beside what the others keep computing. */
+  const speeds = () => {
+    const loads = running.map((x) => computingLoad(segmentOf(x)));
+    const total = loads.reduce((a, b) => a + b, 0);
+    return running.map((x, i) => segmentSpeed(segmentOf(x), total - loads[i]!, options));
   };
 
   startWhatCan();
   while (running.length) {
-    const r = rate();
+    const v = speeds();
     let step = Infinity;
-    for (const x of running) step = Math.min(step, x.remaining / r);
+    running.forEach((x, i) => {
+      step = Math.min(step, x.remaining / v[i]!);
+    });
     now += step;
-    for (const x of running) x.remaining -= step * r;
+    running.forEach((x, i) => {
+      x.remaining -= step * v[i]!;
+    });
     const done = running.filter((x) => x.remaining <= 1e-12);
     for (const x of done) {
       running.splice(running.indexOf(x), 1);
