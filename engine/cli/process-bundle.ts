@@ -1,9 +1,10 @@
 // The processes of a run (workers and the supervisor) start from one bundle of ferry's modules
 // instead of three hundred TypeScript files compiled one by one through tsx's module hooks: on the
 // 2-core machines here that is 0.45 s of CPU to start a worker instead of 1.25 s, and about half
-// the seconds from a kill to the restarted process joining. esbuild (tsx's own compiler) writes the bundle once per state of the
-// sources, keyed by the sources' paths, sizes and modification times, into node_modules/.cache/
-// (where tools keep their caches): dependencies stay packages, imported from there as usual.
+// the seconds from a kill to the restarted process joining. esbuild (tsx's own compiler) writes
+// the bundle once per state of the sources, keyed by the sources' paths, sizes and modification
+// times, into node_modules/.cache/ (where tools keep their caches): dependencies stay packages,
+// imported from there as usual.
 //
 // engine/api.ts is bundled beside them, sharing their modules: a user's algorithm or loss module
 // imports ferry's api.ts by path, and the module hook (engine/model/losses/modules.ts) answers that
@@ -40,7 +41,7 @@ export interface ProcessBundle {
   /** The bundled entry points of the processes: actors/worker.ts and actors/supervisor.ts. */
   worker: string;
   supervisor: string;
-  /** engine/api.ts, sharing the worker's modules. */
+  /** engine/api.ts, sharing the processes' modules. */
   api: string;
 }
 
@@ -112,7 +113,8 @@ async function buildBundle(stamp: string): Promise<ProcessBundle> {
 /** The command line and environment that start `script` from its bundle, where it has one. */
 export function bundledStart(script: string, bundle: ProcessBundle | undefined): { entry: string; env: NodeJS.ProcessEnv; loader: string[] } {
   const entry = script === 'actors/worker.ts' ? bundle?.worker : script === 'actors/supervisor.ts' ? bundle?.supervisor : undefined;
-  if (!bundle || !entry) return { entry: join(ROOT, script), env: {}, loader: ['--import', 'tsx'] };
+  // Through tsx where there is no bundle for it, or where its bundle is gone (removed by hand).
+  if (!bundle || !entry || !existsSync(entry)) return { entry: join(ROOT, script), env: {}, loader: ['--import', 'tsx'] };
   // Every start marks the bundle as used: a run restarting its processes keeps its bundle.
   const now = new Date();
   utimesSync(dirname(entry), now, now);
