@@ -764,17 +764,25 @@ describe('supervisor machine: an elastic run', () => {
   const elasticSpec = (extra = '') =>
     runSpec(parseScenario(`${FOUR_DEVICES}rl: { iterations: 4, batch: 8 }\nelastic: { search_seconds: 0.25 }\ntimeouts: { join_seconds: 5, recover_seconds: 5 }\n${extra}`, 'unit.yaml'));
 
-  it('a device lost for good: the plan searched on the devices left is written ahead, membership told, the run migrated onto it and gone on with; the loss does not count against the intensity', async () => {
+  /** A supervisor of the elastic spec whose iteration `at` waits, its first time, until `gate` opens; returned once that iteration runs. */
+  async function holdingIteration(at: number, options: Omit<Options, 'iterate'>) {
     const gate = deferred<void>();
     const s = startSupervisor({
-      spec: elasticSpec('supervision: { intensity: 0, period_seconds: 60 }'),
+      ...options,
       iterate: async (iteration, attempt) => {
-        if (iteration === 2 && attempt === 0) await gate.promise;
+        if (iteration === at && attempt === 0) await gate.promise;
         return result();
       },
     });
     s.join();
-    await waitFor(s.actor, () => s.calls.iteration.some((c) => c.iteration === 2), { timeout: 5000 });
+    await waitFor(s.actor, () => s.calls.iteration.some((c) => c.iteration === at), { timeout: 5000 });
+    return { s, gate };
+  }
+
+  it('a device lost for good: the plan searched on the devices left is written ahead, membership told, the run migrated onto it and gone on with; the loss does not count against the intensity', async () => {
+    const { s, gate } = await holdingIteration(2, {
+      spec: elasticSpec('supervision: { intensity: 0, period_seconds: 60 }'),
+    });
     s.actor.send({ type: 'device.lost', device: 3, trigger: 'chaos', reason: 'its worker was killed' });
     // At once, while the plan is searched: the devices left reset, each keeping the shards it holds.
     const models = (device: number) => keptModels(s.spec).filter((m) => layoutOf(s.spec, ownerOf(s.spec, m)).devices.includes(device));
@@ -811,20 +819,13 @@ describe('supervisor machine: an elastic run', () => {
   }, 60_000);
 
   it("an operator's cordon while an iteration runs drains the device: the iteration ends and is snapshotted (whatever checkpoint.every says), then the run re-plans from that snapshot, nothing run again", async () => {
-    const gate = deferred<void>();
     const cordoned: number[] = [];
-    const s = startSupervisor({
+    const { s, gate } = await holdingIteration(1, {
       spec: elasticSpec(),
       // No snapshot after an iteration but the last, unless the machine asks for one.
       checkpoint: (iteration, force) => (force || iteration === 3 ? { bytes: 1, manifest_bytes: 2, write_seconds: 0, manifest_seconds: 0 } : undefined),
-      iterate: async (iteration, attempt) => {
-        if (iteration === 1 && attempt === 0) await gate.promise;
-        return result();
-      },
       input: { onCordoned: (c) => void cordoned.push(c.device) },
     });
-    s.join();
-    await waitFor(s.actor, () => s.calls.iteration.some((c) => c.iteration === 1), { timeout: 5000 });
     s.actor.send({ type: 'device.lost', device: 2, trigger: 'cordon', reason: 'maintenance' });
     await delay(100);
     // The iteration goes on: nothing interrupted, reset or searched; whoever restarts workers knows already.
@@ -855,16 +856,9 @@ describe('supervisor machine: an elastic run', () => {
   }, 60_000);
 
   it('a device being drained whose worker is lost: the re-plan starts at once, from the last snapshot, and the loss does not count against the intensity', async () => {
-    const gate = deferred<void>();
-    const s = startSupervisor({
+    const { s, gate } = await holdingIteration(1, {
       spec: elasticSpec('supervision: { intensity: 0, period_seconds: 60 }'),
-      iterate: async (iteration, attempt) => {
-        if (iteration === 1 && attempt === 0) await gate.promise;
-        return result();
-      },
     });
-    s.join();
-    await waitFor(s.actor, () => s.calls.iteration.some((c) => c.iteration === 1), { timeout: 5000 });
     s.actor.send({ type: 'device.lost', device: 2, trigger: 'cordon', reason: 'maintenance' });
     await delay(50);
     expect(s.dispatcher.interrupts).toEqual([]);
