@@ -13,7 +13,7 @@ import { stagesOfPlan, trainedStages } from '../runtime/index.ts';
 import type { NextViews } from '../asynchrony/index.ts';
 import { setupModels, snapshotInto, type CheckpointSet } from '../runtime/index.ts';
 import { restoreDevices } from '../runtime/index.ts';
-import type { MembershipCommand, SupervisorInput } from './supervisor.machine.ts';
+import type { MembershipCommand, SupervisorInput } from './context.ts';
 
 /** What every stage is given. */
 export type StageInput = { d: Dispatcher; r: RunSpec; store: RunStore; iteration: number; rewards?: RewardSources; demonstrate?: Demonstrate };
