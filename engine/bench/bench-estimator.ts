@@ -80,24 +80,38 @@ export async function speedFactor(profile: DeviceProfile): Promise<number> {
   return now / profile.probeSeconds;
 }
 
-export async function estimatorBench(profile: DeviceProfile, iterations: number, log: (line: string) => void, task = 'sort') {
-  const rows = [];
-  for (const [name, plan] of Object.entries(PLANS)) {
-    const scenario = { ...parseScenario(`${BASE}${ESTIMATOR_TASKS[task]}\nrl: { iterations: ${iterations}, batch: 64 }\n${plan}\n`, `estimator/${name}`), name: `estimator-${name}` };
-    // The profile at the machine's speed while the plan runs: the probe, timed just before and
-    // just after the run, averaged.
-    const before = await speedFactor(profile);
-    const measured = await medianIterationSeconds(scenario, `est-${name}`);
-    const speed = (before + (await speedFactor(profile))) / 2;
-    const estimated = new Evaluator(problemOf(scenario, scaledProfile(profile, speed))).evaluate(candidateOf(scenario));
-    const error = (estimated.iterationSeconds - measured) / measured;
-    log(
-      `  ${name.padEnd(14)} measured ${measured.toFixed(3)} s/it, estimated ${estimated.iterationSeconds.toFixed(3)} s/it (${(100 * error).toFixed(1)}%), machine ${speed.toFixed(2)}× the profile's time`,
-    );
-    rows.push({ plan: name, measured_seconds: measured, estimated_seconds: estimated.iterationSeconds, relative_error: error, speed_factor: speed });
+/**
+ * Each plan run for real `repeats` times (the plans in turn, so that a drift of the machine's speed
+ * reaches them all alike) against its estimate; a plan's figures are the medians of its repeats.
+ */
+export async function estimatorBench(profile: DeviceProfile, iterations: number, log: (line: string) => void, task = 'sort', repeats = 1) {
+  const runs = new Map<string, Array<{ measured: number; estimated: number; error: number; speed: number }>>();
+  for (let r = 0; r < repeats; r++) {
+    if (repeats > 1) log(`  repeat ${r + 1} of ${repeats}`);
+    for (const [name, plan] of Object.entries(PLANS)) {
+      const scenario = { ...parseScenario(`${BASE}${ESTIMATOR_TASKS[task]}\nrl: { iterations: ${iterations}, batch: 64 }\n${plan}\n`, `estimator/${name}`), name: `estimator-${name}` };
+      // The profile at the machine's speed while the plan runs: the probe, timed just before and
+      // just after the run, averaged.
+      const before = await speedFactor(profile);
+      const measured = await medianIterationSeconds(scenario, `est-${name}`);
+      const speed = (before + (await speedFactor(profile))) / 2;
+      const estimated = new Evaluator(problemOf(scenario, scaledProfile(profile, speed))).evaluate(candidateOf(scenario)).iterationSeconds;
+      const error = (estimated - measured) / measured;
+      log(`  ${name.padEnd(14)} measured ${measured.toFixed(3)} s/it, estimated ${estimated.toFixed(3)} s/it (${(100 * error).toFixed(1)}%), machine ${speed.toFixed(2)}× the profile's time`);
+      runs.set(name, [...(runs.get(name) ?? []), { measured, estimated, error, speed }]);
+    }
   }
+  const rows = [...runs].map(([name, rs]) => ({
+    plan: name,
+    measured_seconds: median(rs.map((x) => x.measured))!,
+    estimated_seconds: median(rs.map((x) => x.estimated))!,
+    relative_error: median(rs.map((x) => x.error))!,
+    relative_errors: rs.map((x) => x.error),
+    speed_factor: median(rs.map((x) => x.speed))!,
+  }));
+  if (repeats > 1) for (const r of rows) log(`  ${r.plan.padEnd(14)} median of ${repeats}: ${(100 * r.relative_error).toFixed(1)}% (${r.relative_errors.map((e) => `${(100 * e).toFixed(1)}%`).join(', ')})`);
   const abs = rows.map((r) => Math.abs(r.relative_error));
-  return { bench: 'estimator', task, iterations, plans: rows, median_relative_error: median(abs), max_relative_error: Math.max(...abs), profile: profile.source };
+  return { bench: 'estimator', task, iterations, repeats, plans: rows, median_relative_error: median(abs), max_relative_error: Math.max(...abs), profile: profile.source };
 }
 
 /**

@@ -38,8 +38,8 @@ import { launch } from '../cli/launch.ts';
 const USAGE = `usage: npm run bench -- NAME [--json] [options]
   iteration [--scenario FILE] [--iterations N]   tokens/s over NATS, and the ratio to one process
   realloc [--width W] [--layers L] [--repeats R]  reallocation MB/s against raw NATS, bytes, memory
-  estimator [--iterations N] [--profile] [--task sort|count]
-                                                planner estimates against measured runs of 6 local plans
+  estimator [--iterations N] [--profile] [--task sort|count] [--repeats N]
+                                                planner estimates against measured runs of 6 local plans, each the median of N runs (3)
   search [--iterations N] [--budget S]          measured: the best named placement against the search's plan
   search-quality [--budget S] [--reference S] [--seeds N] [--scenario FILE]
                                                 estimated: searches of 10 s (5 seeds) against one of 120 s, per cluster scenario
@@ -399,14 +399,15 @@ async function searchPlans(values: { json?: boolean; iterations?: string; profil
   return 0;
 }
 
-async function estimator(values: { json?: boolean; iterations?: string; profile?: boolean; task?: string }): Promise<number> {
+async function estimator(values: { json?: boolean; iterations?: string; profile?: boolean; task?: string; repeats?: string }): Promise<number> {
   const log = values.json ? () => {} : (line: string) => console.log(line);
   const profile = await localProfile(values.profile ?? false, log);
   const iterations = values.iterations === undefined ? 8 : whole('iterations', values.iterations, 3);
   const task = values.task ?? 'sort';
   if (!(task in ESTIMATOR_TASKS)) throw new UsageError(`--task: expected one of ${Object.keys(ESTIMATOR_TASKS).join(', ')}, got ${JSON.stringify(task)}`);
-  log(`bench estimator: ${Object.keys(PLANS).length} plans of the ${task} task, ${iterations} iterations each, over NATS with worker processes`);
-  const r = await estimatorBench(profile, iterations, log, task);
+  const repeats = whole('repeats', values.repeats ?? '3', 1);
+  log(`bench estimator: ${Object.keys(PLANS).length} plans of the ${task} task, ${iterations} iterations each${repeats > 1 ? `, ${repeats} times` : ''}, over NATS with worker processes`);
+  const r = await estimatorBench(profile, iterations, log, task, repeats);
   if (values.json) console.log(JSON.stringify(r));
   else console.log(`median relative error ${(100 * r.median_relative_error!).toFixed(1)}%, worst ${(100 * r.max_relative_error).toFixed(1)}%`);
   return 0;
