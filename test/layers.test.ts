@@ -9,6 +9,7 @@ import { ROOT } from './helpers.ts';
 const LAYERS = [
   'mesh/wire',
   'mesh/parallel',
+  'engine/adapters',
   'engine/model',
   'engine/episodes',
   'engine/device',

@@ -4,6 +4,7 @@
 // tests can compare GptRank, on every layout, with an independent computation of the same math.
 import * as tf from '@tensorflow/tfjs';
 import type { LossSpec, NamedTensor, Optim } from '../mesh/wire/index.ts';
+import { isAdapter } from '../engine/adapters/index.ts';
 import {
   Adam,
   argmax,
@@ -27,6 +28,7 @@ import {
   ShardError,
   Stream,
   trainEpochs,
+  trains,
   yieldToLoop,
   ownCopy,
   type AdamState,
@@ -300,7 +302,7 @@ export class ReferenceGpt {
         const ev = evaluateLoss(fn, this.predict(fn, mbTokens, promptLen), mbData, params);
         stats = Object.fromEntries(Object.entries(ev.stats).map(([k, t]) => [k, t.dataSync()[0]!]));
         return ev.loss;
-      });
+      }, this.optimizer, (name) => trains(this.spec, name));
       tf.dispose([mbTokens, ...Object.values(mbData)]);
       return { loss: value, stats, gradNorm };
     });
@@ -311,10 +313,15 @@ export class ReferenceGpt {
     return fn.head === 'policy' ? responseLogprobs(this.spec, this.weights(), tokens, promptLen) : responseValues(this.spec, this.weights(), tokens, promptLen);
   }
 
-  /** One optimizer step with the gradient clipped to the configured global norm. */
-  private step(lossFn: () => tf.Scalar, optimizer = this.optimizer): { loss: number; gradNorm: number } {
+  /**
+   * One optimizer step of the parameters that train (with adapters: a loss trains them and a value
+   * model's head, the warm-up the base), the gradient clipped to the configured global norm.
+   */
+  private step(lossFn: () => tf.Scalar, optimizer = this.optimizer, trainable = (name: string) => !isAdapter(name)): { loss: number; gradNorm: number } {
     if (!optimizer || !this.optim) throw new ShardError('this shard holds no optimizer: it is not on the training layout');
-    const varList = Object.values(this.weights()) as tf.Variable[];
+    const params = [...this.shapes.keys()].filter(trainable);
+    const all = this.weights();
+    const varList = params.map((p) => all[p]!) as tf.Variable[];
     const { value, grads } = tf.variableGrads(lossFn, varList);
     const names = varList.map((v) => v.name);
     // Global norm with a fixed summation order (parameter order), so it is reproducible.
@@ -322,7 +329,6 @@ export class ReferenceGpt {
     const gradNorm = normT.dataSync()[0]!;
     const scale = this.optim.clipNorm > 0 && gradNorm > this.optim.clipNorm ? this.optim.clipNorm / (gradNorm + 1e-6) : 1;
     const scaled = scale === 1 ? grads : Object.fromEntries(names.map((n) => [n, tf.mul(grads[n]!, scale)]));
-    const params = [...this.shapes.keys()];
     optimizer.apply(params.map((param, i) => ({ name: param, variable: varList[i]!, gradient: scaled[names[i]!]! })));
     const loss = value.dataSync()[0]!;
     tf.dispose([value, normT, ...Object.values(grads), ...(scale === 1 ? [] : Object.values(scaled))]);

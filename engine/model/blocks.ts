@@ -41,16 +41,39 @@ export function batchMatMul(a: tf.Tensor, b: tf.Tensor): tf.Tensor {
   });
 }
 
-/** x·w (+ b): x [N, D], w [D, O] → [N, O]. */
-export function linear(x: tf.Tensor, w: tf.Tensor, b?: tf.Tensor): tf.Tensor2D {
-  return (b ? tf.fused.matMul({ a: x as tf.Tensor2D, b: w as tf.Tensor2D, bias: b }) : tf.matMul(x as tf.Tensor2D, w as tf.Tensor2D)) as tf.Tensor2D;
+/**
+ * A LoRA adapter on a matrix w (engine/adapters): the product becomes x·w + scale·(x·a)·b, with a
+ * [D, r] and b [r, O] (this rank's slices); `aName` and `bName` name their gradients.
+ */
+export type Adapter = { a: tf.Tensor; b: tf.Tensor; scale: number; aName: string; bName: string };
+
+/** How a matrix computes: its adapter, if it has one, and whether the matrix itself is frozen (no gradient of its own). */
+export type LinearOpts = { adapter?: Adapter; frozen?: boolean };
+
+/**
+ * x·w (+ b) (+ an adapter's scale·(x·a)·b): x [N, D], w [D, O] → [N, O]. The base product is the
+ * same with an adapter or without, and an adapter whose b is zero adds exact zeros to it.
+ */
+export function linear(x: tf.Tensor, w: tf.Tensor, b?: tf.Tensor, adapter?: Adapter): tf.Tensor2D {
+  const base = () => (b ? tf.fused.matMul({ a: x as tf.Tensor2D, b: w as tf.Tensor2D, bias: b }) : tf.matMul(x as tf.Tensor2D, w as tf.Tensor2D)) as tf.Tensor2D;
+  if (!adapter) return base();
+  return tf.tidy(() => tf.add(base(), tf.mul(tf.matMul(tf.matMul(x as tf.Tensor2D, adapter.a as tf.Tensor2D), adapter.b as tf.Tensor2D), adapter.scale)));
 }
 
 export type LinearGrads = {
   dx: tf.Tensor;
-  dw: tf.Tensor;
-  db: tf.Tensor;
+  /** The matrix's and its bias's gradients; absent for a frozen matrix. */
+  dw?: tf.Tensor;
+  db?: tf.Tensor;
+  /** The adapter's gradients, by parameter name. */
+  adapter?: Record<string, tf.Tensor>;
 };
+
+/** Adds `more`'s gradients into `into`, by name (GPT-2's q, k and v share one adapter A). */
+export function addGrads(into: Record<string, tf.Tensor>, more: Record<string, tf.Tensor> | undefined): Record<string, tf.Tensor> {
+  for (const [name, g] of Object.entries(more ?? {})) into[name] = into[name] ? tf.add(into[name]!, g) : g;
+  return into;
+}
 
 /**
  * Σ over the rows of t [N, O] → [O], as the product of a row of ones with t: the wasm backend
@@ -92,9 +115,23 @@ export function weightGrad(x: tf.Tensor, dy: tf.Tensor): tf.Tensor {
   });
 }
 
-/** The vector–Jacobian product of x·w + b for upstream dy [N, O]: dx = dy·wᵀ, dw = xᵀ·dy, db = Σ dy. */
-export function linearBackward(x: tf.Tensor, w: tf.Tensor, dy: tf.Tensor): LinearGrads {
-  return { dx: tf.matMul(dy as tf.Tensor2D, swap(w) as tf.Tensor2D), dw: weightGrad(x, dy), db: sumRows(dy) };
+/**
+ * The vector–Jacobian product of x·w + b for upstream dy [N, O]: dx = dy·wᵀ, dw = xᵀ·dy, db = Σ dy
+ * (not for a frozen matrix). With an adapter (scale s, a, b), g = dy·bᵀ: dx gains s·g·aᵀ, and
+ * da = s·xᵀ·g, db = s·(x·a)ᵀ·dy.
+ */
+export function linearBackward(x: tf.Tensor, w: tf.Tensor, dy: tf.Tensor, o: LinearOpts = {}): LinearGrads {
+  return tf.tidy(() => {
+    const dxBase = tf.matMul(dy as tf.Tensor2D, swap(w) as tf.Tensor2D);
+    const own = o.frozen ? {} : { dw: weightGrad(x, dy), db: sumRows(dy) };
+    const ad = o.adapter;
+    if (!ad) return { dx: dxBase, ...own };
+    const g = tf.matMul(dy as tf.Tensor2D, swap(ad.b) as tf.Tensor2D); // [N, r]
+    const dx = tf.add(dxBase, tf.mul(tf.matMul(g, swap(ad.a) as tf.Tensor2D), ad.scale));
+    const da = tf.mul(weightGrad(x, g), ad.scale);
+    const dbA = tf.mul(weightGrad(tf.matMul(x as tf.Tensor2D, ad.a as tf.Tensor2D), dy), ad.scale);
+    return { dx, ...own, adapter: { [ad.aName]: da, [ad.bName]: dbA } };
+  });
 }
 
 // ---- layer norm ---------------------------------------------------------------------------------
@@ -160,23 +197,29 @@ export type MlpCache = {
  * under tp). The GELU is written with a sigmoid, which the wasm backend runs about 6 times as
  * fast as tanh.
  */
-export function mlp(h: tf.Tensor, w1: tf.Tensor, b1: tf.Tensor, w2: tf.Tensor, keep: boolean): { out: tf.Tensor; cache?: MlpCache } {
+/** A block's MLP adapters, by its matrices' names. */
+export type MlpAdapters = { w1?: Adapter; w2?: Adapter; w3?: Adapter };
+
+export function mlp(h: tf.Tensor, w1: tf.Tensor, b1: tf.Tensor, w2: tf.Tensor, keep: boolean, ad: MlpAdapters = {}): { out: tf.Tensor; cache?: MlpCache } {
   return tf.tidy(() => {
-    const u = linear(h, w1, b1);
+    const u = linear(h, w1, b1, ad.w1);
     const s = tf.sigmoid(tf.mul(tf.add(u, tf.mul(tf.mul(tf.square(u), u), 0.044715)), 2 * GELU_C));
     const a = tf.mul(u, s);
-    const out = linear(a, w2);
+    const out = linear(a, w2, undefined, ad.w2);
     return keep ? { out, cache: { h: h.clone(), u, s, a } } : { out };
   });
 }
 
-export function mlpBackward(c: MlpCache, w1: tf.Tensor, w2: tf.Tensor, dout: tf.Tensor) {
+/** The MLP's backward pass: dh, the matrices' gradients (none when frozen) and the adapters', by name. */
+export function mlpBackward(c: MlpCache, w1: tf.Tensor, w2: tf.Tensor, dout: tf.Tensor, ad: MlpAdapters = {}, frozen = false) {
   return tf.tidy(() => {
-    const g2 = linearBackward(c.a, w2, dout);
+    const g2 = linearBackward(c.a, w2, dout, { adapter: ad.w2, frozen });
     // d(u·σ(2z))/du = s + 2u·s(1 − s)·c·(1 + 3·0.044715·u²), s = σ(2z)
     const slope = tf.add(c.s, tf.mul(tf.mul(tf.mul(c.u, 2 * GELU_C), tf.mul(c.s, tf.sub(1, c.s))), tf.add(1, tf.mul(tf.square(c.u), 3 * 0.044715))));
-    const g1 = linearBackward(c.h, w1, tf.mul(g2.dx, slope));
-    return { dh: g1.dx, dw1: g1.dw, db1: g1.db, dw2: g2.dw };
+    const g1 = linearBackward(c.h, w1, tf.mul(g2.dx, slope), { adapter: ad.w1, frozen });
+    const grads: Record<string, tf.Tensor> = frozen ? {} : { w1: g1.dw!, b1: g1.db!, w2: g2.dw! };
+    g2.db?.dispose();
+    return { dh: g1.dx, grads, adapters: addGrads(addGrads({}, g1.adapter), g2.adapter) };
   });
 }
 
@@ -193,26 +236,28 @@ export type GluCache = {
 };
 
 /** LLaMA's SwiGLU MLP, (silu(h·w1) ⊙ h·w3)·w2 (column, column, then row blocks under tp). */
-export function swiglu(h: tf.Tensor, w1: tf.Tensor, w3: tf.Tensor, w2: tf.Tensor, keep: boolean): { out: tf.Tensor; cache?: GluCache } {
+export function swiglu(h: tf.Tensor, w1: tf.Tensor, w3: tf.Tensor, w2: tf.Tensor, keep: boolean, ad: MlpAdapters = {}): { out: tf.Tensor; cache?: GluCache } {
   return tf.tidy(() => {
-    const u = linear(h, w1);
+    const u = linear(h, w1, undefined, ad.w1);
     const s = tf.sigmoid(u);
-    const up = linear(h, w3);
+    const up = linear(h, w3, undefined, ad.w3);
     const a = tf.mul(tf.mul(u, s), up);
-    const out = linear(a, w2);
+    const out = linear(a, w2, undefined, ad.w2);
     return keep ? { out, cache: { h: h.clone(), u, s, up, a } } : { out };
   });
 }
 
-export function swigluBackward(c: GluCache, w1: tf.Tensor, w3: tf.Tensor, w2: tf.Tensor, dout: tf.Tensor) {
+export function swigluBackward(c: GluCache, w1: tf.Tensor, w3: tf.Tensor, w2: tf.Tensor, dout: tf.Tensor, ad: MlpAdapters = {}, frozen = false) {
   return tf.tidy(() => {
-    const g2 = linearBackward(c.a, w2, dout);
+    const g2 = linearBackward(c.a, w2, dout, { adapter: ad.w2, frozen });
     // d silu(u)/du = σ(u)·(1 + u·(1 − σ(u)))
     const dgate = tf.mul(tf.mul(g2.dx, c.up), tf.mul(c.s, tf.add(1, tf.mul(c.u, tf.sub(1, c.s)))));
     const dup = tf.mul(g2.dx, tf.mul(c.u, c.s));
-    const g1 = linearBackward(c.h, w1, dgate);
-    const g3 = linearBackward(c.h, w3, dup);
-    return { dh: tf.add(g1.dx, g3.dx), dw1: g1.dw, dw3: g3.dw, dw2: g2.dw };
+    const g1 = linearBackward(c.h, w1, dgate, { adapter: ad.w1, frozen });
+    const g3 = linearBackward(c.h, w3, dup, { adapter: ad.w3, frozen });
+    tf.dispose([g1.db, g2.db, g3.db].filter((t): t is tf.Tensor => t !== undefined));
+    const grads: Record<string, tf.Tensor> = frozen ? {} : { w1: g1.dw!, w3: g3.dw!, w2: g2.dw! };
+    return { dh: tf.add(g1.dx, g3.dx), grads, adapters: addGrads(addGrads(addGrads({}, g1.adapter), g3.adapter), g2.adapter) };
   });
 }
 
@@ -283,16 +328,17 @@ function project(h: tf.Tensor, w: AttnWeights, d: AttnDims) {
   const { B, T, heads, kvHeads } = d;
   const hd = w.wq.shape[1]! / heads;
   const g = heads / kvHeads;
-  let q = toHeads(linear(h, w.wq, w.bq), B, T, heads);
+  const ad = w.lora ?? {};
+  let q = toHeads(linear(h, w.wq, w.bq, ad.wq), B, T, heads);
   let kT: tf.Tensor;
   if (d.rope) {
     q = rope(q, d.rope);
-    kT = swap(rope(toHeads(linear(h, w.wk, w.bk), B, T, kvHeads), d.rope));
-  } else kT = toHeads(linear(h, w.wk, w.bk), B, T, kvHeads, true);
+    kT = swap(rope(toHeads(linear(h, w.wk, w.bk, ad.wk), B, T, kvHeads), d.rope));
+  } else kT = toHeads(linear(h, w.wk, w.bk, ad.wk), B, T, kvHeads, true);
   return {
     q: tf.reshape(tf.mul(q, 1 / Math.sqrt(hd)), [B * kvHeads, g * T, hd]),
     kT,
-    v: toHeads(linear(h, w.wv, w.bv), B, T, kvHeads),
+    v: toHeads(linear(h, w.wv, w.bv, ad.wv), B, T, kvHeads),
   };
 }
 
@@ -311,17 +357,19 @@ export function attention(h: tf.Tensor, w: AttnWeights, d: AttnDims, mask: tf.Te
     const { q, kT, v } = project(h, w, d);
     const p = tf.softmax(masked(batchMatMul(q, kT), mask, d)); // [B·KV, g·T, T]
     const y = mergeGrouped(batchMatMul(p, v), d);
-    const out = linear(y, w.wo);
+    const out = linear(y, w.wo, undefined, w.lora?.wo);
     return keep ? { out, cache: { h: h.clone(), q, kT, v, p, y } } : { out };
   });
 }
 
-export function attentionBackward(c: AttnCache, w: AttnWeights, d: AttnDims, dout: tf.Tensor) {
+/** Attention's backward pass: dh, the matrices' (and q, k, v biases') gradients, none when frozen, and the adapters', by name. */
+export function attentionBackward(c: AttnCache, w: AttnWeights, d: AttnDims, dout: tf.Tensor, frozen = false) {
   return tf.tidy(() => {
     const { B, T, heads, kvHeads } = d;
     const hd = w.wq.shape[1]! / heads;
     const g = heads / kvHeads;
-    const go = linearBackward(c.y, w.wo, dout);
+    const ad = w.lora ?? {};
+    const go = linearBackward(c.y, w.wo, dout, { adapter: ad.wo, frozen });
     const dy = tf.reshape(toHeads(go.dx, B, T, heads), [B * kvHeads, g * T, hd]);
     const dv = batchMatMul(swap(c.p), dy); // a group's query heads sum into their key/value head
     const dp = batchMatMul(dy, swap(c.v));
@@ -332,12 +380,14 @@ export function attentionBackward(c: AttnCache, w: AttnWeights, d: AttnDims, dou
       dq = ropeBackward(dq, d.rope);
       dk = ropeBackward(dk, d.rope);
     }
-    const gq = linearBackward(c.h, w.wq, fromHeads(dq, B, T, heads));
-    const gk = linearBackward(c.h, w.wk, fromHeads(dk, B, T, kvHeads));
-    const gv = linearBackward(c.h, w.wv, fromHeads(dv, B, T, kvHeads));
-    const grads: Record<string, tf.Tensor> = { wq: gq.dw, wk: gk.dw, wv: gv.dw, wo: go.dw };
-    if (w.bq) Object.assign(grads, { bq: gq.db, bk: gk.db, bv: gv.db });
-    return { dh: tf.add(tf.add(gq.dx, gk.dx), gv.dx), grads };
+    const gq = linearBackward(c.h, w.wq, fromHeads(dq, B, T, heads), { adapter: ad.wq, frozen });
+    const gk = linearBackward(c.h, w.wk, fromHeads(dk, B, T, kvHeads), { adapter: ad.wk, frozen });
+    const gv = linearBackward(c.h, w.wv, fromHeads(dv, B, T, kvHeads), { adapter: ad.wv, frozen });
+    const grads: Record<string, tf.Tensor> = frozen ? {} : { wq: gq.dw!, wk: gk.dw!, wv: gv.dw!, wo: go.dw! };
+    if (w.bq && !frozen) Object.assign(grads, { bq: gq.db, bk: gk.db, bv: gv.db });
+    const adapters: Record<string, tf.Tensor> = {};
+    for (const x of [gq, gk, gv, go]) addGrads(adapters, x.adapter);
+    return { dh: tf.add(tf.add(gq.dx, gk.dx), gv.dx), grads, adapters };
   });
 }
 
@@ -352,7 +402,7 @@ export function attentionCached(h: tf.Tensor, w: AttnWeights, d: AttnDims, start
     const { q, kT, v } = project(h, w, d);
     const layer = cache.write(l, start, kT, v);
     const p = tf.softmax(masked(batchMatMul(q, layer.kT), cache.mask(start, d.T, pads), d)); // [B·KV, g·T, cached]
-    return linear(mergeGrouped(batchMatMul(p, layer.v), d), w.wo);
+    return linear(mergeGrouped(batchMatMul(p, layer.v), d), w.wo, undefined, w.lora?.wo);
   });
 }
 

@@ -6,7 +6,8 @@ import * as tf from '@tensorflow/tfjs';
 import { Rng, Stream, seedOf } from './rng.ts';
 import type { NamedTensor } from '../../mesh/wire/index.ts';
 import { archOf, isTied, parameterShapes, type GptSpec } from './params.ts';
-import { ropeTables } from './blocks.ts';
+import { ropeTables, type Adapter } from './blocks.ts';
+import { adapterMap } from '../adapters/index.ts';
 
 export { archOf, parameterShapes, parameterCount, isHead, isTied, specProblem, type Arch, type GptSpec } from './params.ts';
 
@@ -30,7 +31,13 @@ export function initialParameter(spec: GptSpec, seed: number, name: string, shap
     const size = shape.reduce((a, b) => a * b, 1);
     const data = new Float32Array(size);
     if (name.endsWith('.g')) data.fill(1);
-    else if (shape.length === 2) {
+    else if (name.endsWith('.lora_b')) {
+      // An adapter starts as no change at all: B is zero.
+    } else if (name.endsWith('.lora_a')) {
+      // PEFT's: Kaiming-uniform with a = √5 over A's fan-in, U(−1/√in, 1/√in).
+      const bound = 1 / Math.sqrt(shape[0]!);
+      for (let i = 0; i < size; i++) data[i] = (2 * rng.uniform() - 1) * bound;
+    } else if (shape.length === 2) {
       const residual = name.endsWith('attn.wo') || name.endsWith('mlp.w2');
       const std = residual ? 0.02 / Math.sqrt(2 * spec.layers) : 0.02;
       for (let i = 0; i < size; i++) data[i] = rng.normal() * std;
@@ -95,6 +102,8 @@ export type AttnWeights = {
   wv: tf.Tensor;
   bv?: tf.Tensor;
   wo: tf.Tensor;
+  /** LoRA adapters on the block's matrices (blocks.ts), by matrix. */
+  lora?: { wq?: Adapter; wk?: Adapter; wv?: Adapter; wo?: Adapter };
 };
 
 /**
@@ -130,9 +139,21 @@ export function attnWeights(w: Weights, h: string): AttnWeights {
   return { wq: get('wq'), bq: get('bq'), wk: get('wk'), bk: get('bk'), wv: get('wv'), bv: get('bv'), wo: get('wo') };
 }
 
+/**
+ * The weights a model with adapters computes with: each adapted matrix W merged as W + s·A·B
+ * (differentiable in A and B); a model without adapters, its own weights.
+ */
+export function mergedWeights(spec: GptSpec, w: Weights): Weights {
+  if (!spec.lora) return w;
+  const out: Weights = { ...w };
+  for (const [name, ad] of adapterMap(archOf(spec).family, spec.layers, spec.lora)) out[name] = tf.add(w[name]!, tf.mul(tf.matMul(w[ad.a] as tf.Tensor2D, w[ad.b] as tf.Tensor2D), ad.scale));
+  return out;
+}
+
 /** tokens [B, T] → head outputs [B, T, V] (policy) or [B, T, 1] (value). */
-export function forward(spec: GptSpec, w: Weights, tokens: tf.Tensor2D): tf.Tensor3D {
+export function forward(spec: GptSpec, weights: Weights, tokens: tf.Tensor2D): tf.Tensor3D {
   return tf.tidy(() => {
+    const w = mergedWeights(spec, weights);
     const T = tokens.shape[1];
     if (T > spec.context) throw new RangeError(`sequence of ${T} tokens exceeds the context of ${spec.context}`);
     if (archOf(spec).family === 'llama') return llamaForward(spec, w, tokens);

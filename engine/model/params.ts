@@ -2,6 +2,7 @@
 // model.ts so that processes that plan or route parameters need not load TensorFlow.js.
 
 import type { ModelInfo, ParamInfo } from '../../mesh/parallel/index.ts';
+import { adapterShapes, isAdapter, loraProblem, type LoraSpec } from '../adapters/index.ts';
 
 export interface GptSpec {
   kind: 'policy' | 'value';
@@ -37,6 +38,11 @@ export interface GptSpec {
    * attention (and not counted in its positions), so a padded prompt reads as the prompt alone.
    */
   pad?: number;
+  /**
+   * LoRA adapters on the named linear layers (engine/adapters): the base is frozen and only the
+   * adapters (and a value model's head) train. Their parameters follow the base's.
+   */
+  lora?: LoraSpec;
 }
 
 /** A spec with every field filled in: what the runtime computes with. */
@@ -72,6 +78,7 @@ export function specProblem(spec: GptSpec): string | undefined {
   if (a.family === 'llama' && a.headSize % 2 !== 0) return `rotary positions turn pairs of a head's elements; the head size ${a.headSize} is odd`;
   if (a.family === 'gpt2' && spec.kvHeads !== undefined && spec.kvHeads !== spec.heads)
     return `the gpt2 family has no grouped-query attention: kvHeads ${spec.kvHeads} differs from heads ${spec.heads}`;
+  if (spec.lora) return loraProblem(spec.lora, a.family, parameterShapes(baseSpec(spec)), 'model.lora');
   return undefined;
 }
 
@@ -114,7 +121,24 @@ export function parameterShapes(spec: GptSpec): Array<[string, number[]]> {
   if (gpt2) out.push(['lnf.b', [D]]);
   if (!isTied(spec)) out.push(['head.w', [D, out_]]);
   if (!isTied(spec) && gpt2) out.push(['head.b', [out_]]);
+  // After the base, so that the base's parameters keep their places (and their seeded streams).
+  if (spec.lora) for (const p of adapterShapes(a.family, out, L, spec.lora)) out.push([p.name, p.shape]);
   return out;
+}
+
+/** The base model's parameters alone: the spec without its adapters. */
+export function baseSpec(spec: GptSpec): GptSpec {
+  if (!spec.lora) return spec;
+  const { lora: _, ...base } = spec;
+  return base;
+}
+
+/**
+ * Whether a parameter trains: with adapters, the adapters and a value model's head (new to it);
+ * without, every parameter.
+ */
+export function trains(spec: GptSpec, name: string): boolean {
+  return !spec.lora || isAdapter(name) || (spec.kind === 'value' && isHead(name));
 }
 
 export function parameterCount(spec: GptSpec): number {
@@ -139,7 +163,10 @@ export function isHead(name: string): boolean {
  * and the head are replicated.
  */
 export function modelInfo(spec: GptSpec): ModelInfo {
+  const adapters = new Map(spec.lora ? adapterShapes(archOf(spec).family, parameterShapes(baseSpec(spec)), spec.layers, spec.lora).map((p) => [p.name, p]) : []);
   const params: ParamInfo[] = parameterShapes(spec).map(([name, shape]) => {
+    const adapter = adapters.get(name);
+    if (adapter) return { name, shape, layer: adapter.layer, splitAxis: adapter.splitAxis };
     const m = /^h(\d+)\.(.*)$/.exec(name);
     if (!m) return { name, shape, layer: name === 'wte' || name === 'wpe' ? 'embed' : 'head', splitAxis: null };
     const part = m[2]!;

@@ -33,14 +33,17 @@ import {
   sumRows,
   swiglu,
   swigluBackward,
+  type Adapter,
   type AttnCache,
   type AttnDims,
   type AttnWeights,
   type GluCache,
+  type MlpAdapters,
   type MlpCache,
   type NormCache,
 } from './blocks.ts';
-import { archOf, isTied, modelInfo, specProblem, type Arch, type GptSpec } from './params.ts';
+import { archOf, isTied, modelInfo, specProblem, trains, type Arch, type GptSpec } from './params.ts';
+import { adapterMap, isAdapter, type AdapterOf } from '../adapters/index.ts';
 import { Rng, Stream, sampleToken, samplingProblem, seedOf, type Sampling } from './rng.ts';
 import { leftPadding, masked, responseMask } from './mask.ts';
 import { Adam } from './adam.ts';
@@ -127,6 +130,8 @@ export class GptRank {
   private headWte?: tf.Tensor;
   /** Whether wte changed since the last stage's copy was sent: the same on both ends, which see the same calls. */
   private headStale = true;
+  /** Each adapted matrix's LoRA adapter (engine/adapters), by the matrix's name; empty without. */
+  private readonly adapters: Map<string, AdapterOf>;
 
   constructor(
     readonly spec: GptSpec,
@@ -139,6 +144,7 @@ export class GptRank {
     const bad = specProblem(spec);
     if (bad) throw new ShardError(`the model cannot be built: ${bad}`);
     this.arch = archOf(spec);
+    this.adapters = spec.lora ? adapterMap(this.arch.family, spec.layers, spec.lora) : new Map();
     if (this.arch.kvHeads % layout.tp !== 0) throw new ShardError(`tp = ${layout.tp} must divide the model's ${this.arch.kvHeads} key/value heads: each tensor rank takes whole heads`);
     const c = (this.coords = rankCoords(layout, rank));
     const info = modelInfo(spec);
@@ -218,6 +224,24 @@ export class GptRank {
     return out;
   }
 
+  /** Sums the named gradients over `ranks` (in rank order), as one flat message, in place in `grads`. */
+  private async allReduceNamed(group: string, ranks: number[], tag: string, names: readonly string[], grads: Map<string, tf.Tensor>): Promise<void> {
+    const flat = new Float32Array(names.reduce((n, name) => n + grads.get(name)!.size, 0));
+    let at = 0;
+    for (const n of names) {
+      flat.set(grads.get(n)!.dataSync() as Float32Array, at);
+      at += grads.get(n)!.size;
+    }
+    const sum = await this.comm.allReduce(group, ranks, tag, flat);
+    at = 0;
+    for (const n of names) {
+      const g = grads.get(n)!;
+      grads.set(n, tf.tensor(sum.subarray(at, at + g.size), g.shape));
+      at += g.size;
+      g.dispose();
+    }
+  }
+
   private async recvTensor(group: string, from: number, tag: string, shape: number[]): Promise<tf.Tensor> {
     return tf.tensor(await this.comm.recv(group, from, tag), shape, 'float32');
   }
@@ -231,7 +255,20 @@ export class GptRank {
   private attn(l: number): AttnWeights {
     const g = (n: string) => this.weights.get(`h${l}.attn.${n}`);
     const w: AttnWeights = { wq: g('wq'), wk: g('wk'), wv: g('wv'), wo: g('wo') };
+    if (this.adapters.size) w.lora = { wq: this.adapter(l, 'attn.wq'), wk: this.adapter(l, 'attn.wk'), wv: this.adapter(l, 'attn.wv'), wo: this.adapter(l, 'attn.wo') };
     return this.arch.qkvBias ? { ...w, bq: g('bq'), bk: g('bk'), bv: g('bv') } : w;
+  }
+
+  /** The LoRA adapter of layer l's matrix `part` (attn.wq, mlp.w1, …), if it has one. */
+  private adapter(l: number, part: string): Adapter | undefined {
+    const ad = this.adapters.get(`h${l}.${part}`);
+    return ad && { a: this.weights.get(ad.a), b: this.weights.get(ad.b), scale: ad.scale, aName: ad.a, bName: ad.b };
+  }
+
+  /** Layer l's MLP adapters. */
+  private mlpAdapters(l: number): MlpAdapters {
+    if (!this.adapters.size) return {};
+    return { w1: this.adapter(l, 'mlp.w1'), w2: this.adapter(l, 'mlp.w2'), w3: this.adapter(l, 'mlp.w3') };
   }
 
   private get localHeads(): number {
@@ -291,7 +328,8 @@ export class GptRank {
     const x1 = this.bias(tf.add(x, a), `h${l}.attn.bo`);
     tf.dispose([a, n1.y, x]); // the norm's cache is all its backward pass reads
     const n2 = this.norm(`h${l}.ln2`, x1, keep);
-    const mm = this.gpt2 ? mlp(n2.y, W('mlp.w1'), W('mlp.b1'), W('mlp.w2'), keep) : swiglu(n2.y, W('mlp.w1'), W('mlp.w3'), W('mlp.w2'), keep);
+    const ad = this.mlpAdapters(l);
+    const mm = this.gpt2 ? mlp(n2.y, W('mlp.w1'), W('mlp.b1'), W('mlp.w2'), keep, ad) : swiglu(n2.y, W('mlp.w1'), W('mlp.w3'), W('mlp.w2'), keep, ad);
     const m = await this.allReduceTp(group, `${tag}/l${l}/mlp`, mm.out);
     const x2 = this.bias(tf.add(x1, m), `h${l}.mlp.b2`);
     tf.dispose([m, n2.y, x1]);
@@ -740,8 +778,16 @@ export class GptRank {
     // Whole sequences (preference pairs) have no prompt length: their padding is what leads them.
     const pads = this.padsOf(myTokens, b, width, promptLen > 0 ? promptLen : width - 1);
     const fwd = await this.forwardStage(group, `${tag}/f`, myTokens, b, width, true, pads);
+    // With adapters, a loss trains them (and a value model's head) alone; the warm-up and
+    // preference training, which stand for the base's own training, train the base alone.
+    const trainable = (name: string) => (objective.kind === 'loss' ? trains(this.spec, name) : !isAdapter(name));
+    const frozen = objective.kind === 'loss' && this.spec.lora !== undefined;
     const grads = new Map<string, tf.Tensor>();
     const add = (name: string, g: tf.Tensor) => {
+      if (!trainable(name)) {
+        g.dispose();
+        return;
+      }
       const prev = grads.get(name);
       grads.set(name, prev ? tf.add(prev, g) : g);
       if (prev) tf.dispose([prev, g]);
@@ -797,17 +843,17 @@ export class GptRank {
       }
       const head = fwd.head!;
       const tied = isTied(this.spec);
-      const gh: { dx: tf.Tensor; dw: tf.Tensor; db?: tf.Tensor } = tf.tidy(() => {
+      const gh: { dx: tf.Tensor; dw?: tf.Tensor; db?: tf.Tensor } = tf.tidy(() => {
         const dy = tf.reshape(g[0]!, [b * width, -1]);
-        if (!tied) return linearBackward(head.y, this.weights.get('head.w'), dy);
+        if (!tied) return linearBackward(head.y, this.weights.get('head.w'), dy, { frozen: !trainable('head.w') });
         // logits = y·wteᵀ: dy·wte back into the rows, dyᵀ·y into the embedding.
-        return { dx: tf.matMul(dy as tf.Tensor2D, this.headEmbedding as tf.Tensor2D), dw: weightGrad(dy, head.y) };
+        return { dx: tf.matMul(dy as tf.Tensor2D, this.headEmbedding as tf.Tensor2D), ...(trainable('wte') ? { dw: weightGrad(dy, head.y) } : {}) };
       });
-      if (this.tiedCopy) {
+      if (this.tiedCopy && gh.dw) {
         // The embedding is the first stage's: its gradient from the head goes there.
         this.sendTensor(group, this.firstOfReplica, `${tag}/dwte`, gh.dw);
         gh.dw.dispose();
-      } else add(tied ? 'wte' : 'head.w', gh.dw);
+      } else if (gh.dw) add(tied ? 'wte' : 'head.w', gh.dw);
       if (gh.db && this.gpt2) add('head.b', gh.db);
       else gh.db?.dispose();
       dx = this.normBackward('lnf', head.ln, gh.dx, add);
@@ -824,28 +870,21 @@ export class GptRank {
       const W = (n: string) => this.weights.get(`h${l}.${n}`);
       // MLP: x2 = x1 + Σtp M(h2) (+ b2), h2 = N2(x1)
       let dm: tf.Tensor;
-      if (this.gpt2) {
-        add(`h${l}.mlp.b2`, sumRows(dx));
-        const gm = mlpBackward(c.mlp as MlpCache, W('mlp.w1'), W('mlp.w2'), dx);
-        add(`h${l}.mlp.w1`, gm.dw1);
-        add(`h${l}.mlp.b1`, gm.db1);
-        add(`h${l}.mlp.w2`, gm.dw2);
-        dm = gm.dh;
-      } else {
-        const gm = swigluBackward(c.mlp as GluCache, W('mlp.w1'), W('mlp.w3'), W('mlp.w2'), dx);
-        add(`h${l}.mlp.w1`, gm.dw1);
-        add(`h${l}.mlp.w3`, gm.dw3);
-        add(`h${l}.mlp.w2`, gm.dw2);
-        dm = gm.dh;
-      }
+      const ad = this.mlpAdapters(l);
+      if (this.gpt2 && !frozen) add(`h${l}.mlp.b2`, sumRows(dx));
+      const gm = this.gpt2 ? mlpBackward(c.mlp as MlpCache, W('mlp.w1'), W('mlp.w2'), dx, ad, frozen) : swigluBackward(c.mlp as GluCache, W('mlp.w1'), W('mlp.w3'), W('mlp.w2'), dx, ad, frozen);
+      for (const [n, t] of Object.entries(gm.grads)) add(`h${l}.mlp.${n}`, t);
+      for (const [n, t] of Object.entries(gm.adapters)) add(n, t);
+      dm = gm.dh;
       const dh2 = await this.allReduceTp(group, `${tag}/b/l${l}/mlp`, dm);
       const dn2 = this.normBackward(`h${l}.ln2`, c.ln2, dh2, add);
       const dx1 = tf.add(dx, dn2);
       tf.dispose([dh2, dn2, dx]);
       // Attention: x1 = x + Σtp A(h1) (+ bo), h1 = N1(x)
-      if (this.gpt2) add(`h${l}.attn.bo`, sumRows(dx1));
-      const ga = attentionBackward(c.attn, this.attn(l), fwd.dims, dx1);
+      if (this.gpt2 && !frozen) add(`h${l}.attn.bo`, sumRows(dx1));
+      const ga = attentionBackward(c.attn, this.attn(l), fwd.dims, dx1, frozen);
       for (const [n, t] of Object.entries(ga.grads)) add(`h${l}.attn.${n}`, t);
+      for (const [n, t] of Object.entries(ga.adapters)) add(n, t);
       const dh1 = await this.allReduceTp(group, `${tag}/b/l${l}/attn`, ga.dh);
       const dn1 = this.normBackward(`h${l}.ln1`, c.ln1, dh1, add);
       dx = tf.add(dx1, dn1);
@@ -853,7 +892,8 @@ export class GptRank {
       disposeLayerCache(c);
     }
     disposeRope(fwd.dims);
-    if (this.first) {
+    if (this.first && !trainable('wte')) tf.dispose([dx, fwd.tokensT!]);
+    else if (this.first) {
       const ge = embedBackward(myTokens, width, this.spec.vocab, this.gpt2 ? this.spec.context : undefined, dx, pads);
       if (this.tiedCopy) add('wte', await this.recvTensor(group, this.lastOfReplica, `${tag}/dwte`, [this.spec.vocab, this.spec.width]));
       add('wte', ge.dwte);
@@ -863,29 +903,19 @@ export class GptRank {
       this.sendTensor(group, this.prev!, `${tag}/grad`, dx);
       dx.dispose();
     }
+    // An adapter's half that every tensor rank holds whole (A of a column-parallel matrix, B of a
+    // row-parallel one) has a partial gradient on each: summed over the tensor group, in rank order.
+    const partial = this.weights.slices.filter((x) => x.axis === null && isAdapter(x.name) && trainable(x.name)).map((x) => x.name);
+    if (this.layout.tp > 1 && partial.length) await this.allReduceNamed(group, this.tpGroup, `${tag}/tp-adapters`, partial, grads);
     // Gradient all-reduce across replicas, in replica order.
-    const names = this.weights.parameterNames();
-    if (this.layout.dp > 1) {
-      // One message per replica: every gradient of this shard, flattened in parameter order.
-      const flat = new Float32Array(names.reduce((n, name) => n + grads.get(name)!.size, 0));
-      let at = 0;
-      for (const n of names) {
-        flat.set(grads.get(n)!.dataSync() as Float32Array, at);
-        at += grads.get(n)!.size;
-      }
-      const sum = await this.comm.allReduce(group, this.dpGroup, `${tag}/dp`, flat);
-      at = 0;
-      for (const n of names) {
-        const g = grads.get(n)!;
-        grads.set(n, tf.tensor(sum.subarray(at, at + g.size), g.shape));
-        at += g.size;
-        g.dispose();
-      }
-    }
+    const names = this.weights.parameterNames().filter(trainable);
+    // One message per replica: every gradient of this shard, flattened in parameter order.
+    if (this.layout.dp > 1) await this.allReduceNamed(group, this.dpGroup, `${tag}/dp`, names, grads);
     // Global norm over the whole model: split slices count on every tensor rank, replicated
     // parameters once (on tensor rank 0); then summed over the pipeline and tensor ranks.
     let sq = 0;
     for (const s of this.weights.slices) {
+      if (!trainable(s.name)) continue;
       if (s.axis === null && this.coords.tp !== 0 && this.layout.tp > 1) continue;
       const t = tf.tidy(() => tf.sum(tf.square(grads.get(s.name)!)));
       sq += t.dataSync()[0]!;
