@@ -15,7 +15,15 @@ export interface LoraSpec {
   alpha: number;
   /** Module names in the family's own (Hugging Face) naming: gpt2 c_attn, c_proj, c_fc; llama q_proj … down_proj. */
   targets: string[];
+  /**
+   * Whole modules that train beside the adapters (PEFT's modules_to_save): `lm_head`, a policy's
+   * untied head. A value model's head, new to it, always trains.
+   */
+  modulesToSave?: string[];
 }
+
+/** The modules that may train whole beside the adapters, by their Hugging Face names. */
+export const SAVABLE_MODULES = ['lm_head'];
 
 export type Family = 'gpt2' | 'llama';
 
@@ -114,6 +122,9 @@ export function loraProblem(lora: LoraSpec, family: Family, base: ReadonlyArray<
     if (lora.rank > side) return `${where}.rank: ${lora.rank} is above the smaller side of ${part} [${i}, ${o}] (${side}): an adapter of that rank is a full matrix, at more cost`;
   }
   if (!(lora.alpha > 0)) return `${where}.alpha: expected a positive number, got ${lora.alpha}`;
+  const unsaved = (lora.modulesToSave ?? []).filter((m) => !SAVABLE_MODULES.includes(m));
+  if (unsaved.length) return `${where}.modules_to_save: ${unsaved.map((m) => `'${m}'`).join(', ')}: expected ${SAVABLE_MODULES.join(', ')} (the head of a policy whose head is not its embedding)`;
+  if (lora.modulesToSave?.includes('lm_head') && !shapes.has('head.w')) return `${where}.modules_to_save: 'lm_head' is this model's token embedding (a tied head): it cannot train whole while the base is frozen`;
   return undefined;
 }
 

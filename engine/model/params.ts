@@ -134,11 +134,11 @@ export function baseSpec(spec: GptSpec): GptSpec {
 }
 
 /**
- * Whether a parameter trains: with adapters, the adapters and a value model's head (new to it);
- * without, every parameter.
+ * Whether a parameter trains: with adapters, the adapters, a value model's head (new to it) and a
+ * policy's head where `modulesToSave` names lm_head; without, every parameter.
  */
 export function trains(spec: GptSpec, name: string): boolean {
-  return !spec.lora || isAdapter(name) || (spec.kind === 'value' && isHead(name));
+  return !spec.lora || isAdapter(name) || (isHead(name) && (spec.kind === 'value' || spec.lora.modulesToSave?.includes('lm_head') === true));
 }
 
 export function parameterCount(spec: GptSpec): number {

@@ -4,7 +4,7 @@
 // kept model's ranks. run.ts holds the calls on meshes these are made of.
 import { PROTOCOL_VERSION, type Checkpoint, type SnapshotManifest } from '../../../mesh/wire/index.ts';
 import { shardSlices, type Layout } from '../../../mesh/parallel/index.ts';
-import { isHead, modelInfo, parameterShapes, type GptSpec } from '../../model/index.ts';
+import { baseSpec, isHead, modelInfo, parameterShapes, type GptSpec } from '../../model/index.ts';
 import { Stream, seedOf } from '../../model/index.ts';
 import { turnCodec } from '../../episodes/index.ts';
 import { demonstrations } from '../../device/index.ts';
@@ -219,12 +219,14 @@ async function environmentDemos(r: RunSpec, demonstrate: Demonstrate | undefined
 async function copyModel(d: Dispatcher, r: RunSpec, from: string, to: string, id: string): Promise<Moved> {
   const fromSpec = modelSpec(r, from) as GptSpec;
   const toSpec = modelSpec(r, to) as GptSpec;
+  // The base's parameters: a value model's head is its own, and adapters start afresh on each
+  // trained model (a reference, the base alone, has none).
   const names =
-    fromSpec.kind === toSpec.kind
+    fromSpec.kind === toSpec.kind && !fromSpec.lora && !toSpec.lora
       ? undefined
-      : parameterShapes(fromSpec)
+      : parameterShapes(baseSpec(fromSpec))
           .map(([n]) => n)
-          .filter((n) => !isHead(n));
+          .filter((n) => fromSpec.kind === toSpec.kind || !isHead(n));
   // A value head weighs less than a token head: the stages of the copy may split elsewhere.
   return reallocate(d, r, id, -1, { model: from, layout: layoutOf(r, ownerOf(r, from)) }, { model: to, layout: layoutOf(r, ownerOf(r, to)) }, fromSpec, names, toSpec);
 }

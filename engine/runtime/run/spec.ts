@@ -3,7 +3,7 @@
 import type { LossModule, ModelSpec } from '../../../mesh/wire/index.ts';
 import { layoutKey, type Layout } from '../../../mesh/parallel/index.ts';
 import { ownerCall, type CallDecl, type Graph, type ModelDecl } from '../../algorithms/index.ts';
-import { graphOf, policySpec, resolvePlan, ScenarioError, taskOf, tokenizerDir, verifierOf, type CallName, type Plan, type Scenario } from '../scenario/scenario.ts';
+import { graphOf, loraOf, policySpec, resolvePlan, ScenarioError, taskOf, tokenizerDir, verifierOf, type CallName, type Plan, type Scenario } from '../scenario/scenario.ts';
 import type { Task } from '../../device/index.ts';
 
 export interface RunSpec {
@@ -52,8 +52,10 @@ export function modelSpec(r: RunSpec, model: string): ModelSpec {
     return { kind: 'rule', rule: verifierOf(s), tokenizer: tokenizerDir(s)! };
   }
   const { tied, ...shape } = policySpec(s);
-  // Every model reads the task's left-padded prompts as the prompts alone.
-  const body = r.task.pad === undefined ? shape : { ...shape, pad: r.task.pad };
+  // Every model reads the task's left-padded prompts as the prompts alone; a trained one carries
+  // the scenario's adapters (a reference, untrained, is the base).
+  const lora = declOf(r, model).trained ? loraOf(s, shape.family ?? 'gpt2') : undefined;
+  const body = { ...shape, ...(r.task.pad === undefined ? {} : { pad: r.task.pad }), ...(lora ? { lora } : {}) };
   // A value model has the policy's body under a head of its own.
   return head === 'policy' ? { ...body, ...(tied ? { tied } : {}) } : { ...body, kind: 'value' };
 }

@@ -4,7 +4,8 @@ import { staleGraph, versionsProblem } from '../../asynchrony/index.ts';
 import { formatIssues, shortList } from '../../../mesh/wire/index.ts';
 import { deviceCount, parseMesh, singleDeviceMesh, MeshError, type Cluster } from '../../../mesh/parallel/index.ts';
 import { makeTask, type Task, type VerifierName } from '../../device/index.ts';
-import { HfError, TextTokenizer, TokenizerError, gptSpecOf, readHfConfig, type GptSpec } from '../../model/index.ts';
+import { HfError, TextTokenizer, TokenizerError, gptSpecOf, parameterShapes, readHfConfig, type GptSpec } from '../../model/index.ts';
+import { defaultTargets, loraProblem, type LoraSpec } from '../../adapters/index.ts';
 import { DatasetError, JsonlDataset } from '../data/dataset.ts';
 import { dataTask, type DataTask } from '../data/data-task.ts';
 import { MODELS as MODEL_PRESETS } from '../plan/catalog.ts';
@@ -232,6 +233,7 @@ export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
       `lengths.response_mean: ${mean} is not below the response budget, ${budget} (${s.lengths.response === undefined ? "the task's" : 'lengths.response'}): responses that all run to the budget have no mean to give; leave response_mean out`,
     );
   }
+  errors.push(...loraProblems(s, graph));
   if (s.rl.lag > 0 && s.rl.staleness > 0) errors.push(`rl.lag (${s.rl.lag}) and rl.staleness (${s.rl.staleness}): a run is either lagged by a fixed k or free-running within η; set one of them`);
   if (s.rl.versions !== undefined) {
     if (s.rl.staleness === 0) errors.push('rl.versions: a recorded schedule replays a free-running run; it needs the rl.staleness that run had');
@@ -361,6 +363,33 @@ export function policySpec(s: Scenario): GptSpec {
     ...(m.tied ? { tied: true } : {}),
     ...(m.family === 'llama' ? { family: 'llama', kvHeads: m.kv_heads ?? m.heads, ffn: m.ffn ?? 4 * m.width, ropeTheta: m.rope_theta ?? 10000 } : {}),
   };
+}
+
+/** The scenario's adapters as a trained model's spec carries them (every linear layer by default), or undefined. */
+export function loraOf(s: Scenario, family: 'gpt2' | 'llama'): LoraSpec | undefined {
+  const l = s.model.lora;
+  return l && { rank: l.rank, alpha: l.alpha, targets: l.targets ?? defaultTargets(family), ...(l.modules_to_save?.length ? { modulesToSave: l.modules_to_save } : {}) };
+}
+
+/** What is wrong with `model.lora` for this model and algorithm. */
+function loraProblems(s: Scenario, graph: Graph): string[] {
+  if (!s.model.lora) return [];
+  const where = s.model.from !== undefined ? `model.lora (on ${s.model.from})` : 'model.lora';
+  const errors: string[] = [];
+  if (s.model.lora.dropout !== 0)
+    errors.push(`model.lora.dropout: expected 0, got ${s.model.lora.dropout}: ferry's adapters train without dropout on their input (policy-gradient RL with LoRA does; Schulman et al., 2025); leave it out`);
+  const trained = graph.models.filter((m) => m.trained && m.head !== 'reward');
+  if (!trained.length) errors.push(`model.lora: the algorithm '${algorithmSpec(s).algorithm.name}' trains no policy or value model: adapters on a model that does not train would stay as they start`);
+  let spec: GptSpec;
+  try {
+    spec = policySpec(s);
+  } catch {
+    return errors; // the checkpoint's own error is reported where it is read
+  }
+  const family = spec.family ?? 'gpt2';
+  const problem = loraProblem(loraOf(s, family)!, family, parameterShapes(spec), where);
+  if (problem) errors.push(problem);
+  return errors;
 }
 
 /** `model:`'s shape keys as a checkpoint's config.json sets them: written back into scenario.json. */

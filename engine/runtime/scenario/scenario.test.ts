@@ -6,6 +6,7 @@ import { fileURLToPath } from 'node:url';
 import { ScenarioError, loadScenario, modelOf, parseScenario, policySpec, resolvePlan, scenarioJsonSchema, taskOf } from './scenario.ts';
 import { encodeSafetensors, hfTensors, parseHfConfig } from '../../model/index.ts';
 import { arithTokenizerFiles } from '../data/arith.ts';
+import { modelSpec, runSpec } from '../run/spec.ts';
 
 function scenarioError(text: string): string {
   try {
@@ -227,6 +228,23 @@ describe('plan checks', () => {
     expect(() => parseScenario('lengths: { response: 1000, response_mean: 1000 }', 'l.yaml')).toThrow(/lengths\.response_mean: 1000 is not below the response budget, 1000 \(lengths\.response\)/);
     expect(() => parseScenario('lengths: { response_mean: 4096 }', 'l.yaml')).toThrow(/lengths\.response_mean: 4096 is not below the response budget, \d+ \(the task's\)/);
     expect(() => parseScenario('lengths: { response_mean: 0 }', 'l.yaml')).toThrow(/lengths\.response_mean/);
+  });
+
+  it('model.lora: on the trained models only, every linear layer by default; bad ranks, targets, modules and dropout refused before work starts, naming the key and the file', () => {
+    const s = parseScenario('model: { layers: 2, width: 64, heads: 4, lora: { rank: 4, alpha: 16 } }', 'lora.yaml');
+    const r = runSpec(s);
+    expect(modelSpec(r, 'actor')).toMatchObject({ lora: { rank: 4, alpha: 16, targets: ['c_attn', 'c_proj', 'c_fc'] } });
+    expect(modelSpec(r, 'critic')).toMatchObject({ kind: 'value', lora: { rank: 4 } });
+    expect(modelSpec(r, 'reference')).not.toHaveProperty('lora');
+    const llama = parseScenario('model: { family: llama, layers: 2, width: 64, heads: 4, lora: { rank: 2, targets: [q_proj, v_proj], modules_to_save: [lm_head] } }', 'l.yaml');
+    expect(modelSpec(runSpec(llama), 'actor')).toMatchObject({ lora: { rank: 2, alpha: 8, targets: ['q_proj', 'v_proj'], modulesToSave: ['lm_head'] } });
+    const bad = (lora: string) => () => parseScenario(`model: { layers: 2, width: 64, heads: 4, lora: ${lora} }`, 'bad.yaml');
+    expect(bad('{ rank: 0 }')).toThrow(/bad\.yaml[\s\S]*model\.lora\.rank/);
+    expect(bad('{ rank: 65 }')).toThrow(/bad\.yaml[\s\S]*model\.lora\.rank: 65 is above the smaller side of attn\.wq \[64, 64\] \(64\)/);
+    expect(bad('{ targets: [q_proj] }')).toThrow(/model\.lora\.targets: 'q_proj' is not a module of a gpt2 model; its linear layers are c_attn, c_proj, c_fc/);
+    expect(bad('{ modules_to_save: [wte] }')).toThrow(/model\.lora\.modules_to_save: 'wte': expected lm_head/);
+    expect(bad('{ dropout: 0.05 }')).toThrow(/model\.lora\.dropout: expected 0, got 0\.05/);
+    expect(() => parseScenario('model: { layers: 2, width: 64, heads: 4, tied: true, lora: { modules_to_save: [lm_head] } }', 't.yaml')).toThrow(/'lm_head' is this model's token embedding \(a tied head\)/);
   });
 
   it('the default plan puts actor, critic, reference, reward on devices 0, 1, 2, 3 (wrapping on small clusters)', () => {

@@ -145,6 +145,27 @@ export const Scenario = z.strictObject({
       ffn: pos.optional().describe("llama: the MLP's hidden width (default: 4 × width)"),
       rope_theta: z.number().positive().optional().describe('llama: the rotary base (default 10000)'),
       tied: z.boolean().default(false).describe("the policy's head is its token embedding, transposed (GPT-2's)"),
+      lora: z
+        .strictObject({
+          rank: pos.default(8).describe("each adapter's rank r"),
+          alpha: z.number().positive().default(8).describe('the update is W + (alpha / rank)·B·A (PEFT’s lora_alpha; default 8, as PEFT’s)'),
+          targets: z
+            .array(z.string().min(1))
+            .optional()
+            .describe('the modules that carry an adapter, by the family’s Hugging Face names (gpt2: c_attn, c_proj, c_fc; llama: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj); default every one'),
+          modules_to_save: z
+            .array(z.string().min(1))
+            .optional()
+            .describe("whole modules that train beside the adapters, as PEFT's modules_to_save: lm_head (a policy's untied head; a value model's head always trains)"),
+          dropout: z
+            .number()
+            .min(0)
+            .max(1)
+            .default(0)
+            .describe('dropout on an adapter’s input: only 0 (ferry’s adapters train without it, as policy-gradient RL with LoRA does)'),
+        })
+        .optional()
+        .describe('LoRA adapters on the trained models (the policy and a value model): the base is frozen, and only the adapters (and a value head) train, move and are stored'),
     })
     .prefault({})
     .describe('shape of the actor, critic and reference (vocabulary and context come from the task), or the checkpoint they start from'),

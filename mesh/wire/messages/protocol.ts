@@ -33,7 +33,7 @@ export const ModelSpec = z.discriminatedUnion('kind', [
     /** The padding token of left-padded prompts, masked out of attention. */
     pad: nat.optional(),
     /** LoRA adapters on the named modules (the family's Hugging Face names): the base is frozen. */
-    lora: z.strictObject({ rank: pos, alpha: z.number().positive(), targets: z.array(z.string().min(1)).min(1) }).optional(),
+    lora: z.strictObject({ rank: pos, alpha: z.number().positive(), targets: z.array(z.string().min(1)).min(1), modulesToSave: z.array(z.string().min(1)).optional() }).optional(),
   }),
   /**
    * A rule: a digit task's (with its digits and base), or a verifier of a dataset's answers
