@@ -6,8 +6,11 @@
 // other overlap is refused (`busy`), as a second call always was.
 import type { Call } from '../../mesh/wire/index.ts';
 
-/** The calls that may run beside another: they only make, fill or free a shard. */
-export const BESIDE_FNS = ['load', 'realloc', 'release'] as const;
+/**
+ * The calls that may run beside another: they only make, fill or free a shard, or read one's
+ * digest (the owner's base, read before a view of a model with adapters is filled).
+ */
+export const BESIDE_FNS = ['load', 'realloc', 'release', 'manifest'] as const;
 
 /** The models a call reads and the ones it changes, on this device. */
 export function touches(call: Call): { reads: string[]; writes: string[] } {

@@ -20,6 +20,7 @@ import { CallRejected, lossProblem, shapeProblem } from './checks.ts';
 import { besideProblem, modelsOf } from './beside.ts';
 import { awaitGo } from './exchange.ts';
 import { restoreShard, sendCheckpoint } from './state-transfers.ts';
+import { KeptBases, frozenTensors } from './kept-bases.ts';
 import { modelInfo } from '../model/index.ts';
 import { tokensDigest } from './ledger.ts';
 import { Comm } from '../../mesh/parallel/index.ts';
@@ -116,6 +117,7 @@ export class Device {
     const dropped = this.models().filter((m) => !staying.has(m));
     for (const m of dropped) void this.drop(this.hosted.get(m)!);
     for (const m of dropped) this.hosted.delete(m);
+    this.keptBases.clear();
     this.comm.endAll(why);
     return { dropped, kept, busy };
   }
@@ -283,7 +285,9 @@ export class Device {
       case 'reload':
         return this.reload(this.hosted.get(call.model)!, call.model, body);
       case 'release': {
-        await this.drop(this.hosted.get(call.model)!);
+        const h = this.hosted.get(call.model)!;
+        if (body.keep !== undefined && h.shard instanceof GptRank) this.keptBases.keep(call.model, h.shard, h.layout, h.rank, body.keep);
+        await this.drop(h);
         this.hosted.delete(call.model);
         return {};
       }
@@ -332,6 +336,9 @@ export class Device {
       }
     }
     if (previous) await this.drop(previous);
+    // A view of a model with adapters: the base kept from its last fill, if it is still that base.
+    const baseKept = body.base !== undefined && shard instanceof GptRank ? this.keptBases.give(model, shard, layout, rank, body.base) : undefined;
+    if (body.base === undefined) this.keptBases.drop(model);
     const hosted: Hosted = { role: body.role, layout, rank, shard, ledger: [] };
     this.hosted.set(model, hosted);
     if (body.serve !== undefined) {
@@ -356,7 +363,7 @@ export class Device {
       });
     }
     const tensors = shard instanceof RuleShard ? [] : shard.weights.exportTensors();
-    return { parameters: tensors.reduce((n, t) => n + t.data.length, 0), digest: modelDigest(tensors) };
+    return { parameters: tensors.reduce((n, t) => n + t.data.length, 0), digest: modelDigest(tensors), ...(baseKept === undefined ? {} : { base_kept: baseKept }) };
   }
 
   /** The slice of each parameter a hosted model holds, by name. */
@@ -586,13 +593,15 @@ export class Device {
 
   /** The environments this device plays episodes against. */
   private readonly episodes: DeviceEpisodes;
+  /** Frozen bases of released views of models with adapters, for their next load (kept-bases.ts). */
+  private readonly keptBases = new KeptBases();
 
   /** Calls about a shard's weights and state, the same whatever its layout. */
   private onWeights(h: Hosted, body: CallBody): Body {
     const s = h.shard as ModelShard;
     switch (body.fn) {
       case 'manifest': {
-        const tensors = s.weights.exportTensors();
+        const tensors = body.base && s instanceof GptRank ? frozenTensors(s) : s.weights.exportTensors();
         return { manifest: manifestOf(tensors), digest: modelDigest(tensors), ledger: h.ledger };
       }
       case 'weights':

@@ -4,7 +4,7 @@ import { hasher, type CallBody, type CallOf, type ResultOf } from '../../../mesh
 import type { Dispatcher } from '../dispatch/dispatch.ts';
 import type { Layout } from '../../../mesh/parallel/index.ts';
 import { planRealloc } from '../../../mesh/parallel/index.ts';
-import { modelInfo, type GptSpec } from '../../model/index.ts';
+import { modelInfo, parameterShapes, trains, type GptSpec } from '../../model/index.ts';
 import type { CallName } from '../scenario/scenario.ts';
 import { callDecl, checkpointOf, layoutOf, lossModulesOf, modelSpec, nodeOf, ownerOf, viewOf, type RunSpec } from './spec.ts';
 
@@ -96,18 +96,18 @@ export async function reallocate(
   return { seconds: out.seconds, bytes: out.received_bytes };
 }
 
+type LoadOpts = { seed?: number; lr?: number; serve?: string; skip?: ReadonlySet<number>; beside?: boolean; base?: string };
+
 /** Loads a model on every rank of `layout` (but the ranks in `opts.skip`, which hold it already); returns the parameters loaded. */
-export async function loadModel(
-  d: Dispatcher,
-  r: RunSpec,
-  name: string,
-  role: string,
-  layout: Layout,
-  opts: { seed?: number; lr?: number; serve?: string; skip?: ReadonlySet<number>; beside?: boolean },
-  iteration = -1,
-) {
+export async function loadModel(d: Dispatcher, r: RunSpec, name: string, role: string, layout: Layout, opts: LoadOpts, iteration = -1): Promise<number> {
+  const results = await loadRanks(d, r, name, role, layout, opts, iteration);
+  return results.reduce((n, x) => n + x.parameters, 0);
+}
+
+/** Each rank's answer to its load (a skipped rank's: nothing loaded). */
+async function loadRanks(d: Dispatcher, r: RunSpec, name: string, role: string, layout: Layout, opts: LoadOpts, iteration: number): Promise<Array<{ parameters: number; base_kept?: boolean }>> {
   const s = r.scenario;
-  const results = await Promise.all(
+  return Promise.all(
     layout.devices.map((device, rank) =>
       opts.skip?.has(rank)
         ? { parameters: 0 }
@@ -126,13 +126,13 @@ export async function loadModel(
               ...(opts.lr === undefined ? {} : { optim: { lr: opts.lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: s.rl.clip_norm } }),
               ...(opts.lr === undefined ? {} : lossModulesOf(r, name)),
               ...(opts.serve === undefined ? {} : { serve: opts.serve }),
+              ...(opts.base === undefined ? {} : { base: opts.base }),
             },
             undefined,
             { beside: opts.beside },
           ),
     ),
   );
-  return results.reduce((n, x) => n + x.parameters, 0);
 }
 
 /**
@@ -148,9 +148,22 @@ export async function onLayout<T>(d: Dispatcher, r: RunSpec, call: CallName, ite
   }
 }
 
-/** Frees a view on every device of its layout; `beside`: next to whatever the devices run. */
-export async function releaseView(d: Dispatcher, name: string, layout: Layout, iteration: number, beside = false): Promise<void> {
-  await Promise.all(layout.devices.map((device) => d.call(device, name, iteration, { fn: 'release' }, undefined, { beside })));
+/**
+ * Frees a view on every device of its layout; `beside`: next to whatever the devices run; `keep`:
+ * each device keeps the view's frozen base under this digest of its owner's base (kept-bases.ts).
+ */
+export async function releaseView(d: Dispatcher, name: string, layout: Layout, iteration: number, beside = false, keep?: string): Promise<void> {
+  await Promise.all(layout.devices.map((device) => d.call(device, name, iteration, { fn: 'release', ...(keep === undefined ? {} : { keep }) }, undefined, { beside })));
+}
+
+/**
+ * The digest of a model's frozen base as its owner holds it (a model with adapters): its ranks'
+ * base digests in rank order, hashed. Read before every fill of a view: a base is never assumed.
+ */
+export async function ownerBaseDigest(d: Dispatcher, r: RunSpec, model: string, iteration: number, beside = false): Promise<string> {
+  const layout = layoutOf(r, ownerOf(r, model));
+  const answers = await Promise.all(layout.devices.map((device) => d.call(device, model, iteration, { fn: 'manifest', base: true }, undefined, { beside })));
+  return meshDigest(answers.map((a) => a.digest));
 }
 
 /** A call's view, loaded and filled once, for as many calls as need those weights. */
@@ -176,8 +189,12 @@ export async function holdView(d: Dispatcher, r: RunSpec, call: CallName, iterat
   const model = callDecl(r, call).model;
   const layout = layoutOf(r, call);
   const spec = modelSpec(r, model) as GptSpec;
-  const release = () => releaseView(d, name, layout, iteration);
-  await loadModel(d, r, name, model, layout, { beside: o.beside }, iteration);
+  // With adapters, the view's devices keep its frozen base between fills: only what trains moves
+  // when every rank still holds the base its owner holds now.
+  const base = spec.lora ? await ownerBaseDigest(d, r, model, iteration, o.beside) : undefined;
+  const release = () => releaseView(d, name, layout, iteration, false, base);
+  const loaded = await loadRanks(d, r, name, model, layout, { beside: o.beside, ...(base === undefined ? {} : { base }) }, iteration);
+  const names = base !== undefined && loaded.every((x) => x.base_kept === true) ? parameterShapes(spec).map(([n]) => n).filter((n) => trains(spec, n)) : undefined;
   try {
     const moved = await reallocate(
       d,
@@ -187,7 +204,7 @@ export async function holdView(d: Dispatcher, r: RunSpec, call: CallName, iterat
       { model, layout: layoutOf(r, ownerOf(r, model)) },
       { model: name, layout },
       spec,
-      undefined,
+      names,
       spec,
       o.beside,
     );

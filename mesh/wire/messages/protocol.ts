@@ -118,10 +118,11 @@ export type Checkpoint = z.infer<typeof Checkpoint>;
  * chunks travel, version 3 only the reset call (shards it keeps), version 4 only where snapshots
  * are written (by each device), version 5 only a call's `beside`, version 6 only a restore's
  * `digest`, version 7 only the digests on the chunk path (BLAKE3, each naming its algorithm; a
- * checkpoint file holds none but its ledgers' SHA-256s of tokens, unchanged), so a run directory
- * written by versions 1 to 6 still resumes.
+ * checkpoint file holds none but its ledgers' SHA-256s of tokens, unchanged), version 8 only a
+ * view's kept base (load's `base`, release's `keep`, manifest's `base`), so a run directory
+ * written by versions 1 to 7 still resumes.
  */
-export const CHECKPOINT_VERSIONS = [1, 2, 3, 4, 5, 6, PROTOCOL_VERSION] as const;
+export const CHECKPOINT_VERSIONS = [1, 2, 3, 4, 5, 6, 7, PROTOCOL_VERSION] as const;
 
 /** A run's checkpoint file: every rank of the kept models (those with parameters) after `iteration`. */
 export const CheckpointFile = z.strictObject({
@@ -298,6 +299,12 @@ export const CallBody = z.discriminatedUnion('fn', [
       .string()
       .regex(/^[A-Za-z0-9_-]+$/)
       .optional(),
+    /**
+     * A view of a model with adapters: take back the frozen base this device kept when the view was
+     * last released (release's `keep`), if it was kept under this digest of the owner's base, for
+     * the same layout and rank, and still hashes as it did then; the answer's `base_kept` says.
+     */
+    base: z.string().optional(),
   }),
   /** A reward model learns from preference pairs (Bradley–Terry); `chosen` and `rejected` are whole sequences, row for row. */
   z.strictObject({
@@ -393,7 +400,8 @@ export const CallBody = z.discriminatedUnion('fn', [
   }),
   /** The process's memory, for benchmarks and reports. */
   z.strictObject({ fn: z.literal('stats') }),
-  z.strictObject({ fn: z.literal('manifest') }),
+  /** `base`: the digest of the frozen base alone (a model with adapters: what does not train). */
+  z.strictObject({ fn: z.literal('manifest'), base: z.boolean().optional() }),
   /** The shard's own slices of the weights, as they are (for inspection and tests; small models). */
   z.strictObject({ fn: z.literal('weights') }),
   /**
@@ -436,7 +444,8 @@ export const CallBody = z.discriminatedUnion('fn', [
     digest: z.literal(true).optional(),
     inline: z.array(z.strictObject({ name: z.string(), shape: z.array(nat), data: f32, digest: Digest })).optional(),
   }),
-  z.strictObject({ fn: z.literal('release') }),
+  /** `keep`: keep the frozen base (a model with adapters) under this digest of its owner's base, for the next load of this view. */
+  z.strictObject({ fn: z.literal('release'), keep: z.string().optional() }),
   /**
    * Back to a fresh device, whatever it was doing: the running call is abandoned (its askers get
    * `interrupted`), every shard is dropped, remembered answers are forgotten. The supervisor sends
@@ -665,7 +674,7 @@ export const CordonReply = z.discriminatedUnion('type', [Cordoned, ErrorReply]);
 
 /** What each call returns, checked by the caller when the reply arrives. */
 export const ResultBodies = {
-  load: z.strictObject({ parameters: nat, digest: z.string() }),
+  load: z.strictObject({ parameters: nat, digest: z.string(), base_kept: z.boolean().optional() }),
   sft: z.strictObject({ loss: z.number(), first_loss: z.number() }),
   preference: z.strictObject({ loss: z.number(), first_loss: z.number(), accuracy: z.number() }),
   /** With episodes, also the action mask, the step rewards by token, the episodes' records and the device's busy and total seconds. */
