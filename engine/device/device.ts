@@ -4,7 +4,7 @@
 // shard's state to and from the supervisor (checkpoint, restore) is state-transfers.ts's; the
 // wait for an exchange's go, exchange.ts's.
 import type { Bus } from '../../mesh/wire/index.ts';
-import { readSnapshot, stateOf, writeSnapshot, type HeldShard } from './snapshot.ts';
+import { readSnapshot, stateOf, writeSnapshot, type HeldShard, type WrittenBases } from './snapshot.ts';
 import { checkStrategy, shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../../mesh/parallel/index.ts';
 import type { Checkpoint, LedgerEntry, Call, CallBody, CallFn, CallOf, Layout, ResultOf } from '../../mesh/wire/index.ts';
 import { cut, pasteRange } from '../../mesh/parallel/index.ts';
@@ -593,6 +593,8 @@ export class Device {
 
   /** The environments this device plays episodes against. */
   private readonly episodes: DeviceEpisodes;
+  /** The base objects this device wrote into its bucket (snapshot.ts): a frozen base is written once. */
+  private readonly writtenBases: WrittenBases = new Map();
   /** Frozen bases of released views of models with adapters, for their next load (kept-bases.ts). */
   private readonly keptBases = new KeptBases();
 
@@ -632,7 +634,7 @@ export class Device {
 
   /** Writes the shard's state into this device's own bucket; its bytes go from here to the store, not through the supervisor. */
   private snapshot(h: Hosted, model: string, iteration: number, body: CallOf<'snapshot'>): Promise<ResultOf<'snapshot'>> {
-    return writeSnapshot(this.shelf(`write '${model}' into`), this.index, h as HeldShard, model, iteration, body);
+    return writeSnapshot(this.shelf(`write '${model}' into`), this.index, h as HeldShard, model, iteration, body, this.writtenBases);
   }
 
   /** Puts the rank's state back from a snapshot's object; changes nothing unless the object is whole and this rank's. */

@@ -2,6 +2,7 @@
 // writes for the `snapshot` call, and what it reads back and checks for `reload`, before anything
 // of the shard changes.
 import {
+  BaseObject,
   ObjectError,
   PROTOCOL_VERSION,
   ShardObject,
@@ -18,7 +19,8 @@ import {
   type Shelf,
 } from '../../mesh/wire/index.ts';
 import { shardSlices, sliceShape } from '../../mesh/parallel/index.ts';
-import { modelInfo, type GptRank } from '../model/index.ts';
+import { modelDigest } from '../../mesh/wire/index.ts';
+import { modelInfo, trains, type GptRank } from '../model/index.ts';
 import { CallRejected } from './checks.ts';
 
 /** What of a hosted shard these need: where it is, its parameters and its ledger. */
@@ -47,12 +49,86 @@ export function stateOf(h: HeldShard): Checkpoint {
   };
 }
 
-/** Writes the shard's state into `device`'s own bucket as one ShardObject; see the protocol's `snapshot`. */
-export async function writeSnapshot(shelf: Shelf, device: number, h: HeldShard, model: string, iteration: number, body: CallOf<'snapshot'>): Promise<ResultOf<'snapshot'>> {
+/** Bytes of a checkpoint's typed arrays: what its encoding is sized for. */
+const typedBytes = (c: Pick<Checkpoint, 'tensors' | 'optimizer'>): number =>
+  c.tensors.reduce((n, t) => n + t.data.byteLength, 0) + (c.optimizer?.moments ?? []).reduce((n, m) => n + m.m.byteLength + m.v.byteLength, 0);
+
+/**
+ * Base objects this device has written (their names, and their bytes' digests): a model with
+ * adapters writes its frozen base once, and each snapshot after names it.
+ */
+export type WrittenBases = Map<string, string>;
+
+/**
+ * Writes the shard's state into `device`'s own bucket as one ShardObject; see the protocol's
+ * `snapshot`. A trained model with adapters writes its frozen base as an object of its own (named
+ * by its digest, so it is written again only when it changes: never, while it trains) and, in the
+ * snapshot's object, what trains alone; `state` is the whole state's digest either way.
+ */
+export async function writeSnapshot(shelf: Shelf, device: number, h: HeldShard, model: string, iteration: number, body: CallOf<'snapshot'>, bases: WrittenBases = new Map()): Promise<ResultOf<'snapshot'>> {
   const checkpoint = stateOf(h);
-  const typed = checkpoint.tensors.reduce((n, t) => n + t.data.byteLength, 0) + (checkpoint.optimizer?.moments ?? []).reduce((n, m) => n + m.m.byteLength + m.v.byteLength, 0);
-  const bytes = encodeSized({ type: 'shard', v: PROTOCOL_VERSION, model, layout: h.layout, rank: h.rank, iteration, checkpoint }, typed);
-  return { bytes: bytes.length, digest: await shelf.put(device, body.object, bytes), state: stateDigest(checkpoint) };
+  const state = stateDigest(checkpoint);
+  const spec = h.shard.spec;
+  if (!spec.lora || !checkpoint.optimizer) {
+    const bytes = encodeSized({ type: 'shard', v: PROTOCOL_VERSION, model, layout: h.layout, rank: h.rank, iteration, checkpoint }, typedBytes(checkpoint));
+    return { bytes: bytes.length, digest: await shelf.put(device, body.object, bytes), state };
+  }
+  const frozen = checkpoint.tensors.filter((t) => !trains(spec, t.name));
+  const name = `base-${modelDigest(frozen).replace(/^[a-z0-9]+:/, '').slice(0, 24)}.${model}.r${h.rank}`;
+  let written = 0;
+  let digest = bases.get(name);
+  if (digest === undefined) {
+    const bytes = encodeSized({ type: 'base', v: PROTOCOL_VERSION, model, layout: h.layout, rank: h.rank, tensors: frozen }, typedBytes({ tensors: frozen }));
+    digest = await shelf.put(device, name, bytes);
+    bases.set(name, digest);
+    written = bytes.length;
+  }
+  const own = new Set(checkpoint.tensors.filter((t) => trains(spec, t.name)).map((t) => t.name));
+  const delta: Checkpoint = {
+    tensors: checkpoint.tensors.filter((t) => own.has(t.name)),
+    optimizer: { step: checkpoint.optimizer.step, moments: checkpoint.optimizer.moments.filter((m) => own.has(m.name)) },
+    ...(checkpoint.ledger ? { ledger: checkpoint.ledger } : {}),
+  };
+  const bytes = encodeSized({ type: 'shard', v: PROTOCOL_VERSION, model, layout: h.layout, rank: h.rank, iteration, checkpoint: delta, base: { object: name, digest } }, typedBytes(delta));
+  return { bytes: written + bytes.length, digest: await shelf.put(device, body.object, bytes), state };
+}
+
+/**
+ * A snapshot object's whole checkpoint: itself, or (a model with adapters) what trains from it and
+ * the frozen base from the base object it names, read from the same bucket and checked — its
+ * digest, model, layout and rank — with zero moments for the base, as a fresh slot holds them.
+ * `fail` makes the error the reader raises.
+ */
+export async function wholeCheckpoint(get: (object: string) => Promise<Uint8Array | undefined>, o: ShardObject, at: string, fail: (message: string) => Error): Promise<Checkpoint> {
+  if (!o.base) return o.checkpoint;
+  const where = `${at}: its base ${JSON.stringify(o.base.object)}`;
+  let bytes: Uint8Array | undefined;
+  try {
+    bytes = await get(o.base.object);
+  } catch (e) {
+    if (e instanceof ObjectError) throw fail(`${where}: ${e.message}`);
+    throw e;
+  }
+  if (!bytes) throw fail(`${where} is missing`);
+  const actual = digestMismatch(bytes, o.base.digest);
+  if (actual !== undefined) throw fail(`${where} changed since it was written: its digest is ${shortDigest(actual)}, the snapshot says ${shortDigest(o.base.digest)}`);
+  let b: BaseObject;
+  try {
+    b = decode(where, bytes, BaseObject);
+  } catch (e) {
+    throw fail((e as Error).message);
+  }
+  if (b.model !== o.model || b.rank !== o.rank || JSON.stringify(b.layout) !== JSON.stringify(o.layout))
+    throw fail(`${where} holds '${b.model}' rank ${b.rank} of layout [${b.layout.devices}], not '${o.model}' rank ${o.rank} of [${o.layout.devices}]`);
+  const c = o.checkpoint;
+  const zeros = (n: number) => new Float32Array(n);
+  // What trains (the adapters, a trained head) follows the base in the parameters' canonical order
+  // (params.ts), so the base, then the rest, is that order.
+  return {
+    tensors: [...b.tensors, ...c.tensors],
+    ...(c.optimizer ? { optimizer: { step: c.optimizer.step, moments: [...b.tensors.map((t) => ({ name: t.name, m: zeros(t.data.length), v: zeros(t.data.length) })), ...c.optimizer.moments] } } : {}),
+    ...(c.ledger ? { ledger: c.ledger } : {}),
+  };
 }
 
 /**
@@ -85,7 +161,7 @@ export async function readSnapshot(shelf: Shelf, h: HeldShard, model: string, bo
   if (o.model !== model || JSON.stringify(shardSlices(info, o.layout, o.rank)) !== JSON.stringify(mine)) {
     throw new CallRejected('digest_mismatch', `${at} holds '${o.model}' rank ${o.rank} of layout [${o.layout.devices}], not the slices of rank ${h.rank} of [${h.layout.devices}] here`);
   }
-  const c = o.checkpoint;
+  const c = await wholeCheckpoint((name) => shelf.get(device, name), o, at, (m) => new CallRejected('digest_mismatch', m));
   if ((c.optimizer !== undefined) !== body.optimizer)
     throw new CallRejected('invalid_state', `${at}: expected ${body.optimizer ? 'an' : 'no'} optimizer state, the object has ${c.optimizer ? 'one' : 'none'}`);
   const named = new Map(c.tensors.map((t) => [t.name, t]));

@@ -7,6 +7,7 @@
 import { ObjectError, ProtocolError, ShardObject, decode, digestMismatch, shortDigest, type Checkpoint, type ShardEntry, type Shelf, type SnapshotManifest } from '../../../mesh/wire/index.ts';
 import { layoutKey } from '../../../mesh/parallel/index.ts';
 import type { Snapshot } from './store.ts';
+import { wholeCheckpoint } from '../../device/index.ts';
 import { unpackReplicas } from './replicas.ts';
 
 export class SnapshotError extends Error {
@@ -76,7 +77,7 @@ export async function readSnapshot(shelf: Pick<Shelf, 'get'>, m: SnapshotManifes
             const expected = `'${model}' rank ${rank} of layout [${layout.devices}] after iteration ${m.iteration}`;
             if (o.model !== model || o.rank !== rank || layoutKey(o.layout) !== layoutKey(layout) || o.iteration !== m.iteration)
               throw new SnapshotError(`${at}: expected ${expected}, got '${o.model}' rank ${o.rank} of layout [${o.layout.devices}] after iteration ${o.iteration}`);
-            return o.checkpoint;
+            return wholeCheckpoint((name) => shelf.get(s.device, name), o, at, (message) => new SnapshotError(message));
           }),
         );
         return [model, read] as const;

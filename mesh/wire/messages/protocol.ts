@@ -152,8 +152,24 @@ export const ShardObject = z.strictObject({
   rank: nat,
   iteration: z.number().int().min(-1),
   checkpoint: Checkpoint,
+  /**
+   * A model with adapters: `checkpoint` holds what trains alone (weights and moments), and the
+   * frozen base is this object of the same bucket (a BaseObject), whose bytes have this digest.
+   */
+  base: z.strictObject({ object: z.string(), digest: z.string() }).optional(),
 });
 export type ShardObject = z.infer<typeof ShardObject>;
+
+/** A rank's frozen base (a model with adapters), written once for the snapshots that name it. */
+export const BaseObject = z.strictObject({
+  type: z.literal('base'),
+  v,
+  model: z.string(),
+  layout: Layout,
+  rank: nat,
+  tensors: Checkpoint.shape.tensors,
+});
+export type BaseObject = z.infer<typeof BaseObject>;
 
 /** An object's name in a device's snapshot bucket: what a NATS subject token takes, and dots. */
 export const ObjectName = z.string().regex(/^[A-Za-z0-9_.-]+$/, "letters, digits, '.', '-' and '_'");

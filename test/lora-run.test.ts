@@ -1,0 +1,84 @@
+// LoRA end to end over NATS with worker processes: an asynchronous run (rl.lag 1: the rollout
+// devices' second copy filled beside generation) with a 3D plan, killed mid-iteration — a
+// training rank, a rollout rank, the supervisor — ends with the digests of its clean twin, nothing
+// lost or trained twice; the views' fills move the adapters alone once their devices keep the
+// base, snapshots write the base once; and the run exports as a PEFT adapter and as a merged model.
+import { existsSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { runChaos } from '../engine/cli/chaos-run.ts';
+import { exportRun, parseScenario, runSpec, modelSpec, type Summary } from '../engine/runtime/index.ts';
+import { parameterShapes, trains, SafetensorsFile, type GptSpec } from '../engine/model/index.ts';
+import type { Metrics } from '../mesh/wire/index.ts';
+import { tempDir } from './helpers.ts';
+
+const SCENARIO = `name: lora-chaos
+seed: 3
+task: { name: sort, digits: 4, base: 10 }
+model: { family: llama, layers: 2, width: 16, heads: 2, lora: { rank: 2, alpha: 4, modules_to_save: [lm_head] } }
+cluster: { nodes: 1, devices_per_node: 4 }
+plan:
+  actor.train: { mesh: "0:0-1", dp: 2 }
+  actor.generate: { mesh: "0:2-3", tp: 2 }
+  critic.train: { mesh: "0:0-1", pp: 2 }
+  critic.inference: { mesh: "0:2-3", dp: 2 }
+  reference.inference: { mesh: "0:2-3", tp: 2 }
+  reward.inference: { mesh: "0:3" }
+warmup: { steps: 2, demos: 32, batch: 8 }
+rl: { iterations: 5, batch: 8, lag: 1, lr: 3.0e-3 }
+timeouts: { heartbeat_seconds: 3 }
+chaos:
+  kills:
+    - { actor: actor, call: train, iteration: 1 }
+    - { actor: actor, call: generate, iteration: 2 }
+    - { actor: supervisor, call: inference, iteration: 3 }
+`;
+
+const jsonl = <T>(file: string): T[] =>
+  readFileSync(file, 'utf8')
+    .split('\n')
+    .filter(Boolean)
+    .map((l) => JSON.parse(l) as T);
+
+describe('LoRA over NATS', () => {
+  it('asynchronous, with kills: the clean twin\'s digests, nothing lost; adapters alone move into views, the base is written once; exports as PEFT and merged', async () => {
+    const dir = tempDir();
+    const scenario = parseScenario(SCENARIO, 'lora-chaos.yaml');
+    const report = await runChaos(scenario, dir);
+    expect(report.chaos.status, report.chaos.error).toBe('succeeded');
+    expect(report).toMatchObject({ digests_equal: true, rollouts_lost: 0, rollouts_duplicated: 0 });
+    expect(report.kills).toBeGreaterThanOrEqual(3);
+
+    // The clean run's fills of actor.generate's view: the whole model once, then what trains.
+    const spec = modelSpec(runSpec(scenario), 'actor') as GptSpec;
+    const size = (name: string) => parameterShapes(spec).find(([n]) => n === name)![1].reduce((a, b) => a * b, 1) * 4;
+    const trainable = parameterShapes(spec).filter(([n]) => trains(spec, n)).reduce((n, [name]) => n + size(name), 0);
+    const all = parameterShapes(spec).reduce((n, [name]) => n + size(name), 0);
+    const clean = join(dir, 'clean');
+    const metrics = jsonl<Metrics>(join(clean, 'metrics.jsonl'));
+    // actor.generate's view is tp = 2: each rank receives its slices; the critic's inference view
+    // (dp = 2) receives the critic whole on each of its two devices.
+    expect(metrics[0]!.realloc_bytes).toBeGreaterThan(all);
+    const later = metrics.slice(2).map((m) => m.realloc_bytes);
+    expect(Math.max(...later)).toBeLessThan(metrics[0]!.realloc_bytes / 4);
+    expect(trainable / all).toBeLessThan(0.25);
+
+    // Snapshots: the frozen base is an object of its own, written once per rank.
+    const summary = JSON.parse(readFileSync(join(clean, 'summary.json'), 'utf8')) as Summary;
+    expect(summary.snapshots!.count).toBeGreaterThanOrEqual(5);
+    expect(summary.snapshots!.total_bytes).toBeLessThan(2 * summary.snapshots!.count * summary.snapshots!.bytes);
+
+    // The run's adapters as a PEFT adapter, and merged into a Hugging Face model.
+    const adapter = await exportRun(clean, { out: join(dir, 'adapter'), adapter: true });
+    expect(adapter.files).toEqual(['adapter_config.json', 'adapter_model.safetensors']);
+    const config = JSON.parse(readFileSync(join(dir, 'adapter', 'adapter_config.json'), 'utf8')) as Record<string, unknown>;
+    expect(config).toMatchObject({ peft_type: 'LORA', r: 2, lora_alpha: 4, modules_to_save: ['lm_head'], target_modules: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] });
+    const keys = [...SafetensorsFile.open(join(dir, 'adapter', 'adapter_model.safetensors')).tensors.keys()];
+    expect(keys).toContain('base_model.model.model.layers.1.mlp.down_proj.lora_B.weight');
+    expect(keys).toContain('base_model.model.lm_head.weight');
+    const merged = await exportRun(clean, { out: join(dir, 'merged') });
+    expect(merged.files).toContain('model.safetensors');
+    expect(existsSync(join(dir, 'merged', 'config.json'))).toBe(true);
+    await expect(exportRun(clean, { out: join(dir, 'x'), adapter: true, model: 'reference' })).rejects.toThrow(/--adapter: reference has no LoRA adapters/);
+  }, 240_000);
+});
