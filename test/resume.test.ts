@@ -111,7 +111,7 @@ describe('npm run scenario -- --resume RUN_DIR', () => {
     for (const [call, p] of Object.entries(plan)) expect(p.mesh, call).toBe('0:0');
   }, 300_000);
 
-  it('reads a checkpoint written by protocol 1 to 6 (only how chunks travel, the reset call, where snapshots are written, calls beside, a restore answer and the chunk path digests changed since), and refuses one of an unknown version', () => {
+  it('reads a checkpoint written by protocol 1 to 7 (only how chunks travel, the reset call, where snapshots are written, calls beside, a restore answer, the chunk path digests and a view\'s kept base changed since), and refuses one of an unknown version', () => {
     const dir = tempDir();
     const packr = new Packr({ useRecords: false, moreTypes: true, mapsAsObjects: true });
     const models = { actor: [{ tensors: [{ name: 'wte', shape: [2], data: new Float32Array([1, -0]) }] }] };
@@ -133,8 +133,10 @@ describe('npm run scenario -- --resume RUN_DIR', () => {
     writeFileSync(join(dir, 'checkpoint.msgpack'), packr.pack({ type: 'checkpoint', v: 6, iteration: 9, models: { actor: [{ ...models.actor[0]!, ledger }] } }));
     expect(readResume(dir).iteration).toBe(9);
     expect(readResume(dir).checkpoint.actor![0]!.ledger).toEqual(ledger);
+    writeFileSync(join(dir, 'checkpoint.msgpack'), packr.pack({ type: 'checkpoint', v: 7, iteration: 10, models }));
+    expect(readResume(dir).iteration).toBe(10);
     writeFileSync(join(dir, 'checkpoint.msgpack'), packr.pack({ type: 'checkpoint', v: 9, iteration: 4, models }));
-    expect(() => readResume(dir)).toThrow(`expected protocol version v=1, v=2, v=3, v=4, v=5, v=6 or v=${PROTOCOL_VERSION}, got 9`);
+    expect(() => readResume(dir)).toThrow(`expected protocol version v=1, v=2, v=3, v=4, v=5, v=6, v=7 or v=${PROTOCOL_VERSION}, got 9`);
   });
 
   it('says what is missing when a run directory has no checkpoint', async () => {

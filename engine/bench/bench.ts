@@ -22,6 +22,7 @@ import { dirname } from 'node:path';
 import type { DeviceProfile } from '../runtime/index.ts';
 import { LOCAL_PROFILE, loadLocalProfile } from '../runtime/index.ts';
 import { ESTIMATOR_TASKS, estimatorBench, PLANS, searchBench } from './bench-estimator.ts';
+import { LORA_TASKS, loraBench } from './bench-lora.ts';
 import { reallocBench } from './bench-realloc.ts';
 import { computeBench } from './bench-compute.ts';
 import { generateBench } from './bench-generate.ts';
@@ -40,6 +41,9 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
   realloc [--width W] [--layers L] [--repeats R]  reallocation MB/s against raw NATS, bytes, memory
   estimator [--iterations N] [--profile] [--task sort|count] [--repeats N]
                                                 planner estimates against measured runs of 6 local plans, each the median of N runs (3)
+  lora [--iterations N] [--width W] [--task sort|count]
+                                                GRPO, full fine-tuning against LoRA rank 1 and 8 (lr ×10): reward first 5 -> last 5, trainable
+                                                share, bytes per iteration (fills and snapshots), s/iteration, colocated peak tensor memory
   search [--iterations N] [--budget S]          measured: the best named placement against the search's plan
   search-quality [--budget S] [--reference S] [--seeds N] [--scenario FILE]
                                                 estimated: searches of 10 s (5 seeds) against one of 120 s, per cluster scenario
@@ -147,6 +151,7 @@ runMain(async () => {
   const name = positionals[0];
   if (name === 'realloc') return realloc(values);
   if (name === 'estimator') return estimator(values);
+  if (name === 'lora') return lora(values);
   if (name === 'search') return searchPlans(values);
   if (name === 'chaos') return chaosSoak(values);
   if (name === 'algorithms') return algorithmsBench(values);
@@ -205,7 +210,7 @@ runMain(async () => {
   }
   if (name !== 'iteration')
     throw new UsageError(
-      `unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, search, search-quality, chaos, algorithms, compute, generate, env, async, checkpoint, snapshot\n${USAGE}`,
+      `unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, lora, search, search-quality, chaos, algorithms, compute, generate, env, async, checkpoint, snapshot\n${USAGE}`,
     );
   let scenario = await loadScenarioFile(values.scenario ?? 'scenarios/quickstart.yaml');
   if (values.iterations !== undefined) {
@@ -396,6 +401,25 @@ async function searchPlans(values: { json?: boolean; iterations?: string; profil
   const r = await searchBench(profile, iterations, budget, log);
   if (values.json) console.log(JSON.stringify(r));
   else console.log(`measured speed-up of the searched plan over the best named one: ${r.speedup_measured.toFixed(2)}×`);
+  return 0;
+}
+
+async function lora(values: { json?: boolean; iterations?: string; width?: string; task?: string }): Promise<number> {
+  const log = values.json ? () => {} : (line: string) => console.log(line);
+  await initBackend('wasm');
+  const iterations = values.iterations === undefined ? 30 : whole('iterations', values.iterations, 6);
+  // --width and --task have other benchmarks' defaults: this one's are width 256 and both tasks.
+  const given = (flag: string) => process.argv.some((a) => a === `--${flag}` || a.startsWith(`--${flag}=`));
+  const width = given('width') ? whole('width', values.width, 16) : 256;
+  const tasks = given('task') ? [values.task!] : Object.keys(LORA_TASKS);
+  for (const t of tasks) if (!(t in LORA_TASKS)) throw new UsageError(`--task: expected one of ${Object.keys(LORA_TASKS).join(', ')}, got ${JSON.stringify(t)}`);
+  log(`bench lora: GRPO on ${tasks.join(' and ')}, width ${width}, ${iterations} iterations: full fine-tuning, LoRA rank 1 and rank 8 (learning rate ×10), over NATS; then 4 iterations each on one device in this process`);
+  const r = await loraBench({ width, iterations, memoryIterations: 4, lr: 1e-3, tasks }, log);
+  for (const x of r.ratios)
+    log(
+      `${x.task}: rank 8's last-5 reward ${x.r8_last5_gap >= 0 ? '+' : ''}${x.r8_last5_gap.toFixed(3)} against full fine-tuning's; bytes per iteration, rank 1 ${(100 * x.r1_bytes_share).toFixed(2)}% and rank 8 ${(100 * x.r8_bytes_share).toFixed(2)}% of full fine-tuning's (rank 8's trainable share ${(100 * x.r8_trainable_share).toFixed(2)}%); colocated peak tensors ${x.r8_memory_ratio.toFixed(2)}×; seconds per iteration ${x.r8_seconds_ratio.toFixed(2)}×`,
+    );
+  if (values.json) console.log(JSON.stringify(r));
   return 0;
 }
 

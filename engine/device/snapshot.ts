@@ -61,19 +61,21 @@ export type WrittenBases = Map<string, string>;
 
 /**
  * Writes the shard's state into `device`'s own bucket as one ShardObject; see the protocol's
- * `snapshot`. A trained model with adapters writes its frozen base as an object of its own (named
- * by its digest, so it is written again only when it changes: never, while it trains) and, in the
- * snapshot's object, what trains alone; `state` is the whole state's digest either way.
+ * `snapshot`. What does not train — a model with adapters' frozen base, a frozen model (a reference)
+ * whole — is an object of its own, named by its digest, so it is written again only when it
+ * changes (never, while it does not train), and the snapshot's object holds what trains alone;
+ * `state` is the whole state's digest either way.
  */
 export async function writeSnapshot(shelf: Shelf, device: number, h: HeldShard, model: string, iteration: number, body: CallOf<'snapshot'>, bases: WrittenBases = new Map()): Promise<ResultOf<'snapshot'>> {
   const checkpoint = stateOf(h);
   const state = stateDigest(checkpoint);
   const spec = h.shard.spec;
-  if (!spec.lora || !checkpoint.optimizer) {
+  const trained = (name: string) => checkpoint.optimizer !== undefined && trains(spec, name);
+  if (checkpoint.tensors.every((t) => trained(t.name))) {
     const bytes = encodeSized({ type: 'shard', v: PROTOCOL_VERSION, model, layout: h.layout, rank: h.rank, iteration, checkpoint }, typedBytes(checkpoint));
     return { bytes: bytes.length, digest: await shelf.put(device, body.object, bytes), state };
   }
-  const frozen = checkpoint.tensors.filter((t) => !trains(spec, t.name));
+  const frozen = checkpoint.tensors.filter((t) => !trained(t.name));
   const name = `base-${modelDigest(frozen).replace(/^[a-z0-9]+:/, '').slice(0, 24)}.${model}.r${h.rank}`;
   let written = 0;
   let digest = bases.get(name);
@@ -83,10 +85,9 @@ export async function writeSnapshot(shelf: Shelf, device: number, h: HeldShard, 
     bases.set(name, digest);
     written = bytes.length;
   }
-  const own = new Set(checkpoint.tensors.filter((t) => trains(spec, t.name)).map((t) => t.name));
   const delta: Checkpoint = {
-    tensors: checkpoint.tensors.filter((t) => own.has(t.name)),
-    optimizer: { step: checkpoint.optimizer.step, moments: checkpoint.optimizer.moments.filter((m) => own.has(m.name)) },
+    tensors: checkpoint.tensors.filter((t) => trained(t.name)),
+    ...(checkpoint.optimizer ? { optimizer: { step: checkpoint.optimizer.step, moments: checkpoint.optimizer.moments.filter((m) => trained(m.name)) } } : {}),
     ...(checkpoint.ledger ? { ledger: checkpoint.ledger } : {}),
   };
   const bytes = encodeSized({ type: 'shard', v: PROTOCOL_VERSION, model, layout: h.layout, rank: h.rank, iteration, checkpoint: delta, base: { object: name, digest } }, typedBytes(delta));
@@ -94,8 +95,8 @@ export async function writeSnapshot(shelf: Shelf, device: number, h: HeldShard, 
 }
 
 /**
- * A snapshot object's whole checkpoint: itself, or (a model with adapters) what trains from it and
- * the frozen base from the base object it names, read from the same bucket and checked — its
+ * A snapshot object's whole checkpoint: itself, or what trains from it and what does not (a model
+ * with adapters' base, a frozen model whole) from the base object it names, read from the same bucket and checked — its
  * digest, model, layout and rank — with zero moments for the base, as a fresh slot holds them.
  * `fail` makes the error the reader raises.
  */
