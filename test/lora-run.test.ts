@@ -7,7 +7,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { runChaos } from '../engine/cli/chaos-run.ts';
-import { exportRun, parseScenario, runSpec, modelSpec, type Summary } from '../engine/runtime/index.ts';
+import { LocalDispatcher, exportRun, layoutOf, ownerOf, parseScenario, readResume, runSpec, modelSpec, wholeTensors, type Summary } from '../engine/runtime/index.ts';
 import { parameterShapes, trains, SafetensorsFile, type GptSpec } from '../engine/model/index.ts';
 import type { Metrics } from '../mesh/wire/index.ts';
 import { tempDir } from './helpers.ts';
@@ -80,5 +80,31 @@ describe('LoRA over NATS', () => {
     expect(merged.files).toContain('model.safetensors');
     expect(existsSync(join(dir, 'merged', 'config.json'))).toBe(true);
     await expect(exportRun(clean, { out: join(dir, 'x'), adapter: true, model: 'reference' })).rejects.toThrow(/--adapter: reference has no LoRA adapters/);
+
+    // And back: a run that starts from the base (the reference, exported) and the PEFT adapter
+    // holds, on each rank, exactly the trained policy's weights.
+    await exportRun(clean, { out: join(dir, 'base'), model: 'reference' });
+    const again = parseScenario(`${SCENARIO.replace(/model: \{[^\n]*\n/, `model: { from: ${join(dir, 'base')}, adapter: ${join(dir, 'adapter')} }\n`).replace(/chaos:[\s\S]*$/, '')}`, 'from-adapter.yaml');
+    const r = runSpec(again);
+    expect(modelSpec(r, 'actor')).toMatchObject({ lora: { rank: 2, alpha: 4, modulesToSave: ['lm_head'] } });
+    const resume = readResume(clean);
+    const trained = new Map(wholeTensors(spec, resume.layouts?.actor ?? layoutOf(runSpec(scenario), ownerOf(runSpec(scenario), 'actor')), resume.checkpoint.actor!, 'actor').map((t) => [t.name, t.data]));
+    const d = new LocalDispatcher(1);
+    try {
+      const one = { devices: [0], dp: 1, tp: 1, pp: 1 };
+      await d.call(0, 'actor', -1, { fn: 'load', role: 'actor', spec: modelSpec(r, 'actor'), layout: one, rank: 0, seed: 3, from: join(dir, 'base'), adapter: join(dir, 'adapter') });
+      const held = (await d.call(0, 'actor', -1, { fn: 'weights' })).tensors;
+      expect(held.map((t) => t.name)).toEqual([...trained.keys()]);
+      for (const t of held) expect(Array.from(t.data), t.name).toEqual(Array.from(trained.get(t.name)!));
+    } finally {
+      await d.close();
+    }
+    // model.lora that says otherwise than the adapter is refused, naming both.
+    expect(() => parseScenario(`${SCENARIO.replace(/model: \{[^\n]*\n/, `model: { from: ${join(dir, 'base')}, adapter: ${join(dir, 'adapter')}, lora: { rank: 4 } }\n`).replace(/chaos:[\s\S]*$/, '')}`, 'bad.yaml')).toThrow(
+      /model\.lora\.rank: 4, but .*adapter_config\.json says 2/,
+    );
+    expect(() => parseScenario(`${SCENARIO.replace(/model: \{[^\n]*\n/, `model: { layers: 2, width: 16, heads: 2, family: llama, adapter: ${join(dir, 'adapter')} }\n`).replace(/chaos:[\s\S]*$/, '')}`, 'bad.yaml')).toThrow(
+      /model\.adapter: .*: a PEFT adapter sits on a base model; give that base as model\.from/,
+    );
   }, 240_000);
 });

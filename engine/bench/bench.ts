@@ -41,8 +41,8 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
   realloc [--width W] [--layers L] [--repeats R]  reallocation MB/s against raw NATS, bytes, memory
   estimator [--iterations N] [--profile] [--task sort|count] [--repeats N]
                                                 planner estimates against measured runs of 6 local plans, each the median of N runs (3)
-  lora [--iterations N] [--width W] [--task sort|count]
-                                                GRPO, full fine-tuning against LoRA rank 1 and 8 (lr ×10): reward first 5 -> last 5, trainable
+  lora [--iterations N] [--width W] [--task sort|count] [--lr-scale X]
+                                                GRPO, full fine-tuning against LoRA rank 1 and 8 (lr ×X, 3): reward first 5 -> last 5, trainable
                                                 share, bytes per iteration (fills and snapshots), s/iteration, colocated peak tensor memory
   search [--iterations N] [--budget S]          measured: the best named placement against the search's plan
   search-quality [--budget S] [--reference S] [--seeds N] [--scenario FILE]
@@ -143,6 +143,7 @@ runMain(async () => {
     task: { type: 'string', default: 'sort' },
     'delay-ms': { type: 'string', default: '100' },
     sync: { type: 'string' },
+    'lr-scale': { type: 'string' },
   });
   if (values.help) {
     console.log(USAGE);
@@ -404,7 +405,7 @@ async function searchPlans(values: { json?: boolean; iterations?: string; profil
   return 0;
 }
 
-async function lora(values: { json?: boolean; iterations?: string; width?: string; task?: string }): Promise<number> {
+async function lora(values: { json?: boolean; iterations?: string; width?: string; task?: string; 'lr-scale'?: string }): Promise<number> {
   const log = values.json ? () => {} : (line: string) => console.log(line);
   await initBackend('wasm');
   const iterations = values.iterations === undefined ? 30 : whole('iterations', values.iterations, 6);
@@ -413,8 +414,10 @@ async function lora(values: { json?: boolean; iterations?: string; width?: strin
   const width = given('width') ? whole('width', values.width, 16) : 256;
   const tasks = given('task') ? [values.task!] : Object.keys(LORA_TASKS);
   for (const t of tasks) if (!(t in LORA_TASKS)) throw new UsageError(`--task: expected one of ${Object.keys(LORA_TASKS).join(', ')}, got ${JSON.stringify(t)}`);
-  log(`bench lora: GRPO on ${tasks.join(' and ')}, width ${width}, ${iterations} iterations: full fine-tuning, LoRA rank 1 and rank 8 (learning rate ×10), over NATS; then 4 iterations each on one device in this process`);
-  const r = await loraBench({ width, iterations, memoryIterations: 4, lr: 1e-3, tasks }, log);
+  const lrScale = Number(values['lr-scale'] ?? '3');
+  if (!(lrScale > 0)) throw new UsageError(`--lr-scale: expected a positive number, got ${values['lr-scale']}`);
+  log(`bench lora: GRPO on ${tasks.join(' and ')}, width ${width}, ${iterations} iterations: full fine-tuning (lr 1e-3), LoRA rank 1 and rank 8 (lr ×${lrScale}), over NATS; then 4 iterations each on one device in this process`);
+  const r = await loraBench({ width, iterations, memoryIterations: 4, lr: 1e-3, lrScale, tasks }, log);
   for (const x of r.ratios)
     log(
       `${x.task}: rank 8's last-5 reward ${x.r8_last5_gap >= 0 ? '+' : ''}${x.r8_last5_gap.toFixed(3)} against full fine-tuning's; bytes per iteration, rank 1 ${(100 * x.r1_bytes_share).toFixed(2)}% and rank 8 ${(100 * x.r8_bytes_share).toFixed(2)}% of full fine-tuning's (rank 8's trainable share ${(100 * x.r8_trainable_share).toFixed(2)}%); colocated peak tensors ${x.r8_memory_ratio.toFixed(2)}×; seconds per iteration ${x.r8_seconds_ratio.toFixed(2)}×`,

@@ -26,7 +26,8 @@ import { tokensDigest } from './ledger.ts';
 import { Comm } from '../../mesh/parallel/index.ts';
 import { LossError, loadLossModule } from '../model/index.ts';
 import { GptRank, heldBytes, kvCacheProblem } from '../model/index.ts';
-import { HfError, SafetensorsError, readHfWeights } from '../model/index.ts';
+import { HfError, SafetensorsError, readHfWeights, readPeftAdapter } from '../model/index.ts';
+import { PeftError } from '../adapters/index.ts';
 
 export { CallRejected } from './checks.ts';
 
@@ -323,8 +324,12 @@ export class Device {
     if (body.from !== undefined && shard instanceof GptRank) {
       try {
         const loaded = readHfWeights(body.from, shard.spec, shard.weights.parameterNames());
-        shard.weights.importWhole(loaded);
-        const have = new Set(loaded.map((t) => t.name));
+        // A PEFT adapter's tensors, whole: each rank keeps its slices of those it holds.
+        const held = new Set(shard.weights.parameterNames());
+        if (body.adapter !== undefined) loaded.push(...readPeftAdapter(body.adapter, shard.spec).filter((t) => held.has(t.name)));
+        const byName = new Map(loaded.map((t) => [t.name, t]));
+        shard.weights.importWhole([...byName.values()]);
+        const have = new Set(byName.keys());
         if (body.seed !== undefined)
           shard.weights.seed(
             body.seed,
@@ -332,7 +337,7 @@ export class Device {
           );
       } catch (e) {
         shard.dispose();
-        throw e instanceof HfError || e instanceof SafetensorsError ? new CallRejected('malformed', e.message) : e;
+        throw e instanceof HfError || e instanceof SafetensorsError || e instanceof PeftError ? new CallRejected('malformed', e.message) : e;
       }
     }
     if (previous) await this.drop(previous);

@@ -8,7 +8,7 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { NamedTensor } from '../../mesh/wire/index.ts';
-import { archOf, isHead, isTied, parameterShapes, type GptSpec } from './params.ts';
+import { archOf, baseSpec, isHead, isTied, parameterShapes, type GptSpec } from './params.ts';
 import { SafetensorsCheckpoint } from './safetensors.ts';
 
 export class HfError extends Error {
@@ -263,7 +263,8 @@ export function importHf(m: HfModel, ck: SafetensorsCheckpoint, names?: Readonly
 export function readHfWeights(dir: string, spec: GptSpec, names: readonly string[]): NamedTensor[] {
   const m = readHfConfig(dir);
   const want = gptSpecOf(m, join(dir, 'config.json'));
-  const body = (x: GptSpec) => parameterShapes({ ...x, kind: 'policy', tied: false }).filter(([n]) => !isHead(n));
+  // The base's body: adapters (engine/adapters) are not in a Hugging Face checkpoint.
+  const body = (x: GptSpec) => parameterShapes({ ...baseSpec(x), kind: 'policy', tied: false }).filter(([n]) => !isHead(n));
   if (JSON.stringify(body(want)) !== JSON.stringify(body(spec))) throw new HfError(`${dir}: the checkpoint's shape differs from the model's (${JSON.stringify(spec)})`);
   const held = new Set(names.filter((n) => spec.kind === 'policy' || !isHead(n)));
   const ck = SafetensorsCheckpoint.open(dir);

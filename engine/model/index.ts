@@ -15,3 +15,4 @@ export * from './kv-cache.ts';
 export * from './safetensors.ts';
 export * from './tokenizer.ts';
 export * from './hf.ts';
+export * from './peft-files.ts';

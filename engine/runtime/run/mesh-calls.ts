@@ -6,7 +6,7 @@ import type { Layout } from '../../../mesh/parallel/index.ts';
 import { planRealloc } from '../../../mesh/parallel/index.ts';
 import { modelInfo, parameterShapes, trains, type GptSpec } from '../../model/index.ts';
 import type { CallName } from '../scenario/scenario.ts';
-import { callDecl, checkpointOf, layoutOf, lossModulesOf, modelSpec, nodeOf, ownerOf, viewOf, type RunSpec } from './spec.ts';
+import { adapterOf, callDecl, checkpointOf, layoutOf, lossModulesOf, modelSpec, nodeOf, ownerOf, viewOf, type RunSpec } from './spec.ts';
 
 /** Collective groups made by this process, so that each mesh call's group name is its own. */
 let groups = 0;
@@ -123,6 +123,7 @@ async function loadRanks(d: Dispatcher, r: RunSpec, name: string, role: string, 
               rank,
               ...(opts.seed === undefined ? {} : { seed: opts.seed }),
               ...(opts.seed !== undefined && checkpointOf(r, name) !== undefined ? { from: checkpointOf(r, name) } : {}),
+              ...(opts.seed !== undefined && adapterOf(r, name) !== undefined ? { adapter: adapterOf(r, name) } : {}),
               ...(opts.lr === undefined ? {} : { optim: { lr: opts.lr, beta1: 0.9, beta2: 0.999, eps: 1e-8, clipNorm: s.rl.clip_norm } }),
               ...(opts.lr === undefined ? {} : lossModulesOf(r, name)),
               ...(opts.serve === undefined ? {} : { serve: opts.serve }),

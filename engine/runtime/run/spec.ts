@@ -63,6 +63,9 @@ export function modelSpec(r: RunSpec, model: string): ModelSpec {
 /** The checkpoint directory a model's weights come from: the base policy's, with model.from. */
 export const checkpointOf = (r: RunSpec, model: string): string | undefined => (model === basePolicy(r) ? r.scenario.model.from : undefined);
 
+/** The PEFT adapter directory a model's adapters start from: the base policy's, with model.adapter. */
+export const adapterOf = (r: RunSpec, model: string): string | undefined => (model === basePolicy(r) ? r.scenario.model.adapter : undefined);
+
 /** How the run's generations draw tokens: the scenario's sampling settings. */
 export function samplingOf(r: RunSpec): { temperature: number; topK?: number; topP?: number; eos?: number } {
   const { temperature, top_k, top_p } = r.scenario.rl;

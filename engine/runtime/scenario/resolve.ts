@@ -4,8 +4,8 @@ import { staleGraph, versionsProblem } from '../../asynchrony/index.ts';
 import { formatIssues, shortList } from '../../../mesh/wire/index.ts';
 import { deviceCount, parseMesh, singleDeviceMesh, MeshError, type Cluster } from '../../../mesh/parallel/index.ts';
 import { makeTask, type Task, type VerifierName } from '../../device/index.ts';
-import { HfError, TextTokenizer, TokenizerError, gptSpecOf, parameterShapes, readHfConfig, type GptSpec } from '../../model/index.ts';
-import { defaultTargets, loraProblem, type LoraSpec } from '../../adapters/index.ts';
+import { HfError, TextTokenizer, TokenizerError, gptSpecOf, parameterShapes, readHfConfig, readPeftAdapter, readPeftConfig, type GptSpec } from '../../model/index.ts';
+import { defaultTargets, loraProblem, PeftError, type LoraSpec } from '../../adapters/index.ts';
 import { DatasetError, JsonlDataset } from '../data/dataset.ts';
 import { dataTask, type DataTask } from '../data/data-task.ts';
 import { MODELS as MODEL_PRESETS } from '../plan/catalog.ts';
@@ -365,18 +365,59 @@ export function policySpec(s: Scenario): GptSpec {
   };
 }
 
-/** The scenario's adapters as a trained model's spec carries them (every linear layer by default), or undefined. */
+/** Adapter directories' configs, read once each. */
+const adapterConfigs = new Map<string, LoraSpec>();
+
+/**
+ * The scenario's adapters as a trained model's spec carries them (every linear layer by default),
+ * or undefined: `model.lora`'s, or with `model.adapter`, what its adapter_config.json says.
+ */
 export function loraOf(s: Scenario, family: 'gpt2' | 'llama'): LoraSpec | undefined {
+  const dir = s.model.adapter;
+  if (dir !== undefined) {
+    const key = `${family}:${dir}`;
+    if (!adapterConfigs.has(key)) adapterConfigs.set(key, readPeftConfig(dir, family));
+    return adapterConfigs.get(key);
+  }
   const l = s.model.lora;
   return l && { rank: l.rank, alpha: l.alpha, targets: l.targets ?? defaultTargets(family), ...(l.modules_to_save?.length ? { modulesToSave: l.modules_to_save } : {}) };
 }
 
+/** What is wrong with `model.adapter`: no base, an adapter that does not read, or one that says other than model.lora. */
+function adapterProblems(s: Scenario, spec: GptSpec): string[] {
+  const dir = s.model.adapter;
+  if (dir === undefined) return [];
+  if (s.model.from === undefined) return [`model.adapter: ${dir}: a PEFT adapter sits on a base model; give that base as model.from`];
+  const family = spec.family ?? 'gpt2';
+  let lora: LoraSpec;
+  try {
+    lora = loraOf(s, family)!;
+  } catch (e) {
+    if (e instanceof PeftError) return [`model.adapter: ${e.message}`];
+    throw e;
+  }
+  const l = s.model.lora;
+  if (l) {
+    const given = { rank: l.rank, alpha: l.alpha, targets: l.targets ?? defaultTargets(family), modules_to_save: l.modules_to_save ?? [] };
+    const theirs = { rank: lora.rank, alpha: lora.alpha, targets: lora.targets, modules_to_save: lora.modulesToSave ?? [] };
+    const differ = (Object.keys(given) as Array<keyof typeof given>).filter((k) => JSON.stringify(given[k]) !== JSON.stringify(theirs[k]));
+    if (differ.length) return differ.map((k) => `model.lora.${k}: ${JSON.stringify(given[k])}, but ${dir}/adapter_config.json says ${JSON.stringify(theirs[k])}; leave model.lora out to take the adapter's`);
+  }
+  try {
+    readPeftAdapter(dir, { ...spec, lora }, { shapesOnly: true });
+  } catch (e) {
+    if (e instanceof PeftError) return [`model.adapter: ${e.message}`];
+    throw e;
+  }
+  return [];
+}
+
 /** What is wrong with `model.lora` for this model and algorithm. */
 function loraProblems(s: Scenario, graph: Graph): string[] {
-  if (!s.model.lora) return [];
+  if (!s.model.lora && s.model.adapter === undefined) return [];
   const where = s.model.from !== undefined ? `model.lora (on ${s.model.from})` : 'model.lora';
   const errors: string[] = [];
-  if (s.model.lora.dropout !== 0)
+  if (s.model.lora && s.model.lora.dropout !== 0)
     errors.push(`model.lora.dropout: expected 0, got ${s.model.lora.dropout}: ferry's adapters train without dropout on their input (policy-gradient RL with LoRA does; Schulman et al., 2025); leave it out`);
   const trained = graph.models.filter((m) => m.trained && m.head !== 'reward');
   if (!trained.length) errors.push(`model.lora: the algorithm '${algorithmSpec(s).algorithm.name}' trains no policy or value model: adapters on a model that does not train would stay as they start`);
@@ -387,7 +428,9 @@ function loraProblems(s: Scenario, graph: Graph): string[] {
     return errors; // the checkpoint's own error is reported where it is read
   }
   const family = spec.family ?? 'gpt2';
-  const problem = loraProblem(loraOf(s, family)!, family, parameterShapes(spec), where);
+  const adapter = adapterProblems(s, spec);
+  if (adapter.length) return [...errors, ...adapter];
+  const problem = loraProblem(loraOf(s, family)!, family, parameterShapes(spec), s.model.adapter !== undefined ? `model.adapter (${s.model.adapter}/adapter_config.json)` : where);
   if (problem) errors.push(problem);
   return errors;
 }

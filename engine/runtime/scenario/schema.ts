@@ -145,6 +145,11 @@ export const Scenario = z.strictObject({
       ffn: pos.optional().describe("llama: the MLP's hidden width (default: 4 × width)"),
       rope_theta: z.number().positive().optional().describe('llama: the rotary base (default 10000)'),
       tied: z.boolean().default(false).describe("the policy's head is its token embedding, transposed (GPT-2's)"),
+      adapter: z
+        .string()
+        .min(1)
+        .optional()
+        .describe("a PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) that the policy's adapters start from; its base is model.from, and model.lora, where given, must say what its adapter_config.json says"),
       lora: z
         .strictObject({
           rank: pos.default(8).describe("each adapter's rank r"),

@@ -306,6 +306,8 @@ export const CallBody = z.discriminatedUnion('fn', [
     seed: nat.optional(),
     /** A Hugging Face model directory whose weights replace the seeded ones it has (a value head stays seeded). */
     from: z.string().optional(),
+    /** A PEFT adapter directory whose adapters (and saved head) replace the seeded ones, after `from`. */
+    adapter: z.string().optional(),
     /** Only the training layout owns an optimizer; generation or inference views do not. */
     optim: Optim.optional(),
     /** The user's loss modules its train calls use: loaded and checked (digest) before anything runs. */
