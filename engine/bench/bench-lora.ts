@@ -16,7 +16,7 @@ import { runId } from '../../mesh/wire/index.ts';
 import { baseSpec, parameterShapes, trains, type GptSpec } from '../model/index.ts';
 import { median, modelSpec, parseScenario, runSpec, type Scenario, type Summary } from '../runtime/index.ts';
 import { launch } from '../cli/launch.ts';
-import { runInProcess } from '../supervision/local-run.ts';
+import { runInProcess } from '../supervision/index.ts';
 
 /** The tasks: the quickstart's (sort 4 digits) and count (answers that end, of up to `base` tokens). */
 export const LORA_TASKS: Record<string, string> = {
