@@ -18,6 +18,12 @@ export interface ModelShape {
   gated: boolean;
   /** Bytes per parameter and activation element: 2 for bf16, 4 for float32. */
   dtypeBytes: number;
+  /**
+   * A model with LoRA adapters (docs/lora.md): the share of its parameters that train — what the
+   * optimizer holds moments for, and, once the base is where it goes, what a view's fill moves and
+   * a snapshot writes. Absent: 1 (every parameter trains).
+   */
+  trainedShare?: number;
 }
 
 /**

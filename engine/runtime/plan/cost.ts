@@ -140,6 +140,31 @@ export interface CallCost {
   residentBytes: number;
 }
 
+/**
+ * The share of a model's parameters that train with LoRA adapters of `rank` on the named modules
+ * (the family's Hugging Face names, engine/adapters; a shape with a gated MLP is llama's), and a
+ * head trained whole where `head` says (a value model's, or lm_head saved).
+ */
+export function loraShare(m: ModelShape, lora: { rank: number; targets: readonly string[] }, head: boolean, valueHead = false): number {
+  const D = m.width;
+  const kv = (D * m.kvHeads) / m.heads;
+  const r = lora.rank;
+  const t = new Set(lora.targets);
+  const pair = (i: number, o: number) => r * (i + o);
+  const perLayer = m.gated
+    ? (t.has('q_proj') ? pair(D, D) : 0) +
+      (t.has('k_proj') ? pair(D, kv) : 0) +
+      (t.has('v_proj') ? pair(D, kv) : 0) +
+      (t.has('o_proj') ? pair(D, D) : 0) +
+      (t.has('gate_proj') ? pair(D, m.ffn) : 0) +
+      (t.has('up_proj') ? pair(D, m.ffn) : 0) +
+      (t.has('down_proj') ? pair(m.ffn, D) : 0)
+    : (t.has('c_attn') ? r * D + r * (D + 2 * kv) : 0) + (t.has('c_proj') ? pair(D, D) + pair(m.ffn, D) : 0) + (t.has('c_fc') ? pair(D, m.ffn) : 0);
+  const counts = parameterCounts(m, valueHead);
+  const adapters = perLayer * m.layers;
+  return (adapters + (head ? counts.head : 0)) / (counts.total + adapters);
+}
+
 /** Parameters of one layer, of the embedding and of the head. */
 export function parameterCounts(m: ModelShape, valueHead = false) {
   const kv = (m.width * m.kvHeads) / m.heads;
@@ -240,7 +265,8 @@ export function callCost(
   const dpBw = sameNode(dpGroup, perNode) ? dev.intraBandwidth : dev.interBandwidth;
   const ppBw = sameNode(ppGroup, perNode) ? dev.intraBandwidth : dev.interBandwidth;
   const weightsPerDevice = (counts.total / (tp * pp)) * bytes;
-  const trainState = opts.owner && opts.trainable ? (counts.total / (tp * pp)) * (bytes + (bytes === 2 ? 12 : 8)) : 0;
+  // Gradients and Adam's moments, of what trains (with adapters, a share of the parameters).
+  const trainState = opts.owner && opts.trainable ? (counts.total / (tp * pp)) * (bytes + (bytes === 2 ? 12 : 8)) * (m.trainedShare ?? 1) : 0;
   // What is left of a device for activations and the KV cache (and a view's weights), with 10%
   // kept free.
   const available = opts.availableBytes ?? dev.memoryBytes - (opts.owner ? weightsPerDevice + trainState : 0);
@@ -248,7 +274,10 @@ export function callCost(
 
   /** One forward pass of `seqs` sequences of `len` tokens on one replica; with `backward`, ×3. */
   const pass = (seqs: number, len: number, backward: boolean, microbatches: number) => {
-    const mult = backward ? (dev.trainFactor ?? 3) : 1;
+    // A backward pass is two products per forward one (the inputs' gradient and the weights');
+    // with adapters the frozen matrices' own gradients are skipped, one product instead of two.
+    const fullMult = dev.trainFactor ?? 3;
+    const mult = backward ? (m.trainedShare !== undefined && m.trainedShare < 1 ? 1 + (fullMult - 1) / 2 : fullMult) : 1;
     const layerPass = backward ? (dev.trainLayerOverhead ?? dev.layerOverhead * (dev.trainPassFactor ?? 3)) : dev.layerOverhead;
     const elementMult = backward ? (dev.trainElementFactor ?? 3) : 1;
     const tokens = seqs * len;

@@ -365,8 +365,9 @@ describe('checkpoint pricing', () => {
   it("adds every kept model's state at the store's rate and its fixed latency, once per checkpoint interval (hand-computed)", () => {
     const store = { ...device, storeBandwidth: 1e8, storeLatency: 0.03 };
     const plain = seconds(ONE_DEVICE, 0, device);
-    // Actor and critic train (3× their bytes), the reference does not; the rule reward has none.
-    const bytes = bytesOf(false, true) + bytesOf(true, true) + bytesOf(false, false);
+    // Actor and critic train (3× their bytes); the reference does not: its state is an object of
+    // its own, written once (docs/lora.md), nothing after; the rule reward has none.
+    const bytes = bytesOf(false, true) + bytesOf(true, true);
     expect(seconds(ONE_DEVICE, 1, store) - plain).toBeCloseTo(0.03 + bytes / 1e8, 9);
     expect(seconds(ONE_DEVICE, 4, store) - plain).toBeCloseTo((0.03 + bytes / 1e8) / 4, 9);
     // A profile without the store's figures: the bus's rate and two call overheads.
@@ -380,7 +381,7 @@ describe('checkpoint pricing', () => {
   it('devices write at once: the busiest device bounds it, one data-parallel replica writes, shared cores cap how many write at full rate', () => {
     const store = { ...device, storeBandwidth: 1e8, storeLatency: 0, sharedCores: undefined };
     const extra = (plan: Candidate, dev: DeviceProfile = store) => seconds(plan, 1, dev) - seconds(plan, 0, dev);
-    const all = bytesOf(false, true) + bytesOf(true, true) + bytesOf(false, false);
+    const all = bytesOf(false, true) + bytesOf(true, true);
     // The critic's second replica writes nothing: device 0 writes what it wrote alone.
     const dp2: Candidate = { ...ONE_DEVICE, 'critic.train': { mesh: '0:0-1', devices: [0, 1], dp: 2, tp: 1, pp: 1 } };
     expect(extra(dp2)).toBeCloseTo(all / 1e8, 9);

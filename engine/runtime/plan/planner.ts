@@ -201,8 +201,11 @@ export class Evaluator {
       const compact = `${model}|${layoutKey(a)}|${layoutKey(b)}${bytesOnly ? '|bytes' : ''}`;
       s = this.compactMoves.get(compact);
       if (s === undefined) {
-        const device = bytesOnly ? { ...this.problem.device, latency: 0 } : this.problem.device;
-        s = transferSeconds(shape, a, b, device, devicesPerNode, modelOf(this.problem, model).valueHead);
+        const valueHead = modelOf(this.problem, model).valueHead;
+        const bytes = transferSeconds(shape, a, b, { ...this.problem.device, latency: 0 }, devicesPerNode, valueHead);
+        const latency = bytesOnly ? 0 : transferSeconds(shape, a, b, this.problem.device, devicesPerNode, valueHead) - bytes;
+        // With adapters, a view's devices keep the base between fills: what trains moves.
+        s = latency + bytes * (shape.trainedShare ?? 1);
         this.compactMoves.set(compact, s);
       }
       this.moves.set(key, s);
@@ -301,7 +304,9 @@ export class Evaluator {
     for (const x of priced.calls) {
       const { model: m, shape } = x.info;
       if (x.owner || !shape || x.info.name !== m.owner) continue; // once per model, at its owner's layout
-      const state = m.trainable ? 3 : 1;
+      // What a snapshot writes after the first: a trained model's weights and Adam's two moments (of
+      // what trains, with adapters); a frozen model's state is an object of its own, written once.
+      const state = m.trainable ? 3 * (shape.trainedShare ?? 1) : 0;
       const { dp, tp, pp, devices } = x.placement;
       // One replica's ranks, each an equal share of the model (the first replica's devices write).
       const rankBytes = (parameterCounts(shape, m.valueHead).total * shape.dtypeBytes * state) / (tp * pp);

@@ -4,11 +4,12 @@ import { existsSync, readFileSync } from 'node:fs';
 import { totalmem } from 'node:os';
 import { join } from 'node:path';
 import { deviceCount } from '../../../mesh/parallel/index.ts';
-import { graphOf, planOnly, policySpec, presetOf, resolvePlan, rowsOf, taskOf, type Scenario } from '../scenario/scenario.ts';
+import { graphOf, loraOf, planOnly, policySpec, presetOf, resolvePlan, rowsOf, taskOf, type Scenario } from '../scenario/scenario.ts';
 import { ownerCall } from '../../algorithms/index.ts';
 import { WASM_HEAP_MAX, archOf } from '../../model/index.ts';
 import { flowOf } from './simulate.ts';
 import { DEVICES, MODELS, localShape, type DeviceProfile, type ModelShape } from './catalog.ts';
+import { loraShare } from './cost.ts';
 import { Evaluator, type Candidate, type PlanGraph, type Problem } from './planner.ts';
 
 export const LOCAL_PROFILE = join('profiles', 'local.json');
@@ -72,6 +73,14 @@ export function problemOf(s: Scenario, local?: DeviceProfile, lag = lagOf(s)): P
     const a = archOf(p);
     return localShape(`local-${model}`, p.vocab, p.layers, p.width, p.heads, { ffn: a.ffn, kvHeads: a.kvHeads, gated: a.family === 'llama' });
   };
+  // A trained model with LoRA adapters trains, moves and writes a share of itself.
+  const withAdapters = (model: string, m: ModelShape | undefined): ModelShape | undefined => {
+    const decl = g.models.find((x) => x.name === model)!;
+    if (!m || !decl.trained || decl.head === 'reward') return m;
+    const lora = loraOf(s, m.gated ? 'llama' : 'gpt2');
+    if (!lora) return m;
+    return { ...m, trainedShare: loraShare(m, lora, decl.head === 'value' || lora.modulesToSave?.includes('lm_head') === true, decl.head === 'value') };
+  };
   const device = s.cluster.device === 'local' ? (local ?? loadLocalProfile()) : DEVICES[s.cluster.device]!;
   const rows = rowsOf(s);
   // Reward actors on the bus are asked at once, beside the rule: the reward call waits for the slowest.
@@ -89,7 +98,7 @@ export function problemOf(s: Scenario, local?: DeviceProfile, lag = lagOf(s)): P
   };
   return {
     name: s.name ?? 'scenario',
-    models: Object.fromEntries(g.models.map((m) => [m.name, shape(m.name)])),
+    models: Object.fromEntries(g.models.map((m) => [m.name, withAdapters(m.name, shape(m.name))])),
     graph,
     workload: {
       batch: s.rl.batch,
