@@ -10,21 +10,10 @@ import { runChaos } from '../engine/cli/chaos-run.ts';
 import { LocalDispatcher, exportRun, layoutOf, ownerOf, parseScenario, readResume, runSpec, modelSpec, wholeTensors, type Summary } from '../engine/runtime/index.ts';
 import { parameterShapes, trains, SafetensorsFile, type GptSpec } from '../engine/model/index.ts';
 import type { Metrics } from '../mesh/wire/index.ts';
+import { FOUR_DEVICES } from '../engine/runtime/run/four-devices.fixture.ts';
 import { tempDir } from './helpers.ts';
 
-const SCENARIO = `name: lora-chaos
-seed: 3
-task: { name: sort, digits: 4, base: 10 }
-model: { family: llama, layers: 2, width: 16, heads: 2, lora: { rank: 2, alpha: 4, modules_to_save: [lm_head] } }
-cluster: { nodes: 1, devices_per_node: 4 }
-plan:
-  actor.train: { mesh: "0:0-1", dp: 2 }
-  actor.generate: { mesh: "0:2-3", tp: 2 }
-  critic.train: { mesh: "0:0-1", pp: 2 }
-  critic.inference: { mesh: "0:2-3", dp: 2 }
-  reference.inference: { mesh: "0:2-3", tp: 2 }
-  reward.inference: { mesh: "0:3" }
-warmup: { steps: 2, demos: 32, batch: 8 }
+const SCENARIO = `name: lora-chaos${FOUR_DEVICES.replace('model: { layers: 2, width: 32, heads: 4 }', 'model: { family: llama, layers: 2, width: 16, heads: 2, lora: { rank: 2, alpha: 4, modules_to_save: [lm_head] } }')}warmup: { steps: 2, demos: 32, batch: 8 }
 rl: { iterations: 5, batch: 8, lag: 1, lr: 3.0e-3 }
 timeouts: { heartbeat_seconds: 3 }
 chaos:
@@ -41,7 +30,7 @@ const jsonl = <T>(file: string): T[] =>
     .map((l) => JSON.parse(l) as T);
 
 describe('LoRA over NATS', () => {
-  it('asynchronous, with kills: the clean twin\'s digests, nothing lost; adapters alone move into views, the base is written once; exports as PEFT and merged', async () => {
+  it("asynchronous, with kills: the clean twin's digests, nothing lost; adapters alone move into views, the base is written once; exports as PEFT and merged", async () => {
     const dir = tempDir();
     const scenario = parseScenario(SCENARIO, 'lora-chaos.yaml');
     const report = await runChaos(scenario, dir);
@@ -51,8 +40,13 @@ describe('LoRA over NATS', () => {
 
     // The clean run's fills of actor.generate's view: the whole model once, then what trains.
     const spec = modelSpec(runSpec(scenario), 'actor') as GptSpec;
-    const size = (name: string) => parameterShapes(spec).find(([n]) => n === name)![1].reduce((a, b) => a * b, 1) * 4;
-    const trainable = parameterShapes(spec).filter(([n]) => trains(spec, n)).reduce((n, [name]) => n + size(name), 0);
+    const size = (name: string) =>
+      parameterShapes(spec)
+        .find(([n]) => n === name)![1]
+        .reduce((a, b) => a * b, 1) * 4;
+    const trainable = parameterShapes(spec)
+      .filter(([n]) => trains(spec, n))
+      .reduce((n, [name]) => n + size(name), 0);
     const all = parameterShapes(spec).reduce((n, [name]) => n + size(name), 0);
     const clean = join(dir, 'clean');
     const metrics = jsonl<Metrics>(join(clean, 'metrics.jsonl'));
@@ -72,7 +66,13 @@ describe('LoRA over NATS', () => {
     const adapter = await exportRun(clean, { out: join(dir, 'adapter'), adapter: true });
     expect(adapter.files).toEqual(['adapter_config.json', 'adapter_model.safetensors']);
     const config = JSON.parse(readFileSync(join(dir, 'adapter', 'adapter_config.json'), 'utf8')) as Record<string, unknown>;
-    expect(config).toMatchObject({ peft_type: 'LORA', r: 2, lora_alpha: 4, modules_to_save: ['lm_head'], target_modules: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] });
+    expect(config).toMatchObject({
+      peft_type: 'LORA',
+      r: 2,
+      lora_alpha: 4,
+      modules_to_save: ['lm_head'],
+      target_modules: ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'],
+    });
     const keys = [...SafetensorsFile.open(join(dir, 'adapter', 'adapter_model.safetensors')).tensors.keys()];
     expect(keys).toContain('base_model.model.model.layers.1.mlp.down_proj.lora_B.weight');
     expect(keys).toContain('base_model.model.lm_head.weight');
@@ -84,11 +84,16 @@ describe('LoRA over NATS', () => {
     // And back: a run that starts from the base (the reference, exported) and the PEFT adapter
     // holds, on each rank, exactly the trained policy's weights.
     await exportRun(clean, { out: join(dir, 'base'), model: 'reference' });
-    const again = parseScenario(`${SCENARIO.replace(/model: \{[^\n]*\n/, `model: { from: ${join(dir, 'base')}, adapter: ${join(dir, 'adapter')} }\n`).replace(/chaos:[\s\S]*$/, '')}`, 'from-adapter.yaml');
+    const again = parseScenario(
+      `${SCENARIO.replace(/model: \{[^\n]*\n/, `model: { from: ${join(dir, 'base')}, adapter: ${join(dir, 'adapter')} }\n`).replace(/chaos:[\s\S]*$/, '')}`,
+      'from-adapter.yaml',
+    );
     const r = runSpec(again);
     expect(modelSpec(r, 'actor')).toMatchObject({ lora: { rank: 2, alpha: 4, modulesToSave: ['lm_head'] } });
     const resume = readResume(clean);
-    const trained = new Map(wholeTensors(spec, resume.layouts?.actor ?? layoutOf(runSpec(scenario), ownerOf(runSpec(scenario), 'actor')), resume.checkpoint.actor!, 'actor').map((t) => [t.name, t.data]));
+    const trained = new Map(
+      wholeTensors(spec, resume.layouts?.actor ?? layoutOf(runSpec(scenario), ownerOf(runSpec(scenario), 'actor')), resume.checkpoint.actor!, 'actor').map((t) => [t.name, t.data]),
+    );
     const d = new LocalDispatcher(1);
     try {
       const one = { devices: [0], dp: 1, tp: 1, pp: 1 };
@@ -100,11 +105,17 @@ describe('LoRA over NATS', () => {
       await d.close();
     }
     // model.lora that says otherwise than the adapter is refused, naming both.
-    expect(() => parseScenario(`${SCENARIO.replace(/model: \{[^\n]*\n/, `model: { from: ${join(dir, 'base')}, adapter: ${join(dir, 'adapter')}, lora: { rank: 4 } }\n`).replace(/chaos:[\s\S]*$/, '')}`, 'bad.yaml')).toThrow(
-      /model\.lora\.rank: 4, but .*adapter_config\.json says 2/,
-    );
-    expect(() => parseScenario(`${SCENARIO.replace(/model: \{[^\n]*\n/, `model: { layers: 2, width: 16, heads: 2, family: llama, adapter: ${join(dir, 'adapter')} }\n`).replace(/chaos:[\s\S]*$/, '')}`, 'bad.yaml')).toThrow(
-      /model\.adapter: .*: a PEFT adapter sits on a base model; give that base as model\.from/,
-    );
+    expect(() =>
+      parseScenario(
+        `${SCENARIO.replace(/model: \{[^\n]*\n/, `model: { from: ${join(dir, 'base')}, adapter: ${join(dir, 'adapter')}, lora: { rank: 4 } }\n`).replace(/chaos:[\s\S]*$/, '')}`,
+        'bad.yaml',
+      ),
+    ).toThrow(/model\.lora\.rank: 4, but .*adapter_config\.json says 2/);
+    expect(() =>
+      parseScenario(
+        `${SCENARIO.replace(/model: \{[^\n]*\n/, `model: { layers: 2, width: 16, heads: 2, family: llama, adapter: ${join(dir, 'adapter')} }\n`).replace(/chaos:[\s\S]*$/, '')}`,
+        'bad.yaml',
+      ),
+    ).toThrow(/model\.adapter: .*: a PEFT adapter sits on a base model; give that base as model\.from/);
   }, 240_000);
 });

@@ -10,7 +10,20 @@ import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import * as tf from '@tensorflow/tfjs';
-import { baseSpec, encodeSafetensors, exportHf, hfConfig, hfModelOf, initBackend, initialWeights, parameterShapes, responseLogprobs, Rng, SafetensorsFile, type GptSpec } from '../engine/model/index.ts';
+import {
+  baseSpec,
+  encodeSafetensors,
+  exportHf,
+  hfConfig,
+  hfModelOf,
+  initBackend,
+  initialWeights,
+  parameterShapes,
+  responseLogprobs,
+  Rng,
+  SafetensorsFile,
+  type GptSpec,
+} from '../engine/model/index.ts';
 import { fromPeftTensors, loraOfPeftConfig, mergeAdapters, peftConfig, peftTensors } from '../engine/adapters/index.ts';
 import type { NamedTensor } from '../mesh/wire/index.ts';
 import { ROOT, tempDir } from './helpers.ts';
@@ -70,36 +83,47 @@ describe('LoRA adapters against PEFT', () => {
   });
   afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-  it.each(FAMILIES)(`%s: PEFT's log-probs on the base equal ferry's, merged too; PEFT's own save reads back bit for bit${SKIPPED}`, async (name, spec) => {
-    if (!PYTHON) return;
-    const family = spec.family ?? 'gpt2';
-    const all = trained(spec);
-    const base = all.filter((t) => parameterShapes(baseSpec(spec)).some(([n]) => n === t.name));
-    const at = (k: string) => join(dir, `${family}-${k}`);
-    // The base as it was drawn (llama's head before training): what PEFT puts the adapter on.
-    const drawn = initialWeights(baseSpec(spec), 3);
-    writeModel(at('base'), spec, drawn);
-    mkdirSync(at('adapter'), { recursive: true });
-    writeFileSync(join(at('adapter'), 'adapter_config.json'), JSON.stringify(peftConfig(family, spec.lora!)));
-    writeFileSync(join(at('adapter'), 'adapter_model.safetensors'), encodeSafetensors(peftTensors(family, spec.layers, spec.lora!, all), 'F32', { format: 'pt' }));
-    writeModel(at('merged'), spec, mergeAdapters(family, spec.layers, spec.lora!, all));
-    const py = spawnSync('python3', [join(ROOT, 'test', 'peft-reference.py'), at('base'), at('adapter'), at('merged'), at('resaved'), JSON.stringify(TOKENS)], { encoding: 'utf8' });
-    expect(py.status, `${name}: ${py.stderr}`).toBe(0);
-    const theirs = JSON.parse(py.stdout.trim().split('\n').at(-1)!) as Record<'adapter' | 'base' | 'merged', number[][]>;
-    const ours = logprobs(spec, all);
-    expect(worst(theirs.adapter, ours)).toBeLessThan(1e-4);
-    expect(worst(theirs.merged, ours)).toBeLessThan(1e-4);
-    expect(worst(theirs.base, logprobs(baseSpec(spec), drawn))).toBeLessThan(1e-4);
-    // The adapters matter: without them the log-probs are another model's.
-    expect(worst(ours, logprobs(baseSpec(spec), base))).toBeGreaterThan(1e-3);
-    // PEFT's own save, read back: ferry's adapters (and head) exactly.
-    const config = loraOfPeftConfig(JSON.parse(readFileSync(join(at('resaved'), 'adapter_config.json'), 'utf8')) as Record<string, unknown>, family, 'adapter_config.json');
-    expect(config).toEqual(spec.lora);
-    const file = SafetensorsFile.open(join(at('resaved'), 'adapter_model.safetensors'));
-    const shapes = new Map(parameterShapes(spec).map(([n, s]) => [n, s]));
-    const back = fromPeftTensors(family, spec.layers, config, shapes, (key) => (file.tensors.has(key) ? { name: key, shape: file.tensors.get(key)!.shape, data: file.read(key) } : undefined), 'adapter_model.safetensors');
-    const byName = new Map(all.map((t) => [t.name, t.data]));
-    expect(back.length).toBe(all.filter((t) => t.name.endsWith('.lora_a') || t.name.endsWith('.lora_b') || (config.modulesToSave && t.name === 'head.w')).length);
-    for (const t of back) expect(Array.from(t.data), t.name).toEqual(Array.from(byName.get(t.name)!));
-  }, 120_000);
+  it.each(FAMILIES)(
+    `%s: PEFT's log-probs on the base equal ferry's, merged too; PEFT's own save reads back bit for bit${SKIPPED}`,
+    async (name, spec) => {
+      if (!PYTHON) return;
+      const family = spec.family ?? 'gpt2';
+      const all = trained(spec);
+      const base = all.filter((t) => parameterShapes(baseSpec(spec)).some(([n]) => n === t.name));
+      const at = (k: string) => join(dir, `${family}-${k}`);
+      // The base as it was drawn (llama's head before training): what PEFT puts the adapter on.
+      const drawn = initialWeights(baseSpec(spec), 3);
+      writeModel(at('base'), spec, drawn);
+      mkdirSync(at('adapter'), { recursive: true });
+      writeFileSync(join(at('adapter'), 'adapter_config.json'), JSON.stringify(peftConfig(family, spec.lora!)));
+      writeFileSync(join(at('adapter'), 'adapter_model.safetensors'), encodeSafetensors(peftTensors(family, spec.layers, spec.lora!, all), 'F32', { format: 'pt' }));
+      writeModel(at('merged'), spec, mergeAdapters(family, spec.layers, spec.lora!, all));
+      const py = spawnSync('python3', [join(ROOT, 'test', 'peft-reference.py'), at('base'), at('adapter'), at('merged'), at('resaved'), JSON.stringify(TOKENS)], { encoding: 'utf8' });
+      expect(py.status, `${name}: ${py.stderr}`).toBe(0);
+      const theirs = JSON.parse(py.stdout.trim().split('\n').at(-1)!) as Record<'adapter' | 'base' | 'merged', number[][]>;
+      const ours = logprobs(spec, all);
+      expect(worst(theirs.adapter, ours)).toBeLessThan(1e-4);
+      expect(worst(theirs.merged, ours)).toBeLessThan(1e-4);
+      expect(worst(theirs.base, logprobs(baseSpec(spec), drawn))).toBeLessThan(1e-4);
+      // The adapters matter: without them the log-probs are another model's.
+      expect(worst(ours, logprobs(baseSpec(spec), base))).toBeGreaterThan(1e-3);
+      // PEFT's own save, read back: ferry's adapters (and head) exactly.
+      const config = loraOfPeftConfig(JSON.parse(readFileSync(join(at('resaved'), 'adapter_config.json'), 'utf8')) as Record<string, unknown>, family, 'adapter_config.json');
+      expect(config).toEqual(spec.lora);
+      const file = SafetensorsFile.open(join(at('resaved'), 'adapter_model.safetensors'));
+      const shapes = new Map(parameterShapes(spec).map(([n, s]) => [n, s]));
+      const back = fromPeftTensors(
+        family,
+        spec.layers,
+        config,
+        shapes,
+        (key) => (file.tensors.has(key) ? { name: key, shape: file.tensors.get(key)!.shape, data: file.read(key) } : undefined),
+        'adapter_model.safetensors',
+      );
+      const byName = new Map(all.map((t) => [t.name, t.data]));
+      expect(back.length).toBe(all.filter((t) => t.name.endsWith('.lora_a') || t.name.endsWith('.lora_b') || (config.modulesToSave && t.name === 'head.w')).length);
+      for (const t of back) expect(Array.from(t.data), t.name).toEqual(Array.from(byName.get(t.name)!));
+    },
+    120_000,
+  );
 });

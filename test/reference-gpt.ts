@@ -298,11 +298,15 @@ export class ReferenceGpt {
       const mbTokens = tf.tensor2d(pickRows(tokens, width, rows), [rows.length, width], 'int32');
       const mbData = Object.fromEntries(ports.map((port) => [port, tf.tensor2d(pickRows(data[port]!, responseLen, rows), [rows.length, responseLen])]));
       let stats: Record<string, number> = {};
-      const { loss: value, gradNorm } = this.step(() => {
-        const ev = evaluateLoss(fn, this.predict(fn, mbTokens, promptLen), mbData, params);
-        stats = Object.fromEntries(Object.entries(ev.stats).map(([k, t]) => [k, t.dataSync()[0]!]));
-        return ev.loss;
-      }, this.optimizer, (name) => trains(this.spec, name));
+      const { loss: value, gradNorm } = this.step(
+        () => {
+          const ev = evaluateLoss(fn, this.predict(fn, mbTokens, promptLen), mbData, params);
+          stats = Object.fromEntries(Object.entries(ev.stats).map(([k, t]) => [k, t.dataSync()[0]!]));
+          return ev.loss;
+        },
+        this.optimizer,
+        (name) => trains(this.spec, name),
+      );
       tf.dispose([mbTokens, ...Object.values(mbData)]);
       return { loss: value, stats, gradNorm };
     });

@@ -111,7 +111,7 @@ describe('npm run scenario -- --resume RUN_DIR', () => {
     for (const [call, p] of Object.entries(plan)) expect(p.mesh, call).toBe('0:0');
   }, 300_000);
 
-  it('reads a checkpoint written by protocol 1 to 7 (only how chunks travel, the reset call, where snapshots are written, calls beside, a restore answer, the chunk path digests and a view\'s kept base changed since), and refuses one of an unknown version', () => {
+  it("reads a checkpoint written by protocol 1 to 7 (only how chunks travel, the reset call, where snapshots are written, calls beside, a restore answer, the chunk path digests and a view's kept base changed since), and refuses one of an unknown version", () => {
     const dir = tempDir();
     const packr = new Packr({ useRecords: false, moreTypes: true, mapsAsObjects: true });
     const models = { actor: [{ tensors: [{ name: 'wte', shape: [2], data: new Float32Array([1, -0]) }] }] };

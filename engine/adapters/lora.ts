@@ -84,7 +84,12 @@ export function adapterMap(family: Family, layers: number, lora: LoraSpec): Map<
  * The adapters' parameters, in canonical order (each layer's, A before its Bs), from the base's
  * shapes: name, shape and the axis tensor parallelism cuts (null: whole on every rank).
  */
-export function adapterShapes(family: Family, base: ReadonlyArray<readonly [string, number[]]>, layers: number, lora: LoraSpec): Array<{ name: string; shape: number[]; layer: number; splitAxis: number | null }> {
+export function adapterShapes(
+  family: Family,
+  base: ReadonlyArray<readonly [string, number[]]>,
+  layers: number,
+  lora: LoraSpec,
+): Array<{ name: string; shape: number[]; layer: number; splitAxis: number | null }> {
   const shapes = new Map(base.map(([n, s]) => [n, s]));
   const out: Array<{ name: string; shape: number[]; layer: number; splitAxis: number | null }> = [];
   const r = lora.rank;
@@ -111,7 +116,8 @@ export function adapterShapes(family: Family, base: ReadonlyArray<readonly [stri
 export function loraProblem(lora: LoraSpec, family: Family, base: ReadonlyArray<readonly [string, number[]]>, where: string): string | undefined {
   const known = LORA_MODULES[family];
   const unknown = lora.targets.filter((t) => !(t in known));
-  if (unknown.length) return `${where}.targets: ${unknown.map((t) => `'${t}'`).join(', ')} ${unknown.length === 1 ? 'is not a module' : 'are not modules'} of a ${family} model; its linear layers are ${Object.keys(known).join(', ')}`;
+  if (unknown.length)
+    return `${where}.targets: ${unknown.map((t) => `'${t}'`).join(', ')} ${unknown.length === 1 ? 'is not a module' : 'are not modules'} of a ${family} model; its linear layers are ${Object.keys(known).join(', ')}`;
   if (!lora.targets.length) return `${where}.targets: expected at least one of ${Object.keys(known).join(', ')}, got none`;
   if (!(Number.isInteger(lora.rank) && lora.rank >= 1)) return `${where}.rank: expected a whole number of at least 1, got ${lora.rank}`;
   const shapes = new Map(base.map(([n, s]) => [n, s]));
@@ -124,7 +130,8 @@ export function loraProblem(lora: LoraSpec, family: Family, base: ReadonlyArray<
   if (!(lora.alpha > 0)) return `${where}.alpha: expected a positive number, got ${lora.alpha}`;
   const unsaved = (lora.modulesToSave ?? []).filter((m) => !SAVABLE_MODULES.includes(m));
   if (unsaved.length) return `${where}.modules_to_save: ${unsaved.map((m) => `'${m}'`).join(', ')}: expected ${SAVABLE_MODULES.join(', ')} (the head of a policy whose head is not its embedding)`;
-  if (lora.modulesToSave?.includes('lm_head') && !shapes.has('head.w')) return `${where}.modules_to_save: 'lm_head' is this model's token embedding (a tied head): it cannot train whole while the base is frozen`;
+  if (lora.modulesToSave?.includes('lm_head') && !shapes.has('head.w'))
+    return `${where}.modules_to_save: 'lm_head' is this model's token embedding (a tied head): it cannot train whole while the base is frozen`;
   return undefined;
 }
 

@@ -28,7 +28,15 @@ function modulesOf(family: Family, l: number, lora: LoraSpec): Array<{ path: str
     if (has('mlp.w2')) out.push({ path: `transformer.h.${l}.mlp.c_proj`, parts: ['mlp.w2'] });
     return out;
   }
-  const LLAMA: Record<string, string> = { 'attn.wq': 'self_attn.q_proj', 'attn.wk': 'self_attn.k_proj', 'attn.wv': 'self_attn.v_proj', 'attn.wo': 'self_attn.o_proj', 'mlp.w1': 'mlp.gate_proj', 'mlp.w3': 'mlp.up_proj', 'mlp.w2': 'mlp.down_proj' };
+  const LLAMA: Record<string, string> = {
+    'attn.wq': 'self_attn.q_proj',
+    'attn.wk': 'self_attn.k_proj',
+    'attn.wv': 'self_attn.v_proj',
+    'attn.wo': 'self_attn.o_proj',
+    'mlp.w1': 'mlp.gate_proj',
+    'mlp.w3': 'mlp.up_proj',
+    'mlp.w2': 'mlp.down_proj',
+  };
   return adaptedParts(family, lora).map((p) => ({ path: `model.layers.${l}.${LLAMA[p]}`, parts: [p] }));
 }
 
@@ -109,7 +117,18 @@ export function peftTensors(family: Family, layers: number, lora: LoraSpec, tens
       const [inDim, r] = a.shape as [number, number];
       const outDim = bs.reduce((n, b) => n + b.shape[1]!, 0);
       out.push({ name: `${PREFIX}${path}.lora_A.weight`, shape: [r, inDim], data: transposed(a.data, inDim, r) });
-      out.push({ name: `${PREFIX}${path}.lora_B.weight`, shape: [outDim, r], data: transposed(sideBySide(bs.map((b) => b.data), r), r, outDim) });
+      out.push({
+        name: `${PREFIX}${path}.lora_B.weight`,
+        shape: [outDim, r],
+        data: transposed(
+          sideBySide(
+            bs.map((b) => b.data),
+            r,
+          ),
+          r,
+          outDim,
+        ),
+      });
     }
   }
   if (lora.modulesToSave?.includes('lm_head')) {
@@ -131,7 +150,8 @@ export function loraOfPeftConfig(config: Record<string, unknown>, family: Family
   if (!(Array.isArray(targets) && targets.every((t) => typeof t === 'string'))) throw fail('target_modules', 'a list of module names');
   const known = Object.keys(LORA_MODULES[family]);
   const unknown = targets.filter((t) => !known.includes(t));
-  if (unknown.length) throw new PeftError(`${file}: target_modules: ${unknown.join(', ')} ${unknown.length === 1 ? 'is not a module' : 'are not modules'} of a ${family} model (its linear layers: ${known.join(', ')})`);
+  if (unknown.length)
+    throw new PeftError(`${file}: target_modules: ${unknown.join(', ')} ${unknown.length === 1 ? 'is not a module' : 'are not modules'} of a ${family} model (its linear layers: ${known.join(', ')})`);
   for (const [key, fine] of [
     ['use_dora', false],
     ['use_rslora', false],

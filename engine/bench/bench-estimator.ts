@@ -109,7 +109,8 @@ export async function estimatorBench(profile: DeviceProfile, iterations: number,
     relative_errors: rs.map((x) => x.error),
     speed_factor: median(rs.map((x) => x.speed))!,
   }));
-  if (repeats > 1) for (const r of rows) log(`  ${r.plan.padEnd(14)} median of ${repeats}: ${(100 * r.relative_error).toFixed(1)}% (${r.relative_errors.map((e) => `${(100 * e).toFixed(1)}%`).join(', ')})`);
+  if (repeats > 1)
+    for (const r of rows) log(`  ${r.plan.padEnd(14)} median of ${repeats}: ${(100 * r.relative_error).toFixed(1)}% (${r.relative_errors.map((e) => `${(100 * e).toFixed(1)}%`).join(', ')})`);
   const abs = rows.map((r) => Math.abs(r.relative_error));
   return { bench: 'estimator', task, iterations, repeats, plans: rows, median_relative_error: median(abs), max_relative_error: Math.max(...abs), profile: profile.source };
 }

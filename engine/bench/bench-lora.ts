@@ -109,14 +109,24 @@ async function peakTensorBytes(s: Scenario): Promise<number> {
 }
 
 export async function loraBench(o: { width: number; iterations: number; memoryIterations: number; lr: number; lrScale: number; tasks: string[] }, log: (line: string) => void) {
-  const rows: Array<Awaited<ReturnType<typeof overNats>> & ReturnType<typeof trainable> & { task: string; variant: string; trainable_share: number; bytes_per_iteration: number; colocated_peak_tensor_mb: number }> = [];
+  const rows: Array<
+    Awaited<ReturnType<typeof overNats>> & ReturnType<typeof trainable> & { task: string; variant: string; trainable_share: number; bytes_per_iteration: number; colocated_peak_tensor_mb: number }
+  > = [];
   for (const task of o.tasks) {
     for (const v of LORA_VARIANTS) {
       const s = scenarioOf(task, v, o);
       const counts = trainable(s);
       const run = await overNats(s);
       const peak = await peakTensorBytes(scenarioOf(task, v, { ...o, iterations: o.memoryIterations, colocated: true }));
-      const row = { task, variant: v.name, ...counts, trainable_share: counts.trainable / counts.weights, ...run, bytes_per_iteration: run.realloc_bytes_per_iteration + run.snapshot_bytes_per_iteration, colocated_peak_tensor_mb: peak / 2 ** 20 };
+      const row = {
+        task,
+        variant: v.name,
+        ...counts,
+        trainable_share: counts.trainable / counts.weights,
+        ...run,
+        bytes_per_iteration: run.realloc_bytes_per_iteration + run.snapshot_bytes_per_iteration,
+        colocated_peak_tensor_mb: peak / 2 ** 20,
+      };
       log(
         `  ${task.padEnd(5)} ${v.name.padEnd(7)} reward ${row.reward_first5?.toFixed(3)} -> ${row.reward_last5?.toFixed(3)}, trainable ${row.trainable} (${(100 * row.trainable_share).toFixed(2)}%), ` +
           `bytes/it ${Math.round(row.bytes_per_iteration)} (fills ${Math.round(row.realloc_bytes_per_iteration)}, snapshots ${Math.round(row.snapshot_bytes_per_iteration)}), ${row.seconds_per_iteration.toFixed(3)} s/it, colocated peak ${row.colocated_peak_tensor_mb.toFixed(1)} MB of tensors`,

@@ -416,7 +416,9 @@ async function lora(values: { json?: boolean; iterations?: string; width?: strin
   for (const t of tasks) if (!(t in LORA_TASKS)) throw new UsageError(`--task: expected one of ${Object.keys(LORA_TASKS).join(', ')}, got ${JSON.stringify(t)}`);
   const lrScale = Number(values['lr-scale'] ?? '3');
   if (!(lrScale > 0)) throw new UsageError(`--lr-scale: expected a positive number, got ${values['lr-scale']}`);
-  log(`bench lora: GRPO on ${tasks.join(' and ')}, width ${width}, ${iterations} iterations: full fine-tuning (lr 1e-3), LoRA rank 1 and rank 8 (lr ×${lrScale}), over NATS; then 4 iterations each on one device in this process`);
+  log(
+    `bench lora: GRPO on ${tasks.join(' and ')}, width ${width}, ${iterations} iterations: full fine-tuning (lr 1e-3), LoRA rank 1 and rank 8 (lr ×${lrScale}), over NATS; then 4 iterations each on one device in this process`,
+  );
   const r = await loraBench({ width, iterations, memoryIterations: 4, lr: 1e-3, lrScale, tasks }, log);
   for (const x of r.ratios)
     log(

@@ -66,7 +66,15 @@ export type WrittenBases = Map<string, string>;
  * changes (never, while it does not train), and the snapshot's object holds what trains alone;
  * `state` is the whole state's digest either way.
  */
-export async function writeSnapshot(shelf: Shelf, device: number, h: HeldShard, model: string, iteration: number, body: CallOf<'snapshot'>, bases: WrittenBases = new Map()): Promise<ResultOf<'snapshot'>> {
+export async function writeSnapshot(
+  shelf: Shelf,
+  device: number,
+  h: HeldShard,
+  model: string,
+  iteration: number,
+  body: CallOf<'snapshot'>,
+  bases: WrittenBases = new Map(),
+): Promise<ResultOf<'snapshot'>> {
   const checkpoint = stateOf(h);
   const state = stateDigest(checkpoint);
   const spec = h.shard.spec;
@@ -76,7 +84,9 @@ export async function writeSnapshot(shelf: Shelf, device: number, h: HeldShard, 
     return { bytes: bytes.length, digest: await shelf.put(device, body.object, bytes), state };
   }
   const frozen = checkpoint.tensors.filter((t) => !trained(t.name));
-  const name = `base-${modelDigest(frozen).replace(/^[a-z0-9]+:/, '').slice(0, 24)}.${model}.r${h.rank}`;
+  const name = `base-${modelDigest(frozen)
+    .replace(/^[a-z0-9]+:/, '')
+    .slice(0, 24)}.${model}.r${h.rank}`;
   let written = 0;
   let digest = bases.get(name);
   if (digest === undefined) {
@@ -162,7 +172,12 @@ export async function readSnapshot(shelf: Shelf, h: HeldShard, model: string, bo
   if (o.model !== model || JSON.stringify(shardSlices(info, o.layout, o.rank)) !== JSON.stringify(mine)) {
     throw new CallRejected('digest_mismatch', `${at} holds '${o.model}' rank ${o.rank} of layout [${o.layout.devices}], not the slices of rank ${h.rank} of [${h.layout.devices}] here`);
   }
-  const c = await wholeCheckpoint((name) => shelf.get(device, name), o, at, (m) => new CallRejected('digest_mismatch', m));
+  const c = await wholeCheckpoint(
+    (name) => shelf.get(device, name),
+    o,
+    at,
+    (m) => new CallRejected('digest_mismatch', m),
+  );
   if ((c.optimizer !== undefined) !== body.optimizer)
     throw new CallRejected('invalid_state', `${at}: expected ${body.optimizer ? 'an' : 'no'} optimizer state, the object has ${c.optimizer ? 'one' : 'none'}`);
   const named = new Map(c.tensors.map((t) => [t.name, t]));

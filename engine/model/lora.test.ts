@@ -73,7 +73,8 @@ async function compare(spec: GptSpec, want: Awaited<ReturnType<typeof unsharded>
       const whole = { ...s, axis: null, start: 0, end: s.shape[0]! };
       expectClose(held.get(s.name)!, cut(byName.get(s.name)!, whole, s), `${s.name} on rank ${rank}`);
       // The base, and a policy's head, are frozen: exactly as they were drawn.
-      if (!isAdapter(s.name) && !(spec.kind === 'value' && s.name.startsWith('head.'))) expect(Array.from(held.get(s.name)!), `${s.name} frozen`).toEqual(Array.from(cut(want.before.get(s.name)!, whole, s)));
+      if (!isAdapter(s.name) && !(spec.kind === 'value' && s.name.startsWith('head.')))
+        expect(Array.from(held.get(s.name)!), `${s.name} frozen`).toEqual(Array.from(cut(want.before.get(s.name)!, whole, s)));
     }
   });
 }
@@ -100,10 +101,12 @@ describe('LoRA adapters: parameters', () => {
     expect(adapterCount('gpt2', base, 4, gpt2.lora!)).toBe(4 * (128 + 64 + 160 + 160));
   });
 
-  it('refuses a rank of 0 or above the smaller side, and an unknown target, naming the family\'s modules', () => {
+  it("refuses a rank of 0 or above the smaller side, and an unknown target, naming the family's modules", () => {
     expect(specProblem({ ...gpt2, lora: { ...gpt2.lora!, rank: 0 } })).toMatch(/model\.lora\.rank: expected a whole number of at least 1, got 0/);
     expect(specProblem({ ...gpt2, lora: { ...gpt2.lora!, rank: 17 } })).toMatch(/model\.lora\.rank: 17 is above the smaller side of attn\.wq \[16, 16\] \(16\)/);
-    expect(specProblem({ ...gpt2, lora: { ...gpt2.lora!, targets: ['q_proj'] } })).toMatch(/model\.lora\.targets: 'q_proj' is not a module of a gpt2 model; its linear layers are c_attn, c_proj, c_fc/);
+    expect(specProblem({ ...gpt2, lora: { ...gpt2.lora!, targets: ['q_proj'] } })).toMatch(
+      /model\.lora\.targets: 'q_proj' is not a module of a gpt2 model; its linear layers are c_attn, c_proj, c_fc/,
+    );
   });
 });
 
@@ -115,7 +118,7 @@ describe('LoRA adapters on every layout, against the unsharded model', () => {
     for (const spec of [gpt2, llama, gpt2Value]) refs.set(spec, await unsharded(spec));
   });
 
-  it('a fresh adapter changes no bit: log-probs with it equal the base model\'s exactly, on one device and on dp=1 tp=2 pp=2', async () => {
+  it("a fresh adapter changes no bit: log-probs with it equal the base model's exactly, on one device and on dp=1 tp=2 pp=2", async () => {
     for (const layout of [
       { devices: [0], dp: 1, tp: 1, pp: 1 },
       { devices: [0, 1, 2, 3], dp: 1, tp: 2, pp: 2 },
@@ -140,7 +143,11 @@ describe('LoRA adapters on every layout, against the unsharded model', () => {
     expect(moved('head.w')).toBe(false);
   });
 
-  it.each(strategies(4).map((l) => [`gpt2 dp=${l.dp} tp=${l.tp} pp=${l.pp}`, l] as const))('%s: log-probs and every slice after four steps', async (_, layout) => compare(gpt2, refs.get(gpt2)!, layout), 60_000);
+  it.each(strategies(4).map((l) => [`gpt2 dp=${l.dp} tp=${l.tp} pp=${l.pp}`, l] as const))(
+    '%s: log-probs and every slice after four steps',
+    async (_, layout) => compare(gpt2, refs.get(gpt2)!, layout),
+    60_000,
+  );
 
   it.each(
     strategies(4)

@@ -869,14 +869,12 @@ export class GptRank {
       const c = fwd.saved[i]!;
       const W = (n: string) => this.weights.get(`h${l}.${n}`);
       // MLP: x2 = x1 + Σtp M(h2) (+ b2), h2 = N2(x1)
-      let dm: tf.Tensor;
       const ad = this.mlpAdapters(l);
       if (this.gpt2 && !frozen) add(`h${l}.mlp.b2`, sumRows(dx));
       const gm = this.gpt2 ? mlpBackward(c.mlp as MlpCache, W('mlp.w1'), W('mlp.w2'), dx, ad, frozen) : swigluBackward(c.mlp as GluCache, W('mlp.w1'), W('mlp.w3'), W('mlp.w2'), dx, ad, frozen);
       for (const [n, t] of Object.entries(gm.grads)) add(`h${l}.mlp.${n}`, t);
       for (const [n, t] of Object.entries(gm.adapters)) add(n, t);
-      dm = gm.dh;
-      const dh2 = await this.allReduceTp(group, `${tag}/b/l${l}/mlp`, dm);
+      const dh2 = await this.allReduceTp(group, `${tag}/b/l${l}/mlp`, gm.dh);
       const dn2 = this.normBackward(`h${l}.ln2`, c.ln2, dh2, add);
       const dx1 = tf.add(dx, dn2);
       tf.dispose([dh2, dn2, dx]);

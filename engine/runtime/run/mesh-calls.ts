@@ -195,7 +195,12 @@ export async function holdView(d: Dispatcher, r: RunSpec, call: CallName, iterat
   const base = spec.lora ? await ownerBaseDigest(d, r, model, iteration, o.beside) : undefined;
   const release = () => releaseView(d, name, layout, iteration, false, base);
   const loaded = await loadRanks(d, r, name, model, layout, { beside: o.beside, ...(base === undefined ? {} : { base }) }, iteration);
-  const names = base !== undefined && loaded.every((x) => x.base_kept === true) ? parameterShapes(spec).map(([n]) => n).filter((n) => trains(spec, n)) : undefined;
+  const names =
+    base !== undefined && loaded.every((x) => x.base_kept === true)
+      ? parameterShapes(spec)
+          .map(([n]) => n)
+          .filter((n) => trains(spec, n))
+      : undefined;
   try {
     const moved = await reallocate(
       d,

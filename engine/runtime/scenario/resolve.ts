@@ -401,7 +401,8 @@ function adapterProblems(s: Scenario, spec: GptSpec): string[] {
     const given = { rank: l.rank, alpha: l.alpha, targets: l.targets ?? defaultTargets(family), modules_to_save: l.modules_to_save ?? [] };
     const theirs = { rank: lora.rank, alpha: lora.alpha, targets: lora.targets, modules_to_save: lora.modulesToSave ?? [] };
     const differ = (Object.keys(given) as Array<keyof typeof given>).filter((k) => JSON.stringify(given[k]) !== JSON.stringify(theirs[k]));
-    if (differ.length) return differ.map((k) => `model.lora.${k}: ${JSON.stringify(given[k])}, but ${dir}/adapter_config.json says ${JSON.stringify(theirs[k])}; leave model.lora out to take the adapter's`);
+    if (differ.length)
+      return differ.map((k) => `model.lora.${k}: ${JSON.stringify(given[k])}, but ${dir}/adapter_config.json says ${JSON.stringify(theirs[k])}; leave model.lora out to take the adapter's`);
   }
   try {
     readPeftAdapter(dir, { ...spec, lora }, { shapesOnly: true });
@@ -418,7 +419,9 @@ function loraProblems(s: Scenario, graph: Graph): string[] {
   const where = s.model.from !== undefined ? `model.lora (on ${s.model.from})` : 'model.lora';
   const errors: string[] = [];
   if (s.model.lora && s.model.lora.dropout !== 0)
-    errors.push(`model.lora.dropout: expected 0, got ${s.model.lora.dropout}: ferry's adapters train without dropout on their input (policy-gradient RL with LoRA does; Schulman et al., 2025); leave it out`);
+    errors.push(
+      `model.lora.dropout: expected 0, got ${s.model.lora.dropout}: ferry's adapters train without dropout on their input (policy-gradient RL with LoRA does; Schulman et al., 2025); leave it out`,
+    );
   const trained = graph.models.filter((m) => m.trained && m.head !== 'reward');
   if (!trained.length) errors.push(`model.lora: the algorithm '${algorithmSpec(s).algorithm.name}' trains no policy or value model: adapters on a model that does not train would stay as they start`);
   let spec: GptSpec;

@@ -244,7 +244,9 @@ describe('plan checks', () => {
     expect(bad('{ targets: [q_proj] }')).toThrow(/model\.lora\.targets: 'q_proj' is not a module of a gpt2 model; its linear layers are c_attn, c_proj, c_fc/);
     expect(bad('{ modules_to_save: [wte] }')).toThrow(/model\.lora\.modules_to_save: 'wte': expected lm_head/);
     expect(bad('{ dropout: 0.05 }')).toThrow(/model\.lora\.dropout: expected 0, got 0\.05/);
-    expect(() => parseScenario('model: { layers: 2, width: 64, heads: 4, tied: true, lora: { modules_to_save: [lm_head] } }', 't.yaml')).toThrow(/'lm_head' is this model's token embedding \(a tied head\)/);
+    expect(() => parseScenario('model: { layers: 2, width: 64, heads: 4, tied: true, lora: { modules_to_save: [lm_head] } }', 't.yaml')).toThrow(
+      /'lm_head' is this model's token embedding \(a tied head\)/,
+    );
   });
 
   it('the default plan puts actor, critic, reference, reward on devices 0, 1, 2, 3 (wrapping on small clusters)', () => {

@@ -149,7 +149,9 @@ export const Scenario = z.strictObject({
         .string()
         .min(1)
         .optional()
-        .describe("a PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) that the policy's adapters start from; its base is model.from, and model.lora, where given, must say what its adapter_config.json says"),
+        .describe(
+          "a PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) that the policy's adapters start from; its base is model.from, and model.lora, where given, must say what its adapter_config.json says",
+        ),
       lora: z
         .strictObject({
           rank: pos.default(8).describe("each adapter's rank r"),
@@ -157,17 +159,14 @@ export const Scenario = z.strictObject({
           targets: z
             .array(z.string().min(1))
             .optional()
-            .describe('the modules that carry an adapter, by the family’s Hugging Face names (gpt2: c_attn, c_proj, c_fc; llama: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj); default every one'),
+            .describe(
+              'the modules that carry an adapter, by the family’s Hugging Face names (gpt2: c_attn, c_proj, c_fc; llama: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj); default every one',
+            ),
           modules_to_save: z
             .array(z.string().min(1))
             .optional()
             .describe("whole modules that train beside the adapters, as PEFT's modules_to_save: lm_head (a policy's untied head; a value model's head always trains)"),
-          dropout: z
-            .number()
-            .min(0)
-            .max(1)
-            .default(0)
-            .describe('dropout on an adapter’s input: only 0 (ferry’s adapters train without it, as policy-gradient RL with LoRA does)'),
+          dropout: z.number().min(0).max(1).default(0).describe('dropout on an adapter’s input: only 0 (ferry’s adapters train without it, as policy-gradient RL with LoRA does)'),
         })
         .optional()
         .describe('LoRA adapters on the trained models (the policy and a value model): the base is frozen, and only the adapters (and a value head) train, move and are stored'),

@@ -77,7 +77,12 @@ export async function readSnapshot(shelf: Pick<Shelf, 'get'>, m: SnapshotManifes
             const expected = `'${model}' rank ${rank} of layout [${layout.devices}] after iteration ${m.iteration}`;
             if (o.model !== model || o.rank !== rank || layoutKey(o.layout) !== layoutKey(layout) || o.iteration !== m.iteration)
               throw new SnapshotError(`${at}: expected ${expected}, got '${o.model}' rank ${o.rank} of layout [${o.layout.devices}] after iteration ${o.iteration}`);
-            return wholeCheckpoint((name) => shelf.get(s.device, name), o, at, (message) => new SnapshotError(message));
+            return wholeCheckpoint(
+              (name) => shelf.get(s.device, name),
+              o,
+              at,
+              (message) => new SnapshotError(message),
+            );
           }),
         );
         return [model, read] as const;
