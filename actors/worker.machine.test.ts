@@ -162,9 +162,9 @@ describe('worker machine', () => {
     actor.send({ type: 'call', call: call('actor~1', { fn: 'manifest' }, 'plain'), respond: plain });
     expect(plain.mock.calls[0]![0]).toMatchObject({ code: 'busy' });
     const train = respondSpy();
-    actor.send({ type: 'call', call: { ...call('actor~1', { fn: 'manifest' }, 'not-beside-kind'), beside: true }, respond: train });
+    actor.send({ type: 'call', call: { ...call('actor~1', { fn: 'weights' }, 'not-beside-kind'), beside: true }, respond: train });
     expect(train.mock.calls[0]![0]).toMatchObject({ code: 'unsupported' });
-    expect(train.mock.calls[0]![0].type === 'error' && train.mock.calls[0]![0].message).toContain("'manifest' cannot run beside another call");
+    expect(train.mock.calls[0]![0].type === 'error' && train.mock.calls[0]![0].message).toContain("'weights' cannot run beside another call");
 
     readingHeld.release();
     await idle(actor);

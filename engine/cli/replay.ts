@@ -4,8 +4,12 @@
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { UsageError } from '../../actors/host.ts';
-import { ALGORITHM_NAMES, BUS_DIGEST, PROTOCOL_VERSION, digestAlgorithm, shortDigest } from '../../mesh/wire/index.ts';
+import { ALGORITHM_NAMES, BUS_DIGEST, digestAlgorithm, shortDigest } from '../../mesh/wire/index.ts';
+
 import { loadScenarioFile, type Scenario, type Summary } from '../runtime/index.ts';
+
+/** The protocol version whose summaries first recorded BLAKE3 digests (SHA-256 before). */
+const BLAKE3_SINCE = 7;
 
 export interface Replay {
   scenario: Scenario;
@@ -38,7 +42,7 @@ export async function replayOf(dir: string, out: string): Promise<Replay> {
     });
     const algorithms = [...new Set(other.map(([, d]) => digestAlgorithm(d)))].map((a) => (a ? ALGORITHM_NAMES[a] : 'unknown'));
     throw new UsageError(
-      `--replay: ${summaryFile} records its models' digests in ${algorithms.join(' and ')} (${named.join('; ')}), not in ${ALGORITHM_NAMES[BUS_DIGEST]}, which this ferry writes (since protocol version ${PROTOCOL_VERSION}; SHA-256 before): a replay's digests could never equal them. Replay it with the ferry that ran it, or run its scenario again (npm run scenario -- ${scenarioFile}) to record a run this one can replay`,
+      `--replay: ${summaryFile} records its models' digests in ${algorithms.join(' and ')} (${named.join('; ')}), not in ${ALGORITHM_NAMES[BUS_DIGEST]}, which this ferry writes (since protocol version ${BLAKE3_SINCE}; SHA-256 before): a replay's digests could never equal them. Replay it with the ferry that ran it, or run its scenario again (npm run scenario -- ${scenarioFile}) to record a run this one can replay`,
     );
   }
   const versions = summary.staleness?.versions;
