@@ -7,7 +7,9 @@ import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { runChaos } from '../engine/cli/chaos-run.ts';
-import { LocalDispatcher, exportRun, layoutOf, ownerOf, parseScenario, readResume, runSpec, modelSpec, wholeTensors, type Summary } from '../engine/runtime/index.ts';
+import { launch } from '../engine/cli/launch.ts';
+import { runId } from '../mesh/wire/index.ts';
+import { LocalDispatcher, baseOwnerOf, exportRun, keptModels, layoutOf, ownerOf, parseScenario, readResume, runSpec, modelSpec, wholeTensors, type Summary } from '../engine/runtime/index.ts';
 import { parameterShapes, trains, SafetensorsFile, type GptSpec } from '../engine/model/index.ts';
 import type { Metrics } from '../mesh/wire/index.ts';
 import { FOUR_DEVICES } from '../engine/runtime/run/four-devices.fixture.ts';
@@ -117,5 +119,46 @@ describe('LoRA over NATS', () => {
         'bad.yaml',
       ),
     ).toThrow(/model\.adapter: .*: a PEFT adapter sits on a base model; give that base as model\.from/);
+  }, 240_000);
+
+  it("the reference is the policy's base where it shares its layout: not loaded, filled or kept, and the run equals its twin whose reference is a copy, through a kill", async () => {
+    const text = (reference: string) => `name: lora-base
+seed: 2
+task: { name: sort, digits: 4, base: 10 }
+model: { layers: 2, width: 16, heads: 2, tied: true, lora: { rank: 2, alpha: 4 } }
+cluster: { nodes: 1, devices_per_node: 2 }
+algorithm: { name: grpo, group: 4, kl: loss, kl_estimator: k3 }
+plan: { actor.train: { mesh: "0:0" }, actor.generate: { mesh: "0:0" }, reference.inference: { mesh: "${reference}" }, reward.inference: { mesh: "0:1" } }
+warmup: { steps: 2, demos: 32, batch: 8 }
+rl: { iterations: 4, batch: 8, kl_coef: 0.05, lr: 3.0e-3 }
+timeouts: { heartbeat_seconds: 3 }
+`;
+    const shared = parseScenario(`${text('0:0')}chaos: { kills: [{ actor: actor, call: train, iteration: 2 }] }\n`, 'shared.yaml');
+    const r = runSpec(shared);
+    expect(baseOwnerOf(r, 'reference')).toBe('actor');
+    expect(keptModels(r)).toEqual(['actor']);
+    const copy = parseScenario(text('0:1'), 'copy.yaml');
+    expect(baseOwnerOf(runSpec(copy), 'reference')).toBeUndefined();
+    const dir = tempDir();
+    const report = await runChaos(shared, join(dir, 'shared'));
+    expect(report.chaos.status, report.chaos.error).toBe('succeeded');
+    expect(report).toMatchObject({ digests_equal: true, rollouts_lost: 0, rollouts_duplicated: 0 });
+    const twin = await launch({ scenario: copy, run: runId('lora-base-copy'), out: join(dir, 'copy'), progress: { phase() {}, iteration() {}, stop() {} }, say: () => {} });
+    expect(twin.code).toBe(0);
+    // The reference as the policy's adapters-off shards computes what its copy computes, bit for bit.
+    const fields = (m: Metrics) => ({ reward: m.reward_mean, kl: m.kl, loss: m.actor_loss });
+    const a = jsonl<Metrics>(join(dir, 'shared', 'clean', 'metrics.jsonl')).map(fields);
+    const b = jsonl<Metrics>(join(dir, 'copy', 'metrics.jsonl')).map(fields);
+    expect(a).toEqual(b);
+    expect(a[0]!.kl).toBe(0);
+    expect(a.at(-1)!.kl).not.toBe(0);
+    const sharedSummary = JSON.parse(readFileSync(join(dir, 'shared', 'clean', 'summary.json'), 'utf8')) as Summary;
+    const copySummary = JSON.parse(readFileSync(join(dir, 'copy', 'summary.json'), 'utf8')) as Summary;
+    expect(sharedSummary.digests).toEqual(copySummary.digests);
+    // Its checkpoint holds no reference of its own; exporting the reference exports the policy's base.
+    expect(Object.keys(readResume(join(dir, 'shared', 'clean')).checkpoint)).toEqual(['actor']);
+    await exportRun(join(dir, 'shared', 'clean'), { out: join(dir, 'ref'), model: 'reference' });
+    await exportRun(join(dir, 'copy'), { out: join(dir, 'ref-copy'), model: 'reference' });
+    expect(readFileSync(join(dir, 'ref', 'model.safetensors')).equals(readFileSync(join(dir, 'ref-copy', 'model.safetensors')))).toBe(true);
   }, 240_000);
 });

@@ -75,55 +75,64 @@ function writeModel(dir: string, spec: GptSpec, tensors: readonly NamedTensor[])
   writeFileSync(join(dir, 'model.safetensors'), encodeSafetensors(exportHf(hf, tensors), 'F32', { format: 'pt' }));
 }
 
+type Theirs = Record<'adapter' | 'base' | 'merged', number[][]>;
+
 describe('LoRA adapters against PEFT', () => {
   let dir: string;
+  /** Each family's model as written, and what PEFT computed of it (one Python process for both). */
+  const made = new Map<string, { all: NamedTensor[]; drawn: NamedTensor[]; theirs?: Theirs; error?: string }>();
+  const at = (family: string, k: string) => join(dir, `${family}-${k}`);
   beforeAll(async () => {
     await initBackend('wasm');
     dir = tempDir('ferry-peft-');
-  });
-  afterAll(() => rmSync(dir, { recursive: true, force: true }));
-
-  it.each(FAMILIES)(
-    `%s: PEFT's log-probs on the base equal ferry's, merged too; PEFT's own save reads back bit for bit${SKIPPED}`,
-    async (name, spec) => {
-      if (!PYTHON) return;
+    if (!PYTHON) return;
+    const jobs: Record<string, Record<string, string>> = {};
+    for (const [, spec] of FAMILIES) {
       const family = spec.family ?? 'gpt2';
       const all = trained(spec);
-      const base = all.filter((t) => parameterShapes(baseSpec(spec)).some(([n]) => n === t.name));
-      const at = (k: string) => join(dir, `${family}-${k}`);
       // The base as it was drawn (llama's head before training): what PEFT puts the adapter on.
       const drawn = initialWeights(baseSpec(spec), 3);
-      writeModel(at('base'), spec, drawn);
-      mkdirSync(at('adapter'), { recursive: true });
-      writeFileSync(join(at('adapter'), 'adapter_config.json'), JSON.stringify(peftConfig(family, spec.lora!)));
-      writeFileSync(join(at('adapter'), 'adapter_model.safetensors'), encodeSafetensors(peftTensors(family, spec.layers, spec.lora!, all), 'F32', { format: 'pt' }));
-      writeModel(at('merged'), spec, mergeAdapters(family, spec.layers, spec.lora!, all));
-      const py = spawnSync('python3', [join(ROOT, 'test', 'peft-reference.py'), at('base'), at('adapter'), at('merged'), at('resaved'), JSON.stringify(TOKENS)], { encoding: 'utf8' });
-      expect(py.status, `${name}: ${py.stderr}`).toBe(0);
-      const theirs = JSON.parse(py.stdout.trim().split('\n').at(-1)!) as Record<'adapter' | 'base' | 'merged', number[][]>;
-      const ours = logprobs(spec, all);
-      expect(worst(theirs.adapter, ours)).toBeLessThan(1e-4);
-      expect(worst(theirs.merged, ours)).toBeLessThan(1e-4);
-      expect(worst(theirs.base, logprobs(baseSpec(spec), drawn))).toBeLessThan(1e-4);
-      // The adapters matter: without them the log-probs are another model's.
-      expect(worst(ours, logprobs(baseSpec(spec), base))).toBeGreaterThan(1e-3);
-      // PEFT's own save, read back: ferry's adapters (and head) exactly.
-      const config = loraOfPeftConfig(JSON.parse(readFileSync(join(at('resaved'), 'adapter_config.json'), 'utf8')) as Record<string, unknown>, family, 'adapter_config.json');
-      expect(config).toEqual(spec.lora);
-      const file = SafetensorsFile.open(join(at('resaved'), 'adapter_model.safetensors'));
-      const shapes = new Map(parameterShapes(spec).map(([n, s]) => [n, s]));
-      const back = fromPeftTensors(
-        family,
-        spec.layers,
-        config,
-        shapes,
-        (key) => (file.tensors.has(key) ? { name: key, shape: file.tensors.get(key)!.shape, data: file.read(key) } : undefined),
-        'adapter_model.safetensors',
-      );
-      const byName = new Map(all.map((t) => [t.name, t.data]));
-      expect(back.length).toBe(all.filter((t) => t.name.endsWith('.lora_a') || t.name.endsWith('.lora_b') || (config.modulesToSave && t.name === 'head.w')).length);
-      for (const t of back) expect(Array.from(t.data), t.name).toEqual(Array.from(byName.get(t.name)!));
-    },
-    120_000,
-  );
+      writeModel(at(family, 'base'), spec, drawn);
+      mkdirSync(at(family, 'adapter'), { recursive: true });
+      writeFileSync(join(at(family, 'adapter'), 'adapter_config.json'), JSON.stringify(peftConfig(family, spec.lora!)));
+      writeFileSync(join(at(family, 'adapter'), 'adapter_model.safetensors'), encodeSafetensors(peftTensors(family, spec.layers, spec.lora!, all), 'F32', { format: 'pt' }));
+      writeModel(at(family, 'merged'), spec, mergeAdapters(family, spec.layers, spec.lora!, all));
+      jobs[family] = { base: at(family, 'base'), adapter: at(family, 'adapter'), merged: at(family, 'merged'), resaved: at(family, 'resaved') };
+      made.set(family, { all, drawn });
+    }
+    const py = spawnSync('python3', [join(ROOT, 'test', 'peft-reference.py'), JSON.stringify(jobs), JSON.stringify(TOKENS)], { encoding: 'utf8' });
+    const out = py.status === 0 ? (JSON.parse(py.stdout.trim().split('\n').at(-1)!) as Record<string, Theirs>) : {};
+    for (const [family, m] of made) made.set(family, { ...m, ...(out[family] ? { theirs: out[family] } : { error: py.stderr }) });
+  }, 120_000);
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+  it.each(FAMILIES)(`%s: PEFT's log-probs on the base equal ferry's, merged too; PEFT's own save reads back bit for bit${SKIPPED}`, async (name, spec) => {
+    if (!PYTHON) return;
+    const family = spec.family ?? 'gpt2';
+    const { all, drawn, theirs, error } = made.get(family)!;
+    expect(theirs, `${name}: ${error}`).toBeDefined();
+    const base = all.filter((t) => parameterShapes(baseSpec(spec)).some(([n]) => n === t.name));
+    const ours = logprobs(spec, all);
+    expect(worst(theirs!.adapter, ours)).toBeLessThan(1e-4);
+    expect(worst(theirs!.merged, ours)).toBeLessThan(1e-4);
+    expect(worst(theirs!.base, logprobs(baseSpec(spec), drawn))).toBeLessThan(1e-4);
+    // The adapters matter: without them the log-probs are another model's.
+    expect(worst(ours, logprobs(baseSpec(spec), base))).toBeGreaterThan(1e-3);
+    // PEFT's own save, read back: ferry's adapters (and head) exactly.
+    const config = loraOfPeftConfig(JSON.parse(readFileSync(join(at(family, 'resaved'), 'adapter_config.json'), 'utf8')) as Record<string, unknown>, family, 'adapter_config.json');
+    expect(config).toEqual(spec.lora);
+    const file = SafetensorsFile.open(join(at(family, 'resaved'), 'adapter_model.safetensors'));
+    const shapes = new Map(parameterShapes(spec).map(([n, s]) => [n, s]));
+    const back = fromPeftTensors(
+      family,
+      spec.layers,
+      config,
+      shapes,
+      (key) => (file.tensors.has(key) ? { name: key, shape: file.tensors.get(key)!.shape, data: file.read(key) } : undefined),
+      'adapter_model.safetensors',
+    );
+    const byName = new Map(all.map((t) => [t.name, t.data]));
+    expect(back.length).toBe(all.filter((t) => t.name.endsWith('.lora_a') || t.name.endsWith('.lora_b') || (config.modulesToSave && t.name === 'head.w')).length);
+    for (const t of back) expect(Array.from(t.data), t.name).toEqual(Array.from(byName.get(t.name)!));
+  });
 });

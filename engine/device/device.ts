@@ -584,7 +584,7 @@ export class Device {
         return { tokens: out.tokens, logprobs: out.logprobs };
       }
       case 'inference': {
-        const out = await s.infer(group, body.tokens, body.batch, body.promptLen);
+        const out = await s.infer(group, body.tokens, body.batch, body.promptLen, body.base === true);
         return s.spec.kind === 'policy' ? { logprobs: out } : { values: out };
       }
       case 'train': {

@@ -132,6 +132,8 @@ export class GptRank {
   private headStale = true;
   /** Each adapted matrix's LoRA adapter (engine/adapters), by the matrix's name; empty without. */
   private readonly adapters: Map<string, AdapterOf>;
+  /** During an inference of the base alone: the adapters are off. */
+  private adaptersOff = false;
 
   constructor(
     readonly spec: GptSpec,
@@ -259,8 +261,9 @@ export class GptRank {
     return this.arch.qkvBias ? { ...w, bq: g('bq'), bk: g('bk'), bv: g('bv') } : w;
   }
 
-  /** The LoRA adapter of layer l's matrix `part` (attn.wq, mlp.w1, …), if it has one. */
+  /** The LoRA adapter of layer l's matrix `part` (attn.wq, mlp.w1, …), if it has one and they are on. */
   private adapter(l: number, part: string): Adapter | undefined {
+    if (this.adaptersOff) return undefined;
     const ad = this.adapters.get(`h${l}.${part}`);
     return ad && { a: this.weights.get(ad.a), b: this.weights.get(ad.b), scale: ad.scale, aName: ad.a, bName: ad.b };
   }
@@ -395,12 +398,22 @@ export class GptRank {
 
   // ---- calls ------------------------------------------------------------------------------------
 
-  /** Log-probabilities (policy) or values (value model) of the response tokens, [b, R] per replica. */
-  async infer(group: string, tokens: Int32Array, batch: number, promptLen: number): Promise<Float32Array> {
+  /**
+   * Log-probabilities (policy) or values (value model) of the response tokens, [b, R] per replica;
+   * `base`: the base model's, the adapters off (a reference that is this policy's base).
+   */
+  async infer(group: string, tokens: Int32Array, batch: number, promptLen: number, base = false): Promise<Float32Array> {
     const T = tokens.length / batch;
     const [lo, hi] = replicaRows(batch, this.layout.dp, this.coords.dp);
     const mine = tokens.subarray(lo * T, hi * T);
-    const { out } = await this.forwardStage(group, 'inf', mine, hi - lo, T, false, this.padsOf(mine, hi - lo, T, promptLen));
+    this.adaptersOff = base;
+    let fwd: Awaited<ReturnType<typeof this.forwardStage>>;
+    try {
+      fwd = await this.forwardStage(group, 'inf', mine, hi - lo, T, false, this.padsOf(mine, hi - lo, T, promptLen));
+    } finally {
+      this.adaptersOff = false;
+    }
+    const { out } = fwd;
     if (!out) return new Float32Array(0);
     const t = tf.tidy(() => (this.spec.kind === 'policy' ? logprobsOf(out, tf.tensor2d(mine, [hi - lo, T], 'int32'), promptLen, this.spec.vocab) : valuesOf(out, promptLen)));
     out.dispose();

@@ -26,6 +26,11 @@ export interface PlanModel {
   trainable: boolean;
   /** The call whose layout holds its weights (a trained model's train call). */
   owner: CallName;
+  /**
+   * A frozen model that is this policy's base (a reference of a policy with LoRA adapters): where
+   * a plan puts it on the policy's own layout, the policy's shards answer for it and it holds nothing.
+   */
+  baseOf?: string;
 }
 
 /** The algorithm's graph as the planner sees it: calls, models, and the order between calls. */
@@ -202,10 +207,15 @@ export class Evaluator {
       s = this.compactMoves.get(compact);
       if (s === undefined) {
         const valueHead = modelOf(this.problem, model).valueHead;
-        const bytes = transferSeconds(shape, a, b, { ...this.problem.device, latency: 0 }, devicesPerNode, valueHead);
-        const latency = bytesOnly ? 0 : transferSeconds(shape, a, b, this.problem.device, devicesPerNode, valueHead) - bytes;
-        // With adapters, a view's devices keep the base between fills: what trains moves.
-        s = latency + bytes * (shape.trainedShare ?? 1);
+        const device = bytesOnly ? { ...this.problem.device, latency: 0 } : this.problem.device;
+        s = transferSeconds(shape, a, b, device, devicesPerNode, valueHead);
+        const share = shape.trainedShare ?? 1;
+        if (share < 1) {
+          // With adapters, a view's devices keep the base between fills: what trains moves; the
+          // bus's latency per message stays.
+          const bytes = bytesOnly ? s : transferSeconds(shape, a, b, { ...this.problem.device, latency: 0 }, devicesPerNode, valueHead);
+          s = s - bytes + bytes * share;
+        }
         this.compactMoves.set(compact, s);
       }
       this.moves.set(key, s);
@@ -218,6 +228,7 @@ export class Evaluator {
     const resident = new Map<number, number>();
     for (const model of this.problem.graph.models) {
       const owner = c[model.owner]!;
+      if (model.baseOf !== undefined && this.key(owner) === this.key(c[modelOf(this.problem, model.baseOf).owner]!)) continue;
       const cost = this.callCost(model.owner, owner, true);
       for (const d of owner.devices) resident.set(d, (resident.get(d) ?? 0) + (cost?.residentBytes ?? 0));
     }

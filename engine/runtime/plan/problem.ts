@@ -73,6 +73,15 @@ export function problemOf(s: Scenario, local?: DeviceProfile, lag = lagOf(s)): P
     const a = archOf(p);
     return localShape(`local-${model}`, p.vocab, p.layers, p.width, p.heads, { ffn: a.ffn, kvHeads: a.kvHeads, gated: a.family === 'llama' });
   };
+  // A frozen policy that starts from a policy with adapters (and nothing else trained) is that
+  // policy's base: on its layout, it holds nothing of its own (engine/runtime/run/spec.ts's baseOwnerOf).
+  const baseOfModel = (m: (typeof g.models)[number]): { baseOf?: string } => {
+    if (m.trained || m.head !== 'policy' || m.from === undefined || s.elastic !== undefined) return {};
+    const from = g.models.find((x) => x.name === m.from)!;
+    const shapeOf = shape(m.from);
+    const lora = shapeOf && from.trained ? loraOf(s, shapeOf.gated ? 'llama' : 'gpt2') : undefined;
+    return lora && !lora.modulesToSave?.length ? { baseOf: m.from } : {};
+  };
   // A trained model with LoRA adapters trains, moves and writes a share of itself.
   const withAdapters = (model: string, m: ModelShape | undefined): ModelShape | undefined => {
     const decl = g.models.find((x) => x.name === model)!;
@@ -93,7 +102,7 @@ export function problemOf(s: Scenario, local?: DeviceProfile, lag = lagOf(s)): P
       rows,
       ...(c.fn === 'inference' && c.writes.scores !== undefined && !shape(c.model) && actorSeconds > 0 ? { waitSeconds: actorSeconds } : {}),
     })),
-    models: g.models.map((m) => ({ name: m.name, valueHead: m.head !== 'policy', trainable: m.trained, owner: ownerCall(g, m.name).name })),
+    models: g.models.map((m) => ({ name: m.name, valueHead: m.head !== 'policy', trainable: m.trained, owner: ownerCall(g, m.name).name, ...baseOfModel(m) })),
     flow: flowOf(g, lag),
   };
   return {

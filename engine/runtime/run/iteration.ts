@@ -276,7 +276,9 @@ export async function runIteration(
         callSources.set(c.name, out.sources);
         return { scores: out.scores };
       }
-      const out = await onLayout(d, r, c.name, iteration, (name) => callMesh(d, layoutOf(r, c.name), name, iteration, { fn: 'inference', ...batchOf(tokens) }, c.name));
+      const out = await onLayout(d, r, c.name, iteration, (name, base) =>
+        callMesh(d, layoutOf(r, c.name), name, iteration, { fn: 'inference', ...batchOf(tokens), ...(base ? { base } : {}) }, c.name),
+      );
       if (out.moved) moved.push(out.moved);
       const key = declOf(r, c.model).head === 'policy' ? 'logprobs' : 'values';
       return { [key]: masked(pick(out, key, c.name), maskOf(tokens)) };
@@ -365,7 +367,7 @@ export async function runIteration(
           await store.saveStage(u, stageOf(c.name), { ports: keptPorts(c, { scores: out.scores }), sources: out.sources, generated: 0 });
           continue;
         }
-        const out = await onLayout(d, r, c.name, u, (name) => callMesh(d, layoutOf(r, c.name), name, u, { fn: 'inference', ...batchOf(tokens) }, c.name));
+        const out = await onLayout(d, r, c.name, u, (name, base) => callMesh(d, layoutOf(r, c.name), name, u, { fn: 'inference', ...batchOf(tokens), ...(base ? { base } : {}) }, c.name));
         if (out.moved) moved.push(out.moved);
         const key = declOf(r, c.model).head === 'policy' ? 'logprobs' : 'values';
         await store.saveStage(u, stageOf(c.name), { ports: keptPorts(c, { [key]: masked(pick(out, key, c.name), maskOf(tokens)) }), generated: 0 });

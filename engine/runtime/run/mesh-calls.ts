@@ -140,10 +140,10 @@ async function loadRanks(d: Dispatcher, r: RunSpec, name: string, role: string, 
  * Fills the view a call needs from its owner, runs `body`, and releases the view. Calls on the
  * owner's layout run directly.
  */
-export async function onLayout<T>(d: Dispatcher, r: RunSpec, call: CallName, iteration: number, body: (name: string) => Promise<T>): Promise<T & { moved?: Moved }> {
+export async function onLayout<T>(d: Dispatcher, r: RunSpec, call: CallName, iteration: number, body: (name: string, base: boolean) => Promise<T>): Promise<T & { moved?: Moved }> {
   const held = await holdView(d, r, call, iteration);
   try {
-    return { ...(await body(held.name)), ...(held.moved ? { moved: held.moved } : {}) };
+    return { ...(await body(held.name, held.base === true)), ...(held.moved ? { moved: held.moved } : {}) };
   } finally {
     await held.release();
   }
@@ -171,6 +171,8 @@ export async function ownerBaseDigest(d: Dispatcher, r: RunSpec, model: string, 
 export interface HeldView {
   name: string;
   isView: boolean;
+  /** The call reads `name`'s base: its adapters off (spec.ts's baseOwnerOf). */
+  base?: boolean;
   moved?: Moved;
   release(): Promise<void>;
 }
@@ -185,7 +187,7 @@ export interface HeldView {
 export async function holdView(d: Dispatcher, r: RunSpec, call: CallName, iteration: number, o: { copy?: 0 | 1; beside?: boolean } = {}): Promise<HeldView> {
   const view = viewOf(r, call);
   const { isView } = view;
-  if (!isView) return { name: view.name, isView, release: async () => {} };
+  if (!isView) return { name: view.name, isView, ...(view.base ? { base: true } : {}), release: async () => {} };
   const name = o.copy ? `${view.name}~${o.copy}` : view.name;
   const model = callDecl(r, call).model;
   const layout = layoutOf(r, call);

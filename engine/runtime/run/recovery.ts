@@ -10,7 +10,7 @@ import { CallError, type Dispatcher } from '../dispatch/dispatch.ts';
 import { cut, layoutKey, pieceName, rankCoords, relaidSlices, sliceShape, type RelaidSlice } from '../../../mesh/parallel/index.ts';
 import { logicalDigests, reshardToPlan } from '../store/reshard.ts';
 import type { RunStore, Snapshot } from '../store/store.ts';
-import { layoutOf, learnedReward, loadModel, modelSpec, ownerOf, type RunSpec } from './run.ts';
+import { baseOwnerOf, layoutOf, learnedReward, loadModel, modelSpec, ownerOf, type RunSpec } from './run.ts';
 import { allSettled, checkpointLayouts, keptModels, lrOf, optimized, setupModels, snapshotInto, type CheckpointSet, type RankRestore, type RestorePlan } from './setup.ts';
 import { SnapshotError, rankObjects } from '../store/snapshots.ts';
 import { ProtocolError, stateDigest, type Checkpoint, type ResultOf, type SnapshotManifest } from '../../../mesh/wire/index.ts';
@@ -203,6 +203,8 @@ async function reloadInPlace(d: Dispatcher, r: RunSpec, m: SnapshotManifest, kep
     r.graph.models.map(async ({ name }) => {
       const layout = layoutOf(r, ownerOf(r, name));
       const serve = learnedReward(r, name) ? r.rewardService : undefined;
+      // A model that is its policy's base is the policy's shards, restored with it.
+      if (baseOwnerOf(r, name) !== undefined) return;
       if (!keptNames.has(name)) {
         parameters[name] = await loadModel(d, r, name, name, layout, { lr: lrOf(r, name), serve });
         return;

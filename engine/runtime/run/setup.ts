@@ -13,14 +13,17 @@ import { CallError, type Dispatcher } from '../dispatch/dispatch.ts';
 import { shardsProblem } from '../store/reshard.ts';
 import { manifestBytes, objectName } from '../store/snapshots.ts';
 import type { RunStore } from '../store/store.ts';
-import { basePolicy, callMesh, declOf, eosOf, episodeTaskOf, layoutOf, learnedReward, loadModel, modelSpec, ownerOf, reallocate, samplingOf, type Moved, type RunSpec } from './run.ts';
+import { baseOwnerOf, basePolicy, callMesh, declOf, eosOf, episodeTaskOf, layoutOf, learnedReward, loadModel, modelSpec, ownerOf, reallocate, samplingOf, type Moved, type RunSpec } from './run.ts';
 
 /** Per kept model, one checkpoint per rank of its owner layout. */
 export type CheckpointSet = Record<string, Checkpoint[]>;
 
-/** The models whose state a checkpoint keeps: those with parameters (a learned reward model too, not a rule). */
+/**
+ * The models whose state a checkpoint keeps: those with parameters (a learned reward model too,
+ * not a rule), but a model that is its policy's base (baseOwnerOf: the policy keeps it).
+ */
 export function keptModels(r: RunSpec): string[] {
-  return r.graph.models.filter((m) => m.head !== 'reward' || r.scenario.reward.model).map((m) => m.name);
+  return r.graph.models.filter((m) => (m.head !== 'reward' || r.scenario.reward.model) && baseOwnerOf(r, m.name) === undefined).map((m) => m.name);
 }
 
 /** Whether a model's shards own an optimizer: trained ones, and a learned reward model (trained at setup). */
@@ -128,6 +131,11 @@ export async function setupModels(
   const parameters: Record<string, number> = {};
   const planOf = (model: string) => (resume ? (kept[model] ?? new Map<number, RankRestore>()) : new Map<number, RankRestore>());
   const restoring = new Set(resume ? keptModels(r) : []);
+  // A model that is its policy's base is the policy's shards: nothing to load, fill or restore.
+  const own = r.graph.models.filter((m) => baseOwnerOf(r, m.name) === undefined);
+  // From a checkpoint that shared it (another plan), a base model is loaded and filled from its policy.
+  const fromPolicy = resume ? own.filter((m) => m.from !== undefined && restoring.has(m.name) && !resume[m.name]?.length && resume[m.from]?.length) : [];
+  for (const m of fromPolicy) restoring.delete(m.name);
   if (resume) {
     for (const model of restoring) {
       const problem = shardsProblem(modelSpec(r, model) as GptSpec, model, layoutOf(r, ownerOf(r, model)), resume[model] ?? []);
@@ -147,7 +155,7 @@ export async function setupModels(
   // Every model's calls settle before a failure is thrown: a recovery that goes on to another
   // snapshot must not meet a restore of this one still arriving at a device.
   await allSettled(
-    r.graph.models.map(async ({ name }) => {
+    own.map(async ({ name }) => {
       const serve = learnedReward(r, name) ? r.rewardService : undefined;
       const skip = planOf(name);
       const loaded = await loadModel(d, r, name, name, layoutOf(r, ownerOf(r, name)), { ...(resume ? {} : { seed: s.seed }), lr: lrOf(r, name), serve, skip: new Set(skip.keys()) });
@@ -155,7 +163,10 @@ export async function setupModels(
       if (restoring.has(name)) await restore(name);
     }),
   );
-  if (resume) return { parameters, ...(o.digests ? { rankDigests: digests } : {}) };
+  if (resume) {
+    await Promise.all(fromPolicy.map((m) => copyModel(d, r, m.from!, m.name, `init-${m.name}`)));
+    return { parameters, ...(o.digests ? { rankDigests: digests } : {}) };
+  }
   const base = basePolicy(r);
   let warmup: WarmupReport | undefined;
   if (base && s.warmup.steps > 0) {
@@ -177,7 +188,7 @@ export async function setupModels(
     warmup = { steps: s.warmup.steps, first_loss: out.first_loss, loss: out.loss, ...(fromEnv ? { source: 'environment' as const, turns: fromEnv.turns } : {}) };
   }
   // Models that start from another (a frozen reference, a critic's body) copy it once it is warm.
-  await Promise.all(r.graph.models.filter((m) => m.from !== undefined).map((m) => copyModel(d, r, m.from!, m.name, `init-${m.name}`)));
+  await Promise.all(own.filter((m) => m.from !== undefined).map((m) => copyModel(d, r, m.from!, m.name, `init-${m.name}`)));
   const learned = r.graph.models.find((m) => learnedReward(r, m.name));
   const warm = warmup ? { warmup } : {};
   if (!learned || !base) return { parameters, ...warm };

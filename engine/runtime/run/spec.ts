@@ -94,10 +94,28 @@ export const callDecl = (r: RunSpec, call: CallName): CallDecl => {
  * The name under which a call finds its model: the owner itself when the call runs on the
  * owner's layout, else a view of it that is filled before the call and released after.
  */
-export function viewOf(r: RunSpec, call: CallName): { name: string; isView: boolean } {
+export function viewOf(r: RunSpec, call: CallName): { name: string; isView: boolean; base?: boolean } {
   const model = callDecl(r, call).model;
   const isView = layoutKey(layoutOf(r, call)) !== layoutKey(layoutOf(r, ownerOf(r, model)));
+  // A model that is its policy's base, where it is that policy's own layout: the policy's shards, adapters off.
+  const shared = baseOwnerOf(r, model);
+  if (shared !== undefined && !isView) return { name: shared, isView: false, base: true };
   return { name: isView ? `${model}@${call.slice(call.indexOf('.') + 1)}` : model, isView };
+}
+
+/**
+ * The policy whose shards answer for `model` with their adapters off (docs/lora.md): a frozen
+ * model that starts from a policy with LoRA adapters and nothing else trained (no saved module: the
+ * base is then exactly the policy's frozen part), planned on that policy's own layout, in a run that
+ * does not re-plan (an elastic run may move one without the other). It is not loaded, filled or
+ * kept: the policy's base is it.
+ */
+export function baseOwnerOf(r: RunSpec, model: string): string | undefined {
+  const m = r.graph.models.find((x) => x.name === model);
+  if (!m || m.trained || m.head !== 'policy' || m.from === undefined || r.scenario.elastic !== undefined) return undefined;
+  const from = modelSpec(r, m.from);
+  if (from.kind === 'rule' || !from.lora || from.lora.modulesToSave?.length) return undefined;
+  return layoutKey(layoutOf(r, ownerOf(r, model))) === layoutKey(layoutOf(r, ownerOf(r, m.from))) ? m.from : undefined;
 }
 
 export function nodeOf(r: RunSpec): (device: number) => number {

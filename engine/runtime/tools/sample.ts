@@ -9,10 +9,10 @@ import type { Bus } from '../../../mesh/wire/index.ts';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Layout } from '../../../mesh/parallel/index.ts';
-import { SafetensorsCheckpoint, TOKENIZER_FILE, TextTokenizer, gptSpecOf, importHf, initBackend, readHfConfig, seedOf, type GptSpec } from '../../model/index.ts';
+import { SafetensorsCheckpoint, TOKENIZER_FILE, TextTokenizer, gptSpecOf, importHf, initBackend, parameterShapes, readHfConfig, seedOf, type GptSpec } from '../../model/index.ts';
 import { LocalDispatcher } from '../dispatch/local-dispatch.ts';
 import { ResumeError, readResume } from '../record/record.ts';
-import { callMesh, layoutOf, modelSpec, ownerOf, runSpec } from '../run/run.ts';
+import { baseOwnerOf, callMesh, layoutOf, modelSpec, ownerOf, runSpec } from '../run/run.ts';
 import { shardsProblem } from '../store/reshard.ts';
 import { loadScenarioFile } from '../scenario/scenario.ts';
 import { TaskError } from '../../device/index.ts';
@@ -62,7 +62,20 @@ export async function runPolicy(dir: string, model: string | undefined, o: { ver
   const policies = r.graph.models.filter((m) => m.head === 'policy').map((m) => m.name);
   const name = model ?? r.graph.models.find((m) => m.head === 'policy' && m.trained)?.name ?? policies[0];
   if (!name || !policies.includes(name)) throw o.fail(`${o.flag}: expected a policy of the run (${policies.join(', ')}), got ${JSON.stringify(model)}`);
-  return { r, resume, model: name, spec: modelSpec(r, name) as GptSpec };
+  const spec = modelSpec(r, name) as GptSpec;
+  // A model that was its policy's base (baseOwnerOf) is in the checkpoint as the policy's frozen part.
+  const owner = resume.checkpoint[name] === undefined ? baseOwnerOf(r, name) : undefined;
+  if (owner !== undefined) {
+    const names = new Set(parameterShapes(spec).map(([n]) => n));
+    const shards: (typeof resume.checkpoint)[string] = (resume.checkpoint[owner] ?? []).map((c) => ({ tensors: c.tensors.filter((t) => names.has(t.name)) }));
+    return {
+      r,
+      resume: { ...resume, checkpoint: { ...resume.checkpoint, [name]: shards }, layouts: { ...resume.layouts, ...(resume.layouts?.[owner] ? { [name]: resume.layouts[owner]! } : {}) } },
+      model: name,
+      spec,
+    };
+  }
+  return { r, resume, model: name, spec };
 }
 
 export async function sampleRun(dir: string, o: SampleOptions): Promise<Sample & { text?: string }> {
