@@ -374,6 +374,8 @@ export const CallBody = z.discriminatedUnion('fn', [
     ...Batch,
     /** For a verifier rule: each row's reference answer. */
     answers: z.array(z.string()).optional(),
+    /** A model with adapters: its base alone, the adapters off (a reference that is the policy's base). */
+    base: z.boolean().optional(),
   }),
   z.strictObject({
     fn: z.literal('train'),
