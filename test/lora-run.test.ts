@@ -16,7 +16,7 @@ import { FOUR_DEVICES } from '../engine/runtime/run/four-devices.fixture.ts';
 import { tempDir } from './helpers.ts';
 
 const SCENARIO = `name: lora-chaos${FOUR_DEVICES.replace('model: { layers: 2, width: 32, heads: 4 }', 'model: { family: llama, layers: 2, width: 16, heads: 2, lora: { rank: 2, alpha: 4, modules_to_save: [lm_head] } }')}warmup: { steps: 2, demos: 32, batch: 8 }
-rl: { iterations: 5, batch: 8, lag: 1, lr: 3.0e-3 }
+rl: { iterations: 4, batch: 8, lag: 1, lr: 3.0e-3 }
 timeouts: { heartbeat_seconds: 3 }
 chaos:
   kills:
@@ -61,7 +61,7 @@ describe('LoRA over NATS', () => {
 
     // Snapshots: the frozen base is an object of its own, written once per rank.
     const summary = JSON.parse(readFileSync(join(clean, 'summary.json'), 'utf8')) as Summary;
-    expect(summary.snapshots!.count).toBeGreaterThanOrEqual(5);
+    expect(summary.snapshots!.count).toBeGreaterThanOrEqual(4);
     expect(summary.snapshots!.total_bytes).toBeLessThan(2 * summary.snapshots!.count * summary.snapshots!.bytes);
 
     // The run's adapters as a PEFT adapter, and merged into a Hugging Face model.
@@ -130,10 +130,10 @@ cluster: { nodes: 1, devices_per_node: 2 }
 algorithm: { name: grpo, group: 4, kl: loss, kl_estimator: k3 }
 plan: { actor.train: { mesh: "0:0" }, actor.generate: { mesh: "0:0" }, reference.inference: { mesh: "${reference}" }, reward.inference: { mesh: "0:1" } }
 warmup: { steps: 2, demos: 32, batch: 8 }
-rl: { iterations: 4, batch: 8, kl_coef: 0.05, lr: 3.0e-3 }
+rl: { iterations: 3, batch: 8, kl_coef: 0.05, lr: 3.0e-3 }
 timeouts: { heartbeat_seconds: 3 }
 `;
-    const shared = parseScenario(`${text('0:0')}chaos: { kills: [{ actor: actor, call: train, iteration: 2 }] }\n`, 'shared.yaml');
+    const shared = parseScenario(`${text('0:0')}chaos: { kills: [{ actor: actor, call: train, iteration: 1 }] }\n`, 'shared.yaml');
     const r = runSpec(shared);
     expect(baseOwnerOf(r, 'reference')).toBe('actor');
     expect(keptModels(r)).toEqual(['actor']);
