@@ -3,7 +3,7 @@
 // training rank, a rollout rank, the supervisor — ends with the digests of its clean twin, nothing
 // lost or trained twice; the views' fills move the adapters alone once their devices keep the
 // base, snapshots write the base once; and the run exports as a PEFT adapter and as a merged model.
-import { existsSync, readFileSync } from 'node:fs';
+import { cpSync, existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { runChaos } from '../engine/cli/chaos-run.ts';
@@ -160,5 +160,19 @@ timeouts: { heartbeat_seconds: 3 }
     await exportRun(join(dir, 'shared', 'clean'), { out: join(dir, 'ref'), model: 'reference' });
     await exportRun(join(dir, 'copy'), { out: join(dir, 'ref-copy'), model: 'reference' });
     expect(readFileSync(join(dir, 'ref', 'model.safetensors')).equals(readFileSync(join(dir, 'ref-copy', 'model.safetensors')))).toBe(true);
+
+    // Resumed on a plan that parts them, the shared run fills a reference of its own from the
+    // policy's base and goes on as the copy's run goes on: the same digests one iteration later.
+    const further = parseScenario(text('0:1').replace('iterations: 3', 'iterations: 4'), 'further.yaml');
+    const ends: unknown[] = [];
+    for (const from of [join(dir, 'shared', 'clean'), join(dir, 'copy')]) {
+      const out = `${from}-further`;
+      cpSync(from, out, { recursive: true });
+      const resumed = await launch({ scenario: further, run: runId(`further${ends.length}`), out, resume: true, progress: { phase() {}, iteration() {}, stop() {} }, say: () => {} });
+      expect(resumed.code, readFileSync(join(out, 'logs', 'supervisor.log'), 'utf8')).toBe(0);
+      expect(resumed.summary!.iterations).toBe(4);
+      ends.push(resumed.summary!.digests);
+    }
+    expect(ends[0]).toEqual(ends[1]);
   }, 240_000);
 });
