@@ -97,8 +97,7 @@ async function overNats(s: Scenario) {
 async function peakTensorBytes(s: Scenario): Promise<number> {
   const spec = runSpec(s);
   let failed: string | undefined;
-  // tf.profile's peak counts what the process held before: a run in process leaves some of its
-  // tensors behind (the previous variant's), so the peak is taken above what is held at the start.
+  // tf.profile's peak counts what the process held before the run: the peak is taken above it.
   const before = tf.memory().numBytes;
   const profile = await tf.profile(async () => {
     const out = await runInProcess(spec, { phase() {}, iteration() {}, finished: (x) => (failed = x.status === 'failed' ? x.error : undefined) }, 'wasm');
