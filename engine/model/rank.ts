@@ -33,17 +33,17 @@ import {
   sumRows,
   swiglu,
   swigluBackward,
-  type Adapter,
   type AttnCache,
   type AttnDims,
   type AttnWeights,
   type GluCache,
-  type MlpAdapters,
   type MlpCache,
   type NormCache,
 } from './blocks.ts';
 import { archOf, isTied, modelInfo, specProblem, trains, type Arch, type GptSpec } from './params.ts';
-import { adapterMap, isAdapter, type AdapterOf } from '../adapters/index.ts';
+import { isAdapter } from '../adapters/index.ts';
+import { LayerAdapters } from './layer-adapters.ts';
+import { reduceGradients } from './gradients.ts';
 import { Rng, Stream, sampleToken, samplingProblem, seedOf, type Sampling } from './rng.ts';
 import { leftPadding, masked, responseMask } from './mask.ts';
 import { Adam } from './adam.ts';
@@ -130,10 +130,8 @@ export class GptRank {
   private headWte?: tf.Tensor;
   /** Whether wte changed since the last stage's copy was sent: the same on both ends, which see the same calls. */
   private headStale = true;
-  /** Each adapted matrix's LoRA adapter (engine/adapters), by the matrix's name; empty without. */
-  private readonly adapters: Map<string, AdapterOf>;
-  /** During an inference of the base alone: the adapters are off. */
-  private adaptersOff = false;
+  /** Its LoRA adapters, as its blocks read them (none without). */
+  private readonly adapters: LayerAdapters;
 
   constructor(
     readonly spec: GptSpec,
@@ -146,12 +144,12 @@ export class GptRank {
     const bad = specProblem(spec);
     if (bad) throw new ShardError(`the model cannot be built: ${bad}`);
     this.arch = archOf(spec);
-    this.adapters = spec.lora ? adapterMap(this.arch.family, spec.layers, spec.lora) : new Map();
     if (this.arch.kvHeads % layout.tp !== 0) throw new ShardError(`tp = ${layout.tp} must divide the model's ${this.arch.kvHeads} key/value heads: each tensor rank takes whole heads`);
     const c = (this.coords = rankCoords(layout, rank));
     const info = modelInfo(spec);
     const bounds = stageBounds(info, layout.pp);
     this.weights = new ShardWeights(spec, shardSlices(info, layout, rank, bounds), rank, optim, () => (this.headStale = true));
+    this.adapters = new LayerAdapters(spec, this.weights);
     this.layers = [];
     for (let l = bounds[c.pp]!; l < bounds[c.pp + 1]!; l++) this.layers.push(l);
     this.first = c.pp === 0;
@@ -226,24 +224,6 @@ export class GptRank {
     return out;
   }
 
-  /** Sums the named gradients over `ranks` (in rank order), as one flat message, in place in `grads`. */
-  private async allReduceNamed(group: string, ranks: number[], tag: string, names: readonly string[], grads: Map<string, tf.Tensor>): Promise<void> {
-    const flat = new Float32Array(names.reduce((n, name) => n + grads.get(name)!.size, 0));
-    let at = 0;
-    for (const n of names) {
-      flat.set(grads.get(n)!.dataSync() as Float32Array, at);
-      at += grads.get(n)!.size;
-    }
-    const sum = await this.comm.allReduce(group, ranks, tag, flat);
-    at = 0;
-    for (const n of names) {
-      const g = grads.get(n)!;
-      grads.set(n, tf.tensor(sum.subarray(at, at + g.size), g.shape));
-      at += g.size;
-      g.dispose();
-    }
-  }
-
   private async recvTensor(group: string, from: number, tag: string, shape: number[]): Promise<tf.Tensor> {
     return tf.tensor(await this.comm.recv(group, from, tag), shape, 'float32');
   }
@@ -257,21 +237,9 @@ export class GptRank {
   private attn(l: number): AttnWeights {
     const g = (n: string) => this.weights.get(`h${l}.attn.${n}`);
     const w: AttnWeights = { wq: g('wq'), wk: g('wk'), wv: g('wv'), wo: g('wo') };
-    if (this.adapters.size) w.lora = { wq: this.adapter(l, 'attn.wq'), wk: this.adapter(l, 'attn.wk'), wv: this.adapter(l, 'attn.wv'), wo: this.adapter(l, 'attn.wo') };
+    const lora = this.adapters.attn(l);
+    if (lora) w.lora = lora;
     return this.arch.qkvBias ? { ...w, bq: g('bq'), bk: g('bk'), bv: g('bv') } : w;
-  }
-
-  /** The LoRA adapter of layer l's matrix `part` (attn.wq, mlp.w1, …), if it has one and they are on. */
-  private adapter(l: number, part: string): Adapter | undefined {
-    if (this.adaptersOff) return undefined;
-    const ad = this.adapters.get(`h${l}.${part}`);
-    return ad && { a: this.weights.get(ad.a), b: this.weights.get(ad.b), scale: ad.scale, aName: ad.a, bName: ad.b };
-  }
-
-  /** Layer l's MLP adapters. */
-  private mlpAdapters(l: number): MlpAdapters {
-    if (!this.adapters.size) return {};
-    return { w1: this.adapter(l, 'mlp.w1'), w2: this.adapter(l, 'mlp.w2'), w3: this.adapter(l, 'mlp.w3') };
   }
 
   private get localHeads(): number {
@@ -331,7 +299,7 @@ export class GptRank {
     const x1 = this.bias(tf.add(x, a), `h${l}.attn.bo`);
     tf.dispose([a, n1.y, x]); // the norm's cache is all its backward pass reads
     const n2 = this.norm(`h${l}.ln2`, x1, keep);
-    const ad = this.mlpAdapters(l);
+    const ad = this.adapters.mlp(l);
     const mm = this.gpt2 ? mlp(n2.y, W('mlp.w1'), W('mlp.b1'), W('mlp.w2'), keep, ad) : swiglu(n2.y, W('mlp.w1'), W('mlp.w3'), W('mlp.w2'), keep, ad);
     const m = await this.allReduceTp(group, `${tag}/l${l}/mlp`, mm.out);
     const x2 = this.bias(tf.add(x1, m), `h${l}.mlp.b2`);
@@ -406,14 +374,7 @@ export class GptRank {
     const T = tokens.length / batch;
     const [lo, hi] = replicaRows(batch, this.layout.dp, this.coords.dp);
     const mine = tokens.subarray(lo * T, hi * T);
-    this.adaptersOff = base;
-    let fwd: Awaited<ReturnType<typeof this.forwardStage>>;
-    try {
-      fwd = await this.forwardStage(group, 'inf', mine, hi - lo, T, false, this.padsOf(mine, hi - lo, T, promptLen));
-    } finally {
-      this.adaptersOff = false;
-    }
-    const { out } = fwd;
+    const { out } = await this.adapters.withBase(base, () => this.forwardStage(group, 'inf', mine, hi - lo, T, false, this.padsOf(mine, hi - lo, T, promptLen)));
     if (!out) return new Float32Array(0);
     const t = tf.tidy(() => (this.spec.kind === 'policy' ? logprobsOf(out, tf.tensor2d(mine, [hi - lo, T], 'int32'), promptLen, this.spec.vocab) : valuesOf(out, promptLen)));
     out.dispose();
@@ -882,7 +843,7 @@ export class GptRank {
       const c = fwd.saved[i]!;
       const W = (n: string) => this.weights.get(`h${l}.${n}`);
       // MLP: x2 = x1 + Σtp M(h2) (+ b2), h2 = N2(x1)
-      const ad = this.mlpAdapters(l);
+      const ad = this.adapters.mlp(l);
       if (this.gpt2 && !frozen) add(`h${l}.mlp.b2`, sumRows(dx));
       const gm = this.gpt2 ? mlpBackward(c.mlp as MlpCache, W('mlp.w1'), W('mlp.w2'), dx, ad, frozen) : swigluBackward(c.mlp as GluCache, W('mlp.w1'), W('mlp.w3'), W('mlp.w2'), dx, ad, frozen);
       for (const [n, t] of Object.entries(gm.grads)) add(`h${l}.mlp.${n}`, t);
@@ -914,27 +875,9 @@ export class GptRank {
       this.sendTensor(group, this.prev!, `${tag}/grad`, dx);
       dx.dispose();
     }
-    // An adapter's half that every tensor rank holds whole (A of a column-parallel matrix, B of a
-    // row-parallel one) has a partial gradient on each: summed over the tensor group, in rank order.
-    const partial = this.weights.slices.filter((x) => x.axis === null && isAdapter(x.name) && trainable(x.name)).map((x) => x.name);
-    if (this.layout.tp > 1 && partial.length) await this.allReduceNamed(group, this.tpGroup, `${tag}/tp-adapters`, partial, grads);
-    // Gradient all-reduce across replicas, in replica order.
-    const names = this.weights.parameterNames().filter(trainable);
-    // One message per replica: every gradient of this shard, flattened in parameter order.
-    if (this.layout.dp > 1) await this.allReduceNamed(group, this.dpGroup, `${tag}/dp`, names, grads);
-    // Global norm over the whole model: split slices count on every tensor rank, replicated
-    // parameters once (on tensor rank 0); then summed over the pipeline and tensor ranks.
-    let sq = 0;
-    for (const s of this.weights.slices) {
-      if (!trainable(s.name)) continue;
-      if (s.axis === null && this.coords.tp !== 0 && this.layout.tp > 1) continue;
-      const t = tf.tidy(() => tf.sum(tf.square(grads.get(s.name)!)));
-      sq += t.dataSync()[0]!;
-      t.dispose();
-    }
-    const total = this.mpGroup.length > 1 ? (await this.comm.allReduce(group, this.mpGroup, `${tag}/norm`, new Float32Array([sq])))[0]! : sq;
-    const gradNorm = Math.sqrt(total);
-    const scale = this.optim.clipNorm > 0 && gradNorm > this.optim.clipNorm ? this.optim.clipNorm / (gradNorm + 1e-6) : 1;
+    // Summed over the ranks that share them, the global norm, the clipping (gradients.ts).
+    const groups = { tp: this.tpGroup, dp: this.dpGroup, mp: this.mpGroup, tpRank: this.coords.tp };
+    const { names, gradNorm, scale } = await reduceGradients(this.comm, group, tag, { slices: this.weights.slices, trainable, grads, groups, clipNorm: this.optim.clipNorm });
     const list = names.map((n) => ({ name: n, variable: this.weights.get(n), gradient: scale === 1 ? grads.get(n)! : tf.mul(grads.get(n)!, scale) }));
     opt.apply(list);
     this.headStale = true; // wte moved (on the first stage): a tied head's copy is sent again before it is read
