@@ -135,7 +135,7 @@ export function loraProblem(lora: LoraSpec, family: Family, base: ReadonlyArray<
   return undefined;
 }
 
-/** Parameters the adapters add, and the share of the base's they are. */
+/** Parameters the adapters add to a model of the base's shapes. */
 export function adapterCount(family: Family, base: ReadonlyArray<readonly [string, number[]]>, layers: number, lora: LoraSpec): number {
   return adapterShapes(family, base, layers, lora).reduce((n, p) => n + p.shape.reduce((a, b) => a * b, 1), 0);
 }

@@ -100,8 +100,7 @@ async function peakTensorBytes(s: Scenario): Promise<number> {
   // tf.profile's peak counts what the process held before the run: the peak is taken above it.
   const before = tf.memory().numBytes;
   const profile = await tf.profile(async () => {
-    const out = await runInProcess(spec, { phase() {}, iteration() {}, finished: (x) => (failed = x.status === 'failed' ? x.error : undefined) }, 'wasm');
-    void out;
+    await runInProcess(spec, { phase() {}, iteration() {}, finished: (x) => (failed = x.status === 'failed' ? x.error : undefined) }, 'wasm');
   });
   if (failed) throw new Error(`${s.name} (colocated) failed: ${failed}`);
   return profile.peakBytes - before;

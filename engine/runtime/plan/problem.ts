@@ -4,7 +4,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { totalmem } from 'node:os';
 import { join } from 'node:path';
 import { deviceCount } from '../../../mesh/parallel/index.ts';
-import { graphOf, loraOf, planOnly, policySpec, presetOf, resolvePlan, rowsOf, taskOf, type Scenario } from '../scenario/scenario.ts';
+import { graphOf, loraOf, planOnly, policyBaseOf, policySpec, presetOf, resolvePlan, rowsOf, taskOf, type Scenario } from '../scenario/scenario.ts';
 import { ownerCall } from '../../algorithms/index.ts';
 import { WASM_HEAP_MAX, archOf } from '../../model/index.ts';
 import { flowOf } from './simulate.ts';
@@ -76,11 +76,8 @@ export function problemOf(s: Scenario, local?: DeviceProfile, lag = lagOf(s)): P
   // A frozen policy that starts from a policy with adapters (and nothing else trained) is that
   // policy's base: on its layout, it holds nothing of its own (engine/runtime/run/spec.ts's baseOwnerOf).
   const baseOfModel = (m: (typeof g.models)[number]): { baseOf?: string } => {
-    if (m.trained || m.head !== 'policy' || m.from === undefined || s.elastic !== undefined) return {};
-    const from = g.models.find((x) => x.name === m.from)!;
-    const shapeOf = shape(m.from);
-    const lora = shapeOf && from.trained ? loraOf(s, shapeOf.gated ? 'llama' : 'gpt2') : undefined;
-    return lora && !lora.modulesToSave?.length ? { baseOf: m.from } : {};
+    const from = policyBaseOf(s, g, m.name);
+    return from === undefined ? {} : { baseOf: from };
   };
   // A trained model with LoRA adapters trains, moves and writes a share of itself.
   const withAdapters = (model: string, m: ModelShape | undefined): ModelShape | undefined => {

@@ -3,7 +3,7 @@
 import type { LossModule, ModelSpec } from '../../../mesh/wire/index.ts';
 import { layoutKey, type Layout } from '../../../mesh/parallel/index.ts';
 import { ownerCall, type CallDecl, type Graph, type ModelDecl } from '../../algorithms/index.ts';
-import { graphOf, loraOf, policySpec, resolvePlan, ScenarioError, taskOf, tokenizerDir, verifierOf, type CallName, type Plan, type Scenario } from '../scenario/scenario.ts';
+import { graphOf, loraOf, policyBaseOf, policySpec, resolvePlan, ScenarioError, taskOf, tokenizerDir, verifierOf, type CallName, type Plan, type Scenario } from '../scenario/scenario.ts';
 import type { Task } from '../../device/index.ts';
 
 export interface RunSpec {
@@ -111,11 +111,8 @@ export function viewOf(r: RunSpec, call: CallName): { name: string; isView: bool
  * kept: the policy's base is it.
  */
 export function baseOwnerOf(r: RunSpec, model: string): string | undefined {
-  const m = r.graph.models.find((x) => x.name === model);
-  if (!m || m.trained || m.head !== 'policy' || m.from === undefined || r.scenario.elastic !== undefined) return undefined;
-  const from = modelSpec(r, m.from);
-  if (from.kind === 'rule' || !from.lora || from.lora.modulesToSave?.length) return undefined;
-  return layoutKey(layoutOf(r, ownerOf(r, model))) === layoutKey(layoutOf(r, ownerOf(r, m.from))) ? m.from : undefined;
+  const from = policyBaseOf(r.scenario, r.graph, model);
+  return from !== undefined && layoutKey(layoutOf(r, ownerOf(r, model))) === layoutKey(layoutOf(r, ownerOf(r, from))) ? from : undefined;
 }
 
 export function nodeOf(r: RunSpec): (device: number) => number {

@@ -383,6 +383,22 @@ export function loraOf(s: Scenario, family: 'gpt2' | 'llama'): LoraSpec | undefi
   return l && { rank: l.rank, alpha: l.alpha, targets: l.targets ?? defaultTargets(family), ...(l.modules_to_save?.length ? { modulesToSave: l.modules_to_save } : {}) };
 }
 
+/**
+ * The policy a frozen model is the base of (docs/lora.md), wherever the plan puts them: a frozen
+ * policy-headed model that starts from a trained policy with LoRA adapters and nothing else trained
+ * (no saved module: the base is then exactly the policy's frozen part), in a run that does not
+ * re-plan (an elastic run may part them). Shared by the runtime (spec.ts's baseOwnerOf, which adds
+ * the plan's condition: the same layout) and the planner (which prices each candidate's layouts).
+ */
+export function policyBaseOf(s: Scenario, graph: Graph, model: string): string | undefined {
+  const m = graph.models.find((x) => x.name === model);
+  if (!m || m.trained || m.head !== 'policy' || m.from === undefined || s.elastic !== undefined) return undefined;
+  if (s.model.lora === undefined && s.model.adapter === undefined) return undefined;
+  if (!graph.models.find((x) => x.name === m.from)?.trained) return undefined;
+  const lora = loraOf(s, policySpec(s).family ?? 'gpt2');
+  return lora && !lora.modulesToSave?.length ? m.from : undefined;
+}
+
 /** What is wrong with `model.adapter`: no base, an adapter that does not read, or one that says other than model.lora. */
 function adapterProblems(s: Scenario, spec: GptSpec): string[] {
   const dir = s.model.adapter;
