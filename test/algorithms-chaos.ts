@@ -6,7 +6,7 @@
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { ROOT, spawnTs, tempDir } from './helpers.ts';
+import { ROOT, chaosCli, tempDir } from './helpers.ts';
 
 /** Each algorithm, its options, and the worker kill in one of its own calls. */
 export const CASES: Array<{ algorithm: string; kill: { actor: string; call: string } }> = [
@@ -56,17 +56,8 @@ export function chaosCases(title: string, pick: number[]): void {
         .pop();
       it(`${name}: three kills (one of them the supervisor's), the clean run's digests, no rollout lost or doubled`, async () => {
         const dir = tempDir();
-        const p = spawnTs('engine/cli/chaos.ts', [scenario(dir, c.algorithm, c.kill), '--json', '--out', join(dir, 'runs')]);
-        const code = await p.exited;
-        const line = p
-          .output()
-          .trim()
-          .split('\n')
-          .filter((l) => l.startsWith('{'))
-          .pop();
-        expect(line, p.output()).toBeDefined();
-        const report = JSON.parse(line!);
-        expect(report.chaos.error, p.output()).toBeUndefined();
+        const { code, output, report } = await chaosCli([scenario(dir, c.algorithm, c.kill), '--out', join(dir, 'runs')]);
+        expect(report.chaos.error, output).toBeUndefined();
         expect(report.kills).toBe(3);
         expect(report.kills_by_actor.supervisor).toBe(1);
         expect(report.recovered).toBe(3);

@@ -3,21 +3,12 @@
 // supervisor twice and hangs it once; the run must end with the clean run's parameters, every
 // prompt trained on exactly once.
 import { describe, expect, it } from 'vitest';
-import { spawnTs, tempDir } from './helpers.ts';
+import { chaosCli, spawnTs, tempDir } from './helpers.ts';
 
 describe('npm run chaos', () => {
   it('recovers from a kill of every kind of actor and ends bit-identical to the clean run', async () => {
     const dir = tempDir();
-    const p = spawnTs('engine/cli/chaos.ts', ['scenarios/chaos.yaml', '--json', '--out', dir]);
-    const code = await p.exited;
-    const line = p
-      .output()
-      .trim()
-      .split('\n')
-      .filter((l) => l.startsWith('{'))
-      .pop();
-    expect(line, p.output()).toBeDefined();
-    const report = JSON.parse(line!);
+    const { code, report } = await chaosCli(['scenarios/chaos.yaml', '--out', dir]);
     expect(report.chaos.error).toBeUndefined();
     expect(report.kills).toBe(11);
     expect(Object.keys(report.kills_by_actor).sort()).toEqual(['actor', 'critic', 'reference', 'reward', 'supervisor']);

@@ -126,3 +126,23 @@ export function ensurePython(): string {
 
 /** The nats-py that .ci/run and ensurePython install (the example environment's NATS client). */
 export const NATS_PY = 'nats-py>=2.6,<3';
+
+/**
+ * `npm run chaos -- ARGS --json` as a process: its exit code, its output, and the JSON report it
+ * printed last (the test fails, showing the output, when there is none).
+ */
+export async function chaosCli(args: string[]): Promise<{ code: number | null; output: string; report: ChaosJson }> {
+  const p = spawnTs('engine/cli/chaos.ts', [...args, '--json']);
+  const code = await p.exited;
+  const output = p.output();
+  const line = output
+    .trim()
+    .split('\n')
+    .filter((l) => l.startsWith('{'))
+    .pop();
+  if (line === undefined) throw new Error(`npm run chaos printed no JSON report:\n${output}`);
+  return { code, output, report: JSON.parse(line) as ChaosJson };
+}
+
+// biome-ignore lint/suspicious/noExplicitAny: the report's fields are read by each test as it needs
+type ChaosJson = Record<string, any>;

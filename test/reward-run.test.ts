@@ -9,7 +9,7 @@ import { launch } from '../engine/cli/launch.ts';
 import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
 import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/server/nats-server.ts';
 import type { Metrics } from '../mesh/wire/messages/protocol.ts';
-import { ROOT, spawnTs, tempDir } from './helpers.ts';
+import { chaosCli, ROOT, tempDir } from './helpers.ts';
 
 const quiet = { phase() {}, iteration() {}, stop() {} };
 const metrics = (dir: string) =>
@@ -98,16 +98,8 @@ describe('reward actors in a run', () => {
         '',
       ].join('\n'),
     );
-    const p = spawnTs('engine/cli/chaos.ts', [file, '--json', '--out', join(dir, 'out')]);
-    expect(await p.exited, p.output()).toBe(0);
-    const report = JSON.parse(
-      p
-        .output()
-        .trim()
-        .split('\n')
-        .filter((l) => l.startsWith('{'))
-        .pop()!,
-    );
+    const { code, output, report } = await chaosCli([file, '--out', join(dir, 'out')]);
+    expect(code, output).toBe(0);
     expect(report.kills).toBe(3);
     expect(report.recovered).toBe(3);
     expect(report.digests_equal).toBe(true);
