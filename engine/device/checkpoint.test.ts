@@ -183,6 +183,35 @@ describe('checkpoints', () => {
     await expect(a.call(0, 'actor', 0, { fn: 'snapshot', object: 'x', optimizer: false })).rejects.toThrow(/expected no optimizer state, the shard has one/);
   }, 30_000);
 
+  it("a reload onto a shard that still holds its snapshot's frozen base (LoRA) reads what trains alone, and replays exactly; a base that differs is read again", async () => {
+    const lora: GptSpec = { ...spec, lora: { rank: 2, alpha: 4, targets: ['c_attn', 'c_proj', 'c_fc'] } };
+    const one: Layout = { devices: [0], dp: 1, tp: 1, pp: 1 };
+    const shelf = new MemoryShelf();
+    const d = new LocalDispatcher(1, undefined, shelf);
+    const load = (seed: number) => d.call(0, 'actor', 0, { fn: 'load', role: 'actor', spec: lora, layout: one, rank: 0, seed, optim });
+    const weights = async () => (await d.call(0, 'actor', 0, { fn: 'manifest' })).digest;
+    await load(3);
+    await callMesh(d, one, 'actor', 0, train(1) as never);
+    const written = await d.call(0, 'actor', 0, { fn: 'snapshot', object: 's0', optimizer: true });
+    const entry = { device: 0, object: 's0', ...written };
+    const at0 = await weights();
+    await callMesh(d, one, 'actor', 0, train(2) as never);
+    const after = await weights();
+    expect(after).not.toBe(at0);
+    // The frozen base is as the snapshot wrote it (its digest says so): the snapshot's own object alone is read.
+    const own = (await shelf.get(0, 's0'))!.length;
+    expect(written.bytes).toBeGreaterThan(3 * own);
+    expect(await d.call(0, 'actor', 0, { fn: 'reload', object: entry, optimizer: true })).toEqual({ bytes: own, base_kept_bytes: written.bytes - own });
+    expect(await weights()).toBe(at0);
+    await callMesh(d, one, 'actor', 0, train(2) as never);
+    expect(await weights()).toBe(after);
+    // Another base (loaded again from another seed) is read from the bucket and checked: never assumed.
+    await load(4);
+    expect(await d.call(0, 'actor', 0, { fn: 'reload', object: entry, optimizer: true })).toEqual({ bytes: written.bytes });
+    expect(await weights()).toBe(at0);
+    await d.close();
+  });
+
   it("a reset keeps the shards of the models it is told to keep, with their place and their checkpoint's state digest; others go", async () => {
     const layout: Layout = { devices: [0, 1], dp: 2, tp: 1, pp: 1 };
     const d = new LocalDispatcher(2);

@@ -4,7 +4,7 @@
 // shard's state to and from the supervisor (checkpoint, restore) is state-transfers.ts's; the
 // wait for an exchange's go, exchange.ts's.
 import type { Bus } from '../../mesh/wire/index.ts';
-import { readSnapshot, stateOf, writeSnapshot, type HeldShard, type WrittenBases } from './snapshot.ts';
+import { readSnapshot, stateOf, writeSnapshot, type HeldShard, type KnownBases } from './snapshot.ts';
 import { checkStrategy, shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../../mesh/parallel/index.ts';
 import type { Checkpoint, LedgerEntry, Call, CallBody, CallFn, CallOf, Layout, ResultOf } from '../../mesh/wire/index.ts';
 import { cut, pasteRange } from '../../mesh/parallel/index.ts';
@@ -599,7 +599,7 @@ export class Device {
   /** The environments this device plays episodes against. */
   private readonly episodes: DeviceEpisodes;
   /** The base objects this device wrote into its bucket (snapshot.ts): a frozen base is written once. */
-  private readonly writtenBases: WrittenBases = new Map();
+  private readonly knownBases: KnownBases = new Map();
   /** Frozen bases of released views of models with adapters, for their next load (kept-bases.ts). */
   private readonly keptBases = new KeptBases();
 
@@ -639,16 +639,16 @@ export class Device {
 
   /** Writes the shard's state into this device's own bucket; its bytes go from here to the store, not through the supervisor. */
   private snapshot(h: Hosted, model: string, iteration: number, body: CallOf<'snapshot'>): Promise<ResultOf<'snapshot'>> {
-    return writeSnapshot(this.shelf(`write '${model}' into`), this.index, h as HeldShard, model, iteration, body, this.writtenBases);
+    return writeSnapshot(this.shelf(`write '${model}' into`), this.index, h as HeldShard, model, iteration, body, this.knownBases);
   }
 
   /** Puts the rank's state back from a snapshot's object; changes nothing unless the object is whole and this rank's. */
   private async reload(h: Hosted, model: string, body: CallOf<'reload'>): Promise<ResultOf<'reload'>> {
-    const { tensors, checkpoint, bytes } = await readSnapshot(this.shelf(`read '${model}' from`), h as HeldShard, model, body);
+    const { tensors, checkpoint, bytes, baseKeptBytes } = await readSnapshot(this.shelf(`read '${model}' from`), h as HeldShard, model, body, this.knownBases);
     const s = h.shard as ModelShard;
     s.weights.importTensors(tensors);
     if (checkpoint.optimizer) s.weights.loadOptimizerState(checkpoint.optimizer);
     h.ledger = [...(checkpoint.ledger ?? [])];
-    return { bytes };
+    return { bytes, ...(baseKeptBytes ? { base_kept_bytes: baseKeptBytes } : {}) };
   }
 }

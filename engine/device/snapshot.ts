@@ -54,10 +54,18 @@ const typedBytes = (c: Pick<Checkpoint, 'tensors' | 'optimizer'>): number =>
   c.tensors.reduce((n, t) => n + t.data.byteLength, 0) + (c.optimizer?.moments ?? []).reduce((n, m) => n + m.m.byteLength + m.v.byteLength, 0);
 
 /**
- * Base objects this device has written (their names, and their bytes' digests): a model with
- * adapters writes its frozen base once, and each snapshot after names it.
+ * Base objects this device has written or read, by name: their bytes' digest, and the digest of
+ * the frozen tensors they hold (modelDigest). A model with adapters writes its frozen base once,
+ * and each snapshot after names it; a reload onto a shard that still holds that base (its
+ * tensors hash to it) reads the snapshot's trained part alone.
  */
-export type WrittenBases = Map<string, string>;
+export type KnownBases = Map<string, { digest: string; frozen: string; bytes: number }>;
+
+/**
+ * Whether a snapshot holds `name` as part of its base object: what does not train, or all of a
+ * shard without an optimizer (a frozen model), as writeSnapshot splits them.
+ */
+const inBase = (spec: GptRank['spec'], optimizer: boolean, name: string) => !(optimizer && trains(spec, name));
 
 /**
  * Writes the shard's state into `device`'s own bucket as one ShardObject; see the protocol's
@@ -73,26 +81,24 @@ export async function writeSnapshot(
   model: string,
   iteration: number,
   body: CallOf<'snapshot'>,
-  bases: WrittenBases = new Map(),
+  bases: KnownBases = new Map(),
 ): Promise<ResultOf<'snapshot'>> {
   const checkpoint = stateOf(h);
   const state = stateDigest(checkpoint);
-  const spec = h.shard.spec;
-  const trained = (name: string) => checkpoint.optimizer !== undefined && trains(spec, name);
+  const trained = (name: string) => !inBase(h.shard.spec, checkpoint.optimizer !== undefined, name);
   if (checkpoint.tensors.every((t) => trained(t.name))) {
     const bytes = encodeSized({ type: 'shard', v: PROTOCOL_VERSION, model, layout: h.layout, rank: h.rank, iteration, checkpoint }, typedBytes(checkpoint));
     return { bytes: bytes.length, digest: await shelf.put(device, body.object, bytes), state };
   }
   const frozen = checkpoint.tensors.filter((t) => !trained(t.name));
-  const name = `base-${modelDigest(frozen)
-    .replace(/^[a-z0-9]+:/, '')
-    .slice(0, 24)}.${model}.r${h.rank}`;
+  const frozenDigest = modelDigest(frozen);
+  const name = `base-${frozenDigest.replace(/^[a-z0-9]+:/, '').slice(0, 24)}.${model}.r${h.rank}`;
   let written = 0;
-  let digest = bases.get(name);
+  let digest = bases.get(name)?.digest;
   if (digest === undefined) {
     const bytes = encodeSized({ type: 'base', v: PROTOCOL_VERSION, model, layout: h.layout, rank: h.rank, tensors: frozen }, typedBytes({ tensors: frozen }));
     digest = await shelf.put(device, name, bytes);
-    bases.set(name, digest);
+    bases.set(name, { digest, frozen: frozenDigest, bytes: bytes.length });
     written = bytes.length;
   }
   const delta: Checkpoint = {
@@ -111,18 +117,28 @@ export async function writeSnapshot(
  * `fail` makes the error the reader raises.
  */
 export async function wholeCheckpoint(get: (object: string) => Promise<Uint8Array | undefined>, o: ShardObject, at: string, fail: (message: string) => Error): Promise<Checkpoint> {
-  if (!o.base) return o.checkpoint;
-  const where = `${at}: its base ${JSON.stringify(o.base.object)}`;
+  return o.base ? onBase(o, (await readBase(get, o, o.base, at, fail)).tensors) : o.checkpoint;
+}
+
+/** The base object a snapshot object names, read and checked (see wholeCheckpoint); its tensors and its bytes' length. */
+async function readBase(
+  get: (object: string) => Promise<Uint8Array | undefined>,
+  o: ShardObject,
+  base: NonNullable<ShardObject['base']>,
+  at: string,
+  fail: (message: string) => Error,
+): Promise<{ tensors: Checkpoint['tensors']; bytes: number }> {
+  const where = `${at}: its base ${JSON.stringify(base.object)}`;
   let bytes: Uint8Array | undefined;
   try {
-    bytes = await get(o.base.object);
+    bytes = await get(base.object);
   } catch (e) {
     if (e instanceof ObjectError) throw fail(`${where}: ${e.message}`);
     throw e;
   }
   if (!bytes) throw fail(`${where} is missing`);
-  const actual = digestMismatch(bytes, o.base.digest);
-  if (actual !== undefined) throw fail(`${where} changed since it was written: its digest is ${shortDigest(actual)}, the snapshot says ${shortDigest(o.base.digest)}`);
+  const actual = digestMismatch(bytes, base.digest);
+  if (actual !== undefined) throw fail(`${where} changed since it was written: its digest is ${shortDigest(actual)}, the snapshot says ${shortDigest(base.digest)}`);
   let b: BaseObject;
   try {
     b = decode(where, bytes, BaseObject);
@@ -131,15 +147,33 @@ export async function wholeCheckpoint(get: (object: string) => Promise<Uint8Arra
   }
   if (b.model !== o.model || b.rank !== o.rank || JSON.stringify(b.layout) !== JSON.stringify(o.layout))
     throw fail(`${where} holds '${b.model}' rank ${b.rank} of layout [${b.layout.devices}], not '${o.model}' rank ${o.rank} of [${o.layout.devices}]`);
+  return { tensors: b.tensors, bytes: bytes.length };
+}
+
+/** A snapshot object's checkpoint with its base's tensors before what trains, and zero moments for them. */
+function onBase(o: ShardObject, base: Checkpoint['tensors']): Checkpoint {
   const c = o.checkpoint;
   const zeros = (n: number) => new Float32Array(n);
   // What trains (the adapters, a trained head) follows the base in the parameters' canonical order
   // (params.ts), so the base, then the rest, is that order.
   return {
-    tensors: [...b.tensors, ...c.tensors],
-    ...(c.optimizer ? { optimizer: { step: c.optimizer.step, moments: [...b.tensors.map((t) => ({ name: t.name, m: zeros(t.data.length), v: zeros(t.data.length) })), ...c.optimizer.moments] } } : {}),
+    tensors: [...base, ...c.tensors],
+    ...(c.optimizer ? { optimizer: { step: c.optimizer.step, moments: [...base.map((t) => ({ name: t.name, m: zeros(t.data.length), v: zeros(t.data.length) })), ...c.optimizer.moments] } } : {}),
     ...(c.ledger ? { ledger: c.ledger } : {}),
   };
+}
+
+/**
+ * The base `o` names as this shard holds it now, when it is that base: an object this device wrote
+ * or read (`bases`) with the same bytes' digest, whose frozen tensors' digest the shard's own
+ * frozen slices hash to now. Undefined otherwise (the base is then read from the bucket).
+ */
+function heldBase(h: HeldShard, o: ShardObject, bases: KnownBases): Checkpoint['tensors'] | undefined {
+  const known = o.base && bases.get(o.base.object);
+  if (!known || known.digest !== o.base!.digest) return undefined;
+  const { weights, spec } = h.shard;
+  const tensors = weights.slices.filter((sl) => inBase(spec, weights.trainable, sl.name)).map((sl) => ({ name: sl.name, shape: sliceShape(sl), data: weights.exportTensor(sl.name) }));
+  return tensors.length > 0 && modelDigest(tensors) === known.frozen ? tensors : undefined;
 }
 
 /**
@@ -147,8 +181,16 @@ export async function wholeCheckpoint(get: (object: string) => Promise<Uint8Arra
  * digest (in the algorithm it names), the model, this rank's slices and the optimizer the call expects; whatever is wrong
  * with the object, it is not the one the manifest names (digest_mismatch: a recovery goes back to
  * the snapshot before). Returns each slice's tensor in this rank's order, and the checkpoint.
+ * The base object it names is read only where the shard does not hold that base already
+ * (heldBase); `bytes`: what was read, `baseKeptBytes`: the base object's bytes not read.
  */
-export async function readSnapshot(shelf: Shelf, h: HeldShard, model: string, body: CallOf<'reload'>): Promise<{ tensors: Checkpoint['tensors']; checkpoint: Checkpoint; bytes: number }> {
+export async function readSnapshot(
+  shelf: Shelf,
+  h: HeldShard,
+  model: string,
+  body: CallOf<'reload'>,
+  bases: KnownBases = new Map(),
+): Promise<{ tensors: Checkpoint['tensors']; checkpoint: Checkpoint; bytes: number; baseKeptBytes: number }> {
   const { device, object, digest: expected } = body.object;
   const at = `'${model}' object ${JSON.stringify(object)} in device ${device}'s bucket`;
   let bytes: Uint8Array | undefined;
@@ -172,16 +214,30 @@ export async function readSnapshot(shelf: Shelf, h: HeldShard, model: string, bo
   if (o.model !== model || JSON.stringify(shardSlices(info, o.layout, o.rank)) !== JSON.stringify(mine)) {
     throw new CallRejected('digest_mismatch', `${at} holds '${o.model}' rank ${o.rank} of layout [${o.layout.devices}], not the slices of rank ${h.rank} of [${h.layout.devices}] here`);
   }
-  const c = await wholeCheckpoint(
-    (name) => shelf.get(device, name),
-    o,
-    at,
-    (m) => new CallRejected('digest_mismatch', m),
-  );
+  let read = bytes.length;
+  let baseKeptBytes = 0;
+  let c = o.checkpoint;
+  if (o.base) {
+    let base = heldBase(h, o, bases);
+    if (base) baseKeptBytes = bases.get(o.base.object)!.bytes;
+    else {
+      const got = await readBase(
+        (name) => shelf.get(device, name),
+        o,
+        o.base,
+        at,
+        (m) => new CallRejected('digest_mismatch', m),
+      );
+      read += got.bytes;
+      base = got.tensors;
+      bases.set(o.base.object, { digest: o.base.digest, frozen: modelDigest(base), bytes: got.bytes });
+    }
+    c = onBase(o, base);
+  }
   if ((c.optimizer !== undefined) !== body.optimizer)
     throw new CallRejected('invalid_state', `${at}: expected ${body.optimizer ? 'an' : 'no'} optimizer state, the object has ${c.optimizer ? 'one' : 'none'}`);
   const named = new Map(c.tensors.map((t) => [t.name, t]));
   const missing = mine.filter((sl) => named.get(sl.name)?.data.length !== sliceShape(sl).reduce((a, b) => a * b, 1));
   if (missing.length) throw new CallRejected('digest_mismatch', `${at} lacks, or has another size of, ${missing.map((sl) => sl.name).join(', ')}`);
-  return { tensors: mine.map((sl) => named.get(sl.name)!), checkpoint: c, bytes: bytes.length };
+  return { tensors: mine.map((sl) => named.get(sl.name)!), checkpoint: c, bytes: read, baseKeptBytes };
 }

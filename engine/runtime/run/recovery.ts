@@ -188,8 +188,10 @@ export function resetKeepingShards(d: Dispatcher, r: RunSpec, devices: readonly 
 /**
  * A recovery onto the plan the snapshot was taken on: each rank a device kept with the snapshot's
  * state (its digest equal to the manifest's) stays as it is, a data-parallel replica whole or not
- * at all (restorePlan's rule); every other rank is loaded and reloads its state itself from the
- * snapshot's object (`reload`), all at once. Nothing of the state passes through this process.
+ * at all (restorePlan's rule); every other rank reloads its state itself from the snapshot's
+ * object (`reload`), all at once — onto the shard its device kept of it, else loaded first.
+ * Nothing of the state passes through this process. `bytes`: what the devices read; `keptBytes`:
+ * the held ranks' objects and the bases the reloaded shards still held.
  */
 async function reloadInPlace(d: Dispatcher, r: RunSpec, m: SnapshotManifest, kept: KeptShards): Promise<SetupOutput & { plan: RestorePlan; bytes: number; keptBytes: number }> {
   const plan: Record<string, Map<number, RankRestore>> = {};
@@ -212,9 +214,9 @@ async function reloadInPlace(d: Dispatcher, r: RunSpec, m: SnapshotManifest, kep
       const objects = rankObjects(m, name);
       if (objects.length !== layout.devices.length)
         throw new SnapshotError(`the snapshot after iteration ${m.iteration} has ${objects.length} rank(s) of '${name}'; its layout has ${layout.devices.length}`);
-      const equal = layout.devices.map((device, rank) =>
-        kept.get(device)?.find((k) => k.model === name && k.rank === rank && layoutKey(k.layout) === layoutKey(layout) && k.state === objects[rank]!.state),
-      );
+      // The shard each device kept where the plan has this rank, whatever its state.
+      const here = layout.devices.map((device, rank) => kept.get(device)?.find((k) => k.model === name && k.rank === rank && layoutKey(k.layout) === layoutKey(layout)));
+      const equal = here.map((k, rank) => (k?.state === objects[rank]!.state ? k : undefined));
       const held = new Map<number, RankRestore>();
       layout.devices.forEach((_, rank) => {
         const replica = rankCoords(layout, rank).dp;
@@ -222,16 +224,22 @@ async function reloadInPlace(d: Dispatcher, r: RunSpec, m: SnapshotManifest, kep
         if (whole) held.set(rank, { held: true, parameters: equal[rank]!.parameters });
       });
       plan[name] = held;
-      const loaded = await loadModel(d, r, name, name, layout, { lr: lrOf(r, name), serve, skip: new Set(held.keys()) });
-      parameters[name] = loaded + [...held.values()].reduce((n, x) => n + x.parameters, 0);
+      // Any other rank kept in place (it went on past the snapshot, or its replica was not held
+      // whole) reloads onto the shard it holds instead of a fresh one: with adapters, the frozen
+      // base it still holds — its digest checked on the device — is not read again. A served
+      // reward model is loaded again (its server holds the shard).
+      const onto = new Set(layout.devices.flatMap((_, rank) => (!held.has(rank) && here[rank] && !serve ? [rank] : [])));
+      const loaded = await loadModel(d, r, name, name, layout, { lr: lrOf(r, name), serve, skip: new Set([...held.keys(), ...onto]) });
+      parameters[name] = loaded + [...held.values()].reduce((n, x) => n + x.parameters, 0) + [...onto].reduce((n, rank) => n + here[rank]!.parameters, 0);
       await allSettled(
         layout.devices.map(async (device, rank) => {
           if (held.has(rank)) {
             keptBytes += objects[rank]!.bytes;
             return;
           }
-          bytes += objects[rank]!.bytes;
-          await d.call(device, name, -1, { fn: 'reload', object: objects[rank]!, optimizer: optimized(r, name) });
+          const got = await d.call(device, name, -1, { fn: 'reload', object: objects[rank]!, optimizer: optimized(r, name) });
+          bytes += got.bytes;
+          keptBytes += got.base_kept_bytes ?? 0;
         }),
       );
     }),

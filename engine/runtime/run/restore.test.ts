@@ -2,7 +2,7 @@
 // stay, the others are reloaded by their devices from the snapshot's objects (nothing through the
 // supervisor), and a snapshot that cannot be read back sends the recovery to the one before it.
 import { beforeAll, describe, expect, it } from 'vitest';
-import { MemoryShelf, encode, PROTOCOL_VERSION } from '../../../mesh/wire/index.ts';
+import { MemoryShelf, ShardObject, decode, encode, PROTOCOL_VERSION } from '../../../mesh/wire/index.ts';
 import { rankCoords } from '../../../mesh/parallel/index.ts';
 import { initBackend } from '../../model/backend.ts';
 import { CallError, fence, type Dispatcher } from '../dispatch/dispatch.ts';
@@ -42,16 +42,32 @@ describe('a recovery in place', () => {
 
     // Device 2 loses everything: its ranks are reloaded from their objects — with every rank of a
     // replica it was in (the tensor-parallel reference's other half on device 3 too: a replica is
-    // held whole or not at all) — by their devices; the state is the snapshot's again.
+    // held whole or not at all) — by their devices; the state is the snapshot's again. The
+    // reference does not train: its snapshot objects name a base object, written once (at -1);
+    // device 2 reads it again, device 3 still holds its half's (checked by digest) and reads the
+    // snapshot's object alone.
     await d.call(2, '*', -1, { fn: 'reset', epoch: d.epoch });
     const back = await restoreDevices({ d, r, store, devices, snapshot: 0, say });
-    const lost = Object.keys(m0.models).reduce((n, model) => {
+    const baseBytes = async (o: { device: number; object: string }) => {
+      const base = decode('test', (await shelf.get(o.device, o.object))!, ShardObject).base;
+      return base ? (await shelf.get(o.device, base.object))!.length : 0;
+    };
+    let lost = 0;
+    let lostObjects = 0;
+    let baseHeld = 0;
+    for (const model of Object.keys(m0.models)) {
       const layout = m0.layouts[model]!;
       const broken = new Set(layout.devices.flatMap((device, rank) => (device === 2 ? [rankCoords(layout, rank).dp] : [])));
-      return n + rankObjects(m0, model).reduce((k, o, rank) => k + (broken.has(rankCoords(layout, rank).dp) ? o.bytes : 0), 0);
-    }, 0);
-    expect(lost).toBeGreaterThan(0);
-    expect(back).toMatchObject({ snapshot: 0, bytes: lost, keptBytes: total - lost, viaSupervisor: 0 });
+      for (const [rank, o] of rankObjects(m0, model).entries()) {
+        if (!broken.has(rankCoords(layout, rank).dp)) continue;
+        lost += o.bytes;
+        lostObjects += o.bytes;
+        if (layout.devices[rank] === 2) lost += await baseBytes(o);
+        else baseHeld += await baseBytes(o);
+      }
+    }
+    expect(baseHeld).toBeGreaterThan(0);
+    expect(back).toMatchObject({ snapshot: 0, bytes: lost, keptBytes: total - lostObjects + baseHeld, viaSupervisor: 0 });
     const again = await takeSnapshot(d, r, 0);
     for (const model of Object.keys(m0.models)) expect(rankObjects(again, model).map((o) => o.state)).toEqual(rankObjects(m0, model).map((o) => o.state));
     expect(said).toEqual([]);

@@ -741,7 +741,12 @@ export const ResultBodies = {
   weights: z.strictObject({ tensors: z.array(z.strictObject({ name: z.string(), shape: z.array(nat), data: f32 })) }),
   checkpoint: z.strictObject({ step: nat, optimizer: z.boolean(), bytes: nat, ledger: z.array(LedgerEntry).default([]) }),
   snapshot: z.strictObject({ bytes: nat, digest: Digest, state: Digest }),
-  reload: z.strictObject({ bytes: nat }),
+  /**
+   * `bytes`: what was read from the bucket (the snapshot's object, and its base object where it was
+   * read); `base_kept_bytes`: the bytes of the base object not read, as this shard still held that
+   * base (its digest checked).
+   */
+  reload: z.strictObject({ bytes: nat, base_kept_bytes: nat.optional() }),
   /** `digest`: where the call asked, the digest of the weights held now (modelDigest, as `manifest`'s). */
   restore: z.strictObject({ digest: z.string().optional() }),
   reset: z.strictObject({
