@@ -16,7 +16,8 @@ import { initBackend } from '../model/backend.ts';
 import { LocalDispatcher } from '../runtime/dispatch/local-dispatch.ts';
 import { MemoryShelf } from '../../mesh/wire/transfer/shelf.ts';
 import { readSnapshot } from '../runtime/store/snapshots.ts';
-import { modelInfo, type GptSpec } from '../model/params.ts';
+import { modelInfo, parameterShapes, trains, type GptSpec } from '../model/params.ts';
+import { baseDigest } from './snapshot.ts';
 import { callMesh } from '../runtime/run/run.ts';
 
 const spec: GptSpec = { kind: 'policy', vocab: 11, context: 9, layers: 2, width: 16, heads: 4 };
@@ -287,6 +288,55 @@ describe('checkpoints', () => {
       expect(moved.digest).toBe(await digest(d, alone));
       expect(moved.digest).toBe(modelDigest(whole.tensors));
       expect((await fresh.restoreShard(0, 'actor', 0, whole, { digest: true })).digest).toBe(moved.digest);
+      await callMesh(d, alone, 'actor', 0, train(2) as never);
+      await callMesh(fresh, alone, 'actor', 0, train(2) as never);
+      expect(await digest(d, alone)).toBe(await digest(fresh, alone));
+    });
+  }
+
+  for (const from of [
+    { devices: [0, 1], dp: 2, tp: 1, pp: 1 },
+    { devices: [0, 1], dp: 1, tp: 2, pp: 1 },
+  ] satisfies Layout[]) {
+    it(`with adapters, a shard that trained past the snapshot moves onto another layout keeping its frozen base (its digest the snapshot's), sent what trains whole; it trains as one restored whole does (from dp=${from.dp} tp=${from.tp})`, async () => {
+      const lora: GptSpec = { ...spec, lora: { rank: 2, alpha: 4, targets: ['c_attn', 'c_proj', 'c_fc'] } };
+      const alone: Layout = { devices: [0], dp: 1, tp: 1, pp: 1 };
+      const info = modelInfo(lora);
+      const shelf = new MemoryShelf();
+      const d = new LocalDispatcher(2, undefined, shelf);
+      await Promise.all(from.devices.map((dev, rank) => d.call(dev, 'actor', 0, { fn: 'load', role: 'actor', spec: lora, layout: from, rank, seed: 3, optim })));
+      await callMesh(d, from, 'actor', 0, train(1) as never);
+      // A snapshot on the old layout writes rank 0's base object (a data-parallel rank's is the whole base).
+      await d.call(0, 'actor', 0, { fn: 'snapshot', object: 'old', optimizer: true });
+      const shapes = (rank: number) => shardSlices(info, from, rank).map((s) => ({ name: s.name, shape: sliceShape(s) }));
+      const ranks = await Promise.all(from.devices.map((dev, rank) => d.checkpointShard(dev, 'actor', 0, shapes(rank), true)));
+      const whole = reshard(lora, 'actor', from, ranks, alone)[0]!;
+      // The run went on past the snapshot: what trains changed, the base did not; the reset says both.
+      await callMesh(d, from, 'actor', 0, train(2) as never);
+      const { kept } = await d.call(0, '*', 0, { fn: 'reset', epoch: d.epoch, keep: ['actor'] });
+      expect(kept[0]!.state).not.toBe(stateDigest({ tensors: ranks[0]!.tensors, optimizer: ranks[0]!.optimizer, ledger: ranks[0]!.ledger ?? [] }));
+      expect(kept[0]!.base).toBe(baseDigest(lora, true, ranks[0]!.tensors));
+      const trained = parameterShapes(lora)
+        .map(([name]) => name)
+        .filter((name) => trains(lora, name));
+      const stale = new Set(trained);
+      const pieces = piecesOf(
+        whole,
+        relaidSlices(info, { layout: from, rank: 0 }, { layout: alone, rank: 0 }, (name) => stale.has(name)),
+        (name) => trains(lora, name),
+      );
+      const trainedBytes = whole.tensors.filter((t) => stale.has(t.name)).reduce((n, t) => n + 3 * t.data.byteLength, 0);
+      if (from.dp === 2) expect(checkpointBytes(pieces)).toBe(trainedBytes);
+      expect(checkpointBytes(pieces)).toBeLessThan(checkpointBytes(whole) / 2);
+      const moved = await d.restoreShard(0, 'actor', 0, pieces, { onto: { layout: alone, rank: 0, stale: trained }, digest: true });
+      expect(moved.digest).toBe(modelDigest(whole.tensors));
+      const fresh = new LocalDispatcher(1, undefined, shelf);
+      await fresh.call(0, 'actor', 0, { fn: 'load', role: 'actor', spec: lora, layout: alone, rank: 0, optim });
+      await fresh.restoreShard(0, 'actor', 0, whole);
+      // A snapshot on the new layout names a base object of its own (the same bytes, on another
+      // layout), which a device that never held it reads back.
+      const written = await d.call(0, 'actor', 0, { fn: 'snapshot', object: 'new', optimizer: true });
+      expect(await fresh.call(0, 'actor', 0, { fn: 'reload', object: { device: 0, object: 'new', ...written }, optimizer: true })).toMatchObject({ bytes: written.bytes });
       await callMesh(d, alone, 'actor', 0, train(2) as never);
       await callMesh(fresh, alone, 'actor', 0, train(2) as never);
       expect(await digest(d, alone)).toBe(await digest(fresh, alone));

@@ -4,7 +4,7 @@
 // shard's state to and from the supervisor (checkpoint, restore) is state-transfers.ts's; the
 // wait for an exchange's go, exchange.ts's.
 import type { Bus } from '../../mesh/wire/index.ts';
-import { readSnapshot, stateOf, writeSnapshot, type HeldShard, type KnownBases } from './snapshot.ts';
+import { baseDigest, readSnapshot, stateOf, writeSnapshot, type HeldShard, type KnownBases } from './snapshot.ts';
 import { checkStrategy, shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../../mesh/parallel/index.ts';
 import type { Checkpoint, LedgerEntry, Call, CallBody, CallFn, CallOf, Layout, ResultOf } from '../../mesh/wire/index.ts';
 import { cut, pasteRange } from '../../mesh/parallel/index.ts';
@@ -112,7 +112,8 @@ export class Device {
       }
       h.shard.forgetCalls();
       const state = this.stateOf(h);
-      kept.push({ model, layout: h.layout, rank: h.rank, state: stateDigest(state), parameters: state.tensors.reduce((n, t) => n + t.data.length, 0) });
+      const base = baseDigest(h.shard.spec, state.optimizer !== undefined, state.tensors);
+      kept.push({ model, layout: h.layout, rank: h.rank, state: stateDigest(state), parameters: state.tensors.reduce((n, t) => n + t.data.length, 0), ...(base ? { base } : {}) });
     }
     const staying = new Set([...kept.map((k) => k.model), ...busy]);
     const dropped = this.models().filter((m) => !staying.has(m));

@@ -6,4 +6,4 @@ export * from './device.ts';
 export * from './ledger.ts';
 export * from './task.ts';
 export * from './verify.ts';
-export { wholeCheckpoint } from './snapshot.ts';
+export { baseDigest, wholeCheckpoint } from './snapshot.ts';

@@ -8,6 +8,7 @@ import {
   ShardObject,
   decode,
   digestMismatch,
+  digestOf,
   encodeSized,
   shortDigest,
   stateDigest,
@@ -18,7 +19,7 @@ import {
   type ResultOf,
   type Shelf,
 } from '../../mesh/wire/index.ts';
-import { shardSlices, sliceShape } from '../../mesh/parallel/index.ts';
+import { layoutKey, shardSlices, sliceShape } from '../../mesh/parallel/index.ts';
 import { modelDigest } from '../../mesh/wire/index.ts';
 import { modelInfo, trains, type GptRank } from '../model/index.ts';
 import { CallRejected } from './checks.ts';
@@ -68,6 +69,15 @@ export type KnownBases = Map<string, { digest: string; frozen: string; bytes: nu
 const inBase = (spec: GptRank['spec'], optimizer: boolean, name: string) => !(optimizer && trains(spec, name));
 
 /**
+ * Of a model with adapters and an optimizer, the digest of its state's part that does not train
+ * (modelDigest of those tensors, in order); undefined for any other. Two shards of one rank with
+ * the same base differ only in what trains.
+ */
+export function baseDigest(spec: GptRank['spec'], optimizer: boolean, tensors: Checkpoint['tensors']): string | undefined {
+  return spec.lora && optimizer ? modelDigest(tensors.filter((t) => inBase(spec, optimizer, t.name))) : undefined;
+}
+
+/**
  * Writes the shard's state into `device`'s own bucket as one ShardObject; see the protocol's
  * `snapshot`. What does not train — a model with adapters' frozen base, a frozen model (a reference)
  * whole — is an object of its own, named by its digest, so it is written again only when it
@@ -92,7 +102,12 @@ export async function writeSnapshot(
   }
   const frozen = checkpoint.tensors.filter((t) => !trained(t.name));
   const frozenDigest = modelDigest(frozen);
-  const name = `base-${frozenDigest.replace(/^[a-z0-9]+:/, '').slice(0, 24)}.${model}.r${h.rank}`;
+  // Named by its content and its place: a rank of another layout (after an elastic re-plan) may
+  // hold the same base, but its object records the layout it was written on, and an object once
+  // named by a snapshot is never written over.
+  const name = `base-${digestOf(Buffer.from(`${frozenDigest} ${layoutKey(h.layout)}`))
+    .replace(/^[a-z0-9]+:/, '')
+    .slice(0, 24)}.${model}.r${h.rank}`;
   let written = 0;
   let digest = bases.get(name)?.digest;
   if (digest === undefined) {

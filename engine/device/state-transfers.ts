@@ -13,11 +13,10 @@ import {
   tensorDigest,
   type CallOf,
   type Expected,
-  type Layout,
   type NamedTensor,
   type ResultOf,
 } from '../../mesh/wire/index.ts';
-import { GptRank, modelInfo } from '../model/index.ts';
+import { GptRank, modelInfo, trains } from '../model/index.ts';
 import { CallRejected } from './checks.ts';
 import type { Hosted, ModelShard } from './device.ts';
 import { awaitGo, type DeviceLink } from './exchange.ts';
@@ -105,15 +104,18 @@ async function fromSupervisor<T>(at: DeviceLink, body: CallOf<'restore'>, expect
  * optimizer's moments the same way, its step and the ledger from the call. Changes nothing
  * unless every piece arrives.
  */
-async function restoreOnto(at: DeviceLink, h: Hosted, body: CallOf<'restore'>, onto: { layout: Layout; rank: number }, replace: Replace): Promise<ResultOf<'restore'>> {
+async function restoreOnto(at: DeviceLink, h: Hosted, body: CallOf<'restore'>, onto: NonNullable<CallOf<'restore'>['onto']>, replace: Replace): Promise<ResultOf<'restore'>> {
   const old = h.shard;
   if (!(old instanceof GptRank)) throw new CallRejected('unsupported', `'${h.role}' holds no parameters to move`);
   if (h.serving) throw new CallRejected('unsupported', `'${h.role}' serves as a reward actor: it is restored whole`);
   if (onto.layout.devices[onto.rank] !== at.index)
     throw new CallRejected('invalid_state', `rank ${onto.rank} of layout [${onto.layout.devices}] is device ${onto.layout.devices[onto.rank]}, not this device ${at.index}`);
-  const pieces = relaidSlices(modelInfo(old.spec), { layout: h.layout, rank: h.rank }, onto);
+  const stale = new Set(onto.stale ?? []);
+  const pieces = relaidSlices(modelInfo(old.spec), { layout: h.layout, rank: h.rank }, onto, (name) => stale.has(name));
+  // What does not train (a frozen base beside adapters) has zero moments, as a snapshot holds it: none are sent.
+  const moments = (name: string) => body.optimizer && trains(old.spec, name);
   const expected = pieces.flatMap((sl) =>
-    sl.missing.flatMap((p) => [`w:${pieceName(p)}`, ...(body.optimizer ? [`m:${pieceName(p)}`, `v:${pieceName(p)}`] : [])].map((name) => ({ name, shape: sliceShape(p) }))),
+    sl.missing.flatMap((p) => [`w:${pieceName(p)}`, ...(moments(sl.slice.name) ? [`m:${pieceName(p)}`, `v:${pieceName(p)}`] : [])].map((name) => ({ name, shape: sliceShape(p) }))),
   );
   return fromSupervisor(at, body, expected, (got) => {
     const sent = (prefix: string) => (name: string) => got.get(`${prefix}:${name}`)!.data;
@@ -124,9 +126,12 @@ async function restoreOnto(at: DeviceLink, h: Hosted, body: CallOf<'restore'>, o
         const state = old.weights.optimizerState();
         const held = new Map((state?.moments ?? []).map((m) => [m.name, m]));
         const moment = (k: 'm' | 'v') => (name: string) => held.get(name)?.[k] ?? new Float32Array(old.weights.exportTensor(name).length);
+        const zeros = (sl: (typeof pieces)[number]) => new Float32Array(sliceShape(sl.slice).reduce((a, b) => a * b, 1));
         next.weights.loadOptimizerState({
           step: body.step,
-          moments: pieces.map((sl) => ({ name: sl.slice.name, m: assemble(sl, moment('m'), sent('m')), v: assemble(sl, moment('v'), sent('v')) })),
+          moments: pieces.map((sl) =>
+            moments(sl.slice.name) ? { name: sl.slice.name, m: assemble(sl, moment('m'), sent('m')), v: assemble(sl, moment('v'), sent('v')) } : { name: sl.slice.name, m: zeros(sl), v: zeros(sl) },
+          ),
         });
       }
     } catch (e) {

@@ -38,10 +38,14 @@ function split(w: Slice, h: Slice | undefined): RelaidSlice {
   return { slice: w, held: [{ piece: range(w, axis, from, to), from: h }], missing };
 }
 
-/** The new rank's slices, each split into what the old rank of the same model held and what it lacks. */
-export function relaidSlices(model: ModelInfo, from: RankOn, to: RankOn): RelaidSlice[] {
+/**
+ * The new rank's slices, each split into what the old rank of the same model held and what it
+ * lacks. `stale`: parameters whose held elements are not the ones wanted (what trains, on a shard
+ * that went on past the snapshot it is moved back to): lacked whole.
+ */
+export function relaidSlices(model: ModelInfo, from: RankOn, to: RankOn, stale: (name: string) => boolean = () => false): RelaidSlice[] {
   const old = new Map(shardSlices(model, from.layout, from.rank).map((s) => [s.name, s]));
-  return shardSlices(model, to.layout, to.rank).map((w) => split(w, old.get(w.name)));
+  return shardSlices(model, to.layout, to.rank).map((w) => split(w, stale(w.name) ? undefined : old.get(w.name)));
 }
 
 /**

@@ -4,7 +4,8 @@
 import { describe, expect, it } from 'vitest';
 import { cut, planMigration, shardSlices, sliceShape, type Layout, type Slice } from '../../../mesh/parallel/index.ts';
 import { stateDigest, type Checkpoint } from '../../../mesh/wire/index.ts';
-import { modelInfo, type GptSpec } from '../../model/index.ts';
+import { modelInfo, parameterShapes, trains, type GptSpec } from '../../model/index.ts';
+import { baseDigest } from '../../device/index.ts';
 import { layoutOf, modelSpec, nodeOf, ownerOf, runSpec, type RunSpec } from './run.ts';
 import { checkpointLayouts, keptModels, optimized, type CheckpointSet } from './setup.ts';
 import { parseScenario, withPlan } from '../scenario/scenario.ts';
@@ -42,16 +43,28 @@ function snapshotOn(spec: RunSpec): CheckpointSet {
   );
 }
 
-/** What each device reports keeping: every rank it holds on `layouts`, but `except` (device → models dropped or changed). */
-function keptFrom(set: CheckpointSet, layouts: Record<string, Layout>, changed: Record<number, string[]> = {}, gone: number[] = []): KeptShards {
+/**
+ * What each device reports keeping: every rank it holds on `layouts`, but those of `gone`, with the
+ * state of `changed` (device → models) not the snapshot's; a model with adapters reports its base,
+ * the snapshot's unless `rebased` (device → models) says it changed.
+ */
+function keptFrom(
+  set: CheckpointSet,
+  layouts: Record<string, Layout>,
+  changed: Record<number, string[]> = {},
+  gone: number[] = [],
+  spec: RunSpec = r,
+  rebased: Record<number, string[]> = {},
+): KeptShards {
   const kept: KeptShards = new Map();
   for (const [model, ranks] of Object.entries(set)) {
     layouts[model]!.devices.forEach((device, rank) => {
       if (gone.includes(device)) return;
       const c = ranks[rank]!;
       const state = changed[device]?.includes(model) ? 'f'.repeat(64) : stateDigest({ tensors: c.tensors, optimizer: c.optimizer, ledger: c.ledger ?? [] });
+      const base = rebased[device]?.includes(model) ? 'e'.repeat(64) : baseDigest(modelSpec(spec, model) as GptSpec, optimized(spec, model), c.tensors);
       const list = kept.get(device) ?? [];
-      list.push({ model, layout: layouts[model]!, rank, state, parameters: c.tensors.reduce((n, t) => n + t.data.length, 0) });
+      list.push({ model, layout: layouts[model]!, rank, state, parameters: c.tensors.reduce((n, t) => n + t.data.length, 0), ...(base ? { base } : {}) });
       kept.set(device, list);
     });
   }
@@ -95,6 +108,25 @@ describe('restorePlan', () => {
     expect(setBytes(resharded, plan)).toBe(least);
     // Without what the devices kept, every rank goes whole: far more.
     expect(setBytes(resharded)).toBeGreaterThan(2 * least);
+  });
+
+  it("with adapters, a kept shard that went on past the snapshot moves in place where its base is the snapshot's, sent what trains whole; one whose base differs is sent whole", () => {
+    const lora = runSpec(parseScenario(`${FOUR_DEVICES.replace('heads: 4 }', 'heads: 4, lora: { rank: 2, alpha: 4 } }')}rl: { iterations: 4, batch: 8 }\n`, 'lora.yaml'));
+    const set = snapshotOn(lora);
+    const layouts = checkpointLayouts(lora);
+    const after = runSpec(withPlan(lora.scenario, { ...lora.scenario.plan, ...WITHOUT_DEVICE_3 }));
+    const { set: resharded } = reshardToPlan(after, set, layouts);
+    const spec = modelSpec(lora, 'actor') as GptSpec;
+    const trained = (c: Checkpoint) => c.tensors.filter((t) => trains(spec, t.name)).reduce((n, t) => n + 3 * t.data.byteLength, 0);
+    // Both actor replicas trained on (device 3 is lost): device 0's moves onto the new plan's one rank, sent what trains alone.
+    const plan = restorePlan(after, { set, layouts }, resharded, keptFrom(set, layouts, { 0: ['actor', 'critic'], 1: ['actor', 'critic'] }, [3], lora));
+    expect(kinds(plan, 'actor', 1)).toEqual([`onto:${trained(resharded.actor![0]!)}`]);
+    expect(trained(resharded.actor![0]!)).toBeLessThan(checkpointBytes(resharded.actor![0]!) / 4);
+    const onto = plan.actor!.get(0)!;
+    expect('onto' in onto && onto.onto.stale).toEqual(parameterShapes(spec).flatMap(([name]) => (trains(spec, name) ? [name] : [])));
+    // Its base changed too (never assumed): whole.
+    const rebased = restorePlan(after, { set, layouts }, resharded, keptFrom(set, layouts, { 0: ['actor'], 1: ['actor'] }, [3], lora, { 0: ['actor'], 1: ['actor'] }));
+    expect(kinds(rebased, 'actor', 1)).toEqual(['whole']);
   });
 
   it('trusts nothing that differs from the snapshot: a kept shard whose state changed is sent whole, on the old layout or the new', () => {

@@ -14,7 +14,8 @@ import { baseOwnerOf, layoutOf, learnedReward, loadModel, modelSpec, ownerOf, ty
 import { allSettled, checkpointLayouts, keptModels, lrOf, optimized, setupModels, snapshotInto, type CheckpointSet, type RankRestore, type RestorePlan } from './setup.ts';
 import { SnapshotError, rankObjects } from '../store/snapshots.ts';
 import { ProtocolError, stateDigest, type Checkpoint, type ResultOf, type SnapshotManifest } from '../../../mesh/wire/index.ts';
-import { modelInfo, type GptSpec } from '../../model/index.ts';
+import { modelInfo, parameterShapes, trains, type GptSpec } from '../../model/index.ts';
+import { baseDigest } from '../../device/index.ts';
 
 export interface RestoreInput {
   d: Dispatcher;
@@ -89,7 +90,10 @@ export async function resetDevices(d: Dispatcher, r: RunSpec, devices: readonly 
  *   state in step (a tied head's copy on the last stage is sent again when the first stage's
  *   weights are replaced);
  * - onto: a device holds a rank of the snapshot's layout (or the plan's, in a replica not held
- *   whole): it moves onto the plan's rank in place, sent only the pieces of it that it lacks;
+ *   whole): it moves onto the plan's rank in place, sent only the pieces of it that it lacks. A
+ *   shard with adapters that went on past the snapshot, its frozen base the snapshot's (`base` in
+ *   the reset's answer against the snapshot rank's, both baseDigest), moves so too, sent what
+ *   trains whole (`stale`);
  * - neither (absent): loaded and sent whole.
  */
 export function restorePlan(r: RunSpec, snapshot: Snapshot, set: CheckpointSet, kept: KeptShards): RestorePlan {
@@ -102,15 +106,27 @@ export function restorePlan(r: RunSpec, snapshot: Snapshot, set: CheckpointSet, 
     const digests = snapshot.states?.[model];
     const takenDigest = (rank: number) => digests?.[rank] ?? stateDigest(snapshot.set[model]![rank]!);
     const planDigest = (rank: number) => (layoutKey(taken) === layoutKey(layout) ? takenDigest(rank) : stateDigest(ranks[rank]!));
+    // Of a model with adapters, the digest of a snapshot rank's frozen base (hashed here once, where a shard kept one to compare).
+    const bases = new Map<number, string | undefined>();
+    const takenBase = (rank: number) => {
+      if (!bases.has(rank)) bases.set(rank, baseDigest(spec, optimized(r, model), snapshot.set[model]![rank]!.tensors));
+      return bases.get(rank);
+    };
     const found = layout.devices.map((device, rank) => {
       const k = kept.get(device)?.find((x) => x.model === model);
       if (!k) return undefined;
       const here = layoutKey(k.layout) === layoutKey(layout) && k.rank === rank;
-      if (here && k.state === planDigest(rank)) return { here, k };
+      if (here && k.state === planDigest(rank)) return { here, k, stale: false };
       // A served reward model is restored whole (its server holds the shard).
-      const equal = layoutKey(k.layout) === layoutKey(taken) && k.state === takenDigest(k.rank);
-      return equal && !learnedReward(r, model) ? { here: false, k } : undefined;
+      if (learnedReward(r, model) || layoutKey(k.layout) !== layoutKey(taken)) return undefined;
+      if (k.state === takenDigest(k.rank)) return { here: false, k, stale: false };
+      // A shard with adapters that went on past the snapshot, its frozen base the snapshot's: what
+      // trains is sent whole, the base moves in place.
+      return k.base !== undefined && k.base === takenBase(k.rank) ? { here: false, k, stale: true } : undefined;
     });
+    const trained = parameterShapes(spec)
+      .map(([name]) => name)
+      .filter((name) => trains(spec, name));
     layout.devices.forEach((_, rank) => {
       const f = found[rank];
       if (!f) return;
@@ -119,14 +135,26 @@ export function restorePlan(r: RunSpec, snapshot: Snapshot, set: CheckpointSet, 
       const parameters = ranks[rank]!.tensors.reduce((n, t) => n + t.data.length, 0);
       const to = plan[model] ?? (plan[model] = new Map());
       if (whole) to.set(rank, { held: true, parameters });
-      else to.set(rank, { onto: { layout, rank }, pieces: piecesOf(ranks[rank]!, relaidSlices(modelInfo(spec), f.k, { layout, rank })), parameters });
+      else {
+        const stale = f.stale ? new Set(trained) : new Set<string>();
+        const pieces = piecesOf(
+          ranks[rank]!,
+          relaidSlices(modelInfo(spec), f.k, { layout, rank }, (name) => stale.has(name)),
+          (name) => trains(spec, name),
+        );
+        to.set(rank, { onto: { layout, rank, ...(f.stale ? { stale: trained } : {}) }, pieces, parameters });
+      }
     });
   }
   return plan;
 }
 
-/** The pieces of a rank's checkpoint that a device moving onto it lacks (named as relaid.ts names them), with the step and ledger. */
-export function piecesOf(c: Checkpoint, slices: readonly RelaidSlice[]): Checkpoint {
+/**
+ * The pieces of a rank's checkpoint that a device moving onto it lacks (named as relaid.ts names
+ * them), with the step and ledger; moments only of what `trains` (a frozen base's are zeros, as a
+ * snapshot holds them, and the device makes them so).
+ */
+export function piecesOf(c: Checkpoint, slices: readonly RelaidSlice[], trains: (name: string) => boolean = () => true): Checkpoint {
   const byName = new Map(c.tensors.map((t) => [t.name, t.data]));
   const moments = new Map((c.optimizer?.moments ?? []).map((m) => [m.name, m]));
   const missing = slices.flatMap((sl) => sl.missing.map((p) => ({ sl, p })));
@@ -136,12 +164,14 @@ export function piecesOf(c: Checkpoint, slices: readonly RelaidSlice[]): Checkpo
       ? {
           optimizer: {
             step: c.optimizer.step,
-            moments: missing.map(({ sl, p }) => {
-              // A parameter never stepped has zero moments (as a device's checkpoint and the state digest hold it).
-              const zeros = () => new Float32Array(byName.get(sl.slice.name)!.length);
-              const m = moments.get(sl.slice.name);
-              return { name: pieceName(p), m: cut(m?.m ?? zeros(), sl.slice, p).slice(), v: cut(m?.v ?? zeros(), sl.slice, p).slice() };
-            }),
+            moments: missing
+              .filter(({ sl }) => trains(sl.slice.name))
+              .map(({ sl, p }) => {
+                // A parameter never stepped has zero moments (as a device's checkpoint and the state digest hold it).
+                const zeros = () => new Float32Array(byName.get(sl.slice.name)!.length);
+                const m = moments.get(sl.slice.name);
+                return { name: pieceName(p), m: cut(m?.m ?? zeros(), sl.slice, p).slice(), v: cut(m?.v ?? zeros(), sl.slice, p).slice() };
+              }),
           },
         }
       : {}),

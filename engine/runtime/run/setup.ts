@@ -9,7 +9,7 @@ import { Stream, seedOf } from '../../model/index.ts';
 import { turnCodec } from '../../episodes/index.ts';
 import { demonstrations } from '../../device/index.ts';
 import { demoRows, episodesSpec, type Demonstrate } from '../../environments/index.ts';
-import { CallError, type Dispatcher } from '../dispatch/dispatch.ts';
+import { CallError, type Dispatcher, type Onto } from '../dispatch/dispatch.ts';
 import { shardsProblem } from '../store/reshard.ts';
 import { manifestBytes, objectName } from '../store/snapshots.ts';
 import type { RunStore } from '../store/store.ts';
@@ -101,7 +101,7 @@ export interface SnapshotCost {
  * (supervisor/recovery.ts's restorePlan): `held` as it is, or moved `onto` the plan's layout in
  * place and sent only the `pieces` it lacks. A rank absent from the plan is loaded and sent whole.
  */
-export type RankRestore = { held: true; parameters: number } | { onto: { layout: Layout; rank: number }; pieces: Checkpoint; parameters: number };
+export type RankRestore = { held: true; parameters: number } | { onto: Onto; pieces: Checkpoint; parameters: number };
 export type RestorePlan = Record<string, ReadonlyMap<number, RankRestore>>;
 
 /** Waits for every promise to settle, then throws the first failure, if any: no call of a failed step is still arriving at a device when the next begins. */

@@ -460,7 +460,11 @@ export const CallBody = z.discriminatedUnion('fn', [
     step: nat,
     optimizer: z.boolean(),
     ledger: z.array(LedgerEntry).default([]),
-    onto: z.strictObject({ layout: Layout, rank: nat }).optional(),
+    /**
+     * `stale`: parameters the shard held past the snapshot (what trains, where its frozen base is
+     * the snapshot's): sent whole, whatever of them the shard held.
+     */
+    onto: z.strictObject({ layout: Layout, rank: nat, stale: z.array(z.string()).optional() }).optional(),
     digest: z.literal(true).optional(),
     inline: z.array(z.strictObject({ name: z.string(), shape: z.array(nat), data: f32, digest: Digest })).optional(),
   }),
@@ -753,7 +757,8 @@ export const ResultBodies = {
     dropped: z.array(z.string()),
     interrupted: z.string().optional(),
     /** Shards kept: where they are (layout, rank), their state's digest (weights, optimizer, ledger: stateDigest) and parameter count. */
-    kept: z.array(z.strictObject({ model: z.string(), layout: Layout, rank: nat, state: z.string(), parameters: nat })).default([]),
+    /** `base`: of a shard with adapters and an optimizer, the digest of what does not train (baseDigest), which a recovery compares with the snapshot's. */
+    kept: z.array(z.strictObject({ model: z.string(), layout: Layout, rank: nat, state: z.string(), parameters: nat, base: z.string().optional() })).default([]),
     /** Models to keep that a call was still running on: neither kept nor dropped; a reset again says which. */
     busy: z.array(z.string()).default([]),
   }),
