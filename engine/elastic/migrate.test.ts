@@ -70,13 +70,13 @@ describe('migrateToPlan', () => {
   const three = specOnPlan(four, WITHOUT_DEVICE_3);
 
   /** Four devices in this process, set up and snapshotted after iteration 0, device 3 gone; `lie`: a restore whose answer names other weights. */
-  async function migrated(lie?: { device: number; model: string }) {
+  async function migrated(lie?: { device: number; model: string }, from = four) {
     await initBackend('wasm');
     const shelf = new MemoryShelf();
     const local = new LocalDispatcher(4, undefined, shelf);
     const store = new MemoryStore(shelf);
-    await setupModels(local, four);
-    await snapshotInto(local, four, store, 0);
+    await setupModels(local, from);
+    await snapshotInto(local, from, store, 0);
     await local.call(3, '*', -1, { fn: 'reset', epoch: local.epoch });
     const d: Dispatcher = {
       ...fence(local),
@@ -85,7 +85,8 @@ describe('migrateToPlan', () => {
         return lie?.device === device && lie.model === model ? { digest: '0'.repeat(64) } : answer;
       },
     };
-    return migrateToPlan({ d, r: three, store, devices: planDevices(three), snapshot: 0, from: four, lost: [3] });
+    const to = from === four ? three : specOnPlan(from, WITHOUT_DEVICE_3);
+    return migrateToPlan({ d, r: to, store, devices: planDevices(to), snapshot: 0, from, lost: [3] });
   }
 
   it('moves the snapshot onto the new plan with the least bytes, the parameters equal bit for bit, each checked by its device in its restore', async () => {
@@ -97,6 +98,15 @@ describe('migrateToPlan', () => {
     // Every rank sent a restore answered with its digest; those held had nothing to answer.
     const sent = Object.entries(m.plan ?? {}).flatMap(([model, p]) => [...p.entries()].filter(([, x]) => !('held' in x)).map(([rank]) => `${model}/${rank}`));
     expect(Object.entries(m.rankDigests ?? {}).flatMap(([model, ranks]) => [...ranks.keys()].map((rank) => `${model}/${rank}`))).toEqual(expect.arrayContaining(sent));
+  }, 60_000);
+
+  it('with adapters, sends no moments of the frozen base (zeros), and that least is what it counts', async () => {
+    const lora = runSpec(parseScenario(`${FOUR_DEVICES.replace('heads: 4 }', 'heads: 4, lora: { rank: 2, alpha: 4 } }')}warmup: { steps: 0 }\nrl: { iterations: 4, batch: 8 }\n`, 'lora.yaml'));
+    const m = await migrated(undefined, lora);
+    expect(m.equal).toBe(true);
+    expect(m.bytes).toBe(m.minimumBytes);
+    const full = await migrated();
+    expect(m.bytes).toBeLessThan(0.6 * full.bytes);
   }, 60_000);
 
   it('fails, naming the rank and the device, where a device holds other weights than it was sent', async () => {

@@ -7,7 +7,7 @@
 // that of the rank it was sent — so the parameters right after the migration equal the snapshot's.
 // The snapshot stays as it was taken (it records its layouts): a later recovery reshards it the same way.
 import { layoutKey, planMigration } from '../../mesh/parallel/index.ts';
-import { modelInfo, type GptSpec } from '../model/index.ts';
+import { modelInfo, parameterShapes, trains, type GptSpec } from '../model/index.ts';
 import { logicalDigests } from '../runtime/index.ts';
 import { layoutOf, modelSpec, nodeOf, ownerOf, type RunSpec } from '../runtime/index.ts';
 import { checkpointLayouts, optimized, type RestorePlan } from '../runtime/index.ts';
@@ -78,9 +78,16 @@ export async function migrateToPlan(
       const a = fromLayouts[model]!;
       const b = layoutOf(r, ownerOf(r, model));
       if (layoutKey(a) !== layoutKey(b)) moved.push(model);
-      const plan = planMigration(modelInfo(modelSpec(r, model) as GptSpec), a, b, nodeOf(r), lost);
-      // What survivors lack that others left hold, plus what only the lost held (from the snapshot).
-      minimumBytes += (plan.minimumBytes + plan.snapshotBytes) * (optimized(r, model) ? 3 : 1);
+      const spec = modelSpec(r, model) as GptSpec;
+      const least = (names?: readonly string[]) => {
+        const plan = planMigration(modelInfo(spec), a, b, nodeOf(r), lost, names);
+        return plan.minimumBytes + plan.snapshotBytes;
+      };
+      // What survivors lack that others left hold, plus what only the lost held (from the
+      // snapshot): the weights, and both moments of what trains (a frozen base's are zeros).
+      const weights = least();
+      const trained = spec.lora ? parameterShapes(spec).flatMap(([name]) => (trains(spec, name) ? [name] : [])) : undefined;
+      minimumBytes += weights + (optimized(r, model) ? 2 * (trained ? least(trained) : weights) : 0);
     }
   } finally {
     // Awaited whatever happens here: its failure is the caller's, never an unhandled rejection.

@@ -119,12 +119,13 @@ export function planRealloc(model: ModelInfo, from: Layout, to: Layout, nodeOf: 
  * Plans the move of a model from layout `from`, some of whose devices are `lost`, to layout `to`
  * on devices that are not: each interval from a surviving holder, as planRealloc chooses, and one
  * that no survivor holds from the snapshot (`restores`). The bytes from survivors are the minimum
- * for what survives; nothing a survivor holds is read from the snapshot.
+ * for what survives; nothing a survivor holds is read from the snapshot. `names`: only these
+ * parameters (all when absent).
  */
-export function planMigration(model: ModelInfo, from: Layout, to: Layout, nodeOf: (device: number) => number, lost: ReadonlySet<number>): MigrationPlan {
+export function planMigration(model: ModelInfo, from: Layout, to: Layout, nodeOf: (device: number) => number, lost: ReadonlySet<number>, names?: readonly string[]): MigrationPlan {
   const onLost = to.devices.filter((d) => lost.has(d));
   if (onLost.length) throw new Error(`the new layout places shards on device${onLost.length > 1 ? 's' : ''} ${onLost.join(', ')}, which the run has lost`);
-  return plan_(model, from, to, nodeOf, undefined, model, lost);
+  return plan_(model, from, to, nodeOf, names, model, lost);
 }
 
 function plan_(
