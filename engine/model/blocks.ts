@@ -19,21 +19,61 @@ const swap = (t: tf.Tensor): tf.Tensor => {
 };
 
 /**
- * Multiply-adds per matrix from which the wasm backend's 2-D products, one per matrix, beat its
- * batched product (measured here: at 16K the batched one is twice as fast, at 32K they are
- * even, at 1M the 2-D ones are 6 times as fast; the batched one is a generic loop at about
- * 1.6 GFLOP/s, the 2-D one XNNPACK's at 10–19, less a fixed cost per call).
+ * Multiply-adds per matrix from which the wasm backend's 2-D products, one per matrix, beat a
+ * batched product (measured against the backend's batched kernel: at 16K it is twice as fast,
+ * at 32K they are even, at 1M the 2-D ones are 6 times as fast; that kernel is a generic loop at
+ * about 1.6 GFLOP/s, the 2-D one XNNPACK's at 10–19, less a fixed cost per call). Below it,
+ * products run as elementwise products summed, which sum in the same order as XNNPACK's.
  */
 const SLICED_MACS = 32 * 1024;
 
 /**
- * a·b over a leading batch axis: [n, M, K] by [n, K, N] → [n, M, N]. On wasm, matrices of at
- * least SLICED_MACS multiply-adds run as n 2-D products; other backends batch natively.
+ * Rows of `a` up to which a product of few rows (decoding's: one query a sequence and head, or a
+ * group's few) runs as products and sums of elements on wasm, whatever its size: over a cache of
+ * 512 positions, 6 times as fast as n 2-D products (their slices copy the cache) and 1.5 as the
+ * batched kernel.
+ */
+const SUMMED_ROWS = 4;
+
+/**
+ * a·b over a leading batch axis: [n, M, K] by [n, K, N] → [n, M, N]. On wasm every element is a
+ * float32 sum of the products in order of k, however the product runs: matrices of at least
+ * SLICED_MACS multiply-adds (with more than SUMMED_ROWS rows) as n 2-D products (XNNPACK's, which
+ * sums so), the rest as elementwise products summed along k (tf.sum sums so) — never by the
+ * backend's batched kernel, which sums k in blocks (48 at a time), so that one product would not
+ * equal the same product asked for in another shape (decoding against a cache, against reading
+ * the whole sequence). Other backends batch natively.
  */
 export function batchMatMul(a: tf.Tensor, b: tf.Tensor): tf.Tensor {
+  if (tf.getBackend() !== 'wasm') return tf.matMul(a as tf.Tensor3D, b as tf.Tensor3D);
+  if (summed(a, b.shape[2]!)) return tf.tidy(() => productSummed(a, swap(b)));
+  return productSliced(a, b);
+}
+
+/** a·bᵀ over a leading batch axis, `bT` given as [n, N, K]: [n, M, K] by [n, N, K] → [n, M, N]; summed as batchMatMul sums. */
+export function batchMatMulT(a: tf.Tensor, bT: tf.Tensor): tf.Tensor {
+  if (tf.getBackend() !== 'wasm') return tf.matMul(a as tf.Tensor3D, bT as tf.Tensor3D, false, true);
+  if (summed(a, bT.shape[1]!)) return productSummed(a, bT);
+  return tf.tidy(() => productSliced(a, swap(bT)));
+}
+
+/** Whether a product of `a` [n, M, K] by a matrix of N columns runs as elementwise products summed. */
+function summed(a: tf.Tensor, N: number): boolean {
+  const [, M, K] = a.shape as [number, number, number];
+  return M <= SUMMED_ROWS || M * K * N < SLICED_MACS;
+}
+
+/** [n, M, K] by [n, N, K] → [n, M, N], each element the products along k summed in order. */
+function productSummed(a: tf.Tensor, bT: tf.Tensor): tf.Tensor {
+  const [n, M, K] = a.shape as [number, number, number];
+  const N = bT.shape[1]!;
+  return tf.tidy(() => tf.sum(tf.mul(tf.reshape(a, [n, M, 1, K]), tf.reshape(bT, [n, 1, N, K])), -1));
+}
+
+/** [n, M, K] by [n, K, N] → [n, M, N] as n 2-D products. */
+function productSliced(a: tf.Tensor, b: tf.Tensor): tf.Tensor {
   const [n, M, K] = a.shape as [number, number, number];
   const N = b.shape[2]!;
-  if (tf.getBackend() !== 'wasm' || M * K * N < SLICED_MACS) return tf.matMul(a as tf.Tensor3D, b as tf.Tensor3D);
   return tf.tidy(() => {
     const outs: tf.Tensor[] = [];
     for (let i = 0; i < n; i++) outs.push(tf.matMul(tf.reshape(tf.slice(a, [i, 0, 0], [1, M, K]), [M, K]), tf.reshape(tf.slice(b, [i, 0, 0], [1, K, N]), [K, N])));
@@ -401,8 +441,8 @@ export function attentionCached(h: tf.Tensor, w: AttnWeights, d: AttnDims, start
   return tf.tidy(() => {
     const { q, kT, v } = project(h, w, d);
     const layer = cache.write(l, start, kT, v);
-    const p = tf.softmax(masked(batchMatMul(q, layer.kT), cache.mask(start, d.T, pads), d)); // [B·KV, g·T, cached]
-    return linear(mergeGrouped(batchMatMul(p, layer.v), d), w.wo, undefined, w.lora?.wo);
+    const p = tf.softmax(masked(batchMatMulT(q, layer.k), cache.mask(start, d.T, pads), d)); // [B·KV, g·T, cached]
+    return linear(mergeGrouped(batchMatMulT(p, layer.vT), d), w.wo, undefined, w.lora?.wo);
   });
 }
 

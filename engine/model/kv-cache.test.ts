@@ -1,9 +1,9 @@
-import { beforeAll, describe, expect, it } from 'vitest';
+import { beforeAll, describe, expect, it, vi } from 'vitest';
 import * as tf from '@tensorflow/tfjs';
 import { Comm } from '../../mesh/parallel/index.ts';
 import { MemoryBus, subjects } from '../../mesh/wire/index.ts';
 import { initBackend } from './backend.ts';
-import { KvCache, kvCacheBytes } from './kv-cache.ts';
+import { GROWTH, KvCache, kvCacheBytes } from './kv-cache.ts';
 import { GptRank } from './rank.ts';
 import { responseLengths } from './mask.ts';
 
@@ -19,9 +19,10 @@ describe('KV cache', () => {
     const v = tf.tensor3d([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [2, 2, 3]);
     cache.write(0, 0, kT, v);
     const layer = cache.write(0, 2, tf.tensor3d([20, 21, 22, 23, 24, 25], [2, 3, 1]), tf.tensor3d([30, 31, 32, 33, 34, 35], [2, 1, 3]));
-    // kT rows are [hd, capacity]: row 0, head dim 0 holds positions 0, 1, 2 = 1, 2, 20 and a zero not yet written.
-    expect(Array.from(layer.kT.dataSync().slice(0, 12))).toEqual([1, 2, 20, 0, 3, 4, 21, 0, 5, 6, 22, 0]);
-    expect(Array.from(layer.v.dataSync().slice(0, 12))).toEqual([1, 2, 3, 4, 5, 6, 30, 31, 32, 0, 0, 0]);
+    // k rows are [capacity, hd]: row 0 holds positions 0, 1, 2 (its keys: the columns of kT) and zeros not yet written.
+    expect(Array.from(layer.k.dataSync().slice(0, 12))).toEqual([1, 3, 5, 2, 4, 6, 20, 21, 22, 0, 0, 0]);
+    // vT rows are [hd, capacity]: row 0, head dim 0 holds positions 0, 1, 2 = 1, 4, 30 and a zero.
+    expect(Array.from(layer.vT.dataSync().slice(0, 12))).toEqual([1, 4, 30, 0, 2, 5, 31, 0, 3, 6, 32, 0]);
     // Queries at positions 1 and 2 see positions up to their own.
     expect(Array.from(cache.mask(1, 2).dataSync())).toEqual([0, 0, -1e9, -1e9, 0, 0, 0, -1e9]);
     expect(() => cache.write(0, 3, tf.zeros([2, 3, 2]), tf.zeros([2, 2, 3]))).toThrow('the KV cache holds 4 positions; positions 3-5 do not fit');
@@ -45,6 +46,48 @@ describe('KV cache', () => {
     rank.dispose();
     comm.close();
   });
+
+  for (const [family, extra] of [
+    ['gpt2', {}],
+    ['llama', { family: 'llama' as const, kvHeads: 1, ffn: 64, ropeTheta: 500 }],
+  ] as const) {
+    it(`${family}: a cache that grows (${GROWTH} positions at a time) decodes, over heads of 64, the same tokens, log-probs and logits as reading the whole prefix`, async () => {
+      // Heads of 64: every product sums more than the 48 terms the wasm backend's batched kernel
+      // sums at a time (blocks.ts batchMatMul never uses it, so both ways sum in the same order).
+      const spec = { kind: 'policy' as const, vocab: 7, context: 100, layers: 1, width: 128, heads: 2, ...extra };
+      const comm = new Comm(new MemoryBus(), subjects(`grow-${family}`), 0);
+      const rank = new GptRank(spec, { devices: [0], dp: 1, tp: 1, pp: 1 }, 0, 3, undefined, comm);
+      const prompts = Int32Array.from({ length: 2 * 4 }, (_, i) => (i * 5) % 7);
+      const seeds = new Uint32Array([1, 2]);
+      const widths: number[] = [];
+      const mask = vi.spyOn(KvCache.prototype, 'mask');
+      const cached = await rank.generate('a', prompts, 2, 4, 3 * GROWTH + 5, seeds, { temperature: 1 });
+      for (const r of mask.mock.results) widths.push((r.value as tf.Tensor).shape.at(-1)!);
+      mask.mockRestore();
+      // The width attended to grew with the positions written, a step of GROWTH at a time, up to the capacity.
+      expect(widths[0]).toBe(GROWTH);
+      expect(widths.at(-1)).toBe(4 + 3 * GROWTH + 5);
+      expect(new Set(widths).size).toBe(Math.ceil((4 + 3 * GROWTH + 5) / GROWTH));
+      const recomputed = await rank.generate('b', prompts, 2, 4, 3 * GROWTH + 5, seeds, { temperature: 1, cache: false });
+      expect(Array.from(cached.tokens)).toEqual(Array.from(recomputed.tokens));
+      expect(Array.from(cached.logprobs)).toEqual(Array.from(recomputed.logprobs));
+      // The logits themselves: a token at a time against the whole prefix read at once, bit for bit.
+      const seq = Array.from({ length: 90 }, (_, i) => (i * 3 + 1) % 7);
+      const one = await rank.decoder('one', 1, 100);
+      const stepped: Float32Array[] = [];
+      await one.pass(Int32Array.from(seq.slice(0, 4)), 4, new Int32Array([0]), new Int32Array([3]));
+      for (let p = 4; p < seq.length; p++) stepped[p] = await one.pass(new Int32Array([seq[p]!]), 1, new Int32Array([p]), new Int32Array([0]));
+      one.dispose();
+      for (const p of [4, 20, 47, 48, 63, 64, 89]) {
+        const whole = await rank.decoder(`whole-${p}`, 1, 100);
+        const at = await whole.pass(Int32Array.from(seq.slice(0, p + 1)), p + 1, new Int32Array([0]), new Int32Array([p]));
+        whole.dispose();
+        expect(Array.from(at), `position ${p}`).toEqual(Array.from(stepped[p]!));
+      }
+      rank.dispose();
+      comm.close();
+    });
+  }
 
   it('stops each row at its end token, the same tokens up to it as without one, and stops when every row has ended', async () => {
     const spec = { kind: 'policy' as const, vocab: 7, context: 24, layers: 2, width: 8, heads: 2 };
@@ -94,15 +137,17 @@ describe('sequences at positions of their own (episodes of several turns)', () =
       const cache = new KvCache(4, 2, 6, { inPlace }); // 2 sequences × 2 heads, head size 2, 6 positions
       cache.write(0, new Int32Array([0, 0]), tf.range(1, 17).reshape([4, 2, 2]), tf.range(1, 17).reshape([4, 2, 2]));
       const layer = cache.write(0, new Int32Array([2, 4]), tf.range(21, 29).reshape([4, 2, 1]), tf.range(21, 29).reshape([4, 1, 2]));
-      const out = { kT: Array.from(layer.kT.dataSync()), v: Array.from(layer.v.dataSync()) };
+      const out = { k: Array.from(layer.k.dataSync()), vT: Array.from(layer.vT.dataSync()) };
       cache.dispose();
       return out;
     };
     const inPlace = write(true);
     expect(write(false)).toEqual(inPlace);
-    // Sequence 0's first head: positions 0, 1 from the first write, 2 from the second; sequence 1's at 4.
-    expect(inPlace.kT.slice(0, 6)).toEqual([1, 2, 21, 0, 0, 0]);
-    expect(inPlace.kT.slice(24, 30)).toEqual([9, 10, 0, 0, 25, 0]);
+    // Sequence 0's first head: positions 0, 1 from the first write, 2 from the second; sequence 1's
+    // (row 2) at 4. Keys [position, hd] a row; values transposed, [hd, position].
+    expect(inPlace.k.slice(0, 12)).toEqual([1, 3, 2, 4, 21, 22, 0, 0, 0, 0, 0, 0]);
+    expect(inPlace.k.slice(24, 36)).toEqual([9, 11, 10, 12, 0, 0, 0, 0, 25, 26, 0, 0]);
+    expect(inPlace.vT.slice(24, 30)).toEqual([9, 11, 0, 0, 25, 0]);
     const cache = new KvCache(4, 2, 6);
     // Query 0 of sequence 1 at position 4 (its left padding: 1) sees positions 1..4.
     expect(Array.from(cache.mask(new Int32Array([2, 4]), 1, new Int32Array([0, 1])).dataSync()).slice(6, 12)).toEqual([-1e9, 0, 0, 0, 0, -1e9]);

@@ -1,9 +1,11 @@
 // Keys and values of every position decoded so far, per layer, for the rows and heads a rank
 // generates: prefill the prompt in one pass, then one position per step, each attending to what
-// is cached. Where the backend's memory is in the host's reach (wasm, cpu) the cache is allocated
-// once, for the whole sequence, and each step writes its position in place, so a step costs the
-// same at position 16 as at position 256; the attention runs over the whole capacity with the
-// positions not yet written masked out. Elsewhere each step appends by concatenation.
+// is cached. Where the backend's memory is in the host's reach (wasm, cpu) each step writes its
+// position in place into a cache that grows by GROWTH positions at a time, up to the capacity:
+// the attention runs over the positions allocated so far (at most GROWTH more than are written),
+// those not yet written masked out, so a step near the start of a long budget costs what it does
+// in a short one, and growing copies each position a few times in all. Elsewhere each step
+// appends by concatenation. Either way the attention is exact: a masked position adds a zero.
 import * as tf from '@tensorflow/tfjs';
 import { totalmem } from 'node:os';
 import { hostView } from './staging.ts';
@@ -49,18 +51,31 @@ export function kvCacheProblem(need: number, limit?: number): string | undefined
   return `its KV cache needs ${bytesText(need)}, and the device has ${bytesText(Math.max(0, cap.bytes - held))} free (${bytesText(held)} held of ${bytesText(cap.bytes)}, ${cap.what}); generate fewer sequences at once or shorter responses`;
 }
 
+/**
+ * One layer's cache, laid out for the products attention takes of it (blocks.ts, batchMatMulT):
+ * queries by keys, and probabilities by values, each with the summed axis innermost.
+ */
 interface LayerCache {
-  /** Keys, transposed: [rows, hd, capacity] (in place) or [rows, hd, length] (appended). */
-  kT: tf.Tensor;
-  /** Values: [rows, capacity, hd] or [rows, length, hd]. */
-  v: tf.Tensor;
+  /** Keys: [rows, width, hd] (in place) or [rows, length, hd] (appended). */
+  k: tf.Tensor;
+  /** Values, transposed: [rows, hd, width] or [rows, hd, length]. */
+  vT: tf.Tensor;
 }
+
+/** Positions a cache written in place grows by: its width is at most this many past what is written. */
+export const GROWTH = 16;
 
 export class KvCache {
   private readonly layers = new Map<number, LayerCache>();
   /** Positions written so far. */
   length = 0;
   private readonly inPlace: boolean;
+  /**
+   * Positions allocated in every layer written in place (and by the one-hot placement): the
+   * furthest position written so far rounded up to GROWTH, at most the capacity; what a layer
+   * hands out and what `mask` covers.
+   */
+  width = 0;
 
   /**
    * `rows`: sequences × this rank's heads; `headSize`: elements per head; `capacity`: prompt plus
@@ -82,82 +97,126 @@ export class KvCache {
   /**
    * Writes the keys (kT [rows, hd, n]) and values (v [rows, n, hd]) of positions
    * [start, start + n) of layer `l`, then returns the layer's keys and values to attend to: all
-   * of the capacity when written in place (later positions masked by `mask`), else what is
+   * of the cache's width when written in place (later positions masked by `mask`), else what is
    * cached. With `start` per sequence (an Int32Array of rows ÷ heads), each sequence's positions
-   * start at its own (episodes of several turns): the layer is then always the whole capacity.
+   * start at its own (episodes of several turns): the layer is then always the cache's width.
    * The caller keeps nothing it got from an earlier step.
    */
   write(l: number, start: number | Int32Array, kT: tf.Tensor, v: tf.Tensor): LayerCache {
     const n = v.shape[1]!;
-    const { rows, headSize: hd, capacity: C } = this;
+    const { rows, headSize: hd } = this;
     const per = typeof start === 'number' ? undefined : start;
     const startOf = (r: number) => (per ? per[Math.floor((r * per.length) / rows)]! : (start as number));
     const last = per ? Math.max(...per) : (start as number);
     if (last + n > this.capacity) throw new RangeError(`the KV cache holds ${this.capacity} positions; positions ${last}-${last + n} do not fit`);
+    this.grow(last + n);
     let layer = this.layers.get(l);
     if (!this.inPlace && per) return this.place(l, per, kT, v);
     if (!this.inPlace) {
       // Kept: a caller's tf.tidy must not take the cache with it.
-      if (!layer) layer = { kT: tf.keep(kT.clone()), v: tf.keep(v.clone()) };
+      const [k, vT] = tf.tidy(() => [tf.transpose(kT, [0, 2, 1]), tf.transpose(v, [0, 2, 1])]);
+      if (!layer) layer = { k: tf.keep(k), vT: tf.keep(vT) };
       else {
-        const next = { kT: tf.keep(tf.concat([layer.kT, kT], 2)), v: tf.keep(tf.concat([layer.v, v], 1)) };
-        tf.dispose([layer.kT, layer.v]);
+        const next = { k: tf.keep(tf.concat([layer.k, k], 1)), vT: tf.keep(tf.concat([layer.vT, vT], 2)) };
+        tf.dispose([layer.k, layer.vT, k, vT]);
         layer = next;
       }
       this.layers.set(l, layer);
       return layer;
     }
-    if (!layer) {
-      layer = { kT: tf.keep(tf.zeros([rows, hd, C])), v: tf.keep(tf.zeros([rows, C, hd])) };
-      this.layers.set(l, layer);
-    }
-    const [k, vv] = [kT.dataSync() as Float32Array, v.dataSync() as Float32Array];
+    layer = this.widened(l, layer);
+    const W = this.width;
+    const [kIn, vIn] = [kT.dataSync() as Float32Array, v.dataSync() as Float32Array];
     // Views taken after the reads: a read may grow the heap, which moves it.
-    const [kc, vc] = [hostView(layer.kT)!, hostView(layer.v)!];
-    // Keys go in column by column (a step writes one element per row of kT: no subarray per element).
-    for (let rd = 0; rd < rows * hd; rd++) {
-      const at = startOf(Math.floor(rd / hd));
-      for (let j = 0; j < n; j++) kc[rd * C + at + j] = k[rd * n + j]!;
+    const [kc, vc] = [hostView(layer.k)!, hostView(layer.vT)!];
+    // kT [rows, hd, n] into k [rows, W, hd]; v [rows, n, hd] into vT [rows, hd, W], column by column.
+    for (let r = 0; r < rows; r++) {
+      const at = startOf(r);
+      for (let d = 0; d < hd; d++) {
+        for (let j = 0; j < n; j++) {
+          kc[(r * W + at + j) * hd + d] = kIn[(r * hd + d) * n + j]!;
+          vc[(r * hd + d) * W + at + j] = vIn[(r * n + j) * hd + d]!;
+        }
+      }
     }
-    for (let r = 0; r < rows; r++) vc.set(vv.subarray(r * n * hd, (r + 1) * n * hd), (r * C + startOf(r)) * hd);
     return layer;
+  }
+
+  /** Widens the cache (not yet its layers) to hold positions up to `end`, by whole GROWTH steps, at most to the capacity. */
+  private grow(end: number): void {
+    this.width = Math.max(this.width, Math.min(this.capacity, Math.ceil(end / GROWTH) * GROWTH));
+  }
+
+  /**
+   * Layer `l` at the cache's width: allocated (zeros) if it is not yet, else padded with zeros
+   * after what it holds (a copy of it, exact) if the width grew since it was written.
+   */
+  private widened(l: number, layer: LayerCache | undefined): LayerCache {
+    const { rows, headSize: hd, width: W } = this;
+    if (layer && layer.k.shape[1] === W) return layer;
+    const next = layer
+      ? tf.tidy(() => {
+          const more = W - layer.k.shape[1]!;
+          return {
+            k: tf.keep(
+              tf.pad(layer.k, [
+                [0, 0],
+                [0, more],
+                [0, 0],
+              ]),
+            ),
+            vT: tf.keep(
+              tf.pad(layer.vT, [
+                [0, 0],
+                [0, 0],
+                [0, more],
+              ]),
+            ),
+          };
+        })
+      : { k: tf.keep(tf.zeros([rows, W, hd])), vT: tf.keep(tf.zeros([rows, hd, W])) };
+    if (layer) tf.dispose([layer.k, layer.vT]);
+    this.layers.set(l, next);
+    return next;
   }
 
   /**
    * write() with a start per sequence where the backend's memory is out of the host's reach: the
    * new columns are placed by a one-hot product (exact: each output is one value times 1 plus
-   * zeros) and the rest of the capacity kept, so the layer is always [rows, ·, capacity].
+   * zeros) and the rest of the layer kept, so the layer is always [rows, ·, width].
    */
   private place(l: number, starts: Int32Array, kT: tf.Tensor, v: tf.Tensor): LayerCache {
     const n = v.shape[1]!;
-    const { rows, headSize: hd, capacity: C } = this;
+    const { rows, width: C } = this;
     const onehot = new Float32Array(rows * n * C);
     for (let r = 0; r < rows; r++) {
       const at = starts[Math.floor((r * starts.length) / rows)]!;
       for (let j = 0; j < n; j++) onehot[(r * n + j) * C + at + j] = 1;
     }
-    const old = this.layers.get(l) ?? { kT: tf.zeros([rows, hd, C]), v: tf.zeros([rows, C, hd]) };
+    const old = this.widened(l, this.layers.get(l));
     const next = tf.tidy(() => {
       const P = tf.tensor3d(onehot, [rows, n, C]);
-      const keepK = tf.sub(1, tf.sum(P, 1, true)); // [rows, 1, C]
-      const kNew = tf.add(tf.mul(old.kT, keepK), tf.matMul(kT as tf.Tensor3D, P));
-      const vNew = tf.add(tf.mul(old.v, tf.reshape(keepK, [rows, C, 1])), tf.matMul(P, v as tf.Tensor3D, true, false));
-      return { kT: tf.keep(kNew), v: tf.keep(vNew) };
+      const kept = tf.sub(1, tf.sum(P, 1, true)); // [rows, 1, C]
+      const kNew = tf.add(tf.mul(old.k, tf.reshape(kept, [rows, C, 1])), tf.matMul(P, tf.transpose(kT, [0, 2, 1]) as tf.Tensor3D, true, false));
+      const vNew = tf.add(tf.mul(old.vT, kept), tf.matMul(tf.transpose(v, [0, 2, 1]) as tf.Tensor3D, P));
+      return { k: tf.keep(kNew), vT: tf.keep(vNew) };
     });
-    tf.dispose([old.kT, old.v]);
+    tf.dispose([old.k, old.vT]);
     this.layers.set(l, next);
     return next;
   }
 
   /**
    * The additive mask of queries at positions [start, start + n) over the keys the cache hands
-   * out: a query sees its own position and every earlier one, nothing later (nor, in place, any
-   * position not yet written); with `pads`, per row, [rows, 1, n, width], nor its left padding.
-   * With `start` per sequence, always per row over the whole capacity.
+   * out for them (its width widens to hold them, as their write does): a query sees its own
+   * position and every earlier one, nothing later (nor, in place, any position not yet written);
+   * with `pads`, per row, [rows, 1, n, width], nor its left padding. With `start` per sequence,
+   * always per row over the cache's width.
    */
   mask(start: number | Int32Array, n: number, pads?: Int32Array): tf.Tensor {
+    this.grow((typeof start === 'number' ? start : Math.max(...start)) + n);
     if (typeof start !== 'number') {
-      const C = this.capacity;
+      const C = this.width;
       const m = new Float32Array(start.length * n * C);
       for (let b = 0; b < start.length; b++) {
         const lo = pads?.[b] ?? 0;
@@ -165,7 +224,7 @@ export class KvCache {
       }
       return tf.tensor4d(m, [start.length, 1, n, C]);
     }
-    const width = this.inPlace ? this.capacity : start + n;
+    const width = this.inPlace ? this.width : start + n;
     if (pads) return paddedMask(pads, n, width, start);
     const m = new Float32Array(n * width);
     for (let i = 0; i < n; i++) for (let j = start + i + 1; j < width; j++) m[i * width + j] = -1e9;
@@ -181,8 +240,8 @@ export class KvCache {
     const idx = Int32Array.from({ length: seqs.length * heads }, (_, i) => seqs[Math.floor(i / heads)]! * heads + (i % heads));
     const at = tf.tensor1d(idx, 'int32');
     for (const [l, layer] of this.layers) {
-      const next = { kT: tf.keep(tf.gather(layer.kT, at)), v: tf.keep(tf.gather(layer.v, at)) };
-      tf.dispose([layer.kT, layer.v]);
+      const next = { k: tf.keep(tf.gather(layer.k, at)), vT: tf.keep(tf.gather(layer.vT, at)) };
+      tf.dispose([layer.k, layer.vT]);
       this.layers.set(l, next);
     }
     at.dispose();
@@ -190,7 +249,7 @@ export class KvCache {
   }
 
   dispose(): void {
-    for (const layer of this.layers.values()) tf.dispose([layer.kT, layer.v]);
+    for (const layer of this.layers.values()) tf.dispose([layer.k, layer.vT]);
     this.layers.clear();
   }
 }
