@@ -1,7 +1,9 @@
 // The generation benchmark: one model (4 layers, width 256) samples a batch of responses of
-// several lengths, decoding with the KV cache and by running the whole prefix again for every
-// token (as ferry did before the cache), in the same run. Each figure is a whole generate call,
-// as a rollout pays it: prefill, decoding, and the pass that scores the sampled tokens.
+// several lengths, decoding with the KV cache and (for the shorter ones) by running the whole
+// prefix again for every token (as ferry did before the cache), in the same run. Each figure is a
+// whole generate call, as a rollout pays it: prefill, decoding, and the pass that scores the
+// sampled tokens. The growth of the time per token from the shortest to the longest says what
+// attending a longer cache costs.
 import { Comm } from '../../mesh/parallel/index.ts';
 import { MemoryBus, subjects } from '../../mesh/wire/index.ts';
 import { GptRank, type GptSpec } from '../model/index.ts';
@@ -14,6 +16,8 @@ export interface GenerateBenchOptions {
   batch: number;
   promptLen: number;
   lengths: number[];
+  /** Lengths up to this are also generated without the cache (each token reading its whole prefix again). */
+  uncachedUpTo: number;
   log: (line: string) => void;
 }
 
@@ -38,7 +42,7 @@ export async function generateBench(o: GenerateBenchOptions) {
     await rank.generate(`w${n++}`, prompts, o.batch, o.promptLen, Math.min(...o.lengths), seeds, { temperature: 1, cache: true });
     await rank.generate(`w${n++}`, prompts, o.batch, o.promptLen, Math.min(...o.lengths), seeds, { temperature: 1, cache: false });
     for (const R of o.lengths) {
-      for (const kind of ['cache', 'nocache'] as const) {
+      for (const kind of R <= o.uncachedUpTo ? (['cache', 'nocache'] as const) : (['cache'] as const)) {
         const t0 = performance.now();
         const out = await rank.generate(`g${n++}`, prompts, o.batch, o.promptLen, R, seeds, { temperature: 1, cache: kind === 'cache' });
         const seconds = (performance.now() - t0) / 1000;
@@ -52,7 +56,7 @@ export async function generateBench(o: GenerateBenchOptions) {
     rank.dispose();
     comm.close();
   }
-  const speedup = Object.fromEntries(o.lengths.map((R) => [String(R), rate.cache[String(R)]! / rate.nocache[String(R)]!]));
+  const speedup = Object.fromEntries(o.lengths.filter((R) => R <= o.uncachedUpTo).map((R) => [String(R), rate.cache[String(R)]! / rate.nocache[String(R)]!]));
   return {
     bench: 'generate',
     model: { layers: o.layers, width: o.width, heads: o.heads, vocab: o.vocab, batch: o.batch, prompt: o.promptLen },

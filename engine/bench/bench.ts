@@ -54,8 +54,8 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
                                                 model's forward pass and training step on one device and on tp=2, as shares of it
   algorithms [--iterations N]                   every algorithm's scenario (quickstart for ppo, scenarios/algorithms/
                                                 for the others) over NATS: s/iteration, tokens/s, reward first 5 -> last 5
-  generate                                      a 4-layer, width-256 model samples 16 responses of 16, 64 and 256 tokens,
-                                                with the KV cache and without: tokens/s, speedup, growth of the time per token
+  generate [--budget N]                         a 4-layer, width-256 model samples 16 responses of 16, 64, 256 and N tokens (1024), with
+                                                the KV cache, and without it up to 256: tokens/s, speedup, growth of the time per token
   env [--repeats N]                             32 episodes of 4 turns (actions of 12 tokens) against an environment on the bus answering after 0, 20 and
                                                 100 ms, in groups of 8 and in lock-step: episodes/s and the device's idle share
   async [--iterations N] [--delay-ms D]        scenarios/async.yaml lock-step and with rl.lag 1, each on the planner's plan for it, over
@@ -137,7 +137,7 @@ runMain(async () => {
     iterations: { type: 'string' },
     width: { type: 'string', default: '512' },
     profile: { type: 'boolean', default: false },
-    budget: { type: 'string', default: '10' },
+    budget: { type: 'string' },
     layers: { type: 'string', default: '6' },
     repeats: { type: 'string', default: '3' },
     task: { type: 'string', default: 'sort' },
@@ -157,7 +157,7 @@ runMain(async () => {
   if (name === 'chaos') return chaosSoak(values);
   if (name === 'algorithms') return algorithmsBench(values);
   if (name === 'compute') return compute(values);
-  if (name === 'generate') return generate(values);
+  if (name === 'generate') return generate({ ...values, budget: values.budget ?? '1024' });
   if (name === 'env') {
     const log = values.json ? () => {} : (line: string) => console.log(line);
     const backend = await initBackend('auto');
@@ -288,12 +288,17 @@ async function compute(values: { json?: boolean; repeats?: string }): Promise<nu
   return 0;
 }
 
+/** Lengths past this are generated with the cache alone: without it a response costs its length squared. */
+const UNCACHED_UP_TO = 256;
+
 /** The generation benchmark (bench-generate.ts) on the backend the scenarios would use. */
-async function generate(values: { json?: boolean }): Promise<number> {
+async function generate(values: { json?: boolean; budget: string }): Promise<number> {
   const log = values.json ? () => {} : (line: string) => console.log(line);
+  const budget = whole('budget', values.budget, 16);
   const backend = await initBackend('auto');
-  log(`bench generate on ${backend}: 16 responses per length, with the KV cache and by running the prefix again for every token`);
-  const r = await generateBench({ layers: 4, width: 256, heads: 4, vocab: 256, batch: 16, promptLen: 16, lengths: [16, 64, 256], log });
+  log(`bench generate on ${backend}: 16 responses per length, with the KV cache and (up to ${UNCACHED_UP_TO} tokens) by running the prefix again for every token`);
+  const lengths = [...new Set([16, 64, 256, budget].filter((n) => n <= budget))].sort((a, b) => a - b);
+  const r = await generateBench({ layers: 4, width: 256, heads: 4, vocab: 256, batch: 16, promptLen: 16, lengths, uncachedUpTo: UNCACHED_UP_TO, log });
   if (values.json) console.log(JSON.stringify(r));
   else {
     const f = (x: number) => x.toFixed(1);
@@ -302,7 +307,7 @@ async function generate(values: { json?: boolean }): Promise<number> {
         .map(([k, v]) => `${k} tokens ${f(v)}×`)
         .join(', ')}`,
     );
-    log(`growth (time per token at 256 over at 16, with the cache): ${r.growth.toFixed(2)}`);
+    log(`growth (time per token at ${Math.max(...lengths)} over at ${Math.min(...lengths)}, with the cache): ${r.growth.toFixed(2)}`);
   }
   return 0;
 }
@@ -396,7 +401,7 @@ async function searchPlans(values: { json?: boolean; iterations?: string; profil
   const log = values.json ? () => {} : (line: string) => console.log(line);
   const profile = await localProfile(values.profile ?? false, log);
   const iterations = values.iterations === undefined ? 8 : whole('iterations', values.iterations, 3);
-  const budget = Number(values.budget);
+  const budget = Number(values.budget ?? '10');
   if (!(budget > 0)) throw new UsageError(`--budget: expected seconds > 0, got ${values.budget}`);
   log(`bench search: the planner's best named placement and its search's plan, ${iterations} iterations each`);
   const r = await searchBench(profile, iterations, budget, log);
