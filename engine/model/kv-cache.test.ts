@@ -3,7 +3,7 @@ import * as tf from '@tensorflow/tfjs';
 import { Comm } from '../../mesh/parallel/index.ts';
 import { MemoryBus, subjects } from '../../mesh/wire/index.ts';
 import { initBackend } from './backend.ts';
-import { GROWTH, KvCache, kvCacheBytes } from './kv-cache.ts';
+import { KV_GROWTH, KvCache, kvCacheBytes } from './kv-cache.ts';
 import { GptRank } from './rank.ts';
 import { responseLengths } from './mask.ts';
 
@@ -51,7 +51,7 @@ describe('KV cache', () => {
     ['gpt2', {}],
     ['llama', { family: 'llama' as const, kvHeads: 1, ffn: 64, ropeTheta: 500 }],
   ] as const) {
-    it(`${family}: a cache that grows (${GROWTH} positions at a time) decodes, over heads of 64, the same tokens, log-probs and logits as reading the whole prefix`, async () => {
+    it(`${family}: a cache that grows (${KV_GROWTH} positions at a time) decodes, over heads of 64, the same tokens, log-probs and logits as reading the whole prefix`, async () => {
       // Heads of 64: every product sums more than the 48 terms the wasm backend's batched kernel
       // sums at a time (blocks.ts batchMatMul never uses it, so both ways sum in the same order).
       const spec = { kind: 'policy' as const, vocab: 7, context: 100, layers: 1, width: 128, heads: 2, ...extra };
@@ -61,14 +61,14 @@ describe('KV cache', () => {
       const seeds = new Uint32Array([1, 2]);
       const widths: number[] = [];
       const mask = vi.spyOn(KvCache.prototype, 'mask');
-      const cached = await rank.generate('a', prompts, 2, 4, 3 * GROWTH + 5, seeds, { temperature: 1 });
+      const cached = await rank.generate('a', prompts, 2, 4, 3 * KV_GROWTH + 5, seeds, { temperature: 1 });
       for (const r of mask.mock.results) widths.push((r.value as tf.Tensor).shape.at(-1)!);
       mask.mockRestore();
-      // The width attended to grew with the positions written, a step of GROWTH at a time, up to the capacity.
-      expect(widths[0]).toBe(GROWTH);
-      expect(widths.at(-1)).toBe(4 + 3 * GROWTH + 5);
-      expect(new Set(widths).size).toBe(Math.ceil((4 + 3 * GROWTH + 5) / GROWTH));
-      const recomputed = await rank.generate('b', prompts, 2, 4, 3 * GROWTH + 5, seeds, { temperature: 1, cache: false });
+      // The width attended to grew with the positions written, a step of KV_GROWTH at a time, up to the capacity.
+      expect(widths[0]).toBe(KV_GROWTH);
+      expect(widths.at(-1)).toBe(4 + 3 * KV_GROWTH + 5);
+      expect(new Set(widths).size).toBe(Math.ceil((4 + 3 * KV_GROWTH + 5) / KV_GROWTH));
+      const recomputed = await rank.generate('b', prompts, 2, 4, 3 * KV_GROWTH + 5, seeds, { temperature: 1, cache: false });
       expect(Array.from(cached.tokens)).toEqual(Array.from(recomputed.tokens));
       expect(Array.from(cached.logprobs)).toEqual(Array.from(recomputed.logprobs));
       // The logits themselves: a token at a time against the whole prefix read at once, bit for bit.

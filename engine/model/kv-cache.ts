@@ -1,8 +1,8 @@
 // Keys and values of every position decoded so far, per layer, for the rows and heads a rank
 // generates: prefill the prompt in one pass, then one position per step, each attending to what
 // is cached. Where the backend's memory is in the host's reach (wasm, cpu) each step writes its
-// position in place into a cache that grows by GROWTH positions at a time, up to the capacity:
-// the attention runs over the positions allocated so far (at most GROWTH more than are written),
+// position in place into a cache that grows by KV_GROWTH positions at a time, up to the capacity:
+// the attention runs over the positions allocated so far (at most KV_GROWTH more than are written),
 // those not yet written masked out, so a step near the start of a long budget costs what it does
 // in a short one, and growing copies each position a few times in all. Elsewhere each step
 // appends by concatenation. Either way the attention is exact: a masked position adds a zero.
@@ -63,7 +63,7 @@ interface LayerCache {
 }
 
 /** Positions a cache written in place grows by: its width is at most this many past what is written. */
-export const GROWTH = 16;
+export const KV_GROWTH = 16;
 
 export class KvCache {
   private readonly layers = new Map<number, LayerCache>();
@@ -72,7 +72,7 @@ export class KvCache {
   private readonly inPlace: boolean;
   /**
    * Positions allocated in every layer written in place (and by the one-hot placement): the
-   * furthest position written so far rounded up to GROWTH, at most the capacity; what a layer
+   * furthest position written so far rounded up to KV_GROWTH, at most the capacity; what a layer
    * hands out and what `mask` covers.
    */
   width = 0;
@@ -142,9 +142,9 @@ export class KvCache {
     return layer;
   }
 
-  /** Widens the cache (not yet its layers) to hold positions up to `end`, by whole GROWTH steps, at most to the capacity. */
+  /** Widens the cache (not yet its layers) to hold positions up to `end`, by whole KV_GROWTH steps, at most to the capacity. */
   private grow(end: number): void {
-    this.width = Math.max(this.width, Math.min(this.capacity, Math.ceil(end / GROWTH) * GROWTH));
+    this.width = Math.max(this.width, Math.min(this.capacity, Math.ceil(end / KV_GROWTH) * KV_GROWTH));
   }
 
   /**

@@ -9,7 +9,7 @@
 // comes from the runtime's own transfer planner (mesh/realloc.ts).
 import type { Layout, ModelInfo, ParamInfo, Piece } from '../../../mesh/parallel/index.ts';
 import { planRealloc, sliceElements } from '../../../mesh/parallel/index.ts';
-import { kvCacheBytes } from '../../model/index.ts';
+import { KV_GROWTH, kvCacheBytes } from '../../model/index.ts';
 import type { DeviceProfile, ModelShape } from './catalog.ts';
 
 export type CallKind = 'generate' | 'inference' | 'train';
@@ -333,8 +333,8 @@ export function callCost(
     // cache from memory, or computes, whichever is slower; a token crosses every stage in turn.
     // Sequences decode in waves of as many as the KV cache can hold, each wave reading the
     // weights once per token. The cache is the runtime's (engine/model/kv-cache.ts, the same
-    // function): allocated for prompt + budget at once, and attended over whole at every step,
-    // with the positions not yet written masked, so a step costs the same early and late.
+    // function): sized for prompt + budget, and attended over the positions written so far
+    // (rounded up to KV_GROWTH), so a step late in a long response reads more than an early one.
     const kvPerToken = kvCacheBytes(m.kvHeads / tp, D / m.heads, 1, stageLayers, bytes); // per sequence and position, per device
     const wave = Math.max(1, Math.min(rows, Math.floor(free / (T * kvPerToken + (T * D * bytes * 4) / tp))));
     const waves = Math.ceil(rows / wave);
@@ -359,11 +359,12 @@ export function callCost(
         residentBytes: opts.owner ? weightsPerDevice + trainState : 0,
       };
     }
-    // Every step on a number of rows costs the same (the whole cache is attended); a step reads
-    // the weights whatever the rows, so a long tail of few rows is bound by that read.
-    const stepOn = (held: number) => {
-      const reads = weightsPerDevice + held * T * kvPerToken;
-      const flops = (held * (bodyFlopsPerToken + headFlopsPerToken + 4 * m.layers * T * D)) / (tp * pp);
+    // A step on a number of rows attends `width` positions of their caches (the whole capacity
+    // unless said); it reads the weights whatever the rows, so a long tail of few rows is bound by
+    // that read.
+    const stepOn = (held: number, width = T) => {
+      const reads = weightsPerDevice + held * width * kvPerToken;
+      const flops = (held * (bodyFlopsPerToken + headFlopsPerToken + 4 * m.layers * width * D)) / (tp * pp);
       const elements = (held * stageUnits * D) / tp;
       const stage = Math.max(reads / dev.memBandwidth, flops / dev.flops) + stageUnits * (dev.decodeLayerOverhead ?? dev.layerOverhead) + elements * (dev.elementSeconds ?? 0);
       // A token crosses every stage in turn, so it pays every layer's all-reduces.
@@ -386,10 +387,13 @@ export function callCost(
     } else {
       let decode = 0;
       let decodeComm = 0;
+      let at = 0;
       for (const { rows: held, steps } of decodeSteps(wave, wl.responseLen, wl.responseMean)) {
-        const step = stepOn(held);
+        // The positions these steps attend, on average: the middle one's, rounded up as the cache grows.
+        const step = stepOn(held, Math.min(T, wl.promptLen + at + steps / 2 + KV_GROWTH / 2));
         decode += step.compute * steps * waves;
         decodeComm += step.comm * steps * waves;
+        at += steps;
       }
       compute = prefill.compute + decode;
       communication = prefill.comm + decodeComm;
