@@ -28,39 +28,47 @@ const swap = (t: tf.Tensor): tf.Tensor => {
 const SLICED_MACS = 32 * 1024;
 
 /**
- * Rows of `a` up to which a product of few rows (decoding's: one query a sequence and head, or a
- * group's few) runs as products and sums of elements on wasm, whatever its size: over a cache of
- * 512 positions, 6 times as fast as n 2-D products (their slices copy the cache) and 1.5 as the
- * batched kernel.
+ * Rows of `a` up to which a large product (decoding's over a long cache: one query a sequence and
+ * head, or a group's few) runs as products and sums of elements on wasm rather than as n 2-D
+ * products: over 512 positions 6 times as fast (their slices copy the cache).
  */
 const SUMMED_ROWS = 4;
 
 /**
+ * Terms up to which the wasm backend's batched kernel sums a product's terms in order (measured
+ * here: up to 49 it does, from 64 on it does not, for every shape tried).
+ */
+const BATCHED_IN_ORDER = 48;
+
+/**
  * a·b over a leading batch axis: [n, M, K] by [n, K, N] → [n, M, N]. On wasm every element is a
- * float32 sum of the products in order of k, however the product runs: matrices of at least
- * SLICED_MACS multiply-adds (with more than SUMMED_ROWS rows) as n 2-D products (XNNPACK's, which
- * sums so), the rest as elementwise products summed along k (tf.sum sums so) — never by the
- * backend's batched kernel, which sums k in blocks (48 at a time), so that one product would not
- * equal the same product asked for in another shape (decoding against a cache, against reading
- * the whole sequence). Other backends batch natively.
+ * float32 sum of the products in order of k, however the product runs, so that one product
+ * equals the same product asked for in another shape (a token decoded against a cache, against
+ * reading the whole sequence): matrices of at least SLICED_MACS multiply-adds run as n 2-D
+ * products (XNNPACK's, which sums so), or with at most SUMMED_ROWS rows as elementwise products
+ * summed along k (tf.sum sums so); smaller ones by the backend's batched kernel where they have at
+ * most BATCHED_IN_ORDER terms, else summed. Other backends batch natively.
  */
 export function batchMatMul(a: tf.Tensor, b: tf.Tensor): tf.Tensor {
   if (tf.getBackend() !== 'wasm') return tf.matMul(a as tf.Tensor3D, b as tf.Tensor3D);
-  if (summed(a, b.shape[2]!)) return tf.tidy(() => productSummed(a, swap(b)));
-  return productSliced(a, b);
+  const how = productOf(a, b.shape[2]!);
+  if (how === 'summed') return tf.tidy(() => productSummed(a, swap(b)));
+  return how === 'batched' ? tf.matMul(a as tf.Tensor3D, b as tf.Tensor3D) : productSliced(a, b);
 }
 
 /** a·bᵀ over a leading batch axis, `bT` given as [n, N, K]: [n, M, K] by [n, N, K] → [n, M, N]; summed as batchMatMul sums. */
 export function batchMatMulT(a: tf.Tensor, bT: tf.Tensor): tf.Tensor {
   if (tf.getBackend() !== 'wasm') return tf.matMul(a as tf.Tensor3D, bT as tf.Tensor3D, false, true);
-  if (summed(a, bT.shape[1]!)) return productSummed(a, bT);
-  return tf.tidy(() => productSliced(a, swap(bT)));
+  const how = productOf(a, bT.shape[1]!);
+  if (how === 'summed') return productSummed(a, bT);
+  return tf.tidy(() => (how === 'batched' ? tf.matMul(a as tf.Tensor3D, swap(bT) as tf.Tensor3D) : productSliced(a, swap(bT))));
 }
 
-/** Whether a product of `a` [n, M, K] by a matrix of N columns runs as elementwise products summed. */
-function summed(a: tf.Tensor, N: number): boolean {
+/** How a product of `a` [n, M, K] by a matrix of N columns runs on wasm (see batchMatMul). */
+function productOf(a: tf.Tensor, N: number): 'summed' | 'batched' | 'sliced' {
   const [, M, K] = a.shape as [number, number, number];
-  return M <= SUMMED_ROWS || M * K * N < SLICED_MACS;
+  if (M * K * N >= SLICED_MACS) return M <= SUMMED_ROWS ? 'summed' : 'sliced';
+  return K <= BATCHED_IN_ORDER ? 'batched' : 'summed';
 }
 
 /** [n, M, K] by [n, N, K] → [n, M, N], each element the products along k summed in order. */
