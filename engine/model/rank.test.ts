@@ -304,10 +304,6 @@ async function compare(layout: Layout, ref: Awaited<ReturnType<typeof reference>
   const got = await scenario(layout, actorSpec, criticSpec, actorLoss);
   expect(Array.from(got.tokens)).toEqual(Array.from(ref.tokens));
   expectClose(got.genLogprobs, ref.genLogprobs, 'generation log-probs');
-  // Read off the logits the tokens were sampled from, the generation's log-probs are the
-  // inference pass's on the same layout, bit for bit (0 after each end).
-  const ended = responseMask(got.tokens, P, R, EOS);
-  expect(Array.from(got.genLogprobs)).toEqual(Array.from(got.logprobs, (x, i) => (ended[i] ? x : 0)));
   expectClose(got.logprobs, ref.logprobs, 'log-probs');
   expectClose(got.values, ref.values, 'values');
   expect(got.actorLoss).toBeCloseTo(ref.actorLoss, 5);

@@ -543,12 +543,6 @@ export class GptRank {
     let finished = 0;
     let steps = 0;
     let logits: tf.Tensor | undefined;
-    // Log-probabilities of the sampled tokens (last stage), with the cache read off the logits each
-    // was sampled from: the numbers reading the whole sequence again gives, bit for bit (a decoded
-    // position's logits are the whole pass's: blocks.ts sums every product in one order, and a
-    // row's arithmetic is the same in any batch; tested), without that pass. Without the cache
-    // (the reference way), by that pass. 0 after each end.
-    const logprobs = new Float32Array(b * responseLen);
     // The weights do not change during the call: a tied head's transpose is made once for it.
     await this.syncTiedHead(group, 'gen');
     if (isTied(this.spec) && this.last) this.headT = tf.transpose(this.headEmbedding);
@@ -563,23 +557,14 @@ export class GptRank {
         steps += 1;
         let next: Int32Array;
         if (this.last) {
-          const V = this.spec.vocab;
           const values = logits!.dataSync() as Float32Array;
-          // As logprobsOf (gpt.ts) computes them from the whole pass: a log-softmax over each row.
-          const lsm = kv ? tf.logSoftmax(logits!) : undefined;
-          const logp = lsm?.dataSync() as Float32Array;
-          tf.dispose([logits!, ...(lsm ? [lsm] : [])]);
+          logits!.dispose();
           logits = undefined;
           next = new Int32Array(live.length);
           for (let j = 0; j < live.length; j++) {
             const i = live[j]!;
             // A finished row draws nothing more: its stream stays where its response ended.
-            if (done[i]) {
-              next[j] = eos!;
-              continue;
-            }
-            next[j] = sampleToken(values.subarray(j * V, (j + 1) * V), opts, opts.greedy ? 0 : rngs[i]!.uniform());
-            if (kv) logprobs[i * responseLen + t] = logp[j * V + next[j]!]!;
+            next[j] = done[i] ? eos! : sampleToken(values.subarray(j * this.spec.vocab, (j + 1) * this.spec.vocab), opts, opts.greedy ? 0 : rngs[i]!.uniform());
           }
           // Earlier stages of this replica, same tensor rank, need the new tokens for the next step.
           for (let s = 0; s < this.layout.pp - 1; s++) {
@@ -621,24 +606,23 @@ export class GptRank {
       logits?.dispose();
       kv?.dispose();
     }
-    if (!kv) {
-      let fwd: Awaited<ReturnType<typeof this.forwardStage>>;
-      try {
-        fwd = await this.forwardStage(group, 'gen/logp', tokens, b, width, false, pads);
-      } finally {
-        dropHeadT();
-      }
-      const { out } = fwd;
-      if (out && this.speaks) {
-        const lp = tf.tidy(() => logprobsOf(out, tf.tensor2d(tokens, [b, width], 'int32'), promptLen, this.spec.vocab));
-        logprobs.set(lp.dataSync() as Float32Array);
-        lp.dispose();
-      }
+    // Log-probabilities of the sampled tokens, as training will compute them; 0 after each end.
+    let fwd: Awaited<ReturnType<typeof this.forwardStage>>;
+    try {
+      fwd = await this.forwardStage(group, 'gen/logp', tokens, b, width, false, pads);
+    } finally {
+      dropHeadT();
+    }
+    const { out } = fwd;
+    if (!out || !this.speaks) {
       out?.dispose();
-    } else dropHeadT();
-    if (!this.speaks) return { tokens: new Int32Array(0), logprobs: new Float32Array(0), steps };
+      return { tokens: new Int32Array(0), logprobs: new Float32Array(0), steps };
+    }
+    const lp = tf.tidy(() => logprobsOf(out, tf.tensor2d(tokens, [b, width], 'int32'), promptLen, this.spec.vocab));
+    const logprobs = masked(lp.dataSync() as Float32Array, responseMask(tokens, promptLen, responseLen, eos));
+    tf.dispose([out, lp]);
     /** `steps`: the positions decoded (fewer than `responseLen` when every row ended early). */
-    return { tokens, logprobs: masked(logprobs, responseMask(tokens, promptLen, responseLen, eos)), steps };
+    return { tokens, logprobs, steps };
   }
 
   /** A reward model's score of each whole sequence: the value head after its last token, [b] per replica (speaking ranks). */
