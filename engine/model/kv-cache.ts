@@ -4,8 +4,9 @@
 // position in place into a cache that grows by KV_GROWTH positions at a time, up to the capacity:
 // the attention runs over the positions allocated so far (at most KV_GROWTH more than are written),
 // those not yet written masked out, so a step near the start of a long budget costs what it does
-// in a short one, and growing copies each position a few times in all. Elsewhere each step
-// appends by concatenation. Either way the attention is exact: a masked position adds a zero.
+// in a short one. Growing copies what the layer holds (64 times over 1024 positions: a few percent
+// of what the steps read). Elsewhere each step appends by concatenation. Either way the attention
+// is exact: a masked position adds a zero.
 import * as tf from '@tensorflow/tfjs';
 import { totalmem } from 'node:os';
 import { hostView } from './staging.ts';
