@@ -599,7 +599,7 @@ export class Device {
 
   /** The environments this device plays episodes against. */
   private readonly episodes: DeviceEpisodes;
-  /** The base objects this device wrote into its bucket (snapshot.ts): a frozen base is written once. */
+  /** Base objects this device wrote into its bucket or read (snapshot.ts): a frozen base is written once, and read again only where a shard does not hold it. */
   private readonly knownBases: KnownBases = new Map();
   /** Frozen bases of released views of models with adapters, for their next load (kept-bases.ts). */
   private readonly keptBases = new KeptBases();
