@@ -1,6 +1,6 @@
 import { describe, it, expect, vi, beforeAll } from 'vitest';
 import { createActor, fromCallback, fromPromise, waitFor } from 'xstate';
-import { initBackend } from '../engine/model/backend.ts';
+import { initBackend } from '../engine/model/backend/backend.ts';
 import { Device } from '../engine/device/device.ts';
 import { MemoryBus } from '../mesh/wire/bus/memory-bus.ts';
 import { subjects } from '../mesh/wire/bus/subjects.ts';

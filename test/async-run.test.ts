@@ -5,7 +5,7 @@
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { beforeAll, describe, expect, it } from 'vitest';
 import type { Metrics } from '../mesh/wire/index.ts';
-import { initBackend } from '../engine/model/backend.ts';
+import { initBackend } from '../engine/model/backend/backend.ts';
 import type { Summary } from '../engine/runtime/record/record.ts';
 import { runInProcess } from '../engine/supervision/local-run.ts';
 import { LocalDispatcher } from '../engine/runtime/dispatch/local-dispatch.ts';

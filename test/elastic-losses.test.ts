@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import type { Call, Metrics } from '../mesh/wire/index.ts';
 import type { Layout } from '../mesh/parallel/index.ts';
-import { initBackend } from '../engine/model/backend.ts';
+import { initBackend } from '../engine/model/backend/backend.ts';
 import { runChaos } from '../engine/cli/chaos-run.ts';
 import { LocalDispatcher, parseScenario, planDevices, reshardToPlan, runSpec, withPlan, type CheckpointSet, type Scenario, type Summary } from '../engine/runtime/index.ts';
 import { FOUR_DEVICES } from '../engine/runtime/run/four-devices.fixture.ts';

@@ -2,7 +2,7 @@
 // each repeats bit for bit, each trains its own model, and decoupled PPO on fresh rollouts (the
 // behaviour and proximal log-probs are both the generation's) is the clipped loss exactly.
 import { beforeAll, describe, expect, it } from 'vitest';
-import { initBackend } from '../engine/model/backend.ts';
+import { initBackend } from '../engine/model/backend/backend.ts';
 import type { Summary } from '../engine/runtime/record/record.ts';
 import { runInProcess } from '../engine/supervision/local-run.ts';
 import { runSpec } from '../engine/runtime/run/run.ts';

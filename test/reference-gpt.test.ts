@@ -1,5 +1,5 @@
 import { describe, it, expect, beforeAll } from 'vitest';
-import { initBackend } from '../engine/model/backend.ts';
+import { initBackend } from '../engine/model/backend/backend.ts';
 import { ShardError } from '../engine/model/steps.ts';
 import { ReferenceGpt } from './reference-gpt.ts';
 import type { GptSpec } from '../engine/model/gpt.ts';

@@ -7,7 +7,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { launch } from '../engine/cli/launch.ts';
 import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
 import { runSpec } from '../engine/runtime/run/run.ts';
-import { initBackend } from '../engine/model/backend.ts';
+import { initBackend } from '../engine/model/backend/backend.ts';
 import type { Summary } from '../engine/runtime/record/record.ts';
 import { runInProcess } from '../engine/supervision/local-run.ts';
 import { smallScenario, tempDir } from './helpers.ts';

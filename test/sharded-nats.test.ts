@@ -6,7 +6,7 @@ import { describe, expect, it } from 'vitest';
 import { rankCoords, shardSlices, type Layout } from '../mesh/parallel/layout.ts';
 import type { Optim } from '../mesh/wire/messages/protocol.ts';
 import { cut } from '../mesh/parallel/slices.ts';
-import { initBackend } from '../engine/model/backend.ts';
+import { initBackend } from '../engine/model/backend/backend.ts';
 import { withWorkers } from '../engine/cli/workers.ts';
 import { modelInfo, type GptSpec } from '../engine/model/params.ts';
 import { callMesh } from '../engine/runtime/run/run.ts';

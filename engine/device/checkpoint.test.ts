@@ -12,7 +12,7 @@ import { modelDigest, stateDigest, tensorDigest } from '../../mesh/wire/transfer
 import { relaidSlices } from '../../mesh/parallel/relaid.ts';
 import { reshard } from '../runtime/store/reshard.ts';
 import { checkpointBytes, piecesOf } from '../runtime/run/recovery.ts';
-import { initBackend } from '../model/backend.ts';
+import { initBackend } from '../model/backend/backend.ts';
 import { LocalDispatcher } from '../runtime/dispatch/local-dispatch.ts';
 import { MemoryShelf } from '../../mesh/wire/transfer/shelf.ts';
 import { readSnapshot } from '../runtime/store/snapshots.ts';

@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, it, expect, beforeAll } from 'vitest';
-import { initBackend } from '../model/backend.ts';
+import { initBackend } from '../model/backend/backend.ts';
 import { fileDigest } from '../model/losses/modules.ts';
 import { CallRejected, Device } from './device.ts';
 import { MemoryBus } from '../../mesh/wire/bus/memory-bus.ts';

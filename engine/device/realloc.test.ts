@@ -6,7 +6,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { shardSlices, type Layout } from '../../mesh/parallel/layout.ts';
 import { planRealloc } from '../../mesh/parallel/realloc.ts';
 import { cut } from '../../mesh/parallel/slices.ts';
-import { initBackend } from '../model/backend.ts';
+import { initBackend } from '../model/backend/backend.ts';
 import { LocalDispatcher } from '../runtime/dispatch/local-dispatch.ts';
 import { initialWeights } from '../model/gpt.ts';
 import { modelInfo, type GptSpec } from '../model/params.ts';

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { MemoryShelf } from '../../mesh/wire/index.ts';
-import { initBackend } from '../model/backend.ts';
+import { initBackend } from '../model/backend/backend.ts';
 import { fence, type Dispatcher } from '../runtime/dispatch/dispatch.ts';
 import { LocalDispatcher } from '../runtime/dispatch/local-dispatch.ts';
 import { planDevices } from '../runtime/run/run.ts';

@@ -1,7 +1,7 @@
 import * as tf from '@tensorflow/tfjs';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { Adam } from './adam.ts';
-import { initBackend } from './backend.ts';
+import { initBackend } from './backend/backend.ts';
 
 describe('Adam', () => {
   beforeAll(async () => {

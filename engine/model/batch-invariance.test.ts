@@ -5,7 +5,7 @@
 import { beforeAll, describe, expect, it, vi } from 'vitest';
 import { Comm } from '../../mesh/parallel/index.ts';
 import { MemoryBus, subjects } from '../../mesh/wire/index.ts';
-import { initBackend } from './backend.ts';
+import { initBackend } from './backend/backend.ts';
 import { GptRank } from './rank.ts';
 import { KvCache } from './kv-cache.ts';
 

@@ -1,6 +1,6 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import * as tf from '@tensorflow/tfjs';
-import { initBackend } from './backend.ts';
+import { initBackend } from './backend/backend.ts';
 import {
   attention,
   attentionBackward,

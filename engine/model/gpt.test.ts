@@ -1,6 +1,6 @@
 import { describe, it, expect, beforeAll } from 'vitest';
 import * as tf from '@tensorflow/tfjs';
-import { initBackend } from './backend.ts';
+import { initBackend } from './backend/backend.ts';
 import { forward, initialWeights, isHead, parameterCount, parameterShapes, responseLogprobs, responseValues, type GptSpec, type Weights } from './gpt.ts';
 import { modelDigest } from '../../mesh/wire/transfer/transfer.ts';
 

@@ -2,7 +2,7 @@ import { beforeAll, describe, expect, it, vi } from 'vitest';
 import * as tf from '@tensorflow/tfjs';
 import { Comm } from '../../mesh/parallel/index.ts';
 import { MemoryBus, subjects } from '../../mesh/wire/index.ts';
-import { initBackend } from './backend.ts';
+import { initBackend } from './backend/backend.ts';
 import { KV_GROWTH, KvCache, kvCacheBytes } from './kv-cache.ts';
 import { GptRank } from './rank.ts';
 import { responseLengths } from './mask.ts';

@@ -9,7 +9,7 @@
 // is exact: a masked position adds a zero.
 import * as tf from '@tensorflow/tfjs';
 import { totalmem } from 'node:os';
-import { hostView } from './staging.ts';
+import { hostView } from './backend/staging.ts';
 import { paddedMask } from './gpt.ts';
 
 /**

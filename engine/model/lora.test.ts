@@ -6,7 +6,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { shardSlices, type Layout } from '../../mesh/parallel/layout.ts';
 import type { Optim } from '../../mesh/wire/messages/protocol.ts';
 import { cut } from '../../mesh/parallel/slices.ts';
-import { initBackend } from './backend.ts';
+import { initBackend } from './backend/backend.ts';
 import { baseSpec, modelInfo, parameterShapes, specProblem, type GptSpec } from './params.ts';
 import { isAdapter, adapterCount } from '../adapters/index.ts';
 import { ReferenceGpt } from '../../test/reference-gpt.ts';

@@ -3,7 +3,7 @@ import * as tf from '@tensorflow/tfjs';
 import { MemoryBus } from '../../mesh/wire/bus/memory-bus.ts';
 import { subjects } from '../../mesh/wire/bus/subjects.ts';
 import { Comm } from '../../mesh/parallel/comm.ts';
-import { initBackend } from './backend.ts';
+import { initBackend } from './backend/backend.ts';
 import { GptRank } from './rank.ts';
 
 describe('GptRank memory (one device)', () => {

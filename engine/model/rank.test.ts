@@ -6,7 +6,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { shardSlices, type Layout } from '../../mesh/parallel/layout.ts';
 import { PROTOCOL_VERSION, type CallBody, type CallOf, type Optim } from '../../mesh/wire/messages/protocol.ts';
 import { cut } from '../../mesh/parallel/slices.ts';
-import { initBackend } from './backend.ts';
+import { initBackend } from './backend/backend.ts';
 import { expectClose, mesh, strategies } from '../../test/in-memory-mesh.ts';
 import { modelInfo, parameterShapes, type GptSpec } from './params.ts';
 import { maskOfLengths, responseLengths, responseMask } from './mask.ts';

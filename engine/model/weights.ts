@@ -8,7 +8,7 @@ import type { NamedTensor, Optim } from '../../mesh/wire/index.ts';
 import { initialParameter } from './gpt.ts';
 import { parameterShapes, type GptSpec } from './params.ts';
 import { Adam, type AdamState } from './adam.ts';
-import { Staging, hostView } from './staging.ts';
+import { Staging, hostView } from './backend/staging.ts';
 import { ShardError, ownCopy } from './steps.ts';
 
 let shardCount = 0;

@@ -6,7 +6,7 @@
 import { describe, expect, it } from 'vitest';
 import { createActor, fromCallback, toPromise, type AnyActorRef } from 'xstate';
 import { MemoryShelf } from '../../mesh/wire/index.ts';
-import { initBackend } from '../model/backend.ts';
+import { initBackend } from '../model/backend/backend.ts';
 import type { Dispatcher } from '../runtime/dispatch/dispatch.ts';
 import { LocalDispatcher } from '../runtime/dispatch/local-dispatch.ts';
 import type { Summary } from '../runtime/record/record.ts';

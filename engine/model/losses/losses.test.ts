@@ -1,6 +1,6 @@
 import { describe, it, expect, beforeAll } from 'vitest';
 import * as tf from '@tensorflow/tfjs';
-import { initBackend } from '../backend.ts';
+import { initBackend } from '../backend/backend.ts';
 import { AGGREGATIONS, LossError, evaluateLoss, itemRows, lossOf, lossParams, policyLoss, valueLoss, type LossNorm, type LossParams } from './index.ts';
 
 beforeAll(async () => {

@@ -3,7 +3,7 @@
 // for bit.
 import * as tf from '@tensorflow/tfjs';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { initBackend } from '../backend.ts';
+import { initBackend } from '../backend/backend.ts';
 import { AGGREGATIONS, LossError, defineLoss, evaluateLoss, lossOf, lossParams, type LossParams } from './index.ts';
 import { z } from 'zod';
 

@@ -4,7 +4,7 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import { MemoryShelf, ShardObject, decode, encode, PROTOCOL_VERSION } from '../../../mesh/wire/index.ts';
 import { rankCoords } from '../../../mesh/parallel/index.ts';
-import { initBackend } from '../../model/backend.ts';
+import { initBackend } from '../../model/backend/backend.ts';
 import { CallError, fence, type Dispatcher } from '../dispatch/dispatch.ts';
 import { LocalDispatcher } from '../dispatch/local-dispatch.ts';
 import { runSpec } from './run.ts';

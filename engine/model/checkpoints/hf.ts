@@ -7,8 +7,8 @@
 // extra tensor, a shape that disagrees with the config — is refused with the file and tensor named.
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import type { NamedTensor } from '../../mesh/wire/index.ts';
-import { archOf, baseSpec, isHead, isTied, parameterShapes, type GptSpec } from './params.ts';
+import type { NamedTensor } from '../../../mesh/wire/index.ts';
+import { archOf, baseSpec, isHead, isTied, parameterShapes, type GptSpec } from '../params.ts';
 import { SafetensorsCheckpoint } from './safetensors.ts';
 
 export class HfError extends Error {

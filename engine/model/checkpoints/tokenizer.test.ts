@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { TextTokenizer, TokenizerError } from './tokenizer.ts';
-import { tokenizerJson } from '../../test/tokenizer-fixture.ts';
+import { tokenizerJson } from '../../../test/tokenizer-fixture.ts';
 
 /** The ids the tokenizer should give, worked out by hand: each UTF-8 byte is its own token unless merged. */
 const byteIds = (text: string) => [...new TextEncoder().encode(text)];

@@ -2,9 +2,9 @@
 // the adapters of a model of a given spec (engine/adapters/peft.ts does the naming and layout).
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import type { NamedTensor } from '../../mesh/wire/index.ts';
-import { fromPeftTensors, loraOfPeftConfig, PeftError, type LoraSpec } from '../adapters/index.ts';
-import { archOf, parameterShapes, type GptSpec } from './params.ts';
+import type { NamedTensor } from '../../../mesh/wire/index.ts';
+import { fromPeftTensors, loraOfPeftConfig, PeftError, type LoraSpec } from '../../adapters/index.ts';
+import { archOf, parameterShapes, type GptSpec } from '../params.ts';
 import { SafetensorsError, SafetensorsFile } from './safetensors.ts';
 
 export const ADAPTER_CONFIG = 'adapter_config.json';

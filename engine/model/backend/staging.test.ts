@@ -1,9 +1,9 @@
 import { describe, expect, it } from 'vitest';
 import * as tf from '@tensorflow/tfjs';
-import { Comm } from '../../mesh/parallel/index.ts';
-import { MemoryBus, subjects } from '../../mesh/wire/index.ts';
+import { Comm } from '../../../mesh/parallel/index.ts';
+import { MemoryBus, subjects } from '../../../mesh/wire/index.ts';
 import { initBackend } from './backend.ts';
-import { GptRank } from './rank.ts';
+import { GptRank } from '../rank.ts';
 import { hostView, Staging } from './staging.ts';
 
 describe.each(['wasm', 'cpu'] as const)('staged weights on %s', (backend) => {
