@@ -26,7 +26,12 @@ export function frozenNames(shard: GptRank): string[] {
 
 /** This shard's frozen slices, copied out, in parameter order. */
 export function frozenTensors(shard: GptRank): NamedTensor[] {
-  return frozenNames(shard).map((name) => ({ name, shape: sliceShape(shard.weights.slices.find((s) => s.name === name)!), data: shard.weights.exportTensor(name) }));
+  return slicesWhere(shard, (name) => !trains(shard.spec, name));
+}
+
+/** This shard's slices of the parameters `wanted` names, copied out, in parameter order. */
+export function slicesWhere(shard: GptRank, wanted: (name: string) => boolean): NamedTensor[] {
+  return shard.weights.slices.filter((s) => wanted(s.name)).map((s) => ({ name: s.name, shape: sliceShape(s), data: shard.weights.exportTensor(s.name) }));
 }
 
 export class KeptBases {

@@ -23,6 +23,7 @@ import { layoutKey, shardSlices, sliceShape } from '../../mesh/parallel/index.ts
 import { modelDigest } from '../../mesh/wire/index.ts';
 import { modelInfo, trains, type GptRank } from '../model/index.ts';
 import { CallRejected } from './checks.ts';
+import { slicesWhere } from './kept-bases.ts';
 
 /** What of a hosted shard these need: where it is, its parameters and its ledger. */
 export interface HeldShard {
@@ -186,8 +187,7 @@ function onBase(o: ShardObject, base: Checkpoint['tensors']): Checkpoint {
 function heldBase(h: HeldShard, o: ShardObject, bases: KnownBases): Checkpoint['tensors'] | undefined {
   const known = o.base && bases.get(o.base.object);
   if (!known || known.digest !== o.base!.digest) return undefined;
-  const { weights, spec } = h.shard;
-  const tensors = weights.slices.filter((sl) => inBase(spec, weights.trainable, sl.name)).map((sl) => ({ name: sl.name, shape: sliceShape(sl), data: weights.exportTensor(sl.name) }));
+  const tensors = slicesWhere(h.shard, (name) => inBase(h.shard.spec, h.shard.weights.trainable, name));
   return tensors.length > 0 && modelDigest(tensors) === known.frozen ? tensors : undefined;
 }
 

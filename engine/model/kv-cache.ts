@@ -68,8 +68,6 @@ export const KV_GROWTH = 16;
 
 export class KvCache {
   private readonly layers = new Map<number, LayerCache>();
-  /** Positions written so far. */
-  length = 0;
   private readonly inPlace: boolean;
   /**
    * Positions allocated in every layer written in place (and by the one-hot placement): the
