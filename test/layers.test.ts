@@ -12,6 +12,7 @@ const LAYERS = [
   'engine/adapters',
   'engine/model',
   'engine/episodes',
+  'engine/generation',
   'engine/device',
   'engine/algorithms',
   'engine/environments',

@@ -247,6 +247,49 @@ export class KvCache {
     this.rows = idx.length;
   }
 
+  /**
+   * Sequences `into` (indices of the sequences held now) take `from`'s sequences, in order, each
+   * with its `heads` rows: every layer's keys and values at the positions `from` holds, exactly (a
+   * selection, no arithmetic). What an overwritten sequence held past them stays, masked for the
+   * newcomer until its own writes reach it (continuous generation: a prompt prefilled alone takes
+   * the slot of a sequence that ended).
+   */
+  put(into: ArrayLike<number>, from: KvCache, heads: number): void {
+    if (from.rows !== into.length * heads) throw new RangeError(`put: ${from.rows} rows come for ${into.length} sequences of ${heads} heads`);
+    if (from.headSize !== this.headSize) throw new RangeError(`put: heads of ${from.headSize} into a cache of heads of ${this.headSize}`);
+    const source = new Int32Array(this.rows);
+    const taken = new Uint8Array(this.rows);
+    for (let j = 0; j < into.length; j++) {
+      for (let h = 0; h < heads; h++) {
+        source[into[j]! * heads + h] = j * heads + h;
+        taken[into[j]! * heads + h] = 1;
+      }
+    }
+    for (const [l, theirs] of from.layers) {
+      this.grow(theirs.k.shape[1]!);
+      const mine = this.widened(l, this.layers.get(l));
+      const W = this.width;
+      const next = tf.tidy(() => {
+        const more = W - theirs.k.shape[1]!;
+        const k = tf.pad(theirs.k, [
+          [0, 0],
+          [0, more],
+          [0, 0],
+        ]);
+        const vT = tf.pad(theirs.vT, [
+          [0, 0],
+          [0, 0],
+          [0, more],
+        ]);
+        const at = tf.tensor1d(source, 'int32');
+        const cond = tf.tensor3d(taken, [taken.length, 1, 1], 'bool');
+        return { k: tf.keep(tf.where(cond, tf.gather(k, at), mine.k)), vT: tf.keep(tf.where(cond, tf.gather(vT, at), mine.vT)) };
+      });
+      tf.dispose([mine.k, mine.vT]);
+      this.layers.set(l, next);
+    }
+  }
+
   dispose(): void {
     for (const layer of this.layers.values()) tf.dispose([layer.k, layer.vT]);
     this.layers.clear();

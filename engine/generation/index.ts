@@ -1,0 +1,2 @@
+// Continuous generation: a generate call's samples in a queue, a replica's slots kept full.
+export * from './continuous.ts';
