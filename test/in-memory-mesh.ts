@@ -38,7 +38,7 @@ export function mesh(layout: Layout) {
     }
     return out;
   };
-  return { devices, run, gather };
+  return { devices, run, gather, bus, subj };
 }
 
 /**

@@ -6,7 +6,8 @@
 import type { Bus } from '../../mesh/wire/index.ts';
 import { baseDigest, readSnapshot, stateOf, writeSnapshot, type HeldShard, type KnownBases } from './snapshot.ts';
 import { checkStrategy, shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../../mesh/parallel/index.ts';
-import type { Checkpoint, LedgerEntry, Call, CallBody, CallFn, CallOf, Layout, ResultOf } from '../../mesh/wire/index.ts';
+import type { Checkpoint, LedgerEntry, Call, CallBody, CallFn, CallOf, Layout, ResultOf, SampleLog } from '../../mesh/wire/index.ts';
+import { PROTOCOL_VERSION, encode } from '../../mesh/wire/index.ts';
 import { cut, pasteRange } from '../../mesh/parallel/index.ts';
 import type { Shelf, Subjects } from '../../mesh/wire/index.ts';
 import { manifestOf, modelDigest, stateDigest, noTimes, offerTensors, pacer, receiveTensors, timed, type NamedTensor } from '../../mesh/wire/index.ts';
@@ -28,6 +29,7 @@ import { LossError, loadLossModule } from '../model/index.ts';
 import { GptRank, heldBytes, kvCacheProblem } from '../model/index.ts';
 import { HfError, SafetensorsError, readHfWeights, readPeftAdapter } from '../model/index.ts';
 import { PeftError } from '../adapters/index.ts';
+import { generateRows } from '../generation/index.ts';
 
 export { CallRejected } from './checks.ts';
 
@@ -581,6 +583,7 @@ export class Device {
         return s.sft(group, body.tokens, body.batch, body.promptLen, body.steps, body.minibatch, body.lr, body.seed, body.eos, body.mask);
       case 'generate': {
         if (body.episodes) return this.episodes.play(s, body, group, { call, midEpisode: this.options.midEpisode, memoryBytes: this.options.memoryBytes });
+        if (body.slots !== undefined) return this.generateContinuous(s, call as Call & { body: CallOf<'generate'> }, group);
         const out = await s.generate(group, body.prompts, body.batch, body.promptLen, body.responseLen, body.seeds, { ...body, memoryBytes: this.options.memoryBytes });
         return { tokens: out.tokens, logprobs: out.logprobs };
       }
@@ -595,6 +598,24 @@ export class Device {
       default:
         return this.onWeights(h, body);
     }
+  }
+
+  /**
+   * A generate call's rows generated continuously (engine/generation/): each row as it ends goes
+   * to the supervisor on this device's `samples` subject when the call names a stage for them.
+   */
+  private async generateContinuous(s: GptRank, call: Call & { body: CallOf<'generate'> }, group: string): Promise<ResultOf<'generate'>> {
+    const { body } = call;
+    const stage = body.samples;
+    const onSample =
+      stage === undefined
+        ? undefined
+        : (row: number, tokens: Int32Array, logprobs: Float32Array) => {
+            const log: SampleLog = { type: 'sample', v: PROTOCOL_VERSION, epoch: call.epoch ?? 0, iteration: call.iteration, stage, row, tokens, logprobs };
+            this.bus.publish(this.subj.samples(this.index), encode(log));
+          };
+    const out = await generateRows(s, group, { ...body, slots: body.slots! }, { memoryBytes: this.options.memoryBytes, ...(onSample ? { onSample } : {}) });
+    return { tokens: out.tokens, logprobs: out.logprobs };
   }
 
   /** The environments this device plays episodes against. */

@@ -6,6 +6,8 @@ import { Comm } from '../../mesh/parallel/index.ts';
 import { MemoryBus, subjects } from '../../mesh/wire/index.ts';
 import { GptRank, initBackend, responseLengths } from '../model/index.ts';
 import { generateContinuous, generateRows } from './continuous.ts';
+import { mesh } from '../../test/in-memory-mesh.ts';
+import { decode, SampleLog, type Layout } from '../../mesh/wire/index.ts';
 
 describe('continuous generation', () => {
   beforeAll(async () => {
@@ -92,6 +94,31 @@ describe('continuous generation', () => {
     rank.dispose();
     comm.close();
   }, 60_000);
+
+  for (const layout of [
+    { devices: [0, 1], dp: 2, tp: 1, pp: 1 },
+    { devices: [0, 1], dp: 1, tp: 2, pp: 1 },
+  ] satisfies Layout[]) {
+    it(`dp = ${layout.dp}, tp = ${layout.tp}: a generate call with slots gives, and sends as each row ends, the rows of the call without`, async () => {
+      const spec = { kind: 'policy' as const, vocab: 11, context: 40, layers: 2, width: 16, heads: 4, family: 'llama' as const, kvHeads: 2, ffn: 32, pad: 0 };
+      const m = mesh(layout);
+      await m.run('actor', (rank) => ({ fn: 'load', role: 'actor', spec, layout, rank, seed: 7 }));
+      const [N, P, R] = [10, 4, 30];
+      const prompts = Int32Array.from({ length: N * P }, (_, i) => (i % P < (i / P) % 2 ? 0 : 1 + ((i * 3) % 10)));
+      const seeds = Uint32Array.from({ length: N }, (_, i) => 300 + i);
+      const call = { fn: 'generate' as const, prompts, batch: N, promptLen: P, responseLen: R, seeds, temperature: 1, eos: 2 };
+      const batch = await m.run('actor', () => call);
+      const heard: SampleLog[] = [];
+      const sub = m.bus.subscribe(m.subj.allSamples, { callback: (_e, msg) => heard.push(decode(msg.subject, msg.data, SampleLog)) });
+      const slots = await m.run('actor', () => ({ ...call, slots: 2, samples: 'actor__generate' }));
+      sub.unsubscribe();
+      for (const key of ['tokens', 'logprobs']) expect(Array.from(m.gather(slots, key))).toEqual(Array.from(m.gather(batch, key)));
+      // Each row once, from its replica's speaking rank, as the reply holds it.
+      const tokens = m.gather<Int32Array>(batch, 'tokens');
+      expect(heard.map((h) => h.row).sort((a, b) => a - b)).toEqual(Array.from({ length: N }, (_, i) => i));
+      for (const h of heard) expect(Array.from(h.tokens)).toEqual(Array.from(tokens.subarray(h.row * (P + R), (h.row + 1) * (P + R))));
+    }, 30_000);
+  }
 
   it('refuses slots that are not a whole number of at least 1, and a layout of several stages', async () => {
     const spec = { kind: 'policy' as const, vocab: 11, context: 16, layers: 2, width: 8, heads: 2 };

@@ -18,7 +18,7 @@ export async function runInProcess(
   backend: string,
   run = 'local',
   dispatcher = new LocalDispatcher(Math.max(...planDevices(spec)) + 1),
-  o: { input?: Pick<SupervisorInput, 'resume' | 'saveCheckpoint'>; started?: (send: (event: SupervisorEvent) => void) => void } = {},
+  o: { input?: Pick<SupervisorInput, 'resume' | 'saveCheckpoint' | 'rewards'>; started?: (send: (event: SupervisorEvent) => void) => void } = {},
 ) {
   const machine = supervisorMachine.provide({
     actors: {

@@ -4,7 +4,7 @@
 import type { NatsConnection } from '@nats-io/transport-node';
 import { BusError, requestChecked } from '../../../mesh/wire/index.ts';
 import { ProtocolError } from '../../../mesh/wire/index.ts';
-import { PROTOCOL_VERSION, Reply, type CallFn, type CallOf, type Checkpoint, type ResultOf, type TurnLog } from '../../../mesh/wire/index.ts';
+import { PROTOCOL_VERSION, Reply, type CallFn, type CallOf, type Checkpoint, type ResultOf, type TurnLog, type SampleLog } from '../../../mesh/wire/index.ts';
 import type { Subjects } from '../../../mesh/wire/index.ts';
 import {
   CallError,
@@ -14,6 +14,7 @@ import {
   exchangeId,
   fetchCheckpoint,
   listenTurns,
+  listenSamples,
   pushCheckpoint,
   type CallOptions,
   type RestoreOptions,
@@ -146,6 +147,10 @@ export class BusDispatcher implements Dispatcher {
 
   turns(listener: (log: TurnLog, device: number) => void): () => void {
     return listenTurns(this.nc, this.subj, listener, this.options.onDropped);
+  }
+
+  samples(listener: (log: SampleLog, device: number) => void): () => void {
+    return listenSamples(this.nc, this.subj, listener, this.options.onDropped);
   }
 
   stats(): TransportStats {

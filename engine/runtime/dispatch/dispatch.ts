@@ -6,7 +6,7 @@ import type { Bus } from '../../../mesh/wire/index.ts';
 import { subscribe } from '../../../mesh/wire/index.ts';
 import { encode } from '../../../mesh/wire/index.ts';
 import type { Layout } from '../../../mesh/parallel/index.ts';
-import { PROTOCOL_VERSION, Ready, ResultBodies, TurnLog, type CallFn, type CallOf, type Checkpoint, type ResultOf } from '../../../mesh/wire/index.ts';
+import { PROTOCOL_VERSION, Ready, ResultBodies, SampleLog, TurnLog, type CallFn, type CallOf, type Checkpoint, type ResultOf } from '../../../mesh/wire/index.ts';
 import { offerTensors, receiveTensors, tensorDigest } from '../../../mesh/wire/index.ts';
 import type { ReallocPlan } from '../../../mesh/parallel/index.ts';
 import type { Subjects } from '../../../mesh/wire/index.ts';
@@ -57,6 +57,8 @@ export interface Dispatcher {
    * Returns the unsubscribe.
    */
   turns?(listener: (log: TurnLog, device: number) => void): () => void;
+  /** Hears continuous generations' rows as they end (devices' `samples` subjects). Returns the unsubscribe. */
+  samples?(listener: (log: SampleLog, device: number) => void): () => void;
 }
 
 export interface CallOptions {
@@ -71,6 +73,17 @@ export function listenTurns(bus: Bus, subj: Subjects, listener: (log: TurnLog, d
     TurnLog,
     (log, msg) => listener(log, Number(msg.subject.slice(msg.subject.lastIndexOf('.') + 1))),
     (e) => onDropped?.(`dropped environment answers: ${e.message}`),
+  );
+}
+
+/** Devices' rows of continuous generations on `bus`; a message that does not decode is said and dropped. */
+export function listenSamples(bus: Bus, subj: Subjects, listener: (log: SampleLog, device: number) => void, onDropped?: (line: string) => void): () => void {
+  return subscribe(
+    bus,
+    subj.allSamples,
+    SampleLog,
+    (log, msg) => listener(log, Number(msg.subject.slice(msg.subject.lastIndexOf('.') + 1))),
+    (e) => onDropped?.(`dropped a generated sample: ${e.message}`),
   );
 }
 
@@ -96,6 +109,7 @@ export function fence(d: Dispatcher): Dispatcher {
     interrupt: (reason) => d.interrupt(reason),
     ...(d.stats ? { stats: () => d.stats!() } : {}),
     ...(d.turns ? { turns: (listener) => d.turns!(listener) } : {}),
+    ...(d.samples ? { samples: (listener) => d.samples!(listener) } : {}),
   };
 }
 

@@ -1,5 +1,5 @@
 // Devices in this process, reached by direct calls; parameter transfers go over an in-memory bus.
-import { PROTOCOL_VERSION, type Call, type CallFn, type CallOf, type Checkpoint, type ResultOf, type TurnLog } from '../../../mesh/wire/index.ts';
+import { PROTOCOL_VERSION, type Call, type CallFn, type CallOf, type Checkpoint, type ResultOf, type TurnLog, type SampleLog } from '../../../mesh/wire/index.ts';
 import { MemoryBus, MemoryShelf, type Bus, type Shelf } from '../../../mesh/wire/index.ts';
 import { subjects } from '../../../mesh/wire/index.ts';
 import { Device, CallRejected } from '../../device/index.ts';
@@ -10,6 +10,7 @@ import {
   checkResult,
   fetchCheckpoint,
   listenTurns,
+  listenSamples,
   pushCheckpoint,
   runRealloc,
   type CallOptions,
@@ -90,6 +91,10 @@ export class LocalDispatcher implements Dispatcher {
 
   turns(listener: (log: TurnLog, device: number) => void): () => void {
     return listenTurns(this.bus, this.subj, listener);
+  }
+
+  samples(listener: (log: SampleLog, device: number) => void): () => void {
+    return listenSamples(this.bus, this.subj, listener);
   }
 
   realloc(r: ReallocRequest): Promise<ReallocOutcome> {

@@ -15,6 +15,8 @@ import type { Task } from '../../device/index.ts';
 import { EpisodeBook, TurnLedger, episodesSpec, type EpisodeMetrics, type EpisodeTaskInfo, type PlayedEpisodes } from '../../environments/index.ts';
 import { declOf, layoutOf, ownerOf, samplingOf, viewOf, type RunSpec } from './spec.ts';
 import { callMesh, holdView, meshDigest, onLayout, releaseView, type HeldView, type Moved } from './mesh-calls.ts';
+import { SampleLedger } from '../../generation/index.ts';
+import { EarlyRewards } from './early-rewards.ts';
 
 /** Reward actors on the bus, by name (actors/reward-client.ts over NATS). */
 export interface RewardSources {
@@ -32,12 +34,22 @@ export function rewardItems(r: RunSpec, iteration: number, tokens: Int32Array, m
   const width = promptLen + responseLen;
   // An episode's response runs to its last action: its observations are in the text too.
   const lengths = mask ? rowLengths(tokens.length / width, responseLen, mask) : responseLengths(tokens, promptLen, responseLen, eos);
-  return Array.from({ length: tokens.length / width }, (_, b) => {
-    const row = Array.from(tokens.subarray(b * width, (b + 1) * width));
-    const prompt = row.slice(0, promptLen);
-    const response = row.slice(promptLen, promptLen + lengths[b]!);
-    return { id: `${iteration}-${b}`, prompt, response, prompt_text: task.text(prompt), response_text: task.text(response), ground_truth: task.answer(prompt) };
-  });
+  return Array.from({ length: tokens.length / width }, (_, b) => rewardItem(r, iteration, b, tokens.subarray(b * width, (b + 1) * width), lengths[b]!));
+}
+
+/** Row `b` of an iteration's sequences as a reward protocol item: its response is its first `length` tokens after the prompt. */
+function rewardItem(r: RunSpec, iteration: number, b: number, tokens: Int32Array, length: number): RewardItem {
+  const { task } = r;
+  const row = Array.from(tokens);
+  const prompt = row.slice(0, task.promptLen);
+  const response = row.slice(task.promptLen, task.promptLen + length);
+  return { id: `${iteration}-${b}`, prompt, response, prompt_text: task.text(prompt), response_text: task.text(response), ground_truth: task.answer(prompt) };
+}
+
+/** The reward actors on the bus a reward call asks, in order: a learned reward model's service, then the scenario's actors. */
+function rewardActors(r: RunSpec): Array<{ name: string; weight: number; as: string }> {
+  const { weight, model: learned } = r.scenario.reward;
+  return [...(learned && weight > 0 ? [{ name: r.rewardService, weight, as: 'learned' }] : []), ...r.scenario.reward.actors.map((a) => ({ ...a, as: a.name }))];
 }
 
 /**
@@ -54,11 +66,13 @@ async function rewardScores(
   sources?: RewardSources,
   /** For sequences that episodes made: each row's return, and the action mask. */
   played?: { returns: Float64Array; mask: Float32Array },
+  /** Scores asked as a continuous generation's rows ended. */
+  early?: EarlyRewards,
 ): Promise<{ scores: Float32Array; sources: Record<string, number> }> {
   const rows = tokens.length / (r.task.promptLen + r.task.responseLen);
   const { weight, model: learned } = r.scenario.reward;
   // A learned reward model is reached like any reward actor: over the reward protocol.
-  const actors = [...(learned && weight > 0 ? [{ name: r.rewardService, weight, as: 'learned' }] : []), ...r.scenario.reward.actors.map((a) => ({ ...a, as: a.name }))];
+  const actors = rewardActors(r);
   if (actors.length && !sources) throw new Error(`reward actors (${actors.map((a) => a.as).join(', ')}) are reached over the bus; this run has none`);
   const items = actors.length ? rewardItems(r, iteration, tokens, played?.mask) : [];
   const [rule, ...fromActors] = await Promise.all([
@@ -72,7 +86,7 @@ async function rewardScores(
           call.name,
         )
       : Promise.resolve(undefined),
-    ...actors.map((a) => sources!.score(a.name, iteration, items)),
+    ...actors.map((a) => (early ? early.scores(sources!, a.name, iteration, tokens, items) : sources!.score(a.name, iteration, items))),
   ]);
   const total = new Float64Array(rows);
   const means: Record<string, number> = {};
@@ -211,6 +225,10 @@ export async function runIteration(
   // the generating device (their observations are read, never trained on): device calls get it
   // with the tokens they read, and generation writes it for the host steps.
   const book = new EpisodeBook();
+  // Reward actors' scores of continuously generated rows, asked as each row ended.
+  const early = new EarlyRewards();
+  /** Whether reward actors score a generate call's sequences (a reward call reads its tokens). */
+  const scoredByActors = (c: CallDecl) => rewardActors(r).length > 0 && r.graph.calls.some((x) => x.fn === 'inference' && declOf(r, x.model).head === 'reward' && x.reads.tokens === c.writes.tokens);
   const maskOf = (tokens: Int32Array) => book.mask(tokens) ?? responseMask(tokens, task.promptLen, task.responseLen, task.eos);
   /**
    * A generate call's rows for iteration `u`'s prompts (this iteration's, or one generated ahead
@@ -225,6 +243,35 @@ export async function runIteration(
     const stage = stageOf(c.name);
     const ledger = s.environment ? await TurnLedger.open(store, d.turns ? (listen) => d.turns!((log) => listen(log)) : undefined, { iteration: u, stage, epoch: d.epoch }) : undefined;
     const recorded = ledger && ledger.size > 0 ? ledger.recorded().answers : undefined;
+    // Continuous generation: each row is kept as it ends (the sample ledger) and its reward asked
+    // then; called again after a fault, the generation asks only for the rows not kept.
+    const samples =
+      s.rl.slots > 0
+        ? await SampleLedger.open(store, d.samples ? (listen) => d.samples!((log) => listen(log)) : undefined, {
+            iteration: u,
+            stage,
+            epoch: d.epoch,
+            rows,
+            width: task.promptLen + task.responseLen,
+            responseLen: task.responseLen,
+          })
+        : undefined;
+    const scoring =
+      samples && sources && scoredByActors(c)
+        ? early.begin(
+            sources,
+            rewardActors(r).map((a) => a.name),
+            u,
+          )
+        : undefined;
+    if (scoring) samples!.listen((row, tokens) => scoring.row(row, rewardItem(r, u, row, tokens, responseLengths(tokens, task.promptLen, task.responseLen, task.eos)[0]!)));
+    const asked = samples?.ask();
+    const pick = <T extends Int32Array | Uint32Array>(x: T, per: number): T => {
+      if (!asked || asked.length === rows) return x;
+      const out = new (x.constructor as new (n: number) => T)(asked.length * per);
+      asked.forEach((row, i) => out.set(x.subarray(row * per, (row + 1) * per), i * per));
+      return out;
+    };
     const body = (name: string) => {
       const call = callMesh(
         d,
@@ -233,22 +280,36 @@ export async function runIteration(
         u,
         {
           fn: 'generate',
-          prompts,
-          batch: rows,
+          prompts: pick(prompts, task.promptLen),
+          batch: asked?.length ?? rows,
           promptLen: task.promptLen,
           responseLen: task.responseLen,
-          seeds,
+          seeds: pick(seeds, 1),
           ...samplingOf(r),
           ...(c.greedy ? { greedy: true } : {}),
           ...(s.environment ? { episodes: { ...episodesSpec(s.environment, episodeTaskOf(r), s.seed, u, prompts, r.graph.group), log: stage, ...(recorded ? { recorded } : {}) } } : {}),
+          ...(samples ? { slots: s.rl.slots, samples: stage } : {}),
         },
         c.name,
       );
       queued?.();
       return call;
     };
-    const out = await (on ? body(on.name) : onLayout(d, r, c.name, u, body)).finally(() => ledger?.close());
-    const into = (out as { moved?: Moved }).moved;
+    let out: Awaited<ReturnType<typeof body>> & { moved?: Moved };
+    try {
+      if (asked?.length === 0) {
+        // Every row was kept before a fault: nothing to generate.
+        queued?.();
+        out = samples!.rollout();
+      } else {
+        out = await (on ? body(on.name) : onLayout(d, r, c.name, u, body));
+        if (samples) out = { ...out, ...samples.rollout(out) };
+      }
+    } finally {
+      await Promise.all([ledger?.close(), samples?.close()]);
+    }
+    scoring?.of(out.tokens);
+    const into = out.moved;
     if (into) moved.push(into);
     const mask = out.mask && out.episodes ? out.mask : responseMask(out.tokens, task.promptLen, task.responseLen, task.eos);
     // An episode's step rewards, weighted as its return is in the reward, for the token-level estimators.
@@ -272,7 +333,7 @@ export async function runIteration(
       const tokens = port('tokens') as Int32Array;
       if (declOf(r, c.model).head === 'reward') {
         const returns = book.returns(tokens);
-        const out = await rewardScores(d, r, c, iteration, tokens, sources, returns ? { returns, mask: book.mask(tokens)! } : undefined);
+        const out = await rewardScores(d, r, c, iteration, tokens, sources, returns ? { returns, mask: book.mask(tokens)! } : undefined, early);
         callSources.set(c.name, out.sources);
         return { scores: out.scores };
       }
@@ -363,7 +424,7 @@ export async function runIteration(
         if (await keptFields(c, u)) continue;
         const tokens = fields[c.reads.tokens!] as Int32Array;
         if (declOf(r, c.model).head === 'reward') {
-          const out = await rewardScores(d, r, c, u, tokens, sources);
+          const out = await rewardScores(d, r, c, u, tokens, sources, undefined, early);
           await store.saveStage(u, stageOf(c.name), { ports: keptPorts(c, { scores: out.scores }), sources: out.sources, generated: 0 });
           continue;
         }

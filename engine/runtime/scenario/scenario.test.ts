@@ -45,6 +45,7 @@ describe('parseScenario defaults', () => {
       clip_norm: 1,
       lag: 0,
       staleness: 0,
+      slots: 0,
     },
     reward: { weight: 1, actors: [] },
     checkpoint: { every: 1 },

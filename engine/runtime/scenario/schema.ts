@@ -249,6 +249,11 @@ export const Scenario = z.strictObject({
         .describe(
           'asynchrony, free-running: the rollout devices generate the next iterations’ rollouts while the policy trains, each with the newest version they have, as long as it is at most this many updates old when trained on (0: off); which version made which rollout is written ahead, and npm run scenario -- --replay RUN_DIR re-runs it; the actor’s loss becomes the decoupled one',
         ),
+      slots: nat
+        .default(0)
+        .describe(
+          'continuous generation: each replica of a generation decodes this many sequences at once, and a response that ends gives its slot to the next prompt at once; each response goes to the run’s store and to the reward actors the moment it ends (0: off, every prompt of the call decoded as one batch); the samples are the same bit for bit either way',
+        ),
       versions: z
         .array(nat)
         .optional()

@@ -103,7 +103,7 @@ export function permissions(run: string, devices: readonly number[]): Omit<Recor
         // A warm-up from an environment's expert asks one of its instances.
         envs.instance,
       ],
-      subscribe: [s.join, s.joins, s.cordon, s.heartbeats, s.events, s.allReady, s.allChunks, s.allReceipts, s.allTurns, inbox('supervisor'), rewards.presence, envs.presence],
+      subscribe: [s.join, s.joins, s.cordon, s.heartbeats, s.events, s.allReady, s.allChunks, s.allReceipts, s.allTurns, s.allSamples, inbox('supervisor'), rewards.presence, envs.presence],
       responses: true,
     },
     // Its own heartbeats and calls, the chunks, receipts and collectives it sends (as its device
@@ -118,6 +118,7 @@ export function permissions(run: string, devices: readonly number[]): Omit<Recor
             s.joinAs(d),
             s.heartbeat(d),
             s.turns(d),
+            s.samples(d),
             s.chaos,
             s.allReady,
             s.chunksFrom(d),

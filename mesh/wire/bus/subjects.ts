@@ -78,6 +78,9 @@ export function subjects(run: string) {
     /** A generating device's answers from environments, as they come (TurnLog); `allTurns` matches every device's. */
     turns: (device: number) => `${root}.turns.${token('device', device)}`,
     allTurns: `${root}.turns.*`,
+    /** A device's samples of continuous generation, each as it ends (SampleLog); `allSamples` matches every device's. */
+    samples: (device: number) => `${root}.samples.${token('device', device)}`,
+    allSamples: `${root}.samples.*`,
     /** Chaos testing: scheduled kill points ask the launcher to kill them (request/reply). */
     chaos: `${root}.chaos`,
     /** A device lost for good (npm run cordon, or the launcher): the supervisor answers whether it re-plans without it (request/reply). */

@@ -267,6 +267,24 @@ export const TurnLog = z.strictObject({
 });
 export type TurnLog = z.infer<typeof TurnLog>;
 
+/**
+ * A sample of a continuous generation (a generate call with `slots`) the moment it ended, on its
+ * device's own `samples` subject: its row in the call's batch, its tokens [promptLen + responseLen]
+ * and log-probabilities [responseLen], exactly as the call's reply will hold them.
+ */
+export const SampleLog = z.strictObject({
+  type: z.literal('sample'),
+  v: z.literal(PROTOCOL_VERSION),
+  /** The call's recovery epoch, iteration and the graph's call (the stage its result is stored under). */
+  epoch: nat,
+  iteration: nat,
+  stage: z.string().min(1),
+  row: nat,
+  tokens: i32,
+  logprobs: f32,
+});
+export type SampleLog = z.infer<typeof SampleLog>;
+
 /** A generate call's episodes of several turns against an environment on the bus (docs/environment-protocol.md). */
 export const EpisodesSpec = z.strictObject({
   /** The environment service's name. */
@@ -368,6 +386,10 @@ export const CallBody = z.discriminatedUnion('fn', [
     eos: nat.optional(),
     /** Episodes of several turns: each row plays one against the environment. */
     episodes: EpisodesSpec.optional(),
+    /** Continuous generation: each replica decodes this many rows at once, a row that ends giving its slot to the next at once. */
+    slots: pos.optional(),
+    /** With slots: the stage the device names when it sends each row as it ends (SampleLog); none: it sends none. */
+    samples: z.string().min(1).optional(),
   }),
   z.strictObject({
     fn: z.literal('inference'),
