@@ -108,6 +108,8 @@ const TRIED: Record<Who, Record<string, string>> = {
     'request to an environment that does not exist': 'no one answers',
     'answers of an environment on its own subject, in a run that plays no episodes': 'ignored: no generation of the run keeps a ledger of answers',
     "answers of an environment on another device's subject": 'refused by the server: a device sends its answers as itself',
+    'a generated row on its own subject, in a run that generates nothing continuously': 'ignored: no generation of the run keeps a ledger of rows',
+    "a generated row on another device's subject": 'refused by the server: a device sends its rows as itself',
     "collective to another device, claiming a third, on the third's subject": 'refused by the server: a device sends collectives as itself',
     'collective to another device, claiming a third, on its own subject': "dropped: it names another sender than its subject's",
     "requests about its own device's bucket that are not JSON": 'an error from the JetStream API, to no one',
@@ -426,6 +428,11 @@ async function asWorker(url: string, subj: Subjects, run: string, creds: RunCred
   h.malformed(subj.turns(DEVICE), turns);
   h.send('answers of an environment on its own subject, in a run that plays no episodes', subj.turns(DEVICE), encode(turns));
   h.send("answers of an environment on another device's subject", subj.turns(devices.find((d) => d !== DEVICE)!), encode(turns));
+  // A row of a continuous generation, as a generating device sends it: a recovery would keep it.
+  const sample = { type: 'sample', v, epoch: 0, iteration: 0, stage: 'actor__generate', row: 0, tokens: new Int32Array(4), logprobs: new Float32Array(2) };
+  h.malformed(subj.samples(DEVICE), sample);
+  h.send('a generated row on its own subject, in a run that generates nothing continuously', subj.samples(DEVICE), encode(sample));
+  h.send("a generated row on another device's subject", subj.samples(devices.find((d) => d !== DEVICE)!), encode(sample));
   await h.nc.flush();
   return h;
 }
