@@ -54,9 +54,9 @@ function replanReport(r: Replan) {
 }
 
 /** A plan as a scenario takes it (--plan): the placements, and the lag they were planned for when one was chosen. */
-export function planYaml(c: Candidate, lag = 0): string {
+export function planYaml(c: Candidate, lag = 0, slots?: number): string {
   const plan = Object.fromEntries(Object.entries(c).map(([call, p]) => [call, { mesh: p.mesh, dp: p.dp, tp: p.tp, pp: p.pp }]));
-  return stringify(lag > 0 ? { plan, lag } : { plan }, { lineWidth: 0 });
+  return stringify({ plan, ...(lag > 0 ? { lag } : {}), ...(slots !== undefined ? { slots } : {}) }, { lineWidth: 0 });
 }
 
 function report(placement: string, ev: Evaluation) {
@@ -144,16 +144,23 @@ runMain(async () => {
     plans_budget: choice.evaluations,
     baselines,
     lag: best.lag,
+    ...(best.slots !== undefined ? { slots: best.slots } : {}),
     pools: { rollout: pools.rollout, train: pools.train, shared: pools.shared },
     estimated_period: evaluation.iterationSeconds,
     sync_iteration_seconds: sync.evaluation.iterationSeconds,
     estimated_speedup: choice.speedup,
-    lags: choice.tried.map((t) => ({ lag: t.lag, iteration_seconds: t.evaluation.iterationSeconds, feasible: t.evaluation.feasible, plans_evaluated: t.search?.evaluated ?? 0 })),
+    lags: choice.tried.map((t) => ({
+      lag: t.lag,
+      ...(t.slots !== undefined ? { slots: t.slots } : {}),
+      iteration_seconds: t.evaluation.iterationSeconds,
+      feasible: t.evaluation.feasible,
+      plans_evaluated: t.search?.evaluated ?? 0,
+    })),
     asynchrony: choice.why,
     ...changed.report,
   };
   // With --lose, the plan for the devices left: a run stopped for the loss goes on with it (--resume RUN_DIR --plan).
-  if (values.write) writeFileSync(values.write, planYaml(changed.plan ?? chosen, placement === 'search' ? best.lag : 0));
+  if (values.write) writeFileSync(values.write, planYaml(changed.plan ?? chosen, placement === 'search' ? best.lag : 0, placement === 'search' && !changed.plan ? best.slots : undefined));
   if (values.html) {
     writeFileSync(
       values.html,
@@ -188,13 +195,13 @@ runMain(async () => {
   console.log(`iteration: ${evaluation.iterationSeconds.toFixed(3)} s (estimated)`);
   if (placement === 'search') {
     const pool = (ds: number[]) => (ds.length ? `${ds.length} device(s) ${ds[0]}${ds.length > 1 ? `–${ds.at(-1)}` : ''}` : 'none');
-    console.log(`asynchrony: ${best.lag === 0 ? 'lock-step' : `rl.lag ${best.lag}`}: ${choice.why}`);
+    console.log(`asynchrony: ${best.lag === 0 ? 'lock-step' : `rl.lag ${best.lag}`}${best.slots !== undefined ? `, rl.slots ${best.slots}` : ''}: ${choice.why}`);
     console.log(
       `  rollout pool ${pool(pools.rollout)}, train pool ${pool(pools.train)}${pools.shared ? ' (shared devices)' : ''}; estimated period ${evaluation.iterationSeconds.toFixed(3)} s, best lock-step ${sync.evaluation.iterationSeconds.toFixed(3)} s: ${(sync.evaluation.iterationSeconds / evaluation.iterationSeconds).toFixed(2)}×`,
     );
     for (const t of choice.tried)
       console.log(
-        `  lag ${t.lag}: ${Number.isFinite(t.evaluation.iterationSeconds) ? `${t.evaluation.iterationSeconds.toFixed(3)} s` : `infeasible: ${t.evaluation.why}`} (${t.search?.evaluated ?? 0} plans)`,
+        `  lag ${t.lag}${t.slots !== undefined ? `, continuous (${t.slots} slots)` : ''}: ${Number.isFinite(t.evaluation.iterationSeconds) ? `${t.evaluation.iterationSeconds.toFixed(3)} s` : `infeasible: ${t.evaluation.why}`} (${t.search?.evaluated ?? 0} plans)`,
       );
   }
   for (const n of PLACEMENTS) {

@@ -4,7 +4,7 @@ import { describe, expect, it } from 'vitest';
 import type { Layout, ModelInfo } from '../../../mesh/parallel/layout.ts';
 import { planRealloc } from '../../../mesh/parallel/realloc.ts';
 import { DEVICES, MODELS, localShape, scaledProfile, type DeviceProfile, type ModelShape } from './catalog.ts';
-import { allReduceSeconds, callCost, coarseInfo, decodeSteps, parameterCounts, reallocSeconds, shapeInfo, strategyProblem, tailScale, type Workload } from './cost.ts';
+import { allReduceSeconds, callCost, coarseInfo, continuousSteps, decodeSteps, parameterCounts, reallocSeconds, shapeInfo, strategyProblem, tailScale, type Workload } from './cost.ts';
 
 const A100 = DEVICES['a100-80gb']!;
 const L7 = MODELS['llama2-7b']!;
@@ -379,6 +379,76 @@ describe('a long tail of response lengths', () => {
     const longest = decodeSteps(64, 16384, 4096).reduce((n, s) => n + s.steps, 0);
     const weightRead = (parameterCounts(Q7).total * Q7.dtypeBytes) / 2 / H100.memBandwidth;
     expect(tail.compute).toBeGreaterThan(longest * weightRead);
+  });
+});
+
+describe('continuous generation (rl.slots)', () => {
+  /** Decoding steps of `rows` responses through `slots` slots, each that ends refilled at once, as the runtime does (engine/generation/). */
+  function simulated(rows: number, slots: number, budget: number, mean: number, seed: number): { steps: number; refills: number } {
+    const m = tailScale(mean, budget);
+    let x = seed;
+    const uniform = () => ((x = (Math.imul(x, 1664525) + 1013904223) >>> 0) + 0.5) / 2 ** 32;
+    const length = () => Math.min(budget, Math.max(1, Math.ceil(-m * Math.log(uniform()))));
+    const left = Array.from({ length: Math.min(rows, slots) }, length);
+    let next = left.length;
+    let steps = 0;
+    let refills = 0;
+    while (left.length) {
+      steps += 1;
+      let ended = 0;
+      for (let i = left.length - 1; i >= 0; i--) {
+        if (--left[i]! > 0) continue;
+        ended += 1;
+        if (next < rows) {
+          left[i] = length();
+          next += 1;
+        } else left.splice(i, 1);
+      }
+      if (ended && next <= rows && left.length === slots) refills += 1;
+    }
+    return { steps, refills };
+  }
+
+  it('is a wave where no row waits or every response runs to the budget; else the waiting rows over the slots, then a wave', () => {
+    expect(continuousSteps(32, 32, 1024, 100)).toBeUndefined();
+    expect(continuousSteps(64, 32, 1024)).toBeUndefined();
+    const flow = continuousSteps(256, 32, 1024, 100)!;
+    expect(flow.full).toBeCloseTo((224 * 100) / 32, 9);
+    expect(flow.tail).toEqual(decodeSteps(32, 1024, 100));
+  });
+
+  it('prices the steps the runtime takes, within 10% (the median of 9 draws of the lengths)', () => {
+    for (const [rows, slots, budget, mean] of [
+      [256, 32, 1024, 100],
+      [512, 16, 2048, 256],
+      [128, 64, 512, 32],
+    ] as const) {
+      const flow = continuousSteps(rows, slots, budget, mean)!;
+      const priced = flow.full + flow.tail.reduce((n, t) => n + t.steps, 0);
+      const runs = Array.from({ length: 9 }, (_, k) => simulated(rows, slots, budget, mean, 17 + k).steps).sort((a, b) => a - b);
+      expect(Math.abs(priced - runs[4]!) / runs[4]!, `${rows} rows, ${slots} slots, mean ${mean}: priced ${priced.toFixed(0)}, ran ${runs[4]}`).toBeLessThan(0.1);
+      // By waves: each to its longest response, far more steps.
+      const waves = Math.ceil(rows / slots) * decodeSteps(slots, budget, mean).reduce((n, t) => n + t.steps, 0);
+      expect(waves).toBeGreaterThan(1.5 * priced);
+    }
+  });
+
+  it('makes a long-tail generation that decodes in waves cheaper, and changes nothing where every row fits at once', () => {
+    const H100 = DEVICES['h100-80gb']!;
+    const Q7 = MODELS['qwen2.5-7b']!;
+    const wl: Workload = { batch: 1024, promptLen: 1024, responseLen: 16384, responseMean: 4096, epochs: 1, minibatches: 1 };
+    const waves = callCost(Q7, 'generate', layout({ tp: 2 }), wl, H100, 8, { owner: false });
+    const slots = callCost(Q7, 'generate', layout({ tp: 2 }), { ...wl, slots: Number.MAX_SAFE_INTEGER }, H100, 8, { owner: false });
+    expect(waves.slots).toBeLessThan(1024);
+    expect(slots.slots).toBe(waves.slots);
+    expect(slots.seconds).toBeLessThan(waves.seconds / 1.5);
+    // On several stages: decoded by waves whatever rl.slots says.
+    const staged = layout({ tp: 2, pp: 2 });
+    expect(callCost(Q7, 'generate', staged, { ...wl, slots: 8 }, H100, 8, { owner: false }).seconds).toBe(callCost(Q7, 'generate', staged, wl, H100, 8, { owner: false }).seconds);
+    const few = { ...wl, batch: 8 };
+    expect(callCost(Q7, 'generate', layout({ tp: 2 }), { ...few, slots: 64 }, H100, 8, { owner: false }).seconds).toBe(
+      callCost(Q7, 'generate', layout({ tp: 2 }), few, H100, 8, { owner: false }).seconds,
+    );
   });
 });
 

@@ -28,6 +28,12 @@ export interface Workload {
   responseMean?: number;
   epochs: number;
   minibatches: number;
+  /**
+   * Continuous generation (rl.slots): a replica keeps this many rows decoding (at most as many as
+   * its KV cache holds), a row that ends giving its slot to the next at once (see continuousSteps);
+   * on a generation of one stage, where responses end before the budget. Absent: decoding by waves.
+   */
+  slots?: number;
   /** Generation as episodes of several turns against an environment on the bus (see episodeGeneration). */
   episodes?: EpisodesWorkload;
 }
@@ -87,6 +93,22 @@ export function decodeSteps(rows: number, budget: number, mean?: number): Array<
 }
 
 /**
+ * How `rows` sequences decode continuously through `slots` slots (engine/generation/continuous.ts):
+ * while rows wait, every step holds every slot, and a row that ends gives its slot to the next at
+ * once; those steps are the waiting rows' tokens over the slots, (rows − slots)·mean / slots, and
+ * a step ends a row in a slot with probability about 1/m (lengths ~ an exponential of scale m),
+ * so that many steps prefill one or more new rows. Then the last `slots` rows decode as a wave
+ * does (decodeSteps: an exponential has no memory, so rows part-way through are as fresh ones).
+ * Undefined where it is a wave's decoding: no rows wait, or every response runs to the budget.
+ */
+export function continuousSteps(rows: number, slots: number, budget: number, mean?: number): { full: number; refills: number; tail: Array<{ rows: number; steps: number }> } | undefined {
+  if (mean === undefined || mean >= budget || rows <= slots) return undefined;
+  const full = ((rows - slots) * mean) / slots;
+  const m = tailScale(mean, budget);
+  return { full, refills: full * (1 - (1 - 1 / m) ** slots), tail: decodeSteps(slots, budget, mean) };
+}
+
+/**
  * A generation's episodes as the runtime plays them (engine/episodes/play.ts), on one replica's
  * `rows`: groups of `groupSize` episodes, each its own batch, move in rounds — the group's pass over
  * its prompts or latest observations, then one pass per further token of its actions — and between
@@ -138,6 +160,8 @@ export interface CallCost {
   transientBytes: number;
   /** Weights (and, for a trained model's own layout, gradients and optimizer state) per device. */
   residentBytes: number;
+  /** A generation's rows decoded at once per replica, as many as its KV cache holds: its slots when it generates continuously. */
+  slots?: number;
 }
 
 /**
@@ -299,6 +323,7 @@ export function callCost(
   let bubble = 0;
   let environment = 0;
   let transient = 0;
+  let slots: number | undefined;
   if (kind === 'inference') {
     // A forward pass keeps one layer's working set (and the head's outputs) per sequence; the
     // rows go through whole where they fit, else in micro-batches that do. (The runtime sends a
@@ -338,6 +363,7 @@ export function callCost(
     const kvPerToken = kvCacheBytes(m.kvHeads / tp, D / m.heads, 1, stageLayers, bytes); // per sequence and position, per device
     const wave = Math.max(1, Math.min(rows, Math.floor(free / (T * kvPerToken + (T * D * bytes * 4) / tp))));
     const waves = Math.ceil(rows / wave);
+    slots = wl.slots !== undefined ? Math.min(wave, wl.slots) : wave;
     const prefill = pass(rows, wl.promptLen, false, 1);
     if (dev.recomputeDecode) {
       // Every new token is a forward pass over the whole prefix, then one more over the result
@@ -388,11 +414,22 @@ export function callCost(
       let decode = 0;
       let decodeComm = 0;
       let at = 0;
-      for (const { rows: held, steps } of decodeSteps(wave, wl.responseLen, wl.responseMean)) {
+      // Continuously, on one stage: the slots are the wave, kept full while rows wait; then the
+      // last wave's worth decodes as a wave does. Each step that refills prefills its new rows in
+      // a pass of their own (one more pass's fixed costs; their tokens are in `prefill`).
+      const held = Math.min(wave, wl.slots ?? wave);
+      const flow = wl.slots !== undefined && pp === 1 ? continuousSteps(rows, held, wl.responseLen, wl.responseMean) : undefined;
+      if (flow) {
+        // A slot's row is, at a random step, about a scale's worth of tokens in (no memory).
+        const step = stepOn(held, Math.min(T, wl.promptLen + tailScale(wl.responseMean!, wl.responseLen) + KV_GROWTH / 2));
+        decode += step.compute * flow.full + flow.refills * (stageUnits * dev.layerOverhead + (dev.decodeStepOverhead ?? 0));
+        decodeComm += step.comm * flow.full;
+      }
+      for (const { rows: n, steps } of flow ? flow.tail : decodeSteps(wave, wl.responseLen, wl.responseMean)) {
         // The positions these steps attend, on average: the middle one's, rounded up as the cache grows.
-        const step = stepOn(held, Math.min(T, wl.promptLen + at + steps / 2 + KV_GROWTH / 2));
-        decode += step.compute * steps * waves;
-        decodeComm += step.comm * steps * waves;
+        const step = stepOn(n, Math.min(T, wl.promptLen + at + steps / 2 + KV_GROWTH / 2));
+        decode += step.compute * steps * (flow ? 1 : waves);
+        decodeComm += step.comm * steps * (flow ? 1 : waves);
         at += steps;
       }
       compute = prefill.compute + decode;
@@ -413,6 +450,7 @@ export function callCost(
     latency: communication - bytesOnly,
     transientBytes: transient + (opts.owner ? 0 : weightsPerDevice),
     residentBytes: opts.owner ? weightsPerDevice + trainState : 0,
+    ...(slots !== undefined ? { slots } : {}),
   };
 }
 

@@ -19,6 +19,11 @@ export const ASYNC_MIN_SPEEDUP = 1.1;
 
 export interface LagPlan {
   lag: number;
+  /**
+   * Whether its generations decode continuously (rl.slots), with `slots` rows a replica (as many as
+   * its KV cache holds); none: by waves, as the scenario says.
+   */
+  slots?: number;
   problem: Problem;
   evaluator: Evaluator;
   plan: Candidate;
@@ -146,30 +151,90 @@ export function chooseLag(s: Scenario, lags: readonly number[], o: { local?: Dev
   const searching = !o.placement || o.placement === 'search';
   const evaluations = searching ? budgetOf(o.search) : 0;
   const t0 = performance.now();
+  // Where continuous generation can change the estimate, the search tries it at every lag, after
+  // lock-step by waves (today's run, the baseline): its samples are those of decoding by waves,
+  // bit for bit, so it costs no learning, and where it is faster it is chosen at any lag.
+  const continuous = searching && s.rl.slots === 0 && continuousApplies(s);
+  const variants = continuous ? [{ lag: 0, continuous: false }, ...lags.map((lag) => ({ lag, continuous: true }))] : lags.map((lag) => ({ lag, continuous: false }));
   const tried: LagPlan[] = [];
-  shareBudget(evaluations, lags.length, (i, share) => {
+  shareBudget(evaluations, variants.length, (i, share) => {
     const before = tried.at(-1)?.search?.found;
-    const t = planAtLag(s, lags[i]!, { ...o, search: { ...o.search, evaluations: share }, ...(before?.length ? { from: before } : {}) });
-    tried.push(t);
+    const v = variants[i]!;
+    const at: Scenario = v.continuous ? { ...s, rl: { ...s.rl, slots: AS_MANY_AS_FIT } } : s;
+    const t = planAtLag(at, v.lag, { ...o, search: { ...o.search, evaluations: share }, ...(before?.length ? { from: before } : {}) });
+    const slots = v.continuous || s.rl.slots > 0 ? generationSlots(t.evaluation) : undefined;
+    tried.push(slots !== undefined ? { ...t, slots } : t);
     return { evaluated: t.search?.evaluated ?? 0 };
   });
   const total = { evaluations, evaluated: tried.reduce((a, t) => a + (t.search?.evaluated ?? 0), 0), seconds: (performance.now() - t0) / 1000 };
+  const byTime = (xs: LagPlan[]) => xs.filter((t) => t.evaluation.feasible).sort((a, b) => a.evaluation.iterationSeconds - b.evaluation.iterationSeconds);
   const sync = tried.find((t) => t.lag === 0)!;
-  const fastest = tried.filter((t) => t.lag > 0 && t.evaluation.feasible).sort((a, b) => a.evaluation.iterationSeconds - b.evaluation.iterationSeconds)[0];
+  // Lock-step at its best: by waves, or continuously where that is faster.
+  const lockstep = byTime(tried.filter((t) => t.lag === 0))[0] ?? sync;
+  const mode = (t: LagPlan) => (t.slots !== undefined && s.rl.slots === 0 ? `, generating continuously (rl.slots ${t.slots})` : '');
+  const fastest = byTime(tried.filter((t) => t.lag > 0))[0];
   const speedupOf = (t: LagPlan) => sync.evaluation.iterationSeconds / t.evaluation.iterationSeconds;
-  if (!fastest) return { ...total, chosen: sync, sync, tried, speedup: 1, why: lags.length > 1 ? 'no plan at a lag fits' : 'lock-step only (the algorithm cannot run stale, or the run is too short)' };
-  const gain = speedupOf(fastest);
-  if (!sync.evaluation.feasible || gain >= ASYNC_MIN_SPEEDUP) {
-    return { ...total, chosen: fastest, sync, tried, speedup: gain, why: `lag ${fastest.lag} is ${gain.toFixed(2)}× the best lock-step plan (at least ${ASYNC_MIN_SPEEDUP}× pays for stale rollouts)` };
+  const kept = lockstep === sync ? 'lock-step kept' : `lock-step kept${mode(lockstep)}, ${speedupOf(lockstep).toFixed(2)}× decoding by waves`;
+  if (!fastest)
+    return {
+      ...total,
+      chosen: lockstep,
+      sync,
+      tried,
+      speedup: speedupOf(lockstep),
+      why:
+        lockstep === sync
+          ? lags.length > 1
+            ? 'no plan at a lag fits'
+            : 'lock-step only (the algorithm cannot run stale, or the run is too short)'
+          : `${kept}: no plan at a lag fits, or the algorithm cannot run stale`,
+    };
+  const gain = lockstep.evaluation.iterationSeconds / fastest.evaluation.iterationSeconds;
+  if (!lockstep.evaluation.feasible || gain >= ASYNC_MIN_SPEEDUP) {
+    return {
+      ...total,
+      chosen: fastest,
+      sync,
+      tried,
+      speedup: speedupOf(fastest),
+      why: `lag ${fastest.lag}${mode(fastest)} is ${speedupOf(fastest).toFixed(2)}× the best lock-step plan by waves${lockstep === sync ? '' : ` and ${gain.toFixed(2)}× the best lock-step plan${mode(lockstep)}`} (at least ${ASYNC_MIN_SPEEDUP}× pays for stale rollouts)`,
+    };
   }
   return {
     ...total,
-    chosen: sync,
+    chosen: lockstep,
     sync,
     tried,
-    speedup: 1,
-    why: `lock-step kept: the best lag (${fastest.lag}) would be ${gain.toFixed(2)}×, less than the ${ASYNC_MIN_SPEEDUP}× that pays for stale rollouts`,
+    speedup: speedupOf(lockstep),
+    why: `${kept}: the best lag (${fastest.lag}) would be ${gain.toFixed(2)}×${lockstep === sync ? '' : ' that'}, less than the ${ASYNC_MIN_SPEEDUP}× that pays for stale rollouts`,
   };
+}
+
+/** Slots beyond any KV cache's: a generation then decodes continuously with as many rows as its cache holds. */
+const AS_MANY_AS_FIT = Number.MAX_SAFE_INTEGER;
+
+/**
+ * Whether continuous generation can change a scenario's estimate: it samples (no pairs), plays no
+ * episodes, and its responses end before the budget (lengths.response_mean), so that rows end at
+ * different steps.
+ */
+export function continuousApplies(s: Scenario): boolean {
+  if (s.environment || s.lengths.response_mean === undefined) return false;
+  try {
+    return graphOf(s).source !== 'pairs';
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * The slots of a plan's generations: the fewest rows any generation decodes at once per replica;
+ * none where a generation runs on several stages (continuous decoding runs on one).
+ */
+function generationSlots(ev: Evaluation): number | undefined {
+  const gens = Object.values(ev.calls).filter((c) => c.slots !== undefined);
+  if (!gens.length || gens.some((c) => c.placement.pp > 1)) return undefined;
+  return Math.min(...gens.map((c) => c.slots!));
 }
 
 /**

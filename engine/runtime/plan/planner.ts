@@ -68,6 +68,8 @@ export interface CallReport {
   reallocSeconds: number;
   /** Peak memory per device for this call, including models resident on its devices. */
   memoryBytes: number;
+  /** A generation's rows decoded at once per replica (its slots when it generates continuously). */
+  slots?: number;
 }
 
 export interface Evaluation {
@@ -333,7 +335,14 @@ export class Evaluator {
   evaluate(c: Candidate, keepTimeline = false): Evaluation {
     const priced = this.price(c);
     const calls = {} as Record<CallName, CallReport>;
-    for (const x of priced.calls) calls[x.info.name] = { placement: x.placement, seconds: x.seconds, reallocSeconds: this.moveSeconds(x), memoryBytes: x.memoryBytes };
+    for (const x of priced.calls)
+      calls[x.info.name] = {
+        placement: x.placement,
+        seconds: x.seconds,
+        reallocSeconds: this.moveSeconds(x),
+        memoryBytes: x.memoryBytes,
+        ...(x.cost?.slots !== undefined ? { slots: x.cost.slots } : {}),
+      };
     if (priced.why) return { feasible: false, why: priced.why, overflowBytes: priced.overflow, iterationSeconds: Infinity, calls };
     const sim = this.simulate(priced, true, keepTimeline);
     return { feasible: true, overflowBytes: 0, iterationSeconds: sim.iterationSeconds, calls, ...(keepTimeline ? { simulation: sim } : {}) };

@@ -113,6 +113,7 @@ export function problemOf(s: Scenario, local?: DeviceProfile, lag = lagOf(s)): P
       ...(s.lengths.response_mean !== undefined ? { responseMean: s.lengths.response_mean } : {}),
       epochs: s.rl.epochs,
       minibatches: s.rl.minibatches,
+      ...(s.rl.slots > 0 && !s.environment ? { slots: s.rl.slots } : {}),
       ...(s.environment
         ? {
             episodes: {

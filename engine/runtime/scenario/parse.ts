@@ -153,6 +153,9 @@ export function loadScenario(file: string, planFile?: string): Scenario {
       doc.setIn(['rl', freeRunning ? 'staleness' : 'lag'], lag);
       if (!freeRunning) doc.setIn(['rl', 'staleness'], 0);
     }
+    // Continuous generation the plan was priced with (npm run plan --write): its slots.
+    const slots = (plan as { slots?: unknown }).slots;
+    if (slots !== undefined) doc.setIn(['rl', 'slots'], slots);
     text = doc.toString();
     where = `${file} with the plan of ${planFile}`;
   }
