@@ -28,6 +28,7 @@ import { computeBench } from './bench-compute.ts';
 import { generateBench } from './bench-generate.ts';
 import { envBench } from './bench-env.ts';
 import { asyncBench } from './bench-async.ts';
+import { continuousBench } from './bench-continuous.ts';
 import { checkpointBench } from './bench-checkpoint.ts';
 import { snapshotBench } from './bench-snapshot.ts';
 import { snapshotWrites } from './bench-snapshot-writes.ts';
@@ -61,6 +62,10 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
   async [--iterations N] [--delay-ms D]        scenarios/async.yaml lock-step and with rl.lag 1, each on the planner's plan for it, over
                                                 NATS, with a reward actor that takes D ms per request (100): s/iteration (median), the
                                                 speedup against the planner's estimate, reward first 5 -> last 5, the staleness
+  continuous [--iterations N] [--delay-ms D]   scenarios/continuous.yaml (count in base 32: responses of 1 to 33 tokens) lock-step,
+                                                with rl.lag 1, and generated continuously (rl.slots, lag 1), over NATS, with a reward
+                                                actor of D ms a request (100): s/iteration, tokens/s, the rollout device's idle share,
+                                                reward first 5 -> last 5, staleness, and the speedups
   checkpoint                                    a SmolLM-135M-shaped llama checkpoint written in F32 and BF16, read back,
                                                 loaded on one rank from its directory, and 8 tokens decoded: sizes and seconds
   snapshot [--iterations N] [--sync S]          a snapshot after every iteration, the actor pipelined over 1, 2 and 4 devices (two layers
@@ -177,6 +182,17 @@ runMain(async () => {
     if (values.json) console.log(JSON.stringify(r));
     return 0;
   }
+  if (name === 'continuous') {
+    const log = values.json ? () => {} : (line: string) => console.log(line);
+    const r = await continuousBench({
+      ...(values.scenario ? { file: values.scenario } : {}),
+      ...(values.iterations !== undefined ? { iterations: whole('iterations', values.iterations, 3) } : {}),
+      rewardDelayMs: whole('delay-ms', values['delay-ms'], 0),
+      log,
+    });
+    if (values.json) console.log(JSON.stringify(r));
+    return 0;
+  }
   if (name === 'snapshot') {
     const log = values.json ? () => {} : (line: string) => console.log(line);
     log('bench snapshot: GRPO, actor and reference pipelined over 1, 2 and 4 devices (two layers a stage), widths 64 and 128, a snapshot after every iteration');
@@ -211,7 +227,7 @@ runMain(async () => {
   }
   if (name !== 'iteration')
     throw new UsageError(
-      `unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, lora, search, search-quality, chaos, algorithms, compute, generate, env, async, checkpoint, snapshot\n${USAGE}`,
+      `unknown benchmark ${JSON.stringify(name ?? '')}; expected: iteration, realloc, estimator, lora, search, search-quality, chaos, algorithms, compute, generate, env, async, continuous, checkpoint, snapshot\n${USAGE}`,
     );
   let scenario = await loadScenarioFile(values.scenario ?? 'scenarios/quickstart.yaml');
   if (values.iterations !== undefined) {

@@ -1,0 +1,124 @@
+// npm run bench -- continuous: a long-tail task (scenarios/continuous.yaml: count in base 32, so
+// responses of 1 to 33 tokens) beside a reward actor that takes a fixed time per request
+// (examples/reward-actor/ascending.mjs --delay-ms), over NATS with worker processes, the same 2
+// devices and plan for every run, one run after the other: lock-step, rl.lag 1, and continuous
+// generation (rl.slots, at lag 1). Prints, per run: seconds per iteration (median, the first two
+// left out: set-up and the first ahead generation), generated tokens per second, the rollout
+// device's idle share (1 − the time it spent in calls over the measured iterations' time, from
+// the run's timeline), reward first 5 / last 5, the rollouts' staleness (mean, max); then each
+// run's speedup over lock-step and over lag 1.
+import { spawn } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type { Metrics } from '../../mesh/wire/index.ts';
+import { runId, startNatsServer } from '../../mesh/wire/index.ts';
+import { loadScenarioFile, type Scenario } from '../runtime/index.ts';
+import { launch } from '../cli/launch.ts';
+
+export interface ContinuousRow {
+  run: string;
+  lag: number;
+  slots: number;
+  seconds_per_iteration: number;
+  tokens_per_second: number;
+  rollout_idle: number;
+  reward_first5: number | null;
+  reward_last5: number | null;
+  staleness_mean: number;
+  staleness_max: number;
+}
+
+const median = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
+};
+
+const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
+
+export async function continuousBench(o: { file?: string; iterations?: number; rewardDelayMs: number; log: (line: string) => void }) {
+  const loaded = await loadScenarioFile(o.file ?? 'scenarios/continuous.yaml');
+  const slots = loaded.rl.slots || 16;
+  const actor = { name: 'ascending', weight: 0.5, timeout_seconds: 30, retries: 2, wait_seconds: 30, seconds: o.rewardDelayMs / 1000 };
+  const base: Scenario = { ...loaded, reward: { ...loaded.reward, weight: 0.5, actors: [actor] }, rl: { ...loaded.rl, iterations: o.iterations ?? loaded.rl.iterations } };
+  const rollout = new Set(Object.entries(base.plan ?? {}).flatMap(([call, p]) => (call.endsWith('.generate') ? devicesOf(p.mesh) : [])));
+  const server = await startNatsServer();
+  const reward = spawn(process.execPath, [join(ROOT, 'examples/reward-actor/ascending.mjs'), '--nats', server.url, '--delay-ms', String(o.rewardDelayMs)], { stdio: 'ignore' });
+  const rows: ContinuousRow[] = [];
+  try {
+    rows.push(await once('lock-step', 0, 0));
+    rows.push(await once('lag 1', 1, 0));
+    rows.push(await once(`continuous (${slots} slots, lag 1)`, 1, slots));
+  } finally {
+    reward.kill('SIGTERM');
+    await server.stop();
+  }
+  const [sync, lagged, continuous] = rows as [ContinuousRow, ContinuousRow, ContinuousRow];
+  const over = (a: ContinuousRow, b: ContinuousRow) => b.seconds_per_iteration / a.seconds_per_iteration;
+  const out = {
+    rows,
+    reward_delay_ms: o.rewardDelayMs,
+    speedup_lag1_over_lockstep: over(lagged, sync),
+    speedup_continuous_over_lockstep: over(continuous, sync),
+    speedup_continuous_over_lag1: over(continuous, lagged),
+  };
+  o.log(
+    `speedups (s/iteration): lag 1 ${out.speedup_lag1_over_lockstep.toFixed(2)}× lock-step; continuous ${out.speedup_continuous_over_lockstep.toFixed(2)}× lock-step, ${out.speedup_continuous_over_lag1.toFixed(2)}× lag 1`,
+  );
+  return out;
+
+  async function once(name: string, lag: number, slots: number): Promise<ContinuousRow> {
+    const scenario: Scenario = { ...base, name: `${base.name}-${lag}-${slots}`, rl: { ...base.rl, lag, slots, staleness: 0 } };
+    const dir = mkdtempSync(join(tmpdir(), `ferry-bench-continuous-`));
+    const run = await launch({
+      scenario,
+      run: runId(`bench-cont-${lag}-${slots}`),
+      out: dir,
+      natsUrl: server.url,
+      progress: { phase() {}, iteration() {}, stop() {} },
+      say: () => {},
+      workers: undefined,
+    });
+    if (run.code !== 0 || !run.summary) throw new Error(`the run '${name}' failed: ${run.summary?.error ?? `exit ${run.code}`} (logs in ${dir})`);
+    const history = readFileSync(join(dir, 'metrics.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Metrics);
+    const measured = history.slice(2);
+    // The rollout device's calls in the measured iterations, from the run's timeline.
+    const spans = readFileSync(join(dir, 'timeline.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as { type: string; device?: number; iteration?: number; sent?: number; replied?: number; device_ms?: number });
+    const calls = spans.filter((s) => s.type === 'call' && rollout.has(s.device!) && s.iteration! >= 2 && s.iteration! < history.length);
+    const from = Math.min(...calls.map((s) => s.sent!));
+    const to = Math.max(...calls.map((s) => s.replied!));
+    const busy = calls.reduce((a, s) => a + s.device_ms!, 0) / rollout.size;
+    const staleness = history.map((m) => (typeof m.staleness === 'number' ? m.staleness : 0));
+    const row: ContinuousRow = {
+      run: name,
+      lag,
+      slots,
+      seconds_per_iteration: median(measured.map((m) => m.seconds)),
+      tokens_per_second: measured.reduce((a, m) => a + m.tokens, 0) / measured.reduce((a, m) => a + m.seconds, 0),
+      rollout_idle: Math.max(0, 1 - busy / Math.max(1, to - from)),
+      reward_first5: run.summary.reward_first5,
+      reward_last5: run.summary.reward_last5,
+      staleness_mean: staleness.reduce((a, b) => a + b, 0) / staleness.length,
+      staleness_max: Math.max(...staleness),
+    };
+    o.log(
+      `${name}: ${row.seconds_per_iteration.toFixed(3)} s/iteration (median), ${row.tokens_per_second.toFixed(0)} generated tokens/s, rollout device idle ${(100 * row.rollout_idle).toFixed(1)}%, reward ${row.reward_first5?.toFixed(3)} -> ${row.reward_last5?.toFixed(3)}, staleness mean ${row.staleness_mean.toFixed(2)} max ${row.staleness_max}`,
+    );
+    rmSync(dir, { recursive: true, force: true });
+    return row;
+  }
+}
+
+/** The devices of a mesh written as "node:first[-last]" (one node). */
+function devicesOf(mesh: string): number[] {
+  const [, range] = mesh.split(':');
+  const [lo, hi] = range!.split('-').map(Number);
+  return Array.from({ length: (hi ?? lo!) - lo! + 1 }, (_, i) => lo! + i);
+}
