@@ -17,10 +17,10 @@ import { ROOT, spawnTs, tempDir } from './helpers.ts';
 const quiet = { phase() {}, iteration() {}, stop() {} };
 
 /** scenarios/elastic.yaml's run without its chaos section, with `extra` appended. */
-function elastic(dir: string, name: string, extra: string, iterations = 6): string {
+function elastic(dir: string, name: string, extra: string, iterations = 6, batch = 32): string {
   const text = readFileSync(join(ROOT, 'scenarios', 'elastic.yaml'), 'utf8')
     .replace(/^chaos:[\s\S]*$/m, '')
-    .replace(/rl: \{ iterations: \d+, batch: 32 \}/, `rl: { iterations: ${iterations}, batch: 32 }`)
+    .replace(/rl: \{ iterations: \d+, batch: 32 \}/, `rl: { iterations: ${iterations}, batch: ${batch} }`)
     .replace('name: elastic', `name: ${name}`);
   const file = join(dir, `${name}.yaml`);
   writeFileSync(file, `${text}\n${extra}\n`);
@@ -144,7 +144,8 @@ describe('elastic runs', () => {
     expect(missing.code).not.toBe(0);
     expect(missing.output).toMatch(/nowhere\/bus\.json: not found; expected the run's bus/);
     expect((await cordon(out, 'two')).output).toMatch(/DEVICE: expected a device number \(e\.g\. 3\), got "two"/);
-    const running = launch({ scenario: loadScenario(elastic(dir, 'cordoned', '', 60)), run: `cordon${Date.now()}`, out, progress: quiet, say: () => {} });
+    // Many short iterations (8 prompts each): the run goes on while the two requests' processes start.
+    const running = launch({ scenario: loadScenario(elastic(dir, 'cordoned', '', 80, 8)), run: `cordon${Date.now()}`, out, progress: quiet, say: () => {} });
     const metrics = join(out, 'metrics.jsonl');
     const deadline = Date.now() + 120_000;
     while (!(existsSync(metrics) && readFileSync(metrics, 'utf8').trim().split('\n').length >= 1) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
@@ -158,7 +159,7 @@ describe('elastic runs', () => {
     const res = await running;
     expect(res.code, readFileSync(join(out, 'logs', 'supervisor.log'), 'utf8')).toBe(0);
     const s = res.summary!;
-    expect(s.iterations).toBe(60);
+    expect(s.iterations).toBe(80);
     expect(s.replans).toHaveLength(1);
     expect(s.replans![0]).toMatchObject({ trigger: 'cordon', lost: [2], reason: 'maintenance', parameters_equal_after_migration: true });
     // Drained (the iteration it came in ended and was snapshotted first): the devices left kept their shards.

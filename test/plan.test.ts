@@ -338,32 +338,6 @@ describe('npm run plan', () => {
     expect(bad.stderr).toMatch(/--max-lag: expected a whole number >= 0, got two/);
   }, 120_000);
 
-  it('prices continuous generation where rows wait for slots (a long tail, more sequences than the KV caches hold): chosen where faster, its slots written for --plan', async () => {
-    const dir = tempDir('ferry-plan-slots-');
-    const scenario = join(dir, 'longtail.yaml');
-    // grpo-qwen7b-64gpu-longtail with 4 times the prompts: 4,096 sequences of up to 16,384 tokens.
-    writeFileSync(scenario, readFileSync(join(ROOT, 'scenarios/cluster/grpo-qwen7b-64gpu-longtail.yaml'), 'utf8').replace('rl: { batch: 64', 'rl: { batch: 256'));
-    const file = join(dir, 'plan.yaml');
-    const out = json(await plan([scenario, '--budget', '1', '--max-lag', '1', '--json', '--write', file]));
-    // Lock-step by waves (today's run), then every lag generating continuously.
-    expect(out.lags.map((l) => [l.lag, l.slots !== undefined])).toEqual([
-      [0, false],
-      [0, true],
-      [1, true],
-    ]);
-    const continuous = out.lags.find((l) => l.lag === 0 && l.slots !== undefined)!;
-    expect(continuous.iteration_seconds).toBeLessThan(out.sync_iteration_seconds);
-    expect(out.slots).toBeGreaterThan(0);
-    expect(out.estimated_speedup).toBeCloseTo(out.sync_iteration_seconds / out.estimated_period, 12);
-    expect(out.asynchrony).toMatch(/generating continuously \(rl\.slots \d+\)/);
-    const written = parse(readFileSync(file, 'utf8')) as { slots?: number };
-    expect(written.slots).toBe(out.slots);
-    expect(loadScenario(scenario, file).rl.slots).toBe(out.slots);
-    // Responses that all run to the budget: nothing to price, lock-step by waves and the lags only.
-    const flat = json(await plan([join(ROOT, 'scenarios/cluster/grpo-llama7b-8gpu.yaml'), '--budget', '1', '--max-lag', '1', '--json']));
-    expect(flat.lags.every((l) => l.slots === undefined)).toBe(true);
-  }, 120_000);
-
   describe('on the 128-GPU scenario with --budget 3', () => {
     let r: Result;
     let out: PlanJson;

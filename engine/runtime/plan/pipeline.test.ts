@@ -10,6 +10,8 @@ import { ASYNC_MIN_SPEEDUP, chooseLag, lagsFor, poolsOf } from './lag.ts';
 import { loadLocalProfile, DEFAULT_LOCAL_PROFILE, problemOf } from './problem.ts';
 import { Evaluator, namedPlan } from './planner.ts';
 import { smallScenarioText } from './pipeline.fixture.ts';
+import { join } from 'node:path';
+import { ROOT } from '../../../test/helpers.ts';
 
 const RL = { iterations: 8, batch: 1, epochs: 1, minibatches: 1, clip: 0.2, kl_coef: 0, temperature: 1, lr: 1e-3, clip_norm: 1 };
 const fresh = grpo.graph(grpo.options.parse({}), RL);
@@ -93,6 +95,31 @@ describe('the choice of a lag', () => {
     expect(c.chosen.lag).toBe(0);
     expect(c.speedup).toBe(1);
     expect(c.why).toMatch(/lock-step kept: the best lag \(1\) would be \d\.\d\d×, less than the 1\.1×/);
+  });
+
+  it('prices continuous generation where rows wait for slots (a long tail, more sequences than the KV caches hold): chosen where faster, at lock-step too', () => {
+    // grpo-qwen7b-64gpu-longtail with 4 times the prompts: 4,096 sequences of up to 16,384 tokens.
+    const longtail = loadScenario(join(ROOT, 'scenarios/cluster/grpo-qwen7b-64gpu-longtail.yaml'));
+    const s = { ...longtail, rl: { ...longtail.rl, batch: 256 } };
+    const c = chooseLag(s, [0, 1], { search: { evaluations: 600, seed: 1 } });
+    // Lock-step by waves (today's run, the baseline), then every lag generating continuously.
+    expect(c.tried.map((t) => [t.lag, t.slots !== undefined])).toEqual([
+      [0, false],
+      [0, true],
+      [1, true],
+    ]);
+    expect(c.sync).toBe(c.tried[0]);
+    const continuous = c.tried[1]!;
+    expect(continuous.evaluation.iterationSeconds).toBeLessThan(c.sync.evaluation.iterationSeconds);
+    expect(c.chosen.slots).toBeGreaterThan(0);
+    expect(c.speedup).toBeCloseTo(c.sync.evaluation.iterationSeconds / c.chosen.evaluation.iterationSeconds, 12);
+    expect(c.why).toMatch(/generating continuously \(rl\.slots \d+\)/);
+    // Its slots are what the plan's generations hold at once.
+    const gen = Object.values(c.chosen.evaluation.calls).find((x) => x.slots !== undefined)!;
+    expect(c.chosen.slots).toBe(gen.slots);
+    // Responses that all run to the budget: nothing to price; lock-step by waves and the lags only.
+    const flat = { ...s, lengths: { ...s.lengths, response_mean: undefined } };
+    expect(chooseLag(flat, [0, 1], { search: { evaluations: 300, seed: 1 } }).tried.every((t) => t.slots === undefined)).toBe(true);
   });
 
   it("under a lag, counts the next version's copy of a generation's view on its devices, and moves it on the senders alone", () => {

@@ -305,6 +305,15 @@ describe('loadScenario with a plan file', () => {
     writeFileSync(plan, 'plan:\n  actor.generate: {mesh: "0:2-3", tp: 2}\n');
     const s = loadScenario(scenario, plan);
     expect(s.plan).toEqual({ 'actor.generate': { mesh: '0:2-3', dp: 1, tp: 2, pp: 1 } });
+    expect(s.rl.slots).toBe(0);
+  });
+
+  it('takes the slots of continuous generation the plan was priced with (npm run plan --write), held to the scenario checks', () => {
+    const plan = join(dir, 'slots.yaml');
+    writeFileSync(plan, 'plan:\n  actor.generate: {mesh: "0:2-3", tp: 2}\nslots: 24\n');
+    expect(loadScenario(scenario, plan).rl.slots).toBe(24);
+    writeFileSync(plan, 'plan:\n  actor.generate: {mesh: "0:2-3", pp: 2}\nslots: 24\n');
+    expect(() => loadScenario(scenario, plan)).toThrow(/rl\.slots: 24, and plan\.actor\.generate has pp = 2/);
   });
 
   it('says what it expected of a plan file that is not one, and where the bad plan came from', () => {
