@@ -37,9 +37,9 @@ const median = (xs: number[]) => {
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
 
-export async function continuousBench(o: { file?: string; iterations?: number; rewardDelayMs: number; log: (line: string) => void }) {
+export async function continuousBench(o: { file?: string; iterations?: number; slots?: number; rewardDelayMs: number; log: (line: string) => void }) {
   const loaded = await loadScenarioFile(o.file ?? 'scenarios/continuous.yaml');
-  const slots = loaded.rl.slots || 16;
+  const slots = o.slots ?? (loaded.rl.slots || 16);
   const actor = { name: 'ascending', weight: 0.5, timeout_seconds: 30, retries: 2, wait_seconds: 30, seconds: o.rewardDelayMs / 1000 };
   const base: Scenario = { ...loaded, reward: { ...loaded.reward, weight: 0.5, actors: [actor] }, rl: { ...loaded.rl, iterations: o.iterations ?? loaded.rl.iterations } };
   const rollout = new Set(Object.entries(base.plan ?? {}).flatMap(([call, p]) => (call.endsWith('.generate') ? devicesOf(p.mesh) : [])));

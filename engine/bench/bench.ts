@@ -62,7 +62,8 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
   async [--iterations N] [--delay-ms D]        scenarios/async.yaml lock-step and with rl.lag 1, each on the planner's plan for it, over
                                                 NATS, with a reward actor that takes D ms per request (100): s/iteration (median), the
                                                 speedup against the planner's estimate, reward first 5 -> last 5, the staleness
-  continuous [--iterations N] [--delay-ms D]   scenarios/continuous.yaml (count in base 32: responses of 1 to 33 tokens) lock-step,
+  continuous [--iterations N] [--delay-ms D] [--slots S]
+                                                scenarios/continuous.yaml (count in base 32: responses of 1 to 33 tokens) lock-step,
                                                 with rl.lag 1, and generated continuously (rl.slots, lag 1), over NATS, with a reward
                                                 actor of D ms a request (100): s/iteration, tokens/s, the rollout device's idle share,
                                                 reward first 5 -> last 5, staleness, and the speedups
@@ -149,6 +150,7 @@ runMain(async () => {
     'delay-ms': { type: 'string', default: '100' },
     sync: { type: 'string' },
     'lr-scale': { type: 'string' },
+    slots: { type: 'string' },
   });
   if (values.help) {
     console.log(USAGE);
@@ -186,6 +188,7 @@ runMain(async () => {
     const log = values.json ? () => {} : (line: string) => console.log(line);
     const r = await continuousBench({
       ...(values.scenario ? { file: values.scenario } : {}),
+      ...(values.slots !== undefined ? { slots: whole('slots', values.slots, 1) } : {}),
       ...(values.iterations !== undefined ? { iterations: whole('iterations', values.iterations, 3) } : {}),
       rewardDelayMs: whole('delay-ms', values['delay-ms'], 0),
       log,
