@@ -105,7 +105,7 @@ describe('continuous generation in a run', () => {
     expect(continuous.summary.digests).toEqual(batch.summary.digests);
   }, 120_000);
 
-  it('refuses rl.slots where it cannot run: with an environment, with pairs, on a generation of several stages', () => {
+  it('refuses rl.slots where it cannot run: with pairs, on a generation of several stages', () => {
     const refusal = (extra: string, rl: string, name: string) => {
       const file = smallScenario(dir, extra, name);
       writeFileSync(file, readFileSync(file, 'utf8').replace('rl: { iterations: 3, batch: 16 }', rl));

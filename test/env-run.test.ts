@@ -48,11 +48,16 @@ describe('a scenario with an environment ferry starts', () => {
     const tag = `ferry-env-test-${process.pid}`;
     const env = `{ name: guess, max_turns: 4, turn_tokens: 2, group_size: 4, instances: 2, command: [node, --import, tsx, ${join(ROOT, 'examples/env/guess.ts')}, ${tag}] }`;
     const file = scenario('guess', env);
-    // The same game in Python (examples/env/guess.py, nats-py and msgpack): the same episodes.
-    const python = scenario('guess-py', env.replace(`node, --import, tsx, ${join(ROOT, 'examples/env/guess.ts')}`, `${ensurePython()}, ${join(ROOT, 'examples/env/guess.py')}`));
+    // The same game in Python (examples/env/guess.py, nats-py and msgpack): the same episodes, here
+    // played in 3 slots (rl.slots: an episode waiting on its environment gives its slot to another).
+    const python = scenario(
+      'guess-py',
+      env.replace(`node, --import, tsx, ${join(ROOT, 'examples/env/guess.ts')}`, `${ensurePython()}, ${join(ROOT, 'examples/env/guess.py')}`),
+      'rl: { iterations: 3, batch: 4, epochs: 1, minibatches: 2, kl_coef: 0.001, lr: 3.0e-3, slots: 3 }',
+    );
     const runs = [];
-    // Two runs, one against each twin: equal digests say both that a run repeats and that the
-    // Python environment plays the same game.
+    // Two runs, one against each twin: equal digests say that a run repeats, that the Python
+    // environment plays the same game, and that episodes in slots are those played in groups.
     for (const [n, f] of [
       [1, file],
       [2, python],

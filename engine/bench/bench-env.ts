@@ -1,25 +1,35 @@
 // The environment benchmark: one model (4 layers, width 256, on this process's backend) plays 32
 // episodes of 4 turns, each action 12 tokens, against an environment on a real nats-server that
-// answers after 0, 20 and 100 ms, in groups of 8 (four batches, one decoding while the others wait) and as one group of 32
-// (every episode in lock-step: the device waits whenever the environment does), in the same run.
+// answers after 0, 20 and 100 ms, in groups of 8 (four batches, one decoding while the others wait), as one group of 32
+// (every episode in lock-step: the device waits whenever the environment does), and in 8 and 32
+// slots (an episode waiting on its environment gives its slot to another); then calls of 128
+// episodes at 100 ms in each mode (a call's first resets and last steps leave the device nothing
+// to do whatever the mode: more episodes a call share that out), in the same run.
 // Each figure is a whole generate call's episodes: episodes per second, and the device's idle
 // share (1 − its decoding time over the call's).
 import { Comm } from '../../mesh/parallel/index.ts';
 import { connectBus, EnvClient, MemoryBus, serveEnvironment, startNatsServer, subjects } from '../../mesh/wire/index.ts';
-import { digitCodec, playEpisodes } from '../episodes/index.ts';
+import { digitCodec, playEpisodes, playInSlots } from '../episodes/index.ts';
 import { GptRank, type GptSpec } from '../model/index.ts';
 
 export interface EnvBenchOptions {
   latencies: number[];
   episodes: number;
   groups: number[];
+  /** Also in slots (rl.slots): an episode waiting on its environment gives its slot to another. */
+  slots?: number[];
+  /** Also calls of this many episodes, at the last latency, in every mode. */
+  more?: number;
   repeats: number;
   log: (line: string) => void;
 }
 
 export interface EnvBenchRow {
   latency_ms: number;
-  group_size: number;
+  /** Groups of this size, or slots of this many. */
+  group_size?: number;
+  slots?: number;
+  episodes: number;
   episodes_per_second: number;
   device_idle: number;
   turns: number;
@@ -49,10 +59,9 @@ export async function envBench(o: EnvBenchOptions): Promise<EnvBenchRow[]> {
   const rows: EnvBenchRow[] = [];
   try {
     await client.ready();
-    const n = o.episodes;
     const P = 4;
-    const play = (groupSize: number, call: number) =>
-      playEpisodes(client, digitCodec(10), {
+    const play = (mode: { groupSize: number } | { slots: number }, call: number, n = o.episodes) => {
+      const options = {
         prompts: Int32Array.from({ length: n * P }, (_, i) => i % 10),
         tasks: Array.from({ length: n }, (_, r) => ({ prompt_text: '', seed: r })),
         ids: Array.from({ length: n }, (_, r) => `${call}-${r}`),
@@ -60,30 +69,35 @@ export async function envBench(o: EnvBenchOptions): Promise<EnvBenchRow[]> {
         promptLen: P,
         responseLen: 64,
         budget: { maxTurns: 4, turnTokens: 12, stop: [] },
-        groupSize,
+        groupSize: 'groupSize' in mode ? mode.groupSize : 8,
         fill: 11,
         vocab: spec.vocab,
         temperature: 1,
-        decoder: (rows, capacity) => rank.decoder(`bench/${call}`, rows, capacity),
-      });
+        decoder: (rows: number, capacity: number) => rank.decoder(`bench/${call}`, rows, capacity),
+      };
+      return 'slots' in mode ? playInSlots(client, digitCodec(10), { ...options, slots: mode.slots }) : playEpisodes(client, digitCodec(10), options);
+    };
     let call = 0;
-    await play(8, call++); // the backend's first use, not measured
-    for (const ms of o.latencies) {
+    await play({ groupSize: 8 }, call++); // the backend's first use, not measured
+    const modes: Array<{ groupSize: number } | { slots: number }> = [...o.groups.map((groupSize) => ({ groupSize })), ...(o.slots ?? []).map((slots) => ({ slots }))];
+    const rounds = [...o.latencies.map((ms) => ({ ms, n: o.episodes })), ...(o.more ? [{ ms: o.latencies.at(-1)!, n: o.more }] : [])];
+    for (const { ms, n } of rounds) {
       latency = ms;
-      for (const g of o.groups) {
+      for (const mode of modes) {
         const runs = [];
-        for (let k = 0; k < o.repeats; k++) runs.push(await play(g, call++));
+        for (let k = 0; k < o.repeats; k++) runs.push(await play(mode, call++, n));
         const mid = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
-        const row = {
+        const row: EnvBenchRow = {
           latency_ms: ms,
-          group_size: g,
+          ...('slots' in mode ? { slots: mode.slots } : { group_size: mode.groupSize }),
+          episodes: n,
           episodes_per_second: mid(runs.map((r) => n / r.seconds)),
           device_idle: mid(runs.map((r) => Math.max(0, 1 - r.busySeconds / r.seconds))),
           turns: runs[0]!.episodes.reduce((a, e) => a + e.turns.length, 0) / n,
         };
         rows.push(row);
         o.log(
-          `latency ${String(ms).padStart(3)} ms, groups of ${String(g).padStart(2)}: ${row.episodes_per_second.toFixed(1)} episodes/s, device idle ${(100 * row.device_idle).toFixed(1)}%, ${row.turns.toFixed(2)} turns per episode`,
+          `latency ${String(ms).padStart(3)} ms, ${'slots' in mode ? `${String(mode.slots).padStart(2)} slots  ` : `groups of ${String(mode.groupSize).padStart(2)}`}, ${n} episodes: ${row.episodes_per_second.toFixed(1)} episodes/s, device idle ${(100 * row.device_idle).toFixed(1)}%, ${row.turns.toFixed(2)} turns per episode`,
         );
       }
     }

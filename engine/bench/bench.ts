@@ -169,7 +169,7 @@ runMain(async () => {
     const log = values.json ? () => {} : (line: string) => console.log(line);
     const backend = await initBackend('auto');
     log(`bench env on ${backend}: a 4-layer, width-256 model plays 32 episodes of 4 turns of 12 tokens; medians of ${values.repeats} calls`);
-    const rows = await envBench({ latencies: [0, 20, 100], episodes: 32, groups: [8, 32], repeats: whole('repeats', values.repeats, 1), log });
+    const rows = await envBench({ latencies: [0, 20, 100], episodes: 32, groups: [8, 32], slots: [8, 32], more: 128, repeats: whole('repeats', values.repeats, 1), log });
     if (values.json) console.log(JSON.stringify({ backend, rows }));
     return 0;
   }

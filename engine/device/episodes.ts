@@ -3,7 +3,7 @@
 // replica's rows, played by engine/episodes, then scored as training will score them.
 import type { Bus, Call, CallOf, EnvAnswer, ResultOf, Subjects, TurnLog } from '../../mesh/wire/index.ts';
 import { EnvClient, encode, PROTOCOL_VERSION } from '../../mesh/wire/index.ts';
-import { playEpisodes, RecordedEnv, turnCodec } from '../episodes/index.ts';
+import { playEpisodes, playInSlots, RecordedEnv, turnCodec, type PlayOptions } from '../episodes/index.ts';
 import { masked, replicaRows, type GptRank } from '../model/index.ts';
 
 export class DeviceEpisodes {
@@ -53,7 +53,7 @@ export class DeviceEpisodes {
     const env = new RecordedEnv(client, e.recorded ?? {}, keep);
     let reached = false;
     const midEpisode = o.midEpisode;
-    const played = await playEpisodes(env, turnCodec(e.codec, e.stop[0]), {
+    const options: PlayOptions = {
       prompts: body.prompts.subarray(lo * P, hi * P),
       tasks: e.tasks.slice(lo, hi),
       ids: e.ids.slice(lo, hi),
@@ -78,7 +78,10 @@ export class DeviceEpisodes {
             },
           }
         : {}),
-    });
+    };
+    // In slots, an episode waiting on its environment gives its slot to another; else in groups.
+    const codec = turnCodec(e.codec, e.stop[0]);
+    const played = e.slots !== undefined ? await playInSlots(env, codec, { ...options, slots: e.slots }) : await playEpisodes(env, codec, options);
     const logprobs = masked(await s.infer(`${group}/logp`, played.tokens, hi - lo, P), played.mask);
     return { tokens: played.tokens, logprobs, mask: played.mask, rewards: played.rewards, episodes: played.episodes, busy_seconds: played.busySeconds, seconds: played.seconds };
   }

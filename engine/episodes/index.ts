@@ -3,3 +3,4 @@
 export * from './play.ts';
 export * from './codec.ts';
 export * from './recorded.ts';
+export * from './slots.ts';

@@ -4,6 +4,7 @@ import { Comm } from '../../mesh/parallel/index.ts';
 import { MemoryBus, subjects, type EnvAnswer, type EnvTask, type EnvTurn } from '../../mesh/wire/index.ts';
 import { GptRank, initBackend } from '../model/index.ts';
 import { playEpisodes, type EpisodeEnv, type PlayOptions, type TurnCodec } from './play.ts';
+import { playInSlots } from './slots.ts';
 import { RecordedEnv } from './recorded.ts';
 
 // Tokens 0-9 are digits, 10 ends a turn, 11 fills a sequence after its end.
@@ -206,5 +207,89 @@ describe('episodes of several turns on the generating device', () => {
     await expect(playEpisodes(new RecordedEnv(new Game(), recorded, () => {}), codec, one)).rejects.toThrow(
       /episode 0-2, step 1: the action played again after a fault, ".*", is not the one the environment answered before it/,
     );
+  });
+});
+
+describe('episodes in slots (rl.slots with an environment)', () => {
+  let rank: GptRank;
+  beforeAll(async () => {
+    await initBackend('wasm');
+    const comm = new Comm(new MemoryBus(), subjects('episodes-slots'), 0);
+    rank = new GptRank({ kind: 'policy', vocab: VOCAB, context: 48, layers: 2, width: 16, heads: 2 }, { devices: [0], dp: 1, tp: 1, pp: 1 }, 0, 11, undefined, comm);
+  });
+  const rows = 7;
+  const P = 3;
+  const options = (o: Partial<PlayOptions> = {}): PlayOptions => ({
+    prompts: Int32Array.from({ length: rows * P }, (_, i) => (i * 7) % 10),
+    tasks: Array.from({ length: rows }, (_, r) => ({ prompt_text: '', seed: 3 * r + 1 })),
+    ids: Array.from({ length: rows }, (_, r) => `0-${r}`),
+    seeds: Uint32Array.from({ length: rows }, (_, r) => 100 + r),
+    promptLen: P,
+    responseLen: 30,
+    budget: { maxTurns: 4, turnTokens: 3, stop: [END] },
+    groupSize: 4,
+    fill: FILL,
+    vocab: VOCAB,
+    temperature: 1,
+    decoder: (n, capacity) => rank.decoder('ep-slots', n, capacity),
+    ...o,
+  });
+  const same = (a: Awaited<ReturnType<typeof playEpisodes>>, b: Awaited<ReturnType<typeof playEpisodes>>, what: string) => {
+    expect(Array.from(b.tokens), what).toEqual(Array.from(a.tokens));
+    expect(Array.from(b.mask), what).toEqual(Array.from(a.mask));
+    expect(Array.from(b.rewards), what).toEqual(Array.from(a.rewards));
+    const strip = (p: typeof a) => p.episodes.map((e) => ({ ...e, reset: { ...e.reset, seconds: 0 }, turns: e.turns.map((t) => ({ ...t, seconds: 0 })) }));
+    expect(strip(b), what).toEqual(strip(a));
+  };
+
+  it('each episode equals the same episode played in groups, bit for bit, in 1, 2, 3 or 7 slots, whatever the environment takes to answer', async () => {
+    const grouped = await playEpisodes(new Game(), codec, options());
+    expect(grouped.episodes.filter((e) => e.turns.length > 1).length).toBeGreaterThan(0);
+    const before = tf.memory().numTensors;
+    for (const slots of [1, 2, 3, 7]) {
+      let k = 0;
+      const env = new Game(() => [12, 0, 5, 3][k++ % 4]!);
+      const slotted = await playInSlots(env, codec, { ...options(), slots });
+      same(grouped, slotted, `${slots} slots`);
+      expect(env.ended).toEqual(new Set(options().ids));
+      expect(slotted.busySeconds).toBeGreaterThan(0);
+      expect(slotted.busySeconds).toBeLessThanOrEqual(slotted.seconds);
+    }
+    expect(tf.memory().numTensors).toBe(before);
+    // At the turn budget and truncated, as in groups.
+    for (const o of [{ budget: { maxTurns: 1, turnTokens: 3, stop: [END] } }, { responseLen: 6 }]) {
+      same(await playEpisodes(new Game(), codec, options(o)), await playInSlots(new Game(), codec, { ...options(o), slots: 3 }), JSON.stringify(o));
+    }
+  });
+
+  it('an environment that fails fails the call, every episode it opened ended; played again, what was recorded is read, not asked', async () => {
+    const env = new Game(
+      () => 0,
+      (episode, turn) => episode === '0-4' && turn === 2,
+    );
+    await expect(playInSlots(env, codec, { ...options({ seeds: Uint32Array.from({ length: rows }, () => 5) }), slots: 3 })).rejects.toThrow(/it is gone/);
+    expect(env.ended).toEqual(new Set(options().ids));
+    const clean = await playInSlots(new RecordedEnv(new Game(), {}, () => {}), codec, { ...options(), slots: 3 });
+    const kept: EnvAnswer[] = [];
+    let answers = 0;
+    await expect(
+      playInSlots(new RecordedEnv(new Game(), {}, (a) => kept.push(a)), codec, {
+        ...options(),
+        slots: 3,
+        afterRound: async () => {
+          if (++answers === 4) throw new Error('killed mid-episode');
+        },
+      }),
+    ).rejects.toThrow(/killed mid-episode/);
+    const recorded: Record<string, EnvAnswer[]> = {};
+    for (const a of kept) (recorded[a.episode] ??= []).push(a);
+    expect(kept.filter((a) => a.k > 0).length).toBeGreaterThanOrEqual(4);
+    const other = new Game();
+    const asked: EnvAnswer[] = [];
+    const again = await playInSlots(new RecordedEnv(other, recorded, (a) => asked.push(a)), codec, { ...options(), slots: 3 });
+    same(clean, again, 'played again');
+    // Nothing recorded was asked again.
+    expect(other.log.filter((l) => l.startsWith('reset '))).toEqual([]);
+    for (const a of asked) expect(recorded[a.episode]?.some((b) => b.k === a.k) ?? false, `${a.episode} k=${a.k}`).toBe(false);
   });
 });

@@ -297,7 +297,8 @@ export async function playEpisodes(env: EpisodeEnv, codec: TurnCodec, o: PlayOpt
   }
 }
 
-function endsWithStop(codec: TurnCodec, action: readonly number[], stops: readonly string[] | undefined): boolean {
+/** Whether an action's text ends with one of the stop strings. */
+export function endsWithStop(codec: TurnCodec, action: readonly number[], stops: readonly string[] | undefined): boolean {
   if (!stops?.length) return false;
   const text = codec.action(action);
   return stops.some((s) => text.endsWith(s));

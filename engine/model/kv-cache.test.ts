@@ -222,3 +222,47 @@ describe('sequences at positions of their own (episodes of several turns)', () =
     });
   }
 });
+
+describe('KV cache rows copied out and put back (take, put)', () => {
+  beforeAll(async () => {
+    await initBackend('wasm');
+  });
+
+  for (const inPlace of [true, false]) {
+    it(`${inPlace ? 'in place' : 'on a backend out of the host\u2019s reach'}: rows leave and come back into other rows exactly, the others untouched`, () => {
+      const [rows, hd, heads] = [6, 2, 2]; // 3 sequences of 2 heads
+      const cache = new KvCache(rows, hd, 40, { inPlace });
+      const starts = Int32Array.of(0, 0, 0);
+      // 20 positions of every row, then 3 more for each sequence at its own position.
+      cache.write(0, 0, tf.randomNormal([rows, hd, 20], 0, 1, 'float32', 1), tf.randomNormal([rows, 20, hd], 0, 1, 'float32', 2));
+      starts.set([20, 20, 20]);
+      const layer = cache.write(0, starts, tf.randomNormal([rows, hd, 3], 0, 1, 'float32', 3), tf.randomNormal([rows, 3, hd], 0, 1, 'float32', 4));
+      const [k, vT] = [Array.from(layer.k.dataSync()), Array.from(layer.vT.dataSync())];
+      const W = layer.k.shape[1]!;
+      const kRow = (a: number[], r: number) => a.slice(r * W * hd, (r + 1) * W * hd);
+      const vRow = (a: number[], r: number) => a.slice(r * hd * W, (r + 1) * hd * W);
+      const out = cache.take([2], heads);
+      expect(out.rows).toBe(heads);
+      // Sequence 2 goes into sequence 0's place: its rows there, sequence 1's as they were.
+      cache.put([0], out, heads);
+      const after = cache.write(0, Int32Array.of(23, 23, 23), tf.zeros([rows, hd, 1]), tf.zeros([rows, 1, hd]));
+      const [k2, v2] = [Array.from(after.k.dataSync()), Array.from(after.vT.dataSync())];
+      const W2 = after.k.shape[1]!;
+      expect(W2).toBe(W);
+      for (const [dst, src] of [
+        [0, 4],
+        [1, 5],
+        [2, 2],
+        [3, 3],
+        [4, 4],
+        [5, 5],
+      ] as const) {
+        // Positions 0..22 as they were in the source row (23 is the zeros just written).
+        expect(kRow(k2, dst).slice(0, 23 * hd), `k row ${dst}`).toEqual(kRow(k, src).slice(0, 23 * hd));
+        for (let d = 0; d < hd; d++) expect(vRow(v2, dst).slice(d * W, d * W + 23), `vT row ${dst}, element ${d}`).toEqual(vRow(vT, src).slice(d * W, d * W + 23));
+      }
+      out.dispose();
+      cache.dispose();
+    });
+  }
+});

@@ -248,6 +248,40 @@ export class KvCache {
   }
 
   /**
+   * A new cache holding copies of sequences `seqs` (indices of the sequences held now, in that
+   * order), each with its `heads` rows: every layer's keys and values at this cache's width, exactly
+   * (what `put` places back; episodes waiting on their environment leave their slots so).
+   */
+  take(seqs: ArrayLike<number>, heads: number): KvCache {
+    const out = new KvCache(seqs.length * heads, this.headSize, this.capacity, { inPlace: this.inPlace });
+    out.width = this.width;
+    if (this.inPlace) {
+      // Copied out of the host's view of each layer, row by row (a gather on the backend costs more).
+      const hd = this.headSize;
+      for (const [l, layer] of this.layers) {
+        const W = layer.k.shape[1]!;
+        const [kc, vc] = [hostView(layer.k)!, hostView(layer.vT)!];
+        const k = new Float32Array(out.rows * W * hd);
+        const vT = new Float32Array(out.rows * hd * W);
+        for (let i = 0; i < out.rows; i++) {
+          const r = seqs[Math.floor(i / heads)]! * heads + (i % heads);
+          k.set(kc.subarray(r * W * hd, (r + 1) * W * hd), i * W * hd);
+          vT.set(vc.subarray(r * hd * W, (r + 1) * hd * W), i * hd * W);
+        }
+        out.layers.set(l, { k: tf.keep(tf.tensor3d(k, [out.rows, W, hd])), vT: tf.keep(tf.tensor3d(vT, [out.rows, hd, W])) });
+      }
+      return out;
+    }
+    const at = tf.tensor1d(
+      Int32Array.from({ length: seqs.length * heads }, (_, i) => seqs[Math.floor(i / heads)]! * heads + (i % heads)),
+      'int32',
+    );
+    for (const [l, layer] of this.layers) out.layers.set(l, { k: tf.keep(tf.gather(layer.k, at)), vT: tf.keep(tf.gather(layer.vT, at)) });
+    at.dispose();
+    return out;
+  }
+
+  /**
    * Sequences `into` (indices of the sequences held now) take `from`'s sequences, in order, each
    * with its `heads` rows: every layer's keys and values at the positions `from` holds, exactly (a
    * selection, no arithmetic). What an overwritten sequence held past them stays, masked for the
@@ -269,6 +303,21 @@ export class KvCache {
       this.grow(theirs.k.shape[1]!);
       const mine = this.widened(l, this.layers.get(l));
       const W = this.width;
+      const Wf = theirs.k.shape[1]!;
+      if (this.inPlace) {
+        // Row by row in the host's view of the layer: k [rows, W, hd] holds a row's positions
+        // together; vT [rows, hd, W] a row's positions of one element together.
+        const hd = this.headSize;
+        const [kIn, vIn] = [theirs.k.dataSync() as Float32Array, theirs.vT.dataSync() as Float32Array];
+        const [kc, vc] = [hostView(mine.k)!, hostView(mine.vT)!];
+        for (let r = 0; r < this.rows; r++) {
+          if (!taken[r]) continue;
+          const j = source[r]!;
+          kc.set(kIn.subarray(j * Wf * hd, (j + 1) * Wf * hd), r * W * hd);
+          for (let d = 0; d < hd; d++) vc.set(vIn.subarray((j * hd + d) * Wf, (j * hd + d + 1) * Wf), (r * hd + d) * W);
+        }
+        continue;
+      }
       const next = tf.tidy(() => {
         const more = W - theirs.k.shape[1]!;
         const k = tf.pad(theirs.k, [

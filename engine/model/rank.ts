@@ -97,6 +97,14 @@ type Objective =
   /** Bradley–Terry on whole sequences: `items` pairs, every chosen row, then every rejected one. */
   | { kind: 'preference'; items: number };
 
+/** Rows of a decoding session copied out (RowDecoder.stash); the holder disposes it. */
+export interface RowStash {
+  readonly rows: number;
+  readonly cache: KvCache;
+  readonly pads?: Int32Array;
+  dispose(): void;
+}
+
 /** A decoding session of sequences at positions of their own (GptRank.decoder). */
 export interface RowDecoder {
   readonly capacity: number;
@@ -112,6 +120,10 @@ export interface RowDecoder {
   prefill(into: Int32Array, prompts: Int32Array, n: number): Promise<Float32Array>;
   /** Keeps rows `rows` only (indices of the rows held now), in that order. */
   keep(rows: ArrayLike<number>): void;
+  /** Copies rows `rows` out (their keys, values and left padding), for `restore` to put back into any rows later. */
+  stash(rows: Int32Array): RowStash;
+  /** Rows `into` take what `stash` copied out, as they were (what they held before is dropped). */
+  restore(into: Int32Array, stash: RowStash): void;
   /**
    * The log-probabilities of `k` whole sequences' sampled tokens [k, width] (prompts of `promptLen`),
    * as a generate call computes them (a forward pass over the sequences, as training reads them;
@@ -524,6 +536,17 @@ export class GptRank {
         kv.keep(kept, heads);
         held = kept.length;
         if (pads) pads = Int32Array.from(kept, (r) => pads![r]!);
+      },
+      stash: (rows) => {
+        const cache = kv.take(rows, heads);
+        return { rows: rows.length, cache, ...(pads ? { pads: Int32Array.from(rows, (r) => pads![r]!) } : {}), dispose: () => cache.dispose() };
+      },
+      restore: (into, stash) => {
+        kv.put(into, stash.cache, heads);
+        if (stash.pads || pads) {
+          pads ??= new Int32Array(held);
+          into.forEach((r, j) => (pads![r] = stash.pads?.[j] ?? 0));
+        }
       },
       logprobs: async (tokens, k, promptLen, eos) => {
         const width = tokens.length / k;

@@ -246,7 +246,7 @@ export async function runIteration(
     // Continuous generation: each row is kept as it ends (the sample ledger) and its reward asked
     // then; called again after a fault, the generation asks only for the rows not kept.
     const samples =
-      s.rl.slots > 0
+      s.rl.slots > 0 && !s.environment
         ? await SampleLedger.open(store, d.samples ? (listen) => d.samples!((log) => listen(log)) : undefined, {
             iteration: u,
             stage,
@@ -287,7 +287,16 @@ export async function runIteration(
           seeds: pick(seeds, 1),
           ...samplingOf(r),
           ...(c.greedy ? { greedy: true } : {}),
-          ...(s.environment ? { episodes: { ...episodesSpec(s.environment, episodeTaskOf(r), s.seed, u, prompts, r.graph.group), log: stage, ...(recorded ? { recorded } : {}) } } : {}),
+          ...(s.environment
+            ? {
+                episodes: {
+                  ...episodesSpec(s.environment, episodeTaskOf(r), s.seed, u, prompts, r.graph.group),
+                  log: stage,
+                  ...(recorded ? { recorded } : {}),
+                  ...(s.rl.slots > 0 ? { slots: s.rl.slots } : {}),
+                },
+              }
+            : {}),
           ...(samples ? { slots: s.rl.slots, samples: stage } : {}),
         },
         c.name,

@@ -243,8 +243,7 @@ export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
     }
   }
   if (s.rl.slots > 0) {
-    if (s.environment) errors.push(`rl.slots: ${s.rl.slots} with an environment: episodes are played in groups of their own (environment.group_size), not in slots; leave rl.slots out`);
-    else if (graph.source === 'pairs') errors.push(`rl.slots: ${s.rl.slots}, and '${algorithmSpec(s).algorithm.name}' learns from preference pairs: it generates nothing to decode continuously`);
+    if (graph.source === 'pairs') errors.push(`rl.slots: ${s.rl.slots}, and '${algorithmSpec(s).algorithm.name}' learns from preference pairs: it generates nothing to decode continuously`);
     for (const c of graph.calls.filter((c) => c.fn === 'generate')) {
       const p = plan[c.name];
       if (p && p.pp > 1) errors.push(`rl.slots: ${s.rl.slots}, and plan.${c.name} has pp = ${p.pp}: continuous generation decodes on replicas of one stage (pp = 1)`);

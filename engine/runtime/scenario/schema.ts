@@ -252,7 +252,7 @@ export const Scenario = z.strictObject({
       slots: nat
         .default(0)
         .describe(
-          'continuous generation: each replica of a generation decodes this many sequences at once, and a response that ends gives its slot to the next prompt at once; each response goes to the run’s store and to the reward actors the moment it ends (0: off, every prompt of the call decoded as one batch); the samples are the same bit for bit either way',
+          'continuous generation: each replica of a generation decodes this many sequences at once, and a response that ends gives its slot to the next prompt at once; each response goes to the run’s store and to the reward actors the moment it ends; with an environment, an episode waiting on it gives its slot to another, in place of environment.group_size (0: off, every prompt of the call decoded as one batch, episodes in groups); the samples are the same bit for bit either way',
         ),
       versions: z
         .array(nat)

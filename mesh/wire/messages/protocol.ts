@@ -299,6 +299,8 @@ export const EpisodesSpec = z.strictObject({
   stop_strings: z.array(z.string()).optional(),
   /** Episodes decoded as one batch. */
   group_size: pos,
+  /** Instead of groups: episodes decoded this many at once, one waiting on its environment giving its slot to another. */
+  slots: pos.optional(),
   codec: TurnCodecSpec,
   /** The token after a sequence's end. */
   fill: nat,
