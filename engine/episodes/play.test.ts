@@ -56,17 +56,10 @@ class Game implements EpisodeEnv {
   }
 }
 
-describe('episodes of several turns on the generating device', () => {
-  let rank: GptRank;
-  beforeAll(async () => {
-    await initBackend('wasm');
-    const comm = new Comm(new MemoryBus(), subjects('episodes'), 0);
-    rank = new GptRank({ kind: 'policy', vocab: VOCAB, context: 48, layers: 2, width: 16, heads: 2 }, { devices: [0], dp: 1, tp: 1, pp: 1 }, 0, 11, undefined, comm);
-  });
-
-  const rows = 6;
+/** `rows` episodes of prompts of 3, up to 4 turns of up to 3 tokens each, in groups of 4, on `rank`. */
+function playOptions(rank: GptRank, rows: number, group: string, o: Partial<PlayOptions> = {}): PlayOptions {
   const P = 3;
-  const options = (o: Partial<PlayOptions> = {}): PlayOptions => ({
+  return {
     prompts: Int32Array.from({ length: rows * P }, (_, i) => (i * 7) % 10),
     tasks: Array.from({ length: rows }, (_, r) => ({ prompt_text: '', seed: 3 * r + 1 })),
     ids: Array.from({ length: rows }, (_, r) => `0-${r}`),
@@ -78,9 +71,22 @@ describe('episodes of several turns on the generating device', () => {
     fill: FILL,
     vocab: VOCAB,
     temperature: 1,
-    decoder: (n, capacity) => rank.decoder('ep', n, capacity),
+    decoder: (n, capacity) => rank.decoder(group, n, capacity),
     ...o,
+  };
+}
+
+describe('episodes of several turns on the generating device', () => {
+  let rank: GptRank;
+  beforeAll(async () => {
+    await initBackend('wasm');
+    const comm = new Comm(new MemoryBus(), subjects('episodes'), 0);
+    rank = new GptRank({ kind: 'policy', vocab: VOCAB, context: 48, layers: 2, width: 16, heads: 2 }, { devices: [0], dp: 1, tp: 1, pp: 1 }, 0, 11, undefined, comm);
   });
+
+  const rows = 6;
+  const P = 3;
+  const options = (o: Partial<PlayOptions> = {}) => playOptions(rank, rows, 'ep', o);
 
   it('keeps the sampled ids and appends each observation once: prompt, reset, then action and observation by turn; the mask marks the actions, rewards sit on their last tokens', async () => {
     const env = new Game();
@@ -218,22 +224,7 @@ describe('episodes in slots (rl.slots with an environment)', () => {
     rank = new GptRank({ kind: 'policy', vocab: VOCAB, context: 48, layers: 2, width: 16, heads: 2 }, { devices: [0], dp: 1, tp: 1, pp: 1 }, 0, 11, undefined, comm);
   });
   const rows = 7;
-  const P = 3;
-  const options = (o: Partial<PlayOptions> = {}): PlayOptions => ({
-    prompts: Int32Array.from({ length: rows * P }, (_, i) => (i * 7) % 10),
-    tasks: Array.from({ length: rows }, (_, r) => ({ prompt_text: '', seed: 3 * r + 1 })),
-    ids: Array.from({ length: rows }, (_, r) => `0-${r}`),
-    seeds: Uint32Array.from({ length: rows }, (_, r) => 100 + r),
-    promptLen: P,
-    responseLen: 30,
-    budget: { maxTurns: 4, turnTokens: 3, stop: [END] },
-    groupSize: 4,
-    fill: FILL,
-    vocab: VOCAB,
-    temperature: 1,
-    decoder: (n, capacity) => rank.decoder('ep-slots', n, capacity),
-    ...o,
-  });
+  const options = (o: Partial<PlayOptions> = {}) => playOptions(rank, rows, 'ep-slots', o);
   const same = (a: Awaited<ReturnType<typeof playEpisodes>>, b: Awaited<ReturnType<typeof playEpisodes>>, what: string) => {
     expect(Array.from(b.tokens), what).toEqual(Array.from(a.tokens));
     expect(Array.from(b.mask), what).toEqual(Array.from(a.mask));

@@ -104,8 +104,8 @@ export interface PlayOptions extends Sampling {
   afterRound?: () => Promise<void>;
 }
 
-export async function playEpisodes(env: EpisodeEnv, codec: TurnCodec, o: PlayOptions): Promise<Played> {
-  const started = performance.now();
+/** What a call's episodes start as: each row its prompt, then `fill`; no mask, rewards or records yet. */
+export function playedOf(o: Pick<PlayOptions, 'ids' | 'prompts' | 'promptLen' | 'responseLen' | 'fill'>): Played {
   const rows = o.ids.length;
   const { promptLen: P, responseLen: R } = o;
   const width = P + R;
@@ -118,6 +118,15 @@ export async function playEpisodes(env: EpisodeEnv, codec: TurnCodec, o: PlayOpt
     seconds: 0,
   };
   for (let r = 0; r < rows; r++) out.tokens.set(o.prompts.subarray(r * P, (r + 1) * P), r * width);
+  return out;
+}
+
+export async function playEpisodes(env: EpisodeEnv, codec: TurnCodec, o: PlayOptions): Promise<Played> {
+  const started = performance.now();
+  const rows = o.ids.length;
+  const { promptLen: P, responseLen: R } = o;
+  const width = P + R;
+  const out = playedOf(o);
   const size = Math.max(1, o.groupSize ?? 8);
   const groups: number[][] = [];
   for (let lo = 0; lo < rows; lo += size) groups.push(Array.from({ length: Math.min(size, rows - lo) }, (_, i) => lo + i));

@@ -12,7 +12,7 @@
 // and come back exact copies. So it equals the same episode played in groups (play.ts), bit for bit.
 import type { EnvTurn } from '../../mesh/wire/index.ts';
 import { Rng, sampleToken, type RowStash } from '../model/index.ts';
-import { endsWithStop, type EpisodeEnv, type EpisodeRecord, type Played, type PlayOptions, type TurnCodec, type TurnRecord } from './play.ts';
+import { endsWithStop, playedOf, type EpisodeEnv, type EpisodeRecord, type Played, type PlayOptions, type TurnCodec, type TurnRecord } from './play.ts';
 
 interface Episode {
   /** Its row in the call. */
@@ -42,15 +42,7 @@ export async function playInSlots(env: EpisodeEnv, codec: TurnCodec, o: PlayOpti
   const rows = o.ids.length;
   const { promptLen: P, responseLen: R } = o;
   const width = P + R;
-  const out: Played = {
-    tokens: new Int32Array(rows * width).fill(o.fill),
-    mask: new Float32Array(rows * R),
-    rewards: new Float32Array(rows * R),
-    episodes: new Array(rows),
-    busySeconds: 0,
-    seconds: 0,
-  };
-  for (let r = 0; r < rows; r++) out.tokens.set(o.prompts.subarray(r * P, (r + 1) * P), r * width);
+  const out = playedOf(o);
   if (rows === 0) return out;
   const S = Math.max(1, Math.min(o.slots, rows));
   const episodes: Episode[] = o.ids.map((id, row) => ({ row, id, rng: new Rng(o.seeds[row]!), len: 0, pending: [], action: [], turn: 0 }));

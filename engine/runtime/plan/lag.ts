@@ -173,41 +173,19 @@ export function chooseLag(s: Scenario, lags: readonly number[], o: { local?: Dev
   const lockstep = byTime(tried.filter((t) => t.lag === 0))[0] ?? sync;
   const mode = (t: LagPlan) => (t.slots !== undefined && s.rl.slots === 0 ? `, generating continuously (rl.slots ${t.slots})` : '');
   const fastest = byTime(tried.filter((t) => t.lag > 0))[0];
-  const speedupOf = (t: LagPlan) => sync.evaluation.iterationSeconds / t.evaluation.iterationSeconds;
+  const speedupOf = (t: LagPlan) => (t === sync ? 1 : sync.evaluation.iterationSeconds / t.evaluation.iterationSeconds);
   const kept = lockstep === sync ? 'lock-step kept' : `lock-step kept${mode(lockstep)}, ${speedupOf(lockstep).toFixed(2)}× decoding by waves`;
-  if (!fastest)
-    return {
-      ...total,
-      chosen: lockstep,
-      sync,
-      tried,
-      speedup: speedupOf(lockstep),
-      why:
-        lockstep === sync
-          ? lags.length > 1
-            ? 'no plan at a lag fits'
-            : 'lock-step only (the algorithm cannot run stale, or the run is too short)'
-          : `${kept}: no plan at a lag fits, or the algorithm cannot run stale`,
-    };
+  const choice = (chosen: LagPlan, why: string): LagChoice => ({ ...total, chosen, sync, tried, speedup: speedupOf(chosen), why });
+  if (!fastest) {
+    if (lockstep !== sync) return choice(lockstep, `${kept}: no plan at a lag fits, or the algorithm cannot run stale`);
+    return choice(lockstep, lags.length > 1 ? 'no plan at a lag fits' : 'lock-step only (the algorithm cannot run stale, or the run is too short)');
+  }
   const gain = lockstep.evaluation.iterationSeconds / fastest.evaluation.iterationSeconds;
   if (!lockstep.evaluation.feasible || gain >= ASYNC_MIN_SPEEDUP) {
-    return {
-      ...total,
-      chosen: fastest,
-      sync,
-      tried,
-      speedup: speedupOf(fastest),
-      why: `lag ${fastest.lag}${mode(fastest)} is ${speedupOf(fastest).toFixed(2)}× the best lock-step plan by waves${lockstep === sync ? '' : ` and ${gain.toFixed(2)}× the best lock-step plan${mode(lockstep)}`} (at least ${ASYNC_MIN_SPEEDUP}× pays for stale rollouts)`,
-    };
+    const over = lockstep === sync ? '' : ` and ${gain.toFixed(2)}× the best lock-step plan${mode(lockstep)}`;
+    return choice(fastest, `lag ${fastest.lag}${mode(fastest)} is ${speedupOf(fastest).toFixed(2)}× the best lock-step plan by waves${over} (at least ${ASYNC_MIN_SPEEDUP}× pays for stale rollouts)`);
   }
-  return {
-    ...total,
-    chosen: lockstep,
-    sync,
-    tried,
-    speedup: speedupOf(lockstep),
-    why: `${kept}: the best lag (${fastest.lag}) would be ${gain.toFixed(2)}×${lockstep === sync ? '' : ' that'}, less than the ${ASYNC_MIN_SPEEDUP}× that pays for stale rollouts`,
-  };
+  return choice(lockstep, `${kept}: the best lag (${fastest.lag}) would be ${gain.toFixed(2)}×${lockstep === sync ? '' : ' that'}, less than the ${ASYNC_MIN_SPEEDUP}× that pays for stale rollouts`);
 }
 
 /** Slots beyond any KV cache's: a generation then decodes continuously with as many rows as its cache holds. */
