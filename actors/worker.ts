@@ -124,7 +124,10 @@ runMain(async () => {
 
   const chaos = ChaosClient.fromEnv(nc, subj, log);
   // Patient as the run's store is: a snapshot written or a rank reloaded while a clustered server elects a leader waits for it.
-  const shelf = new NatsShelf(nc, values.run, { patienceMs: 60_000 });
+  // Each request gives up after 3 s and is tried again, for up to a minute: a request that went to a
+  // stream leader on a server that just died is sent again once another is elected, not waited on
+  // for the client's 10 s.
+  const shelf = new NatsShelf(nc, values.run, { timeoutMs: 3_000, patienceMs: 60_000 });
   const actor = createActor(machine, {
     input: {
       worker,
