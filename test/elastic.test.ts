@@ -145,7 +145,7 @@ describe('elastic runs', () => {
     expect(missing.output).toMatch(/nowhere\/bus\.json: not found; expected the run's bus/);
     expect((await cordon(out, 'two')).output).toMatch(/DEVICE: expected a device number \(e\.g\. 3\), got "two"/);
     // Many short iterations (8 prompts each): the run goes on while the two requests' processes start.
-    const running = launch({ scenario: loadScenario(elastic(dir, 'cordoned', '', 80, 8)), run: `cordon${Date.now()}`, out, progress: quiet, say: () => {} });
+    const running = launch({ scenario: loadScenario(elastic(dir, 'cordoned', '', 50, 8)), run: `cordon${Date.now()}`, out, progress: quiet, say: () => {} });
     const metrics = join(out, 'metrics.jsonl');
     const deadline = Date.now() + 120_000;
     while (!(existsSync(metrics) && readFileSync(metrics, 'utf8').trim().split('\n').length >= 1) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
@@ -159,7 +159,7 @@ describe('elastic runs', () => {
     const res = await running;
     expect(res.code, readFileSync(join(out, 'logs', 'supervisor.log'), 'utf8')).toBe(0);
     const s = res.summary!;
-    expect(s.iterations).toBe(80);
+    expect(s.iterations).toBe(50);
     expect(s.replans).toHaveLength(1);
     expect(s.replans![0]).toMatchObject({ trigger: 'cordon', lost: [2], reason: 'maintenance', parameters_equal_after_migration: true });
     // Drained (the iteration it came in ended and was snapshotted first): the devices left kept their shards.
