@@ -139,13 +139,15 @@ describe('elastic runs', () => {
       const p = spawnTs('engine/cli/cordon.ts', argv);
       return { code: await p.exited, output: p.output() };
     };
-    // Refused before anything runs: no run there, a device that is not a number.
-    const missing = await cordon(join(dir, 'nowhere'), '1');
-    expect(missing.code).not.toBe(0);
-    expect(missing.output).toMatch(/nowhere\/bus\.json: not found; expected the run's bus/);
-    expect((await cordon(out, 'two')).output).toMatch(/DEVICE: expected a device number \(e\.g\. 3\), got "two"/);
+    // Refused whatever runs: no run there, a device that is not a number (asked while the run starts).
+    const refusals = Promise.all([cordon(join(dir, 'nowhere'), '1'), cordon(out, 'two')]);
     // Many short iterations (8 prompts each): the run goes on while the two requests' processes start.
     const running = launch({ scenario: loadScenario(elastic(dir, 'cordoned', '', 50, 8)), run: `cordon${Date.now()}`, out, progress: quiet, say: () => {} });
+    const [missing, two] = await refusals;
+    expect(missing.code).not.toBe(0);
+    expect(missing.output).toMatch(/nowhere\/bus\.json: not found; expected the run's bus/);
+    expect(two.code).not.toBe(0);
+    expect(two.output).toMatch(/DEVICE: expected a device number \(e\.g\. 3\), got "two"/);
     const metrics = join(out, 'metrics.jsonl');
     const deadline = Date.now() + 120_000;
     while (!(existsSync(metrics) && readFileSync(metrics, 'utf8').trim().split('\n').length >= 1) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
