@@ -7,6 +7,8 @@ import { initBackend } from '../engine/model/backend/backend.ts';
 import type { Summary } from '../engine/runtime/record/record.ts';
 import { runInProcess } from '../engine/supervision/local-run.ts';
 import { LocalDispatcher } from '../engine/runtime/dispatch/local-dispatch.ts';
+import { CallError, type CallOptions } from '../engine/runtime/dispatch/dispatch.ts';
+import type { CallBody, CallFn, CallOf, ResultOf } from '../mesh/wire/index.ts';
 import { RewardClient } from '../engine/runtime/index.ts';
 import { runSpec } from '../engine/runtime/run/run.ts';
 import { loadScenario, ScenarioError } from '../engine/runtime/scenario/scenario.ts';
@@ -53,7 +55,7 @@ cluster: { nodes: 1, devices_per_node: 2 }
 algorithm: { name: grpo, group: 4 }
 reward: { weight: 0.5, actors: [{ name: ascending, weight: 0.5 }] }`;
 
-async function run(name: string, rl: string): Promise<{ summary: Summary; metrics: Metrics[] }> {
+async function run(name: string, rl: string, dispatcher?: LocalDispatcher): Promise<{ summary: Summary; metrics: Metrics[] }> {
   const file = smallScenario(dir, COUNT, name);
   writeFileSync(file, readFileSync(file, 'utf8').replace('rl: { iterations: 3, batch: 16 }', `rl: { iterations: 3, batch: 4${rl} }`));
   const spec = runSpec(loadScenario(file));
@@ -66,7 +68,7 @@ async function run(name: string, rl: string): Promise<{ summary: Summary; metric
       { phase() {}, iteration: (m) => metrics.push(m), finished: (s) => summaries.push(s) },
       backend,
       name,
-      new LocalDispatcher(Math.max(...planDevices(spec)) + 1, nc),
+      dispatcher ?? new LocalDispatcher(Math.max(...planDevices(spec)) + 1, nc),
       { input: { rewards: { score: (_actor, iteration, items) => client.score(name, iteration, items) } } },
     );
     expect(out.status, summaries[0]?.error).toBe('succeeded');
@@ -103,6 +105,37 @@ describe('continuous generation in a run', () => {
     const batch = await run('lag-batch', ', lag: 1');
     const continuous = await run('lag-slots', ', lag: 1, slots: 2');
     expect(continuous.summary.digests).toEqual(batch.summary.digests);
+  }, 120_000);
+
+  it('a generation that fails once some of its rows were kept is called again for the others only, and the run ends with the digests of one that did not fail', async () => {
+    // Iteration 1's generation: rows 0-5 reach the supervisor, then the call fails (as if its
+    // device died); the recovery plays iteration 1 again, and its generation asks for rows 6-15.
+    class Failing extends LocalDispatcher {
+      failed = false;
+      readonly batches: number[] = [];
+      override samples(listener: Parameters<LocalDispatcher['samples']>[0]) {
+        return super.samples((log, device) => {
+          if (this.failed || log.iteration !== 1 || log.row < 6) listener(log, device);
+        });
+      }
+      override async call<F extends CallFn>(device: number, model: string, iteration: number, body: CallOf<F>, group?: string, options?: CallOptions): Promise<ResultOf<F>> {
+        const out = await super.call(device, model, iteration, body, group, options);
+        if ((body as CallBody).fn === 'generate' && iteration === 1) {
+          this.batches.push((body as CallOf<'generate'>).batch);
+          if (!this.failed) {
+            this.failed = true;
+            throw new CallError('failed', `device ${device} died after rows 0-5 of iteration 1 were sent`);
+          }
+        }
+        return out;
+      }
+    }
+    const failing = new Failing(2, nc);
+    const broken = await run('failing', ', slots: 3', failing);
+    expect(broken.summary.recoveries).toHaveLength(1);
+    expect(failing.batches).toEqual([16, 10]);
+    const clean = await run('not-failing', ', slots: 3');
+    expect(broken.summary.digests).toEqual(clean.summary.digests);
   }, 120_000);
 
   it('refuses rl.slots where it cannot run: with pairs, on a generation of several stages', () => {
