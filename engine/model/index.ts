@@ -9,6 +9,7 @@ export * from './params.ts';
 export * from './rng.ts';
 export * from './steps.ts';
 export * from './rank.ts';
+export * from './row-decoder.ts';
 export * from './backend/staging.ts';
 export * from './mask.ts';
 export * from './kv-cache.ts';
