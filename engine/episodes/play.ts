@@ -270,30 +270,9 @@ export async function playEpisodes(env: EpisodeEnv, codec: TurnCodec, o: PlayOpt
         await o.afterRound?.();
         acting.forEach((i, k) => {
           const { value, seconds } = replies[k]!;
-          const r = members[i]!;
-          const ep = out.episodes[r]!;
-          const lastAt = len[i]! + pending[i]!.length - 1;
-          out.rewards[r * R + lastAt - P]! += value.reward;
-          ep.return += value.reward;
-          const record: TurnRecord = {
-            action: action[i]!,
-            text: codec.action(action[i]!),
-            observation: value.observation,
-            observationTokens: 0,
-            reward: value.reward,
-            done: value.done,
-            instance: value.instance,
-            seconds,
-            ...(value.info ? { info: value.info } : {}),
-          };
-          ep.turns.push(record);
-          if (value.done) return finish(i, 'done');
-          if (turn >= o.budget.maxTurns) return finish(i, 'turns');
-          const obs = codec.observation(value.observation, false);
-          // The observation and at least one token of the next action must fit.
-          if (lastAt + 1 + obs.length >= width) return finish(i, 'truncated');
-          write(i, obs);
-          record.observationTokens = obs.length;
+          const next = answered(out, codec, o, { row: members[i]!, lastAt: len[i]! + pending[i]!.length - 1, action: action[i]!, turn }, value, seconds);
+          if (Array.isArray(next)) write(i, next);
+          else finish(i, next);
         });
         // Episodes that ended do not feed their last token.
         pending.forEach((_, i) => {
@@ -304,6 +283,45 @@ export async function playEpisodes(env: EpisodeEnv, codec: TurnCodec, o: PlayOpt
       dec.dispose();
     }
   }
+}
+
+/**
+ * The environment's answer to an episode's action, taken into the call's record: its reward on the
+ * action's last token (at position `lastAt`) and in the return, the turn's record; then how the
+ * episode ends there (done, at the turn budget, or with no room for the observation and one more
+ * token), or the observation's tokens it goes on with.
+ */
+export function answered(
+  out: Played,
+  codec: TurnCodec,
+  o: Pick<PlayOptions, 'promptLen' | 'responseLen' | 'budget'>,
+  at: { row: number; lastAt: number; action: number[]; turn: number },
+  value: EnvTurn,
+  seconds: number,
+): EpisodeRecord['end'] | number[] {
+  const { promptLen: P, responseLen: R } = o;
+  const ep = out.episodes[at.row]!;
+  out.rewards[at.row * R + at.lastAt - P]! += value.reward;
+  ep.return += value.reward;
+  const record: TurnRecord = {
+    action: at.action,
+    text: codec.action(at.action),
+    observation: value.observation,
+    observationTokens: 0,
+    reward: value.reward,
+    done: value.done,
+    instance: value.instance,
+    seconds,
+    ...(value.info ? { info: value.info } : {}),
+  };
+  ep.turns.push(record);
+  if (value.done) return 'done';
+  if (at.turn >= o.budget.maxTurns) return 'turns';
+  const obs = codec.observation(value.observation, false);
+  // The observation and at least one token of the next action must fit.
+  if (at.lastAt + 1 + obs.length >= P + R) return 'truncated';
+  record.observationTokens = obs.length;
+  return obs;
 }
 
 /** Whether an action's text ends with one of the stop strings. */

@@ -12,7 +12,7 @@
 // and come back exact copies. So it equals the same episode played in groups (play.ts), bit for bit.
 import type { EnvTurn } from '../../mesh/wire/index.ts';
 import { Rng, sampleToken, type RowStash } from '../model/index.ts';
-import { endsWithStop, playedOf, type EpisodeEnv, type EpisodeRecord, type Played, type PlayOptions, type TurnCodec, type TurnRecord } from './play.ts';
+import { answered, endsWithStop, playedOf, type EpisodeEnv, type EpisodeRecord, type Played, type PlayOptions, type TurnCodec } from './play.ts';
 
 interface Episode {
   /** Its row in the call. */
@@ -124,30 +124,10 @@ export async function playInSlots(env: EpisodeEnv, codec: TurnCodec, o: PlayOpti
     const stepped = (e: Episode) => async (value: EnvTurn, seconds: number) => {
       await o.afterRound?.();
       e.awaiting = false;
-      const ep = out.episodes[e.row]!;
-      const lastAt = e.len + e.pending.length - 1;
-      out.rewards[e.row * R + lastAt - P]! += value.reward;
-      ep.return += value.reward;
-      const record: TurnRecord = {
-        action: e.action,
-        text: codec.action(e.action),
-        observation: value.observation,
-        observationTokens: 0,
-        reward: value.reward,
-        done: value.done,
-        instance: value.instance,
-        seconds,
-        ...(value.info ? { info: value.info } : {}),
-      };
-      ep.turns.push(record);
+      const next = answered(out, codec, o, { row: e.row, lastAt: e.len + e.pending.length - 1, action: e.action, turn: e.turn }, value, seconds);
       e.action = [];
-      if (value.done) return finish(e, 'done');
-      if (e.turn >= o.budget.maxTurns) return finish(e, 'turns');
-      const obs = codec.observation(value.observation, false);
-      // The observation and at least one token of the next action must fit.
-      if (lastAt + 1 + obs.length >= width) return finish(e, 'truncated');
-      write(e, obs);
-      record.observationTokens = obs.length;
+      if (!Array.isArray(next)) return finish(e, next);
+      write(e, next);
       toSlot(e);
     };
     for (;;) {
