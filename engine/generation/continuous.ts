@@ -10,7 +10,7 @@
 // generate call's prefill; its decoding attends over the cache's width, the positions it has not
 // written masked, which adds exact zeros; its log-probabilities come from a forward pass over the
 // whole sequence, as a generate call's do.
-import { type GptRank, Rng, ShardError, replicaRows, sampleToken, samplingProblem, yieldToLoop, type RowDecoder, type Sampling } from '../model/index.ts';
+import { type DecodingRank, type GptRank, Rng, ShardError, logSoftmaxRows, replicaRows, sampleToken, samplingProblem, yieldToLoop, type RowDecoder, type Sampling } from '../model/index.ts';
 
 export interface ContinuousOptions extends Sampling {
   /** The queue's prompts [N, promptLen], in the order their samples take slots. */
@@ -24,8 +24,28 @@ export interface ContinuousOptions extends Sampling {
   eos?: number;
   /** Sequences decoded at once. */
   slots: number;
-  /** Told of each sample as it ends, in the order they end: its whole row [promptLen + responseLen] and its log-probabilities [responseLen]. */
-  onSample?: (index: number, tokens: Int32Array, logprobs: Float32Array) => void;
+  /** Told of each sample as it ends, in the order they end: its whole row [promptLen + responseLen], its log-probabilities [responseLen] and, in flight, each token's version [responseLen]. */
+  onSample?: (index: number, tokens: Int32Array, logprobs: Float32Array, versions?: Int32Array) => void;
+  /** In-flight weight updates: the session may go on with a newer version between two passes. */
+  inflight?: Inflight;
+}
+
+/** What a session needs to take new versions in flight (engine/generation/inflight.ts says when). */
+export interface Inflight {
+  /** The version the session starts with. */
+  version: number;
+  /** The keys and values written before a switch: kept as the old version wrote them (PipelineRL), or written again with the new one (AReaL). */
+  kv: 'keep' | 'recompute';
+  /**
+   * Asked before each pass (`step`, from 0): the version to go on with from that pass on, and its
+   * rank; undefined (or a promise of it) to go on as is. A promise holds the pass until it settles.
+   */
+  at(step: number): SwitchTo | undefined | Promise<SwitchTo | undefined>;
+}
+
+export interface SwitchTo {
+  version: number;
+  rank: () => Promise<DecodingRank>;
 }
 
 export interface ContinuousResult {
@@ -39,6 +59,10 @@ export interface ContinuousResult {
   prefills: number;
   /** Slot-steps that held a sample, over all slot-steps decoded: how full the slots were. */
   occupancy: number;
+  /** In flight: [N, responseLen], the version that drew each token (−1 after the end). */
+  versions?: Int32Array;
+  /** In flight: the passes from which the session went on with a newer version. */
+  switches?: Array<{ step: number; version: number }>;
 }
 
 /** Why a continuous generation cannot run as asked, or undefined. */
@@ -64,13 +88,21 @@ export async function generateContinuous(open: (rows: number, capacity: number) 
   const tokens = new Int32Array(N * width).fill(eos ?? 0);
   for (let i = 0; i < N; i++) tokens.set(o.prompts.subarray(i * P, (i + 1) * P), i * width);
   const logprobs = new Float32Array(N * R);
-  const result: ContinuousResult = { tokens, logprobs, steps: 0, prefills: 0, occupancy: 0 };
+  const inflight = o.inflight;
+  // In flight, a row's tokens may come from several versions: each token's log-probability is read
+  // off the logits it was drawn from (the behaviour policy's, token by token), with its version.
+  const versions = inflight ? new Int32Array(N * R).fill(-1) : undefined;
+  let version = inflight?.version ?? 0;
+  const result: ContinuousResult = { tokens, logprobs, steps: 0, prefills: 0, occupancy: 0, ...(inflight ? { versions, switches: [] } : {}) };
   if (N === 0) return result;
   const dec = await open(Math.min(o.slots, N), width);
   // Per row of the session: its sample (−1: free), its length so far (its next position), and the logits that draw its next token.
   let sample = new Int32Array(dec.rows).fill(-1);
   let len = new Int32Array(dec.rows);
   let logits: Array<Float32Array | undefined> = new Array(dec.rows);
+  // In flight: each row's log-softmax of those logits, and the version that made them.
+  let lsm: Array<Float32Array | undefined> = new Array(dec.rows);
+  let made = new Int32Array(dec.rows);
   const rngs = new Map<number, Rng>();
   let next = 0;
   let live = 0;
@@ -82,11 +114,14 @@ export async function generateContinuous(open: (rows: number, capacity: number) 
       if (free.length && next < N) {
         const into = Int32Array.from(free.slice(0, N - next));
         const first = await dec.prefill(into, o.prompts.subarray(next * P, (next + into.length) * P), P);
+        const firstLsm = inflight ? logSoftmaxRows(first, into.length, V) : undefined;
         result.prefills += 1;
         into.forEach((r, j) => {
           sample[r] = next + j;
           len[r] = P;
           logits[r] = first.subarray(j * V, (j + 1) * V);
+          lsm[r] = firstLsm?.subarray(j * V, (j + 1) * V);
+          made[r] = version;
           rngs.set(next + j, new Rng(o.seeds[next + j]!));
         });
         next += into.length;
@@ -100,21 +135,29 @@ export async function generateContinuous(open: (rows: number, capacity: number) 
         if (i < 0) continue;
         const tok = sampleToken(logits[r]!, o, o.greedy ? 0 : rngs.get(i)!.uniform());
         tokens[i * width + len[r]!] = tok;
+        if (versions) {
+          versions[i * R + len[r]! - P] = made[r]!;
+          logprobs[i * R + len[r]! - P] = lsm[r]![tok]!;
+        }
         len[r]! += 1;
         if (tok === eos || len[r] === width) ended.push(r);
       }
-      // Those that ended: their log-probabilities in one pass, then their slots are free.
+      // Those that ended: their log-probabilities in one pass (in flight, drawn with them), then their slots are free.
       if (ended.length) {
-        const rows = new Int32Array(ended.length * width);
-        ended.forEach((r, j) => rows.set(tokens.subarray(sample[r]! * width, (sample[r]! + 1) * width), j * width));
-        const lp = await dec.logprobs(rows, ended.length, P, eos);
+        let lp: Float32Array | undefined;
+        if (!inflight) {
+          const rows = new Int32Array(ended.length * width);
+          ended.forEach((r, j) => rows.set(tokens.subarray(sample[r]! * width, (sample[r]! + 1) * width), j * width));
+          lp = await dec.logprobs(rows, ended.length, P, eos);
+        }
         ended.forEach((r, j) => {
           const i = sample[r]!;
-          logprobs.set(lp.subarray(j * R, (j + 1) * R), i * R);
+          if (lp) logprobs.set(lp.subarray(j * R, (j + 1) * R), i * R);
           rngs.delete(i);
           sample[r] = -1;
           logits[r] = undefined;
-          o.onSample?.(i, tokens.subarray(i * width, (i + 1) * width), logprobs.subarray(i * R, (i + 1) * R));
+          lsm[r] = undefined;
+          o.onSample?.(i, tokens.subarray(i * width, (i + 1) * width), logprobs.subarray(i * R, (i + 1) * R), versions?.subarray(i * R, (i + 1) * R));
         });
         live -= ended.length;
       }
@@ -129,6 +172,22 @@ export async function generateContinuous(open: (rows: number, capacity: number) 
         sample = Int32Array.from(kept, (r) => sample[r]!);
         len = Int32Array.from(kept, (r) => len[r]!);
         logits = kept.map((r) => logits[r]);
+        lsm = kept.map((r) => lsm[r]);
+        made = Int32Array.from(kept, (r) => made[r]!);
+      }
+      // In flight: a newer version from this pass on, where one is ready.
+      const to = inflight ? await inflight.at(result.steps) : undefined;
+      if (to) {
+        dec.switchTo(await to.rank());
+        version = to.version;
+        result.switches!.push({ step: result.steps, version });
+        if (inflight!.kv === 'recompute') {
+          const busyRows = Array.from(sample.keys()).filter((r) => sample[r]! >= 0);
+          await dec.recompute(
+            Int32Array.from(busyRows),
+            busyRows.map((r) => tokens.slice(sample[r]! * width, sample[r]! * width + len[r]! - 1)),
+          );
+        }
       }
       // One position for every row: a busy row feeds the token it drew; a free one (about to take
       // a sample, or about to leave) feeds anything at position 0, written over by its next prefill.
@@ -144,7 +203,13 @@ export async function generateContinuous(open: (rows: number, capacity: number) 
       result.steps += 1;
       busy += live;
       result.occupancy += sample.length;
-      for (let r = 0; r < sample.length; r++) if (sample[r]! >= 0) logits[r] = out.subarray(r * V, (r + 1) * V);
+      const outLsm = inflight ? logSoftmaxRows(out, sample.length, V) : undefined;
+      for (let r = 0; r < sample.length; r++) {
+        if (sample[r]! < 0) continue;
+        logits[r] = out.subarray(r * V, (r + 1) * V);
+        lsm[r] = outLsm?.subarray(r * V, (r + 1) * V);
+        made[r] = version;
+      }
     }
   } finally {
     dec.dispose();

@@ -227,6 +227,18 @@ export function logprobsOf(logits: tf.Tensor, tokens: tf.Tensor2D, promptLen: nu
   return tf.sum(tf.mul(tf.logSoftmax(pred), tf.oneHot(chosen, vocab)), -1) as tf.Tensor2D; // [B, R]
 }
 
+/**
+ * The log-softmax of `rows` rows of logits [rows, vocab]: the numbers logprobsOf takes a sampled
+ * token's log-probability from, row by row (a row's are the same in any batch), for the tokens a
+ * decoding step draws from these logits (their behaviour log-probabilities).
+ */
+export function logSoftmaxRows(logits: Float32Array, rows: number, vocab: number): Float32Array {
+  const t = tf.tidy(() => tf.logSoftmax(tf.tensor2d(logits.subarray(0, rows * vocab), [rows, vocab])));
+  const out = t.dataSync() as Float32Array;
+  t.dispose();
+  return out;
+}
+
 /** Values of the states before each response token: outputs P−1..P+R−2 of the scalar head. [B, R] */
 export function valuesOf(out: tf.Tensor, promptLen: number): tf.Tensor2D {
   const [B, T] = out.shape as [number, number, number];

@@ -38,6 +38,18 @@ export interface RowDecoder {
    * 0 after each `eos`): [k, width − promptLen].
    */
   logprobs(tokens: Int32Array, k: number, promptLen: number, eos?: number): Promise<Float32Array>;
+  /**
+   * The passes from now on go through `next` (another version of the same model on the same
+   * layout: its heads are this rank's); the keys and values written so far stay, as the old
+   * version wrote them. The old rank is closed.
+   */
+  switchTo(next: DecodingRank): void;
+  /**
+   * Rows `into` written again from position 0 with the passes' rank as it is now: each row's
+   * sequence [n] (its prompt and what it has drawn but the last token, which the next pass feeds)
+   * prefilled as a batch of its own, as `prefill` does; rows of one length together.
+   */
+  recompute(into: Int32Array, sequences: Int32Array[]): Promise<void>;
   dispose(): void;
 }
 
@@ -57,7 +69,8 @@ export interface DecodingRank {
 }
 
 /** A session of `rows` sequences of up to `capacity` positions on `rank`; `pads`: the rows' left padding to start with. */
-export function openRowDecoder(rank: DecodingRank, rows: number, capacity: number, pads?: Int32Array): RowDecoder {
+export function openRowDecoder(first: DecodingRank, rows: number, capacity: number, pads?: Int32Array): RowDecoder {
+  let rank = first;
   const { heads, headSize } = rank;
   const kv = new KvCache(rows * heads, headSize, capacity);
   let passes = 0;
@@ -69,7 +82,7 @@ export function openRowDecoder(rank: DecodingRank, rows: number, capacity: numbe
     pads ??= new Int32Array(held);
     into.forEach((r, j) => (pads![r] = from?.[j] ?? 0));
   };
-  return {
+  const dec: RowDecoder = {
     capacity,
     get rows() {
       return held;
@@ -102,6 +115,25 @@ export function openRowDecoder(rank: DecodingRank, rows: number, capacity: numbe
       padInto(into, stash.pads);
     },
     logprobs: (tokens, k, promptLen, eos) => rank.logprobs(`ep/${passes++}`, tokens, k, promptLen, eos),
+    switchTo(next) {
+      if (next.heads !== heads || next.headSize !== headSize)
+        throw new Error(`a decoding session of ${heads} heads of ${headSize} cannot go on with a rank of ${next.heads} heads of ${next.headSize}`);
+      rank.closed();
+      rank = next;
+    },
+    async recompute(into, sequences) {
+      const byLength = new Map<number, number[]>();
+      sequences.forEach((seq, j) => byLength.set(seq.length, [...(byLength.get(seq.length) ?? []), j]));
+      for (const [n, js] of [...byLength].sort((a, b) => a[0] - b[0])) {
+        const tokens = new Int32Array(js.length * n);
+        js.forEach((j, i) => tokens.set(sequences[j]!, i * n));
+        await dec.prefill(
+          Int32Array.from(js, (j) => into[j]!),
+          tokens,
+          n,
+        );
+      }
+    },
     dispose: () => {
       if (!open) return;
       open = false;
@@ -109,4 +141,5 @@ export function openRowDecoder(rank: DecodingRank, rows: number, capacity: numbe
       rank.closed();
     },
   };
+  return dec;
 }
