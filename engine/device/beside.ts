@@ -7,10 +7,11 @@
 import type { Call } from '../../mesh/wire/index.ts';
 
 /**
- * The calls that may run beside another: they only make, fill or free a shard, or read one's
- * digest (the owner's base, read before a view of a model with adapters is filled).
+ * The calls that may run beside another: they only make, fill or free a shard, read one's digest
+ * (the owner's base, read before a view of a model with adapters is filled), or hand a filled one
+ * to the generation running beside (`switch`: in-flight weight updates).
  */
-export const BESIDE_FNS = ['load', 'realloc', 'release', 'manifest'] as const;
+export const BESIDE_FNS = ['load', 'realloc', 'release', 'manifest', 'switch'] as const;
 
 /** The models a call reads and the ones it changes, on this device. */
 export function touches(call: Call): { reads: string[]; writes: string[] } {
@@ -20,6 +21,9 @@ export function touches(call: Call): { reads: string[]; writes: string[] } {
     case 'stats':
     case 'probe':
       return { reads: [], writes: [] };
+    case 'switch':
+      // Hands the model to a generation that reads it from then on; changes nothing.
+      return { reads: [model], writes: [] };
     case 'realloc': {
       const gives = body.sends.length > 0 || body.locals.length > 0;
       const takes = body.recvs.length > 0 || body.locals.length > 0;

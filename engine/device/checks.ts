@@ -79,7 +79,10 @@ export function shapeProblem(body: CallBody, spec: { vocab: number; context: num
         tokensIn('prompts', body.prompts) ??
         (body.eos !== undefined ? tokensIn('eos', Int32Array.of(body.eos)) : undefined) ??
         (body.slots !== undefined && body.episodes ? `slots (${body.slots}) with episodes: episodes play in groups of their own (episodes.group_size), not in slots` : undefined) ??
-        (body.samples !== undefined && body.slots === undefined ? `samples ('${body.samples}') without slots: a generation sends its rows as they end only when it generates continuously` : undefined)
+        (body.samples !== undefined && body.slots === undefined
+          ? `samples ('${body.samples}') without slots: a generation sends its rows as they end only when it generates continuously`
+          : undefined) ??
+        (body.inflight !== undefined && body.slots === undefined ? 'inflight without slots: a generation takes new versions in flight only when it generates continuously' : undefined)
       );
     case 'inference':
     case 'sft':

@@ -26,10 +26,10 @@ import { modelInfo } from '../model/index.ts';
 import { tokensDigest } from './ledger.ts';
 import { Comm } from '../../mesh/parallel/index.ts';
 import { LossError, loadLossModule } from '../model/index.ts';
-import { GptRank, heldBytes, kvCacheProblem } from '../model/index.ts';
+import { GptRank, ShardError, heldBytes, kvCacheProblem } from '../model/index.ts';
 import { HfError, SafetensorsError, readHfWeights, readPeftAdapter } from '../model/index.ts';
 import { PeftError } from '../adapters/index.ts';
-import { generateRows } from '../generation/index.ts';
+import { Switchboard, generateRows } from '../generation/index.ts';
 
 export { CallRejected } from './checks.ts';
 
@@ -122,6 +122,7 @@ export class Device {
     for (const m of dropped) void this.drop(this.hosted.get(m)!);
     for (const m of dropped) this.hosted.delete(m);
     this.keptBases.clear();
+    this.switchboard.clear(why);
     this.comm.endAll(why);
     return { dropped, kept, busy };
   }
@@ -161,7 +162,7 @@ export class Device {
     if (!h) return this.notLoaded(model, body.fn);
     const kind = this.kindOf(h);
     const allowed: Record<string, readonly CallFn[]> = {
-      policy: ['sft', 'generate', 'inference', 'train', 'manifest', 'weights', 'checkpoint', 'snapshot', 'restore', 'reload', 'release'],
+      policy: ['sft', 'generate', 'inference', 'train', 'manifest', 'weights', 'checkpoint', 'snapshot', 'restore', 'reload', 'release', 'switch'],
       value: ['inference', 'train', 'preference', 'manifest', 'weights', 'checkpoint', 'snapshot', 'restore', 'reload', 'release'],
       rule: ['inference', 'manifest', 'release'],
     };
@@ -284,6 +285,8 @@ export class Device {
         this.rssPeak = rss;
         return { rss_mb: mb(rss), window_peak_rss_mb: mb(windowPeak), peak_rss_mb: process.resourceUsage().maxRSS / 1024, heap_mb: mb(process.memoryUsage().heapUsed) };
       }
+      case 'switch':
+        return this.switchCall(call.model, body);
       case 'snapshot':
         return this.snapshot(this.hosted.get(call.model)!, call.model, call.iteration, body);
       case 'reload':
@@ -610,12 +613,59 @@ export class Device {
     const onSample =
       stage === undefined
         ? undefined
-        : (row: number, tokens: Int32Array, logprobs: Float32Array) => {
-            const log: SampleLog = { type: 'sample', v: PROTOCOL_VERSION, epoch: call.epoch ?? 0, iteration: call.iteration, stage, row, tokens, logprobs };
+        : (row: number, tokens: Int32Array, logprobs: Float32Array, versions?: Int32Array) => {
+            const log: SampleLog = { type: 'sample', v: PROTOCOL_VERSION, epoch: call.epoch ?? 0, iteration: call.iteration, stage, row, tokens, logprobs, ...(versions ? { versions } : {}) };
             this.bus.publish(this.subj.samples(this.index), encode(log));
           };
-    const out = await generateRows(s, group, { ...body, slots: body.slots! }, { memoryBytes: this.options.memoryBytes, ...(onSample ? { onSample } : {}) });
-    return { tokens: out.tokens, logprobs: out.logprobs };
+    const inflight = body.inflight ? this.openInflight(s, call, group) : undefined;
+    try {
+      const out = await generateRows(s, group, { ...body, slots: body.slots! }, { memoryBytes: this.options.memoryBytes, ...(onSample ? { onSample } : {}), ...(inflight ? { inflight } : {}) });
+      return { tokens: out.tokens, logprobs: out.logprobs, ...(out.versions ? { versions: out.versions, switches: [out.switches ?? []] } : {}) };
+    } finally {
+      inflight?.close();
+    }
+  }
+
+  /** Running continuous generations that take new versions in flight (engine/generation/inflight.ts). */
+  private readonly switchboard = new Switchboard();
+
+  /** A generate call's gate for new versions in flight: a model it switches to is another copy of its own, on the same layout and rank. */
+  private openInflight(s: GptRank, call: Call & { body: CallOf<'generate'> }, group: string) {
+    const spec = call.body.inflight!;
+    if (s.layout.tp !== 1 || s.layout.pp !== 1)
+      throw new CallRejected(
+        'unsupported',
+        `'generate' of '${call.model}' on device ${this.index}: new versions in flight are taken by replicas of one device (tp = pp = 1); this layout has tp = ${s.layout.tp}, pp = ${s.layout.pp}`,
+      );
+    const replica = s.coords.dp;
+    const planned = (spec.switches ?? []).flatMap((x) => (x.steps[replica] === null || x.steps[replica] === undefined ? [] : [{ step: x.steps[replica]!, version: x.version }]));
+    return this.switchboard.open(
+      { iteration: call.iteration, model: call.model },
+      {
+        version: spec.version,
+        kv: spec.kv,
+        planned,
+        rankOf: async (model) => {
+          const h = this.hosted.get(model);
+          const next = h?.shard;
+          if (!(next instanceof GptRank))
+            throw new ShardError(`the generation on '${call.model}' was to go on with '${model}', which device ${this.index} ${h ? 'holds as no policy' : 'no longer holds'}`);
+          if (JSON.stringify(h!.layout) !== JSON.stringify(s.layout) || h!.rank !== s.rank)
+            throw new ShardError(`the generation on '${call.model}' (rank ${s.rank} of ${JSON.stringify(s.layout)}) cannot go on with '${model}', rank ${h!.rank} of ${JSON.stringify(h!.layout)}`);
+          return next.decodingRank(group, { tensorParallel: true, what: 'continuous generations' });
+        },
+      },
+    );
+  }
+
+  /** `switch`: asks the running generation to go on with `model` from its next pass, or says from which pass it does (engine/generation/inflight.ts). */
+  private async switchCall(model: string, body: CallOf<'switch'>): Promise<ResultOf<'switch'>> {
+    if (body.at === undefined) {
+      const step = await this.switchboard.ask(body.generation, model, body.version);
+      return step === undefined ? {} : { step };
+    }
+    this.switchboard.decide(body.generation, model, body.version, body.at);
+    return {};
   }
 
   /** The environments this device plays episodes against. */

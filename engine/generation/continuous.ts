@@ -228,7 +228,7 @@ export async function generateRows(
   rank: GptRank,
   group: string,
   body: Sampling & { prompts: Int32Array; batch: number; promptLen: number; responseLen: number; seeds: Uint32Array; eos?: number; slots: number },
-  o: { memoryBytes?: number; onSample?: ContinuousOptions['onSample'] } = {},
+  o: { memoryBytes?: number; onSample?: ContinuousOptions['onSample']; inflight?: Inflight } = {},
 ): Promise<ContinuousResult> {
   const [lo, hi] = replicaRows(body.batch, rank.layout.dp, rank.coords.dp);
   const { promptLen: P } = body;
@@ -241,7 +241,9 @@ export async function generateRows(
     prompts: body.prompts.subarray(lo * P, hi * P),
     seeds: body.seeds.subarray(lo, hi),
     vocab: rank.spec.vocab,
-    ...(speaks && o.onSample ? { onSample: (i, t, l) => o.onSample!(lo + i, t, l) } : {}),
+    ...(speaks && o.onSample ? { onSample: (i, t, l, v) => o.onSample!(lo + i, t, l, v) } : {}),
+    // The call's own `inflight` (what it asks for) is not the gate the device opened for it.
+    inflight: o.inflight,
   });
-  return speaks ? out : { ...out, tokens: new Int32Array(0), logprobs: new Float32Array(0) };
+  return speaks ? out : { ...out, tokens: new Int32Array(0), logprobs: new Float32Array(0), ...(out.versions ? { versions: new Int32Array(0) } : {}) };
 }

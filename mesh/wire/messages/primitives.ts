@@ -2,7 +2,7 @@
 // carries, typed arrays (msgpack extensions), and natural numbers.
 import { z } from 'zod';
 
-export const PROTOCOL_VERSION = 8;
+export const PROTOCOL_VERSION = 9;
 export const v = z.literal(PROTOCOL_VERSION);
 
 export const typed = <T>(ctor: new (...a: never[]) => T, name: string) => z.custom<T>((x) => x instanceof ctor, { message: `expected a ${name}` });

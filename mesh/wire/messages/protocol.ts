@@ -119,10 +119,11 @@ export type Checkpoint = z.infer<typeof Checkpoint>;
  * are written (by each device), version 5 only a call's `beside`, version 6 only a restore's
  * `digest`, version 7 only the digests on the chunk path (BLAKE3, each naming its algorithm; a
  * checkpoint file holds none but its ledgers' SHA-256s of tokens, unchanged), version 8 only a
- * view's kept base (load's `base`, release's `keep`, manifest's `base`), so a run directory
- * written by versions 1 to 7 still resumes.
+ * view's kept base (load's `base`, release's `keep`, manifest's `base`), version 9 only in-flight
+ * weight updates (generate's `inflight`, the `switch` call), so a run directory written by
+ * versions 1 to 8 still resumes.
  */
-export const CHECKPOINT_VERSIONS = [1, 2, 3, 4, 5, 6, 7, PROTOCOL_VERSION] as const;
+export const CHECKPOINT_VERSIONS = [1, 2, 3, 4, 5, 6, 7, 8, PROTOCOL_VERSION] as const;
 
 /** A run's checkpoint file: every rank of the kept models (those with parameters) after `iteration`. */
 export const CheckpointFile = z.strictObject({
@@ -282,8 +283,23 @@ export const SampleLog = z.strictObject({
   row: nat,
   tokens: i32,
   logprobs: f32,
+  /** In flight: the version that drew each token [responseLen] (−1 after the end). */
+  versions: i32.optional(),
 });
 export type SampleLog = z.infer<typeof SampleLog>;
+
+/**
+ * A continuous generation that may take newer versions in flight: the version it starts with, what
+ * becomes of the keys and values written before a switch, and (a replay) the switches decided
+ * before: each a version and, for each replica of the call (its dp rank), the pass it is taken
+ * from, or null where that replica did not take it.
+ */
+export const InflightSpec = z.strictObject({
+  version: nat,
+  kv: z.enum(['keep', 'recompute']),
+  switches: z.array(z.strictObject({ version: nat, steps: z.array(nat.nullable()) })).optional(),
+});
+export type InflightSpec = z.infer<typeof InflightSpec>;
 
 /** A generate call's episodes of several turns against an environment on the bus (docs/environment-protocol.md). */
 export const EpisodesSpec = z.strictObject({
@@ -392,6 +408,8 @@ export const CallBody = z.discriminatedUnion('fn', [
     slots: pos.optional(),
     /** With slots: the stage the device names when it sends each row as it ends (SampleLog); none: it sends none. */
     samples: z.string().min(1).optional(),
+    /** With slots: in-flight weight updates (engine/generation/inflight.ts). */
+    inflight: InflightSpec.optional(),
   }),
   z.strictObject({
     fn: z.literal('inference'),
@@ -492,6 +510,14 @@ export const CallBody = z.discriminatedUnion('fn', [
     digest: z.literal(true).optional(),
     inline: z.array(z.strictObject({ name: z.string(), shape: z.array(nat), data: f32, digest: Digest })).optional(),
   }),
+  /**
+   * In-flight weight updates: the call's model (a view's other copy) holds `version`, and the
+   * continuous generation of `generation.iteration` running on `generation.model` goes on with it.
+   * Without `at`: from its next pass, which it stops before and names in the reply (absent: no such
+   * generation runs here); it goes on once told again with `at` (the decision written ahead). With
+   * `at`: from that pass (held for a generation not yet there).
+   */
+  z.strictObject({ fn: z.literal('switch'), generation: z.strictObject({ iteration: nat, model: z.string().min(1) }), version: nat, at: nat.optional() }),
   /** `keep`: keep the frozen base (a model with adapters) under this digest of its owner's base, for the next load of this view. */
   z.strictObject({ fn: z.literal('release'), keep: z.string().optional() }),
   /**
@@ -734,6 +760,9 @@ export const ResultBodies = {
     episodes: z.array(EpisodeRecordWire).optional(),
     busy_seconds: z.number().optional(),
     seconds: z.number().optional(),
+    /** In flight: the version that drew each token [batch, responseLen] (−1 after the end), and each replica's switches (the pass each version was taken from). */
+    versions: i32.optional(),
+    switches: z.array(z.array(z.strictObject({ step: nat, version: nat }))).optional(),
   }),
   inference: z.union([z.strictObject({ logprobs: f32 }), z.strictObject({ values: f32 }), z.strictObject({ scores: f32 })]),
   /** The loss, its statistics (clip fraction, …: what the loss declares) and the gradient's norm. */
@@ -787,6 +816,8 @@ export const ResultBodies = {
     busy: z.array(z.string()).default([]),
   }),
   release: z.strictObject({}),
+  /** The pass the generation stops before (absent: none runs here, or it had ended). */
+  switch: z.strictObject({ step: nat.optional() }),
   shutdown: z.strictObject({}),
 } satisfies Record<CallFn, z.ZodType>;
 export type ResultOf<F extends CallFn> = z.infer<(typeof ResultBodies)[F]>;
