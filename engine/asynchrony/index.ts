@@ -4,3 +4,4 @@
 export * from './next-views.ts';
 export * from './schedule.ts';
 export * from './stale-graph.ts';
+export * from './handover.ts';

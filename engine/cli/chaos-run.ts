@@ -189,7 +189,9 @@ export async function runChaos(scenario: Scenario, out: string, say: (line: stri
   if (scenario.rl.staleness > 0 && !scenario.rl.versions) {
     const b = await chaosRun();
     const versions = b.summary?.staleness?.versions;
-    const a = await cleanRun(versions && b.summary?.status === 'succeeded' ? { ...clean, rl: { ...clean.rl, versions } } : clean);
+    // In flight, the passes its generations switched version at are part of the schedule too.
+    const switches = b.summary?.staleness?.switches;
+    const a = await cleanRun(versions && b.summary?.status === 'succeeded' ? { ...clean, rl: { ...clean.rl, versions, ...(switches ? { switches } : {}) } } : clean);
     return { ...chaosReport(name, a, b, runs), clean_replays: true };
   }
   const a = await cleanRun(clean);

@@ -50,7 +50,9 @@ export async function replayOf(dir: string, out: string): Promise<Replay> {
   // The recorded run's resolved scenario with its schedule; the launcher validates it like any.
   mkdirSync(out, { recursive: true });
   const file = join(out, 'scenario.json');
-  writeFileSync(file, `${JSON.stringify({ ...raw, rl: { ...raw.rl, versions } }, null, 2)}\n`);
+  // In flight, the passes its generations switched version at, too.
+  const switches = summary.staleness?.switches;
+  writeFileSync(file, `${JSON.stringify({ ...raw, rl: { ...raw.rl, versions, ...(switches ? { switches } : {}) } }, null, 2)}\n`);
   return { scenario: await loadScenarioFile(file), digests: summary.digests };
 }
 

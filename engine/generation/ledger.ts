@@ -23,11 +23,20 @@ interface Stored {
   rows: number[];
   tokens: Int32Array;
   logprobs: Float32Array;
+  /** In flight: each token's version [rows, responseLen]. */
+  versions?: Int32Array;
+}
+
+/** A row as kept: its tokens [width], log-probabilities [responseLen] and, in flight, each token's version [responseLen]. */
+interface Kept {
+  tokens: Int32Array;
+  logprobs: Float32Array;
+  versions?: Int32Array;
 }
 
 export class SampleLedger {
-  /** Each row of the batch as kept: its tokens [width] and log-probabilities [responseLen]. */
-  private readonly kept = new Map<number, { tokens: Int32Array; logprobs: Float32Array }>();
+  /** Each row of the batch as kept. */
+  private readonly kept = new Map<number, Kept>();
   /** The call now running: its rows, in the order of the batch it was sent (its row i is this batch's row asked[i]). */
   private asked: number[] = [];
   private written = 0;
@@ -55,8 +64,9 @@ export class SampleLedger {
     const stored = await store.loadStage<Stored>(o.iteration, samplesStage(o.stage));
     if (stored && Array.isArray(stored.rows) && stored.tokens instanceof Int32Array && stored.logprobs instanceof Float32Array) {
       const { width, responseLen: R } = o;
+      const versions = stored.versions instanceof Int32Array && stored.versions.length === stored.rows.length * R ? stored.versions : undefined;
       if (stored.tokens.length === stored.rows.length * width && stored.logprobs.length === stored.rows.length * R) {
-        stored.rows.forEach((row, j) => ledger.take(row, stored.tokens.subarray(j * width, (j + 1) * width), stored.logprobs.subarray(j * R, (j + 1) * R)));
+        stored.rows.forEach((row, j) => ledger.take(row, stored.tokens.subarray(j * width, (j + 1) * width), stored.logprobs.subarray(j * R, (j + 1) * R), versions?.subarray(j * R, (j + 1) * R)));
       }
     }
     ledger.written = ledger.kept.size;
@@ -75,8 +85,8 @@ export class SampleLedger {
     const { iteration, stage, epoch, width, responseLen } = this.o;
     if (log.iteration !== iteration || log.stage !== stage || log.epoch !== epoch) return;
     const row = this.asked[log.row];
-    if (row === undefined || log.tokens.length !== width || log.logprobs.length !== responseLen) return;
-    if (this.take(row, log.tokens, log.logprobs)) this.schedule();
+    if (row === undefined || log.tokens.length !== width || log.logprobs.length !== responseLen || (log.versions && log.versions.length !== responseLen)) return;
+    if (this.take(row, log.tokens, log.logprobs, log.versions)) this.schedule();
   }
 
   /** Tells `f` of every row kept so far, then of each as it is kept from the bus. */
@@ -94,18 +104,24 @@ export class SampleLedger {
    * The whole batch: the rows kept, and the rows the call now running answered (its reply, in the
    * order of ask()), which are kept too. Throws where a row is in neither.
    */
-  rollout(reply?: { tokens: Int32Array; logprobs: Float32Array }): { tokens: Int32Array; logprobs: Float32Array } {
+  rollout(reply?: { tokens: Int32Array; logprobs: Float32Array; versions?: Int32Array }): { tokens: Int32Array; logprobs: Float32Array; versions?: Int32Array } {
     const { rows, width, responseLen: R } = this.o;
-    if (reply) this.asked.forEach((row, i) => this.take(row, reply.tokens.subarray(i * width, (i + 1) * width), reply.logprobs.subarray(i * R, (i + 1) * R), true));
+    if (reply)
+      this.asked.forEach((row, i) =>
+        this.take(row, reply.tokens.subarray(i * width, (i + 1) * width), reply.logprobs.subarray(i * R, (i + 1) * R), reply.versions?.subarray(i * R, (i + 1) * R), true),
+      );
     const tokens = new Int32Array(rows * width);
     const logprobs = new Float32Array(rows * R);
+    // In flight, every row names its tokens' versions.
+    const versions = [...this.kept.values()].some((k) => k.versions) ? new Int32Array(rows * R).fill(-1) : undefined;
     for (let row = 0; row < rows; row++) {
       const k = this.kept.get(row);
       if (!k) throw new Error(`the generation of iteration ${this.o.iteration}, ${this.o.stage}, has no row ${row}: neither kept nor in the reply`);
       tokens.set(k.tokens, row * width);
       logprobs.set(k.logprobs, row * R);
+      if (versions && k.versions) versions.set(k.versions, row * R);
     }
-    return { tokens, logprobs };
+    return { tokens, logprobs, ...(versions ? { versions } : {}) };
   }
 
   /** Stops listening and writes what is left; resolves when the store has it. */
@@ -117,9 +133,9 @@ export class SampleLedger {
     await this.writing;
   }
 
-  private take(row: number, tokens: Int32Array, logprobs: Float32Array, quiet = false): boolean {
+  private take(row: number, tokens: Int32Array, logprobs: Float32Array, versions?: Int32Array, quiet = false): boolean {
     if (this.kept.has(row)) return false;
-    const k = { tokens: tokens.slice(), logprobs: logprobs.slice() };
+    const k: Kept = { tokens: tokens.slice(), logprobs: logprobs.slice(), ...(versions ? { versions: versions.slice() } : {}) };
     this.kept.set(row, k);
     if (!quiet) this.onRow?.(row, k.tokens, k.logprobs);
     return true;
@@ -140,12 +156,14 @@ export class SampleLedger {
     const rows = [...this.kept.keys()];
     const tokens = new Int32Array(rows.length * width);
     const logprobs = new Float32Array(rows.length * R);
+    const versions = rows.every((row) => this.kept.get(row)!.versions) ? new Int32Array(rows.length * R) : undefined;
     rows.forEach((row, j) => {
       tokens.set(this.kept.get(row)!.tokens, j * width);
       logprobs.set(this.kept.get(row)!.logprobs, j * R);
+      versions?.set(this.kept.get(row)!.versions!, j * R);
     });
     this.writing = this.writing
-      .then(() => this.store.saveStage(iteration, samplesStage(stage), { rows, tokens, logprobs }))
+      .then(() => this.store.saveStage(iteration, samplesStage(stage), { rows, tokens, logprobs, ...(versions ? { versions } : {}) }))
       .then(
         () => {
           this.written = Math.max(this.written, count);

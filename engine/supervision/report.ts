@@ -4,6 +4,7 @@ import type { Metrics } from '../../mesh/wire/index.ts';
 import { mean } from '../algorithms/index.ts';
 import { episodeFigures } from '../environments/index.ts';
 import { measuredPeriods } from '../elastic/index.ts';
+import { switchMetrics } from '../asynchrony/index.ts';
 import { asynchronySummary, median, rewardWindows, rolloutField, ruleScore, responseStats, type IterationResult, type Summary } from '../runtime/index.ts';
 import type { Context } from './context.ts';
 
@@ -28,6 +29,9 @@ export function iterationMetrics(context: Context, out: IterationResult, seconds
     ...(Object.keys(out.sources).length ? { rewards: out.sources } : {}),
     // Asynchrony: which policy made the rollout, and how many updates behind this one it is.
     ...(out.version !== undefined ? { policy_version: out.version, staleness: context.iteration - out.version } : {}),
+    // In flight: how far behind the tokens were drawn, and the passes the generations switched version at.
+    ...(out.tokenStaleness ? { token_staleness_mean: out.tokenStaleness.mean, token_staleness_max: out.tokenStaleness.max } : {}),
+    ...(out.switches ? { switches: switchMetrics(out.switches) } : {}),
   };
   return metrics;
 }

@@ -9,7 +9,7 @@ import type { CheckpointSet } from '../run/setup.ts';
 import { packReplicas, unpackReplicas } from '../store/replicas.ts';
 import type { TransportStats } from '../dispatch/dispatch.ts';
 import type { RolloutAccount } from '../../device/index.ts';
-import { stalenessSummary } from '../../asynchrony/index.ts';
+import { stalenessSummary, switchesOfMetric, type SwitchDecision } from '../../asynchrony/index.ts';
 
 export type { RolloutAccount };
 
@@ -60,7 +60,15 @@ export interface Summary {
    * `npm run scenario -- --replay` re-runs), and the rollouts' age when trained on — mean, max,
    * and iterations per age.
    */
-  staleness?: { versions: number[]; mean: number; max: number; histogram: Record<string, number> };
+  staleness?: {
+    versions: number[];
+    mean: number;
+    max: number;
+    histogram: Record<string, number>;
+    /** In flight (rl.inflight): the tokens' age when trained on (mean over the run, most), and each iteration's generations' switches by call (what --replay re-runs). */
+    tokens?: { mean: number; max: number };
+    switches?: Record<string, Record<string, SwitchDecision[]>>;
+  };
   /** Over NATS: the server's version, and how its JetStream syncs writes ('always', an interval, or why not set). */
   bus?: { server_version: string; sync: string };
   error?: string;
@@ -70,7 +78,15 @@ export interface Summary {
 export function asynchronySummary(history: readonly Metrics[]): Pick<Summary, 'staleness'> {
   const versions = history.map((m) => m.policy_version);
   if (versions.length === 0 || versions.some((v) => typeof v !== 'number')) return {};
-  return { staleness: { versions: versions as number[], ...stalenessSummary(history.map((m) => (typeof m.staleness === 'number' ? m.staleness : 0))) } };
+  const ages = stalenessSummary(history.map((m) => (typeof m.staleness === 'number' ? m.staleness : 0)));
+  // In flight: per token (the mean of the iterations' means, and the most), and the decisions.
+  const inflight = history.filter((m) => typeof m.token_staleness_mean === 'number');
+  const tokens = inflight.length
+    ? { mean: inflight.reduce((a, m) => a + (m.token_staleness_mean as number), 0) / inflight.length, max: Math.max(...inflight.map((m) => m.token_staleness_max as number)) }
+    : undefined;
+  const switched = history.filter((m) => typeof m.switches === 'object');
+  const switches = switched.length ? Object.fromEntries(switched.map((m) => [String(m.iteration), switchesOfMetric(m.switches as Record<string, number>)])) : undefined;
+  return { staleness: { versions: versions as number[], ...ages, ...(tokens ? { tokens } : {}), ...(switches ? { switches } : {}) } };
 }
 
 /** Observers of a run: the run directory, the bus's event subject, a progress bar. */

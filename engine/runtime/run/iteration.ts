@@ -1,13 +1,13 @@
 // One iteration of an algorithm's graph: its sources, generations (ahead under rl.lag and
 // rl.staleness), rewards from rules, models and actors, inference and training, the host steps
 // between them, and what an iteration keeps in the run's store; the digests of what was trained.
-import type { LedgerEntry } from '../../../mesh/wire/index.ts';
+import type { InflightSpec, LedgerEntry } from '../../../mesh/wire/index.ts';
 import type { EpisodeRecordWire, RewardItem } from '../../../mesh/wire/index.ts';
 import type { Dispatcher } from '../dispatch/dispatch.ts';
 import { mean, rowLengths, readPairsFile, runGraph, taskPairs, type CallDecl, type Fields } from '../../algorithms/index.ts';
 import type { PairsFile } from '../../algorithms/index.ts';
 import { tokensDigest } from '../../device/index.ts';
-import { admitted, asynchronyOf, copyOf, decidedAhead, generatesWith, type NextViews } from '../../asynchrony/index.ts';
+import { admitted, asynchronyOf, copyOf, decidedAhead, decisionsOf, generatesWith, handOver, tokenStaleness, type NextViews, type SwitchDecision } from '../../asynchrony/index.ts';
 import { Stream, masked, responseLengths, responseMask, seedOf } from '../../model/index.ts';
 import { rowsOf, tokenizerDir, type CallName } from '../scenario/scenario.ts';
 import type { RunStore } from '../store/store.ts';
@@ -181,7 +181,13 @@ export interface IterationResult {
   episodes?: EpisodeMetrics & { sample: EpisodeRecordWire[] };
   /** Under rl.lag or rl.staleness: the policy version (updates before it) that generated the rollout trained on. */
   version?: number;
+  /** In flight (rl.inflight): how many updates behind this one the rollout's tokens were drawn (mean, most), and the passes each generation switched version at, by call. */
+  tokenStaleness?: { mean: number; max: number };
+  switches?: Record<CallName, SwitchDecision[]>;
 }
+
+/** Where a generation's in-flight decisions are written ahead, for iteration u. */
+export const switchesStage = (stage: string) => `switches-${stage}`;
 
 /** What episodes need of the scenario's task: its texts, end token, and how its text becomes tokens. */
 export function episodeTaskOf(r: RunSpec, task: Task = r.task): EpisodeTaskInfo {
@@ -235,8 +241,10 @@ export async function runIteration(
    * under rl.lag). `queued`: told once the call's work is queued on its devices with the weights it
    * reads (after the reallocation to its layout): nothing queued later can change them under it.
    */
-  const generateRows = async (c: CallDecl & { fn: 'generate' }, prompts: Int32Array, u: number, queued?: () => void, on?: HeldView) => {
+  const generateRows = async (c: CallDecl & { fn: 'generate' }, prompts: Int32Array, u: number, queued?: () => void, on?: HeldView, inflight?: InflightSpec) => {
     const rows = prompts.length / task.promptLen;
+    // Decoded continuously in rl.slots slots; in flight without them, every row of the call at once.
+    const slots = s.rl.slots > 0 ? s.rl.slots : inflight ? rows : 0;
     const seeds = Uint32Array.from({ length: rows }, (_, i) => seedOf(s.seed, Stream.sample, u, i));
     // Episodes: the answers they receive are kept as they come (the ledger); played again after
     // a fault, the call carries those answers and the environment is not asked them again.
@@ -246,7 +254,7 @@ export async function runIteration(
     // Continuous generation: each row is kept as it ends (the sample ledger) and its reward asked
     // then; called again after a fault, the generation asks only for the rows not kept.
     const samples =
-      s.rl.slots > 0 && !s.environment
+      slots > 0 && !s.environment
         ? await SampleLedger.open(store, d.samples ? (listen) => d.samples!((log) => listen(log)) : undefined, {
             iteration: u,
             stage,
@@ -297,7 +305,8 @@ export async function runIteration(
                 },
               }
             : {}),
-          ...(samples ? { slots: s.rl.slots, samples: stage } : {}),
+          ...(samples ? { slots, samples: stage } : {}),
+          ...(inflight ? { inflight } : {}),
         },
         c.name,
       );
@@ -393,6 +402,8 @@ export async function runIteration(
   // generation (see below) is taken over; otherwise it is filled when first needed.
   const ahead: Array<Promise<void>> = [];
   const held = new Map<CallName, Promise<HeldView>>();
+  // In flight: the generation running now on this version's view, by call, for the next version to be handed to.
+  const running = new Map<CallName, { u: number; view: HeldView }>();
   let trained = false;
   const gens = r.graph.calls.filter((c): c is CallDecl & { fn: 'generate' } => c.fn === 'generate');
   // The epoch this iteration's calls belong to (the fence's: a stage never outlives it).
@@ -423,9 +434,26 @@ export async function runIteration(
     const generateAndStore = async (c: CallDecl & { fn: 'generate' }, u: number, queued?: () => void): Promise<Fields> => {
       const view = await viewFor(c);
       if (view.moved && !moved.includes(view.moved)) moved.push(view.moved);
-      const out = await generateRows(c, sourceOf(r, u)[c.reads.prompts!] as Int32Array, u, queued, view);
+      // In flight, the generation may go on with the next version (handed over below); a replay's carries its recorded decisions.
+      const planned = s.rl.switches?.[String(u)]?.[c.name];
+      const inflight: InflightSpec | undefined = s.rl.inflight && view.isView ? { version: iteration, kv: s.rl.inflight_kv, ...(planned ? { switches: planned } : {}) } : undefined;
+      if (inflight) running.set(c.name, { u, view });
+      let out: Awaited<ReturnType<typeof generateRows>>;
+      try {
+        out = await generateRows(c, sourceOf(r, u)[c.reads.prompts!] as Int32Array, u, queued, view, inflight);
+      } finally {
+        if (running.get(c.name)?.u === u) running.delete(c.name);
+      }
       const played = new EpisodeBook().note(out.tokens, out);
-      await store.saveStage(u, stageOf(c.name), { ports: keptPorts(c, out.ports), generated: out.generated, version: iteration, ...(played ? { played } : {}) });
+      const switches = out.switches ? decisionsOf(out.switches) : undefined;
+      await store.saveStage(u, stageOf(c.name), {
+        ports: keptPorts(c, out.ports),
+        generated: out.generated,
+        version: iteration,
+        ...(played ? { played } : {}),
+        ...(out.versions ? { tokenVersions: out.versions } : {}),
+        ...(switches ? { switches } : {}),
+      });
       return rename(c, out.ports);
     };
     const scoreAndStore = async (u: number, fields: Fields) => {
@@ -508,8 +536,9 @@ export async function runIteration(
       ahead.push(more);
     }
   }
-  // The policy version each generation of this iteration came from.
+  // The policy version each generation of this iteration came from; in flight, each token's, and the generation's switches.
   const versions = new Map<string, number>();
+  const inflightOf = new Map<string, { tokens: Int32Array; switches: SwitchDecision[] }>();
   /** The version that generated the rollout a train call reads (this iteration's, when no generation writes it). */
   const versionOf = (c: CallDecl) => {
     const gen = r.graph.calls.find((g) => g.fn === 'generate' && Object.values(g.writes).includes(c.reads.tokens!));
@@ -526,9 +555,12 @@ export async function runIteration(
         generated?: number;
         played?: PlayedEpisodes;
         version?: number;
+        tokenVersions?: Int32Array;
+        switches?: SwitchDecision[];
       }>(iteration, stage);
       if (kept && keptProblem(c, kept) === undefined) {
         if (c.fn === 'generate') versions.set(c.name, kept.version ?? iteration);
+        if (c.fn === 'generate' && kept.tokenVersions instanceof Int32Array) inflightOf.set(c.name, { tokens: kept.tokenVersions, switches: kept.switches ?? [] });
         if (kept.sources) callSources.set(c.name, kept.sources);
         // Episodes are read back from their record, never played again.
         if (kept.played && kept.ports.tokens instanceof Int32Array) book.note(kept.ports.tokens, kept.played);
@@ -563,8 +595,28 @@ export async function runIteration(
       next.push(views.prepare(c.name, iteration + 1, epoch, r, () => holdView(d, r, c.name, iteration, { copy: copyOf(iteration + 1), beside: true })));
     }
   }
+  // In flight (rl.inflight): the generation still running on this version's view goes on with the
+  // next version as soon as its copy is filled (engine/asynchrony/handover.ts), from a pass decided
+  // by its devices and written ahead; a replay tells its devices the recorded passes.
+  const handNext = async (c: CallDecl, to: HeldView): Promise<void> => {
+    const base = { devices: layoutOf(r, c.name).devices, to: { model: to.name, version: iteration + 1 } };
+    const call = (device: number, model: string, body: Parameters<Parameters<typeof handOver>[0]['call']>[2]) => d.call(device, model, iteration, body, undefined, { beside: true });
+    if (asynchrony?.mode === 'replay') {
+      const from = (await held.get(c.name))?.name;
+      for (const [u, byCall] of Object.entries(s.rl.switches ?? {})) {
+        for (const planned of byCall[c.name] ?? []) {
+          if (planned.version === iteration + 1 && from !== undefined) await handOver({ ...base, generation: { iteration: Number(u), model: from }, call, record: async () => {}, planned });
+        }
+      }
+      return;
+    }
+    const g = running.get(c.name);
+    if (!g) return;
+    await handOver({ ...base, generation: { iteration: g.u, model: g.view.name }, call, record: (decision) => store.saveStage(g.u, switchesStage(stageOf(c.name)), decision) });
+  };
+  const handed = s.rl.inflight ? gens.filter((g) => viewOf(r, g.name).isView).map((c, i) => next[i]?.then((view) => handNext(c, view))) : [];
   // What was generated ahead is stored before the iteration ends (its snapshot covers it).
-  await Promise.all(ahead);
+  await Promise.all([...ahead, ...handed]);
   for (const view of await Promise.all(next)) if (view.moved) moved.push(view.moved);
   await Promise.all([...held.values()].map((h) => h.then((v) => v.release())));
   const rewardCall = r.graph.calls.find((c) => c.fn === 'inference' && c.writes.scores === r.graph.reward);
@@ -573,12 +625,17 @@ export async function runIteration(
   const episodes = tokens instanceof Int32Array ? book.metrics(tokens) : undefined;
   const rolloutCall = r.graph.calls.find((c) => c.fn === 'generate' && c.writes.tokens === rollout);
   const version = rolloutCall ? versions.get(rolloutCall.name) : undefined;
+  const flight = rolloutCall ? inflightOf.get(rolloutCall.name) : undefined;
+  const staleTokens = flight && tokens instanceof Int32Array ? tokenStaleness(flight.tokens, maskOf(tokens), iteration) : undefined;
+  const switches = [...inflightOf].filter(([, f]) => f.switches.length > 0).map(([call, f]) => [call, f.switches] as const);
   return {
     fields,
     moved,
     sources: (rewardCall && callSources.get(rewardCall.name)) ?? {},
     generated,
     ...(asynchrony && version !== undefined ? { version } : {}),
+    ...(staleTokens ? { tokenStaleness: staleTokens } : {}),
+    ...(switches.length ? { switches: Object.fromEntries(switches) } : {}),
     ...(episodes && tokens instanceof Int32Array ? { episodes: { ...episodes, sample: book.records(tokens)!.slice(0, 4) } } : {}),
   };
 }

@@ -2,7 +2,7 @@
 // algorithm, cluster and models, its task (built in or a dataset's), and its models' specs.
 import { staleGraph, versionsProblem } from '../../asynchrony/index.ts';
 import { formatIssues, shortList } from '../../../mesh/wire/index.ts';
-import { deviceCount, parseMesh, singleDeviceMesh, MeshError, type Cluster } from '../../../mesh/parallel/index.ts';
+import { deviceCount, layoutKey, parseMesh, singleDeviceMesh, MeshError, type Cluster } from '../../../mesh/parallel/index.ts';
 import { makeTask, type Task, type VerifierName } from '../../device/index.ts';
 import { HfError, TextTokenizer, TokenizerError, gptSpecOf, parameterShapes, readHfConfig, readPeftAdapter, readPeftConfig, type GptSpec } from '../../model/index.ts';
 import { defaultTargets, loraProblem, PeftError, type LoraSpec } from '../../adapters/index.ts';
@@ -249,9 +249,35 @@ export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
       if (p && p.pp > 1) errors.push(`rl.slots: ${s.rl.slots}, and plan.${c.name} has pp = ${p.pp}: continuous generation decodes on replicas of one stage (pp = 1)`);
     }
   }
+  errors.push(...inflightProblems(s, graph, plan));
   if (s.model.from === undefined && s.model.width % s.model.heads !== 0) errors.push(`model.width: ${s.model.width} is not divisible by model.heads = ${s.model.heads}`);
   if (errors.length) throw new ScenarioError(`${where}: the plan does not fit:\n  ${shortList(errors).join('\n  ')}`);
   return plan;
+}
+
+/** What keeps a scenario's rl.inflight (and its recorded rl.switches) from running. */
+function inflightProblems(s: Scenario, graph: Graph, plan: Plan): string[] {
+  const errors: string[] = [];
+  if (s.rl.switches !== undefined && !(s.rl.inflight && s.rl.versions !== undefined))
+    errors.push('rl.switches: recorded in-flight decisions replay a free-running in-flight run; they need rl.inflight: true and its schedule, rl.versions');
+  if (!s.rl.inflight) return errors;
+  if (s.rl.staleness === 0)
+    errors.push(
+      `rl.inflight: new versions are taken in flight by a free-running run; set rl.staleness: η of at least 1 (it is 0${s.rl.lag > 0 ? `; rl.lag: ${s.rl.lag} fixes each rollout's version, which an update in flight would change` : ''})`,
+    );
+  if (graph.source === 'pairs') errors.push(`rl.inflight, and '${algorithmSpec(s).algorithm.name}' learns from preference pairs: it generates nothing to update in flight`);
+  if (s.environment)
+    errors.push('rl.inflight with an environment: episodes take no new version in flight (their turns are generated in slots of their own); leave rl.inflight out, or the environment');
+  for (const c of graph.calls.filter((c) => c.fn === 'generate')) {
+    const p = plan[c.name];
+    const own = plan[ownerCall(graph, c.model).name];
+    if (p && (p.tp > 1 || p.pp > 1)) errors.push(`rl.inflight, and plan.${c.name} has tp = ${p.tp}, pp = ${p.pp}: new versions are taken in flight by replicas of one device (tp = pp = 1)`);
+    else if (p && own && layoutKey(p) === layoutKey(own))
+      errors.push(
+        `rl.inflight, and plan.${c.name} is the layout '${c.model}' trains on: a generation there sees each update as it is made; in-flight updates need the generation on devices of its own`,
+      );
+  }
+  return errors;
 }
 
 /** What in a scenario's `environment:` does not fit its algorithm, plan or task. */

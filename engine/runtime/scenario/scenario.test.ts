@@ -46,6 +46,8 @@ describe('parseScenario defaults', () => {
       lag: 0,
       staleness: 0,
       slots: 0,
+      inflight: false,
+      inflight_kv: 'keep',
     },
     reward: { weight: 1, actors: [] },
     checkpoint: { every: 1 },

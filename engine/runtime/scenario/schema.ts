@@ -254,6 +254,22 @@ export const Scenario = z.strictObject({
         .describe(
           'continuous generation: each replica of a generation decodes this many sequences at once, and a response that ends gives its slot to the next prompt at once; each response goes to the run’s store and to the reward actors the moment it ends; with an environment, an episode waiting on it gives its slot to another, in place of environment.group_size (0: off, every prompt of the call decoded as one batch, episodes in groups); the samples are the same bit for bit either way',
         ),
+      inflight: z
+        .boolean()
+        .default(false)
+        .describe(
+          'in-flight weight updates (with rl.staleness): when the next version reaches the rollout devices, the generation running there goes on with it from its next decoding pass instead of finishing on the old one; each token records the version that drew it and its behaviour log-probability, which the decoupled loss reads; the pass is a decision written ahead, and --replay re-runs it (generates continuously: rl.slots, or every row of a call at once)',
+        ),
+      inflight_kv: z
+        .enum(['keep', 'recompute'])
+        .default('keep')
+        .describe('in flight, the keys and values written before a switch: keep the old version’s (PipelineRL) or write them again with the new one (AReaL)'),
+      switches: z
+        .record(z.string(), z.record(z.string(), z.array(z.strictObject({ version: nat, steps: z.array(nat.nullable()) }))))
+        .optional()
+        .describe(
+          'an in-flight run’s recorded decisions, by iteration and generate call: the version each generation switched to and, per replica, the pass it did so from (written by npm run scenario -- --replay; with rl.inflight and rl.versions)',
+        ),
       versions: z
         .array(nat)
         .optional()
