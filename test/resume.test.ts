@@ -111,7 +111,7 @@ describe('npm run scenario -- --resume RUN_DIR', () => {
     for (const [call, p] of Object.entries(plan)) expect(p.mesh, call).toBe('0:0');
   }, 300_000);
 
-  it("reads a checkpoint written by protocol 1 to 7 (only how chunks travel, the reset call, where snapshots are written, calls beside, a restore answer, the chunk path digests and a view's kept base changed since), and refuses one of an unknown version", () => {
+  it("reads a checkpoint written by protocol 1 to 8 (only how chunks travel, the reset call, where snapshots are written, calls beside, a restore answer, the chunk path digests, a view's kept base and in-flight updates changed since), and refuses one of an unknown version", () => {
     const dir = tempDir();
     const packr = new Packr({ useRecords: false, moreTypes: true, mapsAsObjects: true });
     const models = { actor: [{ tensors: [{ name: 'wte', shape: [2], data: new Float32Array([1, -0]) }] }] };
@@ -135,8 +135,10 @@ describe('npm run scenario -- --resume RUN_DIR', () => {
     expect(readResume(dir).checkpoint.actor![0]!.ledger).toEqual(ledger);
     writeFileSync(join(dir, 'checkpoint.msgpack'), packr.pack({ type: 'checkpoint', v: 7, iteration: 10, models }));
     expect(readResume(dir).iteration).toBe(10);
-    writeFileSync(join(dir, 'checkpoint.msgpack'), packr.pack({ type: 'checkpoint', v: 9, iteration: 4, models }));
-    expect(() => readResume(dir)).toThrow(`expected protocol version v=1, v=2, v=3, v=4, v=5, v=6, v=7 or v=${PROTOCOL_VERSION}, got 9`);
+    writeFileSync(join(dir, 'checkpoint.msgpack'), packr.pack({ type: 'checkpoint', v: 8, iteration: 11, models }));
+    expect(readResume(dir).iteration).toBe(11);
+    writeFileSync(join(dir, 'checkpoint.msgpack'), packr.pack({ type: 'checkpoint', v: 10, iteration: 4, models }));
+    expect(() => readResume(dir)).toThrow(`expected protocol version v=1, v=2, v=3, v=4, v=5, v=6, v=7, v=8 or v=${PROTOCOL_VERSION}, got 10`);
   });
 
   it('says what is missing when a run directory has no checkpoint', async () => {

@@ -2,11 +2,13 @@
 // responses of 1 to 33 tokens) beside a reward actor that takes a fixed time per request
 // (examples/reward-actor/ascending.mjs --delay-ms), over NATS with worker processes, the same 2
 // devices and plan for every run, one run after the other: lock-step, rl.lag 1, and continuous
-// generation (rl.slots, at lag 1). Prints, per run: seconds per iteration (median, the first two
+// generation (rl.slots, at lag 1), and continuous generation free-running within one update with
+// in-flight weight updates (rl.staleness 1, rl.inflight). Prints, per run: seconds per iteration (median, the first two
 // left out: set-up and the first ahead generation), generated tokens per second, the rollout
 // device's idle share (1 − the time it spent in calls over the measured iterations' time, from
-// the run's timeline), reward first 5 / last 5, the rollouts' staleness (mean, max); then each
-// run's speedup over lock-step and over lag 1.
+// the run's timeline), reward first 5 / last 5, the rollouts' staleness (mean, max) and, in
+// flight, the tokens' (mean, max) and the switches; then each run's speedup over lock-step and
+// over lag 1.
 import { spawn } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -28,6 +30,10 @@ export interface ContinuousRow {
   reward_last5: number | null;
   staleness_mean: number;
   staleness_max: number;
+  /** In flight: the response tokens' staleness (the mean of the iterations' means, the most), and the generations that switched version. */
+  token_staleness_mean?: number;
+  token_staleness_max?: number;
+  switches?: number;
 }
 
 const median = (xs: number[]) => {
@@ -50,11 +56,12 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
     rows.push(await once('lock-step', 0, 0));
     rows.push(await once('lag 1', 1, 0));
     rows.push(await once(`continuous (${slots} slots, lag 1)`, 1, slots));
+    rows.push(await once(`continuous in flight (${slots} slots, η 1)`, 0, slots, true));
   } finally {
     reward.kill('SIGTERM');
     await server.stop();
   }
-  const [sync, lagged, continuous] = rows as [ContinuousRow, ContinuousRow, ContinuousRow];
+  const [sync, lagged, continuous, inflight] = rows as [ContinuousRow, ContinuousRow, ContinuousRow, ContinuousRow];
   const over = (a: ContinuousRow, b: ContinuousRow) => b.seconds_per_iteration / a.seconds_per_iteration;
   const out = {
     rows,
@@ -62,14 +69,16 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
     speedup_lag1_over_lockstep: over(lagged, sync),
     speedup_continuous_over_lockstep: over(continuous, sync),
     speedup_continuous_over_lag1: over(continuous, lagged),
+    speedup_inflight_over_lockstep: over(inflight, sync),
+    speedup_inflight_over_lag1: over(inflight, lagged),
   };
   o.log(
-    `speedups (s/iteration): lag 1 ${out.speedup_lag1_over_lockstep.toFixed(2)}× lock-step; continuous ${out.speedup_continuous_over_lockstep.toFixed(2)}× lock-step, ${out.speedup_continuous_over_lag1.toFixed(2)}× lag 1`,
+    `speedups (s/iteration): lag 1 ${out.speedup_lag1_over_lockstep.toFixed(2)}× lock-step; continuous ${out.speedup_continuous_over_lockstep.toFixed(2)}× lock-step, ${out.speedup_continuous_over_lag1.toFixed(2)}× lag 1; in flight ${out.speedup_inflight_over_lockstep.toFixed(2)}× lock-step, ${out.speedup_inflight_over_lag1.toFixed(2)}× lag 1`,
   );
   return out;
 
-  async function once(name: string, lag: number, slots: number): Promise<ContinuousRow> {
-    const scenario: Scenario = { ...base, name: `${base.name}-${lag}-${slots}`, rl: { ...base.rl, lag, slots, staleness: 0 } };
+  async function once(name: string, lag: number, slots: number, inflight = false): Promise<ContinuousRow> {
+    const scenario: Scenario = { ...base, name: `${base.name}-${lag}-${slots}${inflight ? '-inflight' : ''}`, rl: { ...base.rl, lag, slots, staleness: inflight ? 1 : 0, inflight } };
     const dir = mkdtempSync(join(tmpdir(), `ferry-bench-continuous-`));
     const run = await launch({
       scenario,
@@ -107,9 +116,16 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
       reward_last5: run.summary.reward_last5,
       staleness_mean: staleness.reduce((a, b) => a + b, 0) / staleness.length,
       staleness_max: Math.max(...staleness),
+      ...(inflight
+        ? {
+            token_staleness_mean: run.summary.staleness?.tokens?.mean ?? 0,
+            token_staleness_max: run.summary.staleness?.tokens?.max ?? 0,
+            switches: Object.values(run.summary.staleness?.switches ?? {}).reduce((n, byCall) => n + Object.values(byCall).reduce((m, ds) => m + ds.length, 0), 0),
+          }
+        : {}),
     };
     o.log(
-      `${name}: ${row.seconds_per_iteration.toFixed(3)} s/iteration (median), ${row.tokens_per_second.toFixed(0)} generated tokens/s, rollout device idle ${(100 * row.rollout_idle).toFixed(1)}%, reward ${row.reward_first5?.toFixed(3)} -> ${row.reward_last5?.toFixed(3)}, staleness mean ${row.staleness_mean.toFixed(2)} max ${row.staleness_max}`,
+      `${name}: ${row.seconds_per_iteration.toFixed(3)} s/iteration (median), ${row.tokens_per_second.toFixed(0)} generated tokens/s, rollout device idle ${(100 * row.rollout_idle).toFixed(1)}%, reward ${row.reward_first5?.toFixed(3)} -> ${row.reward_last5?.toFixed(3)}, staleness mean ${row.staleness_mean.toFixed(2)} max ${row.staleness_max}${inflight ? `, tokens' staleness mean ${row.token_staleness_mean!.toFixed(2)} max ${row.token_staleness_max}, ${row.switches} generations switched version in flight` : ''}`,
     );
     rmSync(dir, { recursive: true, force: true });
     return row;

@@ -64,9 +64,10 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
                                                 speedup against the planner's estimate, reward first 5 -> last 5, the staleness
   continuous [--iterations N] [--delay-ms D] [--slots S]
                                                 scenarios/continuous.yaml (count in base 32: responses of 1 to 33 tokens) lock-step,
-                                                with rl.lag 1, and generated continuously (rl.slots, lag 1), over NATS, with a reward
-                                                actor of D ms a request (100): s/iteration, tokens/s, the rollout device's idle share,
-                                                reward first 5 -> last 5, staleness, and the speedups
+                                                with rl.lag 1, generated continuously (rl.slots, lag 1), and continuously within η 1
+                                                with in-flight weight updates (rl.inflight), over NATS, with a reward actor of D ms a
+                                                request (100): s/iteration, tokens/s, the rollout device's idle share, reward first 5 ->
+                                                last 5, staleness (in flight, the tokens' too), and the speedups
   checkpoint                                    a SmolLM-135M-shaped llama checkpoint written in F32 and BF16, read back,
                                                 loaded on one rank from its directory, and 8 tokens decoded: sizes and seconds
   snapshot [--iterations N] [--sync S]          a snapshot after every iteration, the actor pipelined over 1, 2 and 4 devices (two layers

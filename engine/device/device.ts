@@ -89,6 +89,7 @@ export class Device {
 
   close(): void {
     this.episodes.close();
+    this.switchboard.clear(`device ${this.index} closed`);
     for (const h of this.hosted.values()) void this.drop(h);
     this.comm.close();
     clearInterval(this.sampler);
