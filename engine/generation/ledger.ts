@@ -48,7 +48,7 @@ export class SampleLedger {
 
   private constructor(
     private readonly store: SampleStore,
-    private readonly o: { iteration: number; stage: string; epoch: number; rows: number; width: number; responseLen: number; flushMs: number; say?: (line: string) => void },
+    private readonly o: { iteration: number; stage: string; epoch: number; rows: number; width: number; responseLen: number; flushMs: number; say?: (line: string) => void; whole?: boolean },
   ) {}
 
   /**
@@ -58,10 +58,12 @@ export class SampleLedger {
   static async open(
     store: SampleStore,
     listen: ((listener: (log: SampleLog) => void) => () => void) | undefined,
-    o: { iteration: number; stage: string; epoch: number; rows: number; width: number; responseLen: number; flushMs?: number; say?: (line: string) => void },
+    o: { iteration: number; stage: string; epoch: number; rows: number; width: number; responseLen: number; flushMs?: number; say?: (line: string) => void; whole?: boolean },
   ): Promise<SampleLedger> {
     const ledger = new SampleLedger(store, { flushMs: 200, ...o });
-    const stored = await store.loadStage<Stored>(o.iteration, samplesStage(o.stage));
+    // `whole`: every row is made again, whatever was kept before (a generation in flight: the rows
+    // kept came with switches of their own, which a replay could not make beside the new call's).
+    const stored = o.whole ? undefined : await store.loadStage<Stored>(o.iteration, samplesStage(o.stage));
     if (stored && Array.isArray(stored.rows) && stored.tokens instanceof Int32Array && stored.logprobs instanceof Float32Array) {
       const { width, responseLen: R } = o;
       const versions = stored.versions instanceof Int32Array && stored.versions.length === stored.rows.length * R ? stored.versions : undefined;

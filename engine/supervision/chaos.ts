@@ -74,6 +74,12 @@ function deviceFor(r: RunSpec, model: string, fn: string, iteration: number): nu
     }
     case 'checkpoint':
       return kept ? first(ownerOf(r, model)) : `the reward is a rule: it has no state to checkpoint`;
+    case 'switch': {
+      // In flight: the next version handed to a generation running on a view (after the training).
+      const gen = calls.find((c) => c.fn === 'generate' && viewOf(r, c.name).isView);
+      if (!r.scenario.rl.inflight) return `a generation is handed a new version ('switch') only with rl.inflight`;
+      return !setup && gen ? first(gen.name) : `'${model}' runs no generation on devices of its own${setup ? ' during setup' : ''}`;
+    }
     case 'manifest':
       // The final digests: the trained models, after the last iteration.
       return decl.trained && iteration === r.scenario.rl.iterations - 1

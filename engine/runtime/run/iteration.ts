@@ -262,6 +262,9 @@ export async function runIteration(
             rows,
             width: task.promptLen + task.responseLen,
             responseLen: task.responseLen,
+            // In flight, a generation called again after a fault makes every row again: the replay of
+            // its recorded decisions is then one call, as this one is.
+            ...(inflight ? { whole: true } : {}),
           })
         : undefined;
     const scoring =

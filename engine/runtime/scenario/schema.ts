@@ -15,7 +15,7 @@ const nat = z.number().int().nonnegative();
 export const STRATEGIES = ['one_for_one', 'one_for_all', 'rest_for_one'] as const;
 export const POLICIES = ['permanent', 'transient', 'temporary'] as const;
 /** The calls a kill can land in (for the supervisor: while it sends that call). */
-export const CHAOS_CALLS = ['load', 'sft', 'generate', 'inference', 'train', 'realloc', 'checkpoint', 'restore', 'manifest'] as const;
+export const CHAOS_CALLS = ['load', 'sft', 'generate', 'inference', 'train', 'realloc', 'checkpoint', 'restore', 'manifest', 'switch'] as const;
 
 /** A model function call of the scenario's algorithm, `<model>.<what>`. */
 export type CallName = string;
