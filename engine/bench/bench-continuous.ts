@@ -7,11 +7,13 @@
 // left out: set-up and the first ahead generation), generated tokens per second, the rollout
 // device's idle share (1 − the time it spent in calls over the measured iterations' time, from
 // the run's timeline), reward first 5 / last 5, the rollouts' staleness (mean, max) and, in
-// flight, the tokens' (mean, max) and the switches; then each run's speedup over lock-step and
-// over lag 1.
+// flight, the tokens' (mean, max) and the switches, and how many of the machine's cores were busy
+// over the measured iterations (all processes: workers, supervisor, nats-server, reward actor; from
+// /proc/stat): where a run keeps them all busy, no schedule of the same work goes faster here.
+// Then each run's speedup over lock-step and over lag 1.
 import { spawn } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { cpus, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Metrics } from '../../mesh/wire/index.ts';
@@ -34,6 +36,17 @@ export interface ContinuousRow {
   token_staleness_mean?: number;
   token_staleness_max?: number;
   switches?: number;
+  /** The machine's cores busy on average over the measured iterations (NaN without /proc/stat). */
+  cores_busy: number;
+}
+
+/** The machine's busy and total CPU time so far (jiffies, all cores), or undefined without /proc/stat. */
+function machineCpu(): { busy: number; total: number } | undefined {
+  if (!existsSync('/proc/stat')) return undefined;
+  const fields = readFileSync('/proc/stat', 'utf8').split('\n')[0]!.trim().split(/\s+/).slice(1).map(Number);
+  const total = fields.reduce((a, b) => a + b, 0);
+  // idle and iowait are the 4th and 5th.
+  return { busy: total - fields[3]! - (fields[4] ?? 0), total };
 }
 
 const median = (xs: number[]) => {
@@ -52,12 +65,20 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
   const server = await startNatsServer();
   const reward = spawn(process.execPath, [join(ROOT, 'examples/reward-actor/ascending.mjs'), '--nats', server.url, '--delay-ms', String(o.rewardDelayMs)], { stdio: 'ignore' });
   const rows: ContinuousRow[] = [];
+  // The machine's CPU, sampled as the runs go, to read it over each run's measured window.
+  const samples: Array<{ at: number; busy: number; total: number }> = [];
+  const sample = () => {
+    const c = machineCpu();
+    if (c) samples.push({ at: Date.now(), ...c });
+  };
+  const sampler = setInterval(sample, 50);
   try {
     rows.push(await once('lock-step', 0, 0));
     rows.push(await once('lag 1', 1, 0));
     rows.push(await once(`continuous (${slots} slots, lag 1)`, 1, slots));
     rows.push(await once(`continuous in flight (${slots} slots, η 1)`, 0, slots, true));
   } finally {
+    clearInterval(sampler);
     reward.kill('SIGTERM');
     await server.stop();
   }
@@ -105,6 +126,9 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
     const to = Math.max(...calls.map((s) => s.replied!));
     const busy = calls.reduce((a, s) => a + s.device_ms!, 0) / rollout.size;
     const staleness = history.map((m) => (typeof m.staleness === 'number' ? m.staleness : 0));
+    const at = (t: number) => samples.reduce((best, x) => (Math.abs(x.at - t) < Math.abs(best.at - t) ? x : best), samples[0] ?? { at: t, busy: 0, total: 0 });
+    const [c0, c1] = [at(from), at(to)];
+    const coresBusy = c1.total > c0.total ? ((c1.busy - c0.busy) / (c1.total - c0.total)) * cpus().length : Number.NaN;
     const row: ContinuousRow = {
       run: name,
       lag,
@@ -116,6 +140,7 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
       reward_last5: run.summary.reward_last5,
       staleness_mean: staleness.reduce((a, b) => a + b, 0) / staleness.length,
       staleness_max: Math.max(...staleness),
+      cores_busy: coresBusy,
       ...(inflight
         ? {
             token_staleness_mean: run.summary.staleness?.tokens?.mean ?? 0,
@@ -125,7 +150,7 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
         : {}),
     };
     o.log(
-      `${name}: ${row.seconds_per_iteration.toFixed(3)} s/iteration (median), ${row.tokens_per_second.toFixed(0)} generated tokens/s, rollout device idle ${(100 * row.rollout_idle).toFixed(1)}%, reward ${row.reward_first5?.toFixed(3)} -> ${row.reward_last5?.toFixed(3)}, staleness mean ${row.staleness_mean.toFixed(2)} max ${row.staleness_max}${inflight ? `, tokens' staleness mean ${row.token_staleness_mean!.toFixed(2)} max ${row.token_staleness_max}, ${row.switches} generations switched version in flight` : ''}`,
+      `${name}: ${row.seconds_per_iteration.toFixed(3)} s/iteration (median), ${row.tokens_per_second.toFixed(0)} generated tokens/s, rollout device idle ${(100 * row.rollout_idle).toFixed(1)}%, ${row.cores_busy.toFixed(2)} of ${cpus().length} cores busy, reward ${row.reward_first5?.toFixed(3)} -> ${row.reward_last5?.toFixed(3)}, staleness mean ${row.staleness_mean.toFixed(2)} max ${row.staleness_max}${inflight ? `, tokens' staleness mean ${row.token_staleness_mean!.toFixed(2)} max ${row.token_staleness_max}, ${row.switches} generations switched version in flight` : ''}`,
     );
     rmSync(dir, { recursive: true, force: true });
     return row;
