@@ -6,7 +6,7 @@
 // in-flight weight updates (rl.staleness 1, rl.inflight). Prints, per run: seconds per iteration (median, the first two
 // left out: set-up and the first ahead generation), generated tokens per second, the rollout
 // device's idle share (1 − the time it spent in calls over the measured iterations' time, from
-// the run's timeline), reward first 5 / last 5, the rollouts' staleness (mean, max) and, in
+// the run's timeline) and the training device's, reward first 5 / last 5, the rollouts' staleness (mean, max) and, in
 // flight, the tokens' (mean, max) and the switches, and how many of the machine's cores were busy
 // over the measured iterations (all processes: workers, supervisor, nats-server, reward actor; from
 // /proc/stat): where a run keeps them all busy, no schedule of the same work goes faster here.
@@ -28,6 +28,8 @@ export interface ContinuousRow {
   seconds_per_iteration: number;
   tokens_per_second: number;
   rollout_idle: number;
+  /** The same of the devices that train (and infer for training: the proximal policy's pass). */
+  train_idle: number;
   reward_first5: number | null;
   reward_last5: number | null;
   staleness_mean: number;
@@ -62,6 +64,7 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
   const actor = { name: 'ascending', weight: 0.5, timeout_seconds: 30, retries: 2, wait_seconds: 30, seconds: o.rewardDelayMs / 1000 };
   const base: Scenario = { ...loaded, reward: { ...loaded.reward, weight: 0.5, actors: [actor] }, rl: { ...loaded.rl, iterations: o.iterations ?? loaded.rl.iterations } };
   const rollout = new Set(Object.entries(base.plan ?? {}).flatMap(([call, p]) => (call.endsWith('.generate') ? devicesOf(p.mesh) : [])));
+  const training = new Set(Object.entries(base.plan ?? {}).flatMap(([call, p]) => (call.endsWith('.train') ? devicesOf(p.mesh) : [])));
   const server = await startNatsServer();
   const reward = spawn(process.execPath, [join(ROOT, 'examples/reward-actor/ascending.mjs'), '--nats', server.url, '--delay-ms', String(o.rewardDelayMs)], { stdio: 'ignore' });
   const rows: ContinuousRow[] = [];
@@ -125,6 +128,7 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
     const from = Math.min(...calls.map((s) => s.sent!));
     const to = Math.max(...calls.map((s) => s.replied!));
     const busy = calls.reduce((a, s) => a + s.device_ms!, 0) / rollout.size;
+    const trainBusy = spans.filter((s) => s.type === 'call' && training.has(s.device!) && s.iteration! >= 2 && s.iteration! < history.length).reduce((a, s) => a + s.device_ms!, 0) / training.size;
     const staleness = history.map((m) => (typeof m.staleness === 'number' ? m.staleness : 0));
     const at = (t: number) => samples.reduce((best, x) => (Math.abs(x.at - t) < Math.abs(best.at - t) ? x : best), samples[0] ?? { at: t, busy: 0, total: 0 });
     const [c0, c1] = [at(from), at(to)];
@@ -136,6 +140,7 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
       seconds_per_iteration: median(measured.map((m) => m.seconds)),
       tokens_per_second: measured.reduce((a, m) => a + m.tokens, 0) / measured.reduce((a, m) => a + m.seconds, 0),
       rollout_idle: Math.max(0, 1 - busy / Math.max(1, to - from)),
+      train_idle: Math.max(0, 1 - trainBusy / Math.max(1, to - from)),
       reward_first5: run.summary.reward_first5,
       reward_last5: run.summary.reward_last5,
       staleness_mean: staleness.reduce((a, b) => a + b, 0) / staleness.length,
@@ -150,7 +155,7 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
         : {}),
     };
     o.log(
-      `${name}: ${row.seconds_per_iteration.toFixed(3)} s/iteration (median), ${row.tokens_per_second.toFixed(0)} generated tokens/s, rollout device idle ${(100 * row.rollout_idle).toFixed(1)}%, ${row.cores_busy.toFixed(2)} of ${cpus().length} cores busy, reward ${row.reward_first5?.toFixed(3)} -> ${row.reward_last5?.toFixed(3)}, staleness mean ${row.staleness_mean.toFixed(2)} max ${row.staleness_max}${inflight ? `, tokens' staleness mean ${row.token_staleness_mean!.toFixed(2)} max ${row.token_staleness_max}, ${row.switches} generations switched version in flight` : ''}`,
+      `${name}: ${row.seconds_per_iteration.toFixed(3)} s/iteration (median), ${row.tokens_per_second.toFixed(0)} generated tokens/s, rollout device idle ${(100 * row.rollout_idle).toFixed(1)}%, training device idle ${(100 * row.train_idle).toFixed(1)}%, ${row.cores_busy.toFixed(2)} of ${cpus().length} cores busy, reward ${row.reward_first5?.toFixed(3)} -> ${row.reward_last5?.toFixed(3)}, staleness mean ${row.staleness_mean.toFixed(2)} max ${row.staleness_max}${inflight ? `, tokens' staleness mean ${row.token_staleness_mean!.toFixed(2)} max ${row.token_staleness_max}, ${row.switches} generations switched version in flight` : ''}`,
     );
     rmSync(dir, { recursive: true, force: true });
     return row;
