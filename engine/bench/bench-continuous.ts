@@ -18,7 +18,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Metrics } from '../../mesh/wire/index.ts';
 import { runId, startNatsServer } from '../../mesh/wire/index.ts';
-import { loadScenarioFile, type Scenario } from '../runtime/index.ts';
+import { Evaluator, candidateOf, loadLocalProfile, loadScenarioFile, localProfileFile, problemOf, type Scenario } from '../runtime/index.ts';
 import { launch } from '../cli/launch.ts';
 
 export interface ContinuousRow {
@@ -40,6 +40,8 @@ export interface ContinuousRow {
   switches?: number;
   /** The machine's cores busy on average over the measured iterations (NaN without /proc/stat). */
   cores_busy: number;
+  /** The planner's estimate of the period on this plan with this machine's profile (in flight: priced as one-step-off, continuous). */
+  estimated_seconds_per_iteration: number;
 }
 
 /** The machine's busy and total CPU time so far (jiffies, all cores), or undefined without /proc/stat. */
@@ -67,6 +69,8 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
   const training = new Set(Object.entries(base.plan ?? {}).flatMap(([call, p]) => (call.endsWith('.train') ? devicesOf(p.mesh) : [])));
   const server = await startNatsServer();
   const reward = spawn(process.execPath, [join(ROOT, 'examples/reward-actor/ascending.mjs'), '--nats', server.url, '--delay-ms', String(o.rewardDelayMs)], { stdio: 'ignore' });
+  const profileFile = localProfileFile();
+  const local = profileFile ? loadLocalProfile(profileFile) : undefined;
   const rows: ContinuousRow[] = [];
   // The machine's CPU, sampled as the runs go, to read it over each run's measured window.
   const samples: Array<{ at: number; busy: number; total: number }> = [];
@@ -95,14 +99,28 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
     speedup_continuous_over_lag1: over(continuous, lagged),
     speedup_inflight_over_lockstep: over(inflight, sync),
     speedup_inflight_over_lag1: over(inflight, lagged),
+    /** The planner's speedups of continuous generation (lag 1) over lock-step and over lag 1, and how far each is from the measured one. */
+    estimated_speedup_continuous_over_lockstep: sync.estimated_seconds_per_iteration / continuous.estimated_seconds_per_iteration,
+    estimated_speedup_continuous_over_lag1: lagged.estimated_seconds_per_iteration / continuous.estimated_seconds_per_iteration,
+    estimate_error_over_lockstep: 0,
+    estimate_error_over_lag1: 0,
+    profile: profileFile ?? null,
   };
+  out.estimate_error_over_lockstep = Math.abs(out.estimated_speedup_continuous_over_lockstep - out.speedup_continuous_over_lockstep) / out.speedup_continuous_over_lockstep;
+  out.estimate_error_over_lag1 = Math.abs(out.estimated_speedup_continuous_over_lag1 - out.speedup_continuous_over_lag1) / out.speedup_continuous_over_lag1;
   o.log(
     `speedups (s/iteration): lag 1 ${out.speedup_lag1_over_lockstep.toFixed(2)}× lock-step; continuous ${out.speedup_continuous_over_lockstep.toFixed(2)}× lock-step, ${out.speedup_continuous_over_lag1.toFixed(2)}× lag 1; in flight ${out.speedup_inflight_over_lockstep.toFixed(2)}× lock-step, ${out.speedup_inflight_over_lag1.toFixed(2)}× lag 1`,
+  );
+  o.log(
+    `the planner's (${profileFile ?? 'no profile'}): continuous ${out.estimated_speedup_continuous_over_lockstep.toFixed(2)}× lock-step (${(100 * out.estimate_error_over_lockstep).toFixed(1)}% off), ${out.estimated_speedup_continuous_over_lag1.toFixed(2)}× lag 1 (${(100 * out.estimate_error_over_lag1).toFixed(1)}% off)`,
   );
   return out;
 
   async function once(name: string, lag: number, slots: number, inflight = false): Promise<ContinuousRow> {
     const scenario: Scenario = { ...base, name: `${base.name}-${lag}-${slots}${inflight ? '-inflight' : ''}`, rl: { ...base.rl, lag, slots, staleness: inflight ? 1 : 0, inflight } };
+    // The planner prices a free-running run within one update as one-step-off (the same period), in flight or not.
+    const priced: Scenario = { ...scenario, rl: { ...scenario.rl, lag: inflight ? 1 : lag, staleness: 0, inflight: false } };
+    const estimated = new Evaluator(problemOf(priced, local, priced.rl.lag)).evaluate(candidateOf(priced)).iterationSeconds;
     const dir = mkdtempSync(join(tmpdir(), `ferry-bench-continuous-`));
     const run = await launch({
       scenario,
@@ -146,6 +164,7 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
       staleness_mean: staleness.reduce((a, b) => a + b, 0) / staleness.length,
       staleness_max: Math.max(...staleness),
       cores_busy: coresBusy,
+      estimated_seconds_per_iteration: estimated,
       ...(inflight
         ? {
             token_staleness_mean: run.summary.staleness?.tokens?.mean ?? 0,
@@ -155,7 +174,7 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
         : {}),
     };
     o.log(
-      `${name}: ${row.seconds_per_iteration.toFixed(3)} s/iteration (median), ${row.tokens_per_second.toFixed(0)} generated tokens/s, rollout device idle ${(100 * row.rollout_idle).toFixed(1)}%, training device idle ${(100 * row.train_idle).toFixed(1)}%, ${row.cores_busy.toFixed(2)} of ${cpus().length} cores busy, reward ${row.reward_first5?.toFixed(3)} -> ${row.reward_last5?.toFixed(3)}, staleness mean ${row.staleness_mean.toFixed(2)} max ${row.staleness_max}${inflight ? `, tokens' staleness mean ${row.token_staleness_mean!.toFixed(2)} max ${row.token_staleness_max}, ${row.switches} generations switched version in flight` : ''}`,
+      `${name}: ${row.seconds_per_iteration.toFixed(3)} s/iteration (median; estimated ${row.estimated_seconds_per_iteration.toFixed(3)}), ${row.tokens_per_second.toFixed(0)} generated tokens/s, rollout device idle ${(100 * row.rollout_idle).toFixed(1)}%, training device idle ${(100 * row.train_idle).toFixed(1)}%, ${row.cores_busy.toFixed(2)} of ${cpus().length} cores busy, reward ${row.reward_first5?.toFixed(3)} -> ${row.reward_last5?.toFixed(3)}, staleness mean ${row.staleness_mean.toFixed(2)} max ${row.staleness_max}${inflight ? `, tokens' staleness mean ${row.token_staleness_mean!.toFixed(2)} max ${row.token_staleness_max}, ${row.switches} generations switched version in flight` : ''}`,
     );
     rmSync(dir, { recursive: true, force: true });
     return row;
