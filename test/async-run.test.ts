@@ -11,11 +11,11 @@ import { runInProcess } from '../engine/supervision/local-run.ts';
 import { LocalDispatcher } from '../engine/runtime/dispatch/local-dispatch.ts';
 import type { ReallocRequest } from '../engine/runtime/dispatch/dispatch.ts';
 import { runSpec } from '../engine/runtime/run/run.ts';
-import { loadScenario, ScenarioError } from '../engine/runtime/scenario/scenario.ts';
+import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
 import { runChaos } from '../engine/cli/chaos-run.ts';
 import { loadScenarioFile } from '../engine/runtime/scenario/scenario.ts';
 import { join } from 'node:path';
-import { ROOT, smallScenario, tempDir } from './helpers.ts';
+import { ROOT, scenarioRefusal, smallScenario, tempDir } from './helpers.ts';
 
 const dir = tempDir('ferry-async-run-');
 let backend: string;
@@ -52,17 +52,7 @@ function smallAsync(name: string, edit: (text: string) => string = (t) => t): st
 }
 
 /** The message a scenario with `extra` and the `rl` line is refused with, before any work starts. */
-function refusal(extra: string, rl: string, name: string): string {
-  const file = smallScenario(dir, extra, name);
-  writeFileSync(file, readFileSync(file, 'utf8').replace('rl: { iterations: 3, batch: 16 }', rl));
-  try {
-    runSpec(loadScenario(file));
-  } catch (e) {
-    expect(e).toBeInstanceOf(ScenarioError);
-    return (e as Error).message;
-  }
-  throw new Error('expected a refusal');
-}
+const refusal = (extra: string, rl: string, name: string): string => scenarioRefusal(dir, extra, rl, name);
 
 describe('rl.lag: rollouts of an older policy, generated ahead', () => {
   it('lag 1 repeats bit for bit, trains another model than lock-step, and says which version made each rollout', async () => {

@@ -11,13 +11,13 @@ import { CallError, type CallOptions } from '../engine/runtime/dispatch/dispatch
 import type { CallBody, CallFn, CallOf, ResultOf } from '../mesh/wire/index.ts';
 import { RewardClient } from '../engine/runtime/index.ts';
 import { runSpec } from '../engine/runtime/run/run.ts';
-import { loadScenario, ScenarioError } from '../engine/runtime/scenario/scenario.ts';
+import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
 import { planDevices } from '../engine/runtime/run/iteration.ts';
 import { connectBus, type NatsConnection } from '../mesh/wire/bus/bus.ts';
 import { serveReward, type RewardActor } from '../mesh/wire/index.ts';
 import type { Metrics } from '../mesh/wire/index.ts';
 import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/server/nats-server.ts';
-import { smallScenario, tempDir } from './helpers.ts';
+import { scenarioRefusal, smallScenario, tempDir } from './helpers.ts';
 
 const dir = tempDir('ferry-continuous-');
 let server: PrivateNatsServer;
@@ -139,17 +139,7 @@ describe('continuous generation in a run', () => {
   }, 120_000);
 
   it('refuses rl.slots where it cannot run: with pairs, on a generation of several stages', () => {
-    const refusal = (extra: string, rl: string, name: string) => {
-      const file = smallScenario(dir, extra, name);
-      writeFileSync(file, readFileSync(file, 'utf8').replace('rl: { iterations: 3, batch: 16 }', rl));
-      try {
-        runSpec(loadScenario(file));
-      } catch (e) {
-        expect(e).toBeInstanceOf(ScenarioError);
-        return (e as Error).message;
-      }
-      throw new Error(`${name} was not refused`);
-    };
+    const refusal = (extra: string, rl: string, name: string) => scenarioRefusal(dir, extra, rl, name);
     expect(refusal('algorithm: { name: dpo }', 'rl: { iterations: 3, batch: 16, slots: 4 }', 'dpo')).toMatch(/rl\.slots: 4, and 'dpo' learns from preference pairs/);
     expect(
       refusal(

@@ -1,11 +1,13 @@
 // Shared pieces of the integration tests: real nats-servers, real processes, small scenarios.
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { connect as netConnect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { findOnPath, installDebianPackage } from '../mesh/wire/server/debian.ts';
+import { runSpec } from '../engine/runtime/run/run.ts';
+import { loadScenario, ScenarioError } from '../engine/runtime/scenario/scenario.ts';
 
 export const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 
@@ -27,6 +29,22 @@ ${extra}
 `,
   );
   return file;
+}
+
+/**
+ * The message a small scenario (smallScenario's, with `extra`, its rl line replaced by `rl`) is
+ * refused with before any work starts; throws where it is not refused, or not as a scenario error.
+ */
+export function scenarioRefusal(dir: string, extra: string, rl: string, name: string): string {
+  const file = smallScenario(dir, extra, name);
+  writeFileSync(file, readFileSync(file, 'utf8').replace('rl: { iterations: 3, batch: 16 }', rl));
+  try {
+    runSpec(loadScenario(file));
+  } catch (e) {
+    if (!(e instanceof ScenarioError)) throw e;
+    return e.message;
+  }
+  throw new Error(`${name} was not refused`);
 }
 
 export interface Spawned {

@@ -10,12 +10,12 @@ import type { Summary } from '../engine/runtime/record/record.ts';
 import { runInProcess } from '../engine/supervision/local-run.ts';
 import { LocalDispatcher } from '../engine/runtime/dispatch/local-dispatch.ts';
 import { runSpec } from '../engine/runtime/run/run.ts';
-import { loadScenario, ScenarioError } from '../engine/runtime/scenario/scenario.ts';
+import { loadScenario } from '../engine/runtime/scenario/scenario.ts';
 import { planDevices } from '../engine/runtime/run/iteration.ts';
 import { connectBus, type NatsConnection } from '../mesh/wire/bus/bus.ts';
 import type { Metrics } from '../mesh/wire/index.ts';
 import { startNatsServer, type PrivateNatsServer } from '../mesh/wire/server/nats-server.ts';
-import { smallScenario, tempDir } from './helpers.ts';
+import { scenarioRefusal, smallScenario, tempDir } from './helpers.ts';
 
 const dir = tempDir('ferry-inflight-');
 let server: PrivateNatsServer;
@@ -92,17 +92,7 @@ describe('in-flight weight updates in a run', () => {
   }
 
   it('refuses rl.inflight without rl.staleness, with pairs, with an environment, on a tensor-parallel generation or the trainer’s own layout, and a bad inflight_kv', () => {
-    const refusal = (extra: string, rl: string, name: string) => {
-      const file = smallScenario(dir, extra, name);
-      writeFileSync(file, readFileSync(file, 'utf8').replace('rl: { iterations: 3, batch: 16 }', rl));
-      try {
-        runSpec(loadScenario(file));
-      } catch (e) {
-        expect(e).toBeInstanceOf(ScenarioError);
-        return (e as Error).message;
-      }
-      throw new Error(`${name} was not refused`);
-    };
+    const refusal = (extra: string, rl: string, name: string) => scenarioRefusal(dir, extra, rl, name);
     expect(refusal(SCENARIO, 'rl: { iterations: 3, batch: 16, inflight: true }', 'no-eta')).toMatch(
       /rl\.inflight: new versions are taken in flight by a free-running run; set rl\.staleness: η of at least 1 \(it is 0\)/,
     );
