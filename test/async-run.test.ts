@@ -235,9 +235,9 @@ describe('rl.staleness: free-running rollouts within η, written ahead, replayed
     await expect(replayOf(lagged, join(dir, 'replay-out'))).rejects.toThrow(/did not succeed \(status failed\)/);
   });
 
-  it("chaos over NATS, free-running with in-flight updates: the training device, the generating device (mid-switch and mid-generation) and the supervisor (mid-switch) killed; the chaos run's recorded schedule and switches, replayed, end with its digests, nothing lost or repeated", async () => {
+  it("chaos over NATS, free-running with in-flight updates: the generating device (mid-switch and mid-generation) and the supervisor (mid-switch) killed; the chaos run's recorded schedule and switches, replayed, end with its digests, nothing lost or repeated", async () => {
     // scenarios/inflight.yaml made small: generation on device 0 in 2 slots outlasts the training
-    // on device 1, so the next version is handed to it mid-way (a kill in 'switch' lands there; on
+    // on device 1 (the training device is killed under lag 1, above), so the next version is handed to it mid-way (a kill in 'switch' lands there; on
     // a machine so loaded that a generation ends first, that kill has nothing to land in: optional).
     const file = join(dir, 'stale-chaos.yaml');
     writeFileSync(
@@ -245,9 +245,10 @@ describe('rl.staleness: free-running rollouts within η, written ahead, replayed
       readFileSync(join(ROOT, 'scenarios/inflight.yaml'), 'utf8')
         .replace('name: inflight', 'name: stale-chaos')
         .replace('warmup: { steps: 30, demos: 1024, batch: 32, lr: 3.0e-3 }', 'warmup: { steps: 3, demos: 64, batch: 16, lr: 3.0e-3 }')
-        .replace('iterations: 30', 'iterations: 7')
+        .replace('model: { layers: 2, width: 64, heads: 4 }', 'model: { layers: 1, width: 32, heads: 2 }')
+        .replace('iterations: 30', 'iterations: 6')
         .concat(
-          'chaos: { kills: [{ actor: actor, call: train, iteration: 1 }, { actor: actor, call: switch, iteration: 2, optional: true }, { actor: supervisor, call: switch, iteration: 4, optional: true }, { actor: actor, call: generate, iteration: 5 }] }\n',
+          'chaos: { kills: [{ actor: actor, call: switch, iteration: 1, optional: true }, { actor: supervisor, call: switch, iteration: 2, optional: true }, { actor: actor, call: generate, iteration: 4 }] }\n',
         ),
     );
     const lines: string[] = [];
@@ -255,7 +256,6 @@ describe('rl.staleness: free-running rollouts within η, written ahead, replayed
     if (report.chaos.status !== 'succeeded' || !report.digests_equal) console.log(lines.join('\n'));
     expect(report.chaos.status, report.chaos.error).toBe('succeeded');
     expect(report.clean_replays).toBe(true);
-    expect(report.kills_by_call.train).toBe(1);
     expect(report.kills_by_call.generate).toBe(1);
     expect(report.digests_equal).toBe(true);
     expect(report.rollouts_lost).toBe(0);
