@@ -405,8 +405,10 @@ export async function runIteration(
   // generation (see below) is taken over; otherwise it is filled when first needed.
   const ahead: Array<Promise<void>> = [];
   const held = new Map<CallName, Promise<HeldView>>();
-  // In flight: the generation running now on this version's view, by call, for the next version to be handed to.
-  const running = new Map<CallName, { u: number; view: HeldView }>();
+  // In flight: the generations sent on this version's view and not done, by call, in the order
+  // they were sent (a device runs them in that order: the first is the one decoding), for the next
+  // version to be handed to.
+  const running = new Map<CallName, Array<{ u: number; view: HeldView }>>();
   let trained = false;
   const gens = r.graph.calls.filter((c): c is CallDecl & { fn: 'generate' } => c.fn === 'generate');
   // The epoch this iteration's calls belong to (the fence's: a stage never outlives it).
@@ -440,12 +442,16 @@ export async function runIteration(
       // In flight, the generation may go on with the next version (handed over below); a replay's carries its recorded decisions.
       const planned = s.rl.switches?.[String(u)]?.[c.name];
       const inflight: InflightSpec | undefined = s.rl.inflight && view.isView ? { version: iteration, kv: s.rl.inflight_kv, ...(planned ? { switches: planned } : {}) } : undefined;
-      if (inflight) running.set(c.name, { u, view });
+      const entry = { u, view };
+      if (inflight) running.set(c.name, [...(running.get(c.name) ?? []), entry]);
       let out: Awaited<ReturnType<typeof generateRows>>;
       try {
         out = await generateRows(c, sourceOf(r, u)[c.reads.prompts!] as Int32Array, u, queued, view, inflight);
       } finally {
-        if (running.get(c.name)?.u === u) running.delete(c.name);
+        running.set(
+          c.name,
+          (running.get(c.name) ?? []).filter((x) => x !== entry),
+        );
       }
       const played = new EpisodeBook().note(out.tokens, out);
       const switches = out.switches ? decisionsOf(out.switches) : undefined;
@@ -613,7 +619,7 @@ export async function runIteration(
       }
       return;
     }
-    const g = running.get(c.name);
+    const g = running.get(c.name)?.[0];
     if (!g) return;
     await handOver({ ...base, generation: { iteration: g.u, model: g.view.name }, call, record: (decision) => store.saveStage(g.u, switchesStage(stageOf(c.name)), decision) });
   };
