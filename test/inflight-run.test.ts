@@ -91,7 +91,7 @@ describe('in-flight weight updates in a run', () => {
     }, 180_000);
   }
 
-  it('refuses rl.inflight without rl.staleness, with pairs, with an environment, on a tensor-parallel generation or the trainer’s own layout, and a bad inflight_kv', () => {
+  it('refuses rl.inflight without rl.staleness, with pairs, with an environment, on a generation of several stages or the trainer’s own layout, and a bad inflight_kv', () => {
     const refusal = (extra: string, rl: string, name: string) => scenarioRefusal(dir, extra, rl, name);
     expect(refusal(SCENARIO, 'rl: { iterations: 3, batch: 16, inflight: true }', 'no-eta')).toMatch(
       /rl\.inflight: new versions are taken in flight by a free-running run; set rl\.staleness: η of at least 1 \(it is 0\)/,
@@ -105,8 +105,8 @@ describe('in-flight weight updates in a run', () => {
     expect(refusal(SCENARIO, 'rl: { iterations: 3, batch: 16, staleness: 1, inflight: false, versions: [0, 0, 1], switches: {} }', 'switches')).toMatch(
       /rl\.switches: recorded in-flight decisions replay a free-running in-flight run/,
     );
-    expect(refusal(SCENARIO.replace('actor.generate: { mesh: "0:0" }', 'actor.generate: { mesh: "0:0-1", tp: 2 }'), 'rl: { iterations: 3, batch: 16, staleness: 1, inflight: true }', 'tp')).toMatch(
-      /rl\.inflight, and plan\.actor\.generate has tp = 2, pp = 1: new versions are taken in flight by replicas of one device/,
+    expect(refusal(SCENARIO.replace('actor.generate: { mesh: "0:0" }', 'actor.generate: { mesh: "0:0-1", pp: 2 }'), 'rl: { iterations: 3, batch: 16, staleness: 1, inflight: true }', 'pp')).toMatch(
+      /plan\.actor\.generate has pp = 2/,
     );
     expect(refusal('', 'rl: { iterations: 3, batch: 16, staleness: 1, inflight: true }', 'own')).toMatch(/rl\.inflight, and plan\.actor\.generate is the layout 'actor' trains on/);
   });

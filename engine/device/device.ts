@@ -633,19 +633,20 @@ export class Device {
   /** A generate call's gate for new versions in flight: a model it switches to is another copy of its own, on the same layout and rank. */
   private openInflight(s: GptRank, call: Call & { body: CallOf<'generate'> }, group: string) {
     const spec = call.body.inflight!;
-    if (s.layout.tp !== 1 || s.layout.pp !== 1)
+    if (s.layout.pp !== 1)
       throw new CallRejected(
         'unsupported',
-        `'generate' of '${call.model}' on device ${this.index}: new versions in flight are taken by replicas of one device (tp = pp = 1); this layout has tp = ${s.layout.tp}, pp = ${s.layout.pp}`,
+        `'generate' of '${call.model}' on device ${this.index}: new versions in flight are taken by replicas of one stage (pp = 1); this layout has pp = ${s.layout.pp}`,
       );
-    const replica = s.coords.dp;
-    const planned = (spec.switches ?? []).flatMap((x) => (x.steps[replica] === null || x.steps[replica] === undefined ? [] : [{ step: x.steps[replica]!, version: x.version }]));
+    // The decisions name a pass for each rank of the layout (its devices in order).
+    const planned = (spec.switches ?? []).flatMap((x) => (x.steps[s.rank] === null || x.steps[s.rank] === undefined ? [] : [{ step: x.steps[s.rank]!, version: x.version }]));
     return this.switchboard.open(
       { iteration: call.iteration, model: call.model },
       {
         version: spec.version,
         kv: spec.kv,
         planned,
+        ...(s.layout.tp > 1 ? { agree: (step: number, mine: boolean) => s.anyOfTensorGroup(group, `inflight/${step}`, mine) } : {}),
         rankOf: async (model) => {
           const h = this.hosted.get(model);
           const next = h?.shard;

@@ -8,7 +8,9 @@
 // with `at`, and only then does the generation go on, with the new version. A replay knows its
 // decisions before the generation starts (the generate call's `inflight.switches`): the generation
 // stops before each planned pass until the supervisor says the version is there (`at`), and a
-// decision that arrives before its generation has started waits for it.
+// decision that arrives before its generation has started waits for it. The tensor ranks of one
+// replica stop at the same pass: before each, they say to each other whether one of them has a
+// switch to take there (`agree`), and all stop where one does.
 import type { DecodingRank } from '../model/index.ts';
 import type { Inflight, SwitchTo } from './continuous.ts';
 
@@ -48,7 +50,14 @@ export class Switchboard {
    */
   open(
     g: GenerationKey,
-    o: { version: number; kv: Inflight['kv']; planned?: ReadonlyArray<{ step: number; version: number }>; rankOf: (model: string) => Promise<DecodingRank> },
+    o: {
+      version: number;
+      kv: Inflight['kv'];
+      planned?: ReadonlyArray<{ step: number; version: number }>;
+      rankOf: (model: string) => Promise<DecodingRank>;
+      /** The replica's tensor ranks, each saying whether it has a switch at `step`: whether any has (absent: one rank). */
+      agree?: (step: number, mine: boolean) => Promise<boolean>;
+    },
   ): Inflight & { close(): void } {
     const key = keyOf(g);
     if (this.sessions.has(key)) throw new Error(`a generation of iteration ${g.iteration} on '${g.model}' is already running on this device`);
@@ -60,18 +69,26 @@ export class Switchboard {
       kv: o.kv,
       at: (step) => {
         const ready = this.take(key, step);
-        if (ready) return to(ready);
         // Asked: this is the pass it stops before, until the decision is written.
         const asked = session.asked;
-        if (asked) {
+        if (asked && !ready) {
           session.asked = undefined;
           session.planned.set(step, asked.version);
           asked.answer(step);
         }
-        if (!session.planned.has(step)) return undefined;
-        return new Promise<SwitchTo>((resolve, reject) => {
-          session.waiting = { step, go: (d) => resolve(to(d)), fail: reject };
-        });
+        const mine = ready !== undefined || session.planned.has(step);
+        const stop = (): Promise<SwitchTo> | SwitchTo =>
+          ready
+            ? to(ready)
+            : new Promise<SwitchTo>((resolve, reject) => {
+                session.waiting = { step, go: (d) => resolve(to(d)), fail: reject };
+                // Asked while its replica agreed to stop here: this is its pass too.
+                session.asked?.answer(step);
+                session.asked = undefined;
+              });
+        if (!o.agree) return mine ? stop() : undefined;
+        // A tensor rank stops wherever another of its replica does (asked there, or not yet).
+        return o.agree(step, mine).then((any) => (any ? stop() : undefined));
       },
       close: () => {
         session.asked?.answer(undefined);
@@ -88,6 +105,8 @@ export class Switchboard {
   ask(g: GenerationKey, model: string, version: number): Promise<number | undefined> {
     const session = this.sessions.get(keyOf(g));
     if (!session) return Promise.resolve(undefined);
+    // Already stopped before a pass (with the other tensor ranks of its replica): that one.
+    if (session.waiting) return Promise.resolve(session.waiting.step);
     if (session.asked) return Promise.reject(new Error(`the generation of iteration ${g.iteration} on '${g.model}' is already asked to switch to version ${session.asked.version}`));
     return new Promise((answer) => (session.asked = { version, model, answer }));
   }

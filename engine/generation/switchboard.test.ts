@@ -66,8 +66,9 @@ describe('in-flight weight updates on devices', () => {
     inflight,
   });
   let seq = 0;
-  const call = (device: ReturnType<typeof mesh>['devices'][number], model: string, body: CallBody, beside = false) =>
-    device.run({ type: 'call', v: PROTOCOL_VERSION, id: `s${seq++}`, model, iteration: 7, body, ...(beside ? { beside } : {}) } satisfies Call);
+  /** One device's part of a call; `group`: the call's, shared by the ranks of a layout that exchange sums. */
+  const call = (device: ReturnType<typeof mesh>['devices'][number], model: string, body: CallBody, beside = false, group?: string) =>
+    device.run({ type: 'call', v: PROTOCOL_VERSION, id: `s${seq++}`, model, iteration: 7, body, ...(beside ? { beside } : {}), ...(group ? { group } : {}) } satisfies Call);
 
   it('a switch asked mid-call is taken at the pass the device names, and the same decisions replayed make the same rows', async () => {
     const m = mesh(layout);
@@ -94,14 +95,39 @@ describe('in-flight weight updates on devices', () => {
     for (const key of ['tokens', 'logprobs', 'versions']) expect(Array.from(m.gather(again, key))).toEqual(Array.from(m.gather(outs, key)));
   }, 30_000);
 
-  it('refuses in flight without slots, and on a tensor-parallel replica', async () => {
+  it('tp = 2: the tensor ranks of a replica stop before the same pass, asked at once or not, and the same decisions replayed make the same rows', async () => {
+    const tp: Layout = { devices: [0, 1], dp: 1, tp: 2, pp: 1 };
+    const m = mesh(tp);
+    await m.run('gen', (rank) => ({ fn: 'load', role: 'actor', spec, layout: tp, rank, seed: 5 }));
+    await m.run('gen~1', (rank) => ({ fn: 'load', role: 'actor', spec, layout: tp, rank, seed: 6 }));
+    const first = Promise.all(m.devices.map((d) => call(d, 'gen', generate({ version: 4, kv: 'recompute' }), false, 'tp-first')));
+    await new Promise((r) => setTimeout(r, 30));
+    const switchBody = { fn: 'switch' as const, generation: { iteration: 7, model: 'gen' }, version: 5 };
+    // Rank 0 is asked first, rank 1 a while later: it has stopped with rank 0 meanwhile, and names the same pass.
+    const asked0 = call(m.devices[0]!, 'gen~1', switchBody, true);
+    await new Promise((r) => setTimeout(r, 50));
+    const steps = [await asked0, await call(m.devices[1]!, 'gen~1', switchBody, true)].map((x) => (x as { step?: number }).step);
+    expect(steps[0]).toBeGreaterThan(0);
+    expect(steps[1]).toBe(steps[0]);
+    await Promise.all(m.devices.map((d, i) => call(d, 'gen~1', { ...switchBody, at: steps[i]! }, true)));
+    const outs = (await first) as Array<{ tokens: Int32Array; logprobs: Float32Array; versions: Int32Array }>;
+    const versions = m.gather<Int32Array>(outs, 'versions');
+    expect(versions.includes(4) && versions.includes(5)).toBe(true);
+    const replay = Promise.all(m.devices.map((d) => call(d, 'gen', generate({ version: 4, kv: 'recompute', switches: [{ version: 5, steps: steps.map((s) => s!) }] }), false, 'tp-replay')));
+    await new Promise((r) => setTimeout(r, 100));
+    await Promise.all(m.devices.map((d, i) => call(d, 'gen~1', { ...switchBody, at: steps[i]! }, true)));
+    const again = (await replay) as typeof outs;
+    for (const key of ['tokens', 'logprobs', 'versions']) expect(Array.from(m.gather(again, key))).toEqual(Array.from(m.gather(outs, key)));
+  }, 30_000);
+
+  it('refuses in flight without slots, and on a replica of several stages', async () => {
     const m = mesh(layout);
     await m.run('gen', (rank) => ({ fn: 'load', role: 'actor', spec, layout, rank, seed: 5 }));
     const { slots: _slots, ...noSlots } = generate({ version: 0, kv: 'keep' }) as Extract<CallBody, { fn: 'generate' }>;
     await expect(call(m.devices[0]!, 'gen', noSlots)).rejects.toThrow('inflight without slots: a generation takes new versions in flight only when it generates continuously');
-    const tp: Layout = { devices: [0, 1], dp: 1, tp: 2, pp: 1 };
-    const t = mesh(tp);
-    await t.run('gen', (rank) => ({ fn: 'load', role: 'actor', spec, layout: tp, rank, seed: 5 }));
-    await expect(t.run('gen', () => generate({ version: 0, kv: 'keep' }))).rejects.toThrow('new versions in flight are taken by replicas of one device (tp = pp = 1); this layout has tp = 2, pp = 1');
+    const pp: Layout = { devices: [0, 1], dp: 1, tp: 1, pp: 2 };
+    const t = mesh(pp);
+    await t.run('gen', (rank) => ({ fn: 'load', role: 'actor', spec, layout: pp, rank, seed: 5 }));
+    await expect(t.run('gen', () => generate({ version: 0, kv: 'keep' }))).rejects.toThrow('new versions in flight are taken by replicas of one stage (pp = 1); this layout has pp = 2');
   }, 30_000);
 });

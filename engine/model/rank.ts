@@ -192,6 +192,16 @@ export class GptRank {
     this.decoders = 0;
   }
 
+  /**
+   * Whether any rank of this rank's tensor group says `flag` (every rank of the group asks, with the
+   * same `tag`): what lets the tensor ranks of a replica decide one thing at the same pass.
+   */
+  async anyOfTensorGroup(group: string, tag: string, flag: boolean): Promise<boolean> {
+    if (this.tpGroup.length === 1) return flag;
+    const sum = await this.comm.allReduce(group, this.tpGroup, tag, Float32Array.of(flag ? 1 : 0));
+    return sum[0]! > 0;
+  }
+
   /** Sends (first stage) or takes (last stage) the tied head's copy of wte, when wte changed since. */
   private async syncTiedHead(group: string, tag: string): Promise<void> {
     if (!this.tiedCopy || !this.headStale) return;

@@ -271,7 +271,7 @@ function inflightProblems(s: Scenario, graph: Graph, plan: Plan): string[] {
   for (const c of graph.calls.filter((c) => c.fn === 'generate')) {
     const p = plan[c.name];
     const own = plan[ownerCall(graph, c.model).name];
-    if (p && (p.tp > 1 || p.pp > 1)) errors.push(`rl.inflight, and plan.${c.name} has tp = ${p.tp}, pp = ${p.pp}: new versions are taken in flight by replicas of one device (tp = pp = 1)`);
+    if (p && p.pp > 1) errors.push(`rl.inflight, and plan.${c.name} has pp = ${p.pp}: new versions are taken in flight by replicas of one stage (pp = 1)`);
     else if (p && own && layoutKey(p) === layoutKey(own))
       errors.push(
         `rl.inflight, and plan.${c.name} is the layout '${c.model}' trains on: a generation there sees each update as it is made; in-flight updates need the generation on devices of its own`,
