@@ -4,7 +4,7 @@
 import { basename, join } from 'node:path';
 import { runId } from '../../mesh/wire/index.ts';
 import { BACKENDS } from '../model/index.ts';
-import { loadScenarioFile, planOnly } from '../runtime/index.ts';
+import { loadScenarioFile, planOnly, stalenessLine } from '../runtime/index.ts';
 import { UsageError, args, runMain } from '../../actors/host.ts';
 import { describeUnfired } from '../supervision/index.ts';
 import { launch } from './launch.ts';
@@ -78,6 +78,8 @@ runMain(async () => {
   if (s) {
     const r = (x: number | null) => (x === null ? 'n/a' : x.toFixed(3));
     console.log(`${s.status}: ${s.iterations} iterations in ${secs} s on ${s.backend}; reward ${r(s.reward_first5)} (first 5) -> ${r(s.reward_last5)} (last 5)${s.error ? `\nerror: ${s.error}` : ''}`);
+    // Asynchrony: how old the rollouts were when trained on; in flight, their tokens too.
+    if (s.staleness) console.log(stalenessLine(s.staleness));
   } else {
     console.log(`failed after ${secs} s: no summary was written (see ${join(out, 'logs')})`);
   }
