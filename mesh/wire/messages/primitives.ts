@@ -11,3 +11,9 @@ export const i32 = typed<Int32Array>(Int32Array, 'Int32Array');
 export const u32 = typed<Uint32Array>(Uint32Array, 'Uint32Array');
 export const nat = z.number().int().nonnegative();
 export const pos = z.number().int().positive();
+
+/**
+ * A digest of bytes on the bus (mesh/wire/transfer/digest.ts): `blake3:<64 hex>`, naming its
+ * algorithm; 64 hex digits alone are SHA-256, as protocol version 6 and earlier wrote them.
+ */
+export const Digest = z.string();

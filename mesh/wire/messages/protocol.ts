@@ -1,13 +1,18 @@
 // The messages of ferry's bus, as schemas. Each message is a msgpack map with a `type` and the
 // protocol version `v`; decoding (mesh/wire/messages/codec.ts) is the one place where bytes become these
 // types. What a run records of itself (re-plans, recoveries, progress, metrics, events) is
-// records.ts's, re-exported here; the pieces both are built from, primitives.ts's.
+// records.ts's, what generation carries beside its calls (episodes, samples, in flight)
+// generation.ts's, a transfer's messages transfer.ts's, all re-exported here; the pieces they are
+// built from, primitives.ts's.
 import { z } from 'zod';
-import { PROTOCOL_VERSION, f32, i32, nat, pos, u32, v } from './primitives.ts';
+import { Digest, PROTOCOL_VERSION, f32, i32, nat, pos, u32, v } from './primitives.ts';
 import { LOSS_TRIGGERS } from './records.ts';
+import { EpisodeRecordWire, EpisodesSpec, InflightSpec } from './generation.ts';
 
 export { PROTOCOL_VERSION } from './primitives.ts';
 export * from './records.ts';
+export * from './generation.ts';
+export * from './transfer.ts';
 
 /** A model's name in a run (as the algorithm names it: `policy`, `value`, …); a view adds `@<call>`. */
 export const ModelName = z.string().regex(/^[A-Za-z][A-Za-z0-9_-]*$/, 'a letter, then letters, digits, - and _');
@@ -175,12 +180,6 @@ export type BaseObject = z.infer<typeof BaseObject>;
 /** An object's name in a device's snapshot bucket: what a NATS subject token takes, and dots. */
 export const ObjectName = z.string().regex(/^[A-Za-z0-9_.-]+$/, "letters, digits, '.', '-' and '_'");
 
-/**
- * A digest of bytes on the bus (mesh/wire/transfer/digest.ts): `blake3:<64 hex>`, naming its
- * algorithm; 64 hex digits alone are SHA-256, as protocol version 6 and earlier wrote them.
- */
-const Digest = z.string();
-
 /** Where one rank's state of a snapshot is: the device whose bucket holds it, the object, its size, the object's digest and the state's (stateDigest). */
 export const ShardEntry = z.strictObject({ device: nat, object: ObjectName, bytes: nat, digest: Digest, state: Digest });
 export type ShardEntry = z.infer<typeof ShardEntry>;
@@ -205,130 +204,6 @@ const TensorManifest = z.strictObject({ name: z.string(), shape: z.array(nat), d
 export type TensorManifest = z.infer<typeof TensorManifest>;
 
 /** What a caller may ask of a device. Every call names the model whose shard it concerns. */
-/** How a device reads an action's tokens as text and an observation's text as tokens. */
-export const TurnCodecSpec = z.discriminatedUnion('kind', [
-  /** A digit task's: a token is its base-36 digit; other characters are refused. */
-  z.strictObject({ kind: z.literal('digits'), base: pos }),
-  /** A tokenizer directory's (tokenizer.json); with `template`, observations are rendered as user messages by its chat template. */
-  z.strictObject({ kind: z.literal('tokenizer'), dir: z.string().min(1), template: z.boolean() }),
-]);
-export type TurnCodecSpec = z.infer<typeof TurnCodecSpec>;
-
-/** One step of an episode as it happened (its record, kept in the run's store). */
-export const TurnRecordWire = z.strictObject({
-  action: z.array(nat),
-  text: z.string(),
-  observation: z.string(),
-  observationTokens: nat,
-  reward: z.number(),
-  done: z.boolean(),
-  info: z.record(z.string(), z.number()).optional(),
-  instance: z.string(),
-  seconds: z.number(),
-});
-
-export const EpisodeRecordWire = z.strictObject({
-  id: z.string(),
-  reset: z.strictObject({ observation: z.string(), tokens: nat, instance: z.string(), seconds: z.number() }),
-  turns: z.array(TurnRecordWire),
-  return: z.number(),
-  end: z.enum(['done', 'turns', 'truncated']),
-});
-export type EpisodeRecordWire = z.infer<typeof EpisodeRecordWire>;
-
-/**
- * One answer of the environment as a generating device received it: the reset's (`k` 0) or the
- * k-th step's, with the action it answered. Devices send them to the supervisor as they come
- * (TurnLog); a generate call played again after a fault carries them back (`recorded`), and the
- * device reads them instead of asking the environment again.
- */
-export const EnvAnswer = z.strictObject({
-  episode: z.string(),
-  k: nat,
-  /** The action's text as sent (a step's), checked against the action played again. */
-  action: z.string().optional(),
-  observation: z.string(),
-  reward: z.number(),
-  done: z.boolean(),
-  info: z.record(z.string(), z.number()).optional(),
-  instance: z.string(),
-  seconds: z.number(),
-});
-export type EnvAnswer = z.infer<typeof EnvAnswer>;
-
-/** A device's answers from the environment, on its own `turns` subject as they arrive. */
-export const TurnLog = z.strictObject({
-  type: z.literal('turns'),
-  v: z.literal(PROTOCOL_VERSION),
-  /** The call's recovery epoch, iteration and the graph's call (the stage its result is stored under). */
-  epoch: nat,
-  iteration: nat,
-  stage: z.string().min(1),
-  answers: z.array(EnvAnswer),
-});
-export type TurnLog = z.infer<typeof TurnLog>;
-
-/**
- * A sample of a continuous generation (a generate call with `slots`) the moment it ended, on its
- * device's own `samples` subject: its row in the call's batch, its tokens [promptLen + responseLen]
- * and log-probabilities [responseLen], exactly as the call's reply will hold them.
- */
-export const SampleLog = z.strictObject({
-  type: z.literal('sample'),
-  v: z.literal(PROTOCOL_VERSION),
-  /** The call's recovery epoch, iteration and the graph's call (the stage its result is stored under). */
-  epoch: nat,
-  iteration: nat,
-  stage: z.string().min(1),
-  row: nat,
-  tokens: i32,
-  logprobs: f32,
-  /** In flight: the version that drew each token [responseLen] (−1 after the end). */
-  versions: i32.optional(),
-});
-export type SampleLog = z.infer<typeof SampleLog>;
-
-/**
- * A continuous generation that may take newer versions in flight: the version it starts with, what
- * becomes of the keys and values written before a switch, and (a replay) the switches decided
- * before: each a version and, for each replica of the call (its dp rank), the pass it is taken
- * from, or null where that replica did not take it.
- */
-export const InflightSpec = z.strictObject({
-  version: nat,
-  kv: z.enum(['keep', 'recompute']),
-  switches: z.array(z.strictObject({ version: nat, steps: z.array(nat.nullable()) })).optional(),
-});
-export type InflightSpec = z.infer<typeof InflightSpec>;
-
-/** A generate call's episodes of several turns against an environment on the bus (docs/environment-protocol.md). */
-export const EpisodesSpec = z.strictObject({
-  /** The environment service's name. */
-  environment: z.string().min(1),
-  /** One episode id and task per row of the call. */
-  ids: z.array(z.string()),
-  tasks: z.array(z.strictObject({ prompt_text: z.string(), ground_truth: z.string().optional(), seed: nat })),
-  max_turns: pos,
-  turn_tokens: pos,
-  /** Tokens that end an action (kept in it), and texts that end one too. */
-  stop: z.array(nat),
-  stop_strings: z.array(z.string()).optional(),
-  /** Episodes decoded as one batch. */
-  group_size: pos,
-  /** Instead of groups: episodes decoded this many at once, one waiting on its environment giving its slot to another. */
-  slots: pos.optional(),
-  codec: TurnCodecSpec,
-  /** The token after a sequence's end. */
-  fill: nat,
-  timeout_ms: pos,
-  retries: nat,
-  wait_ms: pos,
-  /** The stage the device names when it sends its answers to the supervisor (TurnLog); none: it sends none. */
-  log: z.string().min(1).optional(),
-  /** Answers recorded before a fault, by episode, in order from its reset: read instead of asking again. */
-  recorded: z.record(z.string(), z.array(EnvAnswer)).optional(),
-});
-export type EpisodesSpec = z.infer<typeof EpisodesSpec>;
 
 export const CallBody = z.discriminatedUnion('fn', [
   z.strictObject({
@@ -632,63 +507,6 @@ export type ErrorReply = z.infer<typeof ErrorReply>;
 
 export const Reply = z.discriminatedUnion('type', [Result, ErrorReply]);
 export type Reply = z.infer<typeof Reply>;
-
-/** Who sends or receives a transfer: a device, by index, or the supervisor. */
-export const Party = z.union([nat, z.literal('supervisor')]);
-export type Party = z.infer<typeof Party>;
-
-export const Chunk = z.strictObject({
-  type: z.literal('chunk'),
-  v,
-  transfer: z.string(),
-  /** The transfer's sender; a receiver drops a chunk from anyone else. */
-  from: Party,
-  tensor: z.string(),
-  /** Offset and total length in elements of the tensor this chunk belongs to. */
-  offset: nat,
-  total: nat,
-  data: f32,
-  /** The chunk's digest: BLAKE3 of the BLAKE3s of its 64 KiB blocks, naming its algorithm (mesh/wire/transfer/chunks.ts). */
-  digest: Digest,
-  /** The whole tensor's digest, by the same scheme over all its blocks; checked once it is complete. */
-  whole: Digest,
-});
-export type Chunk = z.infer<typeof Chunk>;
-
-/**
- * The sender has published every chunk of the transfer once, `elements` elements per chunk (a
- * tensor's last chunk may hold fewer). It follows the chunks on their subject, so a receiver that
- * has it and still lacks a chunk knows that chunk was lost or dropped, and asks for it again.
- */
-export const Sent = z.strictObject({ type: z.literal('sent'), v, transfer: z.string(), from: Party, chunks: nat, elements: pos });
-export type Sent = z.infer<typeof Sent>;
-
-/** What comes on a transfer's chunk subject. */
-export const TransferMessage = z.discriminatedUnion('type', [Chunk, Sent]);
-export type TransferMessage = z.infer<typeof TransferMessage>;
-
-/**
- * A receiver asks the transfer's sender to publish again the chunk holding element `offset` of
- * `tensor`: it came with a bad digest, bad bytes or from someone else, or never came. `attempt`
- * counts this receiver's requests for that chunk (1 the first time); a receiver asks a bounded
- * number of times, then fails the transfer.
- */
-export const Resend = z.strictObject({ type: z.literal('resend'), v, transfer: z.string(), from: Party, tensor: z.string(), offset: nat, attempt: pos });
-export type Resend = z.infer<typeof Resend>;
-
-/** A receiver holds every tensor of the transfer, verified: its sender need keep nothing more for it. */
-export const Received = z.strictObject({ type: z.literal('received'), v, transfer: z.string(), from: Party });
-export type Received = z.infer<typeof Received>;
-
-/** What receivers tell a transfer's sender, on its receipt subject. */
-export const Receipt = z.discriminatedUnion('type', [Resend, Received]);
-export type Receipt = z.infer<typeof Receipt>;
-
-/** A device of a reallocation is subscribed to everything it will receive, and listens for go. */
-export const Ready = z.strictObject({ type: z.literal('ready'), v, realloc: z.string(), device: nat });
-export type Ready = z.infer<typeof Ready>;
-/** Everyone is ready: send. With `abort`, a device failed: stop waiting and give up. */
-export const Go = z.strictObject({ type: z.literal('go'), v, realloc: z.string(), abort: z.boolean().optional() });
 
 export const Hello = z.strictObject({
   type: z.literal('hello'),
