@@ -8,7 +8,7 @@ import { baseDigest, readSnapshot, stateOf, writeSnapshot, type HeldShard, type 
 import { checkStrategy, shardSlices, sliceElements, sliceKey, sliceShape, type Slice } from '../../mesh/parallel/index.ts';
 import type { Checkpoint, LedgerEntry, Call, CallBody, CallFn, CallOf, Layout, ResultOf, SampleLog } from '../../mesh/wire/index.ts';
 import { PROTOCOL_VERSION, encode } from '../../mesh/wire/index.ts';
-import { cut, pasteRange } from '../../mesh/parallel/index.ts';
+import { cut, layoutKey, pasteRange } from '../../mesh/parallel/index.ts';
 import type { Shelf, Subjects } from '../../mesh/wire/index.ts';
 import { manifestOf, modelDigest, stateDigest, noTimes, offerTensors, pacer, receiveTensors, timed, type NamedTensor } from '../../mesh/wire/index.ts';
 import { randomUUID } from 'node:crypto';
@@ -652,7 +652,7 @@ export class Device {
           const next = h?.shard;
           if (!(next instanceof GptRank))
             throw new ShardError(`the generation on '${call.model}' was to go on with '${model}', which device ${this.index} ${h ? 'holds as no policy' : 'no longer holds'}`);
-          if (JSON.stringify(h!.layout) !== JSON.stringify(s.layout) || h!.rank !== s.rank)
+          if (layoutKey(h!.layout) !== layoutKey(s.layout) || h!.rank !== s.rank)
             throw new ShardError(`the generation on '${call.model}' (rank ${s.rank} of ${JSON.stringify(s.layout)}) cannot go on with '${model}', rank ${h!.rank} of ${JSON.stringify(h!.layout)}`);
           return next.decodingRank(group, { tensorParallel: true, what: 'continuous generations' });
         },

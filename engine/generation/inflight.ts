@@ -125,11 +125,6 @@ export class Switchboard {
     this.decided.set(key, [...(this.decided.get(key) ?? []), d]);
   }
 
-  /** Running generations (for a device's reset: it forgets them all). */
-  get size(): number {
-    return this.sessions.size;
-  }
-
   /** Forgets every generation (a device's reset): one stopped before a pass fails with `why`. */
   clear(why: string): void {
     for (const s of this.sessions.values()) {
