@@ -3,8 +3,10 @@
 // (examples/reward-actor/ascending.mjs --delay-ms), over NATS with worker processes, the same 2
 // devices and plan for every run, one run after the other: lock-step, rl.lag 1, and continuous
 // generation (rl.slots, at lag 1), and continuous generation free-running within one update with
-// in-flight weight updates (rl.staleness 1, rl.inflight). Prints, per run: seconds per iteration (median, the first two
-// left out: set-up and the first ahead generation), generated tokens per second, the rollout
+// in-flight weight updates (rl.staleness 1, rl.inflight). Prints, per run: seconds per iteration (the wall time per
+// update, from the end of the second update to the end of the last: the first two left out, set-up and the first ahead
+// generation; and the median of the iterations' own seconds, which a pipelined run's overlap makes shorter than its
+// period), generated tokens per second, each call's device time per iteration (what bounds the period), the rollout
 // device's idle share (1 − the time it spent in calls over the measured iterations' time, from
 // the run's timeline) and the training device's, reward first 5 / last 5, the rollouts' staleness (mean, max) and, in
 // flight, the tokens' (mean, max) and the switches, and how many of the machine's cores were busy
@@ -25,7 +27,10 @@ export interface ContinuousRow {
   run: string;
   lag: number;
   slots: number;
+  /** The period: wall seconds per update over the measured iterations (the run's throughput, whatever overlaps what). */
   seconds_per_iteration: number;
+  /** The median of the iterations' own seconds (the supervisor's time in each; a pipelined run's differ from its period). */
+  median_iteration_seconds: number;
   tokens_per_second: number;
   rollout_idle: number;
   /** The same of the devices that train (and infer for training: the proximal policy's pass). */
@@ -40,6 +45,8 @@ export interface ContinuousRow {
   switches?: number;
   /** The machine's cores busy on average over the measured iterations (NaN without /proc/stat). */
   cores_busy: number;
+  /** Each call's device milliseconds per iteration, `device:model.fn`, the most first. */
+  device_ms_per_iteration: Record<string, number>;
   /** The planner's estimate of the period on this plan with this machine's profile (in flight: priced as one-step-off, continuous). */
   estimated_seconds_per_iteration: number;
 }
@@ -141,12 +148,21 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
     const spans = readFileSync(join(dir, 'timeline.jsonl'), 'utf8')
       .trim()
       .split('\n')
-      .map((l) => JSON.parse(l) as { type: string; device?: number; iteration?: number; sent?: number; replied?: number; device_ms?: number });
+      .map((l) => JSON.parse(l) as { type: string; model?: string; fn?: string; device?: number; iteration?: number; sent?: number; replied?: number; device_ms?: number });
+    // The period: wall time from the end of the last update before the measured iterations to the end of the last, per update.
+    const updateEnd = (i: number) => Math.max(...spans.filter((s) => s.type === 'call' && s.fn === 'train' && s.iteration === i).map((s) => s.replied!));
+    const period = (updateEnd(history.length - 1) - updateEnd(1)) / 1000 / (history.length - 2);
     const calls = spans.filter((s) => s.type === 'call' && rollout.has(s.device!) && s.iteration! >= 2 && s.iteration! < history.length);
     const from = Math.min(...calls.map((s) => s.sent!));
     const to = Math.max(...calls.map((s) => s.replied!));
     const busy = calls.reduce((a, s) => a + s.device_ms!, 0) / rollout.size;
     const trainBusy = spans.filter((s) => s.type === 'call' && training.has(s.device!) && s.iteration! >= 2 && s.iteration! < history.length).reduce((a, s) => a + s.device_ms!, 0) / training.size;
+    // Each call's device time per measured iteration, by device, model and function (a second view of a model, `~1`, as the first).
+    const perCall: Record<string, number> = {};
+    for (const c of spans.filter((s) => s.type === 'call' && s.iteration! >= 2 && s.iteration! < history.length)) {
+      const key = `${c.device}:${c.model!.replace(/~\d+$/, '')}.${c.fn}`;
+      perCall[key] = (perCall[key] ?? 0) + c.device_ms! / measured.length;
+    }
     const staleness = history.map((m) => (typeof m.staleness === 'number' ? m.staleness : 0));
     const at = (t: number) => samples.reduce((best, x) => (Math.abs(x.at - t) < Math.abs(best.at - t) ? x : best), samples[0] ?? { at: t, busy: 0, total: 0 });
     const [c0, c1] = [at(from), at(to)];
@@ -155,8 +171,9 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
       run: name,
       lag,
       slots,
-      seconds_per_iteration: median(measured.map((m) => m.seconds)),
-      tokens_per_second: measured.reduce((a, m) => a + m.tokens, 0) / measured.reduce((a, m) => a + m.seconds, 0),
+      seconds_per_iteration: period,
+      median_iteration_seconds: median(measured.map((m) => m.seconds)),
+      tokens_per_second: measured.reduce((a, m) => a + m.tokens, 0) / (period * measured.length),
       rollout_idle: Math.max(0, 1 - busy / Math.max(1, to - from)),
       train_idle: Math.max(0, 1 - trainBusy / Math.max(1, to - from)),
       reward_first5: run.summary.reward_first5,
@@ -164,6 +181,7 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
       staleness_mean: staleness.reduce((a, b) => a + b, 0) / staleness.length,
       staleness_max: Math.max(...staleness),
       cores_busy: coresBusy,
+      device_ms_per_iteration: Object.fromEntries(Object.entries(perCall).sort((a, b) => b[1] - a[1])),
       estimated_seconds_per_iteration: estimated,
       ...(inflight
         ? {
@@ -174,7 +192,13 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
         : {}),
     };
     o.log(
-      `${name}: ${row.seconds_per_iteration.toFixed(3)} s/iteration (median; estimated ${row.estimated_seconds_per_iteration.toFixed(3)}), ${row.tokens_per_second.toFixed(0)} generated tokens/s, rollout device idle ${(100 * row.rollout_idle).toFixed(1)}%, training device idle ${(100 * row.train_idle).toFixed(1)}%, ${row.cores_busy.toFixed(2)} of ${cpus().length} cores busy, reward ${row.reward_first5?.toFixed(3)} -> ${row.reward_last5?.toFixed(3)}, staleness mean ${row.staleness_mean.toFixed(2)} max ${row.staleness_max}${inflight ? `, tokens' staleness mean ${row.token_staleness_mean!.toFixed(2)} max ${row.token_staleness_max}, ${row.switches} generations switched version in flight` : ''}`,
+      `${name}: ${row.seconds_per_iteration.toFixed(3)} s/iteration (wall per update; estimated ${row.estimated_seconds_per_iteration.toFixed(3)}; the iterations' median ${row.median_iteration_seconds.toFixed(3)}), ${row.tokens_per_second.toFixed(0)} generated tokens/s, rollout device idle ${(100 * row.rollout_idle).toFixed(1)}%, training device idle ${(100 * row.train_idle).toFixed(1)}%, ${row.cores_busy.toFixed(2)} of ${cpus().length} cores busy, reward ${row.reward_first5?.toFixed(3)} -> ${row.reward_last5?.toFixed(3)}, staleness mean ${row.staleness_mean.toFixed(2)} max ${row.staleness_max}${inflight ? `, tokens' staleness mean ${row.token_staleness_mean!.toFixed(2)} max ${row.token_staleness_max}, ${row.switches} generations switched version in flight` : ''}`,
+    );
+    o.log(
+      `  device ms per iteration: ${Object.entries(row.device_ms_per_iteration)
+        .filter(([, ms]) => ms >= 1)
+        .map(([k, ms]) => `${k} ${ms.toFixed(0)}`)
+        .join(', ')}`,
     );
     rmSync(dir, { recursive: true, force: true });
     return row;

@@ -1,16 +1,24 @@
 // The environment benchmark: one model (4 layers, width 256, on this process's backend) plays 32
-// episodes of 4 turns, each action 12 tokens, against an environment on a real nats-server that
-// answers after 0, 20 and 100 ms, in groups of 8 (four batches, one decoding while the others wait), as one group of 32
-// (every episode in lock-step: the device waits whenever the environment does), and in 8 and 32
-// slots (an episode waiting on its environment gives its slot to another); then calls of 128
-// episodes at 100 ms in each mode (a call's first resets and last steps leave the device nothing
-// to do whatever the mode: more episodes a call share that out), in the same run.
+// episodes of 4 turns, each action 12 tokens, against an environment in a process of its own
+// (bench-env-server.ts, as a user's environment is; in this process its work on each request
+// counted as the device's idle time) on a real nats-server, that answers after 0, 20 and 100 ms:
+// in groups of 8 (four batches, one decoding while the others wait), as one group of 32 (every
+// episode in lock-step: the device waits whenever the environment does), and in 8 and 32 slots
+// (an episode waiting on its environment gives its slot to another); then calls of 128 episodes
+// at 100 ms in each mode (a call's last steps leave the device nothing to do whatever the mode:
+// at 100 ms and 32 episodes that alone is about an eighth of the call; more episodes a call share
+// it out), in the same run.
 // Each figure is a whole generate call's episodes: episodes per second, and the device's idle
 // share (1 − its decoding time over the call's).
+import { spawn } from 'node:child_process';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { Comm } from '../../mesh/parallel/index.ts';
-import { connectBus, EnvClient, MemoryBus, serveEnvironment, startNatsServer, subjects } from '../../mesh/wire/index.ts';
+import { connectBus, EnvClient, MemoryBus, startNatsServer, subjects } from '../../mesh/wire/index.ts';
 import { digitCodec, playEpisodes, playInSlots } from '../episodes/index.ts';
 import { GptRank, type GptSpec } from '../model/index.ts';
+
+const HERE = dirname(fileURLToPath(import.meta.url));
 
 export interface EnvBenchOptions {
   latencies: number[];
@@ -43,22 +51,17 @@ export async function envBench(o: EnvBenchOptions): Promise<EnvBenchRow[]> {
   const rank = new GptRank(spec, { devices: [0], dp: 1, tp: 1, pp: 1 }, 0, 1, undefined, comm);
   const server = await startNatsServer();
   const nc = await connectBus(server.url, 'bench-env');
-  let latency = 0;
-  // Every step answers a two-digit observation after `latency` ms; an episode is 4 turns.
-  const env = await serveEnvironment<{ turn: number }>({
-    nats: server.url,
-    name: 'bench',
-    reset: () => ({ state: { turn: 0 }, observation: '1' }),
-    step: async (s) => {
-      await new Promise((r) => setTimeout(r, latency));
-      s.turn += 1;
-      return { observation: '42', reward: 0, done: s.turn >= 4 };
-    },
+  // The environment runs in a process of its own (bench-env-server.ts), one environment per latency.
+  const env = spawn(process.execPath, ['--import', 'tsx', join(HERE, 'bench-env-server.ts'), '--nats', server.url, '--latencies', o.latencies.join(',')], { stdio: ['ignore', 'pipe', 'inherit'] });
+  await new Promise<void>((res, rej) => {
+    env.stdout.on('data', (b: Buffer) => b.toString().includes('ready') && res());
+    env.once('exit', (code) => rej(new Error(`the bench's environment process exited (${code}) before it was ready`)));
   });
-  const client = new EnvClient(nc, 'bench', { run: 'bench', timeoutMs: 10_000, retries: 0, waitMs: 10_000 });
+  const clients = new Map(o.latencies.map((ms) => [ms, new EnvClient(nc, `bench-${ms}`, { run: 'bench', timeoutMs: 10_000, retries: 0, waitMs: 10_000 })]));
+  let client = clients.get(o.latencies[0]!)!;
   const rows: EnvBenchRow[] = [];
   try {
-    await client.ready();
+    for (const c of clients.values()) await c.ready();
     const P = 4;
     const play = (mode: { groupSize: number } | { slots: number }, call: number, n = o.episodes) => {
       const options = {
@@ -82,7 +85,7 @@ export async function envBench(o: EnvBenchOptions): Promise<EnvBenchRow[]> {
     const modes: Array<{ groupSize: number } | { slots: number }> = [...o.groups.map((groupSize) => ({ groupSize })), ...(o.slots ?? []).map((slots) => ({ slots }))];
     const rounds = [...o.latencies.map((ms) => ({ ms, n: o.episodes })), ...(o.more ? [{ ms: o.latencies.at(-1)!, n: o.more }] : [])];
     for (const { ms, n } of rounds) {
-      latency = ms;
+      client = clients.get(ms)!;
       for (const mode of modes) {
         const runs = [];
         for (let k = 0; k < o.repeats; k++) runs.push(await play(mode, call++, n));
@@ -102,8 +105,8 @@ export async function envBench(o: EnvBenchOptions): Promise<EnvBenchRow[]> {
       }
     }
   } finally {
-    client.close();
-    await env.stop();
+    for (const c of clients.values()) c.close();
+    env.kill('SIGTERM');
     await nc.drain().catch(() => {});
     await server.stop();
     rank.dispose();

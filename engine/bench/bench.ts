@@ -57,8 +57,9 @@ const USAGE = `usage: npm run bench -- NAME [--json] [options]
                                                 for the others) over NATS: s/iteration, tokens/s, reward first 5 -> last 5
   generate [--budget N]                         a 4-layer, width-256 model samples 16 responses of 16, 64, 256 and N tokens (1024), with
                                                 the KV cache, and without it up to 256: tokens/s, speedup, growth of the time per token
-  env [--repeats N]                             32 episodes of 4 turns (actions of 12 tokens) against an environment on the bus answering after 0, 20 and
-                                                100 ms, in groups of 8 and in lock-step: episodes/s and the device's idle share
+  env [--repeats N]                             32 episodes of 4 turns (actions of 12 tokens) against an environment in its own process answering after
+                                                0, 20 and 100 ms, in groups of 8, in lock-step and in 8 and 32 slots, then calls of 128 episodes at
+                                                100 ms: episodes/s and the device's idle share
   async [--iterations N] [--delay-ms D]        scenarios/async.yaml lock-step and with rl.lag 1, each on the planner's plan for it, over
                                                 NATS, with a reward actor that takes D ms per request (100): s/iteration (median), the
                                                 speedup against the planner's estimate, reward first 5 -> last 5, the staleness

@@ -132,6 +132,8 @@ export async function playInSlots(env: EpisodeEnv, codec: TurnCodec, o: PlayOpti
     };
     for (;;) {
       if (failed !== undefined) throw failed;
+      // The device's work: putting keys and values back, the pass, keeping aside those that leave.
+      const t0 = performance.now();
       // Free slots take the episodes that are ready, their keys and values put back where they left.
       for (let s = 0; s < S && ready.length; s++) {
         if (inSlot[s]) continue;
@@ -150,11 +152,11 @@ export async function playInSlots(env: EpisodeEnv, codec: TurnCodec, o: PlayOpti
         }
       }
       if (!inSlot.some((e) => e)) {
+        out.busySeconds += (performance.now() - t0) / 1000;
         if (asking === 0) break;
         await new Promise<void>((res) => (wake = res));
         continue;
       }
-      const t0 = performance.now();
       // One pass: each episode in a slot feeds what it has (one with nothing, and a free slot,
       // feed anything where their next pass writes over it).
       const fed = inSlot.map((e) => e?.pending.length ?? 0);
