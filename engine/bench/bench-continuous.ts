@@ -47,7 +47,7 @@ export interface ContinuousRow {
   cores_busy: number;
   /** Each call's device milliseconds per iteration, `device:model.fn`, the most first. */
   device_ms_per_iteration: Record<string, number>;
-  /** The planner's estimate of the period on this plan with this machine's profile (in flight: priced as one-step-off, continuous). */
+  /** The planner's estimate of the period on this plan with this machine's profile (in flight: within η at its steady state, with its switch's pause). */
   estimated_seconds_per_iteration: number;
 }
 
@@ -125,9 +125,8 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
 
   async function once(name: string, lag: number, slots: number, inflight = false): Promise<ContinuousRow> {
     const scenario: Scenario = { ...base, name: `${base.name}-${lag}-${slots}${inflight ? '-inflight' : ''}`, rl: { ...base.rl, lag, slots, staleness: inflight ? 1 : 0, inflight } };
-    // The planner prices a free-running run within one update as one-step-off (the same period), in flight or not.
-    const priced: Scenario = { ...scenario, rl: { ...scenario.rl, lag: inflight ? 1 : lag, staleness: 0, inflight: false } };
-    const estimated = new Evaluator(problemOf(priced, local, priced.rl.lag)).evaluate(candidateOf(priced)).iterationSeconds;
+    // The planner prices a free-running run at its steady state within η (lag η's period), in flight with its switch's pause.
+    const estimated = new Evaluator(problemOf(scenario, local)).evaluate(candidateOf(scenario)).iterationSeconds;
     const dir = mkdtempSync(join(tmpdir(), `ferry-bench-continuous-`));
     const run = await launch({
       scenario,

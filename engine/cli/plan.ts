@@ -13,7 +13,22 @@ import { writeFileSync } from 'node:fs';
 import { stringify } from 'yaml';
 import { UsageError, args, runMain } from '../../actors/host.ts';
 import { loadScenarioFile } from '../runtime/index.ts';
-import { PLACEMENTS, chooseLag, evaluationsFor, lagOf, lagsFor, namedPlan, poolsOf, replan, type Candidate, type Evaluation, type NamedPlacement, type Replan } from '../runtime/index.ts';
+import {
+  PLACEMENTS,
+  SWITCH_CROSSINGS,
+  asynchronyOf,
+  chooseLag,
+  evaluationsFor,
+  lagOf,
+  lagsFor,
+  namedPlan,
+  poolsOf,
+  replan,
+  type Candidate,
+  type Evaluation,
+  type NamedPlacement,
+  type Replan,
+} from '../runtime/index.ts';
 import { planRows, renderPlan } from '../runtime/index.ts';
 
 const USAGE = `usage: npm run plan -- FILE [--placement search|${PLACEMENTS.join('|')}] [--budget SECONDS] [--max-lag K] [--seed N] [--lose D,…] [--join D,…] [--remaining N] [--json] [--write PLAN.yaml] [--html OUT.html]
@@ -195,13 +210,18 @@ runMain(async () => {
   console.log(`iteration: ${evaluation.iterationSeconds.toFixed(3)} s (estimated)`);
   if (placement === 'search') {
     const pool = (ds: number[]) => (ds.length ? `${ds.length} device(s) ${ds[0]}${ds.length > 1 ? `–${ds.at(-1)}` : ''}` : 'none');
-    console.log(`asynchrony: ${best.lag === 0 ? 'lock-step' : `rl.lag ${best.lag}`}${best.slots !== undefined ? `, rl.slots ${best.slots}` : ''}: ${choice.why}`);
+    console.log(`asynchrony: ${asynchronyOf(scenario, best.lag)}${best.slots !== undefined ? `, rl.slots ${best.slots}` : ''}: ${choice.why}`);
     console.log(
       `  rollout pool ${pool(pools.rollout)}, train pool ${pool(pools.train)}${pools.shared ? ' (shared devices)' : ''}; estimated period ${evaluation.iterationSeconds.toFixed(3)} s, best lock-step ${sync.evaluation.iterationSeconds.toFixed(3)} s: ${(sync.evaluation.iterationSeconds / evaluation.iterationSeconds).toFixed(2)}×`,
     );
+    const pauses = Object.entries(evaluation.calls).filter(([, c]) => c.switchSeconds !== undefined);
+    for (const [call, c] of pauses)
+      console.log(
+        `  in flight: ${call} switches version once a generation, priced at ${c.switchSeconds! < 0.01 ? `${(1000 * c.switchSeconds!).toPrecision(3)} ms` : `${c.switchSeconds!.toFixed(3)} s`} (${(100 * (c.switchSeconds! / evaluation.iterationSeconds)).toFixed(1)}% of the period: the bus crossed ${SWITCH_CROSSINGS} times${scenario.rl.inflight_kv === 'recompute' ? ', and a pass of every held row again' : ''})`,
+      );
     for (const t of choice.tried)
       console.log(
-        `  lag ${t.lag}${t.slots !== undefined ? `, continuous (${t.slots} slots)` : ''}: ${Number.isFinite(t.evaluation.iterationSeconds) ? `${t.evaluation.iterationSeconds.toFixed(3)} s` : `infeasible: ${t.evaluation.why}`} (${t.search?.evaluated ?? 0} plans)`,
+        `  ${t.lag > 0 && scenario.rl.staleness > 0 ? 'η' : 'lag'} ${t.lag}${t.slots !== undefined ? `, continuous (${t.slots} slots)` : ''}: ${Number.isFinite(t.evaluation.iterationSeconds) ? `${t.evaluation.iterationSeconds.toFixed(3)} s` : `infeasible: ${t.evaluation.why}`} (${t.search?.evaluated ?? 0} plans)`,
       );
   }
   for (const n of PLACEMENTS) {

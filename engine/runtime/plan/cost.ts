@@ -36,7 +36,19 @@ export interface Workload {
   slots?: number;
   /** Generation as episodes of several turns against an environment on the bus (see episodeGeneration). */
   episodes?: EpisodesWorkload;
+  /**
+   * In-flight weight updates (rl.inflight): what a generation does with the keys and values the
+   * old version wrote when it switches (rl.inflight_kv); see switchPause. Absent: no switches.
+   */
+  inflight?: 'keep' | 'recompute';
 }
+
+/**
+ * Crossings of the bus a switch of version waits on (engine/asynchrony/handover.ts): the replica's
+ * word that it stopped before a pass, the decision's write to the run's store and its
+ * acknowledgement, and the word to go on.
+ */
+export const SWITCH_CROSSINGS = 4;
 
 /** A generation's episodes, as the scenario's `environment:` bounds them. */
 export interface EpisodesWorkload {
@@ -162,6 +174,8 @@ export interface CallCost {
   residentBytes: number;
   /** A generation's rows decoded at once per replica, as many as its KV cache holds: its slots when it generates continuously. */
   slots?: number;
+  /** In flight: the pause of a generation's switch of version, in `seconds` (see switchPause). */
+  switchSeconds?: number;
 }
 
 /**
@@ -324,6 +338,7 @@ export function callCost(
   let environment = 0;
   let transient = 0;
   let slots: number | undefined;
+  let switchSeconds: number | undefined;
   if (kind === 'inference') {
     // A forward pass keeps one layer's working set (and the head's outputs) per sequence; the
     // rows go through whole where they fit, else in micro-batches that do. (The runtime sends a
@@ -436,6 +451,16 @@ export function callCost(
       communication = prefill.comm + decodeComm;
       bubble = prefill.bubble;
       transient = wave * T * kvPerToken + (wave * T * D * bytes * 4) / tp;
+      if (wl.inflight) {
+        // One switch a generation, the most the runtime makes (the next version is the only one
+        // made while it runs): its crossings of the bus, and under recompute a pass of every held
+        // row's sequence so far with the new version, each row about a scale's worth of tokens in.
+        const position = wl.responseMean !== undefined && wl.responseMean < wl.responseLen ? tailScale(wl.responseMean, wl.responseLen) : wl.responseLen / 2;
+        const redo = wl.inflight === 'recompute' ? pass(held, Math.min(T, wl.promptLen + position), false, 1) : { compute: 0, comm: 0, bubble: 0 };
+        switchSeconds = SWITCH_CROSSINGS * dev.latency + redo.compute + redo.comm;
+        compute += redo.compute;
+        communication += SWITCH_CROSSINGS * dev.latency + redo.comm;
+      }
     }
   }
   compute += dev.callOverhead ?? 0;
@@ -451,6 +476,7 @@ export function callCost(
     transientBytes: transient + (opts.owner ? 0 : weightsPerDevice),
     residentBytes: opts.owner ? weightsPerDevice + trainState : 0,
     ...(slots !== undefined ? { slots } : {}),
+    ...(switchSeconds !== undefined ? { switchSeconds } : {}),
   };
 }
 

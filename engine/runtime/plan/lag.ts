@@ -17,6 +17,9 @@ import { budgetOf, planKey, search, shareBudget, type SearchOptions } from './se
  */
 export const ASYNC_MIN_SPEEDUP = 1.1;
 
+/** Lags whose periods are within this share of each other are as fast: the smallest is chosen. */
+export const LAG_TIE = 0.005;
+
 export interface LagPlan {
   lag: number;
   /**
@@ -168,11 +171,29 @@ export function chooseLag(s: Scenario, lags: readonly number[], o: { local?: Dev
   });
   const total = { evaluations, evaluated: tried.reduce((a, t) => a + (t.search?.evaluated ?? 0), 0), seconds: (performance.now() - t0) / 1000 };
   const byTime = (xs: LagPlan[]) => xs.filter((t) => t.evaluation.feasible).sort((a, b) => a.evaluation.iterationSeconds - b.evaluation.iterationSeconds);
+  if (!searching) {
+    // A named placement, priced at the scenario's own lag (the only one tried), against the same
+    // placement lock-step.
+    const own = tried[0]!;
+    const sync = own.lag === 0 ? own : planAtLag(s, 0, o);
+    const speedup = sync.evaluation.iterationSeconds / own.evaluation.iterationSeconds;
+    const at = asynchronyOf(s, own.lag);
+    return {
+      ...total,
+      chosen: own,
+      sync,
+      tried,
+      speedup,
+      why: `the scenario's own ${at}, at which a named placement is priced${own.lag === 0 ? '' : `: ${speedup.toFixed(2)}× the same placement lock-step`}`,
+    };
+  }
   const sync = tried.find((t) => t.lag === 0)!;
   // Lock-step at its best: by waves, or continuously where that is faster.
   const lockstep = byTime(tried.filter((t) => t.lag === 0))[0] ?? sync;
   const mode = (t: LagPlan) => (t.slots !== undefined && s.rl.slots === 0 ? `, generating continuously (rl.slots ${t.slots})` : '');
-  const fastest = byTime(tried.filter((t) => t.lag > 0))[0];
+  // The fastest lag, or a smaller one as fast (within LAG_TIE): its rollouts are fresher for nothing.
+  const stale = byTime(tried.filter((t) => t.lag > 0));
+  const fastest = stale.filter((t) => t.evaluation.iterationSeconds <= stale[0]!.evaluation.iterationSeconds * (1 + LAG_TIE)).sort((a, b) => a.lag - b.lag)[0];
   const speedupOf = (t: LagPlan) => (t === sync ? 1 : sync.evaluation.iterationSeconds / t.evaluation.iterationSeconds);
   const kept = lockstep === sync ? 'lock-step kept' : `lock-step kept${mode(lockstep)}, ${speedupOf(lockstep).toFixed(2)}× decoding by waves`;
   const choice = (chosen: LagPlan, why: string): LagChoice => ({ ...total, chosen, sync, tried, speedup: speedupOf(chosen), why });
@@ -183,9 +204,32 @@ export function chooseLag(s: Scenario, lags: readonly number[], o: { local?: Dev
   const gain = lockstep.evaluation.iterationSeconds / fastest.evaluation.iterationSeconds;
   if (!lockstep.evaluation.feasible || gain >= ASYNC_MIN_SPEEDUP) {
     const over = lockstep === sync ? '' : ` and ${gain.toFixed(2)}× the best lock-step plan${mode(lockstep)}`;
-    return choice(fastest, `lag ${fastest.lag}${mode(fastest)} is ${speedupOf(fastest).toFixed(2)}× the best lock-step plan by waves${over} (at least ${ASYNC_MIN_SPEEDUP}× pays for stale rollouts)`);
+    return choice(
+      fastest,
+      `${staleAt(s, fastest.lag)}${mode(fastest)} is ${speedupOf(fastest).toFixed(2)}× the best lock-step plan by waves${over} (at least ${ASYNC_MIN_SPEEDUP}× pays for stale rollouts)`,
+    );
   }
-  return choice(lockstep, `${kept}: the best lag (${fastest.lag}) would be ${gain.toFixed(2)}×${lockstep === sync ? '' : ' that'}, less than the ${ASYNC_MIN_SPEEDUP}× that pays for stale rollouts`);
+  return choice(
+    lockstep,
+    `${kept}: the best ${s.rl.staleness > 0 ? 'η' : 'lag'} (${fastest.lag}) would be ${gain.toFixed(2)}×${lockstep === sync ? '' : ' that'}, less than the ${ASYNC_MIN_SPEEDUP}× that pays for stale rollouts`,
+  );
+}
+
+/**
+ * How a scenario runs stale at `lag`, as its keys say it: `rl.lag k`, or free-running
+ * `rl.staleness k` (in flight, and what it does with the old version's keys and values, where it
+ * is); `lock-step` at 0.
+ */
+export function asynchronyOf(s: Scenario, lag: number): string {
+  if (lag === 0) return 'lock-step';
+  if (s.rl.staleness === 0) return `rl.lag ${lag}`;
+  return `rl.staleness ${lag}${s.rl.inflight ? `, in flight (rl.inflight_kv ${s.rl.inflight_kv})` : ''}`;
+}
+
+/** The same in a sentence: `lag k`, or `η k, free-running` (in flight where it is). */
+function staleAt(s: Scenario, lag: number): string {
+  if (s.rl.staleness === 0) return `lag ${lag}`;
+  return `η ${lag}, free-running${s.rl.inflight ? ' in flight' : ''},`;
 }
 
 /** Slots beyond any KV cache's: a generation then decodes continuously with as many rows as its cache holds. */

@@ -70,6 +70,8 @@ export interface CallReport {
   memoryBytes: number;
   /** A generation's rows decoded at once per replica (its slots when it generates continuously). */
   slots?: number;
+  /** In flight: the pause of its switch of version, in `seconds`. */
+  switchSeconds?: number;
 }
 
 export interface Evaluation {
@@ -258,6 +260,8 @@ export class Evaluator {
       const isOwner = this.key(p) === this.key(owner);
       const problem = info.shape ? strategyProblem(info.shape, p) : undefined;
       if (problem) why ??= `${info.name}: ${problem}`;
+      const inflight = this.problem.workload.inflight && callOf(this.problem, info.name).kind === 'generate' ? inflightProblem(p, isOwner) : undefined;
+      if (inflight) why ??= `${info.name}: ${inflight}`;
       let residentHere = 0;
       for (const d of p.devices) residentHere = Math.max(residentHere, (resident.get(d) ?? 0) + (held.get(d) ?? 0) - (holders.get(info.name) ?? 0));
       const cost = this.callCost(info.name, p, isOwner, device.memoryBytes - residentHere);
@@ -342,6 +346,7 @@ export class Evaluator {
         reallocSeconds: this.moveSeconds(x),
         memoryBytes: x.memoryBytes,
         ...(x.cost?.slots !== undefined ? { slots: x.cost.slots } : {}),
+        ...(x.cost?.switchSeconds !== undefined ? { switchSeconds: x.cost.switchSeconds } : {}),
       };
     if (priced.why) return { feasible: false, why: priced.why, overflowBytes: priced.overflow, iterationSeconds: Infinity, calls };
     const sim = this.simulate(priced, true, keepTimeline);
@@ -566,4 +571,15 @@ export function namedPlan(ev: Evaluator, name: NamedPlacement): Candidate {
 /** The named plans, fastest first (infeasible ones last, the closest to fitting first): where a search starts. */
 export function namedStarts(ev: Evaluator): Candidate[] {
   return PLACEMENTS.map((n) => namedPlan(ev, n)).sort((a, b) => ev.objective(a) - ev.objective(b));
+}
+
+/**
+ * Where a generation cannot take new versions in flight (as the runtime refuses it,
+ * engine/runtime/scenario/resolve.ts): on the layout its model trains on (it sees each update as
+ * it is made, and has no second copy to switch to), or over several pipeline stages.
+ */
+function inflightProblem(p: Placement, isOwner: boolean): string | undefined {
+  if (isOwner) return 'in flight (rl.inflight), a generation needs devices or a layout of its own, not the one its model trains on';
+  if (p.pp > 1) return `in flight (rl.inflight), a generation runs on replicas of one stage, not pp = ${p.pp}`;
+  return undefined;
 }

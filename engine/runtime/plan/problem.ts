@@ -54,8 +54,17 @@ export function loadLocalProfile(file = LOCAL_PROFILE): DeviceProfile {
 /** The lag the planner prices a scenario at: rl.lag, or a free-running run's bound η (its steady state when generation keeps up). */
 export const lagOf = (s: Scenario): number => s.rl.lag || s.rl.staleness;
 
-/** The scenario lagged by `lag` (its graph too: the proximal policy's pass); itself at its own lag. */
-export const atLag = (s: Scenario, lag: number): Scenario => (lag === lagOf(s) ? s : { ...s, rl: { ...s.rl, lag, staleness: 0, versions: undefined } });
+/**
+ * The scenario at `lag` (its graph too: the proximal policy's pass); itself at its own lag. A
+ * free-running scenario stays free-running, within η = `lag` (in flight where it is); at 0 any
+ * scenario is lock-step. A run's records (rl.versions, rl.switches) are its own lag's only.
+ */
+export function atLag(s: Scenario, lag: number): Scenario {
+  if (lag === lagOf(s)) return s;
+  const records = { versions: undefined, switches: undefined };
+  if (lag === 0) return { ...s, rl: { ...s.rl, ...records, lag: 0, staleness: 0, inflight: false } };
+  return { ...s, rl: { ...s.rl, ...records, ...(s.rl.staleness > 0 ? { staleness: lag } : { lag, staleness: 0 }) } };
+}
 
 /**
  * The scenario as a planning problem. `lag`: priced at that lag instead of the scenario's own
@@ -114,6 +123,7 @@ export function problemOf(s: Scenario, local?: DeviceProfile, lag = lagOf(s)): P
       epochs: s.rl.epochs,
       minibatches: s.rl.minibatches,
       ...(s.rl.slots > 0 && !s.environment ? { slots: s.rl.slots } : {}),
+      ...(s.rl.inflight ? { inflight: s.rl.inflight_kv } : {}),
       ...(s.environment
         ? {
             episodes: {

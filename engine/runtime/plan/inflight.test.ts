@@ -1,0 +1,86 @@
+// The planner on in-flight weight updates (rl.inflight): a generation's switch of version priced
+// into its call (the bus's crossings; under recompute a pass of every held row again), plans the
+// runtime refuses in flight refused here too, a free-running scenario priced free-running at every
+// η, a named placement priced at the scenario's own η, and the smallest of equally fast lags chosen.
+import { fileURLToPath } from 'node:url';
+import { describe, expect, it } from 'vitest';
+import { loadScenario, type Scenario } from '../scenario/scenario.ts';
+import { DEVICES, MODELS } from './catalog.ts';
+import { SWITCH_CROSSINGS, callCost, type Workload } from './cost.ts';
+import { LAG_TIE, asynchronyOf, chooseLag, lagsFor } from './lag.ts';
+import { Evaluator, namedPlan } from './planner.ts';
+import { DEFAULT_LOCAL_PROFILE, atLag, candidateOf, loadLocalProfile, problemOf } from './problem.ts';
+
+const H100 = DEVICES['h100-80gb']!;
+const Q7 = MODELS['qwen2.5-7b']!;
+const INFLIGHT = fileURLToPath(new URL('../../../scenarios/inflight.yaml', import.meta.url));
+const local = loadLocalProfile(DEFAULT_LOCAL_PROFILE);
+
+/** A long-tail generation decoding continuously, as scenarios/cluster/grpo-qwen7b-64gpu-longtail.yaml's. */
+const LONGTAIL: Workload = { batch: 64, promptLen: 1024, responseLen: 16384, responseMean: 4096, epochs: 1, minibatches: 4, slots: 64 };
+const layout = { devices: [0, 1], dp: 1, tp: 2, pp: 1 };
+
+describe('the switch of version, priced', () => {
+  const none = callCost(Q7, 'generate', layout, LONGTAIL, H100, 8);
+  const keep = callCost(Q7, 'generate', layout, { ...LONGTAIL, inflight: 'keep' }, H100, 8);
+  const recompute = callCost(Q7, 'generate', layout, { ...LONGTAIL, inflight: 'recompute' }, H100, 8);
+
+  it('keep: the bus crossed SWITCH_CROSSINGS times, added to the generation and said apart', () => {
+    expect(none.switchSeconds).toBeUndefined();
+    expect(keep.switchSeconds).toBeCloseTo(SWITCH_CROSSINGS * H100.latency, 12);
+    expect(keep.seconds - none.seconds).toBeCloseTo(keep.switchSeconds!, 9);
+    expect(keep.latency - none.latency).toBeCloseTo(SWITCH_CROSSINGS * H100.latency, 12);
+  });
+
+  it('recompute: a forward pass of every held row as well, far more than keep at 7B', () => {
+    expect(recompute.switchSeconds!).toBeGreaterThan(100 * keep.switchSeconds!);
+    expect(recompute.seconds - none.seconds).toBeCloseTo(recompute.switchSeconds!, 9);
+  });
+});
+
+describe('a free-running in-flight scenario, planned', () => {
+  const s = loadScenario(INFLIGHT);
+
+  it('stays free-running (and in flight) at every η, and lock-step at 0 switches nothing', () => {
+    expect(atLag(s, 2).rl).toMatchObject({ staleness: 2, lag: 0, inflight: true });
+    expect(atLag(s, 0).rl).toMatchObject({ staleness: 0, lag: 0, inflight: false });
+    expect(problemOf(s, local, 2).workload.inflight).toBe('keep');
+    expect(problemOf(s, local, 0).workload.inflight).toBeUndefined();
+    expect(asynchronyOf(s, 1)).toBe('rl.staleness 1, in flight (rl.inflight_kv keep)');
+    expect(asynchronyOf({ ...s, rl: { ...s.rl, staleness: 0, inflight: false, lag: 1 } }, 1)).toBe('rl.lag 1');
+  });
+
+  it('refuses, as the runtime does, a generation on the layout its model trains on or over several stages', () => {
+    const ev = new Evaluator(problemOf(s, local));
+    const own = namedPlan(ev, 'flattening');
+    const e = ev.evaluate(own);
+    expect(e.feasible).toBe(false);
+    expect(e.why).toMatch(/actor\.generate: in flight \(rl\.inflight\), a generation needs devices or a layout of its own/);
+    // The same plan lock-step is fine.
+    expect(new Evaluator(problemOf(s, local, 0)).evaluate(own).feasible).toBe(true);
+    // The scenario's own plan (generation on a device of its own) prices the switch.
+    const mine = ev.evaluate(candidateOf(s), true);
+    expect(mine.feasible).toBe(true);
+    expect(mine.calls['actor.generate']!.switchSeconds).toBeCloseTo(SWITCH_CROSSINGS * local.latency, 12);
+  });
+
+  it('a named placement is priced at the scenario own η, against the same placement lock-step', () => {
+    const c = chooseLag(s, [1], { local, placement: 'separation', search: { evaluations: 1, seed: 1 } });
+    expect(c.chosen.lag).toBe(1);
+    expect(c.sync.lag).toBe(0);
+    expect(c.speedup).toBeCloseTo(c.sync.evaluation.iterationSeconds / c.chosen.evaluation.iterationSeconds, 12);
+    expect(c.why).toMatch(/^the scenario's own rl\.staleness 1, in flight \(rl\.inflight_kv keep\), at which a named placement is priced: \d+\.\d\d× the same placement lock-step$/);
+  });
+
+  it('of lags as fast as each other (within LAG_TIE), chooses the smallest: its rollouts are fresher for nothing', () => {
+    const recompute: Scenario = { ...s, rl: { ...s.rl, inflight_kv: 'recompute' } };
+    const c = chooseLag(recompute, lagsFor(recompute, 2), { local, search: { evaluations: 3000, seed: 1 } });
+    const stale = c.tried.filter((t) => t.lag > 0 && t.evaluation.feasible);
+    const best = Math.min(...stale.map((t) => t.evaluation.iterationSeconds));
+    // Here η 2 is as fast as η 1 (the train pool is the bottleneck), to a hair: faster by a rounding.
+    expect(stale.map((t) => t.lag)).toEqual([1, 2]);
+    expect(stale.every((t) => t.evaluation.iterationSeconds <= best * (1 + LAG_TIE))).toBe(true);
+    expect(c.chosen.lag).toBe(1);
+    expect(c.why).toMatch(/^η 1, free-running in flight, generating|^η 1, free-running in flight, is/);
+  });
+});
