@@ -18,6 +18,7 @@ import {
   SWITCH_CROSSINGS,
   asynchronyOf,
   chooseLag,
+  inflightChoice,
   evaluationsFor,
   lagOf,
   lagsFor,
@@ -69,9 +70,9 @@ function replanReport(r: Replan) {
 }
 
 /** A plan as a scenario takes it (--plan): the placements, and the lag they were planned for when one was chosen. */
-export function planYaml(c: Candidate, lag = 0, slots?: number): string {
+export function planYaml(c: Candidate, lag = 0, slots?: number, inflight?: 'keep'): string {
   const plan = Object.fromEntries(Object.entries(c).map(([call, p]) => [call, { mesh: p.mesh, dp: p.dp, tp: p.tp, pp: p.pp }]));
-  return stringify({ plan, ...(lag > 0 ? { lag } : {}), ...(slots !== undefined ? { slots } : {}) }, { lineWidth: 0 });
+  return stringify({ plan, ...(lag > 0 ? { lag } : {}), ...(slots !== undefined ? { slots } : {}), ...(inflight ? { inflight } : {}) }, { lineWidth: 0 });
 }
 
 function report(placement: string, ev: Evaluation) {
@@ -148,6 +149,9 @@ runMain(async () => {
   const baselines = Object.fromEntries(PLACEMENTS.map((n) => [n, ev.evaluate(named[n]).iterationSeconds]));
   const searchInfo = best.search;
   const pools = poolsOf(problem, chosen);
+  // A free-running scenario: whether to take new versions in flight on the chosen plan.
+  const inflight = placement === 'search' ? inflightChoice(scenario, best) : undefined;
+  const inflightTaken = inflight?.chosen && !changed.plan ? inflight.kv : undefined;
   const out = {
     scenario: problem.name,
     device: problem.device.name,
@@ -172,10 +176,12 @@ runMain(async () => {
       plans_evaluated: t.search?.evaluated ?? 0,
     })),
     asynchrony: choice.why,
+    ...(inflight ? { inflight: { kv: inflight.kv, chosen: inflight.chosen, period: inflight.seconds, switch_seconds: inflight.switchSeconds, why: inflight.why } } : {}),
     ...changed.report,
   };
   // With --lose, the plan for the devices left: a run stopped for the loss goes on with it (--resume RUN_DIR --plan).
-  if (values.write) writeFileSync(values.write, planYaml(changed.plan ?? chosen, placement === 'search' ? best.lag : 0, placement === 'search' && !changed.plan ? best.slots : undefined));
+  if (values.write)
+    writeFileSync(values.write, planYaml(changed.plan ?? chosen, placement === 'search' ? best.lag : 0, placement === 'search' && !changed.plan ? best.slots : undefined, inflightTaken));
   if (values.html) {
     writeFileSync(
       values.html,
@@ -210,7 +216,9 @@ runMain(async () => {
   console.log(`iteration: ${evaluation.iterationSeconds.toFixed(3)} s (estimated)`);
   if (placement === 'search') {
     const pool = (ds: number[]) => (ds.length ? `${ds.length} device(s) ${ds[0]}${ds.length > 1 ? `–${ds.at(-1)}` : ''}` : 'none');
-    console.log(`asynchrony: ${asynchronyOf(scenario, best.lag)}${best.slots !== undefined ? `, rl.slots ${best.slots}` : ''}: ${choice.why}`);
+    const running = inflightTaken ? { ...scenario, rl: { ...scenario.rl, inflight: true, inflight_kv: inflightTaken } } : scenario;
+    console.log(`asynchrony: ${asynchronyOf(running, best.lag)}${best.slots !== undefined ? `, rl.slots ${best.slots}` : ''}: ${choice.why}`);
+    if (inflight) console.log(`  ${inflight.why}${inflight.chosen ? ` (period ${inflight.seconds.toFixed(3)} s in flight)` : ''}`);
     console.log(
       `  rollout pool ${pool(pools.rollout)}, train pool ${pool(pools.train)}${pools.shared ? ' (shared devices)' : ''}; estimated period ${evaluation.iterationSeconds.toFixed(3)} s, best lock-step ${sync.evaluation.iterationSeconds.toFixed(3)} s: ${(sync.evaluation.iterationSeconds / evaluation.iterationSeconds).toFixed(2)}×`,
     );

@@ -23,6 +23,7 @@ export * from './store/reshard.ts';
 export { objectName } from './store/snapshots.ts';
 export * from './plan/catalog.ts';
 export * from './plan/cost.ts';
+export * from './plan/inflight.ts';
 export * from './plan/lag.ts';
 export * from './plan/planner.ts';
 export * from './plan/problem.ts';

@@ -38,7 +38,7 @@ export interface Workload {
   episodes?: EpisodesWorkload;
   /**
    * In-flight weight updates (rl.inflight): what a generation does with the keys and values the
-   * old version wrote when it switches (rl.inflight_kv); see switchPause. Absent: no switches.
+   * old version wrote when it switches (rl.inflight_kv); see SWITCH_CROSSINGS. Absent: no switches.
    */
   inflight?: 'keep' | 'recompute';
 }

@@ -2,11 +2,15 @@
 // into its call (the bus's crossings; under recompute a pass of every held row again), plans the
 // runtime refuses in flight refused here too, a free-running scenario priced free-running at every
 // η, a named placement priced at the scenario's own η, and the smallest of equally fast lags chosen.
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describe, expect, it } from 'vitest';
 import { loadScenario, type Scenario } from '../scenario/scenario.ts';
 import { DEVICES, MODELS } from './catalog.ts';
 import { SWITCH_CROSSINGS, callCost, type Workload } from './cost.ts';
+import { INFLIGHT_MAX_COST, inflightChoice } from './inflight.ts';
 import { LAG_TIE, asynchronyOf, chooseLag, lagsFor } from './lag.ts';
 import { Evaluator, namedPlan } from './planner.ts';
 import { DEFAULT_LOCAL_PROFILE, atLag, candidateOf, loadLocalProfile, problemOf } from './problem.ts';
@@ -14,6 +18,7 @@ import { DEFAULT_LOCAL_PROFILE, atLag, candidateOf, loadLocalProfile, problemOf 
 const H100 = DEVICES['h100-80gb']!;
 const Q7 = MODELS['qwen2.5-7b']!;
 const INFLIGHT = fileURLToPath(new URL('../../../scenarios/inflight.yaml', import.meta.url));
+const LONGTAIL_FILE = fileURLToPath(new URL('../../../scenarios/cluster/grpo-qwen7b-64gpu-longtail.yaml', import.meta.url));
 const local = loadLocalProfile(DEFAULT_LOCAL_PROFILE);
 
 /** A long-tail generation decoding continuously, as scenarios/cluster/grpo-qwen7b-64gpu-longtail.yaml's. */
@@ -82,5 +87,73 @@ describe('a free-running in-flight scenario, planned', () => {
     expect(stale.every((t) => t.evaluation.iterationSeconds <= best * (1 + LAG_TIE))).toBe(true);
     expect(c.chosen.lag).toBe(1);
     expect(c.why).toMatch(/^η 1, free-running in flight, generating|^η 1, free-running in flight, is/);
+  });
+});
+
+describe('the planner chooses in flight for a free-running run where it costs at most INFLIGHT_MAX_COST', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'ferry-plan-inflight-'));
+  /** The long-tail 7B scenario free-running within η 1 (64 slots), generation on nodes 0-3 and training on 4-7, or `plan`. */
+  const longtail = (
+    plan = ['  actor.generate: { mesh: "0-3:*", dp: 16, tp: 2 }', '  actor.train: { mesh: "4-7:*", dp: 8, tp: 2, pp: 2 }', '  reference.inference: { mesh: "4-7:*", dp: 16, tp: 2 }'],
+  ) => {
+    const file = join(dir, `longtail-${plan.length}.yaml`);
+    const text = readFileSync(LONGTAIL_FILE, 'utf8').replace('rl: { batch: 64, epochs: 1, minibatches: 4 }', 'rl: { batch: 64, epochs: 1, minibatches: 4, staleness: 1, slots: 64, iterations: 100 }');
+    writeFileSync(file, `${text}${plan.length ? `plan:\n${plan.join('\n')}\n` : ''}`);
+    const s = loadScenario(file);
+    const evaluation = new Evaluator(problemOf(s)).evaluate(candidateOf(s), true);
+    return { s, chosen: { lag: 1, plan: candidateOf(s), evaluation } };
+  };
+
+  it('at 7B on H100, keep: a switch of 0.04 ms, chosen; its period is the plan’s and the switch', () => {
+    const { s, chosen } = longtail();
+    const c = inflightChoice(s, chosen)!;
+    expect(c.chosen).toBe(true);
+    expect(c.switchSeconds).toBeCloseTo(SWITCH_CROSSINGS * H100.latency, 12);
+    expect(c.seconds).toBeGreaterThanOrEqual(chosen.evaluation.iterationSeconds);
+    expect(c.seconds).toBeLessThanOrEqual(chosen.evaluation.iterationSeconds * (1 + INFLIGHT_MAX_COST));
+    expect(c.why).toMatch(/^in flight \(rl\.inflight, keep\) costs 0\.00% of the period \(a generation's switch 0\.0400 ms\)/);
+  });
+
+  it('where the training device bounds the period, the switch hides in the rollout’s slack: chosen at no cost', () => {
+    const s = loadScenario(INFLIGHT);
+    const free = { ...s, rl: { ...s.rl, inflight: false } };
+    const evaluation = new Evaluator(problemOf(free, local)).evaluate(candidateOf(free), true);
+    const c = inflightChoice(free, { lag: 1, plan: candidateOf(free), evaluation }, local)!;
+    expect(c.switchSeconds).toBeCloseTo(SWITCH_CROSSINGS * local.latency, 12);
+    expect(c.chosen).toBe(true);
+    expect(c.seconds).toBeGreaterThanOrEqual(evaluation.iterationSeconds);
+    expect(c.seconds).toBeLessThanOrEqual(evaluation.iterationSeconds * (1 + INFLIGHT_MAX_COST));
+  });
+
+  it('where it would lengthen the period by more than INFLIGHT_MAX_COST, not chosen, and says what it would cost', () => {
+    const s = loadScenario(INFLIGHT);
+    const free = { ...s, rl: { ...s.rl, inflight: false } };
+    const evaluation = new Evaluator(problemOf(free, local)).evaluate(candidateOf(free), true);
+    // The same plan, as if it were 5% faster without in flight than with it.
+    const faster = { ...evaluation, iterationSeconds: evaluation.iterationSeconds / 1.05 };
+    const c = inflightChoice(free, { lag: 1, plan: candidateOf(free), evaluation: faster }, local)!;
+    expect(c.chosen).toBe(false);
+    expect(c.why).toMatch(/^in flight \(rl\.inflight, keep\) would cost [45]\.\d\d% of the period \(a generation's switch 2\.35 ms\), more than the 1% it is worth$/);
+  });
+
+  it('a plan whose generation is on its training layout does not fit in flight, and says why; lagged, in flight already or lock-step: no choice to make', () => {
+    const { s, chosen } = longtail([]);
+    const c = inflightChoice(s, chosen)!;
+    expect(c.chosen).toBe(false);
+    expect(c.why).toMatch(/^in flight does not fit this plan: actor\.generate: in flight \(rl\.inflight\), a generation needs devices or a layout of its own/);
+    expect(inflightChoice({ ...s, rl: { ...s.rl, staleness: 0, lag: 1 } }, chosen)).toBeUndefined();
+    expect(inflightChoice({ ...s, rl: { ...s.rl, inflight: true } }, chosen)).toBeUndefined();
+    expect(inflightChoice(s, { ...chosen, lag: 0 })).toBeUndefined();
+  });
+
+  it('a plan file that says so (npm run plan --write) runs the scenario in flight', () => {
+    const file = join(dir, 'plan.yaml');
+    writeFileSync(file, ['plan:', '  actor.generate: { mesh: "0:0" }', '  actor.train: { mesh: "0:1" }', 'lag: 1', 'slots: 2', 'inflight: keep', ''].join('\n'));
+    const free = join(dir, 'free.yaml');
+    writeFileSync(free, readFileSync(INFLIGHT, 'utf8').replace('  inflight: true\n  inflight_kv: keep\n', ''));
+    expect(loadScenario(free).rl.inflight).toBe(false);
+    const planned = loadScenario(free, file);
+    expect(planned.rl).toMatchObject({ staleness: 1, slots: 2, inflight: true, inflight_kv: 'keep' });
+    rmSync(dir, { recursive: true, force: true });
   });
 });

@@ -156,6 +156,12 @@ export function loadScenario(file: string, planFile?: string): Scenario {
     // Continuous generation the plan was priced with (npm run plan --write): its slots.
     const slots = (plan as { slots?: unknown }).slots;
     if (slots !== undefined) doc.setIn(['rl', 'slots'], slots);
+    // In flight, where the planner chose it for a free-running scenario: what it does with the keys and values.
+    const inflight = (plan as { inflight?: unknown }).inflight;
+    if (inflight !== undefined) {
+      doc.setIn(['rl', 'inflight'], true);
+      doc.setIn(['rl', 'inflight_kv'], inflight);
+    }
     text = doc.toString();
     where = `${file} with the plan of ${planFile}`;
   }
