@@ -12,7 +12,8 @@
 // flight, the tokens' (mean, max) and the switches, and how many of the machine's cores were busy
 // over the measured iterations (all processes: workers, supervisor, nats-server, reward actor; from
 // /proc/stat): where a run keeps them all busy, no schedule of the same work goes faster here.
-// Then each run's speedup over lock-step and over lag 1.
+// Then each run's speedup over lock-step and over lag 1, and the most any of them could be: the
+// asynchronous runs' periods down to the least work an iteration their training device did.
 import { spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { cpus, tmpdir } from 'node:os';
@@ -35,6 +36,8 @@ export interface ContinuousRow {
   rollout_idle: number;
   /** The same of the devices that train (and infer for training: the proximal policy's pass). */
   train_idle: number;
+  /** The training devices' work an iteration (their calls' device seconds): no schedule of the rollout side makes a period shorter. */
+  train_seconds_per_iteration: number;
   reward_first5: number | null;
   reward_last5: number | null;
   staleness_mean: number;
@@ -106,6 +109,12 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
     speedup_continuous_over_lag1: over(continuous, lagged),
     speedup_inflight_over_lockstep: over(inflight, sync),
     speedup_inflight_over_lag1: over(inflight, lagged),
+    /**
+     * The most any asynchronous run here could be over lock-step and over lag 1: their periods
+     * down to the least training work an iteration any of them measured.
+     */
+    bound_over_lockstep: 0,
+    bound_over_lag1: 0,
     /** The planner's speedups of continuous generation (lag 1) over lock-step and over lag 1, and how far each is from the measured one. */
     estimated_speedup_continuous_over_lockstep: sync.estimated_seconds_per_iteration / continuous.estimated_seconds_per_iteration,
     estimated_speedup_continuous_over_lag1: lagged.estimated_seconds_per_iteration / continuous.estimated_seconds_per_iteration,
@@ -113,10 +122,16 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
     estimate_error_over_lag1: 0,
     profile: profileFile ?? null,
   };
+  const least = Math.min(lagged.train_seconds_per_iteration, continuous.train_seconds_per_iteration, inflight.train_seconds_per_iteration);
+  out.bound_over_lockstep = sync.seconds_per_iteration / least;
+  out.bound_over_lag1 = lagged.seconds_per_iteration / least;
   out.estimate_error_over_lockstep = Math.abs(out.estimated_speedup_continuous_over_lockstep - out.speedup_continuous_over_lockstep) / out.speedup_continuous_over_lockstep;
   out.estimate_error_over_lag1 = Math.abs(out.estimated_speedup_continuous_over_lag1 - out.speedup_continuous_over_lag1) / out.speedup_continuous_over_lag1;
   o.log(
     `speedups (s/iteration): lag 1 ${out.speedup_lag1_over_lockstep.toFixed(2)}× lock-step; continuous ${out.speedup_continuous_over_lockstep.toFixed(2)}× lock-step, ${out.speedup_continuous_over_lag1.toFixed(2)}× lag 1; in flight ${out.speedup_inflight_over_lockstep.toFixed(2)}× lock-step, ${out.speedup_inflight_over_lag1.toFixed(2)}× lag 1`,
+  );
+  o.log(
+    `the training device's work an iteration, at least ${(1000 * least).toFixed(0)} ms: no schedule of the rollout side makes a run here more than ${out.bound_over_lockstep.toFixed(2)}× lock-step or ${out.bound_over_lag1.toFixed(2)}× lag 1`,
   );
   o.log(
     `the planner's (${profileFile ?? 'no profile'}): continuous ${out.estimated_speedup_continuous_over_lockstep.toFixed(2)}× lock-step (${(100 * out.estimate_error_over_lockstep).toFixed(1)}% off), ${out.estimated_speedup_continuous_over_lag1.toFixed(2)}× lag 1 (${(100 * out.estimate_error_over_lag1).toFixed(1)}% off)`,
@@ -175,6 +190,7 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
       tokens_per_second: measured.reduce((a, m) => a + m.tokens, 0) / (period * measured.length),
       rollout_idle: Math.max(0, 1 - busy / Math.max(1, to - from)),
       train_idle: Math.max(0, 1 - trainBusy / Math.max(1, to - from)),
+      train_seconds_per_iteration: trainBusy / 1000 / measured.length,
       reward_first5: run.summary.reward_first5,
       reward_last5: run.summary.reward_last5,
       staleness_mean: staleness.reduce((a, b) => a + b, 0) / staleness.length,
