@@ -52,7 +52,9 @@ export async function envBench(o: EnvBenchOptions): Promise<EnvBenchRow[]> {
   const server = await startNatsServer();
   const nc = await connectBus(server.url, 'bench-env');
   // The environment runs in a process of its own (bench-env-server.ts), one environment per latency.
-  const env = spawn(process.execPath, ['--import', 'tsx', join(HERE, 'bench-env-server.ts'), '--nats', server.url, '--latencies', o.latencies.join(',')], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const env = spawn(process.execPath, ['--import', import.meta.resolve('tsx'), join(HERE, 'bench-env-server.ts'), '--nats', server.url, '--latencies', o.latencies.join(',')], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
   await new Promise<void>((res, rej) => {
     env.stdout.on('data', (b: Buffer) => b.toString().includes('ready') && res());
     env.once('exit', (code) => rej(new Error(`the bench's environment process exited (${code}) before it was ready`)));

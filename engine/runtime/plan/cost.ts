@@ -174,7 +174,7 @@ export interface CallCost {
   residentBytes: number;
   /** A generation's rows decoded at once per replica, as many as its KV cache holds: its slots when it generates continuously. */
   slots?: number;
-  /** In flight: the pause of a generation's switch of version, in `seconds` (see switchPause). */
+  /** In flight: the pause of a generation's switch of version, in `seconds` (see SWITCH_CROSSINGS). */
   switchSeconds?: number;
 }
 
