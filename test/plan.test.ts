@@ -324,6 +324,13 @@ describe('npm run plan', () => {
     expect(out.inflight.period).toBeLessThanOrEqual(out.estimated_period * 1.01);
     expect(parse(readFileSync(file, 'utf8'))).toMatchObject({ lag: 1, inflight: 'keep' });
     expect(loadScenario(scenario, file).rl).toMatchObject({ staleness: 1, lag: 0, inflight: true, inflight_kv: 'keep' });
+    // A scenario in flight, on a named placement (priced at its own η: this crashed before): the switch's pause per generation.
+    const named = await plan([join(ROOT, 'scenarios/inflight.yaml'), '--placement', 'separation', '--json']);
+    expect(named.code, named.stderr).toBe(0);
+    const n = json(named) as ReturnType<typeof json> & { calls: Record<string, { switch_seconds?: number }> };
+    expect(n.asynchrony).toMatch(/^the scenario's own rl\.staleness 1, in flight \(rl\.inflight_kv keep\), at which a named placement is priced: \d+\.\d\d× the same placement lock-step$/);
+    expect(n.calls['actor.generate']!.switch_seconds).toBeGreaterThan(0);
+    expect(n.calls['actor.train']!.switch_seconds).toBeUndefined();
   });
 
   it('chooses the lag too: the best plan at each lag, the pools, and asynchrony only where it pays; --write keeps the lag for --plan', async () => {

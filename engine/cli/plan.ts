@@ -86,7 +86,16 @@ function report(placement: string, ev: Evaluation) {
         const c = ev.calls[call]!;
         return [
           call,
-          { mesh: c.placement.mesh, dp: c.placement.dp, tp: c.placement.tp, pp: c.placement.pp, seconds: c.seconds, realloc_seconds: c.reallocSeconds, memory_gb_per_device: c.memoryBytes / 1e9 },
+          {
+            mesh: c.placement.mesh,
+            dp: c.placement.dp,
+            tp: c.placement.tp,
+            pp: c.placement.pp,
+            seconds: c.seconds,
+            realloc_seconds: c.reallocSeconds,
+            memory_gb_per_device: c.memoryBytes / 1e9,
+            ...(c.switchSeconds !== undefined ? { switch_seconds: c.switchSeconds } : {}),
+          },
         ];
       }),
     ),
