@@ -135,7 +135,8 @@ runMain(async () => {
   const lose = values.lose === undefined && join.length === 0 ? undefined : [...new Set([...(values.lose === undefined ? [] : devicesArg('lose', values.lose)), ...join])];
   const remainingArg = values.remaining === undefined ? undefined : Number(values.remaining);
   if (remainingArg !== undefined && !(Number.isInteger(remainingArg) && remainingArg >= 0)) throw new UsageError(`--remaining: expected a whole number >= 0, got ${values.remaining}`);
-  const scenario = await loadScenarioFile(positionals[0]!);
+  // A search finds the plan: a refusal of the scenario's own plan that the search avoids by itself is left to it.
+  const scenario = await loadScenarioFile(positionals[0]!, undefined, { searching: placement === 'search' });
   // A named placement is priced at the scenario's own lag; a search chooses the lag too.
   const lags = placement === 'search' ? lagsFor(scenario, maxLag) : [lagOf(scenario)];
   const choice = chooseLag(scenario, lags, { placement, search: { evaluations: evaluationsFor(budget), seed } });

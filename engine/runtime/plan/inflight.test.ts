@@ -146,6 +146,28 @@ describe('the planner chooses in flight for a free-running run where it costs at
     expect(inflightChoice(s, { ...chosen, lag: 0 })).toBeUndefined();
   });
 
+  it('a scenario in flight without a plan is refused to run (its default plan generates on the training layout), but read for a search, which finds one', () => {
+    const file = join(dir, 'longtail-inflight.yaml');
+    writeFileSync(
+      file,
+      readFileSync(LONGTAIL_FILE, 'utf8').replace(
+        'rl: { batch: 64, epochs: 1, minibatches: 4 }',
+        'rl: { batch: 64, epochs: 1, minibatches: 4, staleness: 1, inflight: true, slots: 64, iterations: 100 }',
+      ),
+    );
+    expect(() => loadScenario(file)).toThrow(/rl\.inflight, and plan\.actor\.generate is the layout 'actor' trains on/);
+    const s = loadScenario(file, undefined, { searching: true });
+    // Not what the search relaxes: in flight without a free-running run is refused all the same.
+    writeFileSync(file, readFileSync(LONGTAIL_FILE, 'utf8').replace('rl: { batch: 64, epochs: 1, minibatches: 4 }', 'rl: { batch: 64, epochs: 1, minibatches: 4, inflight: true, iterations: 100 }'));
+    expect(() => loadScenario(file, undefined, { searching: true })).toThrow(/rl\.inflight: new versions are taken in flight by a free-running run; set rl\.staleness/);
+    // The search at η 1 finds a plan in flight: feasible, its generation off the training layout, the switch priced.
+    const at1 = chooseLag(s, [0, 1], { search: { evaluations: 2000, seed: 1 } }).tried.find((t) => t.lag === 1)!;
+    expect(at1.evaluation.feasible).toBe(true);
+    const [gen, train] = [at1.plan['actor.generate']!, at1.plan['actor.train']!];
+    expect(`${gen.mesh}/${gen.dp}/${gen.tp}/${gen.pp}`).not.toBe(`${train.mesh}/${train.dp}/${train.tp}/${train.pp}`);
+    expect(at1.evaluation.calls['actor.generate']!.switchSeconds).toBeCloseTo(SWITCH_CROSSINGS * H100.latency, 12);
+  });
+
   it('a plan file that says so (npm run plan --write) runs the scenario in flight', () => {
     const file = join(dir, 'plan.yaml');
     writeFileSync(file, ['plan:', '  actor.generate: { mesh: "0:0" }', '  actor.train: { mesh: "0:1" }', 'lag: 1', 'slots: 2', 'inflight: keep', ''].join('\n'));

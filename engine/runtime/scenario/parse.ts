@@ -10,7 +10,7 @@ import { specProblem } from '../../model/index.ts';
 import { algorithmPath, isPath, loadAlgorithmFile } from '../../algorithms/index.ts';
 
 import { Scenario, ScenarioError } from './schema.ts';
-import { algorithmName, algorithmSpec, checkpointShape, keepSpec, policySpec, resolvePlan, taskOf } from './resolve.ts';
+import { algorithmName, algorithmSpec, checkpointShape, keepSpec, policySpec, resolvePlan, taskOf, type ReadOptions } from './resolve.ts';
 
 /** The keys a scenario allows at `path` (through defaults and optionals), for typo hints. */
 function keysAt(path: readonly PropertyKey[]): string[] | undefined {
@@ -31,7 +31,7 @@ function keysAt(path: readonly PropertyKey[]): string[] | undefined {
 }
 
 /** Parses and validates scenario text. `where` names the source in every error; `baseDir` resolves an algorithm's path. */
-export function parseScenario(text: string, where: string, baseDir = '.'): Scenario {
+export function parseScenario(text: string, where: string, baseDir = '.', o: ReadOptions = {}): Scenario {
   const doc = parseDocument(text, { prettyErrors: true });
   if (doc.errors.length) {
     throw new ScenarioError(`${where}: not valid YAML:\n  ${doc.errors.map((e) => e.message.split('\n')[0]).join('\n  ')}`);
@@ -88,7 +88,7 @@ export function parseScenario(text: string, where: string, baseDir = '.'): Scena
     if (e instanceof ScenarioError) throw new ScenarioError(`${where}: ${e.message}`);
     throw e;
   }
-  resolvePlan(scenario, where);
+  resolvePlan(scenario, where, o);
   return scenario;
 }
 
@@ -134,7 +134,7 @@ function readText(file: string, what: string): string {
  * Reads and validates a scenario file. With `planFile` (a `plan:` as `npm run plan --write`
  * writes it), that plan replaces the scenario's before validation.
  */
-export function loadScenario(file: string, planFile?: string): Scenario {
+export function loadScenario(file: string, planFile?: string, o: ReadOptions = {}): Scenario {
   let text = readText(file, 'scenario file');
   let where = file;
   if (planFile) {
@@ -165,7 +165,7 @@ export function loadScenario(file: string, planFile?: string): Scenario {
     text = doc.toString();
     where = `${file} with the plan of ${planFile}`;
   }
-  const s = parseScenario(text, where, dirname(file));
+  const s = parseScenario(text, where, dirname(file), o);
   const named = { ...s, name: s.name ?? basename(file, extname(file)) };
   keepSpec(named, algorithmSpec(s));
   return named;
@@ -175,12 +175,12 @@ export function loadScenario(file: string, planFile?: string): Scenario {
  * loadScenario for a file whose algorithm may be a module of the user's: that module is imported
  * first. Every entry point (scenario, chaos, plan, the supervisor process) reads scenarios this way.
  */
-export async function loadScenarioFile(file: string, planFile?: string): Promise<Scenario> {
+export async function loadScenarioFile(file: string, planFile?: string, o: ReadOptions = {}): Promise<Scenario> {
   const raw = parseDocument(readText(file, 'scenario file')).toJS() as { algorithm?: unknown } | null;
   const a = raw?.algorithm;
   const name = typeof a === 'string' ? a : typeof a === 'object' && a !== null && typeof (a as { name?: unknown }).name === 'string' ? (a as { name: string }).name : undefined;
   if (name !== undefined && isPath(name)) await loadAlgorithmFile(algorithmPath(name, dirname(file)));
-  return loadScenario(file, planFile);
+  return loadScenario(file, planFile, o);
 }
 
 /** The scenario with another plan (an elastic run's re-plan), checked against its cluster and models as a file's would be. */

@@ -131,7 +131,7 @@ export function rowsOf(s: Scenario): number {
 }
 
 /** Fills in the default placement and checks the plan against the algorithm, the cluster and the model. */
-export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
+export function resolvePlan(s: Scenario, where = 'scenario', o: ReadOptions = {}): Plan {
   const cluster: Cluster = { nodes: s.cluster.nodes, devicesPerNode: s.cluster.devices_per_node };
   const total = deviceCount(cluster);
   const graph = graphOf(s);
@@ -249,14 +249,23 @@ export function resolvePlan(s: Scenario, where = 'scenario'): Plan {
       if (p && p.pp > 1) errors.push(`rl.slots: ${s.rl.slots}, and plan.${c.name} has pp = ${p.pp}: continuous generation decodes on replicas of one stage (pp = 1)`);
     }
   }
-  errors.push(...inflightProblems(s, graph, plan));
+  errors.push(...inflightProblems(s, graph, o.searching ? undefined : plan));
   if (s.model.from === undefined && s.model.width % s.model.heads !== 0) errors.push(`model.width: ${s.model.width} is not divisible by model.heads = ${s.model.heads}`);
   if (errors.length) throw new ScenarioError(`${where}: the plan does not fit:\n  ${shortList(errors).join('\n  ')}`);
   return plan;
 }
 
-/** What keeps a scenario's rl.inflight (and its recorded rl.switches) from running. */
-function inflightProblems(s: Scenario, graph: Graph, plan: Plan): string[] {
+/**
+ * How a scenario is read. `searching`: its plan is the planner's to find (npm run plan's search),
+ * so a refusal of its own plan that the search avoids by itself — a generation in flight on its
+ * model's training layout or on several stages — is left to the search.
+ */
+export interface ReadOptions {
+  searching?: boolean;
+}
+
+/** What keeps a scenario's rl.inflight (and its recorded rl.switches) from running; on `plan`, where it is given. */
+function inflightProblems(s: Scenario, graph: Graph, plan: Plan | undefined): string[] {
   const errors: string[] = [];
   if (s.rl.switches !== undefined && !(s.rl.inflight && s.rl.versions !== undefined))
     errors.push('rl.switches: recorded in-flight decisions replay a free-running in-flight run; they need rl.inflight: true and its schedule, rl.versions');
@@ -268,9 +277,9 @@ function inflightProblems(s: Scenario, graph: Graph, plan: Plan): string[] {
   if (graph.source === 'pairs') errors.push(`rl.inflight, and '${algorithmSpec(s).algorithm.name}' learns from preference pairs: it generates nothing to update in flight`);
   if (s.environment)
     errors.push('rl.inflight with an environment: episodes take no new version in flight (their turns are generated in slots of their own); leave rl.inflight out, or the environment');
-  for (const c of graph.calls.filter((c) => c.fn === 'generate')) {
-    const p = plan[c.name];
-    const own = plan[ownerCall(graph, c.model).name];
+  for (const c of plan ? graph.calls.filter((c) => c.fn === 'generate') : []) {
+    const p = plan![c.name];
+    const own = plan![ownerCall(graph, c.model).name];
     if (p && p.pp > 1) errors.push(`rl.inflight, and plan.${c.name} has pp = ${p.pp}: new versions are taken in flight by replicas of one stage (pp = 1)`);
     else if (p && own && layoutKey(p) === layoutKey(own))
       errors.push(
