@@ -324,12 +324,30 @@ describe('npm run plan', () => {
     expect(out.inflight.period).toBeLessThanOrEqual(out.estimated_period * 1.01);
     expect(parse(readFileSync(file, 'utf8'))).toMatchObject({ lag: 1, inflight: 'keep' });
     expect(loadScenario(scenario, file).rl).toMatchObject({ staleness: 1, lag: 0, inflight: true, inflight_kv: 'keep' });
-    // A scenario in flight, on a named placement (priced at its own η: this crashed before): the switch's pause per generation.
-    const named = await plan([join(ROOT, 'scenarios/inflight.yaml'), '--placement', 'separation', '--json']);
+    // A scenario in flight, on a named placement (priced at its own η: this crashed before): the
+    // switch's pause per generation. Its devices are local: a hand-written profile stands in for
+    // `npm run profile` (a clean clone has none), looked up from the scratch directory.
+    mkdirSync(join(dir, 'profiles'));
+    writeFileSync(
+      join(dir, 'profiles', 'local.json'),
+      JSON.stringify({
+        name: 'local',
+        flops: 2e10,
+        memBandwidth: 1e10,
+        memoryBytes: 2e9,
+        intraBandwidth: 1e8,
+        interBandwidth: 1e8,
+        latency: 1e-4,
+        layerOverhead: 1e-4,
+        sharedCores: 2,
+        source: 'hand-written for a test',
+      }),
+    );
+    const named = await plan([join(ROOT, 'scenarios/inflight.yaml'), '--placement', 'separation', '--json'], dir);
     expect(named.code, named.stderr).toBe(0);
     const n = json(named) as ReturnType<typeof json> & { calls: Record<string, { switch_seconds?: number }> };
     expect(n.asynchrony).toMatch(/^the scenario's own rl\.staleness 1, in flight \(rl\.inflight_kv keep\), at which a named placement is priced: \d+\.\d\d× the same placement lock-step$/);
-    expect(n.calls['actor.generate']!.switch_seconds).toBeGreaterThan(0);
+    expect(n.calls['actor.generate']!.switch_seconds).toBeCloseTo(4 * 1e-4, 12);
     expect(n.calls['actor.train']!.switch_seconds).toBeUndefined();
   });
 
