@@ -10,7 +10,6 @@
 // would do when workers for lost devices join again: use them only where they save more over the
 // remaining iterations than moving onto them costs.
 import { writeFileSync } from 'node:fs';
-import { stringify } from 'yaml';
 import { UsageError, args, runMain } from '../../actors/host.ts';
 import { loadScenarioFile } from '../runtime/index.ts';
 import {
@@ -19,6 +18,7 @@ import {
   asynchronyOf,
   chooseLag,
   inflightChoice,
+  planYaml,
   evaluationsFor,
   lagOf,
   lagsFor,
@@ -67,12 +67,6 @@ function replanReport(r: Replan) {
     search_seconds: r.search.seconds,
     plans_evaluated: r.search.evaluated,
   };
-}
-
-/** A plan as a scenario takes it (--plan): the placements, and the lag they were planned for when one was chosen. */
-export function planYaml(c: Candidate, lag = 0, slots?: number, inflight?: 'keep'): string {
-  const plan = Object.fromEntries(Object.entries(c).map(([call, p]) => [call, { mesh: p.mesh, dp: p.dp, tp: p.tp, pp: p.pp }]));
-  return stringify({ plan, ...(lag > 0 ? { lag } : {}), ...(slots !== undefined ? { slots } : {}), ...(inflight ? { inflight } : {}) }, { lineWidth: 0 });
 }
 
 function report(placement: string, ev: Evaluation) {

@@ -25,6 +25,7 @@ export * from './plan/catalog.ts';
 export * from './plan/cost.ts';
 export * from './plan/inflight.ts';
 export * from './plan/lag.ts';
+export * from './plan/plan-file.ts';
 export * from './plan/planner.ts';
 export * from './plan/problem.ts';
 export * from './plan/replan.ts';

@@ -12,6 +12,7 @@ import { DEVICES, MODELS } from './catalog.ts';
 import { SWITCH_CROSSINGS, callCost, type Workload } from './cost.ts';
 import { INFLIGHT_MAX_COST, inflightChoice } from './inflight.ts';
 import { LAG_TIE, asynchronyOf, chooseLag, lagsFor } from './lag.ts';
+import { planYaml } from './plan-file.ts';
 import { Evaluator, namedPlan } from './planner.ts';
 import { DEFAULT_LOCAL_PROFILE, atLag, candidateOf, loadLocalProfile, problemOf } from './problem.ts';
 
@@ -168,9 +169,10 @@ describe('the planner chooses in flight for a free-running run where it costs at
     expect(at1.evaluation.calls['actor.generate']!.switchSeconds).toBeCloseTo(SWITCH_CROSSINGS * H100.latency, 12);
   });
 
-  it('a plan file that says so (npm run plan --write) runs the scenario in flight', () => {
+  it('the plan file npm run plan --write writes with it runs the scenario in flight', () => {
     const file = join(dir, 'plan.yaml');
-    writeFileSync(file, ['plan:', '  actor.generate: { mesh: "0:0" }', '  actor.train: { mesh: "0:1" }', 'lag: 1', 'slots: 2', 'inflight: keep', ''].join('\n'));
+    writeFileSync(file, planYaml(candidateOf(loadScenario(INFLIGHT)), 1, 2, 'keep'));
+    expect(readFileSync(file, 'utf8')).toMatch(/^lag: 1\nslots: 2\ninflight: keep\n$/m);
     const free = join(dir, 'free.yaml');
     writeFileSync(free, readFileSync(INFLIGHT, 'utf8').replace('  inflight: true\n  inflight_kv: keep\n', ''));
     expect(loadScenario(free).rl.inflight).toBe(false);
