@@ -166,7 +166,9 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
     // The period: wall time from the end of the last update before the measured iterations to the end of the last, per update.
     const updateEnd = (i: number) => Math.max(...spans.filter((s) => s.type === 'call' && s.fn === 'train' && s.iteration === i).map((s) => s.replied!));
     const period = (updateEnd(history.length - 1) - updateEnd(1)) / 1000 / (history.length - 2);
-    if (!(period > 0)) throw new Error(`the run '${name}': its timeline has no train call for iteration 1 or ${history.length - 1}, so no period can be read (logs in ${dir})`);
+    if (history.length < 3) throw new Error(`the run '${name}': ${history.length} iterations; the period is read from the third on (logs in ${dir})`);
+    if (!(Number.isFinite(period) && period > 0))
+      throw new Error(`the run '${name}': its timeline has no train call for iteration 1 or ${history.length - 1}, so no period can be read (logs in ${dir})`);
     const calls = spans.filter((s) => s.type === 'call' && rollout.has(s.device!) && s.iteration! >= 2 && s.iteration! < history.length);
     const from = Math.min(...calls.map((s) => s.sent!));
     const to = Math.max(...calls.map((s) => s.replied!));

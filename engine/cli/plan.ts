@@ -185,7 +185,15 @@ runMain(async () => {
   };
   // With --lose, the plan for the devices left: a run stopped for the loss goes on with it (--resume RUN_DIR --plan).
   if (values.write)
-    writeFileSync(values.write, planYaml(changed.plan ?? chosen, placement === 'search' ? best.lag : 0, placement === 'search' && !changed.plan ? best.slots : undefined, inflightTaken));
+    writeFileSync(
+      values.write,
+      planYaml(
+        changed.plan ?? chosen,
+        placement === 'search' && (best.lag > 0 || lagOf(scenario) > 0) ? best.lag : undefined,
+        placement === 'search' && !changed.plan ? best.slots : undefined,
+        inflightTaken,
+      ),
+    );
   if (values.html) {
     writeFileSync(
       values.html,

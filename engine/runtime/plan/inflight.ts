@@ -6,7 +6,7 @@
 import type { Scenario } from '../scenario/scenario.ts';
 import type { DeviceProfile } from './catalog.ts';
 import type { LagPlan } from './lag.ts';
-import { Evaluator } from './planner.ts';
+import { Evaluator, type Problem } from './planner.ts';
 import { problemOf } from './problem.ts';
 
 /** In flight is chosen where it makes the period at most this much longer. */
@@ -27,10 +27,11 @@ export interface InflightChoice {
  * In flight on `chosen`, for a free-running scenario not in flight already, at a lag (η) > 0, that
  * generates without an environment; undefined where it does not apply.
  */
-export function inflightChoice(s: Scenario, chosen: Pick<LagPlan, 'lag' | 'plan' | 'evaluation'>, local?: DeviceProfile): InflightChoice | undefined {
+export function inflightChoice(s: Scenario, chosen: Pick<LagPlan, 'lag' | 'plan' | 'evaluation'> & { problem?: Problem }, local?: DeviceProfile): InflightChoice | undefined {
   if (chosen.lag === 0 || s.rl.staleness === 0 || s.rl.inflight || s.environment) return undefined;
-  const at: Scenario = { ...s, rl: { ...s.rl, inflight: true, inflight_kv: 'keep' } };
-  const ev = new Evaluator(problemOf(at, local, chosen.lag)).evaluate(chosen.plan, true);
+  // The very problem the plan was chosen on (its slots where the search chose continuous generation), in flight.
+  const base = chosen.problem ?? problemOf(s, local, chosen.lag);
+  const ev = new Evaluator({ ...base, workload: { ...base.workload, inflight: 'keep' } }).evaluate(chosen.plan, true);
   if (!ev.feasible) return { kv: 'keep', chosen: false, seconds: Infinity, switchSeconds: Number.NaN, why: `in flight does not fit this plan: ${ev.why}` };
   const switchSeconds = Math.max(0, ...Object.values(ev.calls).map((c) => c.switchSeconds ?? 0));
   // Its period is the plan's, or longer where the switch lengthens it (the simulator's schedule of

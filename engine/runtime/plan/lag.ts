@@ -176,8 +176,9 @@ export function chooseLag(s: Scenario, lags: readonly number[], o: { local?: Dev
     // placement lock-step.
     const own = tried[0]!;
     const sync = own.lag === 0 ? own : planAtLag(s, 0, o);
-    const speedup = sync.evaluation.iterationSeconds / own.evaluation.iterationSeconds;
+    const speedup = own.evaluation.feasible && sync.evaluation.feasible ? sync.evaluation.iterationSeconds / own.evaluation.iterationSeconds : Number.NaN;
     const at = asynchronyOf(s, own.lag);
+    if (!own.evaluation.feasible) return { ...total, chosen: own, sync, tried, speedup, why: `the scenario's own ${at}, at which a named placement is priced: infeasible: ${own.evaluation.why}` };
     return {
       ...total,
       chosen: own,
@@ -229,7 +230,7 @@ export function asynchronyOf(s: Scenario, lag: number): string {
 /** The same in a sentence: `lag k`, or `η k, free-running` (in flight where it is). */
 function staleAt(s: Scenario, lag: number): string {
   if (s.rl.staleness === 0) return `lag ${lag}`;
-  return `η ${lag}, free-running${s.rl.inflight ? ' in flight' : ''},`;
+  return `η ${lag}, free-running${s.rl.inflight ? ' in flight' : ''}`;
 }
 
 /** Slots beyond any KV cache's: a generation then decodes continuously with as many rows as its cache holds. */

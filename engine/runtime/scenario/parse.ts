@@ -152,12 +152,16 @@ export function loadScenario(file: string, planFile?: string, o: ReadOptions = {
       const freeRunning = rl !== null && typeof rl === 'object' && 'get' in rl && Number((rl as { get(k: string): unknown }).get('staleness') ?? 0) > 0;
       doc.setIn(['rl', freeRunning ? 'staleness' : 'lag'], lag);
       if (!freeRunning) doc.setIn(['rl', 'staleness'], 0);
+      // Lock-step: nothing to take in flight.
+      if (lag === 0) doc.setIn(['rl', 'inflight'], false);
     }
     // Continuous generation the plan was priced with (npm run plan --write): its slots.
     const slots = (plan as { slots?: unknown }).slots;
     if (slots !== undefined) doc.setIn(['rl', 'slots'], slots);
     // In flight, where the planner chose it for a free-running scenario: what it does with the keys and values.
     const inflight = (plan as { inflight?: unknown }).inflight;
+    if (inflight !== undefined && inflight !== 'keep' && inflight !== 'recompute')
+      throw new ScenarioError(`${planFile}: inflight: expected keep or recompute (what a generation in flight does with the old version's keys and values), got ${describeValue(inflight)}`);
     if (inflight !== undefined) {
       doc.setIn(['rl', 'inflight'], true);
       doc.setIn(['rl', 'inflight_kv'], inflight);
