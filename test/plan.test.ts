@@ -97,6 +97,29 @@ function expectShape(out: PlanJson) {
   expect(Object.values(out.baselines).some((t) => t !== null)).toBe(true);
 }
 
+/**
+ * A hand-written profiles/local.json in `dir`, standing in for `npm run profile` (a clean clone
+ * has none): a plan run there (`plan(args, dir)`) looks it up from its working directory.
+ */
+function writeLocalProfile(dir: string): void {
+  mkdirSync(join(dir, 'profiles'));
+  writeFileSync(
+    join(dir, 'profiles', 'local.json'),
+    JSON.stringify({
+      name: 'local',
+      flops: 2e10,
+      memBandwidth: 1e10,
+      memoryBytes: 2e9,
+      intraBandwidth: 1e8,
+      interBandwidth: 1e8,
+      latency: 1e-4,
+      layerOverhead: 1e-4,
+      sharedCores: 2,
+      source: 'hand-written for a test',
+    }),
+  );
+}
+
 /** The best finite baseline. */
 const bestBaseline = (out: PlanJson) => Math.min(...Object.values(out.baselines).filter((t): t is number => t !== null));
 
@@ -243,22 +266,7 @@ describe('npm run plan', () => {
     // A local device needs a fitted profile (profiles/local.json, looked up from the working
     // directory): a hand-written one in a scratch directory stands in for `npm run profile`.
     const dir = tempDir('ferry-plan-local-');
-    mkdirSync(join(dir, 'profiles'));
-    writeFileSync(
-      join(dir, 'profiles', 'local.json'),
-      JSON.stringify({
-        name: 'local',
-        flops: 2e10,
-        memBandwidth: 1e10,
-        memoryBytes: 2e9,
-        intraBandwidth: 1e8,
-        interBandwidth: 1e8,
-        latency: 1e-4,
-        layerOverhead: 1e-4,
-        sharedCores: 2,
-        source: 'hand-written for a test',
-      }),
-    );
+    writeLocalProfile(dir);
     const scenario = join(dir, 'small-local.yaml');
     const text = 'name: small-local\ncluster: { nodes: 1, devices_per_node: 4, device: local }\nrl: { batch: 16 }\n';
     writeFileSync(scenario, text);
@@ -310,22 +318,7 @@ describe('npm run plan', () => {
     // A scenario in flight, on a named placement (priced at its own η: this crashed before): the
     // switch's pause per generation. Its devices are local: a hand-written profile stands in for
     // `npm run profile` (a clean clone has none), looked up from the scratch directory.
-    mkdirSync(join(dir, 'profiles'));
-    writeFileSync(
-      join(dir, 'profiles', 'local.json'),
-      JSON.stringify({
-        name: 'local',
-        flops: 2e10,
-        memBandwidth: 1e10,
-        memoryBytes: 2e9,
-        intraBandwidth: 1e8,
-        interBandwidth: 1e8,
-        latency: 1e-4,
-        layerOverhead: 1e-4,
-        sharedCores: 2,
-        source: 'hand-written for a test',
-      }),
-    );
+    writeLocalProfile(dir);
     const named = await plan([join(ROOT, 'scenarios/inflight.yaml'), '--placement', 'separation', '--json'], dir);
     expect(named.code, named.stderr).toBe(0);
     const n = json(named) as ReturnType<typeof json> & { calls: Record<string, { switch_seconds?: number }> };

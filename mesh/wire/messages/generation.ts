@@ -56,14 +56,14 @@ export const EnvAnswer = z.strictObject({
 });
 export type EnvAnswer = z.infer<typeof EnvAnswer>;
 
+/** What a device's log of a call's progress names: the call's recovery epoch, iteration and the graph's call (the stage its result is stored under). */
+const callStage = { epoch: nat, iteration: nat, stage: z.string().min(1) };
+
 /** A device's answers from the environment, on its own `turns` subject as they arrive. */
 export const TurnLog = z.strictObject({
   type: z.literal('turns'),
   v: z.literal(PROTOCOL_VERSION),
-  /** The call's recovery epoch, iteration and the graph's call (the stage its result is stored under). */
-  epoch: nat,
-  iteration: nat,
-  stage: z.string().min(1),
+  ...callStage,
   answers: z.array(EnvAnswer),
 });
 export type TurnLog = z.infer<typeof TurnLog>;
@@ -76,10 +76,7 @@ export type TurnLog = z.infer<typeof TurnLog>;
 export const SampleLog = z.strictObject({
   type: z.literal('sample'),
   v: z.literal(PROTOCOL_VERSION),
-  /** The call's recovery epoch, iteration and the graph's call (the stage its result is stored under). */
-  epoch: nat,
-  iteration: nat,
-  stage: z.string().min(1),
+  ...callStage,
   row: nat,
   tokens: i32,
   logprobs: f32,
