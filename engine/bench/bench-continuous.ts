@@ -21,7 +21,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { Metrics } from '../../mesh/wire/index.ts';
 import { runId, startNatsServer } from '../../mesh/wire/index.ts';
-import { Evaluator, candidateOf, loadLocalProfile, loadScenarioFile, localProfileFile, problemOf, type Scenario } from '../runtime/index.ts';
+import { Evaluator, candidateOf, loadLocalProfile, loadScenarioFile, localProfileFile, problemOf, switchCount, type Scenario } from '../runtime/index.ts';
 import { launch } from '../cli/launch.ts';
 
 export interface ContinuousRow {
@@ -205,7 +205,7 @@ export async function continuousBench(o: { file?: string; iterations?: number; s
         ? {
             token_staleness_mean: run.summary.staleness?.tokens?.mean ?? 0,
             token_staleness_max: run.summary.staleness?.tokens?.max ?? 0,
-            switches: Object.values(run.summary.staleness?.switches ?? {}).reduce((n, byCall) => n + Object.values(byCall).reduce((m, ds) => m + ds.length, 0), 0),
+            switches: switchCount(run.summary.staleness),
           }
         : {}),
     };

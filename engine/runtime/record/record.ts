@@ -89,9 +89,14 @@ export function asynchronySummary(history: readonly Metrics[]): Pick<Summary, 's
   return { staleness: { versions: versions as number[], ...ages, ...(tokens ? { tokens } : {}), ...(switches ? { switches } : {}) } };
 }
 
+/** The generations that switched version in flight, over every iteration and call of a summary's staleness. */
+export function switchCount(st: Pick<NonNullable<Summary['staleness']>, 'switches'> | undefined): number {
+  return Object.values(st?.switches ?? {}).reduce((n, byCall) => n + Object.values(byCall).reduce((m, ds) => m + ds.length, 0), 0);
+}
+
 /** The summary's staleness in a line (what npm run scenario prints at the end of an asynchronous run). */
 export function stalenessLine(st: NonNullable<Summary['staleness']>): string {
-  const switched = Object.values(st.switches ?? {}).reduce((n, byCall) => n + Object.values(byCall).reduce((m, ds) => m + ds.length, 0), 0);
+  const switched = switchCount(st);
   const tokens = st.tokens ? `; tokens' staleness mean ${st.tokens.mean.toFixed(2)}, max ${st.tokens.max} (${switched} generation${switched === 1 ? '' : 's'} switched version in flight)` : '';
   return `staleness: mean ${st.mean.toFixed(2)}, max ${st.max}${tokens}`;
 }
